@@ -1,0 +1,123 @@
+// Command agentq runs the agentq runtime: serve (production roles), dev (everything in
+// one process with demo tenants), migrate, admin and bench.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/config"
+)
+
+func main() {
+	root := &cobra.Command{
+		Use:           "agentq",
+		Short:         "Multi-tenant runtime for AI-agent tasks",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCmd(), devCmd(), migrateCmd(), adminCmd())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "agentq:", err)
+		os.Exit(1)
+	}
+}
+
+func newLogger(text bool) *slog.Logger {
+	level := slog.LevelInfo
+	if os.Getenv("AGENTQ_LOG_LEVEL") == "debug" {
+		level = slog.LevelDebug
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if text {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+func serveCmd() *cobra.Command {
+	var roles string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run agentq roles (api, scheduler, worker); all of them by default",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.FromEnv()
+			if err != nil {
+				return err
+			}
+			if roles != "" {
+				if cfg.Roles, err = config.ParseRoles(roles); err != nil {
+					return err
+				}
+			}
+			log := newLogger(false)
+			slog.SetDefault(log)
+			return run(cmd.Context(), agentq.Options{Config: cfg, Logger: log}, nil)
+		},
+	}
+	cmd.Flags().StringVar(&roles, "roles", "", "comma-separated roles to run: api,scheduler,worker (default all)")
+	return cmd
+}
+
+// run starts an App and blocks until SIGINT/SIGTERM, then shuts down gracefully:
+// stop accepting requests, let running steps finish up to the shutdown timeout, exit.
+func run(ctx context.Context, o agentq.Options, started func(*agentq.App) error) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	app, err := agentq.New(ctx, o)
+	if err != nil {
+		return err
+	}
+	if err := app.Start(ctx); err != nil {
+		_ = app.Shutdown(context.Background())
+		return err
+	}
+	if started != nil {
+		if err := started(app); err != nil {
+			_ = app.Shutdown(context.Background())
+			return err
+		}
+	}
+	<-ctx.Done()
+	o.Logger.Info("shutting down", "timeout", o.Config.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), o.Config.ShutdownTimeout+5*time.Second)
+	defer cancel()
+	return app.Shutdown(sctx)
+}
+
+func migrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply pending Postgres migrations and exit",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.FromEnv()
+			if err != nil {
+				return err
+			}
+			pool, err := connectPG(cmd.Context(), cfg.DatabaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := migrationsUp(cmd.Context(), pool)
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				fmt.Println("schema is up to date")
+			}
+			for _, v := range applied {
+				fmt.Printf("applied migration %05d\n", v)
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,120 @@
+// Package config reads agentq's configuration from the environment.
+package config
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Roles a process can run.
+const (
+	RoleAPI       = "api"
+	RoleScheduler = "scheduler"
+	RoleWorker    = "worker"
+)
+
+// AllRoles is what `agentq serve` runs without --roles.
+var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker}
+
+// Config is the process configuration. Zero values are filled by Defaults.
+type Config struct {
+	HTTPAddr          string        // AGENTQ_HTTP_ADDR
+	RedisURL          string        // REDIS_URL
+	DatabaseURL       string        // DATABASE_URL
+	AdminToken        string        // AGENTQ_ADMIN_TOKEN
+	RedisPrefix       string        // AGENTQ_REDIS_PREFIX
+	Shards            int           // AGENTQ_SHARDS
+	WorkerConcurrency int           // AGENTQ_WORKER_CONCURRENCY
+	Prefetch          int           // AGENTQ_PREFETCH
+	ShutdownTimeout   time.Duration // AGENTQ_SHUTDOWN_TIMEOUT
+	PlansFile         string        // AGENTQ_PLANS_FILE
+	UpgradeURL        string        // AGENTQ_UPGRADE_URL
+	Roles             []string
+}
+
+// Defaults returns the configuration used when nothing is set.
+func Defaults() Config {
+	return Config{
+		HTTPAddr:          "127.0.0.1:8080",
+		RedisURL:          "redis://127.0.0.1:6379/0",
+		DatabaseURL:       "postgres://postgres@127.0.0.1:5432/agentq?sslmode=disable",
+		RedisPrefix:       "aq:",
+		Shards:            1,
+		WorkerConcurrency: 20,
+		Prefetch:          4,
+		ShutdownTimeout:   10 * time.Second,
+		UpgradeURL:        "https://agentq.example/upgrade",
+		Roles:             slices.Clone(AllRoles),
+	}
+}
+
+// FromEnv overlays the environment on Defaults.
+func FromEnv() (Config, error) {
+	c := Defaults()
+	str := func(name string, dst *string) {
+		if v, ok := os.LookupEnv(name); ok && v != "" {
+			*dst = v
+		}
+	}
+	var errs []string
+	num := func(name string, dst *int, min int) {
+		if v, ok := os.LookupEnv(name); ok && v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < min {
+				errs = append(errs, fmt.Sprintf("%s=%q: want an integer >= %d", name, v, min))
+				return
+			}
+			*dst = n
+		}
+	}
+	str("AGENTQ_HTTP_ADDR", &c.HTTPAddr)
+	str("REDIS_URL", &c.RedisURL)
+	str("DATABASE_URL", &c.DatabaseURL)
+	str("AGENTQ_ADMIN_TOKEN", &c.AdminToken)
+	str("AGENTQ_REDIS_PREFIX", &c.RedisPrefix)
+	str("AGENTQ_PLANS_FILE", &c.PlansFile)
+	str("AGENTQ_UPGRADE_URL", &c.UpgradeURL)
+	num("AGENTQ_SHARDS", &c.Shards, 1)
+	num("AGENTQ_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1)
+	num("AGENTQ_PREFETCH", &c.Prefetch, 0)
+	if v := os.Getenv("AGENTQ_SHUTDOWN_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			errs = append(errs, fmt.Sprintf("AGENTQ_SHUTDOWN_TIMEOUT=%q: want a duration such as 10s", v))
+		} else {
+			c.ShutdownTimeout = d
+		}
+	}
+	if len(errs) > 0 {
+		return c, fmt.Errorf("config: %s", strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// ParseRoles parses a comma-separated --roles value.
+func ParseRoles(s string) ([]string, error) {
+	var roles []string
+	for _, r := range strings.Split(s, ",") {
+		r = strings.TrimSpace(r)
+		if r == "" {
+			continue
+		}
+		if !slices.Contains(AllRoles, r) {
+			return nil, fmt.Errorf("config: unknown role %q (want %s)", r, strings.Join(AllRoles, ", "))
+		}
+		if !slices.Contains(roles, r) {
+			roles = append(roles, r)
+		}
+	}
+	if len(roles) == 0 {
+		return nil, fmt.Errorf("config: --roles names no role")
+	}
+	return roles, nil
+}
+
+// Has reports whether the process runs role.
+func (c Config) Has(role string) bool { return slices.Contains(c.Roles, role) }

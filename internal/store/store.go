@@ -1,0 +1,515 @@
+// Package store is agentq's Postgres data access: tenants, API keys and tasks. Every
+// call takes one params struct, so tenant scoping is explicit at each call site.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Errors callers match with errors.Is.
+var (
+	ErrNotFound = errors.New("store: not found")
+	ErrConflict = errors.New("store: already exists")
+)
+
+// Store wraps a pgx pool.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// New returns a Store on pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool exposes the pool for migrations and health checks.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Ping checks that Postgres answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+func isForeignKeyViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23503"
+}
+
+// --- tenants ---------------------------------------------------------------------
+
+// Tenant is a customer of the deployment.
+type Tenant struct {
+	ID        string             `json:"id"`
+	Name      string             `json:"name"`
+	Plan      string             `json:"plan"`
+	Weight    *int               `json:"weight"`
+	Overrides map[string]float64 `json:"overrides"`
+	Status    string             `json:"status"`
+	CreatedAt time.Time          `json:"created_at"`
+	UpdatedAt time.Time          `json:"updated_at"`
+}
+
+const tenantCols = `id, name, plan, weight, overrides, status, created_at, updated_at`
+
+func scanTenant(row pgx.Row) (Tenant, error) {
+	var t Tenant
+	var ov []byte
+	if err := row.Scan(&t.ID, &t.Name, &t.Plan, &t.Weight, &ov, &t.Status, &t.CreatedAt, &t.UpdatedAt); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return t, ErrNotFound
+		}
+		return t, err
+	}
+	t.Overrides = map[string]float64{}
+	if err := json.Unmarshal(ov, &t.Overrides); err != nil {
+		return t, fmt.Errorf("store: tenant %s overrides: %w", t.ID, err)
+	}
+	return t, nil
+}
+
+// CreateTenantParams are the fields of a new tenant.
+type CreateTenantParams struct {
+	ID        string
+	Name      string
+	Plan      string
+	Weight    *int
+	Overrides map[string]float64
+}
+
+// CreateTenant inserts a tenant; ErrConflict if the id is taken.
+func (s *Store) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error) {
+	ov, err := json.Marshal(nonNil(p.Overrides))
+	if err != nil {
+		return Tenant{}, err
+	}
+	t, err := scanTenant(s.pool.QueryRow(ctx,
+		`INSERT INTO tenants (id, name, plan, weight, overrides) VALUES ($1, $2, $3, $4, $5) RETURNING `+tenantCols,
+		p.ID, p.Name, p.Plan, p.Weight, ov))
+	if isUniqueViolation(err) {
+		return t, fmt.Errorf("tenant %q: %w", p.ID, ErrConflict)
+	}
+	return t, err
+}
+
+// GetTenant returns a tenant by id.
+func (s *Store) GetTenant(ctx context.Context, id string) (Tenant, error) {
+	return scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = $1`, id))
+}
+
+// ListTenants returns every tenant, ordered by id.
+func (s *Store) ListTenants(ctx context.Context) ([]Tenant, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantCols+` FROM tenants ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Tenant
+	for rows.Next() {
+		t, err := scanTenant(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// UpdateTenantParams changes the non-nil fields of a tenant. Overrides, when set,
+// replace the whole override map.
+type UpdateTenantParams struct {
+	ID        string
+	Name      *string
+	Plan      *string
+	Weight    *int
+	Overrides map[string]float64
+	Status    *string
+}
+
+// UpdateTenant applies p and returns the tenant as stored.
+func (s *Store) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error) {
+	var ov []byte
+	if p.Overrides != nil {
+		var err error
+		if ov, err = json.Marshal(p.Overrides); err != nil {
+			return Tenant{}, err
+		}
+	}
+	return scanTenant(s.pool.QueryRow(ctx, `
+		UPDATE tenants SET
+			name = COALESCE($2, name),
+			plan = COALESCE($3, plan),
+			weight = COALESCE($4, weight),
+			overrides = COALESCE($5::jsonb, overrides),
+			status = COALESCE($6, status),
+			updated_at = now()
+		WHERE id = $1 RETURNING `+tenantCols,
+		p.ID, p.Name, p.Plan, p.Weight, ov, p.Status))
+}
+
+func nonNil[M ~map[K]V, K comparable, V any](m M) M {
+	if m == nil {
+		return M{}
+	}
+	return m
+}
+
+// --- API keys --------------------------------------------------------------------
+
+// Scopes restrict what a key may do; empty lists mean "all".
+type Scopes struct {
+	Agents     []string `json:"agents,omitempty"`
+	Principals []string `json:"principals,omitempty"`
+}
+
+// APIKey is a key's stored record: never the secret, only its hash.
+type APIKey struct {
+	Kid        string     `json:"kid"`
+	TenantID   string     `json:"tenant_id"`
+	SecretHash []byte     `json:"-"`
+	Scopes     Scopes     `json:"scopes"`
+	CreatedAt  time.Time  `json:"created_at"`
+	RotatedAt  *time.Time `json:"rotated_at"`
+	RevokedAt  *time.Time `json:"revoked_at"`
+}
+
+const keyCols = `kid, tenant_id, secret_hash, scopes, created_at, rotated_at, revoked_at`
+
+func scanKey(row pgx.Row) (APIKey, error) {
+	var k APIKey
+	var sc []byte
+	if err := row.Scan(&k.Kid, &k.TenantID, &k.SecretHash, &sc, &k.CreatedAt, &k.RotatedAt, &k.RevokedAt); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return k, ErrNotFound
+		}
+		return k, err
+	}
+	if err := json.Unmarshal(sc, &k.Scopes); err != nil {
+		return k, fmt.Errorf("store: key %s scopes: %w", k.Kid, err)
+	}
+	return k, nil
+}
+
+// CreateKeyParams are the fields of a new API key.
+type CreateKeyParams struct {
+	Kid        string
+	TenantID   string
+	SecretHash []byte
+	Scopes     Scopes
+}
+
+// CreateKey inserts a key; ErrNotFound if the tenant does not exist.
+func (s *Store) CreateKey(ctx context.Context, p CreateKeyParams) (APIKey, error) {
+	sc, err := json.Marshal(p.Scopes)
+	if err != nil {
+		return APIKey{}, err
+	}
+	k, err := scanKey(s.pool.QueryRow(ctx,
+		`INSERT INTO api_keys (kid, tenant_id, secret_hash, scopes) VALUES ($1, $2, $3, $4) RETURNING `+keyCols,
+		p.Kid, p.TenantID, p.SecretHash, sc))
+	switch {
+	case isForeignKeyViolation(err):
+		return k, fmt.Errorf("tenant %q: %w", p.TenantID, ErrNotFound)
+	case isUniqueViolation(err):
+		return k, fmt.Errorf("key %q: %w", p.Kid, ErrConflict)
+	}
+	return k, err
+}
+
+// GetKey returns a key by kid, revoked or not.
+func (s *Store) GetKey(ctx context.Context, kid string) (APIKey, error) {
+	return scanKey(s.pool.QueryRow(ctx, `SELECT `+keyCols+` FROM api_keys WHERE kid = $1`, kid))
+}
+
+// ListKeys returns a tenant's keys.
+func (s *Store) ListKeys(ctx context.Context, tenantID string) ([]APIKey, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+keyCols+` FROM api_keys WHERE tenant_id = $1 ORDER BY created_at`, tenantID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []APIKey
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RotateKeyParams replace a live key's secret.
+type RotateKeyParams struct {
+	Kid        string
+	SecretHash []byte
+}
+
+// RotateKey stores a new secret hash for a key that is not revoked.
+func (s *Store) RotateKey(ctx context.Context, p RotateKeyParams) (APIKey, error) {
+	return scanKey(s.pool.QueryRow(ctx,
+		`UPDATE api_keys SET secret_hash = $2, rotated_at = now() WHERE kid = $1 AND revoked_at IS NULL RETURNING `+keyCols,
+		p.Kid, p.SecretHash))
+}
+
+// RevokeKey marks a live key revoked; ErrNotFound if there is no live key by that kid.
+func (s *Store) RevokeKey(ctx context.Context, kid string) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE kid = $1 AND revoked_at IS NULL`, kid)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// --- tasks -----------------------------------------------------------------------
+
+// Task states.
+const (
+	StateQueued         = "queued"
+	StateRunning        = "running"
+	StateCompleted      = "completed"
+	StateFailed         = "failed"
+	StateKilled         = "killed"
+	StateBudgetExceeded = "budget_exceeded"
+	StateAbandoned      = "abandoned"
+)
+
+// TaskStates lists every state, for validating filters.
+var TaskStates = []string{StateQueued, StateRunning, StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned}
+
+// Terminal reports whether a state is final.
+func Terminal(state string) bool {
+	switch state {
+	case StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned:
+		return true
+	}
+	return false
+}
+
+// Usage is what a task has consumed so far. Money is kept in micro-dollars.
+type Usage struct {
+	Steps        int   `json:"steps"`
+	Tokens       int64 `json:"tokens"`
+	CostMicroUSD int64 `json:"-"`
+}
+
+// Task is a task row.
+type Task struct {
+	ID             uuid.UUID
+	TenantID       string
+	Kid            string
+	Agent          string
+	User           string
+	Input          json.RawMessage
+	Budget         json.RawMessage
+	Priority       int
+	IdempotencyKey *string
+	RequestHash    []byte
+	State          string
+	AgentState     json.RawMessage
+	Output         json.RawMessage
+	Error          *string
+	Usage          Usage
+	Attempt        int
+	CreatedAt      time.Time
+	StartedAt      *time.Time
+	FinishedAt     *time.Time
+}
+
+const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
+	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at`
+
+func scanTask(row pgx.Row) (Task, error) {
+	var t Task
+	var input, budget, agentState, output []byte
+	err := row.Scan(&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
+		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
+		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, ErrNotFound
+	}
+	t.Input, t.Budget, t.AgentState, t.Output = input, budget, agentState, output
+	return t, err
+}
+
+// InsertTaskParams are the fields of a new task. ID must be a UUIDv7.
+type InsertTaskParams struct {
+	ID             uuid.UUID
+	TenantID       string
+	Kid            string
+	Agent          string
+	User           string
+	Input          json.RawMessage
+	Budget         json.RawMessage
+	Priority       int
+	IdempotencyKey string // "" for none
+	RequestHash    []byte
+}
+
+// InsertTask writes a queued task. With an idempotency key already used by the tenant,
+// it writes nothing and returns the existing task with created=false.
+func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, created bool, err error) {
+	var idem *string
+	if p.IdempotencyKey != "" {
+		idem = &p.IdempotencyKey
+	}
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+		RETURNING `+taskCols,
+		p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, idem, p.RequestHash))
+	if err == nil {
+		return t, true, nil
+	}
+	if !errors.Is(err, ErrNotFound) || idem == nil {
+		return t, false, err
+	}
+	t, err = scanTask(s.pool.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, *idem))
+	return t, false, err
+}
+
+// GetTaskParams name a task within a tenant. An empty TenantID reads across tenants
+// (workers and operators only).
+type GetTaskParams struct {
+	TenantID string
+	ID       uuid.UUID
+}
+
+// GetTask returns one task; ErrNotFound for another tenant's task.
+func (s *Store) GetTask(ctx context.Context, p GetTaskParams) (Task, error) {
+	return scanTask(s.pool.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE id = $1 AND ($2 = '' OR tenant_id = $2)`, p.ID, p.TenantID))
+}
+
+// ListTasksParams select a page of a tenant's tasks, newest first.
+type ListTasksParams struct {
+	TenantID string
+	State    string    // "" for any
+	Before   uuid.UUID // cursor: only ids below this one; uuid.Nil for the first page
+	Limit    int
+}
+
+// ListTasks returns up to Limit tasks.
+func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error) {
+	var before any
+	if p.Before != uuid.Nil {
+		before = p.Before
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT `+taskCols+` FROM tasks
+		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
+		ORDER BY id DESC LIMIT $4`, p.TenantID, p.State, before, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Task
+	for rows.Next() {
+		t, err := scanTask(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// CountTasks counts a tenant's tasks ("" counts all tenants'): tests use it to prove
+// rejected requests wrote nothing.
+func (s *Store) CountTasks(ctx context.Context, tenantID string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE $1 = '' OR tenant_id = $1`, tenantID).Scan(&n)
+	return n, err
+}
+
+// StartTask moves a queued task to running and counts the attempt. ok=false when the
+// task is not queued (already running elsewhere, or terminal).
+func (s *Store) StartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, err error) {
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now()
+		WHERE id = $1 AND state = 'queued' RETURNING `+taskCols, id))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// RecordStepParams record the result of one finished step on a running task.
+type RecordStepParams struct {
+	ID         uuid.UUID
+	AgentState json.RawMessage
+	Tokens     int64
+	CostMicro  int64
+}
+
+// RecordStep adds one step's usage and stores the agent's state. ok=false when the task
+// is no longer running (cancelled meanwhile): the caller stops.
+func (s *Store) RecordStep(ctx context.Context, p RecordStepParams) (ok bool, err error) {
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
+			agent_state = $4, heartbeat_at = now()
+		WHERE id = $1 AND state = 'running'`, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState))
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// FinishTaskParams move a task to a terminal state, from one of the states in From.
+type FinishTaskParams struct {
+	ID       uuid.UUID
+	TenantID string // "" when the caller is a worker
+	From     []string
+	To       string
+	Output   json.RawMessage
+	Error    string
+}
+
+// FinishTask performs the terminal transition. Exactly one caller wins it (ok=true);
+// that caller owns the side effects of the end (lease release, events).
+func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok bool, err error) {
+	if !Terminal(p.To) {
+		return t, false, fmt.Errorf("store: %q is not a terminal state", p.To)
+	}
+	var errText *string
+	if p.Error != "" {
+		errText = &p.Error
+	}
+	var output []byte
+	if len(p.Output) > 0 {
+		output = p.Output
+	}
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = now()
+		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) RETURNING `+taskCols,
+		p.ID, p.TenantID, p.To, output, errText, p.From))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// RequeueTask puts a running task back to queued, keeping its recorded steps and agent
+// state, so the next attempt resumes from there (worker shutdown before the step
+// finished). ok=false when the task was not running.
+func (s *Store) RequeueTask(ctx context.Context, id uuid.UUID) (ok bool, err error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running'`, id)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}

@@ -1,0 +1,51 @@
+// Package migrations holds agentq's Postgres schema as embedded, versioned SQL files,
+// applied by goose. Up is idempotent: serve and migrate both call it on start.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// FS returns the embedded migration files.
+func FS() fs.FS { return files }
+
+// Up applies every pending migration to the database (and search_path) of pool.
+// It returns the versions it applied.
+func Up(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return up(ctx, db)
+}
+
+func up(ctx context.Context, db *sql.DB) ([]int64, error) {
+	// The session lock lets several replicas start at once: one migrates, the others wait.
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: apply: %w", err)
+	}
+	applied := make([]int64, 0, len(res))
+	for _, r := range res {
+		applied = append(applied, r.Source.Version)
+	}
+	return applied, nil
+}

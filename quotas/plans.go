@@ -1,0 +1,155 @@
+package quotas
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Limit types of DESIGN.md section 3. Override keys are these names, or a rate's name
+// followed by "_burst".
+const (
+	KeyRate             = "key_rate"
+	TenantRate          = "tenant_rate"
+	KeyAgentRate        = "key_agent_rate"
+	UserTasksHourly     = "user_tasks_hourly"
+	ConcurrentSessions  = "concurrent_sessions"
+	LongRunningInflight = "long_running_inflight"
+	QueueBacklog        = "queue_backlog"
+	Running             = "running"
+	AgentStepsDaily     = "agent_steps_daily"
+	AITokensMonthly     = "ai_tokens_monthly"
+	USDMonthly          = "usd_monthly"
+)
+
+// LimitTypes lists every limit type, in the order the usage API reports them.
+var LimitTypes = []string{
+	KeyRate, TenantRate, KeyAgentRate, UserTasksHourly, ConcurrentSessions,
+	LongRunningInflight, QueueBacklog, Running, AgentStepsDaily, AITokensMonthly, USDMonthly,
+}
+
+// bursty are the token-bucket limits that take a "<name>_burst" override.
+var bursty = []string{KeyRate, TenantRate, KeyAgentRate, UserTasksHourly}
+
+//go:embed plans.yaml
+var defaultPlans []byte
+
+// Budget is a per-task budget; zero fields mean "no limit of this kind".
+type Budget struct {
+	MaxSteps      int     `yaml:"max_steps" json:"max_steps"`
+	MaxWallclockS float64 `yaml:"max_wallclock_s" json:"max_wallclock_s"`
+	MaxCostUSD    float64 `yaml:"max_cost_usd" json:"max_cost_usd"`
+}
+
+// Plan is one entry of the catalogue.
+type Plan struct {
+	Name   string             `yaml:"-"`
+	Weight int                `yaml:"weight"`
+	Limits map[string]float64 `yaml:"limits"`
+	Budget Budget             `yaml:"budget"`
+}
+
+// Catalogue is the set of plans a deployment offers.
+type Catalogue struct {
+	plans map[string]Plan
+}
+
+// LoadCatalogue reads the plan catalogue from path, or the embedded default when path
+// is empty.
+func LoadCatalogue(path string) (*Catalogue, error) {
+	data := defaultPlans
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("quotas: plans file: %w", err)
+		}
+		data = b
+	}
+	return ParseCatalogue(data)
+}
+
+// ParseCatalogue parses a YAML plan catalogue.
+func ParseCatalogue(data []byte) (*Catalogue, error) {
+	var doc struct {
+		Plans map[string]Plan `yaml:"plans"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("quotas: plans: %w", err)
+	}
+	if len(doc.Plans) == 0 {
+		return nil, fmt.Errorf("quotas: plans: the catalogue defines no plan")
+	}
+	c := &Catalogue{plans: make(map[string]Plan, len(doc.Plans))}
+	for name, p := range doc.Plans {
+		if err := ValidateOverrides(p.Limits); err != nil {
+			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
+		}
+		if p.Weight < 1 {
+			p.Weight = 1
+		}
+		p.Name = name
+		c.plans[name] = p
+	}
+	return c, nil
+}
+
+// Plan returns the named plan.
+func (c *Catalogue) Plan(name string) (Plan, bool) {
+	p, ok := c.plans[name]
+	return p, ok
+}
+
+// Names lists the plans, sorted.
+func (c *Catalogue) Names() []string {
+	names := make([]string, 0, len(c.plans))
+	for n := range c.plans {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Effective returns a plan's limits with a tenant's overrides applied.
+func (c *Catalogue) Effective(plan string, overrides map[string]float64) (map[string]float64, error) {
+	p, ok := c.plans[plan]
+	if !ok {
+		return nil, fmt.Errorf("quotas: unknown plan %q", plan)
+	}
+	out := make(map[string]float64, len(p.Limits)+len(overrides))
+	for k, v := range p.Limits {
+		out[k] = v
+	}
+	for k, v := range overrides {
+		out[k] = v
+	}
+	return out, nil
+}
+
+// ValidOverride reports whether name is a limit type or a bursty limit's "_burst" key.
+func ValidOverride(name string) bool {
+	if slices.Contains(LimitTypes, name) {
+		return true
+	}
+	base, ok := strings.CutSuffix(name, "_burst")
+	return ok && slices.Contains(bursty, base)
+}
+
+// ValidateOverrides checks limit names and values: known names, values >= 0.
+func ValidateOverrides(m map[string]float64) error {
+	for k, v := range m {
+		if !ValidOverride(k) {
+			return fmt.Errorf("unknown limit %q", k)
+		}
+		if v < 0 {
+			return fmt.Errorf("limit %q is negative", k)
+		}
+	}
+	return nil
+}

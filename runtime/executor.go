@@ -1,0 +1,117 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// StepRequest is what an executor gets for each step: the task's input and the state
+// the agent returned after the previous step (null before the first).
+type StepRequest struct {
+	TaskID   string          `json:"task_id"`
+	TenantID string          `json:"tenant_id"`
+	Agent    string          `json:"agent"`
+	Step     int             `json:"step"`
+	Input    json.RawMessage `json:"input"`
+	State    json.RawMessage `json:"state"`
+}
+
+// StepUsage is what one step consumed.
+type StepUsage struct {
+	Tokens  int64   `json:"tokens"`
+	CostUSD float64 `json:"cost_usd"`
+}
+
+// StepResult is an executor's answer. Output is kept when Done.
+type StepResult struct {
+	Output json.RawMessage `json:"output"`
+	State  json.RawMessage `json:"state"`
+	Done   bool            `json:"done"`
+	Usage  StepUsage       `json:"usage"`
+}
+
+// Executor runs one step of an agent. It must return promptly when ctx ends.
+type Executor interface {
+	Step(ctx context.Context, req StepRequest) (StepResult, error)
+}
+
+// InputValidator is implemented by executors that can reject a task's input at
+// admission, before anything is written.
+type InputValidator interface {
+	ValidateInput(input json.RawMessage) error
+}
+
+// ErrStepFailed marks an agent-reported failure: the task ends "failed" with the
+// error's message.
+var ErrStepFailed = errors.New("step failed")
+
+// ErrUnknownAgent is returned (wrapped) for an agent name with no executor.
+var ErrUnknownAgent = errors.New("unknown agent")
+
+// UnknownAgentError names the agent that has no executor. Callers that cannot import
+// this package recognise it by its UnknownAgent method.
+type UnknownAgentError struct{ Name string }
+
+func (e *UnknownAgentError) Error() string      { return fmt.Sprintf("unknown agent %q", e.Name) }
+func (e *UnknownAgentError) Is(err error) bool  { return err == ErrUnknownAgent }
+func (e *UnknownAgentError) UnknownAgent() bool { return true }
+
+// Registry maps agent names to executors. It is safe for concurrent use.
+type Registry struct {
+	mu    sync.RWMutex
+	execs map[string]Executor
+}
+
+// NewRegistry returns a registry holding the built-in sim agent.
+func NewRegistry() *Registry {
+	r := &Registry{execs: map[string]Executor{}}
+	r.Register("sim", Sim{})
+	return r
+}
+
+// Register adds or replaces an executor (Go handlers use this for library use).
+func (r *Registry) Register(name string, e Executor) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.execs[name] = e
+}
+
+// Lookup returns the executor for name.
+func (r *Registry) Lookup(name string) (Executor, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.execs[name]
+	if !ok {
+		return nil, &UnknownAgentError{Name: name}
+	}
+	return e, nil
+}
+
+// Names lists registered agents.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.execs))
+	for n := range r.execs {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ValidateTask checks that an agent exists and, if its executor can, that the input
+// suits it.
+func (r *Registry) ValidateTask(agent string, input json.RawMessage) error {
+	e, err := r.Lookup(agent)
+	if err != nil {
+		return err
+	}
+	if v, ok := e.(InputValidator); ok {
+		return v.ValidateInput(input)
+	}
+	return nil
+}

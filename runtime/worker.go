@@ -1,0 +1,337 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/wire"
+)
+
+// Slots is what the worker needs of the scheduler: release a finished task's slots and
+// advertise this process's capacity.
+type Slots interface {
+	Done(ctx context.Context, p wire.Payload) error
+	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
+	Deregister(ctx context.Context, workerID string) error
+}
+
+// WorkerOptions configure a Worker.
+type WorkerOptions struct {
+	Concurrency       int
+	Queues            map[string]int // asynq queue name → weight
+	CancelChannel     string         // pub/sub channel carrying task ids to interrupt
+	ShutdownTimeout   time.Duration  // how long running steps may take to finish on Stop
+	TaskCheckInterval time.Duration  // asynq's poll interval when its queues are empty
+	Logger            *slog.Logger
+}
+
+// Worker runs agent tasks handed out by asynq.
+type Worker struct {
+	id     string
+	store  *store.Store
+	agents *Registry
+	slots  Slots
+	rdb    redis.UniversalClient // asynq and pub/sub
+	opts   WorkerOptions
+	log    *slog.Logger
+
+	srv *asynq.Server
+
+	mu      sync.Mutex
+	running map[uuid.UUID]context.CancelCauseFunc
+	cancel  context.CancelFunc
+	bg      sync.WaitGroup
+}
+
+// errCancelled is the cause recorded when a tenant cancels a running task.
+var errCancelled = errors.New("task cancelled")
+
+// NewWorker returns a stopped worker.
+func NewWorker(st *store.Store, agents *Registry, slots Slots, rdb redis.UniversalClient, opts WorkerOptions) *Worker {
+	if opts.Concurrency < 1 {
+		opts.Concurrency = 1
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	host, _ := os.Hostname()
+	return &Worker{
+		id:      fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
+		store:   st,
+		agents:  agents,
+		slots:   slots,
+		rdb:     rdb,
+		opts:    opts,
+		log:     opts.Logger,
+		running: map[uuid.UUID]context.CancelCauseFunc{},
+	}
+}
+
+// ID is this worker's registration id.
+func (w *Worker) ID() string { return w.id }
+
+const heartbeatEvery, heartbeatTTL = 2 * time.Second, 10 * time.Second
+
+// Start registers the worker's capacity and starts processing.
+func (w *Worker) Start(ctx context.Context) error {
+	if err := w.slots.Heartbeat(ctx, w.id, w.opts.Concurrency, heartbeatTTL); err != nil {
+		return err
+	}
+	w.srv = asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
+		Concurrency:       w.opts.Concurrency,
+		Queues:            w.opts.Queues,
+		ShutdownTimeout:   w.opts.ShutdownTimeout,
+		TaskCheckInterval: w.opts.TaskCheckInterval,
+		Logger:            asynqLogger{w.log},
+		LogLevel:          asynq.WarnLevel,
+		// Task errors are infrastructure errors (Postgres down); asynq retries them.
+		RetryDelayFunc: func(n int, _ error, _ *asynq.Task) time.Duration {
+			return time.Duration(math.Min(float64(time.Second)*math.Pow(2, float64(n)), float64(time.Minute)))
+		},
+	})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc(wire.TaskType, w.ProcessTask)
+	if err := w.srv.Start(mux); err != nil {
+		return fmt.Errorf("runtime: start asynq server: %w", err)
+	}
+	bgCtx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	sub := w.rdb.Subscribe(bgCtx, w.opts.CancelChannel)
+	w.bg.Add(2)
+	go func() {
+		defer w.bg.Done()
+		defer sub.Close()
+		for {
+			select {
+			case <-bgCtx.Done():
+				return
+			case m, ok := <-sub.Channel():
+				if !ok {
+					return
+				}
+				if id, err := uuid.Parse(m.Payload); err == nil {
+					w.interrupt(id)
+				}
+			}
+		}
+	}()
+	go func() {
+		defer w.bg.Done()
+		t := time.NewTicker(heartbeatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-bgCtx.Done():
+				return
+			case <-t.C:
+				if err := w.slots.Heartbeat(bgCtx, w.id, w.opts.Concurrency, heartbeatTTL); err != nil && bgCtx.Err() == nil {
+					w.log.Warn("worker heartbeat failed", "err", err)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// Stop stops taking tasks, lets running steps finish up to ShutdownTimeout, and
+// withdraws the worker's capacity.
+func (w *Worker) Stop(ctx context.Context) {
+	if w.srv == nil {
+		return
+	}
+	w.srv.Stop() // no new tasks
+	if err := w.slots.Deregister(ctx, w.id); err != nil {
+		w.log.Warn("worker deregister failed", "err", err)
+	}
+	w.srv.Shutdown() // waits for running handlers up to ShutdownTimeout
+	w.cancel()
+	w.bg.Wait()
+}
+
+// Interrupt cancels a task running in this process, if any (tests and in-process
+// callers; other replicas learn of cancels through the cancel channel).
+func (w *Worker) interrupt(id uuid.UUID) {
+	w.mu.Lock()
+	cancel := w.running[id]
+	w.mu.Unlock()
+	if cancel != nil {
+		cancel(errCancelled)
+	}
+}
+
+// ProcessTask is the asynq handler: it runs one task to a terminal state.
+func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	var p wire.Payload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return fmt.Errorf("runtime: bad payload: %v: %w", err, asynq.SkipRetry)
+	}
+	id, err := uuid.Parse(p.TaskID)
+	if err != nil {
+		return fmt.Errorf("runtime: bad task id %q: %w", p.TaskID, asynq.SkipRetry)
+	}
+	task, started, err := w.store.StartTask(ctx, id)
+	if err != nil {
+		return fmt.Errorf("runtime: start task: %w", err)
+	}
+	if !started {
+		cur, err := w.store.GetTask(ctx, store.GetTaskParams{ID: id})
+		switch {
+		case errors.Is(err, store.ErrNotFound) || (err == nil && store.Terminal(cur.State)):
+			// Cancelled while dispatched, or a duplicate delivery of a finished task.
+			w.release(p)
+			return nil
+		case err != nil:
+			return fmt.Errorf("runtime: read task: %w", err)
+		}
+		return nil // running under another delivery, which owns its slot
+	}
+	requeued := w.run(ctx, task)
+	if requeued {
+		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
+	}
+	w.release(p)
+	return nil
+}
+
+func (w *Worker) release(p wire.Payload) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.slots.Done(ctx, p); err != nil {
+		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
+	}
+}
+
+// budget is a task's budget as stored on the task.
+type budget struct {
+	MaxSteps      int     `json:"max_steps"`
+	MaxWallclockS float64 `json:"max_wallclock_s"`
+	MaxCostUSD    float64 `json:"max_cost_usd"`
+}
+
+// run executes steps until the task ends. It returns true if the task was put back to
+// queued because the worker is shutting down.
+func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
+	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent)
+	finish := func(state, errText string, output json.RawMessage) {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, ok, err := w.store.FinishTask(fctx, store.FinishTaskParams{
+			ID: task.ID, From: []string{store.StateRunning}, To: state, Output: output, Error: errText,
+		})
+		if err != nil {
+			log.Error("recording terminal state failed", "state", state, "err", err)
+		} else if ok {
+			log.Info("task finished", "state", state, "steps", task.Usage.Steps)
+		}
+	}
+
+	exec, err := w.agents.Lookup(task.Agent)
+	if err != nil {
+		finish(store.StateFailed, err.Error(), nil)
+		return false
+	}
+	var b budget
+	_ = json.Unmarshal(task.Budget, &b)
+	var deadline time.Time
+	if b.MaxWallclockS > 0 && task.StartedAt != nil {
+		deadline = task.StartedAt.Add(time.Duration(b.MaxWallclockS * float64(time.Second)))
+	}
+	maxCostMicro := int64(math.Round(b.MaxCostUSD * 1e6))
+
+	taskCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	w.mu.Lock()
+	w.running[task.ID] = cancel
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.running, task.ID)
+		w.mu.Unlock()
+	}()
+
+	state := task.AgentState
+	for {
+		step := task.Usage.Steps + 1
+		switch {
+		case b.MaxSteps > 0 && step > b.MaxSteps:
+			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), nil)
+			return false
+		case maxCostMicro > 0 && task.Usage.CostMicroUSD >= maxCostMicro:
+			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), nil)
+			return false
+		case !deadline.IsZero() && !time.Now().Before(deadline):
+			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
+			return false
+		}
+		stepCtx, stepCancel := taskCtx, context.CancelFunc(func() {})
+		if !deadline.IsZero() {
+			stepCtx, stepCancel = context.WithDeadline(taskCtx, deadline)
+		}
+		res, err := exec.Step(stepCtx, StepRequest{
+			TaskID: task.ID.String(), TenantID: task.TenantID, Agent: task.Agent,
+			Step: step, Input: task.Input, State: state,
+		})
+		stepCancel()
+		switch {
+		case errors.Is(context.Cause(taskCtx), errCancelled):
+			return false // the cancel already made the task "killed"
+		case ctx.Err() != nil:
+			// Shutdown outlasted the step: hand the task back so it resumes elsewhere.
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer rcancel()
+			if ok, err := w.store.RequeueTask(rctx, task.ID); err != nil || !ok {
+				log.Warn("re-queueing interrupted task failed", "err", err)
+				return false
+			}
+			return true
+		case err != nil && !deadline.IsZero() && !time.Now().Before(deadline):
+			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
+			return false
+		case err != nil:
+			finish(store.StateFailed, err.Error(), nil)
+			return false
+		}
+		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
+		ok, err := w.store.RecordStep(ctx, store.RecordStepParams{
+			ID: task.ID, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
+		})
+		if err != nil {
+			log.Error("recording step failed", "step", step, "err", err)
+			finish(store.StateFailed, "internal error: could not record step", nil)
+			return false
+		}
+		if !ok {
+			return false // cancelled between the step and its record
+		}
+		task.Usage.Steps, task.Usage.Tokens, task.Usage.CostMicroUSD = step, task.Usage.Tokens+res.Usage.Tokens, task.Usage.CostMicroUSD+costMicro
+		state = res.State
+		if res.Done {
+			finish(store.StateCompleted, "", res.Output)
+			return false
+		}
+	}
+}
+
+// asynqLogger routes asynq's logs to slog.
+type asynqLogger struct{ l *slog.Logger }
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Fatal(args ...any) {
+	a.l.Error(fmt.Sprint(args...), "component", "asynq")
+	os.Exit(1)
+}

@@ -1,0 +1,427 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/wire"
+)
+
+// Priority bands: one asynq queue each.
+const (
+	BandHigh    = "high"    // priority 7–9
+	BandDefault = "default" // priority 4–6
+	BandLow     = "low"     // priority 0–3
+)
+
+// Bands lists the bands with the asynq weight workers give each.
+var Bands = map[string]int{BandHigh: 6, BandDefault: 3, BandLow: 1}
+
+// Priority bounds; DefaultPriority applies when a request names none.
+const (
+	MinPriority     = 0
+	MaxPriority     = 9
+	DefaultPriority = 5
+)
+
+// BandOf maps a task priority to its band.
+func BandOf(priority int) string {
+	switch {
+	case priority >= 7:
+		return BandHigh
+	case priority >= 4:
+		return BandDefault
+	default:
+		return BandLow
+	}
+}
+
+const (
+	scoreBandWidth = 1e13
+	// Queue scores count milliseconds from 2025-01-01 so they stay well inside a
+	// float64's exact integer range: (9·1e13 + a few centuries of ms) < 2^53.
+	scoreEpochMs = 1735689600000
+	// ttls bound every key: state of an idle tenant expires on its own; the janitor
+	// re-pushes from Postgres anything that outlives them.
+	queueTTL = 7 * 24 * time.Hour
+)
+
+// QueueScore orders a tenant's queue: priority first, then admission time.
+func QueueScore(priority int, createdAt time.Time) float64 {
+	return float64(MaxPriority-priority)*scoreBandWidth + float64(createdAt.UnixMilli()-scoreEpochMs)
+}
+
+// Scheduler owns the per-tenant queues and the dispatch scripts.
+type Scheduler struct {
+	rdb      redis.UniversalClient
+	keys     rkeys.Keys
+	prefetch int
+	nowMs    func() int64 // nil: scripts read Redis TIME
+}
+
+// Options configure a Scheduler.
+type Options struct {
+	Prefetch int          // dispatch may run this many tasks ahead of free worker slots
+	NowMs    func() int64 // test clock; nil uses Redis TIME
+}
+
+// New returns a Scheduler on rdb.
+func New(rdb redis.UniversalClient, keys rkeys.Keys, opts Options) *Scheduler {
+	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs}
+}
+
+// Keys returns the key builder.
+func (s *Scheduler) Keys() rkeys.Keys { return s.keys }
+
+func (s *Scheduler) nowArg() string {
+	if s.nowMs == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.nowMs(), 10)
+}
+
+// luaNow is shared by every script: ARGV[1] is "now" in ms, or "" for Redis TIME.
+const luaNow = `
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+`
+
+// enqueueScript adds a task to its tenant's queue and makes the tenant backlogged.
+//
+// KEYS[1] tenant queue   KEYS[2] tenant conf   KEYS[3] ready   KEYS[4] capped
+// KEYS[5] virtual time   KEYS[6] tenant running set
+// ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] score   ARGV[4] weight
+// ARGV[5] running cap (0 = none)   ARGV[6] ttl seconds   ARGV[7] tenant id
+// Returns 1 if the task was added, 0 if it was already queued.
+var enqueueScript = redis.NewScript(luaNow + `
+local added = redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('HSET', KEYS[2], 'w', ARGV[4], 'cap', ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+local tenant = ARGV[7]
+if redis.call('ZSCORE', KEYS[3], tenant) or redis.call('ZSCORE', KEYS[4], tenant) then
+  return added
+end
+local vt = tonumber(redis.call('GET', KEYS[5]) or '0')
+local cap = tonumber(ARGV[5])
+if cap > 0 and redis.call('SCARD', KEYS[6]) >= cap then
+  redis.call('ZADD', KEYS[4], vt, tenant)
+else
+  redis.call('ZADD', KEYS[3], vt, tenant)
+end
+return added
+`)
+
+// EnqueueParams describe a queued task and its tenant's scheduling parameters.
+type EnqueueParams struct {
+	TenantID   string
+	TaskID     uuid.UUID
+	Priority   int
+	CreatedAt  time.Time
+	Weight     int
+	RunningCap int // 0 = no cap
+}
+
+// Enqueue puts a task on its tenant's queue and wakes the dispatchers. Enqueueing a
+// task that is already queued changes nothing.
+func (s *Scheduler) Enqueue(ctx context.Context, p EnqueueParams) error {
+	shard := s.keys.Shard(p.TenantID)
+	weight := max(p.Weight, 1)
+	keys := []string{
+		s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID), s.keys.Ready(shard),
+		s.keys.Capped(shard), s.keys.VirtualTime(shard), s.keys.TenantRunning(p.TenantID),
+	}
+	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
+	err := enqueueScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID.String(), score, weight,
+		max(p.RunningCap, 0), int(queueTTL.Seconds()), p.TenantID).Err()
+	if err != nil {
+		return fmt.Errorf("scheduler: enqueue: %w", err)
+	}
+	s.wake(ctx)
+	return nil
+}
+
+// Remove takes a queued task off its tenant's queue (cancel). It reports whether the
+// task was there.
+func (s *Scheduler) Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error) {
+	n, err := s.rdb.ZRem(ctx, s.keys.TenantQueue(tenantID), taskID.String()).Result()
+	if err != nil {
+		return false, fmt.Errorf("scheduler: remove: %w", err)
+	}
+	return n == 1, nil
+}
+
+func (s *Scheduler) wake(ctx context.Context) {
+	// A lost wake-up only delays dispatch until the fallback timer.
+	_ = s.rdb.Publish(ctx, s.keys.WakeChannel(), "1").Err()
+}
+
+// dispatchScript pops the next task in weighted-fair order.
+//
+// KEYS[1] ready   KEYS[2] capped   KEYS[3] inflight   KEYS[4] dispatching
+// KEYS[5] virtual time   KEYS[6] workers   KEYS[7] worker slots
+// ARGV[1] now ms or ""   ARGV[2] prefetch   ARGV[3] shard tag (prefix of tenant keys)
+// ARGV[4] estimated cost of one task   ARGV[5] ttl seconds
+// Tenant keys are built from ARGV[3]; they share the shard's hash tag, so the script
+// touches one slot.
+// Returns {"ok", tenant, task, priority} or {"no_capacity"} or {"empty"} or {"busy"}.
+var dispatchScript = redis.NewScript(luaNow + `
+local dead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  redis.call('HDEL', KEYS[7], unpack(dead))
+end
+local slots = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[7])) do slots = slots + tonumber(v) end
+if redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]) >= slots + tonumber(ARGV[2]) then
+  return {'no_capacity'}
+end
+local tag = ARGV[3]
+for i = 1, 64 do
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #head == 0 then return {'empty'} end
+  local tenant, pass = head[1], tonumber(head[2])
+  local conf = tag .. ':conf:' .. tenant
+  local run = tag .. ':run:' .. tenant
+  local queue = tag .. ':q:' .. tenant
+  local cap = tonumber(redis.call('HGET', conf, 'cap') or '0')
+  if cap > 0 and redis.call('SCARD', run) >= cap then
+    redis.call('ZREM', KEYS[1], tenant)
+    redis.call('ZADD', KEYS[2], pass, tenant)
+  else
+    local task = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+    if #task == 0 then
+      redis.call('ZREM', KEYS[1], tenant)
+    else
+      redis.call('ZREM', queue, task[1])
+      redis.call('SADD', run, task[1])
+      redis.call('EXPIRE', run, ARGV[5])
+      local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
+      redis.call('ZADD', KEYS[4], now, prio .. ':' .. tenant .. ':' .. task[1])
+      redis.call('SET', KEYS[5], pass, 'EX', ARGV[5])
+      local w = tonumber(redis.call('HGET', conf, 'w') or '1')
+      if redis.call('ZCARD', queue) == 0 then
+        redis.call('ZREM', KEYS[1], tenant)
+      else
+        redis.call('ZADD', KEYS[1], pass + tonumber(ARGV[4]) / w, tenant)
+      end
+      return {'ok', tenant, task[1], tostring(prio)}
+    end
+  end
+end
+return {'busy'}
+`)
+
+// Dispatched is a task popped by dispatch and not yet confirmed in asynq.
+type Dispatched struct {
+	TenantID string
+	TaskID   string
+	Priority int
+}
+
+func (d Dispatched) member() string {
+	return strconv.Itoa(d.Priority) + ":" + d.TenantID + ":" + d.TaskID
+}
+
+func parseMember(m string) (Dispatched, error) {
+	parts := strings.SplitN(m, ":", 3)
+	if len(parts) != 3 {
+		return Dispatched{}, fmt.Errorf("scheduler: bad dispatching member %q", m)
+	}
+	p, err := strconv.Atoi(parts[0])
+	if err != nil {
+		return Dispatched{}, fmt.Errorf("scheduler: bad dispatching member %q", m)
+	}
+	return Dispatched{Priority: p, TenantID: parts[1], TaskID: parts[2]}, nil
+}
+
+// Why dispatch stopped.
+var (
+	errEmpty      = errors.New("no backlogged tenant")
+	errNoCapacity = errors.New("no worker capacity")
+	errBusy       = errors.New("scanned tenants were capped or empty")
+)
+
+// dispatchOne runs dispatchScript on one shard.
+func (s *Scheduler) dispatchOne(ctx context.Context, shard int) (Dispatched, error) {
+	keys := []string{
+		s.keys.Ready(shard), s.keys.Capped(shard), s.keys.Inflight(shard), s.keys.Dispatching(shard),
+		s.keys.VirtualTime(shard), s.keys.Workers(shard), s.keys.WorkerSlots(shard),
+	}
+	tag := strings.TrimSuffix(s.keys.Ready(shard), ":ready")
+	res, err := dispatchScript.Run(ctx, s.rdb, keys, s.nowArg(), s.prefetch, tag, 1, int(queueTTL.Seconds())).StringSlice()
+	if err != nil {
+		return Dispatched{}, fmt.Errorf("scheduler: dispatch: %w", err)
+	}
+	switch res[0] {
+	case "ok":
+		prio, _ := strconv.Atoi(res[3])
+		return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio}, nil
+	case "no_capacity":
+		return Dispatched{}, errNoCapacity
+	case "busy":
+		return Dispatched{}, errBusy
+	default:
+		return Dispatched{}, errEmpty
+	}
+}
+
+// confirmScript records that asynq holds a dispatched task.
+//
+// KEYS[1] dispatching   KEYS[2] inflight   KEYS[3] tenant running set
+// ARGV[1] now ms or ""   ARGV[2] dispatching member   ARGV[3] task id
+// A task that already finished (its worker was quicker than this call) is not added
+// to inflight.
+var confirmScript = redis.NewScript(luaNow + `
+redis.call('ZREM', KEYS[1], ARGV[2])
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
+  redis.call('ZADD', KEYS[2], now, ARGV[3])
+end
+return 1
+`)
+
+func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
+	shard := s.keys.Shard(d.TenantID)
+	keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID)}
+	if err := confirmScript.Run(ctx, s.rdb, keys, s.nowArg(), d.member(), d.TaskID).Err(); err != nil {
+		return fmt.Errorf("scheduler: confirm: %w", err)
+	}
+	return nil
+}
+
+// doneScript ends a dispatched task: frees its running slot and worker slot, and brings
+// a capped tenant back into the ready set.
+//
+// KEYS[1] tenant running set   KEYS[2] inflight   KEYS[3] dispatching   KEYS[4] ready
+// KEYS[5] capped   KEYS[6] tenant queue   KEYS[7] tenant conf
+// ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] tenant   ARGV[4] dispatching member
+// Returns 1 if the task held a running slot.
+var doneScript = redis.NewScript(luaNow + `
+local held = redis.call('SREM', KEYS[1], ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[4])
+local pass = redis.call('ZSCORE', KEYS[5], ARGV[3])
+if pass then
+  local cap = tonumber(redis.call('HGET', KEYS[7], 'cap') or '0')
+  if cap == 0 or redis.call('SCARD', KEYS[1]) < cap then
+    redis.call('ZREM', KEYS[5], ARGV[3])
+    if redis.call('ZCARD', KEYS[6]) > 0 then
+      redis.call('ZADD', KEYS[4], pass, ARGV[3])
+    end
+  end
+end
+return held
+`)
+
+// Done releases a dispatched task's running and worker slots and wakes the
+// dispatchers. Calling it twice is harmless.
+func (s *Scheduler) Done(ctx context.Context, p wire.Payload) error {
+	shard := s.keys.Shard(p.TenantID)
+	prio := priorityOfBand(p.Band)
+	keys := []string{
+		s.keys.TenantRunning(p.TenantID), s.keys.Inflight(shard), s.keys.Dispatching(shard), s.keys.Ready(shard),
+		s.keys.Capped(shard), s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID),
+	}
+	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: prio}
+	if err := doneScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID, p.TenantID, d.member()).Err(); err != nil {
+		return fmt.Errorf("scheduler: done: %w", err)
+	}
+	s.wake(ctx)
+	return nil
+}
+
+// The payload's band field carries the exact priority ("p5"), so Done can rebuild the
+// dispatching member.
+func bandField(priority int) string { return "p" + strconv.Itoa(priority) }
+
+func priorityOfBand(b string) int {
+	p, err := strconv.Atoi(strings.TrimPrefix(b, "p"))
+	if err != nil {
+		return DefaultPriority
+	}
+	return p
+}
+
+// Heartbeat registers a worker process's concurrency until ttl from now. Dispatch
+// counts only live workers' slots.
+func (s *Scheduler) Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error {
+	now := time.Now().UnixMilli()
+	if s.nowMs != nil {
+		now = s.nowMs()
+	}
+	for shard := range s.keys.Shards() {
+		pipe := s.rdb.TxPipeline()
+		pipe.ZAdd(ctx, s.keys.Workers(shard), redis.Z{Score: float64(now + ttl.Milliseconds()), Member: workerID})
+		pipe.HSet(ctx, s.keys.WorkerSlots(shard), workerID, slotsForShard(concurrency, shard, s.keys.Shards()))
+		pipe.Expire(ctx, s.keys.Workers(shard), 24*time.Hour)
+		pipe.Expire(ctx, s.keys.WorkerSlots(shard), 24*time.Hour)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("scheduler: heartbeat: %w", err)
+		}
+	}
+	return nil
+}
+
+// Deregister removes a worker at shutdown so dispatch stops counting its slots at once.
+func (s *Scheduler) Deregister(ctx context.Context, workerID string) error {
+	for shard := range s.keys.Shards() {
+		pipe := s.rdb.TxPipeline()
+		pipe.ZRem(ctx, s.keys.Workers(shard), workerID)
+		pipe.HDel(ctx, s.keys.WorkerSlots(shard), workerID)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("scheduler: deregister: %w", err)
+		}
+	}
+	return nil
+}
+
+// slotsForShard splits a worker's slots across shards, each shard getting at least one.
+func slotsForShard(concurrency, shard, shards int) int {
+	n := concurrency / shards
+	if shard < concurrency%shards {
+		n++
+	}
+	return max(n, 1)
+}
+
+// NewAsynqTask builds the asynq task for a dispatched task. TaskID is the task id, so
+// a re-send after a crash is refused as a duplicate instead of running twice.
+func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
+	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority)})
+	if err != nil {
+		return nil, err
+	}
+	return asynq.NewTask(wire.TaskType, body,
+		asynq.TaskID(d.TaskID),
+		asynq.Queue(keys.AsynqQueue(BandOf(d.Priority))),
+		asynq.MaxRetry(3),
+		// agentq enforces each task's own wallclock budget; asynq's timeout is a backstop.
+		asynq.Timeout(2*time.Hour),
+	), nil
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Configure applies a tenant's new weight and running cap to its queued backlog at once.
+// A tenant with no scheduler state picks the values up at its next submission.
+func (s *Scheduler) Configure(ctx context.Context, tenantID string, weight, runningCap int) error {
+	key := s.keys.TenantConf(tenantID)
+	n, err := s.rdb.Exists(ctx, key).Result()
+	if err != nil || n == 0 {
+		return err
+	}
+	return s.rdb.HSet(ctx, key, "w", max(weight, 1), "cap", max(runningCap, 0)).Err()
+}

@@ -1,0 +1,89 @@
+package web
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+)
+
+// Error codes of the error body (DESIGN.md section 4).
+const (
+	CodeInvalidJSON         = "INVALID_JSON"
+	CodeInvalidRequest      = "INVALID_REQUEST"
+	CodePayloadTooLarge     = "PAYLOAD_TOO_LARGE"
+	CodeUnauthorized        = "UNAUTHORIZED"
+	CodeScopeForbidden      = "SCOPE_FORBIDDEN"
+	CodeTenantSuspended     = "TENANT_SUSPENDED"
+	CodeNotFound            = "NOT_FOUND"
+	CodeMethodNotAllowed    = "METHOD_NOT_ALLOWED"
+	CodeUnknownAgent        = "UNKNOWN_AGENT"
+	CodeIdempotencyConflict = "IDEMPOTENCY_CONFLICT"
+	CodeConflict            = "CONFLICT"
+	CodeTaskFinished        = "TASK_ALREADY_FINISHED"
+	CodeUnsupportedMedia    = "UNSUPPORTED_MEDIA_TYPE"
+	CodeInternal            = "INTERNAL"
+	CodeUnavailable         = "SERVICE_UNAVAILABLE"
+)
+
+// APIError is the error body: {"error":{"code","message",...}}. Extra carries the
+// fields some codes add (limit_type, retry_after_seconds, ...).
+type APIError struct {
+	Status  int            `json:"-"`
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Extra   map[string]any `json:"-"`
+}
+
+func (e *APIError) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
+
+func apiErr(status int, code, format string, args ...any) *APIError {
+	return &APIError{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func (e *APIError) body() map[string]any {
+	inner := map[string]any{"code": e.Code, "message": e.Message}
+	for k, v := range e.Extra {
+		inner[k] = v
+	}
+	return map[string]any{"error": inner}
+}
+
+// errorHandler renders every error, including echo's own (404 route, 405), with the
+// documented body. Internal errors are logged, never shown.
+func (s *Server) errorHandler(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	var ae *APIError
+	var he *echo.HTTPError
+	switch {
+	case errors.As(err, &ae):
+	case errors.As(err, &he):
+		switch he.Code {
+		case http.StatusNotFound:
+			ae = apiErr(http.StatusNotFound, CodeNotFound, "No route for %s %s.", c.Request().Method, c.Request().URL.Path)
+		case http.StatusMethodNotAllowed:
+			ae = apiErr(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method %s is not allowed on %s.", c.Request().Method, c.Request().URL.Path)
+		case http.StatusRequestEntityTooLarge:
+			ae = tooLarge()
+		case http.StatusUnsupportedMediaType:
+			ae = apiErr(he.Code, CodeUnsupportedMedia, "Send JSON with Content-Type: application/json.")
+		default:
+			ae = apiErr(he.Code, CodeInvalidRequest, "%v", he.Message)
+		}
+	default:
+		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
+		ae = apiErr(http.StatusInternalServerError, CodeInternal, "Internal error; it has been logged.")
+	}
+	if c.Request().Method == http.MethodHead {
+		_ = c.NoContent(ae.Status)
+		return
+	}
+	_ = c.JSON(ae.Status, ae.body())
+}
+
+func tooLarge() *APIError {
+	return apiErr(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "Request body exceeds %d bytes.", maxBodyBytes)
+}

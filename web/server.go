@@ -1,0 +1,331 @@
+// Package web is agentq's HTTP API (echo): the tenant API under /v1, the admin API
+// under /v1/admin, health endpoints and the OpenAPI document.
+package web
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// Queue is what the API needs of the scheduler.
+type Queue interface {
+	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
+	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
+	Configure(ctx context.Context, tenantID string, weight, runningCap int) error
+}
+
+// Agents is what the API needs of the runtime's agent registry.
+type Agents interface {
+	ValidateTask(agent string, input json.RawMessage) error
+}
+
+// Deps are the Server's collaborators.
+type Deps struct {
+	Store      *store.Store
+	Redis      redis.UniversalClient
+	Keys       rkeys.Keys
+	Queue      Queue
+	Agents     Agents
+	Plans      *quotas.Catalogue
+	AdminToken string
+	Logger     *slog.Logger
+}
+
+// cacheTTL bounds how stale a replica's view of a key or tenant can be even if an
+// invalidation message is lost: a revoked key stops working everywhere within it.
+const cacheTTL = time.Second
+
+// Server is the HTTP API.
+type Server struct {
+	Deps
+	log     *slog.Logger
+	e       *echo.Echo
+	keys    *apikey.Cache
+	tenants *expirable.LRU[string, store.Tenant]
+
+	mu       sync.Mutex
+	httpSrv  *http.Server
+	stopSub  context.CancelFunc
+	subDone  chan struct{}
+	shutdown bool
+}
+
+// New builds the API.
+func New(d Deps) *Server {
+	s := &Server{Deps: d, log: d.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.keys = apikey.NewCache(s.loadKey, 10000, cacheTTL)
+	s.tenants = expirable.NewLRU[string, store.Tenant](10000, nil, cacheTTL)
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.errorHandler
+	e.Use(s.recoverer, s.requestLog)
+	s.e = e
+	s.routes()
+	return s
+}
+
+// Handler is the API as an http.Handler (tests, embedding).
+func (s *Server) Handler() http.Handler { return s.e }
+
+// Echo exposes the router (the OpenAPI test walks its routes).
+func (s *Server) Echo() *echo.Echo { return s.e }
+
+func (s *Server) routes() {
+	e := s.e
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+	e.GET("/openapi.json", s.openapi)
+
+	v1 := e.Group("/v1", s.authTenant)
+	v1.POST("/tasks", s.submitTask)
+	v1.GET("/tasks", s.listTasks)
+	v1.GET("/tasks/:id", s.getTask)
+	v1.POST("/tasks/:id/cancel", s.cancelTask)
+
+	adm := e.Group("/v1/admin", s.authAdmin)
+	adm.GET("/plans", s.listPlans)
+	adm.POST("/tenants", s.createTenant)
+	adm.GET("/tenants", s.listTenants)
+	adm.GET("/tenants/:id", s.getTenant)
+	adm.PATCH("/tenants/:id", s.updateTenant)
+	adm.POST("/tenants/:id/keys", s.createKey)
+	adm.GET("/tenants/:id/keys", s.listKeys)
+	adm.POST("/keys/:kid/rotate", s.rotateKey)
+	adm.DELETE("/keys/:kid", s.revokeKey)
+}
+
+// Start serves on addr until Shutdown. It returns once the listener is bound.
+func (s *Server) Start(ctx context.Context, addr string) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("web: listen %s: %w", addr, err)
+	}
+	s.StartSubscriptions(ctx)
+	srv := &http.Server{Handler: s.e, ReadHeaderTimeout: 10 * time.Second}
+	s.mu.Lock()
+	s.httpSrv = srv
+	s.mu.Unlock()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("http server stopped", "err", err)
+		}
+	}()
+	return ln.Addr(), nil
+}
+
+// StartSubscriptions listens for key and tenant changes made by other replicas.
+func (s *Server) StartSubscriptions(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopSub != nil || s.Redis == nil {
+		return
+	}
+	ctx, s.stopSub = context.WithCancel(ctx)
+	s.subDone = make(chan struct{})
+	sub := s.Redis.Subscribe(ctx, s.Keys.KeysChangedChannel())
+	go func() {
+		defer close(s.subDone)
+		defer sub.Close()
+		ch := sub.Channel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m, ok := <-ch:
+				if !ok {
+					return
+				}
+				s.invalidateLocal(m.Payload)
+			}
+		}
+	}()
+}
+
+// Shutdown stops accepting requests and waits for in-flight ones until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	srv, stop, done := s.httpSrv, s.stopSub, s.subDone
+	s.shutdown = true
+	s.mu.Unlock()
+	var err error
+	if srv != nil {
+		err = srv.Shutdown(ctx)
+	}
+	if stop != nil {
+		stop()
+		<-done
+	}
+	return err
+}
+
+// invalidate drops cached state for "k:<kid>" or "t:<tenant>" here and on every replica.
+func (s *Server) invalidate(ctx context.Context, what string) {
+	s.invalidateLocal(what)
+	if s.Redis != nil {
+		if err := s.Redis.Publish(ctx, s.Keys.KeysChangedChannel(), what).Err(); err != nil {
+			s.log.Warn("publishing invalidation failed; replicas catch up within the cache TTL", "err", err)
+		}
+	}
+}
+
+func (s *Server) invalidateLocal(what string) {
+	switch {
+	case strings.HasPrefix(what, "k:"):
+		s.keys.Invalidate(what[2:])
+	case strings.HasPrefix(what, "t:"):
+		s.tenants.Remove(what[2:])
+	}
+}
+
+func (s *Server) loadKey(ctx context.Context, kid string) (apikey.Record, bool, error) {
+	k, err := s.Store.GetKey(ctx, kid)
+	if errors.Is(err, store.ErrNotFound) {
+		return apikey.Record{}, false, nil
+	}
+	if err != nil {
+		return apikey.Record{}, false, err
+	}
+	return apikey.Record{
+		Kid: k.Kid, TenantID: k.TenantID, SecretHash: k.SecretHash, Revoked: k.RevokedAt != nil,
+		Agents: k.Scopes.Agents, Principals: k.Scopes.Principals,
+	}, true, nil
+}
+
+func (s *Server) tenant(ctx context.Context, id string) (store.Tenant, error) {
+	if t, ok := s.tenants.Get(id); ok {
+		return t, nil
+	}
+	t, err := s.Store.GetTenant(ctx, id)
+	if err != nil {
+		return t, err
+	}
+	s.tenants.Add(id, t)
+	return t, nil
+}
+
+const ctxKeyRecord = "agentq.key"
+
+func bearer(c echo.Context) string {
+	h := c.Request().Header.Get(echo.HeaderAuthorization)
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// authTenant authenticates an API key. The tenant always comes from the key.
+func (s *Server) authTenant(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if strings.HasPrefix(c.Path(), "/v1/admin") {
+			return next(c) // the admin group has its own auth
+		}
+		tok := bearer(c)
+		if tok == "" {
+			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing API key: send Authorization: Bearer aq_<kid>_<secret>.")
+		}
+		rec, err := s.keys.Authenticate(c.Request().Context(), tok)
+		if errors.Is(err, apikey.ErrInvalid) {
+			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Invalid or revoked API key.")
+		}
+		if err != nil {
+			s.log.Error("key lookup failed", "err", err)
+			return unavailable()
+		}
+		c.Set(ctxKeyRecord, rec)
+		return next(c)
+	}
+}
+
+func keyRecord(c echo.Context) apikey.Record { return c.Get(ctxKeyRecord).(apikey.Record) }
+
+// authAdmin checks the admin token in constant time.
+func (s *Server) authAdmin(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		tok := bearer(c)
+		if s.AdminToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.AdminToken)) != 1 {
+			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
+		}
+		return next(c)
+	}
+}
+
+func unavailable() *APIError {
+	e := apiErr(http.StatusServiceUnavailable, CodeUnavailable, "A backing service is unavailable. Retry in 1 second.")
+	e.Extra = map[string]any{"retry_after_seconds": 1}
+	return e
+}
+
+func (s *Server) recoverer(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return next(c)
+	}
+}
+
+// requestLog logs method, route, status and latency; never headers, so never a key.
+func (s *Server) requestLog(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			c.Error(err)
+		}
+		s.log.Debug("http", "method", c.Request().Method, "route", c.Path(),
+			"status", c.Response().Status, "ms", time.Since(start).Milliseconds())
+		return nil
+	}
+}
+
+func (s *Server) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	checks := map[string]string{"postgres": "ok", "redis": "ok"}
+	ready := true
+	if err := s.Store.Ping(ctx); err != nil {
+		checks["postgres"], ready = "unreachable", false
+	}
+	if err := s.Redis.Ping(ctx).Err(); err != nil {
+		checks["redis"], ready = "unreachable", false
+	}
+	s.mu.Lock()
+	if s.shutdown {
+		checks["server"], ready = "shutting down", false
+	}
+	s.mu.Unlock()
+	status := http.StatusOK
+	if !ready {
+		status = http.StatusServiceUnavailable
+	}
+	return c.JSON(status, map[string]any{"ready": ready, "checks": checks})
+}

@@ -1,0 +1,359 @@
+package web
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// SubmitRequest is the body of POST /v1/tasks.
+type SubmitRequest struct {
+	Agent          string          `json:"agent"`
+	Input          json.RawMessage `json:"input"`
+	User           string          `json:"user"`
+	Budget         *BudgetRequest  `json:"budget"`
+	Priority       *int            `json:"priority"`
+	IdempotencyKey string          `json:"idempotency_key"`
+}
+
+// BudgetRequest is a task's requested budget; omitted fields take the plan's default.
+type BudgetRequest struct {
+	MaxSteps      *int     `json:"max_steps"`
+	MaxWallclockS *float64 `json:"max_wallclock_s"`
+	MaxCostUSD    *float64 `json:"max_cost_usd"`
+}
+
+// TaskJSON is the task as the API shows it (DESIGN.md "Exact shapes").
+type TaskJSON struct {
+	ID         string          `json:"id"`
+	TenantID   string          `json:"tenant_id"`
+	Agent      string          `json:"agent"`
+	User       *string         `json:"user"`
+	State      string          `json:"state"`
+	Priority   int             `json:"priority"`
+	Input      json.RawMessage `json:"input"`
+	Output     json.RawMessage `json:"output"`
+	Error      *string         `json:"error"`
+	Budget     json.RawMessage `json:"budget"`
+	Usage      UsageJSON       `json:"usage"`
+	WaitReason *string         `json:"wait_reason"`
+	Attempt    int             `json:"attempt"`
+	CreatedAt  time.Time       `json:"created_at"`
+	StartedAt  *time.Time      `json:"started_at"`
+	FinishedAt *time.Time      `json:"finished_at"`
+}
+
+// UsageJSON is a task's usage.
+type UsageJSON struct {
+	Steps   int     `json:"steps"`
+	Tokens  int64   `json:"tokens"`
+	CostUSD float64 `json:"cost_usd"`
+}
+
+var jsonNull = json.RawMessage("null")
+
+func rawOrNull(r json.RawMessage) json.RawMessage {
+	if len(r) == 0 {
+		return jsonNull
+	}
+	return r
+}
+
+func taskJSON(t store.Task) TaskJSON {
+	out := TaskJSON{
+		ID: t.ID.String(), TenantID: t.TenantID, Agent: t.Agent, State: t.State, Priority: t.Priority,
+		Input: rawOrNull(t.Input), Output: rawOrNull(t.Output), Error: t.Error, Budget: rawOrNull(t.Budget),
+		Usage:     UsageJSON{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
+		Attempt:   t.Attempt,
+		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
+	}
+	if t.User != "" {
+		u := t.User
+		out.User = &u
+	}
+	return out
+}
+
+const maxIdempotencyKey = 255
+
+func (s *Server) submitTask(c echo.Context) error {
+	ctx := c.Request().Context()
+	key := keyRecord(c)
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var req SubmitRequest
+	if err := decodeStrict(body, &req, false); err != nil {
+		return err
+	}
+	idem := req.IdempotencyKey
+	if h := c.Request().Header.Get("Idempotency-Key"); h != "" {
+		if idem != "" && idem != h {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Idempotency-Key header and idempotency_key field differ.")
+		}
+		idem = h
+	}
+	if len(idem) > maxIdempotencyKey {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "idempotency_key is longer than %d bytes.", maxIdempotencyKey)
+	}
+	if req.Agent == "" {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Field agent is required.")
+	}
+	if len(req.User) > 255 {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Field user is longer than 255 bytes.")
+	}
+	priority := scheduler.DefaultPriority
+	if req.Priority != nil {
+		priority = *req.Priority
+		if priority < scheduler.MinPriority || priority > scheduler.MaxPriority {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Field priority must be between %d and %d.", scheduler.MinPriority, scheduler.MaxPriority)
+		}
+	}
+	input := req.Input
+	if len(input) == 0 {
+		input = json.RawMessage("{}")
+	} else {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, input); err != nil {
+			return apiErr(http.StatusBadRequest, CodeInvalidJSON, "Field input is not valid JSON.")
+		}
+		input = buf.Bytes()
+	}
+	if err := s.Agents.ValidateTask(req.Agent, input); err != nil {
+		if isUnknownAgent(err) {
+			return apiErr(http.StatusBadRequest, CodeUnknownAgent, "Unknown agent %q.", req.Agent)
+		}
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Invalid input for agent %q: %v.", req.Agent, err)
+	}
+	if len(key.Agents) > 0 && !slices.Contains(key.Agents, req.Agent) {
+		return apiErr(http.StatusForbidden, CodeScopeForbidden, "This API key may not run agent %q.", req.Agent)
+	}
+	if len(key.Principals) > 0 && !slices.Contains(key.Principals, req.User) {
+		return apiErr(http.StatusForbidden, CodeScopeForbidden, "This API key may not act for user %q.", req.User)
+	}
+	tenant, err := s.tenant(ctx, key.TenantID)
+	if err != nil {
+		return err
+	}
+	if tenant.Status != "active" {
+		return apiErr(http.StatusForbidden, CodeTenantSuspended, "Tenant %s is suspended.", tenant.ID)
+	}
+	plan, ok := s.Plans.Plan(tenant.Plan)
+	if !ok {
+		return fmt.Errorf("tenant %s has plan %q, which the catalogue lacks", tenant.ID, tenant.Plan)
+	}
+	budget, err := resolveBudget(plan.Budget, req.Budget)
+	if err != nil {
+		return err
+	}
+	budgetJSON, _ := json.Marshal(budget)
+	hash := requestHash(req.Agent, input, req.User, budgetJSON, priority)
+
+	id, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	task, created, err := s.Store.InsertTask(ctx, store.InsertTaskParams{
+		ID: id, TenantID: tenant.ID, Kid: key.Kid, Agent: req.Agent, User: req.User, Input: input,
+		Budget: budgetJSON, Priority: priority, IdempotencyKey: idem, RequestHash: hash,
+	})
+	if err != nil {
+		return err
+	}
+	if !created {
+		if !bytes.Equal(task.RequestHash, hash) {
+			return apiErr(http.StatusConflict, CodeIdempotencyConflict,
+				"Idempotency key %q was already used with a different request.", idem)
+		}
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+		c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+task.ID.String())
+		return c.JSON(http.StatusAccepted, taskJSON(task))
+	}
+	limits, err := s.Plans.Effective(tenant.Plan, tenant.Overrides)
+	if err != nil {
+		return err
+	}
+	weight := plan.Weight
+	if tenant.Weight != nil {
+		weight = *tenant.Weight
+	}
+	if err := s.Queue.Enqueue(ctx, scheduler.EnqueueParams{
+		TenantID: tenant.ID, TaskID: task.ID, Priority: priority, CreatedAt: task.CreatedAt,
+		Weight: weight, RunningCap: int(limits[quotas.Running]),
+	}); err != nil {
+		// The task is stored as queued; the recovery sweep pushes queued tasks missing
+		// from Redis, so the 202 still holds.
+		s.log.Error("pushing task to its queue failed; it stays queued in Postgres", "task_id", task.ID, "err", err)
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+task.ID.String())
+	return c.JSON(http.StatusAccepted, taskJSON(task))
+}
+
+func isUnknownAgent(err error) bool {
+	var u interface{ UnknownAgent() bool }
+	return errors.As(err, &u) && u.UnknownAgent()
+}
+
+// resolveBudget fills a requested budget from the plan and refuses values above it.
+func resolveBudget(plan quotas.Budget, req *BudgetRequest) (quotas.Budget, error) {
+	b := plan
+	if req == nil {
+		return b, nil
+	}
+	if v := req.MaxSteps; v != nil {
+		if *v < 1 || (plan.MaxSteps > 0 && *v > plan.MaxSteps) {
+			return b, apiErr(http.StatusBadRequest, CodeInvalidRequest, "budget.max_steps must be between 1 and the plan's %d.", plan.MaxSteps)
+		}
+		b.MaxSteps = *v
+	}
+	if v := req.MaxWallclockS; v != nil {
+		if *v <= 0 || (plan.MaxWallclockS > 0 && *v > plan.MaxWallclockS) {
+			return b, apiErr(http.StatusBadRequest, CodeInvalidRequest, "budget.max_wallclock_s must be above 0 and at most the plan's %g.", plan.MaxWallclockS)
+		}
+		b.MaxWallclockS = *v
+	}
+	if v := req.MaxCostUSD; v != nil {
+		if *v < 0 || (plan.MaxCostUSD > 0 && *v > plan.MaxCostUSD) {
+			return b, apiErr(http.StatusBadRequest, CodeInvalidRequest, "budget.max_cost_usd must be between 0 and the plan's %g.", plan.MaxCostUSD)
+		}
+		b.MaxCostUSD = *v
+	}
+	return b, nil
+}
+
+// requestHash fingerprints what a submission asks for, so a replay with the same
+// idempotency key can be told from a different request.
+func requestHash(agent string, input json.RawMessage, user string, budget []byte, priority int) []byte {
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(agent), input, []byte(user), budget, []byte(strconv.Itoa(priority))} {
+		h.Write([]byte(strconv.Itoa(len(part))))
+		h.Write([]byte{0})
+		h.Write(part)
+	}
+	return h.Sum(nil)
+}
+
+func taskID(c echo.Context) (uuid.UUID, error) {
+	id, err := uuid.Parse(c.Param("id"))
+	if err != nil {
+		return id, apiErr(http.StatusNotFound, CodeNotFound, "No task %q.", c.Param("id"))
+	}
+	return id, nil
+}
+
+func (s *Server) getTask(c echo.Context) error {
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	t, err := s.Store.GetTask(c.Request().Context(), store.GetTaskParams{TenantID: keyRecord(c).TenantID, ID: id})
+	if errors.Is(err, store.ErrNotFound) {
+		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
+	}
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, taskJSON(t))
+}
+
+// TaskList is a page of tasks.
+type TaskList struct {
+	Tasks      []TaskJSON `json:"tasks"`
+	NextCursor *string    `json:"next_cursor"`
+}
+
+func (s *Server) listTasks(c echo.Context) error {
+	p := store.ListTasksParams{TenantID: keyRecord(c).TenantID, Limit: 50}
+	q := c.QueryParams()
+	for k := range q {
+		switch k {
+		case "state", "limit", "cursor":
+		default:
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
+		}
+	}
+	if st := q.Get("state"); st != "" {
+		if !slices.Contains(store.TaskStates, st) {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown state %q.", st)
+		}
+		p.State = st
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 500 {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and 500.")
+		}
+		p.Limit = n
+	}
+	if cur := q.Get("cursor"); cur != "" {
+		id, err := uuid.Parse(cur)
+		if err != nil {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Malformed cursor.")
+		}
+		p.Before = id
+	}
+	want := p.Limit
+	p.Limit++ // one more tells whether there is a next page
+	rows, err := s.Store.ListTasks(c.Request().Context(), p)
+	if err != nil {
+		return err
+	}
+	out := TaskList{Tasks: make([]TaskJSON, 0, len(rows))}
+	if len(rows) > want {
+		rows = rows[:want]
+		next := rows[len(rows)-1].ID.String()
+		out.NextCursor = &next
+	}
+	for _, t := range rows {
+		out.Tasks = append(out.Tasks, taskJSON(t))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) cancelTask(c echo.Context) error {
+	ctx := c.Request().Context()
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	tenantID := keyRecord(c).TenantID
+	t, ok, err := s.Store.FinishTask(ctx, store.FinishTaskParams{
+		ID: id, TenantID: tenantID, From: []string{store.StateQueued, store.StateRunning},
+		To: store.StateKilled, Error: "cancelled by the tenant",
+	})
+	if err != nil {
+		return err
+	}
+	if !ok {
+		cur, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: tenantID, ID: id})
+		if errors.Is(err, store.ErrNotFound) {
+			return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
+		}
+		if err != nil {
+			return err
+		}
+		return apiErr(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", id, cur.State)
+	}
+	// Queued: take it off the queue. Running: interrupt the step wherever it runs.
+	if _, err := s.Queue.Remove(ctx, tenantID, id); err != nil {
+		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)
+	}
+	if err := s.Redis.Publish(ctx, s.Keys.CancelChannel(), id.String()).Err(); err != nil {
+		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
+	}
+	return c.JSON(http.StatusOK, taskJSON(t))
+}
