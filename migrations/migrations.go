@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,8 +31,16 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 }
 
 func up(ctx context.Context, db *sql.DB) ([]int64, error) {
-	// The session lock lets several replicas start at once: one migrates, the others wait.
-	locker, err := lock.NewPostgresSessionLocker()
+	// The session lock lets several replicas start at once: one migrates, the others
+	// wait. The lock id is per schema, so deployments (and tests) in other schemas of
+	// the same database never wait on each other.
+	var schema string
+	if err := db.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("agentq-migrate:" + schema))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64()>>1)), lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}

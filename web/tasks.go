@@ -161,7 +161,7 @@ func (s *Server) submitTask(c echo.Context) error {
 		return err
 	}
 	budgetJSON, _ := json.Marshal(budget)
-	hash := requestHash(req.Agent, input, req.User, budgetJSON, priority)
+	hash := requestHash(req.Agent, canonicalJSON(input), req.User, budgetJSON, priority)
 
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -245,6 +245,22 @@ func requestHash(agent string, input json.RawMessage, user string, budget []byte
 		h.Write(part)
 	}
 	return h.Sum(nil)
+}
+
+// canonicalJSON re-encodes a JSON value with object keys sorted, so that two bodies
+// that differ only in key order or spacing are the same request.
+func canonicalJSON(raw json.RawMessage) []byte {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
 }
 
 func taskID(c echo.Context) (uuid.UUID, error) {

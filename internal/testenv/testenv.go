@@ -1,0 +1,170 @@
+// Package testenv gives each test its own Postgres schema and Redis key prefix on the
+// real services, so tests run in parallel without seeing each other.
+//
+// AGENTQ_TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/agentq_test)
+// names the database, created if missing; AGENTQ_TEST_REDIS_URL (default
+// redis://127.0.0.1:6379/9) the Redis.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/pg"
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/migrations"
+)
+
+// DatabaseURL is the test database.
+func DatabaseURL() string {
+	if v := os.Getenv("AGENTQ_TEST_DATABASE_URL"); v != "" {
+		return v
+	}
+	return "postgres://postgres@127.0.0.1:5432/agentq_test?sslmode=disable"
+}
+
+// RedisURL is the test Redis.
+func RedisURL() string {
+	if v := os.Getenv("AGENTQ_TEST_REDIS_URL"); v != "" {
+		return v
+	}
+	return "redis://127.0.0.1:6379/9"
+}
+
+// ID returns a short random id for names.
+func ID() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+var createOnce sync.Once
+var createErr error
+
+func ensureDatabase(ctx context.Context) error {
+	createOnce.Do(func() {
+		u, err := url.Parse(DatabaseURL())
+		if err != nil {
+			createErr = err
+			return
+		}
+		name := strings.TrimPrefix(u.Path, "/")
+		u.Path = "/postgres"
+		conn, err := pgx.Connect(ctx, u.String())
+		if err != nil {
+			createErr = err
+			return
+		}
+		defer conn.Close(ctx)
+		var exists bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+			createErr = err
+			return
+		}
+		if !exists {
+			_, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+			var pgErr *pgconn.PgError
+			if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505")) {
+				createErr = err
+			}
+		}
+	})
+	return createErr
+}
+
+// Schema creates a fresh schema, migrates it, and returns its name and a pool pinned
+// to it. The schema is dropped when the test ends.
+func Schema(t testing.TB) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := ensureDatabase(ctx); err != nil {
+		t.Fatalf("testenv: test database: %v (is Postgres running? `make test` starts it)", err)
+	}
+	schema := "t_" + ID()
+	admin, err := pg.Connect(ctx, DatabaseURL(), "")
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		admin.Close()
+		t.Fatalf("testenv: create schema: %v", err)
+	}
+	pool, err := pg.Connect(ctx, DatabaseURL(), schema)
+	if err != nil {
+		admin.Close()
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		admin.Close()
+	})
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		t.Fatalf("testenv: migrate: %v", err)
+	}
+	return schema, pool
+}
+
+// Postgres is Schema without the name.
+func Postgres(t testing.TB) *pgxpool.Pool {
+	_, pool := Schema(t)
+	return pool
+}
+
+// Redis returns a client and a key builder with a prefix of the test's own. Every key
+// under the prefix (and the prefix's asynq queues) is deleted when the test ends.
+func Redis(t testing.TB, shards int) (*redis.Client, rkeys.Keys) {
+	t.Helper()
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	opt.PoolSize = 64
+	c := redis.NewClient(opt)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("testenv: Redis at %s: %v (is Redis running? `make test` starts it)", opt.Addr, err)
+	}
+	prefix := "t" + ID() + ":"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		DeletePrefix(ctx, c, prefix)
+		DeletePrefix(ctx, c, "asynq:{"+prefix)
+		_ = c.Close()
+	})
+	return c, rkeys.New(prefix, shards)
+}
+
+// DeletePrefix deletes every key starting with prefix.
+func DeletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) {
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			c.Del(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Del(ctx, batch...)
+	}
+}
