@@ -1,0 +1,617 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Version is this client's version, sent in the User-Agent header.
+const Version = "0.1.0"
+
+// Task states. The last five are terminal.
+const (
+	StateQueued         = "queued"
+	StateRunning        = "running"
+	StateCompleted      = "completed"
+	StateFailed         = "failed"
+	StateKilled         = "killed"
+	StateBudgetExceeded = "budget_exceeded"
+	StateAbandoned      = "abandoned"
+)
+
+// IsTerminal reports whether a task in state has ended for good.
+func IsTerminal(state string) bool {
+	switch state {
+	case StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned:
+		return true
+	}
+	return false
+}
+
+// Task is a task as the API shows it.
+type Task struct {
+	ID       string  `json:"id"`
+	TenantID string  `json:"tenant_id"`
+	Agent    string  `json:"agent"`
+	User     *string `json:"user"`
+	State    string  `json:"state"`
+	Priority int     `json:"priority"`
+	// Input is the agent's input; Output is the agent's output, JSON null until the
+	// task produces one.
+	Input      json.RawMessage `json:"input"`
+	Output     json.RawMessage `json:"output"`
+	Error      *string         `json:"error"`
+	Budget     *Budget         `json:"budget"`
+	Usage      Usage           `json:"usage"`
+	WaitReason *string         `json:"wait_reason"`
+	Attempt    int             `json:"attempt"`
+	CreatedAt  time.Time       `json:"created_at"`
+	StartedAt  *time.Time      `json:"started_at"`
+	FinishedAt *time.Time      `json:"finished_at"`
+}
+
+// Terminal reports whether the task has ended for good.
+func (t *Task) Terminal() bool { return IsTerminal(t.State) }
+
+// Budget is a task's budget (or a plan's default budget). 0 means no limit.
+type Budget struct {
+	MaxSteps      int     `json:"max_steps"`
+	MaxWallclockS float64 `json:"max_wallclock_s"`
+	MaxCostUSD    float64 `json:"max_cost_usd"`
+}
+
+// Usage is what a task has used so far.
+type Usage struct {
+	Steps   int     `json:"steps"`
+	Tokens  int64   `json:"tokens"`
+	CostUSD float64 `json:"cost_usd"`
+}
+
+// TaskList is a page of tasks. NextCursor is nil on the last page.
+type TaskList struct {
+	Tasks      []Task  `json:"tasks"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+// SubmitTaskRequest is a task submission.
+type SubmitTaskRequest struct {
+	Agent string `json:"agent"`
+	// Input is any value that marshals to the JSON the agent accepts (a
+	// json.RawMessage is sent as is). nil sends no input; the server uses {}.
+	Input any `json:"input,omitempty"`
+	// User is the on-behalf-of user (principal), optional.
+	User string `json:"user,omitempty"`
+	// Budget asks for a smaller budget than the plan's default; nil takes the default.
+	Budget *BudgetRequest `json:"budget,omitempty"`
+	// Priority is 0 (lowest) to 9 (highest); nil takes the default, 5.
+	Priority *int `json:"priority,omitempty"`
+	// IdempotencyKey, when set, is sent as the Idempotency-Key header: submitting the
+	// same request with the same key returns the same task; the same key with a
+	// different request answers 409 IDEMPOTENCY_CONFLICT.
+	IdempotencyKey string `json:"-"`
+}
+
+// BudgetRequest is a requested task budget; nil fields take the plan's default.
+type BudgetRequest struct {
+	MaxSteps      *int     `json:"max_steps,omitempty"`
+	MaxWallclockS *float64 `json:"max_wallclock_s,omitempty"`
+	MaxCostUSD    *float64 `json:"max_cost_usd,omitempty"`
+}
+
+// ListTasksParams filter and page a task listing. Zero fields are not sent.
+type ListTasksParams struct {
+	State  string // one of the task states
+	Limit  int    // page size, 1 to 500; the server's default is 50
+	Cursor string // NextCursor of the previous page
+}
+
+// Tenant is a tenant as the admin API shows it.
+type Tenant struct {
+	ID              string             `json:"id"`
+	Name            string             `json:"name"`
+	Plan            string             `json:"plan"`
+	Weight          *int               `json:"weight"` // nil: the plan's weight
+	Overrides       map[string]float64 `json:"overrides"`
+	Status          string             `json:"status"` // active or suspended
+	CreatedAt       time.Time          `json:"created_at"`
+	UpdatedAt       time.Time          `json:"updated_at"`
+	EffectiveWeight int                `json:"effective_weight"`
+}
+
+// CreateTenantRequest creates a tenant. ID and Plan are required; Name defaults to ID.
+type CreateTenantRequest struct {
+	ID        string             `json:"id"`
+	Name      string             `json:"name,omitempty"`
+	Plan      string             `json:"plan"`
+	Weight    *int               `json:"weight,omitempty"`
+	Overrides map[string]float64 `json:"overrides,omitempty"`
+}
+
+// UpdateTenantRequest changes the non-nil fields of a tenant. A non-nil Overrides
+// replaces the whole override map; an empty non-nil map clears it.
+type UpdateTenantRequest struct {
+	Name      *string            `json:"name,omitempty"`
+	Plan      *string            `json:"plan,omitempty"`
+	Weight    *int               `json:"weight,omitempty"`
+	Overrides map[string]float64 `json:"overrides,omitzero"`
+	Status    *string            `json:"status,omitempty"` // "active" or "suspended"
+}
+
+// Scopes restrict what a key may do; an empty list allows all.
+type Scopes struct {
+	Agents     []string `json:"agents,omitempty"`
+	Principals []string `json:"principals,omitempty"`
+}
+
+// KeyCreated answers key creation and rotation. Key is the plaintext key,
+// aq_<kid>_<secret>; the server shows it once and never again.
+type KeyCreated struct {
+	Kid       string     `json:"kid"`
+	Key       string     `json:"key"`
+	TenantID  string     `json:"tenant_id"`
+	Scopes    Scopes     `json:"scopes"`
+	CreatedAt time.Time  `json:"created_at"`
+	RotatedAt *time.Time `json:"rotated_at,omitempty"`
+}
+
+// APIKey is a key's record as the admin API lists it; it never holds the secret.
+type APIKey struct {
+	Kid       string     `json:"kid"`
+	TenantID  string     `json:"tenant_id"`
+	Scopes    Scopes     `json:"scopes"`
+	CreatedAt time.Time  `json:"created_at"`
+	RotatedAt *time.Time `json:"rotated_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+// Plan is an entry of the plan catalogue.
+type Plan struct {
+	Name   string             `json:"name"`
+	Weight int                `json:"weight"`
+	Limits map[string]float64 `json:"limits"`
+	Budget Budget             `json:"budget"`
+}
+
+// Error is a non-2xx answer. Use errors.As to get it.
+type Error struct {
+	StatusCode int
+	// Code and Message come from the error body {"error":{"code","message",...}};
+	// Code is empty when the answer did not have that shape (a proxy's 502 page).
+	Code    string
+	Message string
+	// LimitType is the error body's limit_type, set on 429 and 402 answers.
+	LimitType string
+	// Body is the raw JSON of the error object (the value of "error", with every
+	// field the code adds), or the raw response body when it is not the documented
+	// shape. At most 1 MiB is kept.
+	Body []byte
+	// RetryAfter is the Retry-After header (seconds or HTTP date), or the body's
+	// retry_after_seconds when the header is missing; 0 when neither is given.
+	RetryAfter time.Duration
+	// Header holds the response headers, among them X-RateLimit-Limit,
+	// X-RateLimit-Remaining, X-RateLimit-Reset, RateLimit-Policy and RateLimit.
+	Header http.Header
+	// Method and Path name the request that failed (never its credentials).
+	Method, Path string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("agentq: ")
+	if e.Method != "" {
+		b.WriteString(e.Method + " " + e.Path + ": ")
+	}
+	b.WriteString(strconv.Itoa(e.StatusCode))
+	if e.Code != "" {
+		b.WriteString(" " + e.Code)
+	} else if t := http.StatusText(e.StatusCode); t != "" {
+		b.WriteString(" " + t)
+	}
+	if e.Message != "" {
+		b.WriteString(": " + e.Message)
+	}
+	return b.String()
+}
+
+// Option configures a Client or an Admin.
+type Option func(*transport)
+
+// WithHTTPClient sends requests through hc instead of http.DefaultClient (timeouts,
+// proxies, TLS, tracing transports).
+func WithHTTPClient(hc *http.Client) Option {
+	return func(t *transport) {
+		if hc != nil {
+			t.hc = hc
+		}
+	}
+}
+
+// WithUserAgent sets the User-Agent header.
+func WithUserAgent(ua string) Option {
+	return func(t *transport) { t.userAgent = ua }
+}
+
+// Client calls the tenant API (/v1) with an API key.
+type Client struct{ t transport }
+
+// New returns a client of the agentq server at baseURL (e.g. "http://127.0.0.1:8080")
+// that authenticates with apiKey, aq_<kid>_<secret>.
+func New(baseURL, apiKey string, opts ...Option) *Client {
+	return &Client{t: newTransport(baseURL, apiKey, opts)}
+}
+
+// String describes the client without its key.
+func (c *Client) String() string { return "agentq.Client(" + c.t.base + ")" }
+
+// GoString describes the client without its key.
+func (c *Client) GoString() string { return c.String() }
+
+// SubmitTask submits a task. The answer is 202 with the queued task, or the earlier
+// task when the idempotency key was used before with the same request.
+func (c *Client) SubmitTask(ctx context.Context, req SubmitTaskRequest) (*Task, error) {
+	if raw, ok := req.Input.(json.RawMessage); ok && len(raw) == 0 {
+		req.Input = nil // else it would marshal as null, or fail when empty but not nil
+	}
+	var h http.Header
+	if req.IdempotencyKey != "" {
+		h = http.Header{"Idempotency-Key": {req.IdempotencyKey}}
+	}
+	var t Task
+	if err := c.t.do(ctx, http.MethodPost, "/v1/tasks", nil, h, req, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// GetTask returns one of the tenant's tasks.
+func (c *Client) GetTask(ctx context.Context, id string) (*Task, error) {
+	var t Task
+	if err := c.t.do(ctx, http.MethodGet, "/v1/tasks/"+url.PathEscape(id), nil, nil, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// ListTasks returns a page of the tenant's tasks, newest first.
+func (c *Client) ListTasks(ctx context.Context, p ListTasksParams) (*TaskList, error) {
+	q := url.Values{}
+	if p.State != "" {
+		q.Set("state", p.State)
+	}
+	if p.Limit > 0 {
+		q.Set("limit", strconv.Itoa(p.Limit))
+	}
+	if p.Cursor != "" {
+		q.Set("cursor", p.Cursor)
+	}
+	var l TaskList
+	if err := c.t.do(ctx, http.MethodGet, "/v1/tasks", q, nil, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// CancelTask kills a queued or running task and returns it. A task that already
+// ended answers 409 TASK_ALREADY_FINISHED.
+func (c *Client) CancelTask(ctx context.Context, id string) (*Task, error) {
+	var t Task
+	if err := c.t.do(ctx, http.MethodPost, "/v1/tasks/"+url.PathEscape(id)+"/cancel", nil, nil, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// DefaultPollInterval is WaitTask's interval when it is given none.
+const DefaultPollInterval = 500 * time.Millisecond
+
+// WaitTask polls the task every pollEvery until it reaches a terminal state
+// (completed, failed, killed, budget_exceeded, abandoned) and returns it.
+//
+// Answers that say "try again later" (429, 502, 503, 504) do not end the wait: the
+// next poll comes after Retry-After, or pollEvery if that is longer. Any other error
+// ends it. When ctx ends first, WaitTask returns the last task it saw (nil if none)
+// with ctx's error.
+func (c *Client) WaitTask(ctx context.Context, id string, pollEvery time.Duration) (*Task, error) {
+	if pollEvery <= 0 {
+		pollEvery = DefaultPollInterval
+	}
+	var last *Task
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return last, ctx.Err()
+		case <-timer.C:
+		}
+		wait := pollEvery
+		t, err := c.GetTask(ctx, id)
+		switch {
+		case err == nil:
+			if t.Terminal() {
+				return t, nil
+			}
+			last = t
+		case ctx.Err() != nil:
+			return last, ctx.Err()
+		default:
+			var ae *Error
+			if !errors.As(err, &ae) || !retryable(ae.StatusCode) {
+				return last, err
+			}
+			wait = max(wait, ae.RetryAfter)
+		}
+		timer.Reset(wait)
+	}
+}
+
+func retryable(status int) bool {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// Admin calls the admin API (/v1/admin) with the admin token.
+type Admin struct{ t transport }
+
+// NewAdmin returns an admin client of the agentq server at baseURL that
+// authenticates with adminToken (the server's AGENTQ_ADMIN_TOKEN).
+func NewAdmin(baseURL, adminToken string, opts ...Option) *Admin {
+	return &Admin{t: newTransport(baseURL, adminToken, opts)}
+}
+
+// String describes the admin client without its token.
+func (a *Admin) String() string { return "agentq.Admin(" + a.t.base + ")" }
+
+// GoString describes the admin client without its token.
+func (a *Admin) GoString() string { return a.String() }
+
+// CreateTenant creates a tenant (201). An id in use answers 409 CONFLICT.
+func (a *Admin) CreateTenant(ctx context.Context, req CreateTenantRequest) (*Tenant, error) {
+	var t Tenant
+	if err := a.t.do(ctx, http.MethodPost, "/v1/admin/tenants", nil, nil, req, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// GetTenant returns a tenant.
+func (a *Admin) GetTenant(ctx context.Context, id string) (*Tenant, error) {
+	var t Tenant
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/tenants/"+url.PathEscape(id), nil, nil, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// ListTenants returns every tenant.
+func (a *Admin) ListTenants(ctx context.Context) ([]Tenant, error) {
+	var out struct {
+		Tenants []Tenant `json:"tenants"`
+	}
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/tenants", nil, nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Tenants, nil
+}
+
+// UpdateTenant changes a tenant's plan, weight, overrides, name or status.
+func (a *Admin) UpdateTenant(ctx context.Context, id string, req UpdateTenantRequest) (*Tenant, error) {
+	var t Tenant
+	if err := a.t.do(ctx, http.MethodPatch, "/v1/admin/tenants/"+url.PathEscape(id), nil, nil, req, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// CreateKey creates an API key for a tenant (201). nil scopes allow every agent and
+// user. The plaintext key is in the answer's Key, and nowhere else, ever.
+func (a *Admin) CreateKey(ctx context.Context, tenantID string, scopes *Scopes) (*KeyCreated, error) {
+	body := struct {
+		Scopes *Scopes `json:"scopes,omitempty"`
+	}{scopes}
+	var k KeyCreated
+	if err := a.t.do(ctx, http.MethodPost, "/v1/admin/tenants/"+url.PathEscape(tenantID)+"/keys", nil, nil, body, &k); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// ListKeys returns a tenant's keys, revoked ones included; never a secret.
+func (a *Admin) ListKeys(ctx context.Context, tenantID string) ([]APIKey, error) {
+	var out struct {
+		Keys []APIKey `json:"keys"`
+	}
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/tenants/"+url.PathEscape(tenantID)+"/keys", nil, nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Keys, nil
+}
+
+// RotateKey gives a key a new secret, keeping its kid; the old secret stops working.
+func (a *Admin) RotateKey(ctx context.Context, kid string) (*KeyCreated, error) {
+	var k KeyCreated
+	if err := a.t.do(ctx, http.MethodPost, "/v1/admin/keys/"+url.PathEscape(kid)+"/rotate", nil, nil, nil, &k); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// RevokeKey revokes a key (204).
+func (a *Admin) RevokeKey(ctx context.Context, kid string) error {
+	return a.t.do(ctx, http.MethodDelete, "/v1/admin/keys/"+url.PathEscape(kid), nil, nil, nil, nil)
+}
+
+// ListPlans returns the plan catalogue.
+func (a *Admin) ListPlans(ctx context.Context) ([]Plan, error) {
+	var out struct {
+		Plans []Plan `json:"plans"`
+	}
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/plans", nil, nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Plans, nil
+}
+
+// transport is what Client and Admin share: base URL, bearer token, HTTP client.
+type transport struct {
+	base      string
+	token     string
+	hc        *http.Client
+	userAgent string
+}
+
+func newTransport(baseURL, token string, opts []Option) transport {
+	t := transport{
+		base:      strings.TrimRight(baseURL, "/"),
+		token:     token,
+		hc:        http.DefaultClient,
+		userAgent: "agentq-go-client/" + Version,
+	}
+	for _, o := range opts {
+		o(&t)
+	}
+	return t
+}
+
+// maxErrorBody bounds how much of an error answer is read.
+const maxErrorBody = 1 << 20
+
+// do sends one request. in, when not nil, is sent as JSON; out, when not nil,
+// receives the 2xx answer's JSON.
+func (t *transport) do(ctx context.Context, method, path string, query url.Values, h http.Header, in, out any) error {
+	u := t.base + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("agentq: %s %s: encoding the request: %w", method, path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return t.wrap(method, path, err)
+	}
+	for k, vs := range h {
+		req.Header[k] = vs
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if t.userAgent != "" {
+		req.Header.Set("User-Agent", t.userAgent)
+	}
+	if t.token != "" {
+		req.Header.Set("Authorization", "Bearer "+t.token)
+	}
+	res, err := t.hc.Do(req)
+	if err != nil {
+		return t.wrap(method, path, err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode < 200 || res.StatusCode > 299 {
+		return t.apiError(method, path, res)
+	}
+	if out == nil || res.StatusCode == http.StatusNoContent {
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, maxErrorBody))
+		return nil
+	}
+	if err := json.NewDecoder(res.Body).Decode(out); err != nil {
+		return t.wrap(method, path, fmt.Errorf("decoding the %d answer: %w", res.StatusCode, err))
+	}
+	return nil
+}
+
+// apiError builds the *Error of a non-2xx answer.
+func (t *transport) apiError(method, path string, res *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(res.Body, maxErrorBody))
+	e := &Error{StatusCode: res.StatusCode, Header: res.Header.Clone(), Method: method, Path: path, Body: raw}
+	var env struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(raw, &env) == nil && len(env.Error) > 0 && env.Error[0] == '{' {
+		var inner struct {
+			Code              string   `json:"code"`
+			Message           string   `json:"message"`
+			LimitType         string   `json:"limit_type"`
+			RetryAfterSeconds *float64 `json:"retry_after_seconds"`
+		}
+		if json.Unmarshal(env.Error, &inner) == nil {
+			e.Body, e.Code, e.Message, e.LimitType = env.Error, inner.Code, inner.Message, inner.LimitType
+			if inner.RetryAfterSeconds != nil && *inner.RetryAfterSeconds > 0 {
+				e.RetryAfter = seconds(*inner.RetryAfterSeconds)
+			}
+		}
+	}
+	if d, ok := parseRetryAfter(res.Header.Get("Retry-After")); ok {
+		e.RetryAfter = d
+	}
+	// A server never sends the credential back; if one (or something in between)
+	// did, it still does not reach an error message.
+	if t.token != "" {
+		e.Message = strings.ReplaceAll(e.Message, t.token, "[REDACTED]")
+		e.Body = bytes.ReplaceAll(e.Body, []byte(t.token), []byte("[REDACTED]"))
+	}
+	return e
+}
+
+func seconds(s float64) time.Duration {
+	if s >= math.MaxInt64/float64(time.Second) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(math.Ceil(s * float64(time.Second)))
+}
+
+// parseRetryAfter reads Retry-After: delay-seconds or an HTTP date.
+func parseRetryAfter(v string) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 {
+			return 0, false
+		}
+		return seconds(float64(n)), true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(time.Until(at), 0), true
+	}
+	return 0, false
+}
+
+// wrap annotates a transport error with the request, keeping the credential out of
+// the message even if a lower layer put it there.
+func (t *transport) wrap(method, path string, err error) error {
+	if t.token != "" && strings.Contains(err.Error(), t.token) {
+		err = &redactedError{msg: strings.ReplaceAll(err.Error(), t.token, "[REDACTED]"), err: err}
+	}
+	return fmt.Errorf("agentq: %s %s: %w", method, path, err)
+}
+
+// redactedError hides its cause's message but still answers errors.Is (e.g.
+// context.DeadlineExceeded). It has no Unwrap, so the cause's text cannot leak.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (r *redactedError) Error() string        { return r.msg }
+func (r *redactedError) Is(target error) bool { return errors.Is(r.err, target) }
