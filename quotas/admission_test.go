@@ -1,0 +1,350 @@
+package quotas
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+type qfix struct {
+	t    *testing.T
+	rdb  *redis.Client
+	keys rkeys.Keys
+	q    *Quotas
+	mu   sync.Mutex
+	now  int64
+	n    int
+}
+
+func newQ(t *testing.T) *qfix {
+	t.Parallel()
+	rdb, keys := testenv.Redis(t, 1)
+	f := &qfix{t: t, rdb: rdb, keys: keys, now: time.Date(2026, 11, 30, 10, 30, 0, 0, time.UTC).UnixMilli()}
+	f.q = New(rdb, keys, f.clock)
+	return f
+}
+
+func (f *qfix) clock() int64 { f.mu.Lock(); defer f.mu.Unlock(); return f.now }
+func (f *qfix) advance(d time.Duration) {
+	f.mu.Lock()
+	f.now += d.Milliseconds()
+	f.mu.Unlock()
+}
+
+func (f *qfix) period() Period {
+	return PeriodAt(time.Date(2026, 1, 15, 0, 0, 0, 0, time.UTC), time.UnixMilli(f.clock()))
+}
+
+// admit runs one admission with the given limits; zero limits are off.
+func (f *qfix) admit(l Limits, mut ...func(*AdmitParams)) Decision {
+	f.t.Helper()
+	f.n++
+	p := AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "acme-1", Agent: "sim", User: "u1",
+		TaskID: fmt.Sprintf("task-%d", f.n), InScope: true, Limits: l, Period: f.period()}
+	for _, m := range mut {
+		m(&p)
+	}
+	d, err := f.q.Admit(context.Background(), p)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return d
+}
+
+func (d Decision) scope(name string) Scope {
+	for _, s := range d.Scopes {
+		if s.Name == name {
+			return s
+		}
+	}
+	return Scope{Name: "missing " + name}
+}
+
+func TestTokenBucketBurstAndRefill(t *testing.T) {
+	f := newQ(t)
+	l := Limits{TenantRate: 5, TenantBurst: 5}
+	for i := range 5 {
+		d := f.admit(l)
+		if !d.Allowed {
+			t.Fatalf("request %d of the burst refused: %+v", i, d)
+		}
+		if got := d.scope(TenantRate).Remaining; got != int64(4-i) {
+			t.Fatalf("request %d: remaining %d, want %d", i, got, 4-i)
+		}
+	}
+	d := f.admit(l)
+	if d.Allowed || !slices.Equal(d.Violated, []string{TenantRate}) {
+		t.Fatalf("6th request: %+v, want tenant_rate violated", d)
+	}
+	if ra := d.scope(TenantRate).RetryAfter; ra != 200*time.Millisecond {
+		t.Fatalf("retry after %v, want 200ms (one token at 5/s)", ra)
+	}
+	f.advance(199 * time.Millisecond)
+	if f.admit(l).Allowed {
+		t.Fatal("admitted before the token refilled")
+	}
+	f.advance(time.Millisecond)
+	if !f.admit(l).Allowed {
+		t.Fatal("refused after the token refilled")
+	}
+	f.advance(10 * time.Second)
+	if d := f.admit(l); d.scope(TenantRate).Remaining != 4 {
+		t.Fatalf("after a long idle, remaining %d, want burst-1 = 4 (no more than burst)", d.scope(TenantRate).Remaining)
+	}
+}
+
+func TestAllOrNothingAndEveryViolatedScopeNamed(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{TenantRate: 100, TenantBurst: 100, UserHourly: 1, UserBurst: 1, Sessions: 1, KeyRate: 100, KeyBurst: 100}
+	if d := f.admit(l); !d.Allowed {
+		t.Fatalf("first: %+v", d)
+	}
+	tenantBefore := f.rdb.Get(ctx, f.keys.TenantBucket("acme")).Val()
+	sessBefore := f.rdb.ZCard(ctx, f.keys.Sessions("acme")).Val()
+	d := f.admit(l)
+	if d.Allowed {
+		t.Fatal("second admitted past one session and one task per hour")
+	}
+	slices.Sort(d.Violated)
+	if !slices.Equal(d.Violated, []string{ConcurrentSessions, UserTasksHourly}) {
+		t.Fatalf("violated = %v, want concurrent_sessions and user_tasks_hourly", d.Violated)
+	}
+	if got := f.rdb.Get(ctx, f.keys.TenantBucket("acme")).Val(); got != tenantBefore {
+		t.Fatalf("a refused admission took a tenant token (%s → %s)", tenantBefore, got)
+	}
+	if got := f.rdb.ZCard(ctx, f.keys.Sessions("acme")).Val(); got != sessBefore {
+		t.Fatal("a refused admission took a session")
+	}
+	// the key bucket comes first and counts every request
+	if d.scope(KeyRate).Remaining != 98 {
+		t.Fatalf("key bucket remaining %d, want 98", d.scope(KeyRate).Remaining)
+	}
+}
+
+func TestOutOfScopeSpendsOnlyTheKeyBucket(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{KeyRate: 20, KeyBurst: 40, TenantRate: 5, TenantBurst: 5, Sessions: 10}
+	for range 100 {
+		d := f.admit(l, func(p *AdmitParams) { p.InScope = false; p.Kid = "acme-bad" })
+		if d.Allowed {
+			t.Fatal("out-of-scope admitted")
+		}
+	}
+	if n := f.rdb.Exists(ctx, f.keys.TenantBucket("acme")).Val(); n != 0 {
+		t.Fatal("out-of-scope requests touched the tenant bucket")
+	}
+	for i := range 5 {
+		if d := f.admit(l); !d.Allowed {
+			t.Fatalf("in-scope request %d refused after out-of-scope hammering: %v", i, d.Violated)
+		}
+	}
+	// the hammering key was stopped by its own bucket after its burst
+	d := f.admit(l, func(p *AdmitParams) { p.InScope = false; p.Kid = "acme-bad" })
+	if !slices.Equal(d.Violated, []string{KeyRate}) {
+		t.Fatalf("hammering key: violated %v, want key_rate", d.Violated)
+	}
+}
+
+func TestKeyAgentRate(t *testing.T) {
+	f := newQ(t)
+	l := Limits{KeyAgentRate: 1, KeyAgentBurst: 2}
+	for range 2 {
+		if !f.admit(l).Allowed {
+			t.Fatal("refused within the (key, agent) burst")
+		}
+	}
+	if d := f.admit(l); !slices.Equal(d.Violated, []string{KeyAgentRate}) {
+		t.Fatalf("violated %v", d.Violated)
+	}
+	if !f.admit(l, func(p *AdmitParams) { p.Agent = "other" }).Allowed {
+		t.Fatal("another agent of the same key shares the bucket")
+	}
+}
+
+func TestUserBucketsAreBounded(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{UserHourly: 1, UserBurst: 1}
+	for i := range MaxUsersPerTenant + 50 {
+		f.admit(l, func(p *AdmitParams) { p.User = fmt.Sprintf("user-%d", i) })
+	}
+	if n := f.rdb.HLen(ctx, f.keys.UserBuckets("acme")).Val(); n > MaxUsersPerTenant+1 {
+		t.Fatalf("user buckets hold %d fields, cap %d (+1 overflow)", n, MaxUsersPerTenant)
+	}
+	// the 50 users beyond the cap shared one bucket: only the first got through
+	d := f.admit(l, func(p *AdmitParams) { p.User = "yet-another" })
+	if d.Allowed {
+		t.Fatal("a user beyond the cap got its own fresh bucket")
+	}
+	// an hour later the full buckets are pruned and new users get their own again
+	f.advance(time.Hour + time.Second)
+	if !f.admit(l, func(p *AdmitParams) { p.User = "fresh" }).Allowed {
+		t.Fatal("pruning did not make room")
+	}
+}
+
+func TestSessionLeasesAndRelease(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{Sessions: 2}
+	var ids []string
+	for range 2 {
+		f.admit(l)
+		ids = append(ids, fmt.Sprintf("task-%d", f.n))
+	}
+	d := f.admit(l)
+	if !slices.Equal(d.Violated, []string{ConcurrentSessions}) {
+		t.Fatalf("third session: %v", d.Violated)
+	}
+	if n, _ := f.q.Release(ctx, "acme", ids[0]); n != 1 {
+		t.Fatalf("release removed %d leases", n)
+	}
+	if n, _ := f.q.Release(ctx, "acme", ids[0]); n != 0 {
+		t.Fatal("a second release removed something")
+	}
+	if !f.admit(l).Allowed {
+		t.Fatal("refused after a release")
+	}
+	// a lease whose task was never released expires on its own
+	f.advance(leaseTTL + time.Second)
+	if !f.admit(l).Allowed {
+		t.Fatal("expired leases still count")
+	}
+}
+
+func TestLongRunningLease(t *testing.T) {
+	f := newQ(t)
+	l := Limits{LongRunning: 1, Sessions: 10}
+	long := func(p *AdmitParams) { p.LongRunning = true }
+	if !f.admit(l, long).Allowed {
+		t.Fatal("first long task refused")
+	}
+	if d := f.admit(l, long); !slices.Equal(d.Violated, []string{LongRunningInflight}) {
+		t.Fatalf("second long task: %v", d.Violated)
+	}
+	if !f.admit(l).Allowed {
+		t.Fatal("a short task is refused by the long-running limit")
+	}
+}
+
+func TestQueueBacklog(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	for i := range 3 {
+		f.rdb.ZAdd(ctx, f.keys.TenantQueue("acme"), redis.Z{Score: float64(i), Member: fmt.Sprint(i)})
+	}
+	if d := f.admit(Limits{Backlog: 3}); !slices.Equal(d.Violated, []string{QueueBacklog}) {
+		t.Fatalf("backlog full: %v", d.Violated)
+	}
+	if !f.admit(Limits{Backlog: 4}).Allowed {
+		t.Fatal("refused below the backlog limit")
+	}
+}
+
+func TestStepsDailySlidingWindow(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{StepsDaily: 3}
+	for range 2 {
+		if err := f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Period: f.period()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.advance(5 * time.Hour)
+	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Period: f.period()})
+	d := f.admit(l)
+	if !slices.Equal(d.Violated, []string{AgentStepsDaily}) || d.scope(AgentStepsDaily).Used != 3 {
+		t.Fatalf("after 3 steps: %+v", d)
+	}
+	// the first two steps leave the window 24 h after their hour
+	f.advance(19 * time.Hour)
+	if d := f.admit(l); !d.Allowed || d.scope(AgentStepsDaily).Used != 1 {
+		t.Fatalf("24 h after the first steps: %+v", d)
+	}
+}
+
+func TestMonthlyTokenAndUSDQuotas(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{TokensMonthly: 1000, USDMonthlyMicro: 50_000_000}
+	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Tokens: 999, CostMicro: 49_999_999, Period: f.period()})
+	if d := f.admit(l); !d.Allowed || d.scope(AITokensMonthly).Remaining != 1 {
+		t.Fatalf("below both quotas: %+v", d)
+	}
+	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
+	d := f.admit(l)
+	slices.Sort(d.Violated)
+	if !slices.Equal(d.Violated, []string{AITokensMonthly, USDMonthly}) {
+		t.Fatalf("at both quotas: %v", d.Violated)
+	}
+	// the next billing period starts from zero
+	f.advance(time.Until(f.period().End.Add(time.Hour)) + time.Duration(time.Now().UnixMilli()-f.clock())*time.Millisecond)
+	if d := f.admit(l); !d.Allowed {
+		t.Fatalf("new period: %v", d.Violated)
+	}
+}
+
+func TestPeekTakesNothingAndAgreesWithAdmit(t *testing.T) {
+	f := newQ(t)
+	l := Limits{TenantRate: 10, TenantBurst: 10, Sessions: 3, StepsDaily: 50, KeyRate: 20, KeyBurst: 40}
+	f.admit(l)
+	f.admit(l)
+	peek := func() Decision { return f.admit(l, func(p *AdmitParams) { p.Mode = ModePeek }) }
+	a, b := peek(), peek()
+	if a.scope(TenantRate).Remaining != 8 || b.scope(TenantRate).Remaining != 8 {
+		t.Fatalf("peek remaining %d, %d; want 8 twice", a.scope(TenantRate).Remaining, b.scope(TenantRate).Remaining)
+	}
+	if a.scope(ConcurrentSessions).Used != 2 || a.scope(KeyRate).Remaining != 38 {
+		t.Fatalf("peek sessions used %v, key remaining %d", a.scope(ConcurrentSessions).Used, a.scope(KeyRate).Remaining)
+	}
+	d := f.admit(l)
+	if d.scope(TenantRate).Remaining != 7 || d.scope(ConcurrentSessions).Remaining != 0 {
+		t.Fatalf("admit after peeks: tenant remaining %d, sessions remaining %d", d.scope(TenantRate).Remaining, d.scope(ConcurrentSessions).Remaining)
+	}
+}
+
+func TestEveryAdmissionKeyExpires(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{KeyRate: 20, KeyBurst: 40, TenantRate: 5, TenantBurst: 10, KeyAgentRate: 1, KeyAgentBurst: 1,
+		UserHourly: 5, UserBurst: 5, Sessions: 3, LongRunning: 1, StepsDaily: 50, TokensMonthly: 100, USDMonthlyMicro: 100}
+	f.admit(l, func(p *AdmitParams) { p.LongRunning = true })
+	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
+	keys := f.rdb.Keys(ctx, f.keys.Prefix()+"*").Val()
+	if len(keys) < 8 {
+		t.Fatalf("only %d keys: %v", len(keys), keys)
+	}
+	for _, k := range keys {
+		if ttl := f.rdb.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("%s has no TTL", k)
+		}
+	}
+}
+
+func TestPeriodAt(t *testing.T) {
+	cases := []struct{ anchor, now, start, end string }{
+		{"2026-01-15", "2026-11-30", "2026-11-15", "2026-12-15"},
+		{"2026-01-15", "2026-11-14", "2026-10-15", "2026-11-15"},
+		{"2026-01-31", "2026-02-28", "2026-02-28", "2026-03-31"},
+		{"2026-01-31", "2026-03-01", "2026-02-28", "2026-03-31"},
+		{"2026-01-01", "2026-12-31", "2026-12-01", "2027-01-01"},
+	}
+	for _, c := range cases {
+		a, _ := time.Parse(time.DateOnly, c.anchor)
+		n, _ := time.Parse(time.DateOnly, c.now)
+		p := PeriodAt(a, n.Add(12*time.Hour))
+		if p.Start.Format(time.DateOnly) != c.start || p.End.Format(time.DateOnly) != c.end {
+			t.Errorf("anchor %s now %s: %s..%s, want %s..%s", c.anchor, c.now, p.Start.Format(time.DateOnly), p.End.Format(time.DateOnly), c.start, c.end)
+		}
+	}
+}
