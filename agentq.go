@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -51,6 +53,8 @@ type App struct {
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue
+	Quotas     *quotas.Quotas
+	Admission  *quotas.Guard
 	Agents     *runtime.Registry
 	Scheduler  *scheduler.Scheduler
 	Dispatcher *scheduler.Dispatcher
@@ -79,6 +83,12 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := plans.ApplyGlobals(quotas.Globals{
+		KeyRPS: a.cfg.RateKeyRPS, KeyBurst: a.cfg.RateKeyBurst, TenantRPS: a.cfg.RateTenantRPS,
+		TenantBurst: a.cfg.RateTenantBurst, TenantMaxInflight: a.cfg.TenantMaxInflight,
+	}); err != nil {
+		return nil, err
+	}
 	a.Plans = plans
 
 	pool := o.Pool
@@ -102,6 +112,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 		a.Redis, a.ownRedis = c, true
 	}
 	a.Keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
+	a.Quotas = quotas.New(a.Redis, a.Keys, nil)
+	a.Admission = quotas.NewGuard(a.Quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log})
 	a.Scheduler = scheduler.New(a.Redis, a.Keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.Redis)
 	a.Dispatcher = scheduler.NewDispatcher(a.Scheduler, a.Redis, a.asynqClient, scheduler.DispatcherOptions{
@@ -115,13 +127,13 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if tci <= 0 {
 		tci = 20 * time.Millisecond
 	}
-	a.Worker = runtime.NewWorker(a.Store, a.Agents, a.Scheduler, a.Redis, runtime.WorkerOptions{
+	a.Worker = runtime.NewWorker(a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
 	})
 	a.API = web.New(web.Deps{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Scheduler, Agents: a.Agents,
-		Plans: a.Plans, AdminToken: a.cfg.AdminToken, Logger: a.log,
+		Plans: a.Plans, Admission: a.Admission, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
 	})
 	return a, nil
 }
@@ -137,6 +149,7 @@ func (a *App) Start(ctx context.Context) error {
 		a.Dispatcher.Start(context.WithoutCancel(ctx))
 	}
 	if a.cfg.Has(config.RoleAPI) {
+		a.Admission.Start(context.WithoutCancel(ctx))
 		addr, err := a.API.Start(context.WithoutCancel(ctx), a.cfg.HTTPAddr)
 		if err != nil {
 			return err
@@ -162,6 +175,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 		if err := a.API.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("api: %w", err))
 		}
+		a.Admission.Stop()
 	}
 	if a.cfg.Has(config.RoleScheduler) {
 		a.Dispatcher.Stop()
@@ -171,6 +185,11 @@ func (a *App) Shutdown(ctx context.Context) error {
 	}
 	a.close()
 	return errors.Join(errs...)
+}
+
+func replicaID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
 }
 
 func (a *App) close() {

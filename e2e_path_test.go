@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -16,11 +17,21 @@ import (
 
 func (h *harness) adminClient() *client.Admin { return client.NewAdmin(h.base, h.admin) }
 
-// tenantClient creates a tenant and a key through the admin API.
+// generous lifts the limits a test is not about, as the acceptance scripts do.
+var generous = map[string]float64{
+	"concurrent_sessions": 10000, "user_tasks_hourly": 1000000, "queue_backlog": 100000,
+	"agent_steps_daily": 10000000, "tenant_rate": 10000, "tenant_rate_burst": 10000, "running": 50,
+	"key_rate": 10000, "key_rate_burst": 10000,
+}
+
+// tenantClient creates a tenant and a key through the admin API. overrides come on
+// top of generous.
 func (h *harness) tenantClient(id, plan string, overrides map[string]float64) (*client.Client, *client.KeyCreated) {
 	h.t.Helper()
 	ctx := context.Background()
-	if _, err := h.adminClient().CreateTenant(ctx, client.CreateTenantRequest{ID: id, Name: id, Plan: plan, Overrides: overrides}); err != nil {
+	ov := maps.Clone(generous)
+	maps.Copy(ov, overrides)
+	if _, err := h.adminClient().CreateTenant(ctx, client.CreateTenantRequest{ID: id, Name: id, Plan: plan, Overrides: ov}); err != nil {
 		h.t.Fatal(err)
 	}
 	k, err := h.adminClient().CreateKey(ctx, id, nil)

@@ -120,6 +120,7 @@ type Decision struct {
 	OutOfScope bool // the key bucket was taken, then the scope check failed
 	Scopes     []Scope
 	Violated   []string
+	Degraded   bool // decided in process because Redis was unreachable
 }
 
 // AdmitParams describe one request.
@@ -293,6 +294,10 @@ if long > 0 and ARGV[7] == '1' then
 end
 return {'ok', n, unpack(out)}
 `)
+
+func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 

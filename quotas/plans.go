@@ -153,3 +153,55 @@ func ValidateOverrides(m map[string]float64) error {
 	}
 	return nil
 }
+
+// Globals are deployment-wide limit values from the environment
+// (AGENTQ_RATE_KEY_RPS, AGENTQ_RATE_KEY_BURST, AGENTQ_RATE_TENANT_RPS,
+// AGENTQ_RATE_TENANT_BURST, AGENTQ_TENANT_MAX_INFLIGHT). A set value replaces that
+// limit in every plan; tenant overrides still win. nil leaves the plans' values.
+type Globals struct {
+	KeyRPS, KeyBurst, TenantRPS, TenantBurst, TenantMaxInflight *float64
+}
+
+// ApplyGlobals sets the global values into every plan and checks the result: a plan
+// may not disable key limits while its tenant limit is on (an unlimited key could
+// spend the whole tenant's bucket).
+func (c *Catalogue) ApplyGlobals(g Globals) error {
+	set := map[string]*float64{
+		KeyRate: g.KeyRPS, KeyRate + "_burst": g.KeyBurst, TenantRate: g.TenantRPS,
+		TenantRate + "_burst": g.TenantBurst, ConcurrentSessions: g.TenantMaxInflight,
+	}
+	for name, p := range c.plans {
+		limits := make(map[string]float64, len(p.Limits))
+		for k, v := range p.Limits {
+			limits[k] = v
+		}
+		for k, v := range set {
+			if v != nil {
+				if *v < 0 {
+					return fmt.Errorf("quotas: %s must not be negative", k)
+				}
+				limits[k] = *v
+			}
+		}
+		if limits[KeyRate] == 0 && limits[TenantRate] > 0 {
+			return fmt.Errorf("quotas: plan %q disables key limits (key_rate 0) while its tenant limit is on: "+
+				"set AGENTQ_RATE_KEY_RPS above 0 or disable tenant limits too", name)
+		}
+		p.Limits = limits
+		c.plans[name] = p
+	}
+	return nil
+}
+
+// NextLimit returns the smallest value of limit above current among the plans, for
+// "upgrade for N" messages; ok=false when no plan offers more.
+func (c *Catalogue) NextLimit(limit string, current float64) (float64, bool) {
+	best, ok := 0.0, false
+	for _, p := range c.plans {
+		v := p.Limits[limit]
+		if v > current && (!ok || v < best) {
+			best, ok = v, true
+		}
+	}
+	return best, ok
+}

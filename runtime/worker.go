@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/wire"
+	"github.com/agentq/agentq/quotas"
 )
 
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
@@ -25,6 +26,13 @@ type Slots interface {
 	Done(ctx context.Context, p wire.Payload) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
+}
+
+// Limits is what the worker needs of the quotas package: count each step against the
+// tenant's period quotas and release a task's session lease when it ends.
+type Limits interface {
+	RecordStep(ctx context.Context, p quotas.RecordStepParams) error
+	Release(ctx context.Context, tenantID, taskID string) (int, error)
 }
 
 // WorkerOptions configure a Worker.
@@ -43,6 +51,7 @@ type Worker struct {
 	store  *store.Store
 	agents *Registry
 	slots  Slots
+	limits Limits
 	rdb    redis.UniversalClient // asynq and pub/sub
 	opts   WorkerOptions
 	log    *slog.Logger
@@ -59,7 +68,7 @@ type Worker struct {
 var errCancelled = errors.New("task cancelled")
 
 // NewWorker returns a stopped worker.
-func NewWorker(st *store.Store, agents *Registry, slots Slots, rdb redis.UniversalClient, opts WorkerOptions) *Worker {
+func NewWorker(st *store.Store, agents *Registry, slots Slots, limits Limits, rdb redis.UniversalClient, opts WorkerOptions) *Worker {
 	if opts.Concurrency < 1 {
 		opts.Concurrency = 1
 	}
@@ -72,6 +81,7 @@ func NewWorker(st *store.Store, agents *Registry, slots Slots, rdb redis.Univers
 		store:   st,
 		agents:  agents,
 		slots:   slots,
+		limits:  limits,
 		rdb:     rdb,
 		opts:    opts,
 		log:     opts.Logger,
@@ -190,6 +200,8 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		switch {
 		case errors.Is(err, store.ErrNotFound) || (err == nil && store.Terminal(cur.State)):
 			// Cancelled while dispatched, or a duplicate delivery of a finished task.
+			// Releasing again is harmless; it covers a release lost to a crash.
+			w.releaseLease(p.TenantID, p.TaskID)
 			w.release(p)
 			return nil
 		case err != nil:
@@ -203,6 +215,14 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	w.release(p)
 	return nil
+}
+
+func (w *Worker) releaseLease(tenantID, taskID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := w.limits.Release(ctx, tenantID, taskID); err != nil {
+		w.log.Warn("releasing session lease failed; the janitor will", "task_id", taskID, "err", err)
+	}
 }
 
 func (w *Worker) release(p wire.Payload) {
@@ -224,7 +244,17 @@ type budget struct {
 // queued because the worker is shutting down.
 func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent)
-	finish := func(state, errText string, output json.RawMessage) {
+	var finish func(state, errText string, output json.RawMessage)
+	// Registered before any step runs: a panicking executor still ends the task and
+	// releases its lease.
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("executor panicked", "panic", r)
+			finish(store.StateFailed, fmt.Sprintf("internal error: agent %q panicked", task.Agent), nil)
+			requeued = false
+		}
+	}()
+	finish = func(state, errText string, output json.RawMessage) {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		_, ok, err := w.store.FinishTask(fctx, store.FinishTaskParams{
@@ -233,8 +263,14 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 		if err != nil {
 			log.Error("recording terminal state failed", "state", state, "err", err)
 		} else if ok {
+			// This call won the terminal transition, so it owns the lease release.
+			w.releaseLease(task.TenantID, task.ID.String())
 			log.Info("task finished", "state", state, "steps", task.Usage.Steps)
 		}
+	}
+	period := quotas.PeriodAt(time.Now(), time.Now())
+	if t, err := w.store.GetTenant(ctx, task.TenantID); err == nil {
+		period = quotas.PeriodAt(t.CreatedAt, time.Now())
 	}
 
 	exec, err := w.agents.Lookup(task.Agent)
@@ -311,6 +347,11 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			log.Error("recording step failed", "step", step, "err", err)
 			finish(store.StateFailed, "internal error: could not record step", nil)
 			return false
+		}
+		if err := w.limits.RecordStep(ctx, quotas.RecordStepParams{
+			TenantID: task.TenantID, Tokens: res.Usage.Tokens, CostMicro: costMicro, Period: period,
+		}); err != nil {
+			log.Warn("counting the step against the tenant's quotas failed; the janitor recounts from Postgres", "err", err)
 		}
 		if !ok {
 			return false // cancelled between the step and its record

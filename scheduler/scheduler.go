@@ -425,3 +425,8 @@ func (s *Scheduler) Configure(ctx context.Context, tenantID string, weight, runn
 	}
 	return s.rdb.HSet(ctx, key, "w", max(weight, 1), "cap", max(runningCap, 0)).Err()
 }
+
+// Running is the number of the tenant's tasks dispatched and not finished.
+func (s *Scheduler) Running(ctx context.Context, tenantID string) (int64, error) {
+	return s.rdb.SCard(ctx, s.keys.TenantRunning(tenantID)).Result()
+}

@@ -77,6 +77,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
 		ae = apiErr(http.StatusInternalServerError, CodeInternal, "Internal error; it has been logged.")
 	}
+	if ra, ok := ae.Extra["retry_after_seconds"]; ok && c.Response().Header().Get("Retry-After") == "" {
+		c.Response().Header().Set("Retry-After", fmt.Sprint(ra))
+	}
 	if c.Request().Method == http.MethodHead {
 		_ = c.NoContent(ae.Status)
 		return

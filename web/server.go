@@ -32,6 +32,7 @@ type Queue interface {
 	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Configure(ctx context.Context, tenantID string, weight, runningCap int) error
+	Running(ctx context.Context, tenantID string) (int64, error)
 }
 
 // Agents is what the API needs of the runtime's agent registry.
@@ -47,6 +48,8 @@ type Deps struct {
 	Queue      Queue
 	Agents     Agents
 	Plans      *quotas.Catalogue
+	Admission  *quotas.Guard
+	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
 }
@@ -102,10 +105,12 @@ func (s *Server) routes() {
 	// Middleware is attached per route, not per group: echo groups with middleware add
 	// catch-all routes that would turn 405s into 404s.
 	tenant := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant) }
-	tenant(http.MethodPost, "/v1/tasks", s.submitTask)
-	tenant(http.MethodGet, "/v1/tasks", s.listTasks)
-	tenant(http.MethodGet, "/v1/tasks/:id", s.getTask)
-	tenant(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
+	read := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant, s.keyLimit) }
+	tenant(http.MethodPost, "/v1/tasks", s.submitTask) // runs the full admission itself
+	tenant(http.MethodGet, "/v1/usage", s.usage)       // peeks; consumes no limit
+	read(http.MethodGet, "/v1/tasks", s.listTasks)
+	read(http.MethodGet, "/v1/tasks/:id", s.getTask)
+	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
 
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
 	admin(http.MethodGet, "/plans", s.listPlans)

@@ -2,6 +2,7 @@ package web
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -139,12 +140,10 @@ func (s *Server) submitTask(c echo.Context) error {
 		}
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Invalid input for agent %q: %v.", req.Agent, err)
 	}
-	if len(key.Agents) > 0 && !slices.Contains(key.Agents, req.Agent) {
-		return apiErr(http.StatusForbidden, CodeScopeForbidden, "This API key may not run agent %q.", req.Agent)
-	}
-	if len(key.Principals) > 0 && !slices.Contains(key.Principals, req.User) {
-		return apiErr(http.StatusForbidden, CodeScopeForbidden, "This API key may not act for user %q.", req.User)
-	}
+	// The scope check is decided here but enforced by the admission script, after the
+	// key bucket and before anything of the tenant's is touched.
+	inScope := (len(key.Agents) == 0 || slices.Contains(key.Agents, req.Agent)) &&
+		(len(key.Principals) == 0 || slices.Contains(key.Principals, req.User))
 	tenant, err := s.tenant(ctx, key.TenantID)
 	if err != nil {
 		return err
@@ -162,30 +161,68 @@ func (s *Server) submitTask(c echo.Context) error {
 	}
 	budgetJSON, _ := json.Marshal(budget)
 	hash := requestHash(req.Agent, canonicalJSON(input), req.User, budgetJSON, priority)
+	eff, limits, err := s.limitsFor(tenant)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	period := quotas.PeriodAt(tenant.CreatedAt, now)
+
+	if idem != "" && inScope {
+		// A replay admits nothing new: it answers with the task the key made.
+		prev, err := s.Store.GetTaskByIdempotencyKey(ctx, tenant.ID, idem)
+		if err == nil {
+			d, err := s.Admission.Admit(ctx, quotas.AdmitParams{Mode: quotas.ModeKey, TenantID: tenant.ID, Kid: key.Kid, Limits: limits, Period: period})
+			if err != nil {
+				return admissionFailure(err)
+			}
+			setRateHeaders(c.Response().Header(), d, now)
+			if !d.Allowed {
+				return s.refusal(d, tenant)
+			}
+			return s.replay(c, prev, hash, idem)
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+	}
 
 	id, err := uuid.NewV7()
 	if err != nil {
 		return err
 	}
+	d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
+		Mode: quotas.ModeAdmit, TenantID: tenant.ID, Kid: key.Kid, Agent: req.Agent, User: req.User,
+		TaskID: id.String(), InScope: inScope, Limits: limits, Period: period,
+		LongRunning: budget.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
+	})
+	if err != nil {
+		return admissionFailure(err)
+	}
+	setRateHeaders(c.Response().Header(), d, now)
+	if d.OutOfScope {
+		if !slices.Contains(key.Agents, req.Agent) && len(key.Agents) > 0 {
+			return apiErr(http.StatusForbidden, CodeScopeForbidden, "This API key may not run agent %q.", req.Agent)
+		}
+		return apiErr(http.StatusForbidden, CodeScopeForbidden, "This API key may not act for user %q.", req.User)
+	}
+	if !d.Allowed {
+		return s.refusal(d, tenant)
+	}
+
 	task, created, err := s.Store.InsertTask(ctx, store.InsertTaskParams{
 		ID: id, TenantID: tenant.ID, Kid: key.Kid, Agent: req.Agent, User: req.User, Input: input,
 		Budget: budgetJSON, Priority: priority, IdempotencyKey: idem, RequestHash: hash,
 	})
+	if err != nil || !created {
+		// Not written (or a concurrent duplicate won): give back the lease just taken.
+		s.Admission.Release(context.WithoutCancel(ctx), tenant.ID, id.String())
+	}
 	if err != nil {
 		return err
 	}
 	if !created {
-		if !bytes.Equal(task.RequestHash, hash) {
-			return apiErr(http.StatusConflict, CodeIdempotencyConflict,
-				"Idempotency key %q was already used with a different request.", idem)
-		}
-		c.Response().Header().Set("Idempotent-Replayed", "true")
-		c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+task.ID.String())
-		return c.JSON(http.StatusAccepted, taskJSON(task))
-	}
-	limits, err := s.Plans.Effective(tenant.Plan, tenant.Overrides)
-	if err != nil {
-		return err
+		return s.replay(c, task, hash, idem)
 	}
 	weight := plan.Weight
 	if tenant.Weight != nil {
@@ -193,7 +230,7 @@ func (s *Server) submitTask(c echo.Context) error {
 	}
 	if err := s.Queue.Enqueue(ctx, scheduler.EnqueueParams{
 		TenantID: tenant.ID, TaskID: task.ID, Priority: priority, CreatedAt: task.CreatedAt,
-		Weight: weight, RunningCap: int(limits[quotas.Running]),
+		Weight: weight, RunningCap: int(eff[quotas.Running]),
 	}); err != nil {
 		// The task is stored as queued; the recovery sweep pushes queued tasks missing
 		// from Redis, so the 202 still holds.
@@ -201,6 +238,17 @@ func (s *Server) submitTask(c echo.Context) error {
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+task.ID.String())
 	return c.JSON(http.StatusAccepted, taskJSON(task))
+}
+
+// replay answers a resubmission with an idempotency key already used by the tenant.
+func (s *Server) replay(c echo.Context, prev store.Task, hash []byte, idem string) error {
+	if !bytes.Equal(prev.RequestHash, hash) {
+		return apiErr(http.StatusConflict, CodeIdempotencyConflict,
+			"Idempotency key %q was already used with a different request.", idem)
+	}
+	c.Response().Header().Set("Idempotent-Replayed", "true")
+	c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+prev.ID.String())
+	return c.JSON(http.StatusAccepted, taskJSON(prev))
 }
 
 func isUnknownAgent(err error) bool {
@@ -364,6 +412,8 @@ func (s *Server) cancelTask(c echo.Context) error {
 		}
 		return apiErr(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", id, cur.State)
 	}
+	// This call won the terminal transition, so it owns the lease release.
+	s.Admission.Release(ctx, tenantID, id.String())
 	// Queued: take it off the queue. Running: interrupt the step wherever it runs.
 	if _, err := s.Queue.Remove(ctx, tenantID, id); err != nil {
 		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)

@@ -34,6 +34,10 @@ type Config struct {
 	PlansFile         string        // AGENTQ_PLANS_FILE
 	UpgradeURL        string        // AGENTQ_UPGRADE_URL
 	Roles             []string
+	RedisTimeout      time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
+
+	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
+	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
 }
 
 // Defaults returns the configuration used when nothing is set.
@@ -47,6 +51,7 @@ func Defaults() Config {
 		WorkerConcurrency: 20,
 		Prefetch:          4,
 		ShutdownTimeout:   10 * time.Second,
+		RedisTimeout:      80 * time.Millisecond,
 		UpgradeURL:        "https://agentq.example/upgrade",
 		Roles:             slices.Clone(AllRoles),
 	}
@@ -81,14 +86,33 @@ func FromEnv() (Config, error) {
 	num("AGENTQ_SHARDS", &c.Shards, 1)
 	num("AGENTQ_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1)
 	num("AGENTQ_PREFETCH", &c.Prefetch, 0)
-	if v := os.Getenv("AGENTQ_SHUTDOWN_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 0 {
-			errs = append(errs, fmt.Sprintf("AGENTQ_SHUTDOWN_TIMEOUT=%q: want a duration such as 10s", v))
-		} else {
-			c.ShutdownTimeout = d
+	dur := func(name string, dst *time.Duration) {
+		if v := os.Getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				errs = append(errs, fmt.Sprintf("%s=%q: want a duration such as 10s", name, v))
+				return
+			}
+			*dst = d
 		}
 	}
+	dur("AGENTQ_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
+	dur("AGENTQ_REDIS_TIMEOUT", &c.RedisTimeout)
+	limit := func(name string, dst **float64) {
+		if v := os.Getenv(name); v != "" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 0 {
+				errs = append(errs, fmt.Sprintf("%s=%q: want a number >= 0 (0 disables)", name, v))
+				return
+			}
+			*dst = &f
+		}
+	}
+	limit("AGENTQ_RATE_KEY_RPS", &c.RateKeyRPS)
+	limit("AGENTQ_RATE_KEY_BURST", &c.RateKeyBurst)
+	limit("AGENTQ_RATE_TENANT_RPS", &c.RateTenantRPS)
+	limit("AGENTQ_RATE_TENANT_BURST", &c.RateTenantBurst)
+	limit("AGENTQ_TENANT_MAX_INFLIGHT", &c.TenantMaxInflight)
 	if len(errs) > 0 {
 		return c, fmt.Errorf("config: %s", strings.Join(errs, "; "))
 	}

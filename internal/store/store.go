@@ -513,3 +513,9 @@ func (s *Store) RequeueTask(ctx context.Context, id uuid.UUID) (ok bool, err err
 	}
 	return tag.RowsAffected() == 1, nil
 }
+
+// GetTaskByIdempotencyKey returns the tenant's task submitted with key.
+func (s *Store) GetTaskByIdempotencyKey(ctx context.Context, tenantID, key string) (Task, error) {
+	return scanTask(s.pool.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, key))
+}

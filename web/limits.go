@@ -1,0 +1,247 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// policyName is the item name of a scope in the RateLimit-Policy and RateLimit fields.
+var policyName = map[string]string{
+	quotas.KeyRate: "key", quotas.TenantRate: "tenant", quotas.KeyAgentRate: "key_agent",
+	quotas.UserTasksHourly: "user", quotas.ConcurrentSessions: "sessions",
+	quotas.LongRunningInflight: "long_running", quotas.QueueBacklog: "backlog",
+	quotas.AgentStepsDaily: "steps_daily", quotas.AITokensMonthly: "tokens_monthly",
+	quotas.USDMonthly: "usd_monthly",
+}
+
+// limitsFor returns the tenant's effective limits.
+func (s *Server) limitsFor(t store.Tenant) (map[string]float64, quotas.Limits, error) {
+	eff, err := s.Plans.Effective(t.Plan, t.Overrides)
+	if err != nil {
+		return nil, quotas.Limits{}, err
+	}
+	return eff, quotas.LimitsOf(eff), nil
+}
+
+func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
+
+// setRateHeaders writes the rate-limit response contract (DESIGN.md section 4): the
+// X-RateLimit-* trio for the binding scope (closest to exhaustion), the IETF
+// RateLimit-Policy and RateLimit fields with one item per applied scope, and
+// Retry-After on refusals.
+func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
+	var policy, state []string
+	binding := -1
+	bindingRatio := math.Inf(1)
+	for i, sc := range d.Scopes {
+		if sc.Limit <= 0 {
+			continue
+		}
+		name := policyName[sc.Name]
+		item := fmt.Sprintf("%q;q=%s", name, strconv.FormatFloat(sc.Limit, 'f', -1, 64))
+		if sc.Window > 0 {
+			item += ";w=" + strconv.FormatInt(int64(sc.Window.Seconds()), 10)
+		}
+		policy = append(policy, item)
+		state = append(state, fmt.Sprintf("%q;r=%d;t=%d", name, sc.Remaining, ceilSeconds(sc.Reset)))
+		ratio := float64(sc.Remaining) / sc.Limit
+		if sc.Violated {
+			ratio = -1 + float64(i)*1e-9 // a violated scope binds
+		}
+		if ratio < bindingRatio {
+			binding, bindingRatio = i, ratio
+		}
+	}
+	if binding >= 0 {
+		b := d.Scopes[binding]
+		h.Set("X-RateLimit-Limit", strconv.FormatFloat(math.Floor(b.Limit), 'f', -1, 64))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(b.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(b.Reset).Unix()+boolInt(b.Reset%time.Second != 0), 10))
+		h.Set("RateLimit-Policy", strings.Join(policy, ", "))
+		h.Set("RateLimit", strings.Join(state, ", "))
+	}
+	if !d.Allowed && !d.OutOfScope {
+		h.Set("Retry-After", strconv.FormatInt(retryAfter(d), 10))
+	}
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// retryAfter is the longest wait among violated scopes, in whole seconds, at least 1.
+func retryAfter(d quotas.Decision) int64 {
+	var longest time.Duration
+	for _, sc := range d.Scopes {
+		if sc.Violated && sc.RetryAfter > longest {
+			longest = sc.RetryAfter
+		}
+	}
+	return max(1, ceilSeconds(longest))
+}
+
+var quotaLimits = map[string]bool{quotas.AgentStepsDaily: true, quotas.AITokensMonthly: true, quotas.USDMonthly: true}
+var rateLimits = map[string]bool{quotas.KeyRate: true, quotas.TenantRate: true, quotas.KeyAgentRate: true, quotas.UserTasksHourly: true}
+
+// refusal builds the 429/402 error of a refused admission. A plan quota (402) outranks
+// a rate (429 RATE_LIMIT_EXCEEDED), which outranks a concurrency limit: the answer
+// names the limit whose lifting the caller needs first, and "violated" lists all.
+func (s *Server) refusal(d quotas.Decision, t store.Tenant) *APIError {
+	var quota, rateSc, conc *quotas.Scope
+	for i := range d.Scopes {
+		sc := &d.Scopes[i]
+		if !sc.Violated {
+			continue
+		}
+		switch {
+		case quotaLimits[sc.Name]:
+			if quota == nil {
+				quota = sc
+			}
+		case rateLimits[sc.Name]:
+			if rateSc == nil || sc.RetryAfter > rateSc.RetryAfter {
+				rateSc = sc
+			}
+		default:
+			if conc == nil {
+				conc = sc
+			}
+		}
+	}
+	violated := d.Violated
+	if violated == nil {
+		violated = []string{}
+	}
+	switch {
+	case quota != nil:
+		e := apiErr(http.StatusPaymentRequired, "QUOTA_EXCEEDED", "%s Upgrade your plan to continue.", quotaMessage(quota))
+		e.Extra = map[string]any{
+			"limit_type": quota.Name, "current_usage": quotaValue(quota.Name, quota.Used),
+			"limit_value": quotaValue(quota.Name, quota.Limit), "upgrade_url": s.UpgradeURL,
+			"tenant_id": t.ID, "violated": violated,
+		}
+		return e
+	case rateSc != nil:
+		ra := retryAfter(d)
+		e := apiErr(http.StatusTooManyRequests, "RATE_LIMIT_EXCEEDED", "%s Retry in %d second%s.", rateMessage(rateSc), ra, plural(ra))
+		e.Extra = map[string]any{"limit_type": rateSc.Name, "retry_after_seconds": ra, "tenant_id": t.ID, "violated": violated}
+		return e
+	default:
+		if conc == nil { // cannot happen: a refusal names a scope
+			conc = &quotas.Scope{Name: quotas.ConcurrentSessions}
+		}
+		msg := concurrencyMessage(conc)
+		if next, ok := s.Plans.NextLimit(conc.Name, conc.Limit); ok && conc.Name == quotas.ConcurrentSessions {
+			msg += fmt.Sprintf(", or upgrade for %g concurrent", next)
+		}
+		e := apiErr(http.StatusTooManyRequests, "CONCURRENCY_LIMIT_EXCEEDED", "%s.", msg)
+		e.Extra = map[string]any{"limit_type": conc.Name, "retry_after_seconds": retryAfter(d), "tenant_id": t.ID,
+			"limit_value": conc.Limit, "violated": violated}
+		return e
+	}
+}
+
+func plural(n int64) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func quotaValue(name string, v float64) any {
+	if name == quotas.USDMonthly {
+		return v / 1e6
+	}
+	return int64(v)
+}
+
+func rateMessage(sc *quotas.Scope) string {
+	switch sc.Name {
+	case quotas.KeyRate:
+		return fmt.Sprintf("API key rate limit of %g requests/second exceeded.", sc.Limit)
+	case quotas.TenantRate:
+		return fmt.Sprintf("Tenant rate limit of %g requests/second exceeded.", sc.Limit)
+	case quotas.KeyAgentRate:
+		return fmt.Sprintf("Rate limit of %g tasks/second for this key and agent exceeded.", sc.Limit)
+	default:
+		return fmt.Sprintf("Limit of %g tasks/hour for this user exceeded.", sc.Limit)
+	}
+}
+
+func concurrencyMessage(sc *quotas.Scope) string {
+	switch sc.Name {
+	case quotas.LongRunningInflight:
+		return fmt.Sprintf("You've reached your limit of %g long-running tasks. Wait for one to finish", sc.Limit)
+	case quotas.QueueBacklog:
+		return fmt.Sprintf("Your queue holds its limit of %g tasks. Wait for queued tasks to start", sc.Limit)
+	default:
+		return fmt.Sprintf("You've reached your concurrent-agent limit (%g). Wait for an active task to finish", sc.Limit)
+	}
+}
+
+func quotaMessage(sc *quotas.Scope) string {
+	switch sc.Name {
+	case quotas.AgentStepsDaily:
+		return fmt.Sprintf("Daily agent step limit of %g reached.", sc.Limit)
+	case quotas.AITokensMonthly:
+		return fmt.Sprintf("Monthly AI token limit of %g reached.", sc.Limit)
+	default:
+		return fmt.Sprintf("Monthly spend limit of $%.2f reached.", sc.Limit/1e6)
+	}
+}
+
+// keyLimit spends the caller's key bucket on reads (every tenant request counts
+// against key_rate) and writes the rate-limit headers.
+func (s *Server) keyLimit(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		ctx := c.Request().Context()
+		key := keyRecord(c)
+		t, err := s.tenant(ctx, key.TenantID)
+		if err != nil {
+			return err
+		}
+		_, limits, err := s.limitsFor(t)
+		if err != nil {
+			return err
+		}
+		d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
+			Mode: quotas.ModeKey, TenantID: t.ID, Kid: key.Kid, Limits: limits,
+			Period: quotas.PeriodAt(t.CreatedAt, time.Now()),
+		})
+		if err != nil {
+			return admissionFailure(err)
+		}
+		setRateHeaders(c.Response().Header(), d, time.Now())
+		if !d.Allowed {
+			return s.refusal(d, t)
+		}
+		return next(c)
+	}
+}
+
+func admissionFailure(err error) error {
+	if errors.Is(err, quotas.ErrUnavailable) {
+		e := apiErr(http.StatusServiceUnavailable, CodeUnavailable,
+			"Usage limits cannot be checked right now, so no work is admitted. Retry in 1 second.")
+		e.Extra = map[string]any{"retry_after_seconds": 1}
+		return e
+	}
+	if errors.Is(err, context.Canceled) {
+		return apiErr(http.StatusServiceUnavailable, CodeUnavailable, "Request cancelled.")
+	}
+	return err
+}

@@ -1,0 +1,127 @@
+package web
+
+import (
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/quotas"
+)
+
+// LimitUsage is one limit in GET /v1/usage. Limit and Remaining are null when the
+// limit is off (0 in the plan: unlimited).
+type LimitUsage struct {
+	Limit     *float64   `json:"limit"`
+	Used      float64    `json:"used"`
+	Remaining *float64   `json:"remaining"`
+	ResetAt   *time.Time `json:"reset_at"`
+	WindowS   *int64     `json:"window_s"`
+	Unit      string     `json:"unit"`
+}
+
+// UsageReport is GET /v1/usage, modelled on GitHub's GET /rate_limit.
+type UsageReport struct {
+	TenantID string                `json:"tenant_id"`
+	Plan     string                `json:"plan"`
+	AsOf     time.Time             `json:"as_of"`
+	Degraded bool                  `json:"degraded,omitempty"`
+	Limits   map[string]LimitUsage `json:"limits"`
+}
+
+var units = map[string]string{
+	quotas.KeyRate: "requests", quotas.TenantRate: "requests", quotas.KeyAgentRate: "tasks",
+	quotas.UserTasksHourly: "tasks", quotas.ConcurrentSessions: "sessions", quotas.LongRunningInflight: "tasks",
+	quotas.QueueBacklog: "tasks", quotas.Running: "tasks", quotas.AgentStepsDaily: "steps",
+	quotas.AITokensMonthly: "tokens", quotas.USDMonthly: "usd",
+}
+
+// usage reports the caller tenant's limits with the numbers admission enforces: it runs
+// the admission script in peek mode, which reads the same keys and takes nothing.
+func (s *Server) usage(c echo.Context) error {
+	ctx := c.Request().Context()
+	key := keyRecord(c)
+	for k := range c.QueryParams() {
+		if k != "user" && k != "agent" {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
+		}
+	}
+	t, err := s.tenant(ctx, key.TenantID)
+	if err != nil {
+		return err
+	}
+	eff, limits, err := s.limitsFor(t)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	period := quotas.PeriodAt(t.CreatedAt, now)
+	d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
+		Mode: quotas.ModePeek, TenantID: t.ID, Kid: key.Kid, Agent: c.QueryParam("agent"), User: c.QueryParam("user"),
+		Limits: limits, Period: period,
+	})
+	if err != nil {
+		return admissionFailure(err)
+	}
+	setRateHeaders(c.Response().Header(), d, now)
+	running, err := s.Queue.Running(ctx, t.ID)
+	if err != nil {
+		return admissionFailure(err)
+	}
+	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}}
+	limitOf := map[string]float64{}
+	for _, name := range quotas.LimitTypes {
+		limitOf[name] = eff[name]
+	}
+	limitOf[quotas.USDMonthly] = eff[quotas.USDMonthly]
+	periodS := int64(period.End.Sub(period.Start).Seconds())
+	for _, sc := range d.Scopes {
+		used := sc.Used
+		if sc.Name == quotas.USDMonthly {
+			used /= 1e6
+		}
+		lu := LimitUsage{Used: round(used), Unit: units[sc.Name]}
+		if l := limitOf[sc.Name]; l > 0 {
+			lu.Limit = ptr(l)
+			rem := float64(sc.Remaining)
+			if sc.Name == quotas.USDMonthly {
+				rem = math.Max(0, l-used)
+			}
+			lu.Remaining = ptr(round(rem))
+		}
+		reset := now.Add(sc.Reset).UTC().Truncate(time.Second)
+		if sc.Reset%time.Second != 0 {
+			reset = reset.Add(time.Second)
+		}
+		lu.ResetAt = &reset
+		switch {
+		case sc.Window > 0:
+			lu.WindowS = ptr(int64(sc.Window.Seconds()))
+		case sc.Name == quotas.AITokensMonthly || sc.Name == quotas.USDMonthly:
+			lu.WindowS = ptr(periodS)
+		}
+		rep.Limits[sc.Name] = lu
+	}
+	// Limits the script does not report: off (0), or enforced elsewhere (running caps
+	// are enforced by the dispatcher).
+	for _, name := range quotas.LimitTypes {
+		if _, ok := rep.Limits[name]; ok {
+			continue
+		}
+		lu := LimitUsage{Unit: units[name]}
+		if name == quotas.Running {
+			lu.Used = float64(running)
+		}
+		if l := limitOf[name]; l > 0 {
+			lu.Limit = ptr(l)
+			lu.Remaining = ptr(math.Max(0, l-lu.Used))
+		}
+		rep.Limits[name] = lu
+	}
+	return c.JSON(http.StatusOK, rep)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func round(f float64) float64 { return math.Round(f*1e6) / 1e6 }
