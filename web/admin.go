@@ -245,7 +245,12 @@ func (s *Server) rotateKey(c echo.Context) error {
 func (s *Server) revokeKey(c echo.Context) error {
 	ctx := c.Request().Context()
 	kid := c.Param("kid")
-	err := s.Store.RevokeKey(ctx, kid)
+	k, err := s.Store.GetKey(ctx, kid)
+	if err == nil && k.RevokedAt == nil {
+		err = s.Store.RevokeKey(ctx, kid)
+	} else if err == nil {
+		err = store.ErrNotFound
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return apiErr(http.StatusNotFound, CodeNotFound, "No live key %q.", kid)
 	}
@@ -253,6 +258,10 @@ func (s *Server) revokeKey(c echo.Context) error {
 		return err
 	}
 	s.invalidate(ctx, "k:"+kid)
+	// A removed key's live limit state goes with it (keys that remain keep theirs).
+	if err := s.Admission.Quotas().DropKey(ctx, k.TenantID, kid); err != nil {
+		s.log.Warn("dropping a revoked key's limit state failed; it expires on its own", "kid", kid, "err", err)
+	}
 	return c.NoContent(http.StatusNoContent)
 }
 

@@ -198,6 +198,14 @@ func (s *Server) invalidate(ctx context.Context, what string) {
 	}
 }
 
+// ReloadKeys drops every cached key and tenant (SIGHUP), so the next request reads
+// them from Postgres. Limit windows live in Redis under each key's kid, so keys that
+// remain keep their live windows; revoked keys' state was dropped at revocation.
+func (s *Server) ReloadKeys() {
+	s.keys.Purge()
+	s.tenants.Purge()
+}
+
 func (s *Server) invalidateLocal(what string) {
 	switch {
 	case strings.HasPrefix(what, "k:"):

@@ -228,7 +228,11 @@ func (s *Server) submitTask(c echo.Context) error {
 	if tenant.Weight != nil {
 		weight = *tenant.Weight
 	}
-	if err := s.Queue.Enqueue(ctx, scheduler.EnqueueParams{
+	if d.Degraded {
+		// Redis is unreachable: the task stays queued in Postgres, and the recovery
+		// sweep pushes it once Redis is back. Trying now would only add latency.
+		s.log.Warn("admitted in degraded mode; the task waits in Postgres until Redis is back", "task_id", task.ID)
+	} else if err := s.Queue.Enqueue(ctx, scheduler.EnqueueParams{
 		TenantID: tenant.ID, TaskID: task.ID, Priority: priority, CreatedAt: task.CreatedAt,
 		Weight: weight, RunningCap: int(eff[quotas.Running]),
 	}); err != nil {

@@ -86,7 +86,18 @@ func run(ctx context.Context, o agentq.Options, started func(*agentq.App) error)
 			return err
 		}
 	}
-	<-ctx.Done()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-hup:
+			app.API.ReloadKeys()
+			o.Logger.Info("SIGHUP: key and tenant caches reloaded")
+		}
+	}
 	o.Logger.Info("shutting down", "timeout", o.Config.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), o.Config.ShutdownTimeout+5*time.Second)
 	defer cancel()

@@ -70,5 +70,8 @@ func (c *Cache) Authenticate(ctx context.Context, plaintext string) (Record, err
 // Invalidate drops a kid's cached record.
 func (c *Cache) Invalidate(kid string) { c.lru.Remove(kid) }
 
+// Purge drops every cached record.
+func (c *Cache) Purge() { c.lru.Purge() }
+
 // Len is the number of cached records.
 func (c *Cache) Len() int { return c.lru.Len() }
