@@ -149,6 +149,7 @@ func (a *App) Start(ctx context.Context) error {
 		a.Dispatcher.Start(context.WithoutCancel(ctx))
 	}
 	if a.cfg.Has(config.RoleAPI) {
+		a.Quotas.Start(context.WithoutCancel(ctx), a.cfg.RedisTimeout)
 		a.Admission.Start(context.WithoutCancel(ctx))
 		addr, err := a.API.Start(context.WithoutCancel(ctx), a.cfg.HTTPAddr)
 		if err != nil {
@@ -176,6 +177,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("api: %w", err))
 		}
 		a.Admission.Stop()
+		a.Quotas.Stop()
 	}
 	if a.cfg.Has(config.RoleScheduler) {
 		a.Dispatcher.Stop()

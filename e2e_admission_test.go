@@ -316,16 +316,24 @@ func TestReloadKeepsWindowsAndRevokeDropsKeyState(t *testing.T) {
 	var k struct{ Kid, Key string }
 	h.do("POST", "/v1/admin/tenants/rk/keys", h.admin, map[string]any{}, &k)
 	h.do("GET", "/v1/tasks", k.Key, nil, nil)
-	bucket := h.app.Keys.KeyBucket("rk", k.Kid)
-	if h.app.Redis.Exists(ctx, bucket).Val() != 1 {
+	state := h.app.Keys.AdmissionState("rk")
+	if !h.app.Redis.HExists(ctx, state, "k:"+k.Kid).Val() {
 		t.Fatal("no key bucket after a request")
 	}
 	if st, _ := h.do("DELETE", "/v1/admin/keys/"+k.Kid, h.admin, nil, nil); st != 204 {
 		t.Fatalf("revoke: %d", st)
 	}
-	if h.app.Redis.Exists(ctx, bucket).Val() != 0 {
+	if h.app.Redis.HExists(ctx, state, "k:"+k.Kid).Val() {
 		t.Fatal("the revoked key's bucket survived")
 	}
+	if !h.app.Redis.HExists(ctx, state, "k:"+keyKid(keep)).Val() {
+		t.Fatal("revoking one key dropped another key's bucket")
+	}
+}
+
+func keyKid(plaintext string) string {
+	rest := strings.TrimPrefix(plaintext, "aq_")
+	return rest[:strings.LastIndexByte(rest, '_')]
 }
 
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }

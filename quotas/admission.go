@@ -2,9 +2,11 @@ package quotas
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -75,6 +77,11 @@ type Quotas struct {
 	rdb   redis.UniversalClient
 	keys  rkeys.Keys
 	nowMs func() int64 // nil: scripts read Redis TIME
+
+	mu       sync.Mutex
+	stop     context.CancelFunc
+	batchers []*batcher
+	wg       sync.WaitGroup
 }
 
 // New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests).
@@ -137,177 +144,237 @@ type AdmitParams struct {
 	Period      Period
 }
 
-// admitScript checks every admission scope and, only if all pass, takes them all.
+// admitScript runs one or more admissions, in order, in one atomic call. Each checks
+// every scope and, only if all pass, takes them all.
 //
-// KEYS[1] key bucket       KEYS[2] tenant bucket    KEYS[3] key-agent buckets (hash)
-// KEYS[4] user buckets     KEYS[5] sessions (zset)  KEYS[6] long-running (zset)
-// KEYS[7] tenant queue     KEYS[8] steps per hour   KEYS[9] tokens in period
-// KEYS[10] usd in period
-// ARGV[1] now ms or ""     ARGV[2] mode: admit | peek | key
-// ARGV[3] in scope 1|0     ARGV[4] task id   ARGV[5] agent   ARGV[6] user
-// ARGV[7] long-running 1|0 ARGV[8] lease ttl ms
-// ARGV[9..16] key rate, key burst, tenant rate, tenant burst, key-agent rate,
-//             key-agent burst, user per hour, user burst
-// ARGV[17..22] sessions, long-running, backlog, steps daily, tokens, usd micro
-// ARGV[23] period end ms   ARGV[24] max users per tenant
-// Rates: tokens per second except the user bucket (per hour). 0 disables a scope.
-// Returns {status, n, name1, limit1, used1, remaining1, reset_ms1, retry_ms1, violated1, ...}
-// with status "ok", "denied" (nothing taken but, as the key bucket comes first, the
-// key's token) or "scope" (key token taken, request out of the key's scope).
+// Cost notes, measured (docs/benchmarks.md): in Redis's Lua, creating strings —
+// arguments, field names, number-to-text for replies, tonumber on text — costs more
+// than the commands. So Go passes field names ready-made and the numbers packed in one
+// binary argument (struct.unpack), the script does arithmetic only, and it answers with
+// one packed string of the state it read and what it decided; Go derives remaining,
+// reset and retry-after with the same formulas (decision.go). A tenant's admission
+// state is one hash (one HMGET, one HSET). Concurrent admissions of one shard are
+// coalesced into one call (batcher.go); each sees the ones before it.
+//
+// KEYS, 5 per admission, on one shard: state hash, session leases (zset), long-running
+// leases (zset), tenant queue (zset), steps per hour (hash)
+// ARGV[1] now ms or ""   ARGV[2] lease ttl ms   ARGV[3] max users per tenant
+// ARGV[4] state ttl ms, then 8 per admission:
+//
+//	1 numbers, 17 little-endian doubles: mode (0 admit, 1 peek, 2 key), in scope,
+//	  long-running, key rate, key burst, tenant rate, tenant burst, key-agent rate,
+//	  key-agent burst (per second), user rate, user burst (per hour), sessions,
+//	  long-running, backlog, steps daily, tokens monthly, usd monthly (micro)
+//	2 task id   3 key field "k:<kid>"   4 key-agent field "a:<kid>:<agent>" or ""
+//	5 user field "u:<user>" or ""   6 tokens field "tok:<period>"   7 usd field "usd:<period>"
+//	8 unused ("")
+//
+// 0 disables a scope. Answers one string per admission: 14 little-endian doubles,
+//
+//	status (0 ok, 1 denied, 2 out of scope), now, violated-scope bitmask, key tat,
+//	tenant tat, key-agent tat, user tat (0 if none), sessions, long-running, backlog,
+//	steps in the last 24 h, oldest counted hour, tokens, usd (micro)
+//
+// "denied" takes nothing but the key's token: the key bucket comes first and counts
+// every request; "out of scope" takes the key's token only.
 var admitScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local mode = ARGV[2]
-local out = {}
-local n = 0
-local denied = false
-local function add(name, limit, used, remaining, reset, retry, violated)
-  n = n + 1
-  out[#out+1] = name; out[#out+1] = tostring(limit); out[#out+1] = tostring(used)
-  out[#out+1] = remaining; out[#out+1] = math.ceil(reset); out[#out+1] = math.ceil(retry)
-  out[#out+1] = violated and 1 or 0
-  if violated then denied = true end
-end
--- GCRA (as go-redis/redis_rate): tat is the theoretical arrival time in ms.
-local function gcra(name, tat, rate, burst, period)
+local lease_ttl, max_users, state_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local floor, call, unpackn, pack = math.floor, redis.call, struct.unpack, struct.pack
+local hour = floor(now / 3600000)
+local reply = {}
+
+-- GCRA (as go-redis/redis_rate); tat in ms. Returns the new tat, or nil if refused.
+local function gcra(t, rate, burst, period)
   local T = period / rate
-  local tau = T * burst
-  local t = tonumber(tat) or now
   if t < now then t = now end
-  local used = math.max(0, (t - now) / T)
-  if mode == 'peek' then
-    add(name, rate, used, math.max(0, math.floor((tau - (t - now)) / T)), t - now, 0, false)
-    return nil
-  end
-  local new = t + T
-  local allow_at = new - tau
-  if allow_at > now then
-    add(name, rate, used, 0, t - now, allow_at - now, true)
-    return nil
-  end
-  add(name, rate, used + 1, math.max(0, math.floor((tau - (new - now)) / T)), new - now, 0, false)
-  return new
+  if t + T - T * burst > now then return nil end
+  return t + T
 end
-local function px(v) return math.max(1, math.ceil(v - now)) end
 
--- 1. key bucket: every authenticated request spends it, even when later scopes fail.
-local key_rate, key_burst = tonumber(ARGV[9]), tonumber(ARGV[10])
-if key_rate > 0 then
-  local new = gcra('key_rate', redis.call('GET', KEYS[1]), key_rate, key_burst, 1000)
-  if new then redis.call('SET', KEYS[1], new, 'PX', px(new)) end
-  if denied then return {'denied', n, unpack(out)} end
-end
-if mode == 'key' then return {'ok', n, unpack(out)} end
-if mode == 'admit' and ARGV[3] ~= '1' then return {'scope', n, unpack(out)} end
-
--- 2. everything else: check all, then take all or nothing.
-local writes = {}
-local tr, tb = tonumber(ARGV[11]), tonumber(ARGV[12])
-if tr > 0 then
-  local new = gcra('tenant_rate', redis.call('GET', KEYS[2]), tr, tb, 1000)
-  if new then writes[#writes+1] = {'SET', KEYS[2], new, 'PX', px(new)} end
-end
-local kar, kab = tonumber(ARGV[13]), tonumber(ARGV[14])
-if kar > 0 and ARGV[5] ~= '' then
-  local new = gcra('key_agent_rate', redis.call('HGET', KEYS[3], ARGV[5]), kar, kab, 1000)
-  if new then
-    writes[#writes+1] = {'HSET', KEYS[3], ARGV[5], new}
-    writes[#writes+1] = {'PEXPIRE', KEYS[3], px(new)}
+for r = 0, (#KEYS / 5) - 1 do
+  local b = r * 5
+  local H, SL, LL, Q, S = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5]
+  local a = r * 8 + 4
+  local mode, in_scope, is_long, key_rate, key_burst, t_rate, t_burst, ka_rate, ka_burst,
+        u_rate, u_burst, sessions, long, backlog_max, steps_max, tokens_max, usd_max =
+        unpackn('<ddddddddddddddddd', ARGV[a + 1])
+  local task, kf, af, uf = ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  local peek, admit = mode == 1, mode == 0
+  local status, mask = 0, 0
+  local w = {}
+  local kt, tt, at, ut, x, nu = 0, 0, 0, 0, 0, 0
+  local s, l, backlog, steps, oldest, tok, usd = 0, 0, 0, 0, hour, 0, 0
+  if mode == 2 then
+    kt = tonumber(call('HGET', H, kf)) or 0
+  else
+    local v = call('HMGET', H, kf, 't', af == '' and 't' or af, uf == '' and 't' or uf, 'nu', 'x', ARGV[a + 6], ARGV[a + 7])
+    kt, tt, x = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[6]) or 0
+    if af ~= '' then at = tonumber(v[3]) or 0 end
+    if uf ~= '' then ut = tonumber(v[4]) end
+    tok, usd = tonumber(v[7]) or 0, tonumber(v[8]) or 0
+    nu = tonumber(v[5]) or 0
   end
-end
-local ur, ub = tonumber(ARGV[15]), tonumber(ARGV[16])
-if ur > 0 then
-  local field = ARGV[6]
-  if redis.call('HEXISTS', KEYS[4], field) == 0 and redis.call('HLEN', KEYS[4]) >= tonumber(ARGV[24]) then
-    if mode == 'admit' then
-      -- drop users whose buckets are full again (absent and full are the same)
-      local all = redis.call('HGETALL', KEYS[4])
+  -- 1. the key bucket: every authenticated request spends it
+  if key_rate > 0 and not peek then
+    local new = gcra(kt, key_rate, key_burst, 1000)
+    if new then w[#w+1] = kf; w[#w+1] = new else mask = 1; status = 1 end
+  end
+  if mode ~= 2 and status == 0 and not (admit and in_scope == 0) then
+    local nw = #w
+    -- 2. everything else: check all, then take all or nothing
+    if t_rate > 0 and not peek then
+      local new = gcra(tt, t_rate, t_burst, 1000)
+      if new then w[#w+1] = 't'; w[#w+1] = new else mask = mask + 2 end
+    end
+    if ka_rate > 0 and af ~= '' and not peek then
+      local new = gcra(at, ka_rate, ka_burst, 1000)
+      if new then w[#w+1] = af; w[#w+1] = new else mask = mask + 4 end
+    end
+    if u_rate > 0 and uf ~= '' then
+      if not ut and nu >= max_users then
+        if admit then
+          -- users whose buckets are full again are the same as absent: drop them
+          local all, n = call('HGETALL', H), 0
+          for i = 1, #all, 2 do
+            if all[i]:sub(1, 2) == 'u:' then
+              if tonumber(all[i+1]) <= now then call('HDEL', H, all[i]) else n = n + 1 end
+            end
+          end
+          nu = n
+          call('HSET', H, 'nu', nu)
+        end
+        if nu >= max_users then
+          uf = 'u:\0overflow'
+          ut = tonumber(call('HGET', H, uf))
+        end
+      end
+      if not peek then
+        local new = gcra(ut or 0, u_rate, u_burst, 3600000)
+        if new then
+          w[#w+1] = uf; w[#w+1] = new
+          if not ut then w[#w+1] = 'nu'; w[#w+1] = nu + 1 end
+        else
+          mask = mask + 8
+        end
+      end
+      ut = ut or 0
+    end
+    local long_on = long > 0 and is_long == 1
+    if sessions > 0 or peek then
+      s = call('ZCARD', SL)
+      if peek or s >= sessions then -- count live leases only: drop expired ones first
+        call('ZREMRANGEBYSCORE', SL, '-inf', now)
+        s = call('ZCARD', SL)
+      end
+      if admit and s >= sessions then mask = mask + 16 end
+    end
+    if long_on or peek then
+      l = call('ZCARD', LL)
+      if peek or l >= long then
+        call('ZREMRANGEBYSCORE', LL, '-inf', now)
+        l = call('ZCARD', LL)
+      end
+      if admit and l >= long then mask = mask + 32 end
+    end
+    if backlog_max > 0 or peek then
+      backlog = call('ZCARD', Q)
+      if admit and backlog >= backlog_max then mask = mask + 64 end
+    end
+    if steps_max > 0 or peek then
+      local all = call('HGETALL', S)
       for i = 1, #all, 2 do
-        if tonumber(all[i+1]) <= now then redis.call('HDEL', KEYS[4], all[i]) end
+        local h = tonumber(all[i])
+        if h > hour - 24 then
+          steps = steps + tonumber(all[i+1])
+          if h < oldest then oldest = h end
+        end
+      end
+      if admit and steps >= steps_max then mask = mask + 128 end
+    end
+    if admit and tokens_max > 0 and tok >= tokens_max then mask = mask + 256 end
+    if admit and usd_max > 0 and usd >= usd_max then mask = mask + 512 end
+
+    if mask > 0 then
+      status = 1
+      for i = #w, nw + 1, -1 do w[i] = nil end -- keep only the key's token
+    elseif admit then
+      if sessions > 0 then
+        call('ZADD', SL, now + lease_ttl, task)
+        call('PEXPIRE', SL, lease_ttl)
+      end
+      if long_on then
+        call('ZADD', LL, now + lease_ttl, task)
+        call('PEXPIRE', LL, lease_ttl)
       end
     end
-    if redis.call('HLEN', KEYS[4]) >= tonumber(ARGV[24]) then field = '\0overflow' end
+  elseif mode ~= 2 and status == 0 then
+    status = 2
   end
-  local new = gcra('user_tasks_hourly', redis.call('HGET', KEYS[4], field), ur, ub, 3600000)
-  if new then
-    writes[#writes+1] = {'HSET', KEYS[4], field, new}
-    writes[#writes+1] = {'PEXPIRE', KEYS[4], 3600000 * math.max(1, ub / ur) + 60000}
-  end
-end
--- count reports a counted limit; take is what an admission adds to it (a lease, a
--- queued task), so remaining is what is left after this request.
-local function count(name, limit, used, reset_ms, take)
-  if mode ~= 'admit' then take = 0 end
-  add(name, limit, used + take, math.max(0, limit - used - take), reset_ms, reset_ms, mode == 'admit' and used >= limit)
-end
-local sessions = tonumber(ARGV[17])
-if sessions > 0 or mode == 'peek' then
-  if mode == 'admit' then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now) end
-  count('concurrent_sessions', sessions, redis.call('ZCOUNT', KEYS[5], now, '+inf'), 1000, 1)
-end
-local long = tonumber(ARGV[18])
-if (long > 0 and ARGV[7] == '1') or mode == 'peek' then
-  if mode == 'admit' then redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now) end
-  count('long_running_inflight', long, redis.call('ZCOUNT', KEYS[6], now, '+inf'), 1000, 1)
-end
-local backlog = tonumber(ARGV[19])
-if backlog > 0 or mode == 'peek' then
-  count('queue_backlog', backlog, redis.call('ZCARD', KEYS[7]), 1000, 1)
-end
-local steps = tonumber(ARGV[20])
-if steps > 0 or mode == 'peek' then
-  local hour = math.floor(now / 3600000)
-  local used, oldest = 0, hour
-  local all = redis.call('HGETALL', KEYS[8])
-  for i = 1, #all, 2 do
-    local h = tonumber(all[i])
-    if h and h > hour - 24 then
-      used = used + tonumber(all[i+1])
-      if h < oldest then oldest = h end
+  if #w > 0 then
+    call('HSET', H, unpack(w))
+    -- the state hash lives state_ttl after its last refresh (at most daily); x says when
+    if mode ~= 2 and x < now + state_ttl - 86400000 then
+      call('HSET', H, 'x', now + state_ttl)
+      call('PEXPIRE', H, state_ttl)
+    elseif mode == 2 and call('PTTL', H) < 0 then
+      call('PEXPIRE', H, state_ttl)
     end
   end
-  count('agent_steps_daily', steps, used, (oldest + 24) * 3600000 - now, 0)
+  reply[#reply+1] = pack('<dddddddddddddd', status, now, mask, kt, tt, at, ut or 0, s, l, backlog, steps, oldest, tok, usd)
 end
-local period_end = tonumber(ARGV[23])
-local tokens = tonumber(ARGV[21])
-if tokens > 0 or mode == 'peek' then
-  count('ai_tokens_monthly', tokens, tonumber(redis.call('GET', KEYS[9]) or '0'), period_end - now, 0)
-end
-local usd = tonumber(ARGV[22])
-if usd > 0 or mode == 'peek' then
-  count('usd_monthly', usd, tonumber(redis.call('GET', KEYS[10]) or '0'), period_end - now, 0)
-end
-if denied then return {'denied', n, unpack(out)} end
-if mode ~= 'admit' then return {'ok', n, unpack(out)} end
-for _, w in ipairs(writes) do redis.call(unpack(w)) end
-local lease_until = now + tonumber(ARGV[8])
-if sessions > 0 then
-  redis.call('ZADD', KEYS[5], lease_until, ARGV[4])
-  redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[8]))
-end
-if long > 0 and ARGV[7] == '1' then
-  redis.call('ZADD', KEYS[6], lease_until, ARGV[4])
-  redis.call('PEXPIRE', KEYS[6], tonumber(ARGV[8]))
-end
-return {'ok', n, unpack(out)}
+return reply
 `)
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+// admitKeysPerCall and admitArgsPerCall are the script's strides.
+const admitKeysPerCall, admitArgsPerCall = 5, 8
 
-func (q *Quotas) admitKeys(p AdmitParams) []string {
-	k := q.keys
-	return []string{
-		k.KeyBucket(p.TenantID, p.Kid), k.TenantBucket(p.TenantID), k.KeyAgentBuckets(p.TenantID, p.Kid),
-		k.UserBuckets(p.TenantID), k.Sessions(p.TenantID), k.LongRunning(p.TenantID), k.TenantQueue(p.TenantID),
-		k.StepsDaily(p.TenantID), k.TokensPeriod(p.TenantID, p.Period.ID), k.USDPeriod(p.TenantID, p.Period.ID),
+// stateTTL bounds the life of an idle tenant's admission state: past a billing period,
+// so monthly counters survive until the period ends.
+const stateTTL = 35 * 24 * time.Hour
+
+var modeCode = map[Mode]float64{ModeAdmit: 0, ModePeek: 1, ModeKey: 2}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
 	}
+	return 0
+}
+
+func (q *Quotas) appendAdmit(keys []string, args []any, p AdmitParams) ([]string, []any) {
+	k := q.keys
+	keys = append(keys, k.AdmissionState(p.TenantID), k.Sessions(p.TenantID), k.LongRunning(p.TenantID),
+		k.TenantQueue(p.TenantID), k.StepsDaily(p.TenantID))
+	l := p.Limits
+	nums := [17]float64{
+		modeCode[p.Mode], b2f(p.InScope), b2f(p.LongRunning), l.KeyRate, l.KeyBurst, l.TenantRate, l.TenantBurst,
+		l.KeyAgentRate, l.KeyAgentBurst, l.UserHourly, l.UserBurst, float64(l.Sessions), float64(l.LongRunning),
+		float64(l.Backlog), float64(l.StepsDaily), float64(l.TokensMonthly), float64(l.USDMonthlyMicro),
+	}
+	packed := make([]byte, 8*len(nums))
+	for i, f := range nums {
+		binary.LittleEndian.PutUint64(packed[8*i:], math.Float64bits(f))
+	}
+	af, uf := "", ""
+	if p.Agent != "" {
+		af = "a:" + p.Kid + ":" + p.Agent
+	}
+	if p.User != "" {
+		uf = "u:" + p.User
+	}
+	args = append(args, packed, p.TaskID, "k:"+p.Kid, af, uf, "tok:"+p.Period.ID, "usd:"+p.Period.ID, "")
+	return keys, args
 }
 
 func boolArg(b bool) string {
@@ -319,24 +386,45 @@ func boolArg(b bool) string {
 
 // Admit runs the admission script: in ModeAdmit it checks and takes every scope in one
 // atomic call; ModePeek reports without taking; ModeKey spends the key bucket only.
+// Once Start has run, concurrent calls are coalesced into one script call per shard.
 func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
-	if p.Mode == "" {
-		p.Mode = ModeAdmit
+	if b := q.batcherFor(p.TenantID); b != nil {
+		return b.admit(ctx, p)
 	}
-	l := p.Limits
-	args := []any{
-		q.nowArg(), string(p.Mode), boolArg(p.InScope), p.TaskID, p.Agent, p.User, boolArg(p.LongRunning),
-		leaseTTL.Milliseconds(),
-		ftoa(l.KeyRate), ftoa(l.KeyBurst), ftoa(l.TenantRate), ftoa(l.TenantBurst),
-		ftoa(l.KeyAgentRate), ftoa(l.KeyAgentBurst), ftoa(l.UserHourly), ftoa(l.UserBurst),
-		l.Sessions, l.LongRunning, l.Backlog, l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro,
-		p.Period.End.UnixMilli(), MaxUsersPerTenant,
-	}
-	res, err := admitScript.Run(ctx, q.rdb, q.admitKeys(p), args...).Slice()
+	ds, err := q.admitBatch(ctx, []AdmitParams{p})
 	if err != nil {
-		return Decision{}, fmt.Errorf("quotas: admit: %w", err)
+		return Decision{}, err
 	}
-	return parseDecision(res)
+	return ds[0], nil
+}
+
+// admitBatch runs admissions of one shard in one script call, in order.
+func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, error) {
+	keys := make([]string, 0, admitKeysPerCall*len(ps))
+	args := make([]any, 0, 3+admitArgsPerCall*len(ps))
+	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds())
+	for i := range ps {
+		if ps[i].Mode == "" {
+			ps[i].Mode = ModeAdmit
+		}
+		keys, args = q.appendAdmit(keys, args, ps[i])
+	}
+	res, err := admitScript.Run(ctx, q.rdb, keys, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("quotas: admit: %w", err)
+	}
+	if len(res) != len(ps) {
+		return nil, fmt.Errorf("quotas: admit: %d replies for %d admissions", len(res), len(ps))
+	}
+	ds := make([]Decision, len(ps))
+	for i, p := range ps {
+		st, err := parseState(res[i])
+		if err != nil {
+			return nil, err
+		}
+		ds[i] = decide(p, st)
+	}
+	return ds, nil
 }
 
 var windows = map[string]time.Duration{
@@ -344,88 +432,49 @@ var windows = map[string]time.Duration{
 	UserTasksHourly: time.Hour, AgentStepsDaily: 24 * time.Hour,
 }
 
-func parseDecision(res []any) (Decision, error) {
-	if len(res) < 2 {
-		return Decision{}, fmt.Errorf("quotas: short reply %v", res)
-	}
-	status, _ := res[0].(string)
-	n, _ := res[1].(int64)
-	if int64(len(res)) != 2+7*n {
-		return Decision{}, fmt.Errorf("quotas: reply has %d fields for %d scopes", len(res), n)
-	}
-	d := Decision{Allowed: status == "ok", OutOfScope: status == "scope"}
-	for i := range int(n) {
-		f := res[2+7*i : 2+7*i+7]
-		s := Scope{Name: str(f[0])}
-		s.Limit, _ = strconv.ParseFloat(str(f[1]), 64)
-		s.Used, _ = strconv.ParseFloat(str(f[2]), 64)
-		s.Remaining, _ = f[3].(int64)
-		reset, _ := f[4].(int64)
-		retry, _ := f[5].(int64)
-		s.Reset = time.Duration(max(reset, 0)) * time.Millisecond
-		s.RetryAfter = time.Duration(max(retry, 0)) * time.Millisecond
-		s.Violated = f[6] == int64(1)
-		s.Window = windows[s.Name]
-		d.Scopes = append(d.Scopes, s)
-		if s.Violated {
-			d.Violated = append(d.Violated, s.Name)
-		}
-	}
-	return d, nil
-}
-
-func str(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case int64:
-		return strconv.FormatInt(x, 10)
-	}
-	return fmt.Sprint(v)
-}
-
-// releaseScript removes a task's leases. Returns the number of leases removed.
-//
-// KEYS[1] sessions   KEYS[2] long-running   ARGV[1] task id
-var releaseScript = redis.NewScript(`
-return redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
-`)
-
 // Release frees a task's session (and long-running) lease. Releasing twice is harmless.
+// It returns the number of leases removed.
 func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, error) {
-	n, err := releaseScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)}, taskID).Int()
-	if err != nil {
+	pipe := q.rdb.TxPipeline()
+	a := pipe.ZRem(ctx, q.keys.Sessions(tenantID), taskID)
+	b := pipe.ZRem(ctx, q.keys.LongRunning(tenantID), taskID)
+	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, fmt.Errorf("quotas: release: %w", err)
 	}
-	return n, nil
+	return int(a.Val() + b.Val()), nil
 }
 
-// recordScript counts one executed step and its usage against the period quotas.
+// recordScript counts one executed step and its usage against the period quotas, and
+// prunes counters that left their window.
 //
-// KEYS[1] steps per hour   KEYS[2] tokens in period   KEYS[3] usd in period
-// ARGV[1] now ms or ""   ARGV[2] tokens   ARGV[3] usd micro   ARGV[4] period end ms
+// KEYS[1] state hash   KEYS[2] steps hash
+// ARGV[1] now ms or ""   ARGV[2] tokens   ARGV[3] usd micro   ARGV[4] period id
+// ARGV[5] state ttl ms
 var recordScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local H, S, period = KEYS[1], KEYS[2], ARGV[4]
 local hour = math.floor(now / 3600000)
-redis.call('HINCRBY', KEYS[1], hour, 1)
-if redis.call('HLEN', KEYS[1]) > 24 then
-  for _, h in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if tonumber(h) <= hour - 24 then redis.call('HDEL', KEYS[1], h) end
+if redis.call('HINCRBY', S, hour, 1) == 1 then
+  -- a new hour: drop the ones that left the 24 h window
+  for _, f in ipairs(redis.call('HKEYS', S)) do
+    if tonumber(f) <= hour - 24 then redis.call('HDEL', S, f) end
   end
+  redis.call('PEXPIRE', S, 25 * 3600000)
 end
-redis.call('PEXPIRE', KEYS[1], 25 * 3600000)
-local ttl = math.max(1, tonumber(ARGV[4]) - now) + 86400000
-if tonumber(ARGV[2]) ~= 0 then
-  redis.call('INCRBY', KEYS[2], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ttl)
+if tonumber(ARGV[2]) ~= 0 then redis.call('HINCRBY', H, 'tok:' .. period, ARGV[2]) end
+if tonumber(ARGV[3]) ~= 0 then redis.call('HINCRBY', H, 'usd:' .. period, ARGV[3]) end
+local m = redis.call('HMGET', H, 'per', 'x')
+if m[1] ~= period then
+  if m[1] then redis.call('HDEL', H, 'tok:' .. m[1], 'usd:' .. m[1]) end
+  redis.call('HSET', H, 'per', period)
 end
-if tonumber(ARGV[3]) ~= 0 then
-  redis.call('INCRBY', KEYS[3], ARGV[3])
-  redis.call('PEXPIRE', KEYS[3], ttl)
+if (tonumber(m[2]) or 0) < now + tonumber(ARGV[5]) - 86400000 then
+  redis.call('HSET', H, 'x', now + tonumber(ARGV[5]))
+  redis.call('PEXPIRE', H, ARGV[5])
 end
 return 1
 `)
@@ -441,14 +490,27 @@ type RecordStepParams struct {
 // RecordStep counts a step against agent_steps_daily and its tokens and cost against
 // the monthly quotas.
 func (q *Quotas) RecordStep(ctx context.Context, p RecordStepParams) error {
-	keys := []string{q.keys.StepsDaily(p.TenantID), q.keys.TokensPeriod(p.TenantID, p.Period.ID), q.keys.USDPeriod(p.TenantID, p.Period.ID)}
-	if err := recordScript.Run(ctx, q.rdb, keys, q.nowArg(), p.Tokens, p.CostMicro, p.Period.End.UnixMilli()).Err(); err != nil {
+	err := recordScript.Run(ctx, q.rdb, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		q.nowArg(), p.Tokens, p.CostMicro, p.Period.ID, stateTTL.Milliseconds()).Err()
+	if err != nil {
 		return fmt.Errorf("quotas: record step: %w", err)
 	}
 	return nil
 }
 
-// DropKey deletes the live limit state of a removed (revoked) key.
+// DropKey deletes the live limit state of a removed (revoked) key: its key bucket and
+// its (key, agent) buckets.
 func (q *Quotas) DropKey(ctx context.Context, tenantID, kid string) error {
-	return q.rdb.Del(ctx, q.keys.KeyBucket(tenantID, kid), q.keys.KeyAgentBuckets(tenantID, kid)).Err()
+	h := q.keys.AdmissionState(tenantID)
+	fields := []string{"k:" + kid}
+	iter := q.rdb.HScan(ctx, h, 0, "a:"+kid+":*", 100).Iterator()
+	for iter.Next(ctx) {
+		if f := iter.Val(); len(f) > 2 && f[:2] == "a:" {
+			fields = append(fields, f)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	return q.rdb.HDel(ctx, h, fields...).Err()
 }

@@ -49,12 +49,16 @@ func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
 			continue
 		}
 		name := policyName[sc.Name]
-		item := fmt.Sprintf("%q;q=%s", name, strconv.FormatFloat(sc.Limit, 'f', -1, 64))
+		limit, remaining := sc.Limit, sc.Remaining
+		if sc.Name == quotas.USDMonthly { // micro-dollars inside, dollars outside
+			limit, remaining = limit/1e6, int64(math.Floor(float64(remaining)/1e6))
+		}
+		item := fmt.Sprintf("%q;q=%s", name, strconv.FormatFloat(limit, 'f', -1, 64))
 		if sc.Window > 0 {
 			item += ";w=" + strconv.FormatInt(int64(sc.Window.Seconds()), 10)
 		}
 		policy = append(policy, item)
-		state = append(state, fmt.Sprintf("%q;r=%d;t=%d", name, sc.Remaining, ceilSeconds(sc.Reset)))
+		state = append(state, fmt.Sprintf("%q;r=%d;t=%d", name, remaining, ceilSeconds(sc.Reset)))
 		ratio := float64(sc.Remaining) / sc.Limit
 		if sc.Violated {
 			ratio = -1 + float64(i)*1e-9 // a violated scope binds
@@ -65,6 +69,9 @@ func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
 	}
 	if binding >= 0 {
 		b := d.Scopes[binding]
+		if b.Name == quotas.USDMonthly {
+			b.Limit, b.Remaining = b.Limit/1e6, int64(math.Floor(float64(b.Remaining)/1e6))
+		}
 		h.Set("X-RateLimit-Limit", strconv.FormatFloat(math.Floor(b.Limit), 'f', -1, 64))
 		h.Set("X-RateLimit-Remaining", strconv.FormatInt(b.Remaining, 10))
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(b.Reset).Unix()+boolInt(b.Reset%time.Second != 0), 10))

@@ -24,7 +24,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), devCmd(), migrateCmd(), adminCmd())
+	root.AddCommand(serveCmd(), devCmd(), migrateCmd(), adminCmd(), benchCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "agentq:", err)
 		os.Exit(1)

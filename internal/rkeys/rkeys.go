@@ -95,40 +95,31 @@ func (k Keys) AsynqQueue(band string) string { return k.prefix + band }
 
 // --- admission (quotas) ---------------------------------------------------------
 
-// KeyBucket is the STRING holding an API key's key_rate bucket (GCRA theoretical
-// arrival time, ms). Named by kid, on the key's tenant's shard.
-func (k Keys) KeyBucket(tenant, kid string) string { return k.tenantTag(tenant) + ":kr:" + kid }
+// AdmissionState is the HASH holding all of a tenant's admission state, so one
+// admission reads it with one HMGET and writes it with one HSET:
+//
+//	t              tenant_rate bucket (GCRA theoretical arrival time, ms)
+//	k:<kid>        key_rate bucket of an API key (named by kid, never the secret)
+//	a:<kid>:<agt>  key_agent_rate bucket
+//	u:<user>       user_tasks_hourly bucket; nu counts these fields (capped)
+//	tok:<period>   AI tokens in a billing period; usd:<period> micro-dollars
+//	x, per         expiry and period marks
+func (k Keys) AdmissionState(tenant string) string { return k.tenantTag(tenant) + ":adm:" + tenant }
 
-// KeyAgentBuckets is the HASH of an API key's key_agent_rate buckets, field = agent.
-func (k Keys) KeyAgentBuckets(tenant, kid string) string { return k.tenantTag(tenant) + ":kar:" + kid }
-
-// TenantBucket is the STRING holding the tenant_rate bucket.
-func (k Keys) TenantBucket(tenant string) string { return k.tenantTag(tenant) + ":tr:" + tenant }
-
-// UserBuckets is the HASH of the tenant's user_tasks_hourly buckets, field = user. The
-// number of fields is capped; excess users share one overflow field.
-func (k Keys) UserBuckets(tenant string) string { return k.tenantTag(tenant) + ":ur:" + tenant }
+// StepsDaily is the HASH of the tenant's executed steps per hour (field = hours since
+// the epoch); the last 24 fields make the sliding 24 h window.
+func (k Keys) StepsDaily(tenant string) string { return k.tenantTag(tenant) + ":steps:" + tenant }
 
 // Sessions is the ZSET of the tenant's concurrent-session leases (task id → expiry ms).
 func (k Keys) Sessions(tenant string) string { return k.tenantTag(tenant) + ":sess:" + tenant }
 
-// LongRunning is the ZSET of leases of the tenant's long-running tasks.
+// LongRunning is the ZSET of the leases of the tenant's long-running tasks.
 func (k Keys) LongRunning(tenant string) string { return k.tenantTag(tenant) + ":long:" + tenant }
-
-// StepsDaily is the HASH of the tenant's executed steps per hour (field = hour since
-// epoch); the last 24 fields make the sliding 24 h window.
-func (k Keys) StepsDaily(tenant string) string { return k.tenantTag(tenant) + ":steps:" + tenant }
-
-// TokensPeriod is the STRING counting the tenant's AI tokens in a billing period.
-func (k Keys) TokensPeriod(tenant, period string) string {
-	return k.tenantTag(tenant) + ":tok:" + tenant + ":" + period
-}
-
-// USDPeriod is the STRING counting the tenant's spend (micro-dollars) in a period.
-func (k Keys) USDPeriod(tenant, period string) string {
-	return k.tenantTag(tenant) + ":usd:" + tenant + ":" + period
-}
 
 // APIReplicas is the ZSET of live API replicas (id → heartbeat expiry ms); the degraded
 // mode divides rate limits by its size.
 func (k Keys) APIReplicas() string { return k.prefix + "apis" }
+
+// BaselineBucket is the single-key GCRA bucket `agentq bench admission` compares the
+// admission script against.
+func (k Keys) BaselineBucket(tenant string) string { return k.tenantTag(tenant) + ":gcra:" + tenant }

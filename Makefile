@@ -1,0 +1,55 @@
+# agentq developer targets. `make test` is what CI runs (.ci/run).
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+GO       ?= go
+FUZZTIME ?= 20s
+
+.PHONY: all test services vet build dev fuzz lint
+
+all: build
+
+## services: make sure Redis (127.0.0.1:6379) and Postgres (127.0.0.1:5432) answer,
+## starting local ones if they are installed (scripts/services.sh).
+services:
+	bash scripts/services.sh
+
+## test: services, go vet, then the whole test suite with the race detector.
+## Tests read AGENTQ_TEST_DATABASE_URL and AGENTQ_TEST_REDIS_URL (see README.md).
+test: services
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+vet:
+	$(GO) vet ./...
+
+## build: the agentq binary at bin/agentq.
+build:
+	$(GO) build -o bin/agentq ./cmd/agentq
+
+## dev: everything in one process with demo tenants (see README.md).
+dev:
+	$(GO) run ./cmd/agentq dev
+
+## fuzz: run every Fuzz function in the module for FUZZTIME each (go test -fuzz takes
+## one target per run, so each function gets its own run).
+fuzz:
+	@found=0; \
+	for file in $$(find . -name '*_test.go' -not -path './.git/*' -not -path './vendor/*' | sort); do \
+	  pkg="./$$(dirname "$${file#./}")"; \
+	  for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$file"); do \
+	    found=1; \
+	    echo "== fuzz $$pkg $$fn ($(FUZZTIME))"; \
+	    $(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) "$$pkg"; \
+	  done; \
+	done; \
+	if [ "$$found" = 0 ]; then echo "fuzz: no Fuzz functions found"; fi
+
+## lint: fail if any Go file is not gofmt-formatted.
+lint:
+	@out="$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*' -not -path './vendor/*'))"; \
+	if [ -n "$$out" ]; then \
+	  echo "These files are not gofmt-formatted (run: gofmt -w <file>):"; echo "$$out"; exit 1; \
+	fi; \
+	echo "gofmt: ok"

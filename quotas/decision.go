@@ -1,0 +1,137 @@
+package quotas
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+)
+
+// state is what the admission script read, before any take, and what it decided.
+type state struct {
+	status               int64 // 0 ok, 1 denied, 2 out of scope
+	now                  int64 // ms, the script's clock
+	mask                 int64 // violated scopes, bit per scopeBits entry
+	keyTAT, tenantTAT    float64
+	keyAgentTAT, userTAT float64
+	sessions, long       int64
+	backlog, steps       int64
+	oldestHour           int64
+	tokens, usd          int64
+}
+
+// Bits of the script's violated-scope mask.
+var scopeBits = map[string]int64{
+	KeyRate: 1, TenantRate: 2, KeyAgentRate: 4, UserTasksHourly: 8, ConcurrentSessions: 16,
+	LongRunningInflight: 32, QueueBacklog: 64, AgentStepsDaily: 128, AITokensMonthly: 256, USDMonthly: 512,
+}
+
+func parseState(reply string) (state, error) {
+	if len(reply) != 14*8 {
+		return state{}, fmt.Errorf("quotas: admission reply of %d bytes, want %d", len(reply), 14*8)
+	}
+	f := func(i int) float64 {
+		return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[8*i : 8*i+8])))
+	}
+	n := func(i int) int64 { return int64(f(i)) }
+	return state{
+		status: n(0), now: n(1), mask: n(2),
+		keyTAT: f(3), tenantTAT: f(4), keyAgentTAT: f(5), userTAT: f(6),
+		sessions: n(7), long: n(8), backlog: n(9), steps: n(10), oldestHour: n(11),
+		tokens: n(12), usd: n(13),
+	}, nil
+}
+
+func ms(v float64) time.Duration { return time.Duration(math.Max(0, v) * float64(time.Millisecond)) }
+
+// decide turns the script's reply into a Decision: every applied scope with its limit,
+// use, what remains after this request (counting what it took, if it took anything),
+// when it resets and, if violated, when a retry can pass. The formulas are the
+// script's GCRA, so the numbers are the ones admission enforces.
+func decide(p AdmitParams, st state) Decision {
+	d := Decision{Allowed: st.status == 0 && st.mask == 0, OutOfScope: st.status == 2}
+	now := float64(st.now)
+	l := p.Limits
+	peek, admit := p.Mode == ModePeek, p.Mode == ModeAdmit
+	// taken: the key's token is taken unless the key bucket refused or this is a peek;
+	// every other scope only when the whole admission passed.
+	keyTaken := !peek && st.mask&1 == 0
+	restTaken := admit && d.Allowed
+	bucket := func(name string, tat, rate, burst float64, period time.Duration, taken bool) {
+		T := float64(period.Milliseconds()) / rate
+		tau := T * burst
+		t := math.Max(tat, now)
+		sc := Scope{Name: name, Limit: rate, Window: period}
+		if st.mask&scopeBits[name] != 0 {
+			sc.Violated = true
+			sc.Used = (t - now) / T
+			sc.Reset = ms(t - now)
+			sc.RetryAfter = ms(t + T - tau - now)
+		} else {
+			if taken {
+				t += T
+			}
+			sc.Used = (t - now) / T
+			sc.Remaining = int64(math.Max(0, math.Floor((tau-(t-now))/T+1e-9)))
+			sc.Reset = ms(t - now)
+		}
+		d.Scopes = append(d.Scopes, sc)
+	}
+	counted := func(name string, limit, used int64, reset time.Duration, takes bool) {
+		sc := Scope{Name: name, Limit: float64(limit), Used: float64(used), Reset: reset, Window: windows[name]}
+		if takes && restTaken {
+			sc.Used++
+		}
+		sc.Remaining = max(0, limit-int64(sc.Used))
+		if st.mask&scopeBits[name] != 0 {
+			sc.Violated, sc.Remaining, sc.RetryAfter = true, 0, max(reset, time.Second)
+		}
+		d.Scopes = append(d.Scopes, sc)
+	}
+	if l.KeyRate > 0 {
+		bucket(KeyRate, st.keyTAT, l.KeyRate, l.KeyBurst, time.Second, keyTaken)
+	}
+	if p.Mode == ModeKey || st.mask&1 != 0 || st.status == 2 {
+		d.collectViolated()
+		return d
+	}
+	if l.TenantRate > 0 {
+		bucket(TenantRate, st.tenantTAT, l.TenantRate, l.TenantBurst, time.Second, restTaken)
+	}
+	if l.KeyAgentRate > 0 && p.Agent != "" {
+		bucket(KeyAgentRate, st.keyAgentTAT, l.KeyAgentRate, l.KeyAgentBurst, time.Second, restTaken)
+	}
+	if l.UserHourly > 0 && p.User != "" {
+		bucket(UserTasksHourly, st.userTAT, l.UserHourly, l.UserBurst, time.Hour, restTaken)
+	}
+	if l.Sessions > 0 || peek {
+		counted(ConcurrentSessions, l.Sessions, st.sessions, time.Second, true)
+	}
+	if (l.LongRunning > 0 && p.LongRunning) || peek {
+		counted(LongRunningInflight, l.LongRunning, st.long, time.Second, true)
+	}
+	if l.Backlog > 0 || peek {
+		counted(QueueBacklog, l.Backlog, st.backlog, time.Second, true)
+	}
+	if l.StepsDaily > 0 || peek {
+		reset := time.Duration((st.oldestHour+24)*3600000-st.now) * time.Millisecond
+		counted(AgentStepsDaily, l.StepsDaily, st.steps, reset, false)
+	}
+	periodLeft := time.Duration(p.Period.End.UnixMilli()-st.now) * time.Millisecond
+	if l.TokensMonthly > 0 || peek {
+		counted(AITokensMonthly, l.TokensMonthly, st.tokens, periodLeft, false)
+	}
+	if l.USDMonthlyMicro > 0 || peek {
+		counted(USDMonthly, l.USDMonthlyMicro, st.usd, periodLeft, false)
+	}
+	d.collectViolated()
+	return d
+}
+
+func (d *Decision) collectViolated() {
+	for _, sc := range d.Scopes {
+		if sc.Violated {
+			d.Violated = append(d.Violated, sc.Name)
+		}
+	}
+}
