@@ -43,6 +43,9 @@ type Options struct {
 	DispatchFallback time.Duration
 	// TaskCheckInterval is how often idle asynq workers look for work (default 20ms).
 	TaskCheckInterval time.Duration
+	// RecoveryEvery is the interval of the sweep that re-pushes queued tasks missing
+	// from Redis (default 30s).
+	RecoveryEvery time.Duration
 }
 
 // App is one agentq process.
@@ -61,6 +64,7 @@ type App struct {
 	Worker     *runtime.Worker
 	API        *web.Server
 
+	recovery    *recovery
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
@@ -131,6 +135,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
 	})
+	a.recovery = &recovery{store: a.Store, sched: a.Scheduler, plans: a.Plans, log: a.log,
+		every: o.RecoveryEvery, minAge: 5 * time.Second}
+	if a.recovery.every <= 0 {
+		a.recovery.every = 30 * time.Second
+	}
 	a.API = web.New(web.Deps{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Scheduler, Agents: a.Agents,
 		Plans: a.Plans, Admission: a.Admission, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
@@ -147,6 +156,7 @@ func (a *App) Start(ctx context.Context) error {
 	}
 	if a.cfg.Has(config.RoleScheduler) {
 		a.Dispatcher.Start(context.WithoutCancel(ctx))
+		a.recovery.Start(context.WithoutCancel(ctx))
 	}
 	if a.cfg.Has(config.RoleAPI) {
 		a.Quotas.Start(context.WithoutCancel(ctx), a.cfg.RedisTimeout)
@@ -165,6 +175,13 @@ func (a *App) Start(ctx context.Context) error {
 	return nil
 }
 
+// RecoverOnce runs the recovery sweep once (tests, operators); it returns how many
+// queued tasks it pushed back to Redis.
+func (a *App) RecoverOnce(ctx context.Context, minAge time.Duration) (int, error) {
+	r := &recovery{store: a.Store, sched: a.Scheduler, plans: a.Plans, log: a.log, minAge: minAge}
+	return r.runOnce(ctx)
+}
+
 // Addr is the API's bound address (nil without the api role).
 func (a *App) Addr() net.Addr { return a.addr }
 
@@ -180,6 +197,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 		a.Quotas.Stop()
 	}
 	if a.cfg.Has(config.RoleScheduler) {
+		a.recovery.Stop()
 		a.Dispatcher.Stop()
 	}
 	if a.cfg.Has(config.RoleWorker) {

@@ -94,6 +94,10 @@ func (w *Worker) ID() string { return w.id }
 
 const heartbeatEvery, heartbeatTTL = 2 * time.Second, 10 * time.Second
 
+// taskHeartbeatEvery is how often a running task's heartbeat is stamped in Postgres;
+// staleAfter is how old it must be before a redelivery takes the task over.
+const taskHeartbeatEvery, staleAfter = 5 * time.Second, 30 * time.Second
+
 // Start registers the worker's capacity and starts processing.
 func (w *Worker) Start(ctx context.Context) error {
 	if err := w.slots.Heartbeat(ctx, w.id, w.opts.Concurrency, heartbeatTTL); err != nil {
@@ -207,7 +211,17 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		case err != nil:
 			return fmt.Errorf("runtime: read task: %w", err)
 		}
-		return nil // running under another delivery, which owns its slot
+		// Running: either under another live delivery, which owns it, or its worker
+		// died and asynq redelivered it. A stale heartbeat tells which.
+		task, started, err = w.store.TakeOverTask(ctx, id, staleAfter)
+		if err != nil {
+			return fmt.Errorf("runtime: take over task: %w", err)
+		}
+		if !started {
+			return nil
+		}
+		w.log.Warn("taking over a task whose worker stopped heartbeating; resuming from its last step",
+			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
 	}
 	requeued := w.run(ctx, task)
 	if requeued {
@@ -288,6 +302,25 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 
 	taskCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// Stamp the task alive while it runs, so a redelivery can tell a dead worker from
+	// a slow step. The goroutine ends with the task.
+	hbDone := make(chan struct{})
+	defer func() { cancel(nil); <-hbDone }()
+	go func() {
+		defer close(hbDone)
+		t := time.NewTicker(taskHeartbeatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-taskCtx.Done():
+				return
+			case <-t.C:
+				if err := w.store.Heartbeat(taskCtx, task.ID); err != nil && taskCtx.Err() == nil {
+					log.Warn("task heartbeat failed", "err", err)
+				}
+			}
+		}
+	}()
 	w.mu.Lock()
 	w.running[task.ID] = cancel
 	w.mu.Unlock()

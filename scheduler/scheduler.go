@@ -430,3 +430,32 @@ func (s *Scheduler) Configure(ctx context.Context, tenantID string, weight, runn
 func (s *Scheduler) Running(ctx context.Context, tenantID string) (int64, error) {
 	return s.rdb.SCard(ctx, s.keys.TenantRunning(tenantID)).Result()
 }
+
+// Queued names a task Postgres holds as queued.
+type Queued struct {
+	TenantID string
+	TaskID   uuid.UUID
+}
+
+// Missing returns the tasks of qs that Redis knows nothing of: in neither their
+// tenant's queue nor its dispatched set. Those were lost (Redis restarted without
+// persistence, or the push after the Postgres write failed) and must be pushed again.
+func (s *Scheduler) Missing(ctx context.Context, qs []Queued) ([]Queued, error) {
+	pipe := s.rdb.Pipeline()
+	scores := make([]*redis.FloatCmd, len(qs))
+	members := make([]*redis.BoolCmd, len(qs))
+	for i, q := range qs {
+		scores[i] = pipe.ZScore(ctx, s.keys.TenantQueue(q.TenantID), q.TaskID.String())
+		members[i] = pipe.SIsMember(ctx, s.keys.TenantRunning(q.TenantID), q.TaskID.String())
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("scheduler: missing: %w", err)
+	}
+	var out []Queued
+	for i, q := range qs {
+		if errors.Is(scores[i].Err(), redis.Nil) && !members[i].Val() {
+			out = append(out, q)
+		}
+	}
+	return out, nil
+}

@@ -519,3 +519,59 @@ func (s *Store) GetTaskByIdempotencyKey(ctx context.Context, tenantID, key strin
 	return scanTask(s.pool.QueryRow(ctx,
 		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, key))
 }
+
+// TakeOverTask claims a running task whose worker stopped heartbeating for staleAfter
+// (its process died; asynq redelivered it) and counts a new attempt. ok=false when the
+// task is not running or its worker is alive.
+func (s *Store) TakeOverTask(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (t Task, ok bool, err error) {
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now()
+		WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval RETURNING `+taskCols,
+		id, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds())))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// Heartbeat marks a running task's worker alive.
+func (s *Store) Heartbeat(ctx context.Context, id uuid.UUID) error {
+	_, err := s.pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1 AND state = 'running'`, id)
+	return err
+}
+
+// QueuedTask is what recovery needs to push a queued task back to its queue.
+type QueuedTask struct {
+	ID        uuid.UUID
+	TenantID  string
+	Priority  int
+	CreatedAt time.Time
+}
+
+// ListQueuedParams select queued tasks older than MinAge, oldest first.
+type ListQueuedParams struct {
+	MinAge time.Duration
+	After  uuid.UUID // cursor; uuid.Nil for the first page
+	Limit  int
+}
+
+// ListQueued returns a page of queued tasks across tenants, in id (admission) order.
+func (s *Store) ListQueued(ctx context.Context, p ListQueuedParams) ([]QueuedTask, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, tenant_id, priority, created_at FROM tasks
+		WHERE state = 'queued' AND created_at < now() - $1::interval AND id > $2
+		ORDER BY id LIMIT $3`, fmt.Sprintf("%d milliseconds", p.MinAge.Milliseconds()), p.After, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []QueuedTask
+	for rows.Next() {
+		var q QueuedTask
+		if err := rows.Scan(&q.ID, &q.TenantID, &q.Priority, &q.CreatedAt); err != nil {
+			return nil, err
+		}
+		out = append(out, q)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,104 @@
+package agentq_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/wire"
+)
+
+// Tasks admitted while Redis was down (degraded mode) wait in Postgres; once a
+// scheduler runs against a live Redis, the recovery sweep pushes them, in order, and
+// they run.
+func TestQueuedTasksMissingFromRedisAreRecovered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	down := e.start(t, func(o *agentq.Options) {
+		o.Redis = dead
+		o.Config.Roles = []string{config.RoleAPI}
+	})
+	key := down.tenantWith("rc", "enterprise", map[string]float64{"agent_steps_daily": 0, "ai_tokens_monthly": 0, "usd_monthly": 0}, nil)
+	var ids []string
+	for range 3 {
+		var task struct{ ID string }
+		if st, _ := down.do("POST", "/v1/tasks", key, `{"agent":"sim","input":{"steps":1,"step_ms":1}}`, &task); st != 202 {
+			t.Fatalf("degraded submit: %d", st)
+		}
+		ids = append(ids, task.ID)
+	}
+	down.stop()
+
+	// Redis is back: a full process recovers the tasks once they are older than the
+	// sweep's grace period (5 s: a push may still be on its way).
+	up := e.start(t, func(o *agentq.Options) { o.RecoveryEvery = 500 * time.Millisecond })
+	c := client.New(up.base, key)
+	for _, id := range ids {
+		waitState(t, c, id, "completed", 20*time.Second)
+	}
+	// A second sweep finds nothing to do.
+	if n, err := up.app.RecoverOnce(context.Background(), 0); err != nil || n != 0 {
+		t.Fatalf("second sweep pushed %d (%v)", n, err)
+	}
+}
+
+// A task whose Redis entry vanished (FLUSHDB without persistence) is pushed again.
+func TestRecoveryAfterRedisDataLoss(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 1 })
+	ctx := context.Background()
+	c, _ := h.tenantClient("dl", "pro", map[string]float64{"running": 1})
+	blocker, _ := c.SubmitTask(ctx, sim(1, 1500))
+	waitState(t, c, blocker.ID, "running", 10*time.Second)
+	queued, _ := c.SubmitTask(ctx, sim(1, 1))
+	testenv.DeletePrefix(ctx, h.app.Redis, h.app.Keys.Prefix()+"{") // the tenant queues are gone
+	if n, err := h.app.RecoverOnce(ctx, 0); err != nil || n != 1 {
+		t.Fatalf("sweep pushed %d (%v), want the 1 lost queued task", n, err)
+	}
+	waitState(t, c, queued.ID, "completed", 20*time.Second)
+}
+
+// A task whose worker died mid-run (kill -9) is redelivered by asynq; the new worker
+// sees the stale heartbeat, takes the task over and resumes after its last step. A
+// redelivery while the first worker is alive leaves the task alone.
+func TestRedeliveredTaskOfADeadWorkerIsTakenOver(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.Roles = []string{config.RoleAPI} })
+	ctx := context.Background()
+	c, _ := h.tenantClient("crash", "pro", nil)
+	task, err := c.SubmitTask(ctx, sim(3, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The dead worker had started the task and finished one step.
+	if _, err := h.app.Store.Pool().Exec(ctx, `UPDATE tasks SET state = 'running', attempt = 1, steps = 1,
+		agent_state = '{"done":1}', started_at = now(), heartbeat_at = now() - interval '5 seconds' WHERE id = $1`, task.ID); err != nil {
+		t.Fatal(err)
+	}
+	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"crash","band":"p5"}`)
+	if err := h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.GetTask(ctx, task.ID); got.State != "running" || got.Usage.Steps != 1 {
+		t.Fatalf("a redelivery took over a task whose worker is alive: %s, %d steps", got.State, got.Usage.Steps)
+	}
+	if _, err := h.app.Store.Pool().Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, task.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := c.GetTask(ctx, task.ID)
+	if got.State != "completed" || got.Usage.Steps != 3 || got.Attempt != 2 {
+		t.Fatalf("after takeover: %s, %d steps, attempt %d; want completed, 3 steps (resumed at step 2), attempt 2", got.State, got.Usage.Steps, got.Attempt)
+	}
+}

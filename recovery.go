@@ -1,0 +1,133 @@
+package agentq
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// recovery pushes queued tasks that Postgres holds but Redis lost back onto their
+// tenants' queues, in admission order: after a Redis restart without persistence, a
+// crash between the Postgres write and the Redis push, or admissions taken while Redis
+// was down. Every scheduler process runs it; pushing twice is harmless (the queue is a
+// set). The janitor issue grows it into full reconciliation.
+type recovery struct {
+	store *store.Store
+	sched *scheduler.Scheduler
+	plans *quotas.Catalogue
+	log   *slog.Logger
+	every time.Duration
+	// minAge skips tasks admitted moments ago, whose push may still be on its way.
+	minAge time.Duration
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (r *recovery) Start(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancel != nil {
+		return
+	}
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.done = make(chan struct{})
+	go func() {
+		defer close(r.done)
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if n, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("recovery sweep failed", "err", err)
+			} else if n > 0 {
+				r.log.Warn("recovery sweep re-pushed queued tasks missing from Redis", "tasks", n)
+			}
+			t.Reset(r.every)
+		}
+	}()
+}
+
+func (r *recovery) Stop() {
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.cancel = nil
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// runOnce walks every queued task once and re-pushes the missing ones. It returns how
+// many it pushed.
+func (r *recovery) runOnce(ctx context.Context) (int, error) {
+	pushed := 0
+	after := uuid.Nil
+	tenants := map[string]scheduler.EnqueueParams{}
+	for {
+		page, err := r.store.ListQueued(ctx, store.ListQueuedParams{MinAge: r.minAge, After: after, Limit: 500})
+		if err != nil || len(page) == 0 {
+			return pushed, err
+		}
+		after = page[len(page)-1].ID
+		qs := make([]scheduler.Queued, len(page))
+		byID := map[uuid.UUID]store.QueuedTask{}
+		for i, t := range page {
+			qs[i] = scheduler.Queued{TenantID: t.TenantID, TaskID: t.ID}
+			byID[t.ID] = t
+		}
+		missing, err := r.sched.Missing(ctx, qs)
+		if err != nil {
+			return pushed, err
+		}
+		for _, m := range missing {
+			t := byID[m.TaskID]
+			p, ok := tenants[t.TenantID]
+			if !ok {
+				if p, err = r.tenantParams(ctx, t.TenantID); err != nil {
+					return pushed, err
+				}
+				tenants[t.TenantID] = p
+			}
+			p.TaskID, p.Priority, p.CreatedAt = t.ID, t.Priority, t.CreatedAt
+			if err := r.sched.Enqueue(ctx, p); err != nil {
+				return pushed, err
+			}
+			pushed++
+		}
+	}
+}
+
+func (r *recovery) tenantParams(ctx context.Context, tenantID string) (scheduler.EnqueueParams, error) {
+	t, err := r.store.GetTenant(ctx, tenantID)
+	if err != nil {
+		return scheduler.EnqueueParams{}, err
+	}
+	plan, ok := r.plans.Plan(t.Plan)
+	if !ok {
+		return scheduler.EnqueueParams{}, errors.New("tenant " + t.ID + " has an unknown plan " + t.Plan)
+	}
+	eff, err := r.plans.Effective(t.Plan, t.Overrides)
+	if err != nil {
+		return scheduler.EnqueueParams{}, err
+	}
+	w := plan.Weight
+	if t.Weight != nil {
+		w = *t.Weight
+	}
+	return scheduler.EnqueueParams{TenantID: t.ID, Weight: w, RunningCap: int(eff[quotas.Running])}, nil
+}
