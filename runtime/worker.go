@@ -23,7 +23,7 @@ import (
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
 // advertise this process's capacity.
 type Slots interface {
-	Done(ctx context.Context, p wire.Payload) error
+	Done(ctx context.Context, p wire.Payload, took time.Duration) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
 }
@@ -187,6 +187,7 @@ func (w *Worker) interrupt(id uuid.UUID) {
 
 // ProcessTask is the asynq handler: it runs one task to a terminal state.
 func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	began := time.Now()
 	var p wire.Payload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("runtime: bad payload: %v: %w", err, asynq.SkipRetry)
@@ -206,7 +207,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 			// Cancelled while dispatched, or a duplicate delivery of a finished task.
 			// Releasing again is harmless; it covers a release lost to a crash.
 			w.releaseLease(p.TenantID, p.TaskID)
-			w.release(p)
+			w.release(p, -1)
 			return nil
 		case err != nil:
 			return fmt.Errorf("runtime: read task: %w", err)
@@ -227,7 +228,9 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if requeued {
 		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
 	}
-	w.release(p)
+	// The worker slot was busy from delivery to here: that is the task's worker time,
+	// which its tenant's fair share is charged.
+	w.release(p, time.Since(began))
 	return nil
 }
 
@@ -239,10 +242,10 @@ func (w *Worker) releaseLease(tenantID, taskID string) {
 	}
 }
 
-func (w *Worker) release(p wire.Payload) {
+func (w *Worker) release(p wire.Payload, took time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := w.slots.Done(ctx, p); err != nil {
+	if err := w.slots.Done(ctx, p, took); err != nil {
 		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -30,7 +31,8 @@ type Dispatcher struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	kick   chan struct{}
-	next   int // round-robin start shard
+	vtMu   sync.Mutex
+	vt     float64 // the largest head pass seen: the global virtual time
 }
 
 // DispatcherOptions configure a Dispatcher.
@@ -136,33 +138,36 @@ func (d *Dispatcher) loop(ctx context.Context) {
 }
 
 // RunOnce re-sends stale "dispatching" entries, then dispatches until every shard is
-// empty or out of worker capacity. It returns the number of tasks handed to asynq.
+// empty or the worker pool is full. It returns the number of tasks handed to asynq.
+//
+// Each dispatch first takes a pool slot (one global counter, so shards share the whole
+// pool), then pops from the shard whose head tenant has the smallest pass: all shards
+// share one virtual time, so fairness across shards holds to the same bound as within
+// one.
 func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
-	shards := d.sched.keys.Shards()
 	if err := d.resendStale(ctx); err != nil {
 		return 0, err
 	}
-	n := 0
+	shards := d.sched.keys.Shards()
 	active := make([]bool, shards)
 	for i := range active {
 		active[i] = true
 	}
-	left := shards
-	for left > 0 {
-		shard := d.next % shards
-		d.next++
-		if !active[shard] {
-			continue
+	n := 0
+	defer func() { d.publishVT(context.WithoutCancel(ctx)) }()
+	for {
+		ok, err := d.sched.reserve(ctx)
+		if err != nil || !ok {
+			return n, err // !ok: the pool is full; a completion wakes us
 		}
-		job, err := d.sched.dispatchOne(ctx, shard)
-		switch {
-		case errors.Is(err, errBusy):
-			continue
-		case errors.Is(err, errEmpty), errors.Is(err, errNoCapacity):
-			active[shard] = false
-			left--
-			continue
-		case err != nil:
+		job, err := d.dispatchNext(ctx, active)
+		if err != nil {
+			if rerr := d.sched.release(ctx); rerr != nil {
+				d.log.Warn("releasing an unused pool slot failed", "err", rerr)
+			}
+			if errors.Is(err, errEmpty) {
+				return n, nil
+			}
 			return n, err
 		}
 		if err := d.send(ctx, job); err != nil {
@@ -170,8 +175,99 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 		}
 		n++
 	}
-	return n, nil
 }
+
+// dispatchNext pops one task from the active shard with the smallest head pass.
+func (d *Dispatcher) dispatchNext(ctx context.Context, active []bool) (Dispatched, error) {
+	for {
+		shard, ok, err := d.pickShard(ctx, active)
+		if err != nil {
+			return Dispatched{}, err
+		}
+		if !ok {
+			return Dispatched{}, errEmpty
+		}
+		job, err := d.sched.dispatchOne(ctx, shard, d.globalVT())
+		switch {
+		case err == nil:
+			return job, nil
+		case errors.Is(err, errBusy):
+			continue
+		case errors.Is(err, errEmpty):
+			active[shard] = false
+		default:
+			return Dispatched{}, err
+		}
+	}
+}
+
+func (d *Dispatcher) pickShard(ctx context.Context, active []bool) (int, bool, error) {
+	if len(active) == 1 {
+		return 0, active[0], nil
+	}
+	pipe := d.rdb.Pipeline()
+	heads := make([]*redis.ZSliceCmd, len(active))
+	for i, on := range active {
+		if on {
+			heads[i] = pipe.ZRangeWithScores(ctx, d.sched.keys.Ready(i), 0, 0)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, false, err
+	}
+	best, bestPass := -1, 0.0
+	for i, h := range heads {
+		if h == nil {
+			continue
+		}
+		z := h.Val()
+		if len(z) == 0 {
+			active[i] = false
+			continue
+		}
+		if best < 0 || z[0].Score < bestPass {
+			best, bestPass = i, z[0].Score
+		}
+	}
+	if best >= 0 {
+		d.vtMu.Lock()
+		d.vt = max(d.vt, bestPass)
+		d.vtMu.Unlock()
+	}
+	return best, best >= 0, nil
+}
+
+func (d *Dispatcher) globalVT() float64 {
+	d.vtMu.Lock()
+	defer d.vtMu.Unlock()
+	return d.vt
+}
+
+// publishVT raises every shard's virtual time to the global one, so a tenant that
+// becomes backlogged on a quiet shard starts level with the others (no banked credit
+// across shards either).
+func (d *Dispatcher) publishVT(ctx context.Context) {
+	shards := d.sched.keys.Shards()
+	if shards == 1 {
+		return
+	}
+	vt := d.globalVT()
+	pipe := d.rdb.Pipeline()
+	for i := range shards {
+		raiseVT.Run(ctx, pipe, []string{d.sched.keys.VirtualTime(i)}, strconv.FormatFloat(vt, 'f', -1, 64), int(queueTTL.Seconds()))
+	}
+	_, _ = pipe.Exec(ctx)
+}
+
+// raiseVT sets a shard's virtual time to ARGV[1] if that is higher.
+//
+// KEYS[1] virtual time   ARGV[1] value   ARGV[2] ttl s
+var raiseVT = redis.NewScript(`
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+end
+return 1
+`)
 
 func (d *Dispatcher) send(ctx context.Context, job Dispatched) error {
 	task, err := NewAsynqTask(d.sched.keys, job)

@@ -115,6 +115,7 @@ local tenant = ARGV[7]
 if redis.call('ZSCORE', KEYS[3], tenant) or redis.call('ZSCORE', KEYS[4], tenant) then
   return added
 end
+-- newly backlogged: start at the current virtual time, with no banked credit
 local vt = tonumber(redis.call('GET', KEYS[5]) or '0')
 local cap = tonumber(ARGV[5])
 if cap > 0 and redis.call('SCARD', KEYS[6]) >= cap then
@@ -169,27 +170,22 @@ func (s *Scheduler) wake(ctx context.Context) {
 	_ = s.rdb.Publish(ctx, s.keys.WakeChannel(), "1").Err()
 }
 
-// dispatchScript pops the next task in weighted-fair order.
+// DefaultEstimateMs is a tenant's estimated task cost in worker-milliseconds before
+// any of its tasks finished; completions then refine it (an EWMA), and correct each
+// task's charge to what it really took.
+const DefaultEstimateMs = 100
+
+// dispatchScript pops the next task of one shard in weighted-fair order. The caller
+// holds a pool slot (reserveScript).
 //
-// KEYS[1] ready   KEYS[2] capped   KEYS[3] inflight   KEYS[4] dispatching
-// KEYS[5] virtual time   KEYS[6] workers   KEYS[7] worker slots
-// ARGV[1] now ms or ""   ARGV[2] prefetch   ARGV[3] shard tag (prefix of tenant keys)
-// ARGV[4] estimated cost of one task   ARGV[5] ttl seconds
-// Tenant keys are built from ARGV[3]; they share the shard's hash tag, so the script
+// KEYS[1] ready   KEYS[2] capped   KEYS[3] dispatching   KEYS[4] virtual time
+// ARGV[1] now ms or ""   ARGV[2] shard tag (prefix of tenant keys)   ARGV[3] ttl s
+// ARGV[4] default estimate (worker-ms)   ARGV[5] global virtual time
+// Tenant keys are built from ARGV[2]; they share the shard's hash tag, so the script
 // touches one slot.
-// Returns {"ok", tenant, task, priority} or {"no_capacity"} or {"empty"} or {"busy"}.
+// Returns {"ok", tenant, task, priority, estimate ms} or {"empty"} or {"busy"}.
 var dispatchScript = redis.NewScript(luaNow + `
-local dead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)
-if #dead > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
-  redis.call('HDEL', KEYS[7], unpack(dead))
-end
-local slots = 0
-for _, v in ipairs(redis.call('HVALS', KEYS[7])) do slots = slots + tonumber(v) end
-if redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]) >= slots + tonumber(ARGV[2]) then
-  return {'no_capacity'}
-end
-local tag = ARGV[3]
+local tag = ARGV[2]
 for i = 1, 64 do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #head == 0 then return {'empty'} end
@@ -197,8 +193,10 @@ for i = 1, 64 do
   local conf = tag .. ':conf:' .. tenant
   local run = tag .. ':run:' .. tenant
   local queue = tag .. ':q:' .. tenant
-  local cap = tonumber(redis.call('HGET', conf, 'cap') or '0')
+  local c = redis.call('HMGET', conf, 'cap', 'w', 'est')
+  local cap = tonumber(c[1] or '0')
   if cap > 0 and redis.call('SCARD', run) >= cap then
+    -- at its running cap: wait outside the shared pool until a completion
     redis.call('ZREM', KEYS[1], tenant)
     redis.call('ZADD', KEYS[2], pass, tenant)
   else
@@ -208,17 +206,19 @@ for i = 1, 64 do
     else
       redis.call('ZREM', queue, task[1])
       redis.call('SADD', run, task[1])
-      redis.call('EXPIRE', run, ARGV[5])
+      redis.call('EXPIRE', run, ARGV[3])
       local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
-      redis.call('ZADD', KEYS[4], now, prio .. ':' .. tenant .. ':' .. task[1])
-      redis.call('SET', KEYS[5], pass, 'EX', ARGV[5])
-      local w = tonumber(redis.call('HGET', conf, 'w') or '1')
+      redis.call('ZADD', KEYS[3], now, prio .. ':' .. tenant .. ':' .. task[1])
+      local vt = math.max(pass, tonumber(ARGV[5]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
+      redis.call('SET', KEYS[4], vt, 'EX', ARGV[3])
+      local est = tonumber(c[3] or ARGV[4])
+      local w = tonumber(c[2] or '1')
       if redis.call('ZCARD', queue) == 0 then
         redis.call('ZREM', KEYS[1], tenant)
       else
-        redis.call('ZADD', KEYS[1], pass + tonumber(ARGV[4]) / w, tenant)
+        redis.call('ZADD', KEYS[1], pass + est / w, tenant)
       end
-      return {'ok', tenant, task[1], tostring(prio)}
+      return {'ok', tenant, task[1], tostring(prio), tostring(math.floor(est))}
     end
   end
 end
@@ -227,9 +227,10 @@ return {'busy'}
 
 // Dispatched is a task popped by dispatch and not yet confirmed in asynq.
 type Dispatched struct {
-	TenantID string
-	TaskID   string
-	Priority int
+	TenantID   string
+	TaskID     string
+	Priority   int
+	EstimateMs int64 // what its tenant's pass was charged
 }
 
 func (d Dispatched) member() string {
@@ -245,7 +246,7 @@ func parseMember(m string) (Dispatched, error) {
 	if err != nil {
 		return Dispatched{}, fmt.Errorf("scheduler: bad dispatching member %q", m)
 	}
-	return Dispatched{Priority: p, TenantID: parts[1], TaskID: parts[2]}, nil
+	return Dispatched{Priority: p, TenantID: parts[1], TaskID: parts[2], EstimateMs: DefaultEstimateMs}, nil
 }
 
 // Why dispatch stopped.
@@ -255,28 +256,71 @@ var (
 	errBusy       = errors.New("scanned tenants were capped or empty")
 )
 
-// dispatchOne runs dispatchScript on one shard.
-func (s *Scheduler) dispatchOne(ctx context.Context, shard int) (Dispatched, error) {
-	keys := []string{
-		s.keys.Ready(shard), s.keys.Capped(shard), s.keys.Inflight(shard), s.keys.Dispatching(shard),
-		s.keys.VirtualTime(shard), s.keys.Workers(shard), s.keys.WorkerSlots(shard),
-	}
-	tag := strings.TrimSuffix(s.keys.Ready(shard), ":ready")
-	res, err := dispatchScript.Run(ctx, s.rdb, keys, s.nowArg(), s.prefetch, tag, 1, int(queueTTL.Seconds())).StringSlice()
+func (s *Scheduler) shardTag(shard int) string {
+	return strings.TrimSuffix(s.keys.Ready(shard), ":ready")
+}
+
+// dispatchOne runs dispatchScript on one shard. The caller holds a pool slot.
+func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64) (Dispatched, error) {
+	keys := []string{s.keys.Ready(shard), s.keys.Capped(shard), s.keys.Dispatching(shard), s.keys.VirtualTime(shard)}
+	res, err := dispatchScript.Run(ctx, s.rdb, keys, s.nowArg(), s.shardTag(shard), int(queueTTL.Seconds()),
+		DefaultEstimateMs, strconv.FormatFloat(globalVT, 'f', -1, 64)).StringSlice()
 	if err != nil {
 		return Dispatched{}, fmt.Errorf("scheduler: dispatch: %w", err)
 	}
 	switch res[0] {
 	case "ok":
 		prio, _ := strconv.Atoi(res[3])
-		return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio}, nil
-	case "no_capacity":
-		return Dispatched{}, errNoCapacity
+		est, _ := strconv.ParseInt(res[4], 10, 64)
+		return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio, EstimateMs: est}, nil
 	case "busy":
 		return Dispatched{}, errBusy
 	default:
 		return Dispatched{}, errEmpty
 	}
+}
+
+// reserveScript takes one slot of the live worker pool, if one is free.
+//
+// KEYS[1] workers   KEYS[2] worker slots   KEYS[3] pool inflight
+// ARGV[1] now ms or ""   ARGV[2] prefetch
+// Returns 1 if a slot was taken, 0 if the pool is full.
+var reserveScript = redis.NewScript(luaNow + `
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('HDEL', KEYS[2], unpack(dead))
+end
+local slots = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[2])) do slots = slots + tonumber(v) end
+if tonumber(redis.call('GET', KEYS[3]) or '0') >= slots + tonumber(ARGV[2]) then return 0 end
+redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], 86400)
+return 1
+`)
+
+// releaseScript gives a pool slot back (never below zero).
+//
+// KEYS[1] pool inflight
+var releaseScript = redis.NewScript(`
+if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then return redis.call('DECR', KEYS[1]) end
+return 0
+`)
+
+func (s *Scheduler) reserve(ctx context.Context) (bool, error) {
+	n, err := reserveScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots(), s.keys.PoolInflight()},
+		s.nowArg(), s.prefetch).Int()
+	if err != nil {
+		return false, fmt.Errorf("scheduler: reserve: %w", err)
+	}
+	return n == 1, nil
+}
+
+func (s *Scheduler) release(ctx context.Context) error {
+	if err := releaseScript.Run(ctx, s.rdb, []string{s.keys.PoolInflight()}).Err(); err != nil {
+		return fmt.Errorf("scheduler: release: %w", err)
+	}
+	return nil
 }
 
 // confirmScript records that asynq holds a dispatched task.
@@ -302,33 +346,54 @@ func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
 	return nil
 }
 
-// doneScript ends a dispatched task: frees its running slot and worker slot, and brings
-// a capped tenant back into the ready set.
+// doneScript ends a dispatched task: frees its running slot, corrects its tenant's
+// pass from the estimate to the worker time it really took, refines the estimate, and
+// brings a capped tenant back into the ready set. An idle tenant's state goes.
 //
 // KEYS[1] tenant running set   KEYS[2] inflight   KEYS[3] dispatching   KEYS[4] ready
 // KEYS[5] capped   KEYS[6] tenant queue   KEYS[7] tenant conf
 // ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] tenant   ARGV[4] dispatching member
-// Returns 1 if the task held a running slot.
+// ARGV[5] estimate charged (ms)   ARGV[6] worker time taken (ms, -1 if unknown)
+// Returns 1 if the task held a pool slot (the caller releases it), else 0.
 var doneScript = redis.NewScript(luaNow + `
 local held = redis.call('SREM', KEYS[1], ARGV[2])
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('ZREM', KEYS[3], ARGV[4])
-local pass = redis.call('ZSCORE', KEYS[5], ARGV[3])
+local counted = redis.call('ZREM', KEYS[2], ARGV[2]) + redis.call('ZREM', KEYS[3], ARGV[4])
+if held == 0 then return 0 end
+local tenant = ARGV[3]
+local took = tonumber(ARGV[6])
+if took >= 0 then
+  local c = redis.call('HMGET', KEYS[7], 'w', 'est')
+  local w = tonumber(c[1] or '1')
+  local delta = (took - tonumber(ARGV[5])) / w
+  if delta ~= 0 then
+    if redis.call('ZSCORE', KEYS[4], tenant) then redis.call('ZINCRBY', KEYS[4], delta, tenant)
+    elseif redis.call('ZSCORE', KEYS[5], tenant) then redis.call('ZINCRBY', KEYS[5], delta, tenant) end
+  end
+  local est = tonumber(c[2] or took)
+  redis.call('HSET', KEYS[7], 'est', math.floor(est * 0.8 + took * 0.2 + 0.5))
+end
+local pass = redis.call('ZSCORE', KEYS[5], tenant)
 if pass then
   local cap = tonumber(redis.call('HGET', KEYS[7], 'cap') or '0')
   if cap == 0 or redis.call('SCARD', KEYS[1]) < cap then
-    redis.call('ZREM', KEYS[5], ARGV[3])
+    redis.call('ZREM', KEYS[5], tenant)
     if redis.call('ZCARD', KEYS[6]) > 0 then
-      redis.call('ZADD', KEYS[4], pass, ARGV[3])
+      redis.call('ZADD', KEYS[4], pass, tenant)
     end
   end
 end
-return held
+if redis.call('SCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[6]) == 0
+   and not redis.call('ZSCORE', KEYS[4], tenant) and not redis.call('ZSCORE', KEYS[5], tenant) then
+  redis.call('DEL', KEYS[7]) -- idle: nothing of the tenant's stays in the scheduler
+end
+if counted > 0 then return 1 end
+return 0
 `)
 
-// Done releases a dispatched task's running and worker slots and wakes the
+// Done releases a dispatched task's running slot and pool slot, charges its tenant
+// the worker time it took (took < 0: unknown, keep the estimate), and wakes the
 // dispatchers. Calling it twice is harmless.
-func (s *Scheduler) Done(ctx context.Context, p wire.Payload) error {
+func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration) error {
 	shard := s.keys.Shard(p.TenantID)
 	prio := priorityOfBand(p.Band)
 	keys := []string{
@@ -336,8 +401,18 @@ func (s *Scheduler) Done(ctx context.Context, p wire.Payload) error {
 		s.keys.Capped(shard), s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID),
 	}
 	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: prio}
-	if err := doneScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID, p.TenantID, d.member()).Err(); err != nil {
+	tookMs := int64(-1)
+	if took >= 0 {
+		tookMs = took.Milliseconds()
+	}
+	held, err := doneScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID, p.TenantID, d.member(), p.EstimateMs, tookMs).Int()
+	if err != nil {
 		return fmt.Errorf("scheduler: done: %w", err)
+	}
+	if held == 1 {
+		if err := s.release(ctx); err != nil {
+			return err
+		}
 	}
 	s.wake(ctx)
 	return nil
@@ -362,45 +437,32 @@ func (s *Scheduler) Heartbeat(ctx context.Context, workerID string, concurrency 
 	if s.nowMs != nil {
 		now = s.nowMs()
 	}
-	for shard := range s.keys.Shards() {
-		pipe := s.rdb.TxPipeline()
-		pipe.ZAdd(ctx, s.keys.Workers(shard), redis.Z{Score: float64(now + ttl.Milliseconds()), Member: workerID})
-		pipe.HSet(ctx, s.keys.WorkerSlots(shard), workerID, slotsForShard(concurrency, shard, s.keys.Shards()))
-		pipe.Expire(ctx, s.keys.Workers(shard), 24*time.Hour)
-		pipe.Expire(ctx, s.keys.WorkerSlots(shard), 24*time.Hour)
-		if _, err := pipe.Exec(ctx); err != nil {
-			return fmt.Errorf("scheduler: heartbeat: %w", err)
-		}
+	pipe := s.rdb.TxPipeline()
+	pipe.ZAdd(ctx, s.keys.Workers(), redis.Z{Score: float64(now + ttl.Milliseconds()), Member: workerID})
+	pipe.HSet(ctx, s.keys.WorkerSlots(), workerID, concurrency)
+	pipe.Expire(ctx, s.keys.Workers(), 24*time.Hour)
+	pipe.Expire(ctx, s.keys.WorkerSlots(), 24*time.Hour)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("scheduler: heartbeat: %w", err)
 	}
 	return nil
 }
 
 // Deregister removes a worker at shutdown so dispatch stops counting its slots at once.
 func (s *Scheduler) Deregister(ctx context.Context, workerID string) error {
-	for shard := range s.keys.Shards() {
-		pipe := s.rdb.TxPipeline()
-		pipe.ZRem(ctx, s.keys.Workers(shard), workerID)
-		pipe.HDel(ctx, s.keys.WorkerSlots(shard), workerID)
-		if _, err := pipe.Exec(ctx); err != nil {
-			return fmt.Errorf("scheduler: deregister: %w", err)
-		}
+	pipe := s.rdb.TxPipeline()
+	pipe.ZRem(ctx, s.keys.Workers(), workerID)
+	pipe.HDel(ctx, s.keys.WorkerSlots(), workerID)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("scheduler: deregister: %w", err)
 	}
 	return nil
-}
-
-// slotsForShard splits a worker's slots across shards, each shard getting at least one.
-func slotsForShard(concurrency, shard, shards int) int {
-	n := concurrency / shards
-	if shard < concurrency%shards {
-		n++
-	}
-	return max(n, 1)
 }
 
 // NewAsynqTask builds the asynq task for a dispatched task. TaskID is the task id, so
 // a re-send after a crash is refused as a duplicate instead of running twice.
 func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
-	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority)})
+	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority), EstimateMs: d.EstimateMs})
 	if err != nil {
 		return nil, err
 	}
@@ -415,15 +477,36 @@ func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// Configure applies a tenant's new weight and running cap to its queued backlog at once.
-// A tenant with no scheduler state picks the values up at its next submission.
+// configureScript applies a tenant's new weight and running cap to its backlog.
+//
+// KEYS[1] tenant conf   KEYS[2] ready   KEYS[3] capped   KEYS[4] tenant running set
+// KEYS[5] tenant queue
+// ARGV[1] weight   ARGV[2] running cap   ARGV[3] tenant
+var configureScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'w', ARGV[1], 'cap', ARGV[2])
+local cap, tenant = tonumber(ARGV[2]), ARGV[3]
+local pass = redis.call('ZSCORE', KEYS[3], tenant)
+if pass and (cap == 0 or redis.call('SCARD', KEYS[4]) < cap) and redis.call('ZCARD', KEYS[5]) > 0 then
+  redis.call('ZREM', KEYS[3], tenant)
+  redis.call('ZADD', KEYS[2], pass, tenant)
+end
+return 1
+`)
+
+// Configure applies a tenant's new weight and running cap to its queued backlog at
+// once: a raised cap frees a capped tenant now; a lowered one binds at its next
+// dispatch. A tenant with no scheduler state picks the values up at its next
+// submission.
 func (s *Scheduler) Configure(ctx context.Context, tenantID string, weight, runningCap int) error {
-	key := s.keys.TenantConf(tenantID)
-	n, err := s.rdb.Exists(ctx, key).Result()
-	if err != nil || n == 0 {
-		return err
+	shard := s.keys.Shard(tenantID)
+	keys := []string{s.keys.TenantConf(tenantID), s.keys.Ready(shard), s.keys.Capped(shard),
+		s.keys.TenantRunning(tenantID), s.keys.TenantQueue(tenantID)}
+	err := configureScript.Run(ctx, s.rdb, keys, max(weight, 1), max(runningCap, 0), tenantID).Err()
+	if err == nil {
+		s.wake(ctx)
 	}
-	return s.rdb.HSet(ctx, key, "w", max(weight, 1), "cap", max(runningCap, 0)).Err()
+	return err
 }
 
 // Running is the number of the tenant's tasks dispatched and not finished.

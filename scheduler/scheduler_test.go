@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,8 +29,12 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, slots, prefetch int) *fixture {
+	return newShardedFixture(t, slots, prefetch, 1)
+}
+
+func newShardedFixture(t *testing.T, slots, prefetch, shards int) *fixture {
 	t.Parallel()
-	rdb, keys := testenv.Redis(t, 1)
+	rdb, keys := testenv.Redis(t, shards)
 	f := &fixture{t: t, rdb: rdb, keys: keys, clock: 1_800_000_000_000, base: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
 	f.s = New(rdb, keys, Options{Prefetch: prefetch, NowMs: f.now})
 	if slots > 0 {
@@ -61,8 +66,21 @@ func (f *fixture) enqueue(tenant string, priority, weight, cap int) uuid.UUID {
 	return id
 }
 
+// dispatch is one dispatcher step on shard 0: take a pool slot, pop a task.
 func (f *fixture) dispatch() (Dispatched, error) {
-	return f.s.dispatchOne(context.Background(), 0)
+	ctx := context.Background()
+	ok, err := f.s.reserve(ctx)
+	if err != nil {
+		return Dispatched{}, err
+	}
+	if !ok {
+		return Dispatched{}, errNoCapacity
+	}
+	d, err := f.s.dispatchOne(ctx, 0, 0)
+	if err != nil {
+		_ = f.s.release(ctx)
+	}
+	return d, err
 }
 
 func (f *fixture) mustDispatch() Dispatched {
@@ -77,9 +95,13 @@ func (f *fixture) mustDispatch() Dispatched {
 	return d
 }
 
-func (f *fixture) done(d Dispatched) {
+func (f *fixture) done(d Dispatched) { f.doneTook(d, -1) }
+
+// doneTook completes a task that took took of worker time (-1: unknown).
+func (f *fixture) doneTook(d Dispatched, took time.Duration) {
 	f.t.Helper()
-	if err := f.s.Done(context.Background(), wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority)}); err != nil {
+	p := wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority), EstimateMs: d.EstimateMs}
+	if err := f.s.Done(context.Background(), p, took); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -353,6 +375,12 @@ func TestDoneIsIdempotentAndConfirmAfterDoneLeaksNothing(t *testing.T) {
 			t.Errorf("%s holds %d after done", name, n)
 		}
 	}
+	if n, _ := f.rdb.Get(ctx, f.keys.PoolInflight()).Int(); n != 0 {
+		t.Errorf("the pool counts %d tasks in flight after done, want 0 (released exactly once)", n)
+	}
+	if f.rdb.Exists(ctx, f.keys.TenantConf("a")).Val() != 0 {
+		t.Error("an idle tenant's scheduler state stayed")
+	}
 	if n := f.rdb.SCard(ctx, f.keys.TenantRunning("a")).Val(); n != 0 {
 		t.Errorf("running set holds %d after done", n)
 	}
@@ -376,10 +404,85 @@ func TestEveryKeyExpires(t *testing.T) {
 			// ready/capped/inflight/dispatching are bounded by the number of tenants and
 			// worker slots; they empty as work drains.
 			switch k {
-			case f.keys.Ready(0), f.keys.Capped(0), f.keys.Inflight(0), f.keys.Dispatching(0):
+			case f.keys.Ready(0), f.keys.Capped(0), f.keys.Inflight(0), f.keys.Dispatching(0), f.keys.PoolInflight():
 				continue
 			}
 			t.Errorf("key %s has no TTL", k)
 		}
 	}
+}
+
+func TestWorkerTimeCorrection(t *testing.T) {
+	f := newFixture(t, 1000, 0)
+	for range 200 {
+		f.enqueue("slow", 5, 1, 0)
+		f.enqueue("fast", 5, 1, 0)
+	}
+	took := map[string]time.Duration{"slow": 300 * time.Millisecond, "fast": 100 * time.Millisecond}
+	spent := map[string]time.Duration{}
+	for range 120 {
+		d := f.mustDispatch()
+		spent[d.TenantID] += took[d.TenantID]
+		f.doneTook(d, took[d.TenantID])
+	}
+	share := float64(spent["slow"]) / float64(spent["slow"]+spent["fast"])
+	if share < 0.45 || share > 0.55 {
+		t.Fatalf("equal weights, 3x longer tasks: slow tenant got %.2f of worker time (%v), want 0.5", share, spent)
+	}
+}
+
+func TestConfigureAppliesToTheBacklog(t *testing.T) {
+	f := newFixture(t, 1000, 0)
+	f.enqueue("a", 5, 1, 1)
+	f.enqueue("a", 5, 1, 1)
+	f.mustDispatch()
+	if _, err := f.dispatch(); err != errEmpty {
+		t.Fatalf("capped tenant dispatched: %v", err)
+	}
+	if err := f.s.Configure(context.Background(), "a", 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.mustDispatch(); d.TenantID != "a" {
+		t.Fatalf("raising the cap did not free the backlog: %v", d)
+	}
+}
+
+func TestShardsShareOneVirtualTimeAndThePool(t *testing.T) {
+	f := newShardedFixture(t, 70, 0, 16)
+	names := []string{"w1", "w2", "w4"}
+	if a, b, c := f.keys.Shard(names[0]), f.keys.Shard(names[1]), f.keys.Shard(names[2]); a == b || b == c || a == c {
+		t.Fatalf("the test's tenants share a shard (%d %d %d): pick other names", a, b, c)
+	}
+	for range 100 {
+		f.enqueue("w1", 5, 1, 0)
+		f.enqueue("w2", 5, 2, 0)
+		f.enqueue("w4", 5, 4, 0)
+	}
+	enq := &recordingEnqueuer{}
+	d := NewDispatcher(f.s, f.rdb, enq, DispatcherOptions{})
+	n, err := d.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 70 {
+		t.Fatalf("dispatched %d with a 70-slot pool across 16 shards, want 70", n)
+	}
+	counts := map[string]int{}
+	for _, p := range enq.tasks {
+		for _, name := range names {
+			if strings.Contains(p, `"tenant_id":"`+name+`"`) {
+				counts[name]++
+			}
+		}
+	}
+	if abs(counts["w1"]-10) > 1 || abs(counts["w2"]-20) > 1 || abs(counts["w4"]-40) > 1 {
+		t.Fatalf("weights 1:2:4 over 16 shards dispatched %v, want about 10/20/40", counts)
+	}
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
 }

@@ -74,11 +74,19 @@ func (k Keys) Inflight(shard int) string { return k.tag(shard) + ":inflight" }
 // not yet confirmed in asynq, scored by pop time (ms).
 func (k Keys) Dispatching(shard int) string { return k.tag(shard) + ":dispatching" }
 
-// Workers is the shard's ZSET of live worker ids scored by heartbeat expiry (ms).
-func (k Keys) Workers(shard int) string { return k.tag(shard) + ":workers" }
+// globalTag is the hash tag of the few keys shared by all shards: the worker pool's
+// capacity. Scripts touch them apart from any shard's keys, so each stays single-slot.
+func (k Keys) globalTag() string { return k.prefix + "{g}" }
 
-// WorkerSlots is the shard's HASH of worker id → concurrency.
-func (k Keys) WorkerSlots(shard int) string { return k.tag(shard) + ":wslots" }
+// Workers is the ZSET of live worker ids scored by heartbeat expiry (ms).
+func (k Keys) Workers() string { return k.globalTag() + ":workers" }
+
+// WorkerSlots is the HASH of worker id → concurrency.
+func (k Keys) WorkerSlots() string { return k.globalTag() + ":wslots" }
+
+// PoolInflight is the STRING counting tasks handed to the worker pool (dispatching or
+// in asynq) and not finished, across shards: the backpressure gate.
+func (k Keys) PoolInflight() string { return k.globalTag() + ":inflight" }
 
 // WakeChannel is the pub/sub channel that wakes dispatchers (admissions, completions).
 func (k Keys) WakeChannel() string { return k.prefix + "wake" }

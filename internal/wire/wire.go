@@ -11,4 +11,7 @@ type Payload struct {
 	TaskID   string `json:"task_id"`
 	TenantID string `json:"tenant_id"`
 	Band     string `json:"band"`
+	// EstimateMs is the worker time its tenant's pass was charged at dispatch; the
+	// completion corrects the charge to the time the task really took.
+	EstimateMs int64 `json:"estimate_ms"`
 }
