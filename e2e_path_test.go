@@ -481,3 +481,45 @@ func TestTenantAdmin(t *testing.T) {
 	}
 	_ = fmt.Sprint()
 }
+
+func TestWaitReasons(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 1; o.Config.Prefetch = 0 })
+	ctx := context.Background()
+	capped, _ := h.tenantClient("capped", "pro", map[string]float64{"running": 1})
+	other, _ := h.tenantClient("other", "pro", nil)
+	long, _ := capped.SubmitTask(ctx, sim(20, 100))
+	waitState(t, capped, long.ID, "running", 10*time.Second)
+	behind, _ := capped.SubmitTask(ctx, sim(1, 1))
+	starved, _ := other.SubmitTask(ctx, sim(1, 1))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a, _ := capped.GetTask(ctx, behind.ID)
+		b, _ := other.GetTask(ctx, starved.ID)
+		if a.WaitReason != nil && *a.WaitReason == "tenant_running_cap" && b.WaitReason != nil && *b.WaitReason == "no_worker_capacity" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wait reasons %v and %v, want tenant_running_cap and no_worker_capacity", deref(a.WaitReason), deref(b.WaitReason))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	l, _ := other.ListTasks(ctx, client.ListTasksParams{State: "queued"})
+	if len(l.Tasks) != 1 || deref(l.Tasks[0].WaitReason) != "no_worker_capacity" {
+		t.Fatalf("list: %+v", l.Tasks)
+	}
+	if _, err := capped.CancelTask(ctx, long.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := waitState(t, other, starved.ID, "completed", 10*time.Second)
+	if done.WaitReason != nil {
+		t.Fatalf("a finished task reports wait_reason %q", *done.WaitReason)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}

@@ -542,3 +542,35 @@ func (s *Scheduler) Missing(ctx context.Context, qs []Queued) ([]Queued, error) 
 	}
 	return out, nil
 }
+
+// Reasons a queued task waits (DESIGN.md section 5).
+const (
+	WaitBehindFairShare  = "behind_fair_share"
+	WaitTenantRunningCap = "tenant_running_cap"
+	WaitNoWorkerCapacity = "no_worker_capacity"
+)
+
+// WaitReason says why a tenant's queued tasks wait: the tenant is at its running cap,
+// the worker pool is full, or other tenants are ahead in fair order (or dispatch is
+// about to reach it).
+func (s *Scheduler) WaitReason(ctx context.Context, tenantID string) (string, error) {
+	pipe := s.rdb.Pipeline()
+	capped := pipe.ZScore(ctx, s.keys.Capped(s.keys.Shard(tenantID)), tenantID)
+	inflight := pipe.Get(ctx, s.keys.PoolInflight())
+	slots := pipe.HVals(ctx, s.keys.WorkerSlots())
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("scheduler: wait reason: %w", err)
+	}
+	if capped.Err() == nil {
+		return WaitTenantRunningCap, nil
+	}
+	total := s.prefetch
+	for _, v := range slots.Val() {
+		n, _ := strconv.Atoi(v)
+		total += n
+	}
+	if n, _ := inflight.Int(); n >= total {
+		return WaitNoWorkerCapacity, nil
+	}
+	return WaitBehindFairShare, nil
+}

@@ -486,3 +486,28 @@ func abs(n int) int {
 	}
 	return n
 }
+
+func TestWaitReason(t *testing.T) {
+	f := newFixture(t, 1, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 1, 0)
+	if r, _ := f.s.WaitReason(ctx, "a"); r != WaitBehindFairShare {
+		t.Fatalf("with a free slot: %s", r)
+	}
+	f.mustDispatch()
+	f.enqueue("a", 5, 1, 0)
+	if r, _ := f.s.WaitReason(ctx, "a"); r != WaitNoWorkerCapacity {
+		t.Fatalf("with the pool full: %s", r)
+	}
+	f.enqueue("c", 5, 1, 1)
+	f.enqueue("c", 5, 1, 1)
+	_ = f.s.Heartbeat(ctx, "w2", 10, time.Hour)
+	f.mustDispatch() // a's second
+	f.mustDispatch() // c's first; c is now at its cap
+	if _, err := f.dispatch(); err != errEmpty {
+		t.Fatalf("dispatch: %v", err)
+	}
+	if r, _ := f.s.WaitReason(ctx, "c"); r != WaitTenantRunningCap {
+		t.Fatalf("at its cap: %s", r)
+	}
+}

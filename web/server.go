@@ -33,6 +33,7 @@ type Queue interface {
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Configure(ctx context.Context, tenantID string, weight, runningCap int) error
 	Running(ctx context.Context, tenantID string) (int64, error)
+	WaitReason(ctx context.Context, tenantID string) (string, error)
 }
 
 // Agents is what the API needs of the runtime's agent registry.

@@ -335,7 +335,28 @@ func (s *Server) getTask(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, taskJSON(t))
+	out := taskJSON(t)
+	s.fillWaitReasons(c.Request().Context(), []*TaskJSON{&out})
+	return c.JSON(http.StatusOK, out)
+}
+
+// fillWaitReasons says why queued tasks wait (one Redis round trip per tenant). A
+// failure leaves wait_reason null rather than failing the read.
+func (s *Server) fillWaitReasons(ctx context.Context, tasks []*TaskJSON) {
+	reasons := map[string]*string{}
+	for _, t := range tasks {
+		if t.State != store.StateQueued {
+			continue
+		}
+		r, ok := reasons[t.TenantID]
+		if !ok {
+			if why, err := s.Queue.WaitReason(ctx, t.TenantID); err == nil {
+				r = &why
+			}
+			reasons[t.TenantID] = r
+		}
+		t.WaitReason = r
+	}
 }
 
 // TaskList is a page of tasks.
@@ -386,9 +407,14 @@ func (s *Server) listTasks(c echo.Context) error {
 		next := rows[len(rows)-1].ID.String()
 		out.NextCursor = &next
 	}
+	ptrs := make([]*TaskJSON, 0, len(rows))
 	for _, t := range rows {
 		out.Tasks = append(out.Tasks, taskJSON(t))
 	}
+	for i := range out.Tasks {
+		ptrs = append(ptrs, &out.Tasks[i])
+	}
+	s.fillWaitReasons(c.Request().Context(), ptrs)
 	return c.JSON(http.StatusOK, out)
 }
 
