@@ -41,7 +41,8 @@ type Options struct {
 	Agents *runtime.Registry
 	// DispatchFallback is the dispatcher's timer between wake-ups (default 1s).
 	DispatchFallback time.Duration
-	// TaskCheckInterval is how often idle asynq workers look for work (default 20ms).
+	// TaskCheckInterval is how often idle asynq workers look for work (default 10ms:
+	// asynq's 1 s would add up to a second to every dispatch into an idle pool).
 	TaskCheckInterval time.Duration
 	// RecoveryEvery is the interval of the sweep that re-pushes queued tasks missing
 	// from Redis (default 30s).
@@ -129,7 +130,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	tci := o.TaskCheckInterval
 	if tci <= 0 {
-		tci = 20 * time.Millisecond
+		tci = 10 * time.Millisecond
 	}
 	a.Worker = runtime.NewWorker(a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),

@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/scheduler"
 )
 
 func (h *harness) adminClient() *client.Admin { return client.NewAdmin(h.base, h.admin) }
@@ -522,4 +525,50 @@ func deref(s *string) string {
 		return "<nil>"
 	}
 	return *s
+}
+
+// asynq never holds more than the live pool's capacity plus the prefetch, however
+// deep the tenants' backlogs: it stays a short hand-off, not a FIFO that would undo
+// the fair order.
+func TestAsynqStaysShort(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 2; o.Config.Prefetch = 1 })
+	ctx := context.Background()
+	a, _ := h.tenantClient("a", "pro", nil)
+	b, _ := h.tenantClient("b", "pro", nil)
+	var last *client.Task
+	for range 15 {
+		if _, err := a.SubmitTask(ctx, sim(1, 30)); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if last, err = b.SubmitTask(ctx, sim(1, 30)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insp := asynq.NewInspectorFromRedisClient(h.app.Redis)
+	maxHeld := 0
+	for {
+		held := 0
+		for band := range scheduler.Bands {
+			if qi, err := insp.GetQueueInfo(h.app.Keys.AsynqQueue(band)); err == nil {
+				held += qi.Pending + qi.Active + qi.Scheduled + qi.Retry
+			}
+		}
+		maxHeld = max(maxHeld, held)
+		got, err := b.GetTask(ctx, last.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Terminal() {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if maxHeld > 3 {
+		t.Fatalf("asynq held %d tasks at once with 2 worker slots and prefetch 1, want <= 3", maxHeld)
+	}
+	if maxHeld == 0 {
+		t.Fatal("never saw a task in asynq: the test measured nothing")
+	}
 }

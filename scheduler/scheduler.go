@@ -574,3 +574,44 @@ func (s *Scheduler) WaitReason(ctx context.Context, tenantID string) (string, er
 	}
 	return WaitBehindFairShare, nil
 }
+
+// EnqueueInPipeline queues the enqueue script of p on pipe without waking the
+// dispatchers (bulk loads and benchmarks; call Enqueue for single tasks).
+func EnqueueInPipeline(ctx context.Context, pipe redis.Pipeliner, keys rkeys.Keys, p EnqueueParams) {
+	shard := keys.Shard(p.TenantID)
+	ks := []string{
+		keys.TenantQueue(p.TenantID), keys.TenantConf(p.TenantID), keys.Ready(shard),
+		keys.Capped(shard), keys.VirtualTime(shard), keys.TenantRunning(p.TenantID),
+	}
+	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
+	enqueueScript.Run(ctx, pipe, ks, "", p.TaskID.String(), score, max(p.Weight, 1),
+		max(p.RunningCap, 0), int(queueTTL.Seconds()), p.TenantID)
+}
+
+// Take performs one dispatch as a dispatcher would — pool slot, fair pick, confirm —
+// but returns the task instead of handing it to asynq (benchmarks, tools). Finish it
+// with Done.
+func (s *Scheduler) Take(ctx context.Context) (wire.Payload, error) {
+	ok, err := s.reserve(ctx)
+	if err != nil {
+		return wire.Payload{}, err
+	}
+	if !ok {
+		return wire.Payload{}, errNoCapacity
+	}
+	for shard := range s.keys.Shards() {
+		d, err := s.dispatchOne(ctx, shard, 0)
+		if err == nil {
+			if err := s.confirm(ctx, d); err != nil {
+				return wire.Payload{}, err
+			}
+			return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority), EstimateMs: d.EstimateMs}, nil
+		}
+		if !errors.Is(err, errEmpty) && !errors.Is(err, errBusy) {
+			_ = s.release(ctx)
+			return wire.Payload{}, err
+		}
+	}
+	_ = s.release(ctx)
+	return wire.Payload{}, errEmpty
+}

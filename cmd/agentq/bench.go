@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/quotas"
@@ -45,8 +46,35 @@ func benchCmd() *cobra.Command {
 	admission.Flags().IntVar(&concurrency, "concurrency", 32, "concurrent clients")
 	admission.Flags().DurationVar(&duration, "duration", 4*time.Second, "length of each measured phase")
 	admission.Flags().IntVar(&tenants, "tenants", 100, "tenants the load spreads over")
+	var light time.Duration
+	var heavy, weightTasks, workers int
+	fairness := &cobra.Command{
+		Use:   "fairness",
+		Short: "Noisy neighbour, weights, shards and scale of the fair scheduler (DATABASE_URL and REDIS_URL)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.FromEnv()
+			if err != nil {
+				return err
+			}
+			res, err := agentq.RunFairnessBench(cmd.Context(), agentq.FairnessBenchOptions{
+				DatabaseURL: cfg.DatabaseURL, RedisURL: cfg.RedisURL, Concurrency: workers, Light: light,
+				HeavyTasks: heavy, WeightTasks: weightTasks, Progress: os.Stderr,
+			})
+			if err != nil {
+				return err
+			}
+			return printBench(asJSON, res, fmt.Sprintf(
+				"light p99 wait %.0f ms (alone %.0f ms, plain asynq FIFO %.0f ms); weighted share error %.3f (16 shards %.3f), Jain %.4f; dispatch %.0f µs/task at 10 tenants, %.0f at 10k",
+				res.LightP99WaitMs, res.LightP99WaitUncontendedMs, res.FIFOLightP99WaitMs, res.WeightedShareMaxError,
+				res.WeightedShareMaxError16, res.JainIndex, res.DispatchUsPerTask10, res.DispatchUsPerTask10k))
+		},
+	}
+	fairness.Flags().DurationVar(&light, "light", 20*time.Second, "how long the light tenants submit")
+	fairness.Flags().IntVar(&heavy, "heavy-tasks", 10000, "the heavy tenant's backlog")
+	fairness.Flags().IntVar(&weightTasks, "weight-tasks", 2000, "tasks per tenant in the weights scenario")
+	fairness.Flags().IntVar(&workers, "workers", 20, "worker concurrency")
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
-	cmd.AddCommand(admission)
+	cmd.AddCommand(admission, fairness)
 	return cmd
 }
 

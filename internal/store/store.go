@@ -575,3 +575,42 @@ func (s *Store) ListQueued(ctx context.Context, p ListQueuedParams) ([]QueuedTas
 	}
 	return out, rows.Err()
 }
+
+// BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and
+// imports). Idempotency keys are not supported here.
+func (s *Store) BulkInsertQueued(ctx context.Context, ps []InsertTaskParams) (int64, error) {
+	rows := make([][]any, len(ps))
+	for i, p := range ps {
+		rows[i] = []any{p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, p.RequestHash}
+	}
+	return s.pool.CopyFrom(ctx, pgx.Identifier{"tasks"},
+		[]string{"id", "tenant_id", "kid", "agent", "user_id", "input", "budget", "priority", "request_hash"},
+		pgx.CopyFromRows(rows))
+}
+
+// TaskTiming is when a task was admitted, started and finished.
+type TaskTiming struct {
+	ID         uuid.UUID
+	TenantID   string
+	CreatedAt  time.Time
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+}
+
+// TaskTimings returns the timings of every task of the given tenants.
+func (s *Store) TaskTimings(ctx context.Context, tenants []string) ([]TaskTiming, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, tenant_id, created_at, started_at, finished_at FROM tasks WHERE tenant_id = ANY($1)`, tenants)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []TaskTiming
+	for rows.Next() {
+		var t TaskTiming
+		if err := rows.Scan(&t.ID, &t.TenantID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
