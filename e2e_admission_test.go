@@ -420,3 +420,34 @@ func TestDegradedModeWhenRedisIsDown(t *testing.T) {
 		t.Fatalf("%d tasks stored, %d accepted", n, n202)
 	}
 }
+
+func TestPlanChangesApplyOnTheNextRequestOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.start(t)
+	b := e.start(t, func(o *agentq.Options) { o.Config.Roles = []string{config.RoleAPI} })
+	key := a.tenantWith("pc", "pro", map[string]float64{"tenant_rate": 1, "tenant_rate_burst": 1}, nil)
+	body := `{"agent":"sim","input":{"steps":1,"step_ms":1}}`
+	if st, _ := b.do("POST", "/v1/tasks", key, body, nil); st != 202 {
+		t.Fatalf("first: %d", st)
+	}
+	if st, _ := b.do("POST", "/v1/tasks", key, body, nil); st != 429 {
+		t.Fatalf("second within the second: %d, want 429", st)
+	}
+	ov := maps.Clone(generous)
+	ov["tenant_rate"], ov["tenant_rate_burst"] = 100, 100
+	if st, _ := a.do("PATCH", "/v1/admin/tenants/pc", a.admin, map[string]any{"overrides": ov}, nil); st != 200 {
+		t.Fatalf("patch: %d", st)
+	}
+	deadline := time.Now().Add(time.Second)
+	for {
+		st, hd := b.do("POST", "/v1/tasks", key, body, nil)
+		if st == 202 && strings.Contains(hd.Get("RateLimit-Policy"), `"tenant";q=100`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a second after the override, replica B still answers %d with %q", st, hd.Get("RateLimit-Policy"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -131,3 +131,18 @@ func TestBadInputIsRejectedAndWritesNothing(t *testing.T) {
 		t.Errorf("a rejected tenant creation wrote tenant x: %d", st)
 	}
 }
+
+func TestOverridesCannotDisableKeyLimitsAlone(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	var eb errBody
+	if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, `{"id":"k0","plan":"pro","overrides":{"key_rate":0}}`, &eb); st != 400 || eb.Error.Code != "INVALID_REQUEST" {
+		t.Fatalf("create with key_rate 0: %d %s", st, eb.Error.Code)
+	}
+	if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, `{"id":"k0","plan":"pro","overrides":{"key_rate":0,"tenant_rate":0}}`, nil); st != 201 {
+		t.Fatalf("both off: %d", st)
+	}
+	if st, _ := h.do("PATCH", "/v1/admin/tenants/k0", h.admin, `{"overrides":{"key_rate":0}}`, &eb); st != 400 {
+		t.Fatalf("patch back to tenant limits on with key limits off: %d", st)
+	}
+}

@@ -29,8 +29,8 @@ type Limits struct {
 	USDMonthlyMicro             int64
 }
 
-// burstOr returns the "<name>_burst" value, defaulting to 2× the rate for tenant_rate
-// (DESIGN.md section 3) and to the rate itself elsewhere.
+// burstOr returns the "<name>_burst" value, or factor × the rate (at least 1) when
+// none is set.
 func burstOr(m map[string]float64, name string, rate, factor float64) float64 {
 	if b, ok := m[name+"_burst"]; ok && b > 0 {
 		return b
@@ -68,8 +68,8 @@ const LongRunningThreshold = 5 * time.Minute
 // state without bound.
 const MaxUsersPerTenant = 1000
 
-// leaseTTL bounds a session lease whose task is never released (a crash); the janitor
-// releases leases of ended tasks long before.
+// leaseTTL bounds a session lease whose task is never released (a crash before the
+// release); admission also drops expired leases when a tenant reaches its limit.
 const leaseTTL = 6 * time.Hour
 
 // Quotas checks and takes limits in Redis.

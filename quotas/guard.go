@@ -21,8 +21,7 @@ var ErrUnavailable = errors.New("quotas: limit store unavailable")
 // Guard runs admissions against Redis with a short timeout and degrades when Redis is
 // unreachable or slow: rate buckets fall back to in-process buckets at limit ÷ live
 // API replicas, money/token/step quotas fail closed (ErrUnavailable), and session and
-// backlog counts are not enforced (the janitor re-adds missing leases when Redis is
-// back). After a failure Redis is skipped for a short cool-down, so a dead Redis costs
+// backlog counts are not enforced while Redis is away. After a failure Redis is skipped for a short cool-down, so a dead Redis costs
 // no timeout per request.
 type Guard struct {
 	q        *Quotas
@@ -38,6 +37,41 @@ type Guard struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
+	later  []lease // releases to retry once Redis answers again
+}
+
+type lease struct{ tenant, task string }
+
+// maxPendingReleases bounds the retry list; beyond it leases expire with their TTL.
+const maxPendingReleases = 10000
+
+// ReleaseLater frees a lease that a timed-out admission may have taken in Redis after
+// all, for a request that was then refused (503): it is retried on every heartbeat
+// until Redis answers, so a slow Redis cannot leak session slots.
+func (g *Guard) ReleaseLater(tenantID, taskID string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.later) < maxPendingReleases {
+		g.later = append(g.later, lease{tenantID, taskID})
+	}
+}
+
+func (g *Guard) retryReleases(ctx context.Context) {
+	g.mu.Lock()
+	todo := g.later
+	g.later = nil
+	g.mu.Unlock()
+	for i, l := range todo {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := g.q.Release(cctx, l.tenant, l.task)
+		cancel()
+		if err != nil {
+			g.mu.Lock()
+			g.later = append(g.later, todo[i:]...)
+			g.mu.Unlock()
+			return
+		}
+	}
 }
 
 // GuardOptions configure a Guard.
@@ -96,12 +130,13 @@ func (g *Guard) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 	return g.degraded(p)
 }
 
-// Release frees a task's leases; failures are logged (the janitor reconciles leases).
+// Release frees a task's leases; a failure is logged and the lease expires with its
+// TTL.
 func (g *Guard) Release(ctx context.Context, tenantID, taskID string) {
 	cctx, cancel := context.WithTimeout(ctx, max(g.timeout, time.Second))
 	defer cancel()
 	if _, err := g.q.Release(cctx, tenantID, taskID); err != nil {
-		g.log.Warn("releasing session lease failed; the janitor will", "task_id", taskID, "err", err)
+		g.log.Warn("releasing session lease failed; it expires with its TTL", "task_id", taskID, "err", err)
 	}
 }
 
@@ -188,6 +223,7 @@ func (g *Guard) Start(ctx context.Context) {
 		defer t.Stop()
 		for {
 			g.heartbeat(ctx)
+			g.retryReleases(ctx)
 			select {
 			case <-ctx.Done():
 				return

@@ -238,7 +238,7 @@ func (w *Worker) releaseLease(tenantID, taskID string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := w.limits.Release(ctx, tenantID, taskID); err != nil {
-		w.log.Warn("releasing session lease failed; the janitor will", "task_id", taskID, "err", err)
+		w.log.Warn("releasing session lease failed; it expires with the lease TTL (6 h) until lease reconciliation lands", "task_id", taskID, "err", err)
 	}
 }
 
@@ -384,13 +384,13 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			finish(store.StateFailed, "internal error: could not record step", nil)
 			return false
 		}
+		if !ok {
+			return false // cancelled between the step and its record: not recorded anywhere
+		}
 		if err := w.limits.RecordStep(ctx, quotas.RecordStepParams{
 			TenantID: task.TenantID, Tokens: res.Usage.Tokens, CostMicro: costMicro, Period: period,
 		}); err != nil {
-			log.Warn("counting the step against the tenant's quotas failed; the janitor recounts from Postgres", "err", err)
-		}
-		if !ok {
-			return false // cancelled between the step and its record
+			log.Warn("counting the step against the tenant's quotas failed: the Redis counters under-count this step", "err", err)
 		}
 		task.Usage.Steps, task.Usage.Tokens, task.Usage.CostMicroUSD = step, task.Usage.Tokens+res.Usage.Tokens, task.Usage.CostMicroUSD+costMicro
 		state = res.State

@@ -51,8 +51,8 @@ const (
 	// Queue scores count milliseconds from 2025-01-01 so they stay well inside a
 	// float64's exact integer range: (9·1e13 + a few centuries of ms) < 2^53.
 	scoreEpochMs = 1735689600000
-	// ttls bound every key: state of an idle tenant expires on its own; the janitor
-	// re-pushes from Postgres anything that outlives them.
+	// ttls bound every key: state of an idle tenant expires on its own; the recovery
+	// sweep re-pushes from Postgres any queued task that outlives them.
 	queueTTL = 7 * 24 * time.Hour
 )
 
@@ -469,7 +469,9 @@ func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
 	return asynq.NewTask(wire.TaskType, body,
 		asynq.TaskID(d.TaskID),
 		asynq.Queue(keys.AsynqQueue(BandOf(d.Priority))),
-		asynq.MaxRetry(3),
+		// Retries are for infrastructure errors and for redeliveries after a worker
+		// died (each counts as one); business outcomes end the task in Postgres.
+		asynq.MaxRetry(10),
 		// agentq enforces each task's own wallclock budget; asynq's timeout is a backstop.
 		asynq.Timeout(2*time.Hour),
 	), nil

@@ -64,6 +64,20 @@ func (s *Server) validateTenantFields(r TenantRequest) error {
 	return nil
 }
 
+// checkKeyLimits refuses limits that turn key limits off while the tenant limit is on:
+// one unlimited key could then spend the whole tenant's bucket.
+func (s *Server) checkKeyLimits(plan string, overrides map[string]float64) error {
+	eff, err := s.Plans.Effective(plan, overrides)
+	if err != nil {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%v.", err)
+	}
+	if eff[quotas.KeyRate] == 0 && eff[quotas.TenantRate] > 0 {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest,
+			"overrides: key_rate 0 disables key limits while tenant_rate is on; set tenant_rate to 0 too, or keep a key_rate.")
+	}
+	return nil
+}
+
 func (s *Server) createTenant(c echo.Context) error {
 	body, err := readBody(c)
 	if err != nil {
@@ -83,6 +97,9 @@ func (s *Server) createTenant(c echo.Context) error {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "status is set with PATCH, not at creation.")
 	}
 	if err := s.validateTenantFields(r); err != nil {
+		return err
+	}
+	if err := s.checkKeyLimits(*r.Plan, r.Overrides); err != nil {
 		return err
 	}
 	name := *r.ID
@@ -140,6 +157,25 @@ func (s *Server) updateTenant(c echo.Context) error {
 	}
 	if err := s.validateTenantFields(r); err != nil {
 		return err
+	}
+	if r.Plan != nil || r.Overrides != nil {
+		cur, err := s.Store.GetTenant(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", id)
+		}
+		if err != nil {
+			return err
+		}
+		plan, ov := cur.Plan, cur.Overrides
+		if r.Plan != nil {
+			plan = *r.Plan
+		}
+		if r.Overrides != nil {
+			ov = r.Overrides
+		}
+		if err := s.checkKeyLimits(plan, ov); err != nil {
+			return err
+		}
 	}
 	t, err := s.Store.UpdateTenant(ctx, store.UpdateTenantParams{
 		ID: id, Name: r.Name, Plan: r.Plan, Weight: r.Weight, Overrides: r.Overrides, Status: r.Status,

@@ -197,6 +197,9 @@ func (s *Server) submitTask(c echo.Context) error {
 		LongRunning: budget.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
 	})
 	if err != nil {
+		// A call that timed out may still have taken a lease in Redis; nothing will
+		// be stored for this id, so give it back once Redis answers.
+		s.Admission.ReleaseLater(tenant.ID, id.String())
 		return admissionFailure(err)
 	}
 	setRateHeaders(c.Response().Header(), d, now)

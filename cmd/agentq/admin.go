@@ -13,6 +13,8 @@ import (
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/pg"
+	"github.com/agentq/agentq/internal/redisx"
+	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
@@ -148,11 +150,27 @@ func adminCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withStore(cmd.Context(), func(st *store.Store, _ *quotas.Catalogue) error {
-				if err := st.RevokeKey(cmd.Context(), args[0]); err != nil {
+				ctx := cmd.Context()
+				k, err := st.GetKey(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if err := st.RevokeKey(ctx, args[0]); err != nil {
 					return err
 				}
 				fmt.Println("revoked", args[0])
-				return nil
+				// Tell running servers at once and drop the key's limit state, as the admin
+				// API does; without Redis, servers still stop honouring it within a second.
+				cfg, _ := config.FromEnv()
+				rdb, err := redisx.Connect(ctx, cfg.RedisURL)
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "note: Redis unreachable; the key's limit state expires on its own:", err)
+					return nil
+				}
+				defer rdb.Close()
+				keys := rkeys.New(cfg.RedisPrefix, cfg.Shards)
+				_ = rdb.Publish(ctx, keys.KeysChangedChannel(), "k:"+args[0]).Err()
+				return quotas.New(rdb, keys, nil).DropKey(ctx, k.TenantID, args[0])
 			})
 		},
 	}
