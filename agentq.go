@@ -5,6 +5,7 @@ package agentq
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -132,9 +134,17 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if tci <= 0 {
 		tci = 10 * time.Millisecond
 	}
+	secret := []byte(a.cfg.AgentSecret)
+	if len(secret) == 0 && a.cfg.Has(config.RoleWorker) {
+		secret = make([]byte, 32)
+		_, _ = rand.Read(secret)
+		a.log.Warn("AGENTQ_AGENT_SECRET is not set: HTTP agents get signatures from a random per-process key they cannot verify")
+	}
+	a.Agents.Remote = httpAgents(a.Store, secret)
 	a.Worker = runtime.NewWorker(a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
+		Plans: a.Plans, Events: a.Keys.TaskEvents,
 	})
 	a.recovery = &recovery{store: a.Store, sched: a.Scheduler, plans: a.Plans, log: a.log,
 		every: o.RecoveryEvery, minAge: 5 * time.Second}
@@ -206,6 +216,35 @@ func (a *App) Shutdown(ctx context.Context) error {
 	}
 	a.close()
 	return errors.Join(errs...)
+}
+
+// httpAgents looks HTTP agents up in Postgres, caching each for a second so a step
+// does not cost a query and a PUT or DELETE reaches every replica within a second.
+func httpAgents(st *store.Store, secret []byte) func(ctx context.Context, name string) (runtime.Executor, bool, error) {
+	type entry struct {
+		exec  runtime.Executor
+		found bool
+	}
+	cache := expirable.NewLRU[string, entry](1000, nil, time.Second)
+	return func(ctx context.Context, name string) (runtime.Executor, bool, error) {
+		if e, ok := cache.Get(name); ok {
+			return e.exec, e.found, nil
+		}
+		ag, err := st.GetAgent(ctx, name)
+		if errors.Is(err, store.ErrNotFound) {
+			cache.Add(name, entry{})
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		exec := &runtime.HTTPAgent{
+			Name: ag.Name, URL: ag.URL, Headers: ag.Headers, Secret: secret,
+			Timeout: time.Duration(ag.StepTimeoutS * float64(time.Second)),
+		}
+		cache.Add(name, entry{exec: exec, found: true})
+		return exec, true, nil
+	}
 }
 
 func replicaID() string {

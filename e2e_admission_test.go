@@ -259,7 +259,7 @@ func TestScopeCheckedBeforeTenantLimits(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	good := h.tenantWith("sc", "pro", map[string]float64{"tenant_rate": 5, "tenant_rate_burst": 5, "key_rate": 20, "key_rate_burst": 40}, nil)
+	good := h.tenantWith("sc", "pro", map[string]float64{"tenant_rate": 5, "tenant_rate_burst": 5, "key_rate": 5, "key_rate_burst": 10}, nil)
 	var k struct{ Key string }
 	h.do("POST", "/v1/admin/tenants/sc/keys", h.admin, map[string]any{"scopes": map[string]any{"agents": []string{"other-agent"}}}, &k)
 	bad := k.Key

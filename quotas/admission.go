@@ -444,20 +444,38 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 	return int(a.Val() + b.Val()), nil
 }
 
-// recordScript counts one executed step and its usage against the period quotas, and
-// prunes counters that left their window.
+// reserveStepScript checks a tenant's step-time quotas before a step and, if they
+// allow it, reserves the step: one step against the sliding day, and an estimate of its
+// tokens and cost against the month. SettleStep later books the difference between
+// the estimate and what the step reported.
 //
 // KEYS[1] state hash   KEYS[2] steps hash
-// ARGV[1] now ms or ""   ARGV[2] tokens   ARGV[3] usd micro   ARGV[4] period id
-// ARGV[5] state ttl ms
-var recordScript = redis.NewScript(`
+// ARGV[1] now ms or ""   ARGV[2] steps daily limit   ARGV[3] tokens monthly limit
+// ARGV[4] usd monthly limit (micro)   ARGV[5] estimated tokens   ARGV[6] estimated usd
+// ARGV[7] tokens field   ARGV[8] usd field   ARGV[9] period id   ARGV[10] state ttl ms
+// Returns {0} when reserved, or {1, limit type, used, limit} when a quota refuses.
+var reserveStepScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local H, S, period = KEYS[1], KEYS[2], ARGV[4]
+local H, S = KEYS[1], KEYS[2]
 local hour = math.floor(now / 3600000)
+local steps_max, tok_max, usd_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local est_tok, est_usd = tonumber(ARGV[5]), tonumber(ARGV[6])
+if steps_max > 0 then
+  local used = 0
+  local all = redis.call('HGETALL', S)
+  for i = 1, #all, 2 do
+    if tonumber(all[i]) > hour - 24 then used = used + tonumber(all[i+1]) end
+  end
+  if used >= steps_max then return {1, 'agent_steps_daily', used, steps_max} end
+end
+local v = redis.call('HMGET', H, ARGV[7], ARGV[8], 'per', 'x')
+local tok, usd = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+if tok_max > 0 and (tok >= tok_max or tok + est_tok > tok_max) then return {1, 'ai_tokens_monthly', tok, tok_max} end
+if usd_max > 0 and (usd >= usd_max or usd + est_usd > usd_max) then return {1, 'usd_monthly', usd, usd_max} end
 if redis.call('HINCRBY', S, hour, 1) == 1 then
   -- a new hour: drop the ones that left the 24 h window
   for _, f in ipairs(redis.call('HKEYS', S)) do
@@ -465,19 +483,96 @@ if redis.call('HINCRBY', S, hour, 1) == 1 then
   end
   redis.call('PEXPIRE', S, 25 * 3600000)
 end
-if tonumber(ARGV[2]) ~= 0 then redis.call('HINCRBY', H, 'tok:' .. period, ARGV[2]) end
-if tonumber(ARGV[3]) ~= 0 then redis.call('HINCRBY', H, 'usd:' .. period, ARGV[3]) end
-local m = redis.call('HMGET', H, 'per', 'x')
-if m[1] ~= period then
-  if m[1] then redis.call('HDEL', H, 'tok:' .. m[1], 'usd:' .. m[1]) end
-  redis.call('HSET', H, 'per', period)
+if est_tok ~= 0 then redis.call('HINCRBY', H, ARGV[7], est_tok) end
+if est_usd ~= 0 then redis.call('HINCRBY', H, ARGV[8], est_usd) end
+if v[3] ~= ARGV[9] then
+  -- a new billing period: the previous one's counters go
+  if v[3] then redis.call('HDEL', H, 'tok:' .. v[3], 'usd:' .. v[3]) end
+  redis.call('HSET', H, 'per', ARGV[9])
 end
-if (tonumber(m[2]) or 0) < now + tonumber(ARGV[5]) - 86400000 then
-  redis.call('HSET', H, 'x', now + tonumber(ARGV[5]))
-  redis.call('PEXPIRE', H, ARGV[5])
+if (tonumber(v[4]) or 0) < now + tonumber(ARGV[10]) - 86400000 then
+  redis.call('HSET', H, 'x', now + tonumber(ARGV[10]))
+  redis.call('PEXPIRE', H, ARGV[10])
+end
+return {0}
+`)
+
+// StepParams describe a step's quota reservation or settlement.
+type StepParams struct {
+	TenantID string
+	Period   Period
+	Limits   Limits
+	// Reserve: the estimate. Settle: what the step used minus what was reserved.
+	Tokens, CostMicro int64
+	// Settle only: -1 gives the reserved step back (the step did not complete).
+	Steps int64
+}
+
+// QuotaExceeded names the quota that refused a step.
+type QuotaExceeded struct {
+	LimitType   string
+	Used, Limit float64
+}
+
+func (e *QuotaExceeded) Error() string {
+	return fmt.Sprintf("%s limit of %g reached (used %g)", e.LimitType, e.Limit, e.Used)
+}
+
+// ReserveStep checks agent_steps_daily, ai_tokens_monthly and usd_monthly before a
+// step and reserves one step and the estimated tokens and cost. A refusal is a
+// *QuotaExceeded. The admission check reads the same counters.
+func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
+	l := p.Limits
+	res, err := reserveStepScript.Run(ctx, q.rdb,
+		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
+		"tok:"+p.Period.ID, "usd:"+p.Period.ID, p.Period.ID, stateTTL.Milliseconds()).Slice()
+	if err != nil {
+		return fmt.Errorf("quotas: reserve step: %w", err)
+	}
+	if n, _ := res[0].(int64); n == 1 && len(res) == 4 {
+		used, _ := res[2].(int64)
+		limit, _ := res[3].(int64)
+		return &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit)}
+	}
+	return nil
+}
+
+func str(v any) string { s, _ := v.(string); return s }
+
+// settleScript books the difference between a step's reservation and its actual use.
+//
+// KEYS[1] state hash   KEYS[2] steps hash
+// ARGV[1] now ms or ""   ARGV[2] tokens delta   ARGV[3] usd delta   ARGV[4] steps delta
+// ARGV[5] tokens field   ARGV[6] usd field
+var settleScript = redis.NewScript(`
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+if tonumber(ARGV[2]) ~= 0 then redis.call('HINCRBY', KEYS[1], ARGV[5], ARGV[2]) end
+if tonumber(ARGV[3]) ~= 0 then redis.call('HINCRBY', KEYS[1], ARGV[6], ARGV[3]) end
+if tonumber(ARGV[4]) ~= 0 then
+  local hour = math.floor(now / 3600000)
+  if redis.call('HINCRBY', KEYS[2], hour, ARGV[4]) <= 0 then redis.call('HDEL', KEYS[2], hour) end
 end
 return 1
 `)
+
+// SettleStep books what a step really used against its reservation: positive deltas
+// overdraw, negative ones refund. Steps -1 gives back the reserved step.
+func (q *Quotas) SettleStep(ctx context.Context, p StepParams) error {
+	if p.Tokens == 0 && p.CostMicro == 0 && p.Steps == 0 {
+		return nil
+	}
+	err := settleScript.Run(ctx, q.rdb, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, "tok:"+p.Period.ID, "usd:"+p.Period.ID).Err()
+	if err != nil {
+		return fmt.Errorf("quotas: settle step: %w", err)
+	}
+	return nil
+}
 
 // RecordStepParams are one executed step's usage.
 type RecordStepParams struct {
@@ -487,15 +582,11 @@ type RecordStepParams struct {
 	Period    Period
 }
 
-// RecordStep counts a step against agent_steps_daily and its tokens and cost against
-// the monthly quotas.
+// RecordStep counts a step and its usage against the tenant's quotas without checking
+// them (a reservation of the actual use, never refused).
 func (q *Quotas) RecordStep(ctx context.Context, p RecordStepParams) error {
-	err := recordScript.Run(ctx, q.rdb, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), p.Tokens, p.CostMicro, p.Period.ID, stateTTL.Milliseconds()).Err()
-	if err != nil {
-		return fmt.Errorf("quotas: record step: %w", err)
-	}
-	return nil
+	err := q.ReserveStep(ctx, StepParams{TenantID: p.TenantID, Period: p.Period, Tokens: p.Tokens, CostMicro: p.CostMicro})
+	return err
 }
 
 // DropKey deletes the live limit state of a removed (revoked) key: its key bucket and
@@ -513,4 +604,60 @@ func (q *Quotas) DropKey(ctx context.Context, tenantID, kid string) error {
 		return err
 	}
 	return q.rdb.HDel(ctx, h, fields...).Err()
+}
+
+// touchScript pushes a live task's leases' expiry forward (heartbeats of long tasks).
+//
+// KEYS[1] session leases   KEYS[2] long-running leases   ARGV[1] now ms or ""
+// ARGV[2] task id   ARGV[3] lease ttl ms
+var touchScript = redis.NewScript(`
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local n = redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
+n = n + redis.call('ZADD', KEYS[2], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
+if n > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return n
+`)
+
+// TouchLease keeps a running task's leases alive for another lease TTL.
+func (q *Quotas) TouchLease(ctx context.Context, tenantID, taskID string) error {
+	return touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
+		q.nowArg(), taskID, leaseTTL.Milliseconds()).Err()
+}
+
+// acquireScript takes a session slot for something other than a task (an open
+// progress stream), if the tenant is below its concurrent-session limit.
+//
+// KEYS[1] session leases   ARGV[1] now ms or ""   ARGV[2] member   ARGV[3] limit
+// ARGV[4] lease ttl ms
+// Returns 1 if the slot was taken.
+var acquireScript = redis.NewScript(`
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local limit = tonumber(ARGV[3])
+if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+`)
+
+// AcquireSession takes one of the tenant's concurrent-session slots for member (an
+// open stream) until Release. limit 0 means no limit.
+func (q *Quotas) AcquireSession(ctx context.Context, tenantID, member string, limit int64) (bool, error) {
+	n, err := acquireScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID)}, q.nowArg(), member, limit, leaseTTL.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("quotas: acquire session: %w", err)
+	}
+	return n == 1, nil
 }

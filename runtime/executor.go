@@ -60,10 +60,15 @@ func (e *UnknownAgentError) Error() string      { return fmt.Sprintf("unknown ag
 func (e *UnknownAgentError) Is(err error) bool  { return err == ErrUnknownAgent }
 func (e *UnknownAgentError) UnknownAgent() bool { return true }
 
-// Registry maps agent names to executors. It is safe for concurrent use.
+// Registry maps agent names to executors: the built-in sim agent, Go handlers
+// registered in process, and HTTP agents registered by the operator (looked up through
+// Remote). It is safe for concurrent use.
 type Registry struct {
 	mu    sync.RWMutex
 	execs map[string]Executor
+	// Remote finds an agent that is not registered in process (HTTP agents in
+	// Postgres); found=false when there is none by that name.
+	Remote func(ctx context.Context, name string) (e Executor, found bool, err error)
 }
 
 // NewRegistry returns a registry holding the built-in sim agent.
@@ -80,15 +85,34 @@ func (r *Registry) Register(name string, e Executor) {
 	r.execs[name] = e
 }
 
-// Lookup returns the executor for name.
-func (r *Registry) Lookup(name string) (Executor, error) {
+// Local reports whether name is registered in process (it cannot be replaced by an
+// HTTP agent of the same name).
+func (r *Registry) Local(name string) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	_, ok := r.execs[name]
+	return ok
+}
+
+// Lookup returns the executor for name.
+func (r *Registry) Lookup(ctx context.Context, name string) (Executor, error) {
+	r.mu.RLock()
 	e, ok := r.execs[name]
-	if !ok {
-		return nil, &UnknownAgentError{Name: name}
+	remote := r.Remote
+	r.mu.RUnlock()
+	if ok {
+		return e, nil
 	}
-	return e, nil
+	if remote != nil {
+		e, found, err := remote(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			return e, nil
+		}
+	}
+	return nil, &UnknownAgentError{Name: name}
 }
 
 // Names lists registered agents.
@@ -105,13 +129,22 @@ func (r *Registry) Names() []string {
 
 // ValidateTask checks that an agent exists and, if its executor can, that the input
 // suits it.
-func (r *Registry) ValidateTask(agent string, input json.RawMessage) error {
-	e, err := r.Lookup(agent)
+func (r *Registry) ValidateTask(ctx context.Context, agent string, input json.RawMessage) error {
+	e, err := r.Lookup(ctx, agent)
 	if err != nil {
 		return err
 	}
 	if v, ok := e.(InputValidator); ok {
-		return v.ValidateInput(input)
+		if err := v.ValidateInput(input); err != nil {
+			return &InvalidInputError{err}
+		}
 	}
 	return nil
 }
+
+// InvalidInputError is an executor's rejection of a task's input.
+type InvalidInputError struct{ Err error }
+
+func (e *InvalidInputError) Error() string      { return e.Err.Error() }
+func (e *InvalidInputError) Unwrap() error      { return e.Err }
+func (e *InvalidInputError) InvalidInput() bool { return true }

@@ -31,8 +31,10 @@ type Slots interface {
 // Limits is what the worker needs of the quotas package: count each step against the
 // tenant's period quotas and release a task's session lease when it ends.
 type Limits interface {
-	RecordStep(ctx context.Context, p quotas.RecordStepParams) error
+	ReserveStep(ctx context.Context, p quotas.StepParams) error
+	SettleStep(ctx context.Context, p quotas.StepParams) error
 	Release(ctx context.Context, tenantID, taskID string) (int, error)
+	TouchLease(ctx context.Context, tenantID, taskID string) error
 }
 
 // WorkerOptions configure a Worker.
@@ -43,6 +45,9 @@ type WorkerOptions struct {
 	ShutdownTimeout   time.Duration  // how long running steps may take to finish on Stop
 	TaskCheckInterval time.Duration  // asynq's poll interval when its queues are empty
 	Logger            *slog.Logger
+	Plans             *quotas.Catalogue // tenants' limits, for the step-time quota checks
+	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
+	Events func(taskID string) string
 }
 
 // Worker runs agent tasks handed out by asynq.
@@ -257,10 +262,34 @@ type budget struct {
 	MaxCostUSD    float64 `json:"max_cost_usd"`
 }
 
+// Event is one message of a task's progress stream (GET /v1/tasks/{id}/events).
+type Event struct {
+	Type   string          `json:"type"` // "state" or "step"
+	TaskID string          `json:"task_id"`
+	State  string          `json:"state,omitempty"`
+	Error  string          `json:"error,omitempty"`
+	Step   int             `json:"step,omitempty"`
+	Usage  *StepUsage      `json:"usage,omitempty"`
+	Done   bool            `json:"done,omitempty"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Time   time.Time       `json:"time"`
+}
+
+func (w *Worker) publish(ctx context.Context, ev Event) {
+	if w.opts.Events == nil {
+		return
+	}
+	ev.Time = time.Now().UTC()
+	body, _ := json.Marshal(ev)
+	// Progress messages are best effort: the stream re-reads Postgres for state.
+	_ = w.rdb.Publish(context.WithoutCancel(ctx), w.opts.Events(ev.TaskID), body).Err()
+}
+
 // run executes steps until the task ends. It returns true if the task was put back to
-// queued because the worker is shutting down.
+// queued (worker shutdown, or the quota store unreachable): asynq retries it later.
 func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent)
+	id := task.ID.String()
 	var finish func(state, errText string, output json.RawMessage)
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
@@ -281,19 +310,42 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			log.Error("recording terminal state failed", "state", state, "err", err)
 		} else if ok {
 			// This call won the terminal transition, so it owns the lease release.
-			w.releaseLease(task.TenantID, task.ID.String())
+			w.releaseLease(task.TenantID, id)
+			w.publish(ctx, Event{Type: "state", TaskID: id, State: state, Error: errText, Output: output})
 			log.Info("task finished", "state", state, "steps", task.Usage.Steps)
 		}
 	}
-	period := quotas.PeriodAt(time.Now(), time.Now())
-	if t, err := w.store.GetTenant(ctx, task.TenantID); err == nil {
-		period = quotas.PeriodAt(t.CreatedAt, time.Now())
+	requeue := func(why string, err error) bool {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer rcancel()
+		if ok, rerr := w.store.RequeueTask(rctx, task.ID); rerr != nil || !ok {
+			log.Warn("re-queueing the task failed", "why", why, "err", rerr)
+			return false
+		}
+		log.Warn("task handed back to asynq for a later attempt", "why", why, "err", err)
+		return true
 	}
+	w.publish(ctx, Event{Type: "state", TaskID: id, State: store.StateRunning})
 
-	exec, err := w.agents.Lookup(task.Agent)
+	tenant, err := w.store.GetTenant(ctx, task.TenantID)
 	if err != nil {
-		finish(store.StateFailed, err.Error(), nil)
-		return false
+		return requeue("reading the tenant failed", err)
+	}
+	period := quotas.PeriodAt(tenant.CreatedAt, time.Now())
+	var limits quotas.Limits
+	if w.opts.Plans != nil {
+		if eff, err := w.opts.Plans.Effective(tenant.Plan, tenant.Overrides); err == nil {
+			limits = quotas.LimitsOf(eff)
+		}
+	}
+	exec, err := w.agents.Lookup(ctx, task.Agent)
+	if err != nil {
+		var unknown *UnknownAgentError
+		if errors.As(err, &unknown) {
+			finish(store.StateFailed, err.Error(), nil)
+			return false
+		}
+		return requeue("looking the agent up failed", err)
 	}
 	var b budget
 	_ = json.Unmarshal(task.Budget, &b)
@@ -305,8 +357,9 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 
 	taskCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	// Stamp the task alive while it runs, so a redelivery can tell a dead worker from
-	// a slow step. The goroutine ends with the task.
+	// Stamp the task alive while it runs, and keep its session lease from expiring,
+	// so a redelivery can tell a dead worker from a slow step. The goroutine ends
+	// with the task.
 	hbDone := make(chan struct{})
 	defer func() { cancel(nil); <-hbDone }()
 	go func() {
@@ -321,6 +374,9 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 				if err := w.store.Heartbeat(taskCtx, task.ID); err != nil && taskCtx.Err() == nil {
 					log.Warn("task heartbeat failed", "err", err)
 				}
+				if err := w.limits.TouchLease(taskCtx, task.TenantID, id); err != nil && taskCtx.Err() == nil {
+					log.Warn("lease heartbeat failed", "err", err)
+				}
 			}
 		}
 	}()
@@ -334,6 +390,15 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 	}()
 
 	state := task.AgentState
+	// Each step reserves what the previous one used; the first reserves nothing
+	// beyond the step itself, and settlement books the difference.
+	var estTokens, estMicro int64
+	settle := func(p quotas.StepParams) {
+		p.TenantID, p.Period, p.Limits = task.TenantID, period, limits
+		if err := w.limits.SettleStep(context.WithoutCancel(ctx), p); err != nil {
+			log.Warn("settling a step's quota reservation failed", "err", err)
+		}
+	}
 	for {
 		step := task.Usage.Steps + 1
 		switch {
@@ -347,27 +412,35 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
 			return false
 		}
+		err := w.limits.ReserveStep(ctx, quotas.StepParams{TenantID: task.TenantID, Period: period, Limits: limits,
+			Tokens: estTokens, CostMicro: estMicro})
+		var qe *quotas.QuotaExceeded
+		switch {
+		case errors.As(err, &qe):
+			finish(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil)
+			return false
+		case err != nil:
+			// Money and token quotas fail closed: no step runs unchecked.
+			return requeue("the quota store is unreachable", err)
+		}
 		stepCtx, stepCancel := taskCtx, context.CancelFunc(func() {})
 		if !deadline.IsZero() {
 			stepCtx, stepCancel = context.WithDeadline(taskCtx, deadline)
 		}
 		res, err := exec.Step(stepCtx, StepRequest{
-			TaskID: task.ID.String(), TenantID: task.TenantID, Agent: task.Agent,
+			TaskID: id, TenantID: task.TenantID, Agent: task.Agent,
 			Step: step, Input: task.Input, State: state,
 		})
 		stepCancel()
+		if err != nil {
+			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro}) // give the reservation back
+		}
 		switch {
 		case errors.Is(context.Cause(taskCtx), errCancelled):
 			return false // the cancel already made the task "killed"
 		case ctx.Err() != nil:
 			// Shutdown outlasted the step: hand the task back so it resumes elsewhere.
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer rcancel()
-			if ok, err := w.store.RequeueTask(rctx, task.ID); err != nil || !ok {
-				log.Warn("re-queueing interrupted task failed", "err", err)
-				return false
-			}
-			return true
+			return requeue("worker shutdown", ctx.Err())
 		case err != nil && !deadline.IsZero() && !time.Now().Before(deadline):
 			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
 			return false
@@ -377,23 +450,29 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 		}
 		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
 		ok, err := w.store.RecordStep(ctx, store.RecordStepParams{
-			ID: task.ID, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
+			ID: task.ID, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 		})
+		if err != nil || !ok {
+			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
+		}
 		if err != nil {
 			log.Error("recording step failed", "step", step, "err", err)
 			finish(store.StateFailed, "internal error: could not record step", nil)
 			return false
 		}
 		if !ok {
-			return false // cancelled between the step and its record: not recorded anywhere
+			return false // cancelled between the step and its record: not counted anywhere
 		}
-		if err := w.limits.RecordStep(ctx, quotas.RecordStepParams{
-			TenantID: task.TenantID, Tokens: res.Usage.Tokens, CostMicro: costMicro, Period: period,
-		}); err != nil {
-			log.Warn("counting the step against the tenant's quotas failed: the Redis counters under-count this step", "err", err)
-		}
+		settle(quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro})
+		estTokens, estMicro = res.Usage.Tokens, costMicro
 		task.Usage.Steps, task.Usage.Tokens, task.Usage.CostMicroUSD = step, task.Usage.Tokens+res.Usage.Tokens, task.Usage.CostMicroUSD+costMicro
 		state = res.State
+		usage := res.Usage
+		ev := Event{Type: "step", TaskID: id, Step: step, Usage: &usage, Done: res.Done}
+		if res.Done {
+			ev.Output = res.Output
+		}
+		w.publish(ctx, ev)
 		if res.Done {
 			finish(store.StateCompleted, "", res.Output)
 			return false

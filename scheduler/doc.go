@@ -1,6 +1,6 @@
 // Package scheduler moves work from per-tenant Redis queues into a small, fixed set of
-// asynq queues (one per priority band), in weighted-fair order and never faster than
-// the live worker pool can take it.
+// asynq queues (one per priority band), in weighted-fair order measured in worker
+// time, and never faster than the live worker pool can take it.
 //
 // Design notes:
 //
@@ -9,16 +9,24 @@
 //     task row alone, so re-pushing a task from Postgres restores its exact place.
 //   - Backlogged tenants sit in their shard's "ready" ZSET, scored by pass (stride
 //     scheduling). Dispatch takes the smallest pass, pops one task, and advances the
-//     pass by cost ÷ weight. A tenant that becomes backlogged again starts at the
-//     shard's virtual time, the pass of the last dispatch: idle tenants bank no credit.
+//     pass by the tenant's estimated task cost (worker-ms, an EWMA) ÷ weight. At
+//     completion the pass is corrected by (worker time taken − estimate) ÷ weight, so
+//     shares are fair in worker time, not task count.
+//   - A tenant that becomes backlogged again starts at its shard's virtual time: the
+//     largest pass dispatched, raised on every shard to the dispatchers' global
+//     virtual time. Idle tenants bank no credit, on any shard.
+//   - With several shards the dispatcher serves the shard whose head has the smallest
+//     pass, so fairness across shards holds to the same bound as within one.
 //   - A tenant at its running cap is moved from "ready" to "capped" and waits there,
-//     outside the shared pool, until a completion brings it back.
-//   - Dispatch is one Lua script, so several scheduler processes can run with no
-//     leader. The popped task goes to a "dispatching" ZSET before it is handed to asynq
-//     with TaskID = task id; a confirmation moves it to "inflight". An entry left in
-//     "dispatching" by a crash is re-sent (asynq refuses the duplicate id harmlessly).
-//   - Backpressure: dispatching + inflight never exceed the live workers' registered
-//     slots plus a small prefetch, so asynq never becomes a long FIFO.
+//     outside the shared pool, until a completion (or a raised cap) brings it back.
+//   - Backpressure: before popping a task the dispatcher takes a slot of the live
+//     worker pool (one counter under the {g} tag: registered workers' slots plus a
+//     small prefetch); the completion gives it back exactly once. So asynq holds at
+//     most the pool's capacity plus the prefetch, and never becomes a long FIFO.
+//   - The pop is one Lua script per shard, so several scheduler processes can run with
+//     no leader. The popped task goes to a "dispatching" ZSET before it is handed to
+//     asynq with TaskID = task id; a confirmation moves it to "inflight". An entry left
+//     in "dispatching" by a crash is re-sent (asynq refuses the duplicate id).
 //   - Dispatchers wake on pub/sub messages published by admissions and completions; a
 //     timer is only the fallback.
 package scheduler

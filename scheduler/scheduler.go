@@ -51,8 +51,11 @@ const (
 	// Queue scores count milliseconds from 2025-01-01 so they stay well inside a
 	// float64's exact integer range: (9·1e13 + a few centuries of ms) < 2^53.
 	scoreEpochMs = 1735689600000
-	// ttls bound every key: state of an idle tenant expires on its own; the recovery
-	// sweep re-pushes from Postgres any queued task that outlives them.
+	// ttls bound every per-tenant key: state of an idle tenant expires on its own (or is
+	// deleted when it goes idle); the recovery sweep re-pushes from Postgres any queued
+	// task that outlives them. The per-shard sets (ready, capped, inflight,
+	// dispatching) have no ttl: they are bounded by the tenants and worker slots and
+	// empty as work drains.
 	queueTTL = 7 * 24 * time.Hour
 )
 
@@ -208,10 +211,10 @@ for i = 1, 64 do
       redis.call('SADD', run, task[1])
       redis.call('EXPIRE', run, ARGV[3])
       local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
-      redis.call('ZADD', KEYS[3], now, prio .. ':' .. tenant .. ':' .. task[1])
+      local est = math.floor(tonumber(c[3] or ARGV[4]))
+      redis.call('ZADD', KEYS[3], now, prio .. ':' .. est .. ':' .. tenant .. ':' .. task[1])
       local vt = math.max(pass, tonumber(ARGV[5]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
       redis.call('SET', KEYS[4], vt, 'EX', ARGV[3])
-      local est = tonumber(c[3] or ARGV[4])
       local w = tonumber(c[2] or '1')
       if redis.call('ZCARD', queue) == 0 then
         redis.call('ZREM', KEYS[1], tenant)
@@ -233,20 +236,23 @@ type Dispatched struct {
 	EstimateMs int64 // what its tenant's pass was charged
 }
 
+// member is the task's entry in the dispatching set: "priority:estimate:tenant:task"
+// (tenant ids hold no ':'), everything a re-send and a completion need.
 func (d Dispatched) member() string {
-	return strconv.Itoa(d.Priority) + ":" + d.TenantID + ":" + d.TaskID
+	return strconv.Itoa(d.Priority) + ":" + strconv.FormatInt(d.EstimateMs, 10) + ":" + d.TenantID + ":" + d.TaskID
 }
 
 func parseMember(m string) (Dispatched, error) {
-	parts := strings.SplitN(m, ":", 3)
-	if len(parts) != 3 {
+	parts := strings.SplitN(m, ":", 4)
+	if len(parts) != 4 {
 		return Dispatched{}, fmt.Errorf("scheduler: bad dispatching member %q", m)
 	}
-	p, err := strconv.Atoi(parts[0])
-	if err != nil {
+	p, err1 := strconv.Atoi(parts[0])
+	est, err2 := strconv.ParseInt(parts[1], 10, 64)
+	if err1 != nil || err2 != nil {
 		return Dispatched{}, fmt.Errorf("scheduler: bad dispatching member %q", m)
 	}
-	return Dispatched{Priority: p, TenantID: parts[1], TaskID: parts[2], EstimateMs: DefaultEstimateMs}, nil
+	return Dispatched{Priority: p, EstimateMs: est, TenantID: parts[2], TaskID: parts[3]}, nil
 }
 
 // Why dispatch stopped.
@@ -400,7 +406,7 @@ func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration
 		s.keys.TenantRunning(p.TenantID), s.keys.Inflight(shard), s.keys.Dispatching(shard), s.keys.Ready(shard),
 		s.keys.Capped(shard), s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID),
 	}
-	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: prio}
+	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: prio, EstimateMs: p.EstimateMs}
 	tookMs := int64(-1)
 	if took >= 0 {
 		tookMs = took.Milliseconds()
@@ -590,9 +596,10 @@ func EnqueueInPipeline(ctx context.Context, pipe redis.Pipeliner, keys rkeys.Key
 		max(p.RunningCap, 0), int(queueTTL.Seconds()), p.TenantID)
 }
 
-// Take performs one dispatch as a dispatcher would — pool slot, fair pick, confirm —
-// but returns the task instead of handing it to asynq (benchmarks, tools). Finish it
-// with Done.
+// Take performs one dispatch — pool slot, fair pick within a shard, confirm — but
+// returns the task instead of handing it to asynq (benchmarks, tools). With several
+// shards it takes from the first non-empty one, not the smallest head pass (that is
+// the Dispatcher's job). Finish the task with Done.
 func (s *Scheduler) Take(ctx context.Context) (wire.Payload, error) {
 	ok, err := s.reserve(ctx)
 	if err != nil {

@@ -38,7 +38,8 @@ type Queue interface {
 
 // Agents is what the API needs of the runtime's agent registry.
 type Agents interface {
-	ValidateTask(agent string, input json.RawMessage) error
+	ValidateTask(ctx context.Context, agent string, input json.RawMessage) error
+	Local(name string) bool
 }
 
 // Deps are the Server's collaborators.
@@ -112,6 +113,7 @@ func (s *Server) routes() {
 	read(http.MethodGet, "/v1/tasks", s.listTasks)
 	read(http.MethodGet, "/v1/tasks/:id", s.getTask)
 	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
+	read(http.MethodGet, "/v1/tasks/:id/events", s.taskEvents)
 
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
 	admin(http.MethodGet, "/plans", s.listPlans)
@@ -123,6 +125,10 @@ func (s *Server) routes() {
 	admin(http.MethodGet, "/tenants/:id/keys", s.listKeys)
 	admin(http.MethodPost, "/keys/:kid/rotate", s.rotateKey)
 	admin(http.MethodDelete, "/keys/:kid", s.revokeKey)
+	admin(http.MethodPut, "/agents/:name", s.putAgent)
+	admin(http.MethodGet, "/agents", s.listAgents)
+	admin(http.MethodGet, "/agents/:name", s.getAgent)
+	admin(http.MethodDelete, "/agents/:name", s.deleteAgent)
 }
 
 // Start serves on addr until Shutdown. It returns once the listener is bound.

@@ -134,9 +134,13 @@ func (s *Server) submitTask(c echo.Context) error {
 		}
 		input = buf.Bytes()
 	}
-	if err := s.Agents.ValidateTask(req.Agent, input); err != nil {
+	if err := s.Agents.ValidateTask(ctx, req.Agent, input); err != nil {
 		if isUnknownAgent(err) {
 			return apiErr(http.StatusBadRequest, CodeUnknownAgent, "Unknown agent %q.", req.Agent)
+		}
+		var ae *APIError
+		if errors.As(err, &ae) || !isInputError(err) {
+			return err
 		}
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Invalid input for agent %q: %v.", req.Agent, err)
 	}
@@ -256,6 +260,13 @@ func (s *Server) replay(c echo.Context, prev store.Task, hash []byte, idem strin
 	c.Response().Header().Set("Idempotent-Replayed", "true")
 	c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+prev.ID.String())
 	return c.JSON(http.StatusAccepted, taskJSON(prev))
+}
+
+// isInputError tells an agent's rejection of the input from a failure to look the
+// agent up (Postgres down), which must not turn into a 400.
+func isInputError(err error) bool {
+	var v interface{ InvalidInput() bool }
+	return errors.As(err, &v) && v.InvalidInput()
 }
 
 func isUnknownAgent(err error) bool {
@@ -451,6 +462,9 @@ func (s *Server) cancelTask(c echo.Context) error {
 	if _, err := s.Queue.Remove(ctx, tenantID, id); err != nil {
 		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)
 	}
+	ev, _ := json.Marshal(map[string]any{"type": "state", "task_id": id.String(), "state": store.StateKilled,
+		"error": "cancelled by the tenant", "time": time.Now().UTC()})
+	_ = s.Redis.Publish(ctx, s.Keys.TaskEvents(id.String()), ev).Err()
 	if err := s.Redis.Publish(ctx, s.Keys.CancelChannel(), id.String()).Err(); err != nil {
 		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
 	}

@@ -35,6 +35,7 @@ type Config struct {
 	UpgradeURL        string        // AGENTQ_UPGRADE_URL
 	Roles             []string
 	RedisTimeout      time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
+	AgentSecret       string        // AGENTQ_AGENT_SECRET: signs step requests to HTTP agents
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -83,6 +84,7 @@ func FromEnv() (Config, error) {
 	str("AGENTQ_REDIS_PREFIX", &c.RedisPrefix)
 	str("AGENTQ_PLANS_FILE", &c.PlansFile)
 	str("AGENTQ_UPGRADE_URL", &c.UpgradeURL)
+	str("AGENTQ_AGENT_SECRET", &c.AgentSecret)
 	num("AGENTQ_SHARDS", &c.Shards, 1)
 	num("AGENTQ_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1)
 	num("AGENTQ_PREFETCH", &c.Prefetch, 0)

@@ -51,7 +51,8 @@ func (k Keys) tenantTag(tenant string) string { return k.tag(k.Shard(tenant)) }
 // then admission time (see scheduler.QueueScore).
 func (k Keys) TenantQueue(tenant string) string { return k.tenantTag(tenant) + ":q:" + tenant }
 
-// TenantConf is the HASH holding the tenant's scheduling parameters (weight, running cap).
+// TenantConf is the HASH holding the tenant's scheduling parameters: weight (w),
+// running cap (cap) and estimated task cost in worker-ms (est).
 func (k Keys) TenantConf(tenant string) string { return k.tenantTag(tenant) + ":conf:" + tenant }
 
 // TenantRunning is the SET of the tenant's task ids dispatched and not yet finished.
@@ -63,7 +64,8 @@ func (k Keys) Ready(shard int) string { return k.tag(shard) + ":ready" }
 // Capped is the shard's ZSET of backlogged tenants at their running cap, scored by pass.
 func (k Keys) Capped(shard int) string { return k.tag(shard) + ":capped" }
 
-// VirtualTime is the shard's STRING holding the pass of the last dispatch.
+// VirtualTime is the shard's STRING holding its virtual time: the largest pass
+// dispatched, raised to the dispatchers' global virtual time after each round.
 func (k Keys) VirtualTime(shard int) string { return k.tag(shard) + ":vt" }
 
 // Inflight is the shard's ZSET of task ids handed to the worker pool and not finished,
@@ -93,6 +95,9 @@ func (k Keys) WakeChannel() string { return k.prefix + "wake" }
 
 // CancelChannel is the pub/sub channel carrying ids of tasks to interrupt.
 func (k Keys) CancelChannel() string { return k.prefix + "cancel" }
+
+// TaskEvents is the pub/sub channel of one task's progress messages.
+func (k Keys) TaskEvents(taskID string) string { return k.prefix + "ev:" + taskID }
 
 // KeysChangedChannel is the pub/sub channel carrying kids whose API key changed.
 func (k Keys) KeysChangedChannel() string { return k.prefix + "keys" }

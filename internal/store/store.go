@@ -451,22 +451,70 @@ func (s *Store) StartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, e
 // RecordStepParams record the result of one finished step on a running task.
 type RecordStepParams struct {
 	ID         uuid.UUID
+	Step       int
 	AgentState json.RawMessage
 	Tokens     int64
 	CostMicro  int64
 }
 
-// RecordStep adds one step's usage and stores the agent's state. ok=false when the task
-// is no longer running (cancelled meanwhile): the caller stops.
+// RecordStep adds one step's usage to the task, stores the agent's state and writes
+// the step's ledger rows, in one transaction. ok=false when the task is no longer
+// running (cancelled meanwhile): nothing is written and the caller stops. Step is the
+// step's number; a step already in the ledger is not counted twice.
 func (s *Store) RecordStep(ctx context.Context, p RecordStepParams) (ok bool, err error) {
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
-			agent_state = $4, heartbeat_at = now()
-		WHERE id = $1 AND state = 'running'`, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState))
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var tenant string
+		err := tx.QueryRow(ctx, `
+			INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
+			SELECT $1, $2, m.meter, t.tenant_id, m.q FROM tasks t,
+				(VALUES ('steps', 1::bigint), ('tokens', $3::bigint), ('cost_micro_usd', $4::bigint)) AS m(meter, q)
+			WHERE t.id = $1 AND t.state = 'running'
+			ON CONFLICT DO NOTHING
+			RETURNING tenant_id`, p.ID, p.Step, p.Tokens, p.CostMicro).Scan(&tenant)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // not running, or this step was recorded before
+		}
+		if err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `
+			UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
+				agent_state = $4, heartbeat_at = now()
+			WHERE id = $1 AND state = 'running'`, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState))
+		if err != nil {
+			return err
+		}
+		ok = tag.RowsAffected() == 1
+		return nil
+	})
+	return ok, err
+}
+
+// LedgerRow is one (task, step, meter) usage row.
+type LedgerRow struct {
+	TaskID   uuid.UUID `json:"task_id"`
+	Step     int       `json:"step"`
+	Meter    string    `json:"meter"`
+	TenantID string    `json:"tenant_id"`
+	Quantity int64     `json:"quantity"`
+}
+
+// TaskLedger returns a task's ledger rows in step order.
+func (s *Store) TaskLedger(ctx context.Context, taskID uuid.UUID) ([]LedgerRow, error) {
+	rows, err := s.pool.Query(ctx, `SELECT task_id, step, meter, tenant_id, quantity FROM usage_ledger WHERE task_id = $1 ORDER BY step, meter`, taskID)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	return tag.RowsAffected() == 1, nil
+	defer rows.Close()
+	var out []LedgerRow
+	for rows.Next() {
+		var r LedgerRow
+		if err := rows.Scan(&r.TaskID, &r.Step, &r.Meter, &r.TenantID, &r.Quantity); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // FinishTaskParams move a task to a terminal state, from one of the states in From.
@@ -613,4 +661,93 @@ func (s *Store) TaskTimings(ctx context.Context, tenants []string) ([]TaskTiming
 		out = append(out, t)
 	}
 	return out, rows.Err()
+}
+
+// --- HTTP agents -----------------------------------------------------------------
+
+// Agent is an HTTP agent registered by the operator.
+type Agent struct {
+	Name         string            `json:"name"`
+	URL          string            `json:"url"`
+	StepTimeoutS float64           `json:"step_timeout_s"`
+	Headers      map[string]string `json:"headers"`
+	CreatedAt    time.Time         `json:"created_at"`
+	UpdatedAt    time.Time         `json:"updated_at"`
+}
+
+const agentCols = `name, url, step_timeout_s, headers, created_at, updated_at`
+
+func scanAgent(row pgx.Row) (Agent, error) {
+	var a Agent
+	var h []byte
+	if err := row.Scan(&a.Name, &a.URL, &a.StepTimeoutS, &h, &a.CreatedAt, &a.UpdatedAt); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return a, ErrNotFound
+		}
+		return a, err
+	}
+	a.Headers = map[string]string{}
+	return a, json.Unmarshal(h, &a.Headers)
+}
+
+// PutAgentParams create or replace an HTTP agent.
+type PutAgentParams struct {
+	Name         string
+	URL          string
+	StepTimeoutS float64
+	Headers      map[string]string
+}
+
+// PutAgent creates or replaces an agent; created reports which.
+func (s *Store) PutAgent(ctx context.Context, p PutAgentParams) (a Agent, created bool, err error) {
+	h, err := json.Marshal(nonNil(p.Headers))
+	if err != nil {
+		return a, false, err
+	}
+	row := s.pool.QueryRow(ctx, `
+		INSERT INTO agents (name, url, step_timeout_s, headers) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (name) DO UPDATE SET url = $2, step_timeout_s = $3, headers = $4, updated_at = now()
+		RETURNING `+agentCols+`, (xmax = 0)`, p.Name, p.URL, p.StepTimeoutS, h)
+	var hb []byte
+	err = row.Scan(&a.Name, &a.URL, &a.StepTimeoutS, &hb, &a.CreatedAt, &a.UpdatedAt, &created)
+	if err != nil {
+		return a, false, err
+	}
+	a.Headers = map[string]string{}
+	return a, created, json.Unmarshal(hb, &a.Headers)
+}
+
+// GetAgent returns an HTTP agent by name.
+func (s *Store) GetAgent(ctx context.Context, name string) (Agent, error) {
+	return scanAgent(s.pool.QueryRow(ctx, `SELECT `+agentCols+` FROM agents WHERE name = $1`, name))
+}
+
+// ListAgents returns every HTTP agent, by name.
+func (s *Store) ListAgents(ctx context.Context) ([]Agent, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Agent{}
+	for rows.Next() {
+		a, err := scanAgent(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+// DeleteAgent removes an HTTP agent; ErrNotFound if there is none by that name.
+func (s *Store) DeleteAgent(ctx context.Context, name string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM agents WHERE name = $1`, name)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
 }

@@ -1,0 +1,132 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// streamEvent is a state event of the progress stream, as the worker publishes them.
+type streamEvent struct {
+	Type  string `json:"type"`
+	State string `json:"state,omitempty"`
+}
+
+// taskEvents streams a task's progress as Server-Sent Events: its current state first,
+// then one event per state change and per finished step, ending after the terminal
+// state. An open stream holds one of the tenant's concurrent-session slots.
+func (s *Server) taskEvents(c echo.Context) error {
+	ctx := c.Request().Context()
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	key := keyRecord(c)
+	task, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id})
+	if errors.Is(err, store.ErrNotFound) {
+		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
+	}
+	if err != nil {
+		return err
+	}
+	tenant, err := s.tenant(ctx, key.TenantID)
+	if err != nil {
+		return err
+	}
+	_, limits, err := s.limitsFor(tenant)
+	if err != nil {
+		return err
+	}
+	member := "stream:" + uuid.NewString()
+	ok, err := s.Admission.Quotas().AcquireSession(ctx, tenant.ID, member, limits.Sessions)
+	if err != nil {
+		return admissionFailure(quotas.ErrUnavailable)
+	}
+	if !ok {
+		e := apiErr(http.StatusTooManyRequests, "CONCURRENCY_LIMIT_EXCEEDED",
+			"You've reached your concurrent-agent limit (%d); an open event stream holds a slot. Close a stream or wait for a task to finish.", limits.Sessions)
+		e.Extra = map[string]any{"limit_type": quotas.ConcurrentSessions, "retry_after_seconds": 1, "tenant_id": tenant.ID}
+		return e
+	}
+	defer s.Admission.Release(context.WithoutCancel(ctx), tenant.ID, member)
+
+	// Subscribe before reading the state, so nothing between the two is missed.
+	sub := s.Redis.Subscribe(ctx, s.Keys.TaskEvents(id.String()))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		return admissionFailure(quotas.ErrUnavailable)
+	}
+	if task, err = s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id}); err != nil {
+		return err
+	}
+	w := c.Response()
+	h := w.Header()
+	h.Set(echo.HeaderContentType, "text/event-stream")
+	h.Set(echo.HeaderCacheControl, "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	send := func(event string, data []byte) error {
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data); err != nil {
+			return err
+		}
+		w.Flush()
+		return nil
+	}
+	snapshot := func(t store.Task) error {
+		tj := taskJSON(t)
+		s.fillWaitReasons(ctx, []*TaskJSON{&tj})
+		body, _ := json.Marshal(map[string]any{"type": "state", "task_id": t.ID.String(), "state": t.State, "task": tj})
+		return send("state", body)
+	}
+	if err := snapshot(task); err != nil || store.Terminal(task.State) {
+		return nil
+	}
+	msgs := sub.Channel()
+	poll := time.NewTicker(time.Second) // the terminal state arrives even if a message is lost
+	defer poll.Stop()
+	keepalive := time.NewTicker(15 * time.Second)
+	defer keepalive.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			var ev streamEvent
+			if json.Unmarshal([]byte(m.Payload), &ev) != nil {
+				continue
+			}
+			if ev.Type == "state" && store.Terminal(ev.State) {
+				// end with the stored task, which holds the final usage and output
+				if t, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id}); err == nil {
+					return snapshot(t)
+				}
+				return send("state", []byte(m.Payload))
+			}
+			if err := send(ev.Type, []byte(m.Payload)); err != nil {
+				return nil
+			}
+		case <-poll.C:
+			t, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id})
+			if err == nil && store.Terminal(t.State) {
+				return snapshot(t)
+			}
+		case <-keepalive.C:
+			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil {
+				return nil
+			}
+			w.Flush()
+		}
+	}
+}
