@@ -2,6 +2,7 @@ package quotas
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -353,5 +354,52 @@ func TestPeriodAt(t *testing.T) {
 		if p.Start.Format(time.DateOnly) != c.start || p.End.Format(time.DateOnly) != c.end {
 			t.Errorf("anchor %s now %s: %s..%s, want %s..%s", c.anchor, c.now, p.Start.Format(time.DateOnly), p.End.Format(time.DateOnly), c.start, c.end)
 		}
+	}
+}
+
+func TestReserveAndSettleStep(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{StepsDaily: 3, TokensMonthly: 100, USDMonthlyMicro: 1000}
+	p := StepParams{TenantID: "acme", Period: f.period(), Limits: l}
+	used := func() (float64, float64, float64) {
+		d := f.admit(Limits{}, func(a *AdmitParams) { a.Mode = ModePeek })
+		return d.scope(AgentStepsDaily).Used, d.scope(AITokensMonthly).Used, d.scope(USDMonthly).Used
+	}
+	// reserve an estimate of 40 tokens, the step used 30: 10 come back
+	p.Tokens, p.CostMicro = 40, 400
+	if err := f.q.ReserveStep(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if s, tok, usd := used(); s != 1 || tok != 40 || usd != 400 {
+		t.Fatalf("after reserving: steps %v tokens %v usd %v", s, tok, usd)
+	}
+	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Tokens: 30 - 40, CostMicro: 500 - 400}); err != nil {
+		t.Fatal(err)
+	}
+	if s, tok, usd := used(); s != 1 || tok != 30 || usd != 500 {
+		t.Fatalf("after settling: steps %v tokens %v usd %v, want 1 30 500", s, tok, usd)
+	}
+	// an estimate that would overdraw the month is refused, naming the quota
+	p.Tokens, p.CostMicro = 80, 0
+	var qe *QuotaExceeded
+	if err := f.q.ReserveStep(ctx, p); !errors.As(err, &qe) || qe.LimitType != AITokensMonthly {
+		t.Fatalf("overdrawing reservation: %v", err)
+	}
+	// a failed step gives its reservation back
+	p.Tokens = 10
+	if err := f.q.ReserveStep(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Steps: -1, Tokens: -10})
+	if s, tok, _ := used(); s != 1 || tok != 30 {
+		t.Fatalf("after a refund: steps %v tokens %v", s, tok)
+	}
+	// the day's steps run out
+	p.Tokens, p.CostMicro = 0, 0
+	_ = f.q.ReserveStep(ctx, p)
+	_ = f.q.ReserveStep(ctx, p)
+	if err := f.q.ReserveStep(ctx, p); !errors.As(err, &qe) || qe.LimitType != AgentStepsDaily || qe.Limit != 3 {
+		t.Fatalf("fourth step of 3: %v", err)
 	}
 }
