@@ -68,6 +68,7 @@ type App struct {
 	API        *web.Server
 
 	recovery    *recovery
+	Janitor     *Janitor
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
@@ -151,6 +152,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if a.recovery.every <= 0 {
 		a.recovery.every = 30 * time.Second
 	}
+	a.Janitor = newJanitor(a, a.cfg.JanitorInterval)
 	a.API = web.New(web.Deps{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Scheduler, Agents: a.Agents,
 		Plans: a.Plans, Admission: a.Admission, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
@@ -168,6 +170,9 @@ func (a *App) Start(ctx context.Context) error {
 	if a.cfg.Has(config.RoleScheduler) {
 		a.Dispatcher.Start(context.WithoutCancel(ctx))
 		a.recovery.Start(context.WithoutCancel(ctx))
+	}
+	if a.cfg.Has(config.RoleJanitor) {
+		a.Janitor.Start(context.WithoutCancel(ctx))
 	}
 	if a.cfg.Has(config.RoleAPI) {
 		a.Quotas.Start(context.WithoutCancel(ctx), a.cfg.RedisTimeout)
@@ -206,6 +211,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 		}
 		a.Admission.Stop()
 		a.Quotas.Stop()
+	}
+	if a.cfg.Has(config.RoleJanitor) {
+		a.Janitor.Stop()
 	}
 	if a.cfg.Has(config.RoleScheduler) {
 		a.recovery.Stop()

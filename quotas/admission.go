@@ -661,3 +661,29 @@ func (q *Quotas) AcquireSession(ctx context.Context, tenantID, member string, li
 	}
 	return n == 1, nil
 }
+
+// Leases returns the members of a tenant's session and long-running lease sets.
+func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []string, err error) {
+	pipe := q.rdb.Pipeline()
+	a := pipe.ZRange(ctx, q.keys.Sessions(tenantID), 0, -1)
+	b := pipe.ZRange(ctx, q.keys.LongRunning(tenantID), 0, -1)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil, fmt.Errorf("quotas: leases: %w", err)
+	}
+	return a.Val(), b.Val(), nil
+}
+
+// AddLease re-adds the session (and, if long, long-running) lease of a live task that
+// Redis lost.
+func (q *Quotas) AddLease(ctx context.Context, tenantID, taskID string, long bool) error {
+	until := float64(time.Now().Add(leaseTTL).UnixMilli())
+	pipe := q.rdb.TxPipeline()
+	pipe.ZAdd(ctx, q.keys.Sessions(tenantID), redis.Z{Score: until, Member: taskID})
+	pipe.PExpire(ctx, q.keys.Sessions(tenantID), leaseTTL)
+	if long {
+		pipe.ZAdd(ctx, q.keys.LongRunning(tenantID), redis.Z{Score: until, Member: taskID})
+		pipe.PExpire(ctx, q.keys.LongRunning(tenantID), leaseTTL)
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}

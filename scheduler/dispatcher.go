@@ -20,12 +20,13 @@ type Enqueuer interface {
 // Dispatcher is the long-running service that moves tasks from tenant queues into
 // asynq. Several may run at once against one Redis.
 type Dispatcher struct {
-	sched    *Scheduler
-	rdb      redis.UniversalClient
-	asynq    Enqueuer
-	log      *slog.Logger
-	fallback time.Duration // timer between dispatch rounds when no wake-up arrives
-	resend   time.Duration // age after which a "dispatching" entry is re-sent
+	sched     *Scheduler
+	rdb       redis.UniversalClient
+	asynq     Enqueuer
+	inspector *asynq.Inspector
+	log       *slog.Logger
+	fallback  time.Duration // timer between dispatch rounds when no wake-up arrives
+	resend    time.Duration // age after which a "dispatching" entry is re-sent
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -45,7 +46,7 @@ type DispatcherOptions struct {
 // NewDispatcher returns a stopped dispatcher.
 func NewDispatcher(sched *Scheduler, rdb redis.UniversalClient, enq Enqueuer, opts DispatcherOptions) *Dispatcher {
 	d := &Dispatcher{
-		sched: sched, rdb: rdb, asynq: enq, log: opts.Logger,
+		sched: sched, rdb: rdb, asynq: enq, log: opts.Logger, inspector: asynq.NewInspectorFromRedisClient(rdb),
 		fallback: opts.FallbackEvery, resend: opts.ResendAfter,
 		kick: make(chan struct{}, 1),
 	}
@@ -274,7 +275,20 @@ func (d *Dispatcher) send(ctx context.Context, job Dispatched) error {
 	if err != nil {
 		return err
 	}
-	if _, err := d.asynq.EnqueueContext(ctx, task); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+	_, err = d.asynq.EnqueueContext(ctx, task)
+	if errors.Is(err, asynq.ErrTaskIDConflict) && d.inspector != nil {
+		// asynq still holds a message under this id. Pending or active: it will run
+		// (a re-send after a crash). Archived or completed: a leftover of an earlier
+		// attempt that would block this one for good, so it goes and the task is sent.
+		queue := d.sched.keys.AsynqQueue(BandOf(job.Priority))
+		if info, ierr := d.inspector.GetTaskInfo(queue, job.TaskID); ierr == nil &&
+			(info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted) {
+			if derr := d.inspector.DeleteTask(queue, job.TaskID); derr == nil {
+				_, err = d.asynq.EnqueueContext(ctx, task)
+			}
+		}
+	}
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		// Left in "dispatching": resendStale retries it.
 		return err
 	}

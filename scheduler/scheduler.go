@@ -624,3 +624,57 @@ func (s *Scheduler) Take(ctx context.Context) (wire.Payload, error) {
 	_ = s.release(ctx)
 	return wire.Payload{}, errEmpty
 }
+
+// RunningMembers lists the tenant's dispatched, unfinished task ids as Redis has them.
+func (s *Scheduler) RunningMembers(ctx context.Context, tenantID string) ([]string, error) {
+	return s.rdb.SMembers(ctx, s.keys.TenantRunning(tenantID)).Result()
+}
+
+// AddRunning re-adds a running task that Redis lost to its tenant's running set, so
+// the tenant's cap counts it.
+func (s *Scheduler) AddRunning(ctx context.Context, tenantID, taskID string) error {
+	pipe := s.rdb.TxPipeline()
+	pipe.SAdd(ctx, s.keys.TenantRunning(tenantID), taskID)
+	pipe.Expire(ctx, s.keys.TenantRunning(tenantID), queueTTL)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// poolFixScript sets the pool counter to the in-flight count measured by the janitor,
+// unless it moved since it was read.
+//
+// KEYS[1] pool inflight   ARGV[1] value read   ARGV[2] measured value
+var poolFixScript = redis.NewScript(`
+if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return -1 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', 86400)
+return 1
+`)
+
+// ReconcilePool recounts the tasks the worker pool holds (every shard's dispatching
+// and inflight sets) and corrects the pool counter if it drifted (a crash between a
+// reservation and its release). It returns the drift it corrected.
+func (s *Scheduler) ReconcilePool(ctx context.Context) (int64, error) {
+	before, err := s.rdb.Get(ctx, s.keys.PoolInflight()).Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, err
+	}
+	var actual int64
+	for shard := range s.keys.Shards() {
+		pipe := s.rdb.Pipeline()
+		a := pipe.ZCard(ctx, s.keys.Inflight(shard))
+		b := pipe.ZCard(ctx, s.keys.Dispatching(shard))
+		if _, err := pipe.Exec(ctx); err != nil {
+			return 0, err
+		}
+		actual += a.Val() + b.Val()
+	}
+	if actual == before {
+		return 0, nil
+	}
+	n, err := poolFixScript.Run(ctx, s.rdb, []string{s.keys.PoolInflight()}, strconv.FormatInt(before, 10), actual).Int()
+	if err != nil || n != 1 {
+		return 0, err // it moved: dispatch is busy; the next run looks again
+	}
+	s.wake(ctx)
+	return actual - before, nil
+}

@@ -15,10 +15,11 @@ const (
 	RoleAPI       = "api"
 	RoleScheduler = "scheduler"
 	RoleWorker    = "worker"
+	RoleJanitor   = "janitor"
 )
 
 // AllRoles is what `agentq serve` runs without --roles.
-var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker}
+var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker, RoleJanitor}
 
 // Config is the process configuration. Zero values are filled by Defaults.
 type Config struct {
@@ -36,6 +37,7 @@ type Config struct {
 	Roles             []string
 	RedisTimeout      time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
 	AgentSecret       string        // AGENTQ_AGENT_SECRET: signs step requests to HTTP agents
+	JanitorInterval   time.Duration // AGENTQ_JANITOR_INTERVAL
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -53,6 +55,7 @@ func Defaults() Config {
 		Prefetch:          4,
 		ShutdownTimeout:   10 * time.Second,
 		RedisTimeout:      80 * time.Millisecond,
+		JanitorInterval:   5 * time.Minute,
 		UpgradeURL:        "https://agentq.example/upgrade",
 		Roles:             slices.Clone(AllRoles),
 	}
@@ -100,6 +103,7 @@ func FromEnv() (Config, error) {
 	}
 	dur("AGENTQ_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
 	dur("AGENTQ_REDIS_TIMEOUT", &c.RedisTimeout)
+	dur("AGENTQ_JANITOR_INTERVAL", &c.JanitorInterval)
 	limit := func(name string, dst **float64) {
 		if v := os.Getenv(name); v != "" {
 			f, err := strconv.ParseFloat(v, 64)

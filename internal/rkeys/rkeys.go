@@ -86,6 +86,11 @@ func (k Keys) Workers() string { return k.globalTag() + ":workers" }
 // WorkerSlots is the HASH of worker id → concurrency.
 func (k Keys) WorkerSlots() string { return k.globalTag() + ":wslots" }
 
+// Generation is the STRING marking this Redis's data generation: the janitor sets it
+// and a Redis that lost its data (FLUSHDB, restart without persistence) no longer has
+// it, which triggers an immediate reconciliation from Postgres.
+func (k Keys) Generation() string { return k.globalTag() + ":generation" }
+
 // PoolInflight is the STRING counting tasks handed to the worker pool (dispatching or
 // in asynq) and not finished, across shards: the backpressure gate.
 func (k Keys) PoolInflight() string { return k.globalTag() + ":inflight" }

@@ -751,3 +751,110 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// --- janitor ---------------------------------------------------------------------
+
+// StaleTask is a running task whose worker stopped heartbeating.
+type StaleTask struct {
+	ID       uuid.UUID
+	TenantID string
+	Priority int
+	Attempt  int
+}
+
+// ListStaleRunning returns running tasks whose heartbeat is older than staleAfter.
+func (s *Store) ListStaleRunning(ctx context.Context, staleAfter time.Duration, limit int) ([]StaleTask, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, tenant_id, priority, attempt FROM tasks
+		WHERE state = 'running' AND heartbeat_at < now() - $1::interval ORDER BY id LIMIT $2`,
+		fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds()), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []StaleTask
+	for rows.Next() {
+		var t StaleTask
+		if err := rows.Scan(&t.ID, &t.TenantID, &t.Priority, &t.Attempt); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// RequeueStale puts a running task whose heartbeat is older than staleAfter back to
+// queued, keeping its recorded steps; created_at is kept, so it returns to its place.
+func (s *Store) RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (Task, bool, error) {
+	t, err := scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval
+		RETURNING `+taskCols, id, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds())))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// LiveTask is a queued or running task, for reconciling Redis state.
+type LiveTask struct {
+	ID            uuid.UUID
+	State         string
+	MaxWallclockS float64
+}
+
+// LiveTasks returns a tenant's queued and running tasks.
+func (s *Store) LiveTasks(ctx context.Context, tenantID string) ([]LiveTask, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, state, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
+		WHERE tenant_id = $1 AND state IN ('queued', 'running')`, tenantID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []LiveTask
+	for rows.Next() {
+		var t LiveTask
+		if err := rows.Scan(&t.ID, &t.State, &t.MaxWallclockS); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// TenantsWithLiveTasks lists tenants that have queued or running tasks.
+func (s *Store) TenantsWithLiveTasks(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT DISTINCT tenant_id FROM tasks WHERE state IN ('queued', 'running') ORDER BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// TaskStates returns the states of the given tasks (absent ids are unknown).
+func (s *Store) TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, state FROM tasks WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[uuid.UUID]string{}
+	for rows.Next() {
+		var id uuid.UUID
+		var st string
+		if err := rows.Scan(&id, &st); err != nil {
+			return nil, err
+		}
+		out[id] = st
+	}
+	return out, rows.Err()
+}
