@@ -174,9 +174,9 @@ func TestLeaseReleasedAtEveryTerminalState(t *testing.T) {
 		req   client.SubmitTaskRequest
 		state string
 	}{
-		{"completed", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 1}}, "completed"},
-		{"failed", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 2, "fail_at_step": 1}}, "failed"},
-		{"budget_exceeded", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 5}, Budget: &client.BudgetRequest{MaxSteps: &steps}}, "budget_exceeded"},
+		{"completed", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 1, "step_ms": 300}}, "completed"},
+		{"failed", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 2, "fail_at_step": 1, "step_ms": 300}}, "failed"},
+		{"budget_exceeded", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 5, "step_ms": 300}, Budget: &client.BudgetRequest{MaxSteps: &steps}}, "budget_exceeded"},
 		{"killed while running", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 100, "step_ms": 50}}, "killed"},
 	}
 	for _, tc := range cases {

@@ -197,7 +197,7 @@ func TestBudgetsAndTenantQuotasEndTasks(t *testing.T) {
 	}{
 		{"max_steps", nil, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}, Budget: &client.BudgetRequest{MaxSteps: &four}}, 4, "max_steps 4"},
 		{"max_cost_usd", nil, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}, Budget: &client.BudgetRequest{MaxCostUSD: &cost}}, 3, "max_cost_usd"},
-		{"max_wallclock_s", nil, client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 100, "step_ms": 300}, Budget: &client.BudgetRequest{MaxWallclockS: &wall}}, 3, "max_wallclock_s"},
+		{"max_wallclock_s", nil, client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 100, "step_ms": 300}, Budget: &client.BudgetRequest{MaxWallclockS: &wall}}, -1, "max_wallclock_s"},
 		{"agent_steps_daily", map[string]float64{"agent_steps_daily": 2}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "agent_steps_daily limit of 2"},
 		{"ai_tokens_monthly", map[string]float64{"ai_tokens_monthly": 20}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "ai_tokens_monthly limit of 20"},
 		{"usd_monthly", map[string]float64{"usd_monthly": 0.0025}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "usd_monthly"},
@@ -205,7 +205,8 @@ func TestBudgetsAndTenantQuotasEndTasks(t *testing.T) {
 	for i, tc := range cases {
 		c, _ := h.tenantClient("b"+strings.Repeat("x", i), "pro", tc.overrides)
 		task := run(t, c, tc.req)
-		if task.State != "budget_exceeded" || task.Usage.Steps != tc.steps || !strings.Contains(deref(task.Error), tc.errSubstr) {
+		stepsOK := task.Usage.Steps == tc.steps || (tc.steps < 0 && task.Usage.Steps >= 1 && task.Usage.Steps <= 3) // 1 s of 300 ms steps, however slow the machine
+		if task.State != "budget_exceeded" || !stepsOK || !strings.Contains(deref(task.Error), tc.errSubstr) {
 			t.Errorf("%s: %s after %d steps (%s); want budget_exceeded after %d naming %q", tc.name, task.State, task.Usage.Steps, deref(task.Error), tc.steps, tc.errSubstr)
 		}
 	}
@@ -298,7 +299,7 @@ func TestEventStream(t *testing.T) {
 	h, _ := startWithAgents(t)
 	_, key := h.tenantClient("ev", "pro", map[string]float64{"concurrent_sessions": 2})
 	var task struct{ ID string }
-	h.do("POST", "/v1/tasks", key.Key, `{"agent":"sim","input":{"steps":3,"step_ms":100,"tokens_per_step":5}}`, &task)
+	h.do("POST", "/v1/tasks", key.Key, `{"agent":"sim","input":{"steps":3,"step_ms":400,"tokens_per_step":5}}`, &task)
 	req, _ := http.NewRequest("GET", h.base+"/v1/tasks/"+task.ID+"/events", nil)
 	req.Header.Set("Authorization", "Bearer "+key.Key)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)

@@ -60,6 +60,9 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	cfg.RedisPrefix = e.keys.Prefix()
 	cfg.WorkerConcurrency = 8
 	cfg.ShutdownTimeout = 5 * time.Second
+	// The race detector and parallel tests slow everything down; degraded mode has its
+	// own test with a dead Redis.
+	cfg.RedisTimeout = 2 * time.Second
 	o := agentq.Options{
 		Config: cfg, Redis: e.rdb, Pool: e.pool,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -157,4 +160,8 @@ func decodeJSON(t *testing.T, resp *http.Response, out any) {
 
 func storeParams(id string) store.GetTaskParams {
 	return store.GetTaskParams{ID: uuid.MustParse(id)}
+}
+
+func pgConnect(ctx context.Context) (*pgxpool.Pool, error) {
+	return pgxpool.New(ctx, testenv.DatabaseURL())
 }

@@ -51,6 +51,7 @@ type Janitor struct {
 	leader   *pgxpool.Conn
 	lockID   int64
 	isLeader bool
+	haltOnly bool // halted as if crashed: do not unlock on the way out
 }
 
 // JanitorReport says what one run found and fixed, per kind of drift.
@@ -139,6 +140,20 @@ func (j *Janitor) Stop() {
 	}
 }
 
+// halt stops the loop the way a crash would: no unlock, the session just ends (and
+// Postgres frees the lock with it). Tests use it to kill a leader.
+func (j *Janitor) halt() {
+	j.mu.Lock()
+	cancel, done := j.cancel, j.done
+	j.cancel = nil
+	j.haltOnly = true
+	j.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
 // Leader reports whether this replica holds the janitor lock.
 func (j *Janitor) Leader() bool {
 	j.mu.Lock()
@@ -193,6 +208,13 @@ func (j *Janitor) resign() {
 	if j.leader == nil {
 		return
 	}
+	if j.haltOnly {
+		// a crash: the session just ends, and Postgres frees the lock with it
+		j.leader.Conn().Close(context.Background())
+		j.leader.Release()
+		j.leader, j.isLeader = nil, false
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, _ = j.leader.Exec(ctx, `SELECT pg_advisory_unlock($1)`, j.lockID)
@@ -241,7 +263,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (JanitorReport, error) {
 	if err := j.reconcileLeaks(ctx, &rep); err != nil {
 		j.log.Warn("reconciling leases of ended tasks failed", "err", err)
 	}
-	if rep.Repushed, err = j.recovery.runOnce(ctx); err != nil {
+	if rep.Repushed, err = j.recovery.sweep(ctx, 0); err != nil {
 		return rep, fmt.Errorf("janitor: re-push: %w", err)
 	}
 	if rep.PoolCorrected, err = j.sched.ReconcilePool(ctx); err != nil {
@@ -450,4 +472,3 @@ func (j *Janitor) reconcileLeaks(ctx context.Context, rep *JanitorReport) error 
 	}
 	return nil
 }
-

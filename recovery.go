@@ -74,12 +74,17 @@ func (r *recovery) Stop() {
 
 // runOnce walks every queued task once and re-pushes the missing ones. It returns how
 // many it pushed.
-func (r *recovery) runOnce(ctx context.Context) (int, error) {
+func (r *recovery) runOnce(ctx context.Context) (int, error) { return r.sweep(ctx, r.minAge) }
+
+// sweep re-pushes missing queued tasks older than minAge. Pushing a task that is
+// there already changes nothing, and a dispatched one is found in its running set, so
+// minAge only spares work on tasks whose admission is still pushing them.
+func (r *recovery) sweep(ctx context.Context, minAge time.Duration) (int, error) {
 	pushed := 0
 	after := uuid.Nil
 	tenants := map[string]scheduler.EnqueueParams{}
 	for {
-		page, err := r.store.ListQueued(ctx, store.ListQueuedParams{MinAge: r.minAge, After: after, Limit: 500})
+		page, err := r.store.ListQueued(ctx, store.ListQueuedParams{MinAge: minAge, After: after, Limit: 500})
 		if err != nil || len(page) == 0 {
 			return pushed, err
 		}

@@ -301,10 +301,13 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 		}
 	}()
 	finish = func(state, errText string, output json.RawMessage) {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_, ok, err := w.store.FinishTask(fctx, store.FinishTaskParams{
-			ID: task.ID, From: []string{store.StateRunning}, To: state, Output: output, Error: errText,
+		var ok bool
+		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
+			var err error
+			_, ok, err = w.store.FinishTask(ctx, store.FinishTaskParams{
+				ID: task.ID, From: []string{store.StateRunning}, To: state, Output: output, Error: errText,
+			})
+			return err
 		})
 		if err != nil {
 			log.Error("recording terminal state failed", "state", state, "err", err)
@@ -316,9 +319,13 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 		}
 	}
 	requeue := func(why string, err error) bool {
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer rcancel()
-		if ok, rerr := w.store.RequeueTask(rctx, task.ID); rerr != nil || !ok {
+		var ok bool
+		rerr := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
+			var err error
+			ok, err = w.store.RequeueTask(ctx, task.ID)
+			return err
+		})
+		if rerr != nil || !ok {
 			log.Warn("re-queueing the task failed", "why", why, "err", rerr)
 			return false
 		}
@@ -327,7 +334,12 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 	}
 	w.publish(ctx, Event{Type: "state", TaskID: id, State: store.StateRunning})
 
-	tenant, err := w.store.GetTenant(ctx, task.TenantID)
+	var tenant store.Tenant
+	err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
+		var err error
+		tenant, err = w.store.GetTenant(ctx, task.TenantID)
+		return err
+	})
 	if err != nil {
 		return requeue("reading the tenant failed", err)
 	}
@@ -338,7 +350,19 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			limits = quotas.LimitsOf(eff)
 		}
 	}
-	exec, err := w.agents.Lookup(ctx, task.Agent)
+	var exec Executor
+	err = holdUntilRecorded(ctx, log, func(ctx context.Context) error {
+		var err error
+		exec, err = w.agents.Lookup(ctx, task.Agent)
+		var unknown *UnknownAgentError
+		if errors.As(err, &unknown) {
+			return nil // not a transient failure: handled below
+		}
+		return err
+	})
+	if err == nil && exec == nil {
+		exec, err = w.agents.Lookup(ctx, task.Agent)
+	}
 	if err != nil {
 		var unknown *UnknownAgentError
 		if errors.As(err, &unknown) {
@@ -449,8 +473,13 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			return false
 		}
 		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
-		ok, err := w.store.RecordStep(ctx, store.RecordStepParams{
-			ID: task.ID, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
+		var ok bool
+		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
+			var err error
+			ok, err = w.store.RecordStep(ctx, store.RecordStepParams{
+				ID: task.ID, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
+			})
+			return err
 		})
 		if err != nil || !ok {
 			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
@@ -477,6 +506,35 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			finish(store.StateCompleted, "", res.Output)
 			return false
 		}
+	}
+}
+
+// holdFor bounds how long a worker retries a Postgres read or write (a finished step's
+// result, the terminal state, the task's tenant) while Postgres is unreachable before
+// it gives the task up (the janitor then re-runs it from its last recorded step).
+const holdFor = 2 * time.Minute
+
+// holdUntilRecorded runs write until it succeeds, retrying with backoff for up to
+// holdFor: a Postgres restart must not turn a finished step into a failed task.
+func holdUntilRecorded(ctx context.Context, log *slog.Logger, write func(context.Context) error) error {
+	deadline := time.Now().Add(holdFor)
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := write(wctx)
+		cancel()
+		if err == nil || errors.Is(err, store.ErrNotFound) || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		if attempt == 1 {
+			log.Warn("Postgres write failed; holding the result and retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
 	}
 }
 

@@ -1,8 +1,13 @@
 package web
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net"
+
 	"fmt"
+	"github.com/jackc/pgx/v5/pgconn"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -73,6 +78,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		default:
 			ae = apiErr(he.Code, CodeInvalidRequest, "%v", he.Message)
 		}
+	case unreachable(err):
+		s.log.Warn("a backing service is unreachable", "method", c.Request().Method, "path", c.Path(), "err", err)
+		ae = unavailable()
 	default:
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
 		ae = apiErr(http.StatusInternalServerError, CodeInternal, "Internal error; it has been logged.")
@@ -85,6 +93,20 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		return
 	}
 	_ = c.JSON(ae.Status, ae.body())
+}
+
+// unreachable tells a backing service that cannot be reached (Postgres restarting, a
+// dropped connection, a timeout) from a real internal error: the first is a 503 the
+// client retries, the second a 500.
+func unreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code[:2] == "57" || pgErr.Code[:2] == "08" // operator intervention, connection exception
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
+		pgconn.Timeout(err) || pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
 
 func tooLarge() *APIError {

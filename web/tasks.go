@@ -191,6 +191,11 @@ func (s *Server) submitTask(c echo.Context) error {
 		}
 	}
 
+	// Postgres must be able to take the task before any limit is spent on it: a
+	// refusal for an unreachable database leaves every bucket as it was.
+	if err := s.Store.Ping(ctx); err != nil {
+		return unavailable()
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return err

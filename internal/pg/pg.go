@@ -18,6 +18,9 @@ func Connect(ctx context.Context, url, searchPath string) (*pgxpool.Pool, error)
 	}
 	if searchPath != "" {
 		cfg.ConnConfig.RuntimeParams["search_path"] = searchPath
+		cfg.ConnConfig.RuntimeParams["application_name"] = "agentq:" + searchPath
+	} else if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "agentq"
 	}
 	cfg.MaxConns = max(cfg.MaxConns, 16)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -1,0 +1,257 @@
+package agentq_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+// apiOnly runs no dispatcher, worker or janitor: the test drives the janitor itself.
+func apiOnly(o *agentq.Options) { o.Config.Roles = []string{config.RoleAPI} }
+
+func TestJanitorReconcilesEachKind(t *testing.T) {
+	t.Parallel()
+	h := start(t, apiOnly)
+	ctx := context.Background()
+	c, key := h.tenantClient("jr", "pro", nil)
+	db := h.app.Store.Pool()
+	sub := func() string {
+		task, err := c.SubmitTask(ctx, sim(1, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return task.ID
+	}
+	// 1. a lease of a task that ended while its release was lost
+	ended := sub()
+	if _, err := db.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, ended); err != nil {
+		t.Fatal(err)
+	}
+	// 2. a queued task whose lease and queue entry Redis lost
+	lost := sub()
+	h.app.Quotas.Release(ctx, "jr", lost)
+	h.app.Scheduler.Remove(ctx, "jr", uuid.MustParse(lost))
+	// 3. a running task missing from the running set; 4. a running-set entry of an
+	// ended task holding a pool slot
+	running := sub()
+	h.app.Scheduler.Remove(ctx, "jr", uuid.MustParse(running))
+	if _, err := db.Exec(ctx, `UPDATE tasks SET state = 'running', started_at = now(), heartbeat_at = now(), attempt = 1 WHERE id = $1`, running); err != nil {
+		t.Fatal(err)
+	}
+	ghost := uuid.Must(uuid.NewV7()).String()
+	if err := h.app.Scheduler.AddRunning(ctx, "jr", ghost); err != nil {
+		t.Fatal(err)
+	}
+	h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 5, time.Hour) // drifted pool counter
+
+	rep, err := h.app.Janitor.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.LeasesReleased != 1 || rep.LeasesAdded != 1 || rep.RunningAdded != 1 || rep.RunningRemoved != 1 || rep.Repushed != 1 || rep.PoolCorrected != -5 {
+		t.Fatalf("report %+v, want 1 lease released, 1 added, 1 running added, 1 removed, 1 re-pushed, pool -5", rep)
+	}
+	sess, _, _ := h.app.Quotas.Leases(ctx, "jr")
+	slices.Sort(sess)
+	want := []string{lost, running}
+	slices.Sort(want)
+	if !slices.Equal(sess, want) {
+		t.Fatalf("leases %v, want the live tasks %v", sess, want)
+	}
+	if members, _ := h.app.Scheduler.RunningMembers(ctx, "jr"); !slices.Equal(members, []string{running}) {
+		t.Fatalf("running set %v", members)
+	}
+	if h.app.Redis.ZScore(ctx, h.app.Keys.TenantQueue("jr"), lost).Err() != nil {
+		t.Fatal("the lost queued task was not pushed back")
+	}
+	// a second run finds nothing
+	if rep, _ := h.app.Janitor.RunOnce(ctx); rep.LeasesReleased+rep.LeasesAdded+rep.RunningAdded+rep.RunningRemoved+rep.Repushed != 0 || rep.PoolCorrected != 0 {
+		t.Fatalf("second run: %+v", rep)
+	}
+	_ = key
+}
+
+func TestJanitorRequeuesOrAbandonsTasksWithAStaleHeartbeat(t *testing.T) {
+	t.Parallel()
+	h := start(t, apiOnly)
+	ctx := context.Background()
+	c, key := h.tenantClient("js", "pro", nil)
+	db := h.app.Store.Pool()
+	retry, _ := c.SubmitTask(ctx, sim(2, 1))
+	dead, _ := c.SubmitTask(ctx, sim(2, 1))
+	alive, _ := c.SubmitTask(ctx, sim(2, 1))
+	for _, id := range []string{retry.ID, dead.ID, alive.ID} {
+		h.app.Scheduler.Remove(ctx, "js", uuid.MustParse(id))
+	}
+	set := func(id string, attempt int, age string) {
+		if _, err := db.Exec(ctx, `UPDATE tasks SET state = 'running', started_at = now(), attempt = $2, steps = 1,
+			heartbeat_at = now() - $3::interval WHERE id = $1`, id, attempt, age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(retry.ID, 1, "1 minute")
+	set(dead.ID, 3, "1 minute")
+	set(alive.ID, 1, "2 seconds")
+	rep, err := h.app.Janitor.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.StaleRequeued != 1 || rep.Abandoned != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	got := func(id string) *client.Task { tk, _ := c.GetTask(ctx, id); return tk }
+	if tk := got(retry.ID); tk.State != "queued" || tk.Usage.Steps != 1 {
+		t.Fatalf("stale task with attempts left: %s, %d steps kept", tk.State, tk.Usage.Steps)
+	}
+	if h.app.Redis.ZScore(ctx, h.app.Keys.TenantQueue("js"), retry.ID).Err() != nil {
+		t.Fatal("the re-queued task is not in its tenant's queue")
+	}
+	if tk := got(dead.ID); tk.State != "abandoned" || tk.FinishedAt == nil {
+		t.Fatalf("stale task out of attempts: %s", tk.State)
+	}
+	if tk := got(alive.ID); tk.State != "running" {
+		t.Fatalf("a task with a fresh heartbeat was touched: %s", tk.State)
+	}
+	sess, _, _ := h.app.Quotas.Leases(ctx, "js")
+	if slices.Contains(sess, dead.ID) {
+		t.Fatal("the abandoned task still holds its lease")
+	}
+	_ = key
+}
+
+// After Redis lost everything, the queued backlog comes back in admission order.
+func TestJanitorRepushesInOrderAfterRedisDataLoss(t *testing.T) {
+	t.Parallel()
+	h := start(t, apiOnly)
+	ctx := context.Background()
+	c, _ := h.tenantClient("jo", "pro", nil)
+	var ids []string
+	for i := range 6 {
+		task, err := c.SubmitTask(ctx, client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 1, "step_ms": i + 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, task.ID)
+	}
+	testenv.DeletePrefix(ctx, h.app.Redis, h.app.Keys.Prefix())
+	rep, err := h.app.Janitor.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Repushed != 6 || rep.LeasesAdded != 6 {
+		t.Fatalf("report %+v, want 6 re-pushed with their leases", rep)
+	}
+	got, _ := h.app.Redis.ZRange(ctx, h.app.Keys.TenantQueue("jo"), 0, -1).Result()
+	if !slices.Equal(got, ids) {
+		t.Fatalf("queue after recovery %v, want admission order %v", got, ids)
+	}
+}
+
+func TestJanitorLeaderFailover(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	janitorOnly := func(o *agentq.Options) {
+		o.Config.Roles = []string{config.RoleJanitor}
+		o.Config.JanitorInterval = time.Hour
+	}
+	a := e.start(t, janitorOnly)
+	b := e.start(t, janitorOnly)
+	leaders := func() (bool, bool) { return a.app.Janitor.Leader(), b.app.Janitor.Leader() }
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				la, lb := leaders()
+				t.Fatalf("%s: leaders a=%v b=%v", what, la, lb)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("one leader", func() bool { la, lb := leaders(); return la != lb })
+	first, second := a, b
+	if b.app.Janitor.Leader() {
+		first, second = b, a
+	}
+	// The leader's process dies: its loop stops where it is and its database session
+	// ends, and with the session the lock. No unlock is sent.
+	first.app.Janitor.Halt()
+	if first.app.Janitor.Leader() {
+		t.Fatal("a halted janitor still says it leads")
+	}
+	waitFor("the other replica takes over", func() bool { return second.app.Janitor.Leader() })
+	// a run on the new leader works
+	if _, err := second.app.Janitor.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var _ = schemaOf
+
+func schemaOf(t *testing.T, e *env) string {
+	var s string
+	if err := e.pool.QueryRow(context.Background(), `SELECT current_schema()`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A Postgres connection loss under load (every session of the process terminated,
+// as a restart does) loses no task: workers hold results and retry, requests see 503s
+// at worst, and everything completes.
+func TestPostgresConnectionLossDuringLoad(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h := e.start(t)
+	ctx := context.Background()
+	c, _ := h.tenantClient("pg", "pro", nil)
+	var ids []string
+	for range 20 {
+		task, err := c.SubmitTask(ctx, sim(4, 50))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, task.ID)
+	}
+	time.Sleep(150 * time.Millisecond)
+	schema := schemaOf(t, e)
+	admin, err := pgConnect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for range 3 {
+		if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, "agentq:"+schema); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, id := range ids {
+		if got := waitTerminal(t, c, id, 60*time.Second); got.State != "completed" {
+			t.Fatalf("task %s ended %s (%s)", id, got.State, deref(got.Error))
+		}
+	}
+}
+
+func waitTerminal(t *testing.T, c *client.Client, id string, within time.Duration) *client.Task {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		task, err := c.GetTask(context.Background(), id)
+		if err == nil && task.Terminal() {
+			return task
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s not terminal after %v (%v, %v)", id, within, task, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
