@@ -6,7 +6,7 @@ SHELL := /usr/bin/env bash
 GO       ?= go
 FUZZTIME ?= 20s
 
-.PHONY: all test services vet build dev fuzz lint
+.PHONY: all test services vet build dev fuzz lint chaos chaos-short
 
 all: build
 
@@ -53,3 +53,12 @@ lint:
 	  echo "These files are not gofmt-formatted (run: gofmt -w <file>):"; echo "$$out"; exit 1; \
 	fi; \
 	echo "gofmt: ok"
+
+## chaos: a scripted fault run (FLUSHDB Redis, kill -9 the server, restart Postgres)
+## that fails unless every accepted task ends and no lease leaks (scripts/chaos.sh).
+chaos:
+	bash scripts/chaos.sh
+
+## chaos-short: the same with fewer tasks, as CI runs it.
+chaos-short:
+	CHAOS_TASKS=30 bash scripts/chaos.sh

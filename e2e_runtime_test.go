@@ -367,3 +367,42 @@ func TestEventStream(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Shutting down ends open event streams at once (the client reconnects elsewhere),
+// so shutdown does not wait on them, and their session slots are given back.
+func TestShutdownEndsOpenStreams(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h := e.start(t)
+	_, key := h.tenantClient("sd", "pro", nil)
+	var task struct{ ID string }
+	h.do("POST", "/v1/tasks", key.Key, `{"agent":"sim","input":{"steps":100,"step_ms":100}}`, &task)
+	req, _ := http.NewRequest("GET", h.base+"/v1/tasks/"+task.ID+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+key.Key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got := make(chan string, 1)
+	go func() { b, _ := io.ReadAll(resp.Body); got <- string(b) }()
+	t0 := time.Now()
+	h.stop()
+	if d := time.Since(t0); d > 9*time.Second {
+		t.Fatalf("shutdown took %v with a stream open", d)
+	}
+	select {
+	case body := <-got:
+		if !strings.Contains(body, "event: shutdown") {
+			t.Fatalf("the stream ended without a shutdown event: %q", body[max(0, len(body)-200):])
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream is still open after shutdown")
+	}
+	sess, _ := e.rdb.ZRange(context.Background(), h.app.Keys.Sessions("sd"), 0, -1).Result()
+	for _, m := range sess {
+		if strings.HasPrefix(m, "stream:") {
+			t.Fatalf("the stream's session slot survived shutdown: %v", sess)
+		}
+	}
+}

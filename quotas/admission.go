@@ -515,7 +515,10 @@ type QuotaExceeded struct {
 }
 
 func (e *QuotaExceeded) Error() string {
-	return fmt.Sprintf("%s limit of %g reached (used %g)", e.LimitType, e.Limit, e.Used)
+	if e.LimitType == USDMonthly { // micro-dollars inside, dollars outside
+		return fmt.Sprintf("%s limit of $%.2f reached (used $%.6f)", e.LimitType, e.Limit/1e6, e.Used/1e6)
+	}
+	return fmt.Sprintf("%s limit of %.0f reached (used %.0f)", e.LimitType, e.Limit, e.Used)
 }
 
 // ReserveStep checks agent_steps_daily, ai_tokens_monthly and usd_monthly before a
@@ -618,7 +621,7 @@ if not now then
 end
 local n = redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
 n = n + redis.call('ZADD', KEYS[2], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
-if n > 0 then
+if n > 0 and redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
 end
 return n
@@ -652,10 +655,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 `)
 
+// StreamLeaseTTL bounds a stream's session slot between refreshes: a process that
+// dies with streams open frees their slots within it.
+const StreamLeaseTTL = time.Minute
+
 // AcquireSession takes one of the tenant's concurrent-session slots for member (an
-// open stream) until Release. limit 0 means no limit.
+// open stream) for StreamLeaseTTL; TouchSession keeps it, Release frees it. limit 0
+// means no limit.
 func (q *Quotas) AcquireSession(ctx context.Context, tenantID, member string, limit int64) (bool, error) {
-	n, err := acquireScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID)}, q.nowArg(), member, limit, leaseTTL.Milliseconds()).Int()
+	n, err := acquireScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID)}, q.nowArg(), member, limit, StreamLeaseTTL.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("quotas: acquire session: %w", err)
 	}
@@ -686,4 +694,10 @@ func (q *Quotas) AddLease(ctx context.Context, tenantID, taskID string, long boo
 	}
 	_, err := pipe.Exec(ctx)
 	return err
+}
+
+// TouchSession keeps a stream's session slot for another StreamLeaseTTL.
+func (q *Quotas) TouchSession(ctx context.Context, tenantID, member string) error {
+	return touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
+		q.nowArg(), member, StreamLeaseTTL.Milliseconds()).Err()
 }

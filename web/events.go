@@ -93,7 +93,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 	msgs := sub.Channel()
 	poll := time.NewTicker(time.Second) // the terminal state arrives even if a message is lost
 	defer poll.Stop()
-	keepalive := time.NewTicker(15 * time.Second)
+	keepalive := time.NewTicker(quotas.StreamLeaseTTL / 4)
 	defer keepalive.Stop()
 	for {
 		select {
@@ -127,6 +127,15 @@ func (s *Server) taskEvents(c echo.Context) error {
 				return nil
 			}
 			w.Flush()
+			if err := s.Admission.Quotas().TouchSession(ctx, tenant.ID, member); err != nil {
+				s.log.Warn("refreshing a stream's session slot failed", "err", err)
+			}
+		case <-s.closing:
+			// the server is shutting down: end the stream so shutdown does not wait on
+			// it; the client reconnects to another replica
+			_, _ = fmt.Fprint(w, "event: shutdown\ndata: {}\n\n")
+			w.Flush()
+			return nil
 		}
 	}
 }

@@ -68,6 +68,7 @@ type Server struct {
 	keys    *apikey.Cache
 	tenants *expirable.LRU[string, store.Tenant]
 
+	closing  chan struct{} // closed when Shutdown begins: open streams end
 	mu       sync.Mutex
 	httpSrv  *http.Server
 	stopSub  context.CancelFunc
@@ -77,7 +78,7 @@ type Server struct {
 
 // New builds the API.
 func New(d Deps) *Server {
-	s := &Server{Deps: d, log: d.Logger}
+	s := &Server{Deps: d, log: d.Logger, closing: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -182,6 +183,9 @@ func (s *Server) StartSubscriptions(ctx context.Context) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	srv, stop, done := s.httpSrv, s.stopSub, s.subDone
+	if !s.shutdown {
+		close(s.closing)
+	}
 	s.shutdown = true
 	s.mu.Unlock()
 	var err error
