@@ -20,6 +20,7 @@ import (
 
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/pg"
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/migrations"
@@ -184,10 +185,7 @@ func (e *benchEnv) close() {
 	}
 	_, _ = e.b.pool.Exec(ctx, "DROP SCHEMA "+e.schema+" CASCADE")
 	for _, p := range []string{e.keys.Prefix(), "asynq:{" + e.keys.Prefix()} {
-		iter := e.b.rdb.Scan(ctx, 0, p+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			e.b.rdb.Del(ctx, iter.Val())
-		}
+		redisx.DeletePrefix(ctx, e.b.rdb, p)
 	}
 }
 
@@ -370,12 +368,7 @@ func totalCommands(ctx context.Context, rdb *redis.Client) (int64, error) {
 // users without a fair scheduler get.
 func (b *fairBench) fifo(ctx context.Context) (float64, error) {
 	queue := "fifo" + uuid.NewString()[:8]
-	defer func() {
-		iter := b.rdb.Scan(context.Background(), 0, "asynq:{"+queue+"}*", 1000).Iterator()
-		for iter.Next(context.Background()) {
-			b.rdb.Del(context.Background(), iter.Val())
-		}
-	}()
+	defer redisx.DeletePrefix(context.Background(), b.rdb, "asynq:{"+queue+"}")
 	type job struct {
 		Tenant   string    `json:"tenant"`
 		Ms       int       `json:"ms"`
@@ -537,12 +530,7 @@ func (b *fairBench) scale(ctx context.Context, out *FairnessBench) error {
 	measure := func(tenants int) (float64, float64, float64, error) {
 		prefix := "benchscale" + uuid.NewString()[:8] + ":"
 		keys := rkeys.New(prefix, 1)
-		defer func() {
-			iter := b.rdb.Scan(context.Background(), 0, prefix+"*", 1000).Iterator()
-			for iter.Next(context.Background()) {
-				b.rdb.Del(context.Background(), iter.Val())
-			}
-		}()
+		defer redisx.DeletePrefix(context.Background(), b.rdb, prefix)
 		s := scheduler.New(b.rdb, keys, scheduler.Options{})
 		if err := s.Heartbeat(ctx, "bench", 1<<30, time.Hour); err != nil {
 			return 0, 0, 0, err

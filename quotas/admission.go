@@ -177,12 +177,7 @@ type AdmitParams struct {
 //
 // "denied" takes nothing but the key's token: the key bucket comes first and counts
 // every request; "out of scope" takes the key's token only.
-var admitScript = redis.NewScript(`
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local floor, call, unpackn, pack = math.floor, redis.call, struct.unpack, struct.pack
 local hour = floor(now / 3600000)
@@ -330,6 +325,16 @@ end
 return reply
 `)
 
+// luaNow starts every script that needs the time: ARGV[1] is "now" in ms (tests pass
+// a fake clock), or "" to read Redis TIME, one clock for every replica.
+const luaNow = `
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+`
+
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
@@ -454,12 +459,7 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 // ARGV[4] usd monthly limit (micro)   ARGV[5] estimated tokens   ARGV[6] estimated usd
 // ARGV[7] tokens field   ARGV[8] usd field   ARGV[9] period id   ARGV[10] state ttl ms
 // Returns {0} when reserved, or {1, limit type, used, limit} when a quota refuses.
-var reserveStepScript = redis.NewScript(`
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+var reserveStepScript = redis.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
 local hour = math.floor(now / 3600000)
 local steps_max, tok_max, usd_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -548,12 +548,7 @@ func str(v any) string { s, _ := v.(string); return s }
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] tokens delta   ARGV[3] usd delta   ARGV[4] steps delta
 // ARGV[5] tokens field   ARGV[6] usd field
-var settleScript = redis.NewScript(`
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+var settleScript = redis.NewScript(luaNow + `
 if tonumber(ARGV[2]) ~= 0 then redis.call('HINCRBY', KEYS[1], ARGV[5], ARGV[2]) end
 if tonumber(ARGV[3]) ~= 0 then redis.call('HINCRBY', KEYS[1], ARGV[6], ARGV[3]) end
 if tonumber(ARGV[4]) ~= 0 then
@@ -613,12 +608,7 @@ func (q *Quotas) DropKey(ctx context.Context, tenantID, kid string) error {
 //
 // KEYS[1] session leases   KEYS[2] long-running leases   ARGV[1] now ms or ""
 // ARGV[2] task id   ARGV[3] lease ttl ms
-var touchScript = redis.NewScript(`
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+var touchScript = redis.NewScript(luaNow + `
 local n = redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
 n = n + redis.call('ZADD', KEYS[2], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
 if n > 0 and redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
@@ -639,12 +629,7 @@ func (q *Quotas) TouchLease(ctx context.Context, tenantID, taskID string) error 
 // KEYS[1] session leases   ARGV[1] now ms or ""   ARGV[2] member   ARGV[3] limit
 // ARGV[4] lease ttl ms
 // Returns 1 if the slot was taken.
-var acquireScript = redis.NewScript(`
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+var acquireScript = redis.NewScript(luaNow + `
 local limit = tonumber(ARGV[3])
 if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/benchutil"
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 )
 
@@ -104,7 +105,7 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	prefix := fmt.Sprintf("bench%d:", time.Now().UnixNano())
 	keys := rkeys.New(prefix, 1)
 	q := New(rdb, keys, nil)
-	defer cleanup(context.WithoutCancel(ctx), rdb, prefix)
+	defer redisx.DeletePrefix(context.WithoutCancel(ctx), rdb, prefix)
 	for _, s := range []*redis.Script{gcraScript, emptyScript, admitScript} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			return AdmissionBench{}, err
@@ -189,18 +190,3 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 func us(d time.Duration) float64 { return round1(float64(d.Nanoseconds()) / 1e3) }
 
 func round1(f float64) float64 { return math.Round(f*10) / 10 }
-
-func cleanup(ctx context.Context, rdb redis.UniversalClient, prefix string) {
-	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			rdb.Del(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		rdb.Del(ctx, batch...)
-	}
-}

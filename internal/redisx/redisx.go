@@ -28,3 +28,20 @@ func Connect(ctx context.Context, url string) (*redis.Client, error) {
 	}
 	return c, nil
 }
+
+// DeletePrefix deletes every key starting with prefix (test and benchmark clean-up;
+// SCAN-based, so it does not block the server).
+func DeletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) {
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			c.Del(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Del(ctx, batch...)
+	}
+}

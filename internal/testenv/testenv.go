@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/pg"
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/migrations"
 )
@@ -155,16 +156,5 @@ func Redis(t testing.TB, shards int) (*redis.Client, rkeys.Keys) {
 
 // DeletePrefix deletes every key starting with prefix.
 func DeletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) {
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			c.Del(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		c.Del(ctx, batch...)
-	}
+	redisx.DeletePrefix(ctx, c, prefix)
 }
