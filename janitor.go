@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -355,6 +356,9 @@ func (j *Janitor) reconcileTenant(ctx context.Context, tenant string, rep *Janit
 	for _, t := range live {
 		byID[t.ID.String()] = t
 	}
+	if err := j.releaseEnded(ctx, tenant, byID, rep); err != nil {
+		return err
+	}
 	sessions, long, err := j.quotas.Leases(ctx, tenant)
 	if err != nil {
 		return err
@@ -363,15 +367,28 @@ func (j *Janitor) reconcileTenant(ctx context.Context, tenant string, rep *Janit
 	for _, m := range append(sessions, long...) {
 		held[m] = true
 	}
-	if err := j.releaseEnded(ctx, tenant, append(sessions, long...), byID, rep); err != nil {
-		return err
-	}
+	var added []uuid.UUID
 	for id, t := range byID {
 		if !held[id] {
 			if err := j.quotas.AddLease(ctx, tenant, id, t.MaxWallclockS > quotas.LongRunningThreshold.Seconds()); err != nil {
 				return err
 			}
-			rep.LeasesAdded++
+			added = append(added, t.ID)
+		}
+	}
+	// A task may have ended (and released its lease) between the Postgres read and the
+	// lease read: give back any re-added lease whose task is no longer live.
+	if len(added) > 0 {
+		states, err := j.store.TaskStates(ctx, added)
+		if err != nil {
+			return err
+		}
+		for _, id := range added {
+			if store.Terminal(states[id]) {
+				_, _ = j.quotas.Release(ctx, tenant, id.String())
+			} else {
+				rep.LeasesAdded++
+			}
 		}
 	}
 	members, err := j.sched.RunningMembers(ctx, tenant)
@@ -385,25 +402,76 @@ func (j *Janitor) reconcileTenant(ctx context.Context, tenant string, rep *Janit
 	if err := j.dropEndedRunning(ctx, tenant, members, byID, rep); err != nil {
 		return err
 	}
+	var readded []uuid.UUID
 	for id, t := range byID {
 		if t.State == store.StateRunning && !inSet[id] {
 			if err := j.sched.AddRunning(ctx, tenant, id); err != nil {
 				return err
 			}
-			rep.RunningAdded++
+			readded = append(readded, t.ID)
+		}
+	}
+	// As with leases: a task that ended meanwhile must not keep a running slot.
+	if len(readded) > 0 {
+		states, err := j.store.TaskStates(ctx, readded)
+		if err != nil {
+			return err
+		}
+		for _, id := range readded {
+			if store.Terminal(states[id]) {
+				_ = j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: tenant, Band: "p5"}, -1)
+			} else {
+				rep.RunningAdded++
+			}
 		}
 	}
 	return nil
 }
 
-// releaseEnded releases leases whose task is not live (ended, or unknown to Postgres).
-// Leases of open event streams ("stream:…") are not tasks and are left alone.
-func (j *Janitor) releaseEnded(ctx context.Context, tenant string, members []string, live map[string]store.LiveTask, rep *JanitorReport) error {
-	for _, m := range members {
-		if _, ok := live[m]; ok || len(m) > 7 && m[:7] == "stream:" {
+// leaseGrace is how old a lease of a task Postgres does not know must be before it is
+// released: admission takes the lease just before the task row is committed.
+const leaseGrace = time.Minute
+
+// releaseEnded releases leases of tasks that ended, and of tasks Postgres does not know
+// once they are older than leaseGrace. Leases of open event streams ("stream:…") are
+// not tasks; they expire on their own within a minute of their stream's end.
+func (j *Janitor) releaseEnded(ctx context.Context, tenant string, live map[string]store.LiveTask, rep *JanitorReport) error {
+	sessions, long, err := j.quotas.LeaseAges(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	ages := map[string]time.Duration{}
+	for m, a := range sessions {
+		ages[m] = a
+	}
+	for m, a := range long {
+		ages[m] = max(ages[m], a)
+	}
+	var check []uuid.UUID
+	for m := range ages {
+		if _, ok := live[m]; ok || strings.HasPrefix(m, "stream:") {
 			continue
 		}
-		n, err := j.quotas.Release(ctx, tenant, m)
+		if id, err := uuid.Parse(m); err == nil {
+			check = append(check, id)
+		}
+	}
+	if len(check) == 0 {
+		return nil
+	}
+	states, err := j.store.TaskStates(ctx, check)
+	if err != nil {
+		return err
+	}
+	for _, id := range check {
+		st, known := states[id]
+		if known && !store.Terminal(st) {
+			continue // became live after the caller's read
+		}
+		if !known && ages[id.String()] < leaseGrace {
+			continue // maybe an admission still writing its task
+		}
+		n, err := j.quotas.Release(ctx, tenant, id.String())
 		if err != nil {
 			return err
 		}
@@ -455,11 +523,7 @@ func (j *Janitor) reconcileLeaks(ctx context.Context, rep *JanitorReport) error 
 		if hasLive[t.ID] || ctx.Err() != nil {
 			continue
 		}
-		sessions, long, err := j.quotas.Leases(ctx, t.ID)
-		if err != nil {
-			return err
-		}
-		if err := j.releaseEnded(ctx, t.ID, append(sessions, long...), nil, rep); err != nil {
+		if err := j.releaseEnded(ctx, t.ID, nil, rep); err != nil {
 			return err
 		}
 		members, err := j.sched.RunningMembers(ctx, t.ID)

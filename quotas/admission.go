@@ -657,13 +657,38 @@ func (q *Quotas) AcquireSession(ctx context.Context, tenantID, member string, li
 
 // Leases returns the members of a tenant's session and long-running lease sets.
 func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []string, err error) {
+	s, l, err := q.LeaseAges(ctx, tenantID)
+	for m := range s {
+		sessions = append(sessions, m)
+	}
+	for m := range l {
+		long = append(long, m)
+	}
+	return sessions, long, err
+}
+
+// LeaseAges returns a tenant's leases with the time since each was taken or last
+// refreshed.
+func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error) {
 	pipe := q.rdb.Pipeline()
-	a := pipe.ZRange(ctx, q.keys.Sessions(tenantID), 0, -1)
-	b := pipe.ZRange(ctx, q.keys.LongRunning(tenantID), 0, -1)
+	a := pipe.ZRangeWithScores(ctx, q.keys.Sessions(tenantID), 0, -1)
+	b := pipe.ZRangeWithScores(ctx, q.keys.LongRunning(tenantID), 0, -1)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, nil, fmt.Errorf("quotas: leases: %w", err)
 	}
-	return a.Val(), b.Val(), nil
+	now := time.Now().UnixMilli()
+	ages := func(zs []redis.Z) map[string]time.Duration {
+		out := make(map[string]time.Duration, len(zs))
+		for _, z := range zs {
+			ttl := leaseTTL
+			if m, _ := z.Member.(string); len(m) > 7 && m[:7] == "stream:" {
+				ttl = StreamLeaseTTL
+			}
+			out[z.Member.(string)] = time.Duration(now-int64(z.Score)+ttl.Milliseconds()) * time.Millisecond
+		}
+		return out
+	}
+	return ages(a.Val()), ages(b.Val()), nil
 }
 
 // AddLease re-adds the session (and, if long, long-running) lease of a live task that
