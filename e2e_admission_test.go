@@ -208,7 +208,8 @@ func TestLeaseReleasedAtEveryTerminalState(t *testing.T) {
 func TestUsageAgreesWithAdmissionAndConsumesNothing(t *testing.T) {
 	t.Parallel()
 	h := start(t)
-	key := h.tenantWith("pa", "pro", map[string]float64{"tenant_rate": 5, "tenant_rate_burst": 5, "agent_steps_daily": 500}, nil)
+	// a slow refill (one token per 100 s), so the bucket does not move between reads
+	key := h.tenantWith("pa", "pro", map[string]float64{"tenant_rate": 0.01, "tenant_rate_burst": 5, "agent_steps_daily": 500}, nil)
 	c := client.New(h.base, key)
 	task, err := c.SubmitTask(context.Background(), client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 3, "step_ms": 5, "tokens_per_step": 10, "cost_usd_per_step": 0.25}})
 	if err != nil {
@@ -225,7 +226,7 @@ func TestUsageAgreesWithAdmissionAndConsumesNothing(t *testing.T) {
 	}
 	want := map[string][2]any{ // limit, used
 		"agent_steps_daily": {500.0, 3.0}, "ai_tokens_monthly": {20000000.0, 30.0}, "usd_monthly": {50.0, 0.75},
-		"concurrent_sessions": {10000.0, 0.0}, "tenant_rate": {5.0, nil},
+		"concurrent_sessions": {10000.0, 0.0}, "tenant_rate": {0.01, nil},
 	}
 	for name, w := range want {
 		l := u[name]
@@ -246,9 +247,12 @@ func TestUsageAgreesWithAdmissionAndConsumesNothing(t *testing.T) {
 			}
 		}
 	}
-	// 30 usage calls took nothing: the tenant bucket still has 4 (5 - the one task)
-	// refilled to 5, and the next admission reports exactly one less than usage does.
+	// 30 usage calls took nothing: the tenant bucket still has 4 (5 - the one task),
+	// and the next admission reports exactly one less than usage does.
 	rem := u["tenant_rate"]["remaining"].(float64)
+	if rem != 4 {
+		t.Fatalf("tenant_rate remaining %v after one task and 30 usage calls, want 4", rem)
+	}
 	_, hd := h.do("POST", "/v1/tasks", key, `{"agent":"sim"}`, nil)
 	if got := hd.Get("RateLimit"); !strings.Contains(got, fmt.Sprintf(`"tenant";r=%d;`, int(rem)-1)) {
 		t.Fatalf("usage said tenant_rate remaining %v; the next admission's RateLimit is %q", rem, got)
