@@ -235,7 +235,7 @@ func TestCancel(t *testing.T) {
 	// The queued task runs next, which shows the running slot was released promptly:
 	// the interrupted step did not run its remaining ~150 ms... nor 48 more steps.
 	done := waitState(t, c, queued.ID, client.StateCompleted, 5*time.Second)
-	if d := time.Since(t0); d > time.Second {
+	if d := time.Since(t0); d > 3*time.Second {
 		t.Fatalf("the next task completed %v after the cancel; the running step was not interrupted", d)
 	}
 	_ = done

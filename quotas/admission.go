@@ -184,9 +184,13 @@ local hour = floor(now / 3600000)
 local reply = {}
 
 -- GCRA (as go-redis/redis_rate); tat in ms. Returns the new tat, or nil if refused.
+-- A tat beyond what the current rate and burst can produce means the limit changed
+-- since: the bucket restarts as nearly empty (one token), so a raised limit takes
+-- effect at once instead of after the old, slower refill.
 local function gcra(t, rate, burst, period)
   local T = period / rate
   if t < now then t = now end
+  if t > now + T * burst then t = now + T * burst - T end
   if t + T - T * burst > now then return nil end
   return t + T
 end

@@ -403,3 +403,18 @@ func TestReserveAndSettleStep(t *testing.T) {
 		t.Fatalf("fourth step of 3: %v", err)
 	}
 }
+
+func TestRaisedLimitTakesEffectAtOnce(t *testing.T) {
+	f := newQ(t)
+	slow := Limits{TenantRate: 0.01, TenantBurst: 1}
+	if !f.admit(slow).Allowed || f.admit(slow).Allowed {
+		t.Fatal("burst 1 at 0.01/s: want one admitted, then refused")
+	}
+	fast := Limits{TenantRate: 100, TenantBurst: 100}
+	for i := range 2 {
+		if d := f.admit(fast); !d.Allowed {
+			t.Fatalf("request %d right after raising the limit refused: %v", i, d.Violated)
+		}
+		f.advance(10 * time.Millisecond)
+	}
+}

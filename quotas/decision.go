@@ -61,6 +61,9 @@ func decide(p AdmitParams, st state) Decision {
 		T := float64(period.Milliseconds()) / rate
 		tau := T * burst
 		t := math.Max(tat, now)
+		if t > now+tau { // as the script: a limit changed since; one token left
+			t = now + tau - T
+		}
 		sc := Scope{Name: name, Limit: rate, Window: period}
 		if st.mask&scopeBits[name] != 0 {
 			sc.Violated = true
