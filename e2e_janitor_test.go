@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
@@ -253,5 +255,44 @@ func waitTerminal(t *testing.T, c *client.Client, id string, within time.Duratio
 			t.Fatalf("task %s not terminal after %v (%v, %v)", id, within, task, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A task dispatched to asynq and never started, whose message asynq lost (a data
+// loss, or archived after its retries), is freed and queued again.
+func TestJanitorRescuesTasksLostToAsynq(t *testing.T) {
+	t.Parallel()
+	h := start(t, apiOnly)
+	ctx := context.Background()
+	c, _ := h.tenantClient("ja", "pro", nil)
+	task, err := c.SubmitTask(ctx, sim(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.app.Scheduler.Heartbeat(ctx, "fake-worker", 4, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.app.Scheduler.Take(ctx); err != nil { // dispatched; asynq never got it
+		t.Fatal(err)
+	}
+	inflight := h.app.Keys.Inflight(0)
+	h.app.Redis.ZAdd(ctx, inflight, redis.Z{Score: float64(time.Now().Add(-time.Minute).UnixMilli()), Member: task.ID})
+	rep, err := h.app.Janitor.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Repushed != 1 {
+		st, serr := h.app.Scheduler.Stranded(ctx, asynq.NewInspectorFromRedisClient(h.app.Redis), "ja", task.ID, 5, 30*time.Second)
+		members, _ := h.app.Scheduler.RunningMembers(ctx, "ja")
+		t.Fatalf("report %+v, want the stranded task re-pushed (stranded %v %v; running %v)", rep, st, serr, members)
+	}
+	if h.app.Redis.ZScore(ctx, h.app.Keys.TenantQueue("ja"), task.ID).Err() != nil {
+		t.Fatal("the stranded task is not back in its queue")
+	}
+	if members, _ := h.app.Scheduler.RunningMembers(ctx, "ja"); len(members) != 0 {
+		t.Fatalf("running set still holds %v", members)
+	}
+	if n, _ := h.app.Redis.Get(ctx, h.app.Keys.PoolInflight()).Int(); n != 0 {
+		t.Fatalf("pool counter %d after the rescue, want 0", n)
 	}
 }

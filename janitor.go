@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
@@ -29,14 +30,15 @@ import (
 // the moment the holder's connection dies, and another replica takes over at its next
 // tick). Each run is bounded in time and batch size.
 type Janitor struct {
-	store    *store.Store
-	pool     *pgxpool.Pool
-	sched    *scheduler.Scheduler
-	quotas   *quotas.Quotas
-	recovery *recovery
-	rdb      redis.UniversalClient
-	keys     rkeys.Keys
-	log      *slog.Logger
+	store     *store.Store
+	pool      *pgxpool.Pool
+	sched     *scheduler.Scheduler
+	quotas    *quotas.Quotas
+	recovery  *recovery
+	rdb       redis.UniversalClient
+	inspector *asynq.Inspector
+	keys      rkeys.Keys
+	log       *slog.Logger
 
 	every       time.Duration // between runs
 	staleAfter  time.Duration // a running task with an older heartbeat lost its worker
@@ -53,6 +55,10 @@ type Janitor struct {
 	lockID   int64
 	isLeader bool
 	haltOnly bool // halted as if crashed: do not unlock on the way out
+	// leaderSince: a new leader (often right after a Postgres outage) waits one
+	// staleness period before re-queueing stale tasks, so live workers can stamp their
+	// heartbeats again first.
+	leaderSince time.Time
 }
 
 // JanitorReport says what one run found and fixed, per kind of drift.
@@ -77,7 +83,7 @@ func (r JanitorReport) drifted() bool {
 func newJanitor(a *App, every time.Duration) *Janitor {
 	j := &Janitor{
 		store: a.Store, pool: a.Store.Pool(), sched: a.Scheduler, quotas: a.Quotas, recovery: a.recovery,
-		rdb: a.Redis, keys: a.Keys, log: a.log.With("component", "janitor"),
+		rdb: a.Redis, inspector: asynq.NewInspectorFromRedisClient(a.Redis), keys: a.Keys, log: a.log.With("component", "janitor"),
 		every: every, staleAfter: 30 * time.Second, maxAttempts: 3, budget: 30 * time.Second, batch: 500,
 	}
 	if j.every <= 0 {
@@ -165,7 +171,9 @@ func (j *Janitor) Leader() bool {
 func (j *Janitor) lockKey(ctx context.Context) int64 {
 	if j.lockID == 0 {
 		var schema string
-		_ = j.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema)
+		if err := j.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			return 0 // not cached: the next tick asks again
+		}
 		h := fnv.New64a()
 		h.Write([]byte("agentq-janitor:" + schema + ":" + j.keys.Prefix()))
 		j.lockID = int64(h.Sum64() >> 1)
@@ -194,11 +202,17 @@ func (j *Janitor) lead(ctx context.Context) bool {
 		return false
 	}
 	var ok bool
-	if err := conn.QueryRow(cctx, `SELECT pg_try_advisory_lock($1)`, j.lockKey(cctx)).Scan(&ok); err != nil || !ok {
+	key := j.lockKey(cctx)
+	if key == 0 {
+		conn.Release()
+		return false
+	}
+	if err := conn.QueryRow(cctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil || !ok {
 		conn.Release()
 		return false
 	}
 	j.leader, j.isLeader = conn, true
+	j.leaderSince = time.Now()
 	j.log.Info("janitor leadership taken")
 	return true
 }
@@ -245,8 +259,13 @@ func (j *Janitor) RunOnce(ctx context.Context) (JanitorReport, error) {
 	var rep JanitorReport
 	ctx, cancel := context.WithTimeout(ctx, j.budget)
 	defer cancel()
-	if err := j.rescueStale(ctx, &rep); err != nil {
-		return rep, fmt.Errorf("janitor: stale tasks: %w", err)
+	j.mu.Lock()
+	settled := time.Since(j.leaderSince) >= j.staleAfter
+	j.mu.Unlock()
+	if settled {
+		if err := j.rescueStale(ctx, &rep); err != nil {
+			return rep, fmt.Errorf("janitor: stale tasks: %w", err)
+		}
 	}
 	tenants, err := j.store.TenantsWithLiveTasks(ctx)
 	if err != nil {
@@ -264,7 +283,9 @@ func (j *Janitor) RunOnce(ctx context.Context) (JanitorReport, error) {
 	if err := j.reconcileLeaks(ctx, &rep); err != nil {
 		j.log.Warn("reconciling leases of ended tasks failed", "err", err)
 	}
-	if rep.Repushed, err = j.recovery.sweep(ctx, 0); err != nil {
+	pushed, err := j.recovery.sweep(ctx, 0)
+	rep.Repushed += pushed
+	if err != nil {
 		return rep, fmt.Errorf("janitor: re-push: %w", err)
 	}
 	if rep.PoolCorrected, err = j.sched.ReconcilePool(ctx); err != nil {
@@ -401,6 +422,26 @@ func (j *Janitor) reconcileTenant(ctx context.Context, tenant string, rep *Janit
 	}
 	if err := j.dropEndedRunning(ctx, tenant, members, byID, rep); err != nil {
 		return err
+	}
+	// Dispatched, never started, and lost to asynq: free its slots and queue it again.
+	for id, t := range byID {
+		if t.State != store.StateQueued || !inSet[id] {
+			continue
+		}
+		stranded, err := j.sched.Stranded(ctx, j.inspector, tenant, id, t.Priority, j.staleAfter)
+		if err != nil || !stranded {
+			continue
+		}
+		_ = j.sched.Done(ctx, wire.Payload{TaskID: id, TenantID: tenant, Band: fmt.Sprintf("p%d", t.Priority)}, -1)
+		p, err := j.recovery.tenantParams(ctx, tenant)
+		if err != nil {
+			return err
+		}
+		p.TaskID, p.Priority, p.CreatedAt = t.ID, t.Priority, t.CreatedAt
+		if err := j.sched.Enqueue(ctx, p); err != nil {
+			return err
+		}
+		rep.Repushed++
 	}
 	var readded []uuid.UUID
 	for id, t := range byID {

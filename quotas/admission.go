@@ -640,7 +640,8 @@ if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
   if redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+-- never shorten the set's life: it also holds the 6 h leases of tasks
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
 return 1
 `)
 

@@ -243,7 +243,7 @@ func (w *Worker) releaseLease(tenantID, taskID string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := w.limits.Release(ctx, tenantID, taskID); err != nil {
-		w.log.Warn("releasing session lease failed; it expires with the lease TTL (6 h) until lease reconciliation lands", "task_id", taskID, "err", err)
+		w.log.Warn("releasing session lease failed; the janitor releases it (or it expires with its TTL)", "task_id", taskID, "err", err)
 	}
 }
 
@@ -485,8 +485,10 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
 		}
 		if err != nil {
-			log.Error("recording step failed", "step", step, "err", err)
-			finish(store.StateFailed, "internal error: could not record step", nil)
+			// Postgres stayed away longer than a worker holds a result: the task stays
+			// running there, its heartbeat stops, and the janitor re-queues it to run
+			// again from its last recorded step.
+			log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
 			return false
 		}
 		if !ok {

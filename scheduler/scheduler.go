@@ -678,3 +678,31 @@ func (s *Scheduler) ReconcilePool(ctx context.Context) (int64, error) {
 	s.wake(ctx)
 	return actual - before, nil
 }
+
+// Stranded reports whether a dispatched task that has not started is lost to asynq:
+// confirmed in flight for longer than minAge while asynq holds no live message for it
+// (gone with a Redis data loss, or archived after its retries). A stranded task's
+// leftover message is deleted, so the task can be sent again.
+func (s *Scheduler) Stranded(ctx context.Context, insp *asynq.Inspector, tenantID, taskID string, priority int, minAge time.Duration) (bool, error) {
+	score, err := s.rdb.ZScore(ctx, s.keys.Inflight(s.keys.Shard(tenantID)), taskID).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil // not confirmed yet: the dispatcher re-sends it
+	}
+	if err != nil {
+		return false, err
+	}
+	if time.Since(time.UnixMilli(int64(score))) < minAge {
+		return false, nil
+	}
+	queue := s.keys.AsynqQueue(BandOf(priority))
+	info, err := insp.GetTaskInfo(queue, taskID)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound):
+		return true, nil
+	case err != nil:
+		return false, err
+	case info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted:
+		return true, insp.DeleteTask(queue, taskID)
+	}
+	return false, nil
+}

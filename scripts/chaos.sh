@@ -77,7 +77,7 @@ serve
 if [ "$PG_RESTART" = 1 ]; then
   sleep 2
   say "restart Postgres"
-  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main restart >/dev/null 2>&1 || say "could not restart Postgres (skipped)"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main restart >/dev/null 2>&1 || { say "could not restart Postgres (skipped)"; PG_RESTART=0; }
 fi
 
 say "waiting up to ${TIMEOUT}s for every accepted task to end"

@@ -63,7 +63,7 @@ func serveCmd() *cobra.Command {
 			return run(cmd.Context(), agentq.Options{Config: cfg, Logger: log}, nil)
 		},
 	}
-	cmd.Flags().StringVar(&roles, "roles", "", "comma-separated roles to run: api,scheduler,worker (default all)")
+	cmd.Flags().StringVar(&roles, "roles", "", "comma-separated roles to run: api,scheduler,worker,janitor (default all)")
 	return cmd
 }
 

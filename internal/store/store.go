@@ -799,13 +799,15 @@ func (s *Store) RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.
 type LiveTask struct {
 	ID            uuid.UUID
 	State         string
+	Priority      int
+	CreatedAt     time.Time
 	MaxWallclockS float64
 }
 
 // LiveTasks returns a tenant's queued and running tasks.
 func (s *Store) LiveTasks(ctx context.Context, tenantID string) ([]LiveTask, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT id, state, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
+		SELECT id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
 		WHERE tenant_id = $1 AND state IN ('queued', 'running')`, tenantID)
 	if err != nil {
 		return nil, err
@@ -814,7 +816,7 @@ func (s *Store) LiveTasks(ctx context.Context, tenantID string) ([]LiveTask, err
 	var out []LiveTask
 	for rows.Next() {
 		var t LiveTask
-		if err := rows.Scan(&t.ID, &t.State, &t.MaxWallclockS); err != nil {
+		if err := rows.Scan(&t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS); err != nil {
 			return nil, err
 		}
 		out = append(out, t)
