@@ -72,6 +72,7 @@ type JanitorReport struct {
 	RunningAdded    int   `json:"running_added"`
 	PoolCorrected   int64 `json:"pool_corrected"`
 	RedisDataLoss   bool  `json:"redis_data_loss"`
+	StaleDeferred   bool  `json:"stale_deferred"` // a new leader skipped stale tasks this run
 	TenantsReviewed int   `json:"tenants_reviewed"`
 }
 
@@ -118,12 +119,22 @@ func (j *Janitor) Start(ctx context.Context) {
 					j.log.Warn("generation check failed", "err", err)
 				}
 				if lost || !time.Now().Before(next) {
-					if rep, err := j.RunOnce(ctx); err != nil && ctx.Err() == nil {
+					rep, err := j.RunOnce(ctx)
+					if err != nil && ctx.Err() == nil {
 						j.log.Warn("janitor run failed", "err", err)
 					} else if lost {
+						rep.RedisDataLoss = true
 						j.log.Warn("Redis lost its data: reconciled from Postgres", "report", rep)
 					}
 					next = time.Now().Add(j.every)
+					if rep.StaleDeferred {
+						// come back as soon as stale tasks may be handled
+						j.mu.Lock()
+						if soon := j.leaderSince.Add(j.staleAfter + time.Second); soon.Before(next) {
+							next = soon
+						}
+						j.mu.Unlock()
+					}
 				}
 			}
 			select {
@@ -266,6 +277,8 @@ func (j *Janitor) RunOnce(ctx context.Context) (JanitorReport, error) {
 		if err := j.rescueStale(ctx, &rep); err != nil {
 			return rep, fmt.Errorf("janitor: stale tasks: %w", err)
 		}
+	} else {
+		rep.StaleDeferred = true
 	}
 	tenants, err := j.store.TenantsWithLiveTasks(ctx)
 	if err != nil {
