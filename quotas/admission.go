@@ -78,6 +78,12 @@ type Quotas struct {
 	keys  rkeys.Keys
 	nowMs func() int64 // nil: scripts read Redis TIME
 
+	// textNums: the server's Lua lacks the struct library (an embedded test Redis),
+	// so numbers are passed as text. Detected once.
+	structOnce sync.Once
+	structErr  error
+	textNums   bool
+
 	mu       sync.Mutex
 	stop     context.CancelFunc
 	batchers []*batcher
@@ -179,7 +185,22 @@ type AdmitParams struct {
 // every request; "out of scope" takes the key's token only.
 var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local floor, call, unpackn, pack = math.floor, redis.call, struct.unpack, struct.pack
+local floor, call = math.floor, redis.call
+-- Redis has the struct library; an embedded test Redis (miniredis) may not, and then
+-- the numbers travel as comma-separated text instead.
+local S = rawget(_G, 'struct')
+local function unpackn(fmt, s)
+  if S then return S.unpack(fmt, s) end
+  local t = {}
+  for v in string.gmatch(s, '[^,]+') do t[#t+1] = tonumber(v) end
+  return unpack(t)
+end
+local function pack(fmt, ...)
+  if S then return S.pack(fmt, ...) end
+  local t = {...}
+  for i = 1, #t do t[i] = string.format('%.6f', t[i]) end
+  return table.concat(t, ',')
+end
 local hour = floor(now / 3600000)
 local reply = {}
 
@@ -371,10 +392,7 @@ func (q *Quotas) appendAdmit(keys []string, args []any, p AdmitParams) ([]string
 		l.KeyAgentRate, l.KeyAgentBurst, l.UserHourly, l.UserBurst, float64(l.Sessions), float64(l.LongRunning),
 		float64(l.Backlog), float64(l.StepsDaily), float64(l.TokensMonthly), float64(l.USDMonthlyMicro),
 	}
-	packed := make([]byte, 8*len(nums))
-	for i, f := range nums {
-		binary.LittleEndian.PutUint64(packed[8*i:], math.Float64bits(f))
-	}
+	packed := q.encodeNums(nums[:])
 	af, uf := "", ""
 	if p.Agent != "" {
 		af = "a:" + p.Kid + ":" + p.Agent
@@ -409,6 +427,9 @@ func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 
 // admitBatch runs admissions of one shard in one script call, in order.
 func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, error) {
+	if err := q.detectStruct(ctx); err != nil {
+		return nil, err
+	}
 	keys := make([]string, 0, admitKeysPerCall*len(ps))
 	args := make([]any, 0, 3+admitArgsPerCall*len(ps))
 	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds())
@@ -427,7 +448,7 @@ func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, 
 	}
 	ds := make([]Decision, len(ps))
 	for i, p := range ps {
-		st, err := parseState(res[i])
+		st, err := q.parseState(res[i])
 		if err != nil {
 			return nil, err
 		}
@@ -715,4 +736,38 @@ func (q *Quotas) AddLease(ctx context.Context, tenantID, taskID string, long boo
 func (q *Quotas) TouchSession(ctx context.Context, tenantID, member string) error {
 	return touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
 		q.nowArg(), member, StreamLeaseTTL.Milliseconds()).Err()
+}
+
+var hasStructScript = redis.NewScript(`if rawget(_G, 'struct') then return 1 end return 0`)
+
+func (q *Quotas) detectStruct(ctx context.Context) error {
+	q.structOnce.Do(func() {
+		n, err := hasStructScript.Run(ctx, q.rdb, nil).Int()
+		q.structErr, q.textNums = err, err == nil && n == 0
+	})
+	if q.structErr != nil {
+		err := q.structErr
+		q.structOnce = sync.Once{} // try again next time
+		return fmt.Errorf("quotas: %w", err)
+	}
+	return nil
+}
+
+// encodeNums packs numbers for the admission script: little-endian doubles, or text.
+func (q *Quotas) encodeNums(nums []float64) []byte {
+	if q.textNums {
+		var b []byte
+		for i, f := range nums {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendFloat(b, f, 'f', -1, 64) // plain digits: some Lua tonumber lacks exponents
+		}
+		return b
+	}
+	packed := make([]byte, 8*len(nums))
+	for i, f := range nums {
+		binary.LittleEndian.PutUint64(packed[8*i:], math.Float64bits(f))
+	}
+	return packed
 }

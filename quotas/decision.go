@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -26,13 +28,25 @@ var scopeBits = map[string]int64{
 	LongRunningInflight: 32, QueueBacklog: 64, AgentStepsDaily: 128, AITokensMonthly: 256, USDMonthly: 512,
 }
 
-func parseState(reply string) (state, error) {
-	if len(reply) != 14*8 {
-		return state{}, fmt.Errorf("quotas: admission reply of %d bytes, want %d", len(reply), 14*8)
+func (q *Quotas) parseState(reply string) (state, error) {
+	var vals [14]float64
+	if q.textNums {
+		parts := strings.Split(reply, ",")
+		if len(parts) != len(vals) {
+			return state{}, fmt.Errorf("quotas: admission reply of %d values, want %d", len(parts), len(vals))
+		}
+		for i, p := range parts {
+			vals[i], _ = strconv.ParseFloat(p, 64)
+		}
+	} else {
+		if len(reply) != 14*8 {
+			return state{}, fmt.Errorf("quotas: admission reply of %d bytes, want %d", len(reply), 14*8)
+		}
+		for i := range vals {
+			vals[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[8*i : 8*i+8])))
+		}
 	}
-	f := func(i int) float64 {
-		return math.Float64frombits(binary.LittleEndian.Uint64([]byte(reply[8*i : 8*i+8])))
-	}
+	f := func(i int) float64 { return vals[i] }
 	n := func(i int) int64 { return int64(f(i)) }
 	return state{
 		status: n(0), now: n(1), mask: n(2),
