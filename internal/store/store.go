@@ -109,19 +109,7 @@ func (s *Store) GetTenant(ctx context.Context, id string) (Tenant, error) {
 // ListTenants returns every tenant, ordered by id.
 func (s *Store) ListTenants(ctx context.Context) ([]Tenant, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+tenantCols+` FROM tenants ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Tenant
-	for rows.Next() {
-		t, err := scanTenant(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanTenant)
 }
 
 // UpdateTenantParams changes the non-nil fields of a tenant. Overrides, when set,
@@ -154,6 +142,23 @@ func (s *Store) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant,
 			updated_at = now()
 		WHERE id = $1 RETURNING `+tenantCols,
 		p.ID, p.Name, p.Plan, p.Weight, ov, p.Status))
+}
+
+// collect scans every row of a query with scan.
+func collect[T any](rows pgx.Rows, err error, scan func(pgx.Row) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		t, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
 }
 
 func nonNil[M ~map[K]V, K comparable, V any](m M) M {
@@ -233,19 +238,7 @@ func (s *Store) GetKey(ctx context.Context, kid string) (APIKey, error) {
 // ListKeys returns a tenant's keys.
 func (s *Store) ListKeys(ctx context.Context, tenantID string) ([]APIKey, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+keyCols+` FROM api_keys WHERE tenant_id = $1 ORDER BY created_at`, tenantID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []APIKey
-	for rows.Next() {
-		k, err := scanKey(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, k)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanKey)
 }
 
 // RotateKeyParams replace a live key's secret.
@@ -413,19 +406,7 @@ func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error
 		SELECT `+taskCols+` FROM tasks
 		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
 		ORDER BY id DESC LIMIT $4`, p.TenantID, p.State, before, p.Limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Task
-	for rows.Next() {
-		t, err := scanTask(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return collect(rows, err, scanTask)
 }
 
 // CountTasks counts a tenant's tasks ("" counts all tenants'): tests use it to prove
@@ -502,19 +483,11 @@ type LedgerRow struct {
 // TaskLedger returns a task's ledger rows in step order.
 func (s *Store) TaskLedger(ctx context.Context, taskID uuid.UUID) ([]LedgerRow, error) {
 	rows, err := s.pool.Query(ctx, `SELECT task_id, step, meter, tenant_id, quantity FROM usage_ledger WHERE task_id = $1 ORDER BY step, meter`, taskID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []LedgerRow
-	for rows.Next() {
+	return collect(rows, err, func(row pgx.Row) (LedgerRow, error) {
 		var r LedgerRow
-		if err := rows.Scan(&r.TaskID, &r.Step, &r.Meter, &r.TenantID, &r.Quantity); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		err := row.Scan(&r.TaskID, &r.Step, &r.Meter, &r.TenantID, &r.Quantity)
+		return r, err
+	})
 }
 
 // FinishTaskParams move a task to a terminal state, from one of the states in From.
@@ -609,19 +582,11 @@ func (s *Store) ListQueued(ctx context.Context, p ListQueuedParams) ([]QueuedTas
 		SELECT id, tenant_id, priority, created_at FROM tasks
 		WHERE state = 'queued' AND created_at < now() - $1::interval AND id > $2
 		ORDER BY id LIMIT $3`, fmt.Sprintf("%d milliseconds", p.MinAge.Milliseconds()), p.After, p.Limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []QueuedTask
-	for rows.Next() {
+	return collect(rows, err, func(row pgx.Row) (QueuedTask, error) {
 		var q QueuedTask
-		if err := rows.Scan(&q.ID, &q.TenantID, &q.Priority, &q.CreatedAt); err != nil {
-			return nil, err
-		}
-		out = append(out, q)
-	}
-	return out, rows.Err()
+		err := row.Scan(&q.ID, &q.TenantID, &q.Priority, &q.CreatedAt)
+		return q, err
+	})
 }
 
 // BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and
@@ -648,19 +613,11 @@ type TaskTiming struct {
 // TaskTimings returns the timings of every task of the given tenants.
 func (s *Store) TaskTimings(ctx context.Context, tenants []string) ([]TaskTiming, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, tenant_id, created_at, started_at, finished_at FROM tasks WHERE tenant_id = ANY($1)`, tenants)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []TaskTiming
-	for rows.Next() {
+	return collect(rows, err, func(row pgx.Row) (TaskTiming, error) {
 		var t TaskTiming
-		if err := rows.Scan(&t.ID, &t.TenantID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt); err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+		err := row.Scan(&t.ID, &t.TenantID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
+		return t, err
+	})
 }
 
 // --- HTTP agents -----------------------------------------------------------------
@@ -725,19 +682,11 @@ func (s *Store) GetAgent(ctx context.Context, name string) (Agent, error) {
 // ListAgents returns every HTTP agent, by name.
 func (s *Store) ListAgents(ctx context.Context) ([]Agent, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY name`)
-	if err != nil {
-		return nil, err
+	out, err := collect(rows, err, scanAgent)
+	if out == nil && err == nil {
+		out = []Agent{}
 	}
-	defer rows.Close()
-	out := []Agent{}
-	for rows.Next() {
-		a, err := scanAgent(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	return out, rows.Err()
+	return out, err
 }
 
 // DeleteAgent removes an HTTP agent; ErrNotFound if there is none by that name.
@@ -768,19 +717,11 @@ func (s *Store) ListStaleRunning(ctx context.Context, staleAfter time.Duration, 
 		SELECT id, tenant_id, priority, attempt FROM tasks
 		WHERE state = 'running' AND heartbeat_at < now() - $1::interval ORDER BY id LIMIT $2`,
 		fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds()), limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []StaleTask
-	for rows.Next() {
+	return collect(rows, err, func(row pgx.Row) (StaleTask, error) {
 		var t StaleTask
-		if err := rows.Scan(&t.ID, &t.TenantID, &t.Priority, &t.Attempt); err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+		err := row.Scan(&t.ID, &t.TenantID, &t.Priority, &t.Attempt)
+		return t, err
+	})
 }
 
 // RequeueStale puts a running task whose heartbeat is older than staleAfter back to
@@ -809,37 +750,21 @@ func (s *Store) LiveTasks(ctx context.Context, tenantID string) ([]LiveTask, err
 	rows, err := s.pool.Query(ctx, `
 		SELECT id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
 		WHERE tenant_id = $1 AND state IN ('queued', 'running')`, tenantID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []LiveTask
-	for rows.Next() {
+	return collect(rows, err, func(row pgx.Row) (LiveTask, error) {
 		var t LiveTask
-		if err := rows.Scan(&t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS); err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+		err := row.Scan(&t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS)
+		return t, err
+	})
 }
 
 // TenantsWithLiveTasks lists tenants that have queued or running tasks.
 func (s *Store) TenantsWithLiveTasks(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `SELECT DISTINCT tenant_id FROM tasks WHERE state IN ('queued', 'running') ORDER BY 1`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
+	return collect(rows, err, func(row pgx.Row) (string, error) {
 		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+		err := row.Scan(&id)
+		return id, err
+	})
 }
 
 // TaskStates returns the states of the given tasks (absent ids are unknown).
