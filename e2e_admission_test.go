@@ -194,8 +194,7 @@ func TestLeaseReleasedAtEveryTerminalState(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		got := waitState(t, c, task.ID, tc.state, 10*time.Second)
-		_ = got
+		waitState(t, c, task.ID, tc.state, 10*time.Second)
 		deadline := time.Now().Add(2 * time.Second)
 		for h.usage(key)["concurrent_sessions"]["used"] != 0.0 {
 			if time.Now().After(deadline) {

@@ -23,7 +23,7 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	t.Parallel()
 	h := start(t, apiOnly)
 	ctx := context.Background()
-	c, key := h.tenantClient("jr", "pro", nil)
+	c, _ := h.tenantClient("jr", "pro", nil)
 	db := h.app.Store.Pool()
 	sub := func() string {
 		task, err := c.SubmitTask(ctx, sim(1, 1))
@@ -78,14 +78,13 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	if rep, _ := h.app.Janitor.RunOnce(ctx); rep.LeasesReleased+rep.LeasesAdded+rep.RunningAdded+rep.RunningRemoved+rep.Repushed != 0 || rep.PoolCorrected != 0 {
 		t.Fatalf("second run: %+v", rep)
 	}
-	_ = key
 }
 
 func TestJanitorRequeuesOrAbandonsTasksWithAStaleHeartbeat(t *testing.T) {
 	t.Parallel()
 	h := start(t, apiOnly)
 	ctx := context.Background()
-	c, key := h.tenantClient("js", "pro", nil)
+	c, _ := h.tenantClient("js", "pro", nil)
 	db := h.app.Store.Pool()
 	retry, _ := c.SubmitTask(ctx, sim(2, 1))
 	dead, _ := c.SubmitTask(ctx, sim(2, 1))
@@ -126,7 +125,6 @@ func TestJanitorRequeuesOrAbandonsTasksWithAStaleHeartbeat(t *testing.T) {
 	if slices.Contains(sess, dead.ID) {
 		t.Fatal("the abandoned task still holds its lease")
 	}
-	_ = key
 }
 
 // After Redis lost everything, the queued backlog comes back in admission order.
@@ -195,8 +193,6 @@ func TestJanitorLeaderFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-var _ = schemaOf
 
 func schemaOf(t *testing.T, e *env) string {
 	var s string

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -187,23 +187,10 @@ func TestTaskOutcomes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if task.State != tc.state || task.Usage.Steps != tc.steps || task.Error == nil || !contains(*task.Error, tc.errSubstr) {
+		if task.State != tc.state || task.Usage.Steps != tc.steps || task.Error == nil || !strings.Contains(*task.Error, tc.errSubstr) {
 			t.Errorf("%s: ended %s after %d steps with error %v; want %s after %d with %q", tc.name, task.State, task.Usage.Steps, task.Error, tc.state, tc.steps, tc.errSubstr)
 		}
 	}
-}
-
-func contains(s, sub string) bool {
-	return len(sub) == 0 || (len(s) >= len(sub) && indexOf(s, sub) >= 0)
-}
-
-func indexOf(s, sub string) int {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return i
-		}
-	}
-	return -1
 }
 
 func TestCancel(t *testing.T) {
@@ -234,11 +221,10 @@ func TestCancel(t *testing.T) {
 	}
 	// The queued task runs next, which shows the running slot was released promptly:
 	// the interrupted step did not run its remaining ~150 ms... nor 48 more steps.
-	done := waitState(t, c, queued.ID, client.StateCompleted, 5*time.Second)
+	waitState(t, c, queued.ID, client.StateCompleted, 5*time.Second)
 	if d := time.Since(t0); d > 3*time.Second {
 		t.Fatalf("the next task completed %v after the cancel; the running step was not interrupted", d)
 	}
-	_ = done
 	time.Sleep(300 * time.Millisecond)
 	after, _ := c.GetTask(ctx, long.ID)
 	if after.State != client.StateKilled || after.Usage.Steps > 2 {
@@ -478,11 +464,10 @@ func TestTenantAdmin(t *testing.T) {
 	}
 	raw, _ := json.Marshal(plans)
 	for _, want := range []string{`"free"`, `"pro"`, `"enterprise"`, `"running"`} {
-		if !contains(string(raw), want) {
+		if !strings.Contains(string(raw), want) {
 			t.Fatalf("plans lack %s: %s", want, raw)
 		}
 	}
-	_ = fmt.Sprint()
 }
 
 func TestWaitReasons(t *testing.T) {

@@ -597,21 +597,6 @@ func (q *Quotas) SettleStep(ctx context.Context, p StepParams) error {
 	return nil
 }
 
-// RecordStepParams are one executed step's usage.
-type RecordStepParams struct {
-	TenantID  string
-	Tokens    int64
-	CostMicro int64
-	Period    Period
-}
-
-// RecordStep counts a step and its usage against the tenant's quotas without checking
-// them (a reservation of the actual use, never refused).
-func (q *Quotas) RecordStep(ctx context.Context, p RecordStepParams) error {
-	err := q.ReserveStep(ctx, StepParams{TenantID: p.TenantID, Period: p.Period, Tokens: p.Tokens, CostMicro: p.CostMicro})
-	return err
-}
-
 // DropKey deletes the live limit state of a removed (revoked) key: its key bucket and
 // its (key, agent) buckets.
 func (q *Quotas) DropKey(ctx context.Context, tenantID, kid string) error {

@@ -264,12 +264,12 @@ func TestStepsDailySlidingWindow(t *testing.T) {
 	ctx := context.Background()
 	l := Limits{StepsDaily: 3}
 	for range 2 {
-		if err := f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Period: f.period()}); err != nil {
+		if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period()}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	f.advance(5 * time.Hour)
-	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period()})
 	d := f.admit(l)
 	if !slices.Equal(d.Violated, []string{AgentStepsDaily}) || d.scope(AgentStepsDaily).Used != 3 {
 		t.Fatalf("after 3 steps: %+v", d)
@@ -285,11 +285,11 @@ func TestMonthlyTokenAndUSDQuotas(t *testing.T) {
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{TokensMonthly: 1000, USDMonthlyMicro: 50_000_000}
-	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Tokens: 999, CostMicro: 49_999_999, Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 999, CostMicro: 49_999_999, Period: f.period()})
 	if d := f.admit(l); !d.Allowed || d.scope(AITokensMonthly).Remaining != 1 {
 		t.Fatalf("below both quotas: %+v", d)
 	}
-	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
 	d := f.admit(l)
 	slices.Sort(d.Violated)
 	if !slices.Equal(d.Violated, []string{AITokensMonthly, USDMonthly}) {
@@ -327,7 +327,7 @@ func TestEveryAdmissionKeyExpires(t *testing.T) {
 	l := Limits{KeyRate: 20, KeyBurst: 40, TenantRate: 5, TenantBurst: 10, KeyAgentRate: 1, KeyAgentBurst: 1,
 		UserHourly: 5, UserBurst: 5, Sessions: 3, LongRunning: 1, StepsDaily: 50, TokensMonthly: 100, USDMonthlyMicro: 100}
 	f.admit(l, func(p *AdmitParams) { p.LongRunning = true })
-	_ = f.q.RecordStep(ctx, RecordStepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
 	keys := f.rdb.Keys(ctx, f.keys.Prefix()+"*").Val()
 	if len(keys) < 2 {
 		t.Fatalf("only %d keys: %v", len(keys), keys)

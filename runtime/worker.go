@@ -351,24 +351,20 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 		}
 	}
 	var exec Executor
+	var unknown *UnknownAgentError
 	err = holdUntilRecorded(ctx, log, func(ctx context.Context) error {
 		var err error
 		exec, err = w.agents.Lookup(ctx, task.Agent)
-		var unknown *UnknownAgentError
 		if errors.As(err, &unknown) {
-			return nil // not a transient failure: handled below
+			return nil // not transient: no retry
 		}
 		return err
 	})
-	if err == nil && exec == nil {
-		exec, err = w.agents.Lookup(ctx, task.Agent)
-	}
-	if err != nil {
-		var unknown *UnknownAgentError
-		if errors.As(err, &unknown) {
-			finish(store.StateFailed, err.Error(), nil)
-			return false
-		}
+	switch {
+	case unknown != nil:
+		finish(store.StateFailed, unknown.Error(), nil)
+		return false
+	case err != nil:
 		return requeue("looking the agent up failed", err)
 	}
 	var b budget

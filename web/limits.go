@@ -225,19 +225,28 @@ func (s *Server) keyLimit(next echo.HandlerFunc) echo.HandlerFunc {
 		if err != nil {
 			return err
 		}
-		d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
-			Mode: quotas.ModeKey, TenantID: t.ID, Kid: key.Kid, Limits: limits,
-			Period: quotas.PeriodAt(t.CreatedAt, time.Now()),
-		})
-		if err != nil {
-			return admissionFailure(err)
-		}
-		setRateHeaders(c.Response().Header(), d, time.Now())
-		if !d.Allowed {
-			return s.refusal(d, t)
+		if err := s.spendKey(c, t, key.Kid, limits); err != nil {
+			return err
 		}
 		return next(c)
 	}
+}
+
+// spendKey takes one token of the caller's key bucket (every tenant request counts
+// against key_rate) and writes the rate-limit headers; a refusal is the error.
+func (s *Server) spendKey(c echo.Context, t store.Tenant, kid string, limits quotas.Limits) error {
+	now := time.Now()
+	d, err := s.Admission.Admit(c.Request().Context(), quotas.AdmitParams{
+		Mode: quotas.ModeKey, TenantID: t.ID, Kid: kid, Limits: limits, Period: quotas.PeriodAt(t.CreatedAt, now),
+	})
+	if err != nil {
+		return admissionFailure(err)
+	}
+	setRateHeaders(c.Response().Header(), d, now)
+	if !d.Allowed {
+		return s.refusal(d, t)
+	}
+	return nil
 }
 
 func admissionFailure(err error) error {

@@ -172,28 +172,22 @@ func (s *Server) submitTask(c echo.Context) error {
 	now := time.Now()
 	period := quotas.PeriodAt(tenant.CreatedAt, now)
 
+	// Postgres must be able to take the task before any limit is spent on it: a
+	// refusal for an unreachable database leaves every bucket as it was. The
+	// idempotency lookup, when there is one, is that check.
 	if idem != "" && inScope {
 		// A replay admits nothing new: it answers with the task the key made.
 		prev, err := s.Store.GetTaskByIdempotencyKey(ctx, tenant.ID, idem)
 		if err == nil {
-			d, err := s.Admission.Admit(ctx, quotas.AdmitParams{Mode: quotas.ModeKey, TenantID: tenant.ID, Kid: key.Kid, Limits: limits, Period: period})
-			if err != nil {
-				return admissionFailure(err)
-			}
-			setRateHeaders(c.Response().Header(), d, now)
-			if !d.Allowed {
-				return s.refusal(d, tenant)
+			if err := s.spendKey(c, tenant, key.Kid, limits); err != nil {
+				return err
 			}
 			return s.replay(c, prev, hash, idem)
 		}
 		if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-	}
-
-	// Postgres must be able to take the task before any limit is spent on it: a
-	// refusal for an unreachable database leaves every bucket as it was.
-	if err := s.Store.Ping(ctx); err != nil {
+	} else if err := s.Store.Ping(ctx); err != nil {
 		return unavailable()
 	}
 	id, err := uuid.NewV7()
