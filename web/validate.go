@@ -114,9 +114,9 @@ func queryProblem(err error) string {
 }
 
 // bearerToken extracts the token of an "Authorization: Bearer <token>" value. A value
-// that is not printable ASCII-safe text gives "" (the caller answers 401): tokens are
-// ASCII, so control characters or invalid UTF-8 mean a malformed header, never a
-// token to trim into shape.
+// with control characters or invalid UTF-8 gives "" (the caller answers 401, as for
+// any bad key): tokens are printable ASCII, so such a header is malformed, not a token
+// to trim into shape.
 func bearerToken(h string) string {
 	if len(h) <= 7 || !strings.EqualFold(h[:7], "bearer ") || identifierProblem(h, 4096) != "" {
 		return ""
