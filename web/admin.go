@@ -44,8 +44,8 @@ func (s *Server) tenantJSON(t store.Tenant) TenantJSON {
 }
 
 func (s *Server) validateTenantFields(r TenantRequest) error {
-	if r.Name != nil && (strings.TrimSpace(*r.Name) == "" || len(*r.Name) > 200) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "name must be 1 to 200 characters.")
+	if r.Name != nil && (strings.TrimSpace(*r.Name) == "" || identifierProblem(*r.Name, 200) != "") {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "name must be 1 to 200 bytes of text without control characters.")
 	}
 	if r.Plan != nil {
 		if _, ok := s.Plans.Plan(*r.Plan); !ok {
@@ -225,8 +225,8 @@ func (s *Server) createKey(c echo.Context) error {
 		scopes = *r.Scopes
 	}
 	for _, a := range append(append([]string{}, scopes.Agents...), scopes.Principals...) {
-		if a == "" || len(a) > 255 {
-			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Scope entries must be 1 to 255 characters.")
+		if a == "" || identifierProblem(a, maxIdentifier) != "" {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Scope entries must be 1 to 255 bytes without control characters.")
 		}
 	}
 	tenantID := c.Param("id")

@@ -6,7 +6,6 @@ import (
 	"net/textproto"
 	"net/url"
 	"regexp"
-	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -44,6 +43,9 @@ func (s *Server) putAgent(c echo.Context) error {
 	if err := decodeStrict(body, &r, false); err != nil {
 		return err
 	}
+	if err := checkAgentURL(r.URL); err != nil {
+		return err
+	}
 	u, err := url.Parse(r.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "url must be an absolute http or https URL.")
@@ -57,7 +59,7 @@ func (s *Server) putAgent(c echo.Context) error {
 	}
 	for k, v := range r.Headers {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if k == "" || strings.ContainsAny(k, " :\r\n") || strings.ContainsAny(v, "\r\n") {
+		if !validAgentHeader(k, v) {
 			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Header %q is not a valid HTTP header.", k)
 		}
 		if reservedHeaders[ck] {

@@ -31,14 +31,18 @@ func readBody(c echo.Context) ([]byte, error) {
 	return b, nil
 }
 
-// decodeStrict decodes one JSON value into dst, refusing unknown fields and trailing
-// data. An empty body decodes as {} when allowEmpty.
+// decodeStrict decodes one JSON value into dst, refusing unknown fields, trailing data
+// and text Postgres would refuse (checkJSONText). An empty body decodes as {} when
+// allowEmpty.
 func decodeStrict(body []byte, dst any, allowEmpty bool) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		if allowEmpty {
 			return nil
 		}
 		return apiErr(http.StatusBadRequest, CodeInvalidJSON, "The request body is empty; send a JSON object.")
+	}
+	if err := checkJSONText(body); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

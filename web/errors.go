@@ -78,6 +78,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		default:
 			ae = apiErr(he.Code, CodeInvalidRequest, "%v", he.Message)
 		}
+	case refusedValue(err):
+		s.log.Warn("Postgres refused a value of the request; input validation let it through", "method", c.Request().Method, "path", c.Path(), "err", err)
+		ae = apiErr(http.StatusBadRequest, CodeInvalidRequest, "A value in the request cannot be stored (bad encoding, NUL, or out of range).")
 	case unreachable(err):
 		s.log.Warn("a backing service is unreachable", "method", c.Request().Method, "path", c.Path(), "err", err)
 		ae = unavailable()
@@ -107,6 +110,25 @@ func unreachable(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
 		pgconn.Timeout(err) || pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
+
+// refusedValue tells Postgres refusing a value as data (bad encoding, NUL, a number or
+// nesting it cannot hold). Requests are validated before anything is stored, so this
+// is the safety net for what validation misses: the client's input, not a 500.
+func refusedValue(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "22021", // character_not_in_repertoire: invalid UTF-8, NUL in text
+		"22P05", // untranslatable_character: \u0000 in jsonb
+		"22P02", // invalid_text_representation: e.g. a lone surrogate in jsonb
+		"22003", // numeric_value_out_of_range
+		"54001": // statement_too_complex: nesting deeper than Postgres's stack
+		return true
+	}
+	return false
 }
 
 func tooLarge() *APIError {

@@ -87,7 +87,7 @@ func New(d Deps) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
-	e.Use(s.recoverer, s.requestLog)
+	e.Use(s.recoverer, s.requestLog, s.validateInput)
 	s.e = e
 	s.routes()
 	return s
@@ -255,11 +255,7 @@ func (s *Server) tenant(ctx context.Context, id string) (store.Tenant, error) {
 const ctxKeyRecord = "agentq.key"
 
 func bearer(c echo.Context) string {
-	h := c.Request().Header.Get(echo.HeaderAuthorization)
-	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		return strings.TrimSpace(h[7:])
-	}
-	return ""
+	return bearerToken(c.Request().Header.Get(echo.HeaderAuthorization))
 }
 
 // authTenant authenticates an API key. The tenant always comes from the key.

@@ -101,6 +101,9 @@ func (s *Server) submitTask(c echo.Context) error {
 	if err := decodeStrict(body, &req, false); err != nil {
 		return err
 	}
+	if err := req.validate(); err != nil {
+		return err
+	}
 	idem := req.IdempotencyKey
 	if h := c.Request().Header.Get("Idempotency-Key"); h != "" {
 		if idem != "" && idem != h {
