@@ -3,6 +3,7 @@ package agentq_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -11,8 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/internal/config"
@@ -293,4 +297,84 @@ func BenchmarkTenantRead(b *testing.B) {
 	b.ReportMetric(off, "off-p50-us")
 	b.ReportMetric(on, "on-p50-us")
 	b.ReportMetric(on-off, "added-p50-us")
+}
+
+// takeOne decrements n if it is above 0 and reports whether it did.
+func takeOne(n *atomic.Int64) bool {
+	for {
+		v := n.Load()
+		if v <= 0 {
+			return false
+		}
+		if n.CompareAndSwap(v, v-1) {
+			return true
+		}
+	}
+}
+
+// lateAdmission makes the next admission script call late: Redis runs it, but its
+// reply comes after the caller's deadline.
+type lateAdmission struct{ late atomic.Int64 }
+
+func (h *lateAdmission) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateAdmission) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lateAdmission) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if cmd.Name() != "evalsha" || len(args) < 4 || !strings.Contains(fmt.Sprint(args[3]), ":adm:") || !takeOne(&h.late) {
+			return next(ctx, cmd)
+		}
+		if err := next(context.WithoutCancel(ctx), cmd); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+}
+
+// One slow admission answers that request by the degraded rules (503 for a tenant with
+// a quota) and nothing more: the next request goes to Redis again, and the lease the
+// late call took is given back.
+func TestOneSlowAdmissionDoesNotDegradeTheReplica(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	hook := &lateAdmission{}
+	e.rdb.AddHook(hook)
+	h := e.start(t)
+	key := h.tenantWith("sl", "pro", nil, nil) // pro has token and money quotas
+	submit := func() int {
+		st, _ := h.do("POST", "/v1/tasks", key, `{"agent":"sim","input":{"steps":1,"step_ms":1}}`, nil)
+		return st
+	}
+	if st := submit(); st != 202 {
+		t.Fatalf("first submission: %d", st)
+	}
+	hook.late.Store(1)
+	if st := submit(); st != 503 {
+		t.Fatalf("submission whose admission timed out: %d, want 503 (a quota tenant fails closed)", st)
+	}
+	if st := submit(); st != 202 {
+		t.Fatalf("submission right after one timed-out admission: %d, want 202 (one timeout must not degrade the replica)", st)
+	}
+	if h.app.Admission.Degraded() {
+		t.Fatal("the replica is in degraded mode after one timeout")
+	}
+	// the late call's lease goes back; the two tasks' leases go at completion
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		n, err := e.rdb.ZCard(context.Background(), h.app.Keys.Sessions("sl")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			m, _ := e.rdb.ZRange(context.Background(), h.app.Keys.Sessions("sl"), 0, -1).Result()
+			t.Fatalf("session leases %v remain: the timed-out admission's lease was not given back", m)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -20,6 +20,18 @@ type lateReplies struct {
 	scripts atomic.Int64
 }
 
+func (h *lateReplies) takeLate() bool {
+	for {
+		v := h.late.Load()
+		if v <= 0 {
+			return false
+		}
+		if h.late.CompareAndSwap(v, v-1) {
+			return true
+		}
+	}
+}
+
 func (h *lateReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *lateReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
@@ -30,8 +42,7 @@ func (h *lateReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		h.scripts.Add(1)
-		if h.late.Add(-1) < 0 {
-			h.late.Add(1)
+		if !h.takeLate() {
 			return next(ctx, cmd)
 		}
 		err := next(context.WithoutCancel(ctx), cmd) // it runs in Redis...
