@@ -312,10 +312,10 @@ func TestEventStream(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("%d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	// the open stream holds a session slot: with the task's own, 2 of 2 are taken
-	var r refusal
-	if st, _ := h.do("POST", "/v1/tasks", key.Key, `{"agent":"sim"}`, &r); st != 429 || r.Error.Code != "CONCURRENCY_LIMIT_EXCEEDED" {
-		t.Fatalf("submit while a task runs and a stream is open: %d %+v", st, r)
+	// the open stream holds a request slot, not a session: only the task's is taken
+	if u := h.usage(key.Key); u["concurrent_sessions"]["used"] != 1.0 || u["inflight_requests"]["used"] != 2.0 {
+		t.Fatalf("with a task running and a stream open: sessions %v, inflight requests %v; want 1 and 2 (the stream, this read)",
+			u["concurrent_sessions"]["used"], u["inflight_requests"]["used"])
 	}
 	var events []map[string]any
 	var names []string
@@ -359,17 +359,11 @@ func TestEventStream(t *testing.T) {
 		t.Fatalf("final task: %v", final)
 	}
 	// closing the stream gives the slot back
-	deadline := time.Now().Add(2 * time.Second)
-	for h.usage(key.Key)["concurrent_sessions"]["used"] != 0.0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the stream's session slot was not released")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	h.waitInflight("ev", 0, "after the stream ended")
 }
 
 // Shutting down ends open event streams at once (the client reconnects elsewhere),
-// so shutdown does not wait on them, and their session slots are given back.
+// so shutdown does not wait on them, and their request slots are given back.
 func TestShutdownEndsOpenStreams(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -399,10 +393,7 @@ func TestShutdownEndsOpenStreams(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the stream is still open after shutdown")
 	}
-	sess, _ := e.rdb.ZRange(context.Background(), h.app.Keys.Sessions("sd"), 0, -1).Result()
-	for _, m := range sess {
-		if strings.HasPrefix(m, "stream:") {
-			t.Fatalf("the stream's session slot survived shutdown: %v", sess)
-		}
+	if n := h.inflightHeld("sd"); n != 0 {
+		t.Fatalf("%d inflight_requests leases survived shutdown", n)
 	}
 }

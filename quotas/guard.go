@@ -3,6 +3,7 @@ package quotas
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"sync"
@@ -20,39 +21,59 @@ var ErrUnavailable = errors.New("quotas: limit store unavailable")
 
 // Guard runs admissions against Redis with a short timeout and degrades when Redis is
 // unreachable or slow: rate buckets fall back to in-process buckets at limit ÷ live
-// API replicas, money/token/step quotas fail closed (ErrUnavailable), and session and
-// backlog counts are not enforced while Redis is away. After a failure Redis is skipped for a short cool-down, so a dead Redis costs
-// no timeout per request.
+// API replicas, money/token/step quotas fail closed (ErrUnavailable), and session,
+// backlog and inflight-request counts are not enforced while Redis is away.
+//
+// A failed call is answered by those degraded rules, but one failure does not switch
+// the replica over: a circuit breaker skips Redis only after consecutive failures or a
+// high failure rate (see breaker), for a cool-down, then probes it with one call. So
+// a dead Redis costs no timeout per request, and one slow reply costs one request.
 type Guard struct {
 	q        *Quotas
 	log      *slog.Logger
 	timeout  time.Duration
 	cooldown time.Duration
 	id       string
+	br       *breaker
 
-	replicas  atomic.Int64
-	downUntil atomic.Int64 // unix ms
-	local     *lru.Cache[string, *rate.Limiter]
+	replicas atomic.Int64
+	local    *lru.Cache[string, *rate.Limiter]
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
-	later  []lease // releases to retry once Redis answers again
+	later  []pendingRelease // releases to retry once Redis answers again
 }
 
-type lease struct{ tenant, task string }
+type releaseKind int
+
+const (
+	releaseTask    releaseKind = iota // a task's session and long-running leases
+	releaseRequest                    // a request's inflight_requests lease
+)
+
+type pendingRelease struct {
+	kind           releaseKind
+	tenant, member string
+	after          time.Time // not before: a late script call runs first
+}
 
 // maxPendingReleases bounds the retry list; beyond it leases expire with their TTL.
 const maxPendingReleases = 10000
 
 // ReleaseLater frees a lease that a timed-out admission may have taken in Redis after
-// all, for a request that was then refused (503): it is retried on every heartbeat
-// until Redis answers, so a slow Redis cannot leak session slots.
-func (g *Guard) ReleaseLater(tenantID, taskID string) {
+// all, for a task that was not created: it is retried on every heartbeat until Redis
+// answers, so a slow Redis cannot leak session slots.
+func (g *Guard) ReleaseLater(tenantID, taskID string) { g.releaseLater(releaseTask, tenantID, taskID) }
+
+func (g *Guard) releaseLater(kind releaseKind, tenant, member string) {
+	// A call whose reply timed out may still be queued in Redis or in the batcher (at
+	// most a timeout more); releasing before it runs would free nothing.
+	after := time.Now().Add(max(time.Second, 2*g.timeout))
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.later) < maxPendingReleases {
-		g.later = append(g.later, lease{tenantID, taskID})
+		g.later = append(g.later, pendingRelease{kind, tenant, member, after})
 	}
 }
 
@@ -61,23 +82,37 @@ func (g *Guard) retryReleases(ctx context.Context) {
 	todo := g.later
 	g.later = nil
 	g.mu.Unlock()
+	now := time.Now()
+	var keep []pendingRelease
 	for i, l := range todo {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := g.q.Release(cctx, l.tenant, l.task)
-		cancel()
-		if err != nil {
-			g.mu.Lock()
-			g.later = append(g.later, todo[i:]...)
-			g.mu.Unlock()
-			return
+		if now.Before(l.after) {
+			keep = append(keep, l)
+			continue
 		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		var err error
+		if l.kind == releaseRequest {
+			err = g.q.ReleaseInflight(cctx, l.tenant, l.member)
+		} else {
+			_, err = g.q.Release(cctx, l.tenant, l.member)
+		}
+		cancel()
+		if err != nil { // Redis is still away: keep the rest for the next heartbeat
+			keep = append(keep, todo[i:]...)
+			break
+		}
+	}
+	if len(keep) > 0 {
+		g.mu.Lock()
+		g.later = append(g.later, keep...)
+		g.mu.Unlock()
 	}
 }
 
 // GuardOptions configure a Guard.
 type GuardOptions struct {
 	Timeout  time.Duration // per admission call; default 50ms
-	Cooldown time.Duration // how long to skip Redis after a failure; default 1s
+	Cooldown time.Duration // how long to skip Redis once the breaker opens; default 1s
 	ID       string        // this API replica's id
 	Logger   *slog.Logger
 }
@@ -94,6 +129,7 @@ func NewGuard(q *Quotas, o GuardOptions) *Guard {
 	if g.log == nil {
 		g.log = slog.Default()
 	}
+	g.br = &breaker{cooldown: g.cooldown, log: g.log}
 	g.local, _ = lru.New[string, *rate.Limiter](100000)
 	g.replicas.Store(1)
 	return g
@@ -102,42 +138,67 @@ func NewGuard(q *Quotas, o GuardOptions) *Guard {
 // Quotas returns the wrapped Quotas.
 func (g *Guard) Quotas() *Quotas { return g.q }
 
-// Degraded reports whether Redis is being skipped right now.
-func (g *Guard) Degraded() bool { return time.Now().UnixMilli() < g.downUntil.Load() }
-
-func (g *Guard) markDown(err error) {
-	if !g.Degraded() {
-		g.log.Warn("admission store unreachable: degrading (local rate buckets, quotas fail closed)", "err", err, "cooldown", g.cooldown)
-	}
-	g.downUntil.Store(time.Now().Add(g.cooldown).UnixMilli())
-}
+// Degraded reports whether Redis is being skipped right now (the breaker is open, or
+// half-open until a probe succeeds).
+func (g *Guard) Degraded() bool { return g.br.openUntil.Load() != 0 }
 
 // Admit runs p against Redis, or in degraded mode when Redis is unreachable.
 // Decision.Degraded tells which.
 func (g *Guard) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
-	if !g.Degraded() {
-		cctx, cancel := context.WithTimeout(ctx, g.timeout)
-		d, err := g.q.Admit(cctx, p)
-		cancel()
-		if err == nil {
-			return d, nil
-		}
-		if ctx.Err() != nil {
-			return Decision{}, ctx.Err()
-		}
-		g.markDown(err)
+	try, probe := g.br.allow()
+	if !try {
+		return g.degraded(p)
 	}
-	return g.degraded(p)
+	cctx, cancel := context.WithTimeout(ctx, g.timeout)
+	d, err := g.q.Admit(cctx, p)
+	cancel()
+	if err == nil {
+		g.br.record(true, probe)
+		return d, nil
+	}
+	if ctx.Err() != nil { // the caller left: that says nothing about Redis
+		g.br.abandon(probe)
+		g.mayHaveTaken(p)
+		return Decision{}, ctx.Err()
+	}
+	g.br.record(false, probe)
+	g.log.Debug("admission call failed; answered in process", "err", err)
+	d, err = g.degraded(p)
+	if err != nil || !d.Allowed {
+		g.mayHaveTaken(p)
+	}
+	return d, err
 }
 
-// Release frees a task's leases; a failure is logged and the lease expires with its
-// TTL.
+// mayHaveTaken is called for an admission whose Redis call failed and whose task will
+// not be created: the script may have run all the same and taken its leases.
+func (g *Guard) mayHaveTaken(p AdmitParams) {
+	if p.Mode == ModeAdmit && p.TaskID != "" {
+		g.ReleaseLater(p.TenantID, p.TaskID)
+	}
+}
+
+// Release frees a task's leases. While Redis is unreachable the release is queued and
+// retried on the heartbeat rather than left to the lease TTL (hours).
 func (g *Guard) Release(ctx context.Context, tenantID, taskID string) {
+	try, probe := g.br.allow()
+	if !try {
+		g.ReleaseLater(tenantID, taskID)
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, max(g.timeout, time.Second))
 	defer cancel()
 	if _, err := g.q.Release(cctx, tenantID, taskID); err != nil {
-		g.log.Warn("releasing session lease failed; it expires with its TTL", "task_id", taskID, "err", err)
+		if ctx.Err() != nil {
+			g.br.abandon(probe)
+		} else {
+			g.br.record(false, probe)
+		}
+		g.log.Warn("releasing session lease failed; retrying later", "task_id", taskID, "err", err)
+		g.ReleaseLater(tenantID, taskID)
+		return
 	}
+	g.br.record(true, probe)
 }
 
 func (g *Guard) degraded(p AdmitParams) (Decision, error) {
@@ -267,3 +328,111 @@ func (g *Guard) heartbeat(ctx context.Context) {
 
 // Replicas is the last known number of live API replicas.
 func (g *Guard) Replicas() int64 { return g.replicas.Load() }
+
+// Breaker thresholds. One failure never opens the breaker: it takes tripAfter in a row,
+// or a failure rate of at least half over the last rateWindow with rateMinCalls calls
+// at least (a flaky Redis that answers every other call).
+const (
+	tripAfter    = 3
+	rateMinCalls = 10
+	rateWindow   = 5 // seconds, one bucket each
+)
+
+// breaker decides whether a call goes to Redis. Closed (openUntil 0): every call does.
+// Open: none until openUntil. Then half-open: one call at a time probes Redis; its
+// success closes the breaker, its failure opens it for another cool-down.
+type breaker struct {
+	cooldown time.Duration
+	log      *slog.Logger
+
+	openUntil atomic.Int64 // unix ms; 0 when closed
+	probing   atomic.Bool  // a half-open probe is out
+
+	mu          sync.Mutex
+	consecutive int
+	win         [rateWindow]struct{ sec, calls, fails int64 }
+}
+
+// allow says whether a call may go to Redis, and whether it is the half-open probe
+// (then its outcome must be recorded or abandoned).
+func (b *breaker) allow() (try, probe bool) {
+	until := b.openUntil.Load()
+	if until == 0 {
+		return true, false
+	}
+	if time.Now().UnixMilli() < until {
+		return false, false
+	}
+	if b.probing.CompareAndSwap(false, true) {
+		return true, true
+	}
+	return false, false
+}
+
+// record books a call's outcome.
+func (b *breaker) record(ok, probe bool) {
+	if probe {
+		if ok {
+			b.close()
+		} else {
+			b.open("the probe after the cool-down failed")
+		}
+		b.probing.Store(false)
+		return
+	}
+	sec := time.Now().Unix()
+	b.mu.Lock()
+	w := &b.win[sec%rateWindow]
+	if w.sec != sec {
+		w.sec, w.calls, w.fails = sec, 0, 0
+	}
+	w.calls++
+	if ok {
+		b.consecutive = 0
+		b.mu.Unlock()
+		return
+	}
+	w.fails++
+	b.consecutive++
+	var calls, fails int64
+	for _, bk := range b.win {
+		if bk.sec > sec-rateWindow {
+			calls, fails = calls+bk.calls, fails+bk.fails
+		}
+	}
+	trip := b.consecutive >= tripAfter || (calls >= rateMinCalls && 2*fails >= calls)
+	consecutive := b.consecutive
+	b.mu.Unlock()
+	if trip && b.openUntil.Load() == 0 {
+		b.open(fmt.Sprintf("%d consecutive failures, %d of %d calls in %d s", consecutive, fails, calls, rateWindow))
+	}
+}
+
+// abandon ends a probe whose caller left before Redis answered: the next call probes.
+func (b *breaker) abandon(probe bool) {
+	if probe {
+		b.probing.Store(false)
+	}
+}
+
+func (b *breaker) open(why string) {
+	if b.openUntil.Swap(time.Now().Add(b.cooldown).UnixMilli()) == 0 {
+		b.log.Warn("admission store failing: degrading (local rate buckets, quotas fail closed)", "why", why, "cooldown", b.cooldown)
+	}
+	b.reset()
+}
+
+func (b *breaker) close() {
+	if b.openUntil.Swap(0) != 0 {
+		b.log.Info("admission store answers again: leaving degraded mode")
+	}
+	b.reset()
+}
+
+// reset forgets past outcomes, so a closed breaker starts afresh.
+func (b *breaker) reset() {
+	b.mu.Lock()
+	b.consecutive = 0
+	b.win = [rateWindow]struct{ sec, calls, fails int64 }{}
+	b.mu.Unlock()
+}

@@ -19,6 +19,7 @@ const (
 	KeyAgentRate        = "key_agent_rate"
 	UserTasksHourly     = "user_tasks_hourly"
 	ConcurrentSessions  = "concurrent_sessions"
+	InflightRequests    = "inflight_requests"
 	LongRunningInflight = "long_running_inflight"
 	QueueBacklog        = "queue_backlog"
 	Running             = "running"
@@ -29,7 +30,7 @@ const (
 
 // LimitTypes lists every limit type, in the order the usage API reports them.
 var LimitTypes = []string{
-	KeyRate, TenantRate, KeyAgentRate, UserTasksHourly, ConcurrentSessions,
+	KeyRate, TenantRate, KeyAgentRate, UserTasksHourly, ConcurrentSessions, InflightRequests,
 	LongRunningInflight, QueueBacklog, Running, AgentStepsDaily, AITokensMonthly, USDMonthly,
 }
 

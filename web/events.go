@@ -1,14 +1,12 @@
 package web
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/internal/store"
@@ -23,7 +21,9 @@ type streamEvent struct {
 
 // taskEvents streams a task's progress as Server-Sent Events: its current state first,
 // then one event per state change and per finished step, ending after the terminal
-// state. An open stream holds one of the tenant's concurrent-session slots.
+// state. An open stream holds an inflight_requests slot (taken by the inflight
+// middleware, refreshed by the keep-alive below), never an agent session: a tenant
+// may watch the task that holds its only session.
 func (s *Server) taskEvents(c echo.Context) error {
 	ctx := c.Request().Context()
 	id, err := taskID(c)
@@ -38,27 +38,6 @@ func (s *Server) taskEvents(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	tenant, err := s.tenant(ctx, key.TenantID)
-	if err != nil {
-		return err
-	}
-	_, limits, err := s.limitsFor(tenant)
-	if err != nil {
-		return err
-	}
-	member := "stream:" + uuid.NewString()
-	ok, err := s.Admission.Quotas().AcquireSession(ctx, tenant.ID, member, limits.Sessions)
-	if err != nil {
-		return admissionFailure(quotas.ErrUnavailable)
-	}
-	if !ok {
-		e := apiErr(http.StatusTooManyRequests, "CONCURRENCY_LIMIT_EXCEEDED",
-			"You've reached your concurrent-agent limit (%d); an open event stream holds a slot. Close a stream or wait for a task to finish.", limits.Sessions)
-		e.Extra = map[string]any{"limit_type": quotas.ConcurrentSessions, "retry_after_seconds": 1, "tenant_id": tenant.ID}
-		return e
-	}
-	defer s.Admission.Release(context.WithoutCancel(ctx), tenant.ID, member)
-
 	// Subscribe before reading the state, so nothing between the two is missed.
 	sub := s.Redis.Subscribe(ctx, s.Keys.TaskEvents(id.String()))
 	defer sub.Close()
@@ -93,7 +72,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 	msgs := sub.Channel()
 	poll := time.NewTicker(time.Second) // the terminal state arrives even if a message is lost
 	defer poll.Stop()
-	keepalive := time.NewTicker(quotas.StreamLeaseTTL / 4)
+	keepalive := time.NewTicker(quotas.InflightLeaseTTL / 4)
 	defer keepalive.Stop()
 	for {
 		select {
@@ -127,9 +106,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 				return nil
 			}
 			w.Flush()
-			if err := s.Admission.Quotas().TouchSession(ctx, tenant.ID, member); err != nil {
-				s.log.Warn("refreshing a stream's session slot failed", "err", err)
-			}
+			s.Admission.TouchInflight(ctx, inflightSlot(c))
 		case <-s.closing:
 			// the server is shutting down: end the stream so shutdown does not wait on
 			// it; the client reconnects to another replica

@@ -19,7 +19,7 @@ import (
 // policyName is the item name of a scope in the RateLimit-Policy and RateLimit fields.
 var policyName = map[string]string{
 	quotas.KeyRate: "key", quotas.TenantRate: "tenant", quotas.KeyAgentRate: "key_agent",
-	quotas.UserTasksHourly: "user", quotas.ConcurrentSessions: "sessions",
+	quotas.UserTasksHourly: "user", quotas.ConcurrentSessions: "sessions", quotas.InflightRequests: "inflight",
 	quotas.LongRunningInflight: "long_running", quotas.QueueBacklog: "backlog",
 	quotas.AgentStepsDaily: "steps_daily", quotas.AITokensMonthly: "tokens_monthly",
 	quotas.USDMonthly: "usd_monthly",
@@ -195,6 +195,8 @@ func concurrencyMessage(sc *quotas.Scope) string {
 		return fmt.Sprintf("You've reached your limit of %g long-running tasks. Wait for one to finish", sc.Limit)
 	case quotas.QueueBacklog:
 		return fmt.Sprintf("Your queue holds its limit of %g tasks. Wait for queued tasks to start", sc.Limit)
+	case quotas.InflightRequests:
+		return fmt.Sprintf("You have %g requests in progress, your limit; event streams count. Wait for one to end", sc.Limit)
 	default:
 		return fmt.Sprintf("You've reached your concurrent-agent limit (%g). Wait for an active task to finish", sc.Limit)
 	}
@@ -211,25 +213,104 @@ func quotaMessage(sc *quotas.Scope) string {
 	}
 }
 
-// keyLimit spends the caller's key bucket on reads (every tenant request counts
-// against key_rate) and writes the rate-limit headers.
-func (s *Server) keyLimit(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		ctx := c.Request().Context()
-		key := keyRecord(c)
-		t, err := s.tenant(ctx, key.TenantID)
-		if err != nil {
-			return err
-		}
-		_, limits, err := s.limitsFor(t)
-		if err != nil {
-			return err
-		}
-		if err := s.spendKey(c, t, key.Kid, limits); err != nil {
-			return err
-		}
-		return next(c)
+const (
+	ctxKeyLimits   = "agentq.limits"
+	ctxKeyInflight = "agentq.inflight"
+)
+
+type requestLimitsVal struct {
+	t      store.Tenant
+	eff    map[string]float64
+	limits quotas.Limits
+}
+
+// requestLimits returns the caller's tenant and effective limits, worked out once per
+// request.
+func (s *Server) requestLimits(c echo.Context) (store.Tenant, map[string]float64, quotas.Limits, error) {
+	if v, ok := c.Get(ctxKeyLimits).(requestLimitsVal); ok {
+		return v.t, v.eff, v.limits, nil
 	}
+	t, err := s.tenant(c.Request().Context(), keyRecord(c).TenantID)
+	if err != nil {
+		return t, nil, quotas.Limits{}, err
+	}
+	eff, limits, err := s.limitsFor(t)
+	if err != nil {
+		return t, nil, quotas.Limits{}, err
+	}
+	c.Set(ctxKeyLimits, requestLimitsVal{t, eff, limits})
+	return t, eff, limits, nil
+}
+
+// inflight holds one of the tenant's inflight_requests slots while the request runs,
+// event streams included, and gives it back however the request ends (an error, a
+// panic, a client that went away). The 33rd concurrent request of a tenant (by
+// default) is refused with 429 CONCURRENCY_LIMIT_EXCEEDED.
+func (s *Server) inflight(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error { return s.limitRequest(c, next, false) }
+}
+
+// readLimits is inflight for reads, which also spend the caller's key bucket (every
+// tenant request counts against key_rate) and write the rate-limit headers. The two
+// Redis calls go out together, so a read waits for one round trip, not two.
+func (s *Server) readLimits(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error { return s.limitRequest(c, next, true) }
+}
+
+func (s *Server) limitRequest(c echo.Context, next echo.HandlerFunc, spend bool) error {
+	t, eff, limits, err := s.requestLimits(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	limit := quotas.InflightLimit(eff)
+	var slot quotas.InflightSlot
+	var keyErr error
+	if spend && limit > 0 {
+		type acquired struct {
+			slot quotas.InflightSlot
+			err  error
+		}
+		ch := make(chan acquired, 1)
+		go func() {
+			slot, err := s.Admission.AcquireInflight(ctx, t.ID, limit)
+			ch <- acquired{slot, err}
+		}()
+		keyErr = s.spendKey(c, t, keyRecord(c).Kid, limits)
+		a := <-ch
+		slot, err = a.slot, a.err
+	} else {
+		slot, err = s.Admission.AcquireInflight(ctx, t.ID, limit)
+		if spend {
+			keyErr = s.spendKey(c, t, keyRecord(c).Kid, limits)
+		}
+	}
+	if err == nil && slot.Allowed {
+		defer s.Admission.ReleaseInflight(context.WithoutCancel(ctx), slot)
+	}
+	switch {
+	case keyErr != nil: // the key bucket comes first
+		return keyErr
+	case err != nil:
+		return admissionFailure(err)
+	case !slot.Allowed:
+		sc := quotas.Scope{Name: quotas.InflightRequests, Limit: float64(slot.Limit), Used: float64(slot.Held),
+			Reset: time.Second, RetryAfter: time.Second, Violated: true}
+		d := quotas.Decision{Scopes: []quotas.Scope{sc}, Violated: []string{sc.Name}}
+		h := c.Response().Header()
+		h.Del("RateLimit-Policy") // the refusal's headers name the inflight limit alone
+		h.Del("RateLimit")
+		setRateHeaders(h, d, time.Now())
+		return s.refusal(d, t)
+	}
+	c.Set(ctxKeyInflight, slot)
+	return next(c)
+}
+
+// inflightSlot is the request's inflight_requests lease (zero if the limit is off).
+func inflightSlot(c echo.Context) quotas.InflightSlot {
+	slot, _ := c.Get(ctxKeyInflight).(quotas.InflightSlot)
+	return slot
 }
 
 // spendKey takes one token of the caller's key bucket (every tenant request counts

@@ -107,10 +107,11 @@ func (s *Server) routes() {
 
 	// Middleware is attached per route, not per group: echo groups with middleware add
 	// catch-all routes that would turn 405s into 404s.
-	tenant := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant) }
-	read := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant, s.keyLimit) }
+	// Every tenant request holds an inflight_requests slot while it runs.
+	tenant := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant, s.inflight) }
+	read := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant, s.readLimits) }
 	tenant(http.MethodPost, "/v1/tasks", s.submitTask) // runs the full admission itself
-	tenant(http.MethodGet, "/v1/usage", s.usage)       // peeks; consumes no limit
+	read(http.MethodGet, "/v1/usage", s.usage)         // spends the key bucket, then peeks
 	read(http.MethodGet, "/v1/tasks", s.listTasks)
 	read(http.MethodGet, "/v1/tasks/:id", s.getTask)
 	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)

@@ -34,7 +34,7 @@ var units = map[string]string{
 	quotas.KeyRate: "requests", quotas.TenantRate: "requests", quotas.KeyAgentRate: "tasks",
 	quotas.UserTasksHourly: "tasks", quotas.ConcurrentSessions: "sessions", quotas.LongRunningInflight: "tasks",
 	quotas.QueueBacklog: "tasks", quotas.Running: "tasks", quotas.AgentStepsDaily: "steps",
-	quotas.AITokensMonthly: "tokens", quotas.USDMonthly: "usd",
+	quotas.AITokensMonthly: "tokens", quotas.USDMonthly: "usd", quotas.InflightRequests: "requests",
 }
 
 // usage reports the caller tenant's limits with the numbers admission enforces: it runs
@@ -112,6 +112,10 @@ func (s *Server) usage(c echo.Context) error {
 		lu := LimitUsage{Unit: units[name]}
 		if name == quotas.Running {
 			lu.Used = float64(running)
+		}
+		if name == quotas.InflightRequests { // this request included
+			limitOf[name] = float64(quotas.InflightLimit(eff))
+			lu.Used = float64(inflightSlot(c).Held)
 		}
 		if l := limitOf[name]; l > 0 {
 			lu.Limit = ptr(l)

@@ -134,6 +134,10 @@ func (k Keys) Sessions(tenant string) string { return k.tenantTag(tenant) + ":se
 // LongRunning is the ZSET of the leases of the tenant's long-running tasks.
 func (k Keys) LongRunning(tenant string) string { return k.tenantTag(tenant) + ":long:" + tenant }
 
+// InflightRequests is the ZSET of the tenant's open HTTP requests, event streams
+// included (request id → lease expiry ms): the inflight_requests limit.
+func (k Keys) InflightRequests(tenant string) string { return k.tenantTag(tenant) + ":req:" + tenant }
+
 // APIReplicas is the ZSET of live API replicas (id → heartbeat expiry ms); the degraded
 // mode divides rate limits by its size.
 func (k Keys) APIReplicas() string { return k.prefix + "apis" }

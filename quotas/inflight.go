@@ -1,0 +1,194 @@
+package quotas
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultInflightRequests is the inflight_requests limit of a plan that does not name
+// one (every default plan has 32).
+const DefaultInflightRequests = 32
+
+// InflightLeaseTTL bounds a request's inflight_requests lease between refreshes: a
+// replica that dies with requests open frees their slots within it. Requests that run
+// longer (event streams) refresh their lease.
+const InflightLeaseTTL = 30 * time.Second
+
+// InflightLimit is a tenant's inflight_requests limit from its effective limits; 0
+// means not enforced (the limit is off).
+func InflightLimit(eff map[string]float64) int64 {
+	v, ok := eff[InflightRequests]
+	switch {
+	case !ok:
+		return DefaultInflightRequests
+	case math.IsNaN(v) || math.IsInf(v, 0) || v < 0: // "unlimited"
+		return 0
+	}
+	return int64(v)
+}
+
+// inflightScript takes one of a tenant's inflight_requests slots for a request, if the
+// tenant holds fewer than the limit. Expired leases (requests of a replica that died)
+// are dropped only when the set is full, so the common case is one ZCARD and one ZADD.
+// The set never holds more than limit members and lives as long as its newest lease.
+//
+// KEYS[1] request leases (zset)   ARGV[1] now ms or ""   ARGV[2] request id
+// ARGV[3] limit (> 0)   ARGV[4] lease ttl ms
+// Returns the number of leases held, this one included, or minus the number held when
+// the tenant is at its limit (nothing taken).
+var inflightScript = redis.NewScript(luaNow + `
+local limit, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = redis.call('ZCARD', KEYS[1])
+if n >= limit then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  n = redis.call('ZCARD', KEYS[1])
+  if n >= limit then return -n end
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl)
+return n + 1
+`)
+
+// touchInflightScript pushes an open request's lease forward (long event streams).
+//
+// KEYS[1] request leases   ARGV[1] now ms or ""   ARGV[2] request id   ARGV[3] lease ttl ms
+// Returns 1 if the lease was still held.
+var touchInflightScript = redis.NewScript(luaNow + `
+local n = redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
+if n > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return n
+`)
+
+// AcquireInflight takes an inflight_requests lease for request id. It returns the
+// leases held (this one included), or ok=false and the number held when the tenant is
+// at limit.
+func (q *Quotas) AcquireInflight(ctx context.Context, tenantID, id string, limit int64) (held int64, ok bool, err error) {
+	n, err := inflightScript.Run(ctx, q.rdb, []string{q.keys.InflightRequests(tenantID)},
+		q.nowArg(), id, limit, InflightLeaseTTL.Milliseconds()).Int64()
+	if err != nil {
+		return 0, false, fmt.Errorf("quotas: acquire inflight request: %w", err)
+	}
+	if n < 0 {
+		return -n, false, nil
+	}
+	return n, true, nil
+}
+
+// TouchInflight keeps a request's lease for another InflightLeaseTTL.
+func (q *Quotas) TouchInflight(ctx context.Context, tenantID, id string) error {
+	err := touchInflightScript.Run(ctx, q.rdb, []string{q.keys.InflightRequests(tenantID)},
+		q.nowArg(), id, InflightLeaseTTL.Milliseconds()).Err()
+	if err != nil {
+		return fmt.Errorf("quotas: refresh inflight request: %w", err)
+	}
+	return nil
+}
+
+// ReleaseInflight frees a request's lease. Releasing twice is harmless.
+func (q *Quotas) ReleaseInflight(ctx context.Context, tenantID, id string) error {
+	if err := q.rdb.ZRem(ctx, q.keys.InflightRequests(tenantID), id).Err(); err != nil {
+		return fmt.Errorf("quotas: release inflight request: %w", err)
+	}
+	return nil
+}
+
+// InflightSlot is one request's inflight_requests lease, as the Guard took it.
+type InflightSlot struct {
+	TenantID string
+	ID       string
+	Limit    int64 // 0: not enforced
+	Held     int64 // leases of the tenant, this one included (0 when unknown)
+	Allowed  bool
+	Degraded bool // Redis was not asked or did not answer: the limit was not enforced
+	leased   bool // a lease is, or may be, in Redis
+}
+
+// requestIDs are unique per process without a random read per request: a random
+// process prefix and a counter.
+var (
+	requestPrefix = func() string {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b) + ":"
+	}()
+	requestSeq atomic.Uint64
+)
+
+// AcquireInflight takes a lease of tenantID's inflight_requests limit for one request.
+// Like session counts, the limit is not enforced while Redis is unreachable: the
+// request is allowed and Degraded is set. A lease the answer of which was lost is
+// released later.
+func (g *Guard) AcquireInflight(ctx context.Context, tenantID string, limit int64) (InflightSlot, error) {
+	s := InflightSlot{TenantID: tenantID, Limit: limit, Allowed: true}
+	if limit <= 0 {
+		return s, nil
+	}
+	s.ID = requestPrefix + strconv.FormatUint(requestSeq.Add(1), 36)
+	try, probe := g.br.allow()
+	if !try {
+		s.Degraded = true
+		return s, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.timeout)
+	held, ok, err := g.q.AcquireInflight(cctx, tenantID, s.ID, limit)
+	cancel()
+	if err == nil {
+		g.br.record(true, probe)
+		s.Held, s.Allowed, s.leased = held, ok, ok
+		return s, nil
+	}
+	if ctx.Err() != nil { // the caller left; the script may have run all the same
+		g.br.abandon(probe)
+		g.releaseLater(releaseRequest, tenantID, s.ID)
+		return s, ctx.Err()
+	}
+	g.br.record(false, probe)
+	s.Degraded, s.leased = true, true // the script may have run: release at the end
+	return s, nil
+}
+
+// TouchInflight refreshes a long request's lease (event streams, every few seconds).
+func (g *Guard) TouchInflight(ctx context.Context, s InflightSlot) {
+	if !s.leased || g.Degraded() {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, max(g.timeout, time.Second))
+	defer cancel()
+	if err := g.q.TouchInflight(cctx, s.TenantID, s.ID); err != nil {
+		g.log.Warn("refreshing an open request's inflight lease failed", "err", err)
+	}
+}
+
+// ReleaseInflight gives a request's lease back when the request ends. While Redis is
+// unreachable the release is queued and retried, so it costs the request no timeout.
+func (g *Guard) ReleaseInflight(ctx context.Context, s InflightSlot) {
+	if !s.leased {
+		return
+	}
+	try, probe := g.br.allow()
+	if !try {
+		g.releaseLater(releaseRequest, s.TenantID, s.ID)
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.timeout)
+	err := g.q.ReleaseInflight(cctx, s.TenantID, s.ID)
+	cancel()
+	if err == nil {
+		g.br.record(true, probe)
+		return
+	}
+	if ctx.Err() != nil {
+		g.br.abandon(probe)
+	} else {
+		g.br.record(false, probe)
+	}
+	g.releaseLater(releaseRequest, s.TenantID, s.ID)
+}
