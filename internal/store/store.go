@@ -815,26 +815,45 @@ type LiveTask struct {
 	MaxWallclockS float64
 }
 
-// LiveTasks returns a tenant's queued and running tasks.
-func (s *Store) LiveTasks(ctx context.Context, tenantID string) ([]LiveTask, error) {
+// LiveTasksOf returns the queued and running tasks of the given tenants, by tenant:
+// one query for a page of tenants.
+func (s *Store) LiveTasksOf(ctx context.Context, tenants []string) (map[string][]LiveTask, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
-		WHERE tenant_id = $1 AND state IN ('queued', 'running')`, tenantID)
-	return collect(rows, err, func(row pgx.Row) (LiveTask, error) {
+		SELECT tenant_id, id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
+		WHERE tenant_id = ANY($1) AND state IN ('queued', 'running')`, tenants)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]LiveTask{}
+	for rows.Next() {
+		var tenant string
 		var t LiveTask
-		err := row.Scan(&t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS)
-		return t, err
-	})
+		if err := rows.Scan(&tenant, &t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS); err != nil {
+			return nil, err
+		}
+		out[tenant] = append(out[tenant], t)
+	}
+	return out, rows.Err()
 }
 
-// TenantsWithLiveTasks lists tenants that have queued or running tasks.
-func (s *Store) TenantsWithLiveTasks(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT DISTINCT tenant_id FROM tasks WHERE state IN ('queued', 'running') ORDER BY 1`)
+// TenantIDsAfter returns up to limit tenant ids above after, in id order: the
+// janitor's cursor walk over every tenant.
+func (s *Store) TenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id FROM tenants WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	return collect(rows, err, func(row pgx.Row) (string, error) {
 		var id string
 		err := row.Scan(&id)
 		return id, err
 	})
+}
+
+// AnyTask reports whether any task was ever admitted: Redis state missing on a
+// database without tasks is a first start, not a loss.
+func (s *Store) AnyTask(ctx context.Context) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks)`).Scan(&ok)
+	return ok, err
 }
 
 // TaskStates returns the states of the given tasks (absent ids are unknown).
