@@ -143,6 +143,16 @@ type JanitorReport struct {
 	Passes          []JanitorPass `json:"passes"`
 }
 
+// complete reports whether every pass reached the end of its work.
+func (r JanitorReport) complete() bool {
+	for _, p := range r.Passes {
+		if !p.Done {
+			return false
+		}
+	}
+	return len(r.Passes) > 0
+}
+
 func (r JanitorReport) drifted() bool {
 	return r.StaleRequeued+r.Abandoned+r.Repushed+r.LeasesReleased+r.LeasesAdded+r.RunningRemoved+r.RunningAdded > 0 ||
 		r.PoolCorrected != 0 || r.RedisDataLoss
@@ -176,7 +186,7 @@ func (j *Janitor) Start(ctx context.Context) {
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
 		next := time.Now()
-		var repair generation // a new marker whose reconciliation has not succeeded yet
+		var repair generation // a new marker whose reconciliation has not finished yet
 		for {
 			if j.lead(ctx) {
 				gen, err := j.checkGeneration(ctx)
@@ -184,23 +194,36 @@ func (j *Janitor) Start(ctx context.Context) {
 					j.log.Warn("generation check failed", "err", err)
 				}
 				if gen != genSame {
-					repair = gen
+					// Review everything from the start, now.
+					repair, next = gen, time.Now()
+					j.resetCursors()
 				}
-				if repair != genSame || !time.Now().Before(next) {
+				if !time.Now().Before(next) {
 					rep, err := j.RunOnce(ctx)
+					done := err == nil && rep.complete()
 					switch {
 					case err != nil && ctx.Err() == nil:
 						j.log.Warn("janitor run failed", "err", err)
-					case repair == genLost:
+					case repair == genLost && done:
 						rep.RedisDataLoss = true
 						j.log.Warn("Redis lost its data: reconciled from Postgres", "report", rep)
-					case repair == genFirst:
+					case repair == genFirst && done:
 						j.log.Info("first start on this Redis: generation marker written", "report", rep)
 					}
-					if err == nil {
-						repair = genSame
-					}
 					next = time.Now().Add(j.cfg.Interval)
+					if repair != genSame {
+						if done {
+							repair = genSame
+						} else {
+							// A repair runs back to back until every pass reached its
+							// end; a failing run is retried a little later.
+							wait := time.Second
+							if err != nil {
+								wait = 5 * time.Second
+							}
+							next = time.Now().Add(wait)
+						}
+					}
 					if rep.StaleDeferred {
 						// come back as soon as stale tasks may be handled
 						j.mu.Lock()
@@ -353,6 +376,13 @@ func (j *Janitor) checkGeneration(ctx context.Context) (generation, error) {
 		return genFirst, nil
 	}
 	return genLost, nil
+}
+
+// resetCursors makes the next run's passes start from the first tenant and task.
+func (j *Janitor) resetCursors() {
+	j.runMu.Lock()
+	defer j.runMu.Unlock()
+	j.leaseCursor, j.runningCursor, j.repushCursor = "", "", uuid.Nil
 }
 
 // RunOnce reconciles Redis with Postgres once and reports the drift it fixed. Every
