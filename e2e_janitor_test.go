@@ -1,8 +1,13 @@
 package agentq_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -290,5 +295,200 @@ func TestJanitorRescuesTasksLostToAsynq(t *testing.T) {
 	}
 	if n, _ := h.app.Redis.Get(ctx, h.app.Keys.PoolInflight()).Int(); n != 0 {
 		t.Fatalf("pool counter %d after the rescue, want 0", n)
+	}
+}
+
+// With 20,000 tenants every pass runs in every run: the tenant passes resume from a
+// cursor, each pass has its own budget, and the cursor covers every tenant.
+func TestJanitorPassesAllRunWithManyTenants(t *testing.T) {
+	t.Parallel()
+	h := start(t, apiOnly)
+	ctx := context.Background()
+	db := h.app.Store.Pool()
+	const tenants = 20000
+	if _, err := db.Exec(ctx, `INSERT INTO tenants (id, name, plan)
+		SELECT 'bulk' || lpad(g::text, 5, '0'), 'Bulk', 'free' FROM generate_series(1, $1) g`, tenants); err != nil {
+		t.Fatal(err)
+	}
+	// The last tenant in id order holds the lease of a task that ended.
+	last := fmt.Sprintf("bulk%05d", tenants)
+	ended := uuid.Must(uuid.NewV7())
+	if _, err := db.Exec(ctx, `INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, request_hash, state, finished_at)
+		VALUES ($1, $2, 'k', 'sim', '', '{}', '{}', '\x01', 'completed', now())`, ended, last); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.app.Quotas.AddLease(ctx, last, ended.String(), false); err != nil {
+		t.Fatal(err)
+	}
+	h.app.Janitor.SetConfig(agentq.JanitorConfig{TenantBatch: 6000, TenantPage: 500, PassBudget: 20 * time.Second})
+	passes := []string{"stale_heartbeats", "leases", "running_sets", "repush", "pool"}
+	covered := map[string]int{}
+	prevCursor := map[string]string{}
+	released := 0
+	began := time.Now()
+	for run := 1; run <= 4; run++ {
+		h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 7, time.Hour) // drift for the pool pass to fix
+		rep, err := h.app.Janitor.RunOnce(ctx)
+		if err != nil {
+			t.Fatalf("run %d: %v", run, err)
+		}
+		var names []string
+		for _, p := range rep.Passes {
+			names = append(names, p.Name)
+			if p.Err != "" {
+				t.Fatalf("run %d: pass %s failed: %s", run, p.Name, p.Err)
+			}
+		}
+		if !slices.Equal(names, passes) {
+			t.Fatalf("run %d ran passes %v, want %v", run, names, passes)
+		}
+		if rep.PoolCorrected != -7 {
+			t.Fatalf("run %d: pool corrected by %d, want -7", run, rep.PoolCorrected)
+		}
+		for _, p := range rep.Passes[1:3] {
+			covered[p.Name] += p.Rows
+			if run < 4 {
+				// Advanced by a batch, not done, and resuming past where the last run stopped.
+				if p.Rows != 6000 || p.Done || p.Cursor <= prevCursor[p.Name] {
+					t.Fatalf("run %d: %s pass %+v (previous cursor %q)", run, p.Name, p, prevCursor[p.Name])
+				}
+			} else if !p.Done || p.Cursor != "" {
+				t.Fatalf("run %d: %s pass %+v, want it to reach the last tenant and wrap", run, p.Name, p)
+			}
+			prevCursor[p.Name] = p.Cursor
+		}
+		released += rep.LeasesReleased
+		t.Logf("run %d: %+v", run, rep.Passes)
+	}
+	for _, name := range passes[1:3] {
+		if covered[name] != tenants {
+			t.Fatalf("%s pass reviewed %d tenants over the runs, want all %d", name, covered[name], tenants)
+		}
+	}
+	if released != 1 {
+		t.Fatalf("the last tenant's leaked lease: %d released, want 1", released)
+	}
+	if took := time.Since(began); took > 20*time.Second {
+		t.Fatalf("four runs over %d tenants took %v", tenants, took)
+	}
+
+	// A pass out of budget stops where it is, and the passes after it still run.
+	h.app.Janitor.SetConfig(agentq.JanitorConfig{TenantBatch: 1 << 20, TenantPage: 50, PassBudget: 40 * time.Millisecond})
+	h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 3, time.Hour)
+	rep, err := h.app.Janitor.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lp := rep.Passes[1]; lp.Done || lp.Rows == 0 || lp.Rows >= tenants || lp.Cursor == "" {
+		t.Fatalf("leases pass with a tiny budget: %+v, want stopped part way with a cursor", lp)
+	}
+	if rep.Passes[4].Err != "" || rep.PoolCorrected != -3 {
+		t.Fatalf("pool pass after a pass ran out of budget: %+v, corrected %d", rep.Passes[4], rep.PoolCorrected)
+	}
+	next, err := h.app.Janitor.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Passes[1].Cursor <= rep.Passes[1].Cursor && !next.Passes[1].Done {
+		t.Fatalf("the next run did not resume: cursor %q after %q", next.Passes[1].Cursor, rep.Passes[1].Cursor)
+	}
+}
+
+// A task admitted and dispatched after the running-set pass read Postgres keeps its
+// slot: the pass re-checks Postgres before dropping an entry.
+func TestJanitorKeepsTheSlotOfATaskDispatchedAfterItsSnapshot(t *testing.T) {
+	t.Parallel()
+	h := start(t, apiOnly)
+	ctx := context.Background()
+	c, _ := h.tenantClient("jd", "pro", nil)
+	if _, err := c.SubmitTask(ctx, sim(1, 1)); err != nil { // the tenant has a live task
+		t.Fatal(err)
+	}
+	db := h.app.Store.Pool()
+	late := uuid.Must(uuid.NewV7())
+	var once sync.Once
+	h.app.Janitor.AfterSnapshot(func(pass string) {
+		if pass != "running_sets" {
+			return
+		}
+		once.Do(func() {
+			// admitted and dispatched by another replica meanwhile
+			if _, err := db.Exec(ctx, `INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, request_hash)
+				VALUES ($1, 'jd', 'k', 'sim', '', '{}', '{}', '\x01')`, late); err != nil {
+				t.Error(err)
+			}
+			if err := h.app.Scheduler.AddRunning(ctx, "jd", late.String()); err != nil {
+				t.Error(err)
+			}
+		})
+	})
+	rep, err := h.app.Janitor.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	members, _ := h.app.Scheduler.RunningMembers(ctx, "jd")
+	if rep.RunningRemoved != 0 || !slices.Contains(members, late.String()) {
+		t.Fatalf("running set %v, %d removed: the task dispatched after the snapshot lost its slot", members, rep.RunningRemoved)
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A first start on an empty Redis is logged as such, at info; a later loss of Redis's
+// data is a warning.
+func TestJanitorFirstStartIsNotDataLoss(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	h := start(t, func(o *agentq.Options) {
+		o.Config.Roles = []string{config.RoleAPI, config.RoleJanitor}
+		o.Config.JanitorInterval = time.Hour
+		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	ctx := context.Background()
+	waitLog := func(what string) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, what) {
+					return line
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no log line %q in:\n%s", what, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	first := waitLog("generation marker written")
+	if !strings.Contains(first, "level=INFO") || !strings.Contains(first, "first start") {
+		t.Fatalf("first start logged as %q", first)
+	}
+	if strings.Contains(logs.String(), "Redis lost its data") {
+		t.Fatalf("a first start was logged as data loss:\n%s", logs.String())
+	}
+	c, _ := h.tenantClient("jf", "pro", nil)
+	if _, err := c.SubmitTask(ctx, sim(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.DeletePrefix(ctx, h.app.Redis, h.app.Keys.Prefix())
+	if loss := waitLog("Redis lost its data"); !strings.Contains(loss, "level=WARN") {
+		t.Fatalf("data loss logged as %q", loss)
 	}
 }

@@ -2,9 +2,11 @@ package agentq_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
@@ -100,5 +102,56 @@ func TestRedeliveredTaskOfADeadWorkerIsTakenOver(t *testing.T) {
 	got, _ := c.GetTask(ctx, task.ID)
 	if got.State != "completed" || got.Usage.Steps != 3 || got.Attempt != 2 {
 		t.Fatalf("after takeover: %s, %d steps, attempt %d; want completed, 3 steps (resumed at step 2), attempt 2", got.State, got.Usage.Steps, got.Attempt)
+	}
+}
+
+// A worker that stalled past its lease, whose task another attempt took over, stops
+// at its next write: its step is recorded nowhere (ledger, usage, Redis quota), and
+// the task's lease and running slot, which belong to the new owner, stay as they are.
+func TestStalledWorkerStopsWhenItsTaskWasTakenOver(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.Roles = []string{config.RoleAPI} })
+	ctx := context.Background()
+	c, k := h.tenantClient("fence", "pro", nil)
+	task, err := c.SubmitTask(ctx, sim(3, 400))
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"fence","band":"p5"}`)
+	done := make(chan error, 1)
+	go func() { done <- h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)) }()
+	waitState(t, c, task.ID, "running", 5*time.Second)
+	// Attempt 1 is in its first step. Another worker takes the task over, as
+	// TakeOverTask does, and holds its running slot.
+	db := h.app.Store.Pool()
+	if _, err := db.Exec(ctx, `UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now() WHERE id = $1 AND attempt = 1`, task.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.app.Scheduler.AddRunning(ctx, "fence", task.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the stalled delivery returned %v, want nil (the task is the new owner's)", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stalled worker kept working on a task it lost")
+	}
+	got, _ := c.GetTask(ctx, task.ID)
+	if got.State != "running" || got.Attempt != 2 || got.Usage.Steps != 0 {
+		t.Fatalf("task after the stalled attempt stopped: %s, attempt %d, %d steps; want running, attempt 2, 0 steps", got.State, got.Attempt, got.Usage.Steps)
+	}
+	if rows, _ := h.app.Store.TaskLedger(ctx, uuid.MustParse(task.ID)); len(rows) != 0 {
+		t.Fatalf("the stalled attempt's step is in the ledger: %v", rows)
+	}
+	if used := h.usage(k.Key)["agent_steps_daily"]["used"]; used != 0.0 {
+		t.Fatalf("agent_steps_daily used %v, want the stalled step's reservation refunded", used)
+	}
+	if sess, _, _ := h.app.Quotas.Leases(ctx, "fence"); !slices.Contains(sess, task.ID) {
+		t.Fatalf("the new owner's lease was released: %v", sess)
+	}
+	if members, _ := h.app.Scheduler.RunningMembers(ctx, "fence"); !slices.Contains(members, task.ID) {
+		t.Fatalf("the new owner's running slot was freed: %v", members)
 	}
 }

@@ -2,6 +2,7 @@ package agentq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -28,7 +29,10 @@ import (
 // Redis data loss lose no accepted task and leak no lease. One replica runs it at a
 // time: the one holding a Postgres advisory lock (a session lock, so it is released
 // the moment the holder's connection dies, and another replica takes over at its next
-// tick). Each run is bounded in time and batch size.
+// tick). A run is a sequence of passes (stale heartbeats, leases, running sets,
+// re-push of missing queued tasks, pool correction), each bounded by its own time and
+// row budget, so one slow pass never starves the others; the passes that walk tenants
+// or tasks keep a cursor and resume where the previous run stopped.
 type Janitor struct {
 	store     *store.Store
 	pool      *pgxpool.Pool
@@ -40,13 +44,18 @@ type Janitor struct {
 	keys      rkeys.Keys
 	log       *slog.Logger
 
-	every       time.Duration // between runs
-	staleAfter  time.Duration // a running task with an older heartbeat lost its worker
-	maxAttempts int           // attempts before a task whose worker keeps dying is abandoned
-	budget      time.Duration // one run's time bound
-	batch       int           // stale tasks handled per run
+	cfg JanitorConfig
 
 	drift metric.Int64Counter
+
+	// runMu serialises runs; the cursors below are where the next run resumes.
+	runMu         sync.Mutex
+	leaseCursor   string    // last tenant id the lease pass reviewed
+	runningCursor string    // last tenant id the running-set pass reviewed
+	repushCursor  uuid.UUID // last queued task the re-push pass checked
+	// afterSnapshot, when set (tests), runs after a tenant pass read a page's live
+	// tasks and before it reads Redis: what happens there races the pass.
+	afterSnapshot func(pass string)
 
 	mu       sync.Mutex
 	cancel   context.CancelFunc
@@ -61,19 +70,87 @@ type Janitor struct {
 	leaderSince time.Time
 }
 
-// JanitorReport says what one run found and fixed, per kind of drift.
+// JanitorConfig configures the janitor. Zero fields take the defaults.
+type JanitorConfig struct {
+	Interval    time.Duration // between runs (5 min)
+	StaleAfter  time.Duration // a running task with an older heartbeat lost its worker (30 s)
+	MaxAttempts int           // attempts before a task whose worker keeps dying is abandoned (3)
+	PassBudget  time.Duration // each pass's time bound (5 s)
+	StaleBatch  int           // stale tasks handled per run (500)
+	TenantBatch int           // tenants each tenant pass reviews per run (50,000)
+	TenantPage  int           // tenants read per round trip (200)
+	RepushBatch int           // queued tasks the re-push pass checks per run (10,000)
+}
+
+func (c JanitorConfig) withDefaults() JanitorConfig {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	dur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	dur(&c.Interval, 5*time.Minute)
+	dur(&c.StaleAfter, 30*time.Second)
+	dur(&c.PassBudget, 5*time.Second)
+	def(&c.MaxAttempts, 3)
+	def(&c.StaleBatch, 500)
+	def(&c.TenantBatch, 50000)
+	def(&c.TenantPage, 200)
+	def(&c.RepushBatch, 10000)
+	c.TenantPage = min(c.TenantPage, c.TenantBatch)
+	return c
+}
+
+// Pass names, in the order a run takes them.
+const (
+	passStale   = "stale_heartbeats"
+	passLeases  = "leases"
+	passRunning = "running_sets"
+	passRepush  = "repush"
+	passPool    = "pool"
+)
+
+// JanitorPass says how one pass of a run went.
+type JanitorPass struct {
+	Name string        `json:"name"`
+	Rows int           `json:"rows"` // tenants, tasks or shards it looked at
+	Took time.Duration `json:"took"`
+	// Done: the pass reached the end of its work; otherwise it stopped at its budget
+	// and the next run resumes from Cursor.
+	Done   bool   `json:"done"`
+	Cursor string `json:"cursor,omitempty"`
+	Err    string `json:"err,omitempty"`
+}
+
+// JanitorReport says what one run found and fixed, per kind of drift, and how each
+// pass went.
 type JanitorReport struct {
-	StaleRequeued   int   `json:"stale_requeued"`
-	Abandoned       int   `json:"abandoned"`
-	Repushed        int   `json:"repushed"`
-	LeasesReleased  int   `json:"leases_released"`
-	LeasesAdded     int   `json:"leases_added"`
-	RunningRemoved  int   `json:"running_removed"`
-	RunningAdded    int   `json:"running_added"`
-	PoolCorrected   int64 `json:"pool_corrected"`
-	RedisDataLoss   bool  `json:"redis_data_loss"`
-	StaleDeferred   bool  `json:"stale_deferred"` // a new leader skipped stale tasks this run
-	TenantsReviewed int   `json:"tenants_reviewed"`
+	StaleRequeued   int           `json:"stale_requeued"`
+	Abandoned       int           `json:"abandoned"`
+	Repushed        int           `json:"repushed"`
+	LeasesReleased  int           `json:"leases_released"`
+	LeasesAdded     int           `json:"leases_added"`
+	RunningRemoved  int           `json:"running_removed"`
+	RunningAdded    int           `json:"running_added"`
+	PoolCorrected   int64         `json:"pool_corrected"`
+	RedisDataLoss   bool          `json:"redis_data_loss"`
+	StaleDeferred   bool          `json:"stale_deferred"` // a new leader skipped stale tasks this run
+	TenantsReviewed int           `json:"tenants_reviewed"`
+	Passes          []JanitorPass `json:"passes"`
+}
+
+// complete reports whether every pass reached the end of its work.
+func (r JanitorReport) complete() bool {
+	for _, p := range r.Passes {
+		if !p.Done {
+			return false
+		}
+	}
+	return len(r.Passes) > 0
 }
 
 func (r JanitorReport) drifted() bool {
@@ -85,10 +162,7 @@ func newJanitor(a *App, every time.Duration) *Janitor {
 	j := &Janitor{
 		store: a.Store, pool: a.Store.Pool(), sched: a.Scheduler, quotas: a.Quotas, recovery: a.recovery,
 		rdb: a.Redis, inspector: asynq.NewInspectorFromRedisClient(a.Redis), keys: a.Keys, log: a.log.With("component", "janitor"),
-		every: every, staleAfter: 30 * time.Second, maxAttempts: 3, budget: 30 * time.Second, batch: 500,
-	}
-	if j.every <= 0 {
-		j.every = 5 * time.Minute
+		cfg: JanitorConfig{Interval: every}.withDefaults(),
 	}
 	j.drift, _ = otel.Meter("agentq").Int64Counter("agentq.janitor.drift",
 		metric.WithDescription("Redis state the janitor found out of line with Postgres, by kind"))
@@ -112,25 +186,48 @@ func (j *Janitor) Start(ctx context.Context) {
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
 		next := time.Now()
+		var repair generation // a new marker whose reconciliation has not finished yet
 		for {
 			if j.lead(ctx) {
-				lost, err := j.checkGeneration(ctx)
+				gen, err := j.checkGeneration(ctx)
 				if err != nil && ctx.Err() == nil {
 					j.log.Warn("generation check failed", "err", err)
 				}
-				if lost || !time.Now().Before(next) {
+				if gen != genSame {
+					// Review everything from the start, now.
+					repair, next = gen, time.Now()
+					j.resetCursors()
+				}
+				if !time.Now().Before(next) {
 					rep, err := j.RunOnce(ctx)
-					if err != nil && ctx.Err() == nil {
+					done := err == nil && rep.complete()
+					switch {
+					case err != nil && ctx.Err() == nil:
 						j.log.Warn("janitor run failed", "err", err)
-					} else if lost {
+					case repair == genLost && done:
 						rep.RedisDataLoss = true
 						j.log.Warn("Redis lost its data: reconciled from Postgres", "report", rep)
+					case repair == genFirst && done:
+						j.log.Info("first start on this Redis: generation marker written", "report", rep)
 					}
-					next = time.Now().Add(j.every)
+					next = time.Now().Add(j.cfg.Interval)
+					if repair != genSame {
+						if done {
+							repair = genSame
+						} else {
+							// A repair runs back to back until every pass reached its
+							// end; a failing run is retried a little later.
+							wait := time.Second
+							if err != nil {
+								wait = 5 * time.Second
+							}
+							next = time.Now().Add(wait)
+						}
+					}
 					if rep.StaleDeferred {
 						// come back as soon as stale tasks may be handled
 						j.mu.Lock()
-						if soon := j.leaderSince.Add(j.staleAfter + time.Second); soon.Before(next) {
+						if soon := j.leaderSince.Add(j.cfg.StaleAfter + time.Second); soon.Before(next) {
 							next = soon
 						}
 						j.mu.Unlock()
@@ -248,64 +345,106 @@ func (j *Janitor) resign() {
 	j.leader, j.isLeader = nil, false
 }
 
+// generation is what the Redis generation marker says about Redis's state.
+type generation int
+
+const (
+	genSame  generation = iota // the marker was there: nothing lost
+	genFirst                   // newly set on a database that never had a task: a first start
+	genLost                    // newly set although Postgres holds tasks: Redis lost its data
+)
+
 // checkGeneration detects Redis data loss: the marker key is set by the leader and
-// vanishes with a FLUSHDB or a restart without persistence.
-func (j *Janitor) checkGeneration(ctx context.Context) (bool, error) {
+// vanishes with a FLUSHDB or a restart without persistence. A missing marker on a
+// database that never admitted a task is a first start, not a loss.
+func (j *Janitor) checkGeneration(ctx context.Context) (generation, error) {
 	key := j.keys.Generation()
 	ok, err := j.rdb.SetNX(ctx, key, time.Now().UTC().Format(time.RFC3339), 0).Result()
 	if err != nil {
-		return false, err
+		return genSame, err
 	}
 	j.rdb.Expire(ctx, key, 30*24*time.Hour)
 	if !ok {
-		return false, nil
+		return genSame, nil
 	}
-	// Newly set: either the first run on this Redis, or its data is gone. Either way a
-	// reconciliation is what to do.
-	return true, nil
+	// Newly set: a reconciliation is what to do either way; the log line differs.
+	hadTasks, err := j.store.AnyTask(ctx)
+	if err != nil {
+		return genLost, err // cannot tell: treat it as the loss it may be
+	}
+	if !hadTasks {
+		return genFirst, nil
+	}
+	return genLost, nil
 }
 
-// RunOnce reconciles Redis with Postgres once and reports the drift it fixed.
+// resetCursors makes the next run's passes start from the first tenant and task.
+func (j *Janitor) resetCursors() {
+	j.runMu.Lock()
+	defer j.runMu.Unlock()
+	j.leaseCursor, j.runningCursor, j.repushCursor = "", "", uuid.Nil
+}
+
+// RunOnce reconciles Redis with Postgres once and reports the drift it fixed. Every
+// pass runs, each within its own budget; a pass that fails does not stop the others,
+// and the run returns their errors together.
 func (j *Janitor) RunOnce(ctx context.Context) (JanitorReport, error) {
+	j.runMu.Lock()
+	defer j.runMu.Unlock()
 	var rep JanitorReport
-	ctx, cancel := context.WithTimeout(ctx, j.budget)
-	defer cancel()
-	j.mu.Lock()
-	settled := time.Since(j.leaderSince) >= j.staleAfter
-	j.mu.Unlock()
-	if settled {
-		if err := j.rescueStale(ctx, &rep); err != nil {
-			return rep, fmt.Errorf("janitor: stale tasks: %w", err)
+	var errs []error
+	run := func(name string, pass func(ctx context.Context, p *JanitorPass) error) {
+		pctx, cancel := context.WithTimeout(ctx, j.cfg.PassBudget)
+		defer cancel()
+		p := JanitorPass{Name: name}
+		began := time.Now()
+		err := pass(pctx, &p)
+		p.Took = time.Since(began)
+		if err != nil && pctx.Err() != nil && ctx.Err() == nil {
+			err = nil // out of budget: the next run resumes from the cursor
 		}
-	} else {
-		rep.StaleDeferred = true
-	}
-	tenants, err := j.store.TenantsWithLiveTasks(ctx)
-	if err != nil {
-		return rep, fmt.Errorf("janitor: tenants: %w", err)
-	}
-	for _, t := range tenants {
-		if ctx.Err() != nil {
-			break // bounded: the next run continues
+		if err != nil {
+			p.Err = err.Error()
+			errs = append(errs, fmt.Errorf("janitor: %s: %w", name, err))
 		}
-		if err := j.reconcileTenant(ctx, t, &rep); err != nil {
-			j.log.Warn("reconciling a tenant failed", "tenant_id", t, "err", err)
+		rep.Passes = append(rep.Passes, p)
+	}
+	run(passStale, func(ctx context.Context, p *JanitorPass) error {
+		j.mu.Lock()
+		settled := time.Since(j.leaderSince) >= j.cfg.StaleAfter
+		j.mu.Unlock()
+		if !settled {
+			rep.StaleDeferred, p.Done = true, true
+			return nil
 		}
-		rep.TenantsReviewed++
-	}
-	if err := j.reconcileLeaks(ctx, &rep); err != nil {
-		j.log.Warn("reconciling leases of ended tasks failed", "err", err)
-	}
-	pushed, err := j.recovery.sweep(ctx, 0)
-	rep.Repushed += pushed
-	if err != nil {
-		return rep, fmt.Errorf("janitor: re-push: %w", err)
-	}
-	if rep.PoolCorrected, err = j.sched.ReconcilePool(ctx); err != nil {
-		return rep, fmt.Errorf("janitor: pool: %w", err)
-	}
+		return j.rescueStale(ctx, &rep, p)
+	})
+	run(passLeases, func(ctx context.Context, p *JanitorPass) error {
+		err := j.tenantPass(ctx, &j.leaseCursor, p, &rep, j.reviewLeases)
+		rep.TenantsReviewed = p.Rows
+		return err
+	})
+	run(passRunning, func(ctx context.Context, p *JanitorPass) error {
+		return j.tenantPass(ctx, &j.runningCursor, p, &rep, j.reviewRunning)
+	})
+	run(passRepush, func(ctx context.Context, p *JanitorPass) error {
+		pushed, seen, next, err := j.recovery.sweepFrom(ctx, 0, j.repushCursor, j.cfg.RepushBatch)
+		rep.Repushed += pushed
+		p.Rows, j.repushCursor = seen, next
+		p.Done = next == uuid.Nil && err == nil
+		if next != uuid.Nil {
+			p.Cursor = next.String()
+		}
+		return err
+	})
+	run(passPool, func(ctx context.Context, p *JanitorPass) error {
+		var err error
+		rep.PoolCorrected, err = j.sched.ReconcilePool(ctx)
+		p.Rows, p.Done = j.keys.Shards(), err == nil
+		return err
+	})
 	j.record(ctx, rep)
-	return rep, nil
+	return rep, errors.Join(errs...)
 }
 
 func (j *Janitor) record(ctx context.Context, rep JanitorReport) {
@@ -334,19 +473,25 @@ func abs64(n int64) int64 {
 }
 
 // rescueStale handles running tasks whose worker stopped heartbeating: back to the
-// queue for another attempt, or abandoned after maxAttempts.
-func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport) error {
-	stale, err := j.store.ListStaleRunning(ctx, j.staleAfter, j.batch)
+// queue for another attempt, or abandoned after MaxAttempts.
+func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport, p *JanitorPass) error {
+	stale, err := j.store.ListStaleRunning(ctx, j.cfg.StaleAfter, j.cfg.StaleBatch)
 	if err != nil {
 		return err
 	}
 	for _, st := range stale {
+		p.Rows++
 		id := st.ID.String()
 		// its dispatch slots are gone with its worker
 		cleanup := wire.Payload{TaskID: id, TenantID: st.TenantID, Band: fmt.Sprintf("p%d", st.Priority)}
-		if st.Attempt >= j.maxAttempts {
-			_, ok, err := j.store.FinishTask(ctx, store.FinishTaskParams{ID: st.ID, From: []string{store.StateRunning},
+		if st.Attempt >= j.cfg.MaxAttempts {
+			// Fenced on the attempt read: a redelivery that took the task over since
+			// keeps it.
+			_, ok, err := j.store.FinishTask(ctx, store.FinishTaskParams{ID: st.ID, Attempt: st.Attempt, From: []string{store.StateRunning},
 				To: store.StateAbandoned, Error: fmt.Sprintf("abandoned: its worker stopped heartbeating on %d attempts", st.Attempt)})
+			if errors.Is(err, store.ErrLostClaim) {
+				continue
+			}
 			if err != nil {
 				return err
 			}
@@ -359,7 +504,7 @@ func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport) error {
 			}
 			continue
 		}
-		t, ok, err := j.store.RequeueStale(ctx, st.ID, j.staleAfter)
+		t, ok, err := j.store.RequeueStale(ctx, st.ID, j.cfg.StaleAfter)
 		if err != nil || !ok {
 			if err != nil {
 				return err
@@ -368,80 +513,243 @@ func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport) error {
 		}
 		rep.StaleRequeued++
 		_ = j.sched.Done(ctx, cleanup, -1)
-		p, err := j.recovery.tenantParams(ctx, t.TenantID)
+		ep, err := j.recovery.tenantParams(ctx, t.TenantID)
 		if err != nil {
 			return err
 		}
-		p.TaskID, p.Priority, p.CreatedAt = t.ID, t.Priority, t.CreatedAt
-		if err := j.sched.Enqueue(ctx, p); err != nil {
+		ep.TaskID, ep.Priority, ep.CreatedAt = t.ID, t.Priority, t.CreatedAt
+		if err := j.sched.Enqueue(ctx, ep); err != nil {
 			return err
+		}
+	}
+	p.Done = len(stale) < j.cfg.StaleBatch
+	return nil
+}
+
+// tenantReview reconciles one page of tenants, given their live tasks read from
+// Postgres in one query.
+type tenantReview func(ctx context.Context, tenants []string, live map[string][]store.LiveTask, rep *JanitorReport) error
+
+// tenantPass walks tenants in id order from *cursor, a page per round trip, until it
+// has reviewed TenantBatch tenants, its budget runs out or it reaches the last tenant
+// (the cursor then wraps to the start for the next run).
+func (j *Janitor) tenantPass(ctx context.Context, cursor *string, p *JanitorPass, rep *JanitorReport, review tenantReview) error {
+	defer func() { p.Cursor = *cursor }()
+	for p.Rows < j.cfg.TenantBatch {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(j.cfg.TenantPage, j.cfg.TenantBatch-p.Rows)
+		ids, err := j.store.TenantIDsAfter(ctx, *cursor, n)
+		if err != nil {
+			return err
+		}
+		if len(ids) > 0 {
+			live, err := j.store.LiveTasksOf(ctx, ids)
+			if err != nil {
+				return err
+			}
+			if j.afterSnapshot != nil {
+				j.afterSnapshot(p.Name)
+			}
+			if err := review(ctx, ids, live, rep); err != nil {
+				return err
+			}
+			p.Rows += len(ids)
+			*cursor = ids[len(ids)-1]
+		}
+		if len(ids) < n {
+			*cursor, p.Done = "", true
+			return nil
 		}
 	}
 	return nil
 }
 
-// reconcileTenant compares a tenant's leases and running set with its live tasks.
-func (j *Janitor) reconcileTenant(ctx context.Context, tenant string, rep *JanitorReport) error {
-	live, err := j.store.LiveTasks(ctx, tenant)
-	if err != nil {
-		return err
+// leaseGrace is how old a lease of a task Postgres does not know must be before it is
+// released: admission takes the lease just before the task row is committed.
+const leaseGrace = time.Minute
+
+// reviewLeases compares a page of tenants' session and long-running leases with their
+// live tasks: it releases leases of tasks that ended (and of tasks Postgres does not
+// know, once older than leaseGrace) and re-adds the leases of live tasks that Redis
+// lost. Leases of open event streams ("stream:…") are not tasks; they expire on their
+// own. One Redis round trip reads the whole page.
+func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[string][]store.LiveTask, rep *JanitorReport) error {
+	pipe := j.rdb.Pipeline()
+	sess := make([]*redis.StringSliceCmd, len(tenants))
+	long := make([]*redis.StringSliceCmd, len(tenants))
+	for i, t := range tenants {
+		sess[i] = pipe.ZRange(ctx, j.keys.Sessions(t), 0, -1)
+		long[i] = pipe.ZRange(ctx, j.keys.LongRunning(t), 0, -1)
 	}
-	byID := make(map[string]store.LiveTask, len(live))
-	for _, t := range live {
-		byID[t.ID.String()] = t
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("leases: %w", err)
 	}
-	if err := j.releaseEnded(ctx, tenant, byID, rep); err != nil {
-		return err
-	}
-	sessions, long, err := j.quotas.Leases(ctx, tenant)
-	if err != nil {
-		return err
-	}
-	held := map[string]bool{}
-	for _, m := range append(sessions, long...) {
-		held[m] = true
-	}
-	var added []uuid.UUID
-	for id, t := range byID {
-		if !held[id] {
-			if err := j.quotas.AddLease(ctx, tenant, id, t.MaxWallclockS > quotas.LongRunningThreshold.Seconds()); err != nil {
-				return err
+	owner := map[uuid.UUID]string{}
+	var check, added []uuid.UUID
+	for i, t := range tenants {
+		liveIDs := map[string]bool{}
+		for _, lt := range live[t] {
+			liveIDs[lt.ID.String()] = true
+		}
+		held := map[string]bool{}
+		for _, m := range append(sess[i].Val(), long[i].Val()...) {
+			if held[m] {
+				continue
 			}
-			added = append(added, t.ID)
+			held[m] = true
+			if liveIDs[m] || strings.HasPrefix(m, "stream:") {
+				continue
+			}
+			if id, err := uuid.Parse(m); err == nil {
+				check = append(check, id)
+				owner[id] = t
+			}
+		}
+		for _, lt := range live[t] {
+			if held[lt.ID.String()] {
+				continue
+			}
+			if err := j.quotas.AddLease(ctx, t, lt.ID.String(), lt.MaxWallclockS > quotas.LongRunningThreshold.Seconds()); err != nil {
+				j.log.Warn("re-adding a lost lease failed", "tenant_id", t, "task_id", lt.ID, "err", err)
+				continue
+			}
+			added = append(added, lt.ID)
+			owner[lt.ID] = t
 		}
 	}
-	// A task may have ended (and released its lease) between the Postgres read and the
-	// lease read: give back any re-added lease whose task is no longer live.
-	if len(added) > 0 {
-		states, err := j.store.TaskStates(ctx, added)
+	if len(check)+len(added) == 0 {
+		return nil
+	}
+	// Re-read the states right before acting: a task may have become live or ended
+	// since the page's snapshot.
+	states, err := j.store.TaskStates(ctx, append(append([]uuid.UUID{}, check...), added...))
+	if err != nil {
+		return err
+	}
+	ages := map[string]map[string]time.Duration{} // per tenant, read only for unknown tasks
+	for _, id := range check {
+		t := owner[id]
+		st, known := states[id]
+		if known && !store.Terminal(st) {
+			continue // became live after the snapshot
+		}
+		if !known {
+			if ages[t] == nil {
+				s, l, err := j.quotas.LeaseAges(ctx, t)
+				if err != nil {
+					return err
+				}
+				ages[t] = s
+				for m, a := range l {
+					ages[t][m] = max(ages[t][m], a)
+				}
+			}
+			if ages[t][id.String()] < leaseGrace {
+				continue // maybe an admission still writing its task
+			}
+		}
+		n, err := j.quotas.Release(ctx, t, id.String())
 		if err != nil {
 			return err
 		}
-		for _, id := range added {
-			if store.Terminal(states[id]) {
-				_, _ = j.quotas.Release(ctx, tenant, id.String())
-			} else {
-				rep.LeasesAdded++
-			}
+		rep.LeasesReleased += n
+	}
+	for _, id := range added {
+		if store.Terminal(states[id]) {
+			_, _ = j.quotas.Release(ctx, owner[id], id.String()) // ended meanwhile
+		} else {
+			rep.LeasesAdded++
 		}
 	}
-	members, err := j.sched.RunningMembers(ctx, tenant)
+	return nil
+}
+
+// reviewRunning compares a page of tenants' running sets with their live tasks: it
+// frees entries (and their pool slots) of tasks that ended or that Postgres does not
+// know, re-queues dispatched tasks asynq lost, and re-adds running tasks missing from
+// the set. One Redis round trip reads the whole page.
+func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[string][]store.LiveTask, rep *JanitorReport) error {
+	pipe := j.rdb.Pipeline()
+	sets := make([]*redis.StringSliceCmd, len(tenants))
+	for i, t := range tenants {
+		sets[i] = pipe.SMembers(ctx, j.keys.TenantRunning(t))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("running sets: %w", err)
+	}
+	owner := map[uuid.UUID]string{}
+	var drop, readded []uuid.UUID
+	for i, t := range tenants {
+		members := sets[i].Val()
+		byID := make(map[string]store.LiveTask, len(live[t]))
+		for _, lt := range live[t] {
+			byID[lt.ID.String()] = lt
+		}
+		inSet := map[string]bool{}
+		for _, m := range members {
+			inSet[m] = true
+			if _, ok := byID[m]; ok {
+				continue
+			}
+			if id, err := uuid.Parse(m); err == nil {
+				drop = append(drop, id)
+				owner[id] = t
+			}
+		}
+		if err := j.rescueStranded(ctx, t, byID, inSet, rep); err != nil {
+			j.log.Warn("re-queueing dispatched tasks lost to asynq failed", "tenant_id", t, "err", err)
+		}
+		for id, lt := range byID {
+			if lt.State != store.StateRunning || inSet[id] {
+				continue
+			}
+			if err := j.sched.AddRunning(ctx, t, id); err != nil {
+				j.log.Warn("re-adding a running-set entry failed", "tenant_id", t, "task_id", id, "err", err)
+				continue
+			}
+			readded = append(readded, lt.ID)
+			owner[lt.ID] = t
+		}
+	}
+	if len(drop)+len(readded) == 0 {
+		return nil
+	}
+	// Re-check Postgres right before dropping: a task admitted and dispatched after
+	// the page's snapshot is in the set but not in the snapshot, and keeps its slot.
+	states, err := j.store.TaskStates(ctx, append(append([]uuid.UUID{}, drop...), readded...))
 	if err != nil {
 		return err
 	}
-	inSet := map[string]bool{}
-	for _, m := range members {
-		inSet[m] = true
+	for _, id := range drop {
+		if st, known := states[id]; known && !store.Terminal(st) {
+			continue
+		}
+		if err := j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Band: "p5"}, -1); err != nil {
+			return err
+		}
+		rep.RunningRemoved++
 	}
-	if err := j.dropEndedRunning(ctx, tenant, members, byID, rep); err != nil {
-		return err
+	// As with leases: a task that ended meanwhile must not keep a running slot.
+	for _, id := range readded {
+		if store.Terminal(states[id]) {
+			_ = j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Band: "p5"}, -1)
+		} else {
+			rep.RunningAdded++
+		}
 	}
-	// Dispatched, never started, and lost to asynq: free its slots and queue it again.
+	return nil
+}
+
+// rescueStranded frees the slots of a tenant's tasks that were dispatched, never
+// started, and lost to asynq, and queues them again.
+func (j *Janitor) rescueStranded(ctx context.Context, tenant string, byID map[string]store.LiveTask, inSet map[string]bool, rep *JanitorReport) error {
 	for id, t := range byID {
 		if t.State != store.StateQueued || !inSet[id] {
 			continue
 		}
-		stranded, err := j.sched.Stranded(ctx, j.inspector, tenant, id, t.Priority, j.staleAfter)
+		stranded, err := j.sched.Stranded(ctx, j.inspector, tenant, id, t.Priority, j.cfg.StaleAfter)
 		if err != nil || !stranded {
 			continue
 		}
@@ -455,138 +763,6 @@ func (j *Janitor) reconcileTenant(ctx context.Context, tenant string, rep *Janit
 			return err
 		}
 		rep.Repushed++
-	}
-	var readded []uuid.UUID
-	for id, t := range byID {
-		if t.State == store.StateRunning && !inSet[id] {
-			if err := j.sched.AddRunning(ctx, tenant, id); err != nil {
-				return err
-			}
-			readded = append(readded, t.ID)
-		}
-	}
-	// As with leases: a task that ended meanwhile must not keep a running slot.
-	if len(readded) > 0 {
-		states, err := j.store.TaskStates(ctx, readded)
-		if err != nil {
-			return err
-		}
-		for _, id := range readded {
-			if store.Terminal(states[id]) {
-				_ = j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: tenant, Band: "p5"}, -1)
-			} else {
-				rep.RunningAdded++
-			}
-		}
-	}
-	return nil
-}
-
-// leaseGrace is how old a lease of a task Postgres does not know must be before it is
-// released: admission takes the lease just before the task row is committed.
-const leaseGrace = time.Minute
-
-// releaseEnded releases leases of tasks that ended, and of tasks Postgres does not know
-// once they are older than leaseGrace. Leases of open event streams ("stream:…") are
-// not tasks; they expire on their own within a minute of their stream's end.
-func (j *Janitor) releaseEnded(ctx context.Context, tenant string, live map[string]store.LiveTask, rep *JanitorReport) error {
-	sessions, long, err := j.quotas.LeaseAges(ctx, tenant)
-	if err != nil {
-		return err
-	}
-	ages := map[string]time.Duration{}
-	for m, a := range sessions {
-		ages[m] = a
-	}
-	for m, a := range long {
-		ages[m] = max(ages[m], a)
-	}
-	var check []uuid.UUID
-	for m := range ages {
-		if _, ok := live[m]; ok || strings.HasPrefix(m, "stream:") {
-			continue
-		}
-		if id, err := uuid.Parse(m); err == nil {
-			check = append(check, id)
-		}
-	}
-	if len(check) == 0 {
-		return nil
-	}
-	states, err := j.store.TaskStates(ctx, check)
-	if err != nil {
-		return err
-	}
-	for _, id := range check {
-		st, known := states[id]
-		if known && !store.Terminal(st) {
-			continue // became live after the caller's read
-		}
-		if !known && ages[id.String()] < leaseGrace {
-			continue // maybe an admission still writing its task
-		}
-		n, err := j.quotas.Release(ctx, tenant, id.String())
-		if err != nil {
-			return err
-		}
-		rep.LeasesReleased += n
-	}
-	return nil
-}
-
-// dropEndedRunning frees running-set entries (and their pool slots) of tasks that
-// ended or that Postgres does not know.
-func (j *Janitor) dropEndedRunning(ctx context.Context, tenant string, members []string, live map[string]store.LiveTask, rep *JanitorReport) error {
-	var check []uuid.UUID
-	for _, m := range members {
-		if _, ok := live[m]; ok {
-			continue
-		}
-		if id, err := uuid.Parse(m); err == nil {
-			check = append(check, id)
-		}
-	}
-	if len(check) == 0 {
-		return nil
-	}
-	for _, id := range check {
-		if err := j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: tenant, Band: "p5"}, -1); err != nil {
-			return err
-		}
-		rep.RunningRemoved++
-	}
-	return nil
-}
-
-// reconcileLeaks releases leases of tenants that have no live task at all (their
-// tasks ended while the release was lost), found among tenants that hold leases.
-func (j *Janitor) reconcileLeaks(ctx context.Context, rep *JanitorReport) error {
-	tenants, err := j.store.ListTenants(ctx)
-	if err != nil {
-		return err
-	}
-	liveTenants, err := j.store.TenantsWithLiveTasks(ctx)
-	if err != nil {
-		return err
-	}
-	hasLive := map[string]bool{}
-	for _, t := range liveTenants {
-		hasLive[t] = true
-	}
-	for _, t := range tenants {
-		if hasLive[t.ID] || ctx.Err() != nil {
-			continue
-		}
-		if err := j.releaseEnded(ctx, t.ID, nil, rep); err != nil {
-			return err
-		}
-		members, err := j.sched.RunningMembers(ctx, t.ID)
-		if err != nil {
-			return err
-		}
-		if err := j.dropEndedRunning(ctx, t.ID, members, nil, rep); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -80,39 +80,61 @@ func (r *recovery) runOnce(ctx context.Context) (int, error) { return r.sweep(ct
 // there already changes nothing, and a dispatched one is found in its running set, so
 // minAge only spares work on tasks whose admission is still pushing them.
 func (r *recovery) sweep(ctx context.Context, minAge time.Duration) (int, error) {
-	pushed := 0
-	after := uuid.Nil
+	pushed, _, _, err := r.sweepFrom(ctx, minAge, uuid.Nil, 0)
+	return pushed, err
+}
+
+// sweepFrom is sweep from the queued task after the cursor, stopping once it has
+// looked at maxRows tasks (0: no bound). seen counts the tasks it looked at; next is
+// where the following call resumes, uuid.Nil once the walk reached the end.
+func (r *recovery) sweepFrom(ctx context.Context, minAge time.Duration, after uuid.UUID, maxRows int) (pushed, seen int, next uuid.UUID, err error) {
+	const page = 500
 	tenants := map[string]scheduler.EnqueueParams{}
 	for {
-		page, err := r.store.ListQueued(ctx, store.ListQueuedParams{MinAge: minAge, After: after, Limit: 500})
-		if err != nil || len(page) == 0 {
-			return pushed, err
+		limit := page
+		if maxRows > 0 {
+			if left := maxRows - seen; left <= 0 {
+				return pushed, seen, after, nil
+			} else if left < limit {
+				limit = left
+			}
 		}
-		after = page[len(page)-1].ID
-		qs := make([]scheduler.Queued, len(page))
+		rows, err := r.store.ListQueued(ctx, store.ListQueuedParams{MinAge: minAge, After: after, Limit: limit})
+		if err != nil {
+			return pushed, seen, after, err
+		}
+		if len(rows) == 0 {
+			return pushed, seen, uuid.Nil, nil
+		}
+		seen += len(rows)
+		qs := make([]scheduler.Queued, len(rows))
 		byID := map[uuid.UUID]store.QueuedTask{}
-		for i, t := range page {
+		for i, t := range rows {
 			qs[i] = scheduler.Queued{TenantID: t.TenantID, TaskID: t.ID}
 			byID[t.ID] = t
 		}
 		missing, err := r.sched.Missing(ctx, qs)
 		if err != nil {
-			return pushed, err
+			return pushed, seen, after, err
 		}
 		for _, m := range missing {
 			t := byID[m.TaskID]
 			p, ok := tenants[t.TenantID]
 			if !ok {
 				if p, err = r.tenantParams(ctx, t.TenantID); err != nil {
-					return pushed, err
+					return pushed, seen, after, err
 				}
 				tenants[t.TenantID] = p
 			}
 			p.TaskID, p.Priority, p.CreatedAt = t.ID, t.Priority, t.CreatedAt
 			if err := r.sched.Enqueue(ctx, p); err != nil {
-				return pushed, err
+				return pushed, seen, after, err
 			}
 			pushed++
+		}
+		after = rows[len(rows)-1].ID
+		if len(rows) < limit {
+			return pushed, seen, uuid.Nil, nil
 		}
 	}
 }

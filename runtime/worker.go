@@ -229,9 +229,15 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		w.log.Warn("taking over a task whose worker stopped heartbeating; resuming from its last step",
 			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
 	}
-	requeued := w.run(ctx, task)
+	var lost bool
+	requeued := w.run(ctx, task, &lost)
 	if requeued {
 		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
+	}
+	if lost {
+		// Another attempt owns the task now, with its lease and its dispatch slots:
+		// this delivery leaves them alone.
+		return nil
 	}
 	// The worker slot was busy from delivery to here: that is the task's worker time,
 	// which its tenant's fair share is charged.
@@ -287,9 +293,16 @@ func (w *Worker) publish(ctx context.Context, ev Event) {
 
 // run executes steps until the task ends. It returns true if the task was put back to
 // queued (worker shutdown, or the quota store unreachable): asynq retries it later.
-func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
-	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent)
+// It sets *lost when a write found the task claimed by a later attempt (this worker
+// stalled past its lease): it then stops at once and touches nothing of the task's.
+func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued bool) {
+	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent, "attempt", task.Attempt)
 	id := task.ID.String()
+	claim := store.Claim{ID: task.ID, Attempt: task.Attempt}
+	lostClaim := func(what string, err error) {
+		*lost = true
+		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
+	}
 	var finish func(state, errText string, output json.RawMessage)
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
@@ -305,11 +318,13 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
 			var err error
 			_, ok, err = w.store.FinishTask(ctx, store.FinishTaskParams{
-				ID: task.ID, From: []string{store.StateRunning}, To: state, Output: output, Error: errText,
+				ID: task.ID, Attempt: task.Attempt, From: []string{store.StateRunning}, To: state, Output: output, Error: errText,
 			})
 			return err
 		})
-		if err != nil {
+		if errors.Is(err, store.ErrLostClaim) {
+			lostClaim("terminal state", err)
+		} else if err != nil {
 			log.Error("recording terminal state failed", "state", state, "err", err)
 		} else if ok {
 			// This call won the terminal transition, so it owns the lease release.
@@ -319,13 +334,14 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 		}
 	}
 	requeue := func(why string, err error) bool {
-		var ok bool
 		rerr := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			var err error
-			ok, err = w.store.RequeueTask(ctx, task.ID)
-			return err
+			return w.store.RequeueTask(ctx, claim)
 		})
-		if rerr != nil || !ok {
+		if errors.Is(rerr, store.ErrLostClaim) {
+			lostClaim("re-queue", rerr)
+			return false
+		}
+		if rerr != nil {
 			log.Warn("re-queueing the task failed", "why", why, "err", rerr)
 			return false
 		}
@@ -391,7 +407,16 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			case <-taskCtx.Done():
 				return
 			case <-t.C:
-				if err := w.store.Heartbeat(taskCtx, task.ID); err != nil && taskCtx.Err() == nil {
+				err := w.store.Heartbeat(taskCtx, claim)
+				switch {
+				case errors.Is(err, store.ErrLostClaim):
+					// Stop the step: its result could not be recorded anyway.
+					cancel(err)
+					return
+				case errors.Is(err, store.ErrTaskEnded):
+					cancel(errCancelled) // ended meanwhile (a cancel whose message was lost)
+					return
+				case err != nil && taskCtx.Err() == nil:
 					log.Warn("task heartbeat failed", "err", err)
 				}
 				if err := w.limits.TouchLease(taskCtx, task.TenantID, id); err != nil && taskCtx.Err() == nil {
@@ -452,10 +477,15 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			Step: step, Input: task.Input, State: state,
 		})
 		stepCancel()
-		if err != nil {
-			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro}) // give the reservation back
+		if err != nil || taskCtx.Err() != nil {
+			// Failed, or interrupted: the step is recorded nowhere, so its reservation
+			// goes back.
+			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
 		}
 		switch {
+		case errors.Is(context.Cause(taskCtx), store.ErrLostClaim):
+			lostClaim("heartbeat", context.Cause(taskCtx))
+			return false
 		case errors.Is(context.Cause(taskCtx), errCancelled):
 			return false // the cancel already made the task "killed"
 		case ctx.Err() != nil:
@@ -469,26 +499,27 @@ func (w *Worker) run(ctx context.Context, task store.Task) (requeued bool) {
 			return false
 		}
 		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
-		var ok bool
 		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			var err error
-			ok, err = w.store.RecordStep(ctx, store.RecordStepParams{
-				ID: task.ID, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
+			return w.store.RecordStep(ctx, store.RecordStepParams{
+				ID: task.ID, Attempt: task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 			})
-			return err
 		})
-		if err != nil || !ok {
+		if err != nil {
+			// Not in the ledger, so not billed in Redis either.
 			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, store.ErrLostClaim):
+			lostClaim("step record", err)
+			return false
+		case errors.Is(err, store.ErrTaskEnded):
+			return false // cancelled before the step's record: not counted anywhere
+		case err != nil:
 			// Postgres stayed away longer than a worker holds a result: the task stays
 			// running there, its heartbeat stops, and the janitor re-queues it to run
 			// again from its last recorded step.
 			log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
 			return false
-		}
-		if !ok {
-			return false // cancelled between the step and its record: not counted anywhere
 		}
 		settle(quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro})
 		estTokens, estMicro = res.Usage.Tokens, costMicro
@@ -521,7 +552,8 @@ func holdUntilRecorded(ctx context.Context, log *slog.Logger, write func(context
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := write(wctx)
 		cancel()
-		if err == nil || errors.Is(err, store.ErrNotFound) || time.Now().Add(wait).After(deadline) {
+		if err == nil || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrLostClaim) ||
+			errors.Is(err, store.ErrTaskEnded) || time.Now().Add(wait).After(deadline) {
 			return err
 		}
 		if attempt == 1 {

@@ -19,6 +19,13 @@ import (
 var (
 	ErrNotFound = errors.New("store: not found")
 	ErrConflict = errors.New("store: already exists")
+	// ErrLostClaim: a worker's write named an attempt the task has moved past (another
+	// worker took it over, or the janitor re-queued it). Nothing was written; the task,
+	// its lease and its dispatch slots belong to the new owner.
+	ErrLostClaim = errors.New("store: the task's claim passed to another attempt")
+	// ErrTaskEnded: the task reached a terminal state (cancelled, abandoned) while the
+	// worker held its claim. Nothing was written.
+	ErrTaskEnded = errors.New("store: the task is no longer running")
 )
 
 // Store wraps a pgx pool.
@@ -429,9 +436,42 @@ func (s *Store) StartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, e
 	return t, err == nil, err
 }
 
+// Claim names the attempt of a running task that a worker holds: StartTask or
+// TakeOverTask returned it. Every worker write carries it, so a worker that stalled
+// past its lease cannot write over the attempt that replaced it.
+type Claim struct {
+	ID      uuid.UUID
+	Attempt int
+}
+
+// claimLost says why a claimed write matched nothing: ErrTaskEnded when the task ended
+// under this same attempt, ErrLostClaim otherwise.
+func claimLost(state string, attempt, claimed int) error {
+	if Terminal(state) && attempt == claimed {
+		return ErrTaskEnded
+	}
+	return fmt.Errorf("%w (attempt %d, task at attempt %d, %s)", ErrLostClaim, claimed, attempt, state)
+}
+
+// whyUnclaimed reads the task to tell ErrTaskEnded from ErrLostClaim after a claimed
+// write matched no row.
+func (s *Store) whyUnclaimed(ctx context.Context, c Claim) error {
+	var state string
+	var attempt int
+	err := s.pool.QueryRow(ctx, `SELECT state, attempt FROM tasks WHERE id = $1`, c.ID).Scan(&state, &attempt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w (task %s is gone)", ErrLostClaim, c.ID)
+	}
+	if err != nil {
+		return err
+	}
+	return claimLost(state, attempt, c.Attempt)
+}
+
 // RecordStepParams record the result of one finished step on a running task.
 type RecordStepParams struct {
 	ID         uuid.UUID
+	Attempt    int // the worker's claim
 	Step       int
 	AgentState json.RawMessage
 	Tokens     int64
@@ -439,36 +479,46 @@ type RecordStepParams struct {
 }
 
 // RecordStep adds one step's usage to the task, stores the agent's state and writes
-// the step's ledger rows, in one transaction. ok=false when the task is no longer
-// running (cancelled meanwhile): nothing is written and the caller stops. Step is the
-// step's number; a step already in the ledger is not counted twice.
-func (s *Store) RecordStep(ctx context.Context, p RecordStepParams) (ok bool, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var tenant string
-		err := tx.QueryRow(ctx, `
-			INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
-			SELECT $1, $2, m.meter, t.tenant_id, m.q FROM tasks t,
-				(VALUES ('steps', 1::bigint), ('tokens', $3::bigint), ('cost_micro_usd', $4::bigint)) AS m(meter, q)
-			WHERE t.id = $1 AND t.state = 'running'
-			ON CONFLICT DO NOTHING
-			RETURNING tenant_id`, p.ID, p.Step, p.Tokens, p.CostMicro).Scan(&tenant)
+// the step's ledger rows, in one transaction that first locks the task row: a cancel
+// either commits before (the step is not written: ErrTaskEnded) or waits for it (the
+// step is in the ledger and in the task's usage). ErrLostClaim when another attempt
+// owns the task. Step is the step's number; a step already recorded (a retry whose
+// first commit lost its reply) is not counted twice and returns nil.
+func (s *Store) RecordStep(ctx context.Context, p RecordStepParams) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var tenant, state string
+		var attempt, steps int
+		err := tx.QueryRow(ctx, `SELECT tenant_id, state, attempt, steps FROM tasks WHERE id = $1 FOR UPDATE`, p.ID).
+			Scan(&tenant, &state, &attempt, &steps)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // not running, or this step was recorded before
+			return fmt.Errorf("%w (task %s is gone)", ErrLostClaim, p.ID)
 		}
 		if err != nil {
 			return err
+		}
+		if state != StateRunning || attempt != p.Attempt {
+			return claimLost(state, attempt, p.Attempt)
+		}
+		if p.Step <= steps {
+			return nil // recorded before
 		}
 		tag, err := tx.Exec(ctx, `
-			UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
-				agent_state = $4, heartbeat_at = now()
-			WHERE id = $1 AND state = 'running'`, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState))
+			INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
+			SELECT $1, $2, m.meter, $3, m.q FROM
+				(VALUES ('steps', 1::bigint), ('tokens', $4::bigint), ('cost_micro_usd', $5::bigint)) AS m(meter, q)
+			ON CONFLICT DO NOTHING`, p.ID, p.Step, tenant, p.Tokens, p.CostMicro)
 		if err != nil {
 			return err
 		}
-		ok = tag.RowsAffected() == 1
-		return nil
+		if tag.RowsAffected() == 0 {
+			return nil // recorded before
+		}
+		_, err = tx.Exec(ctx, `
+			UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
+				agent_state = $4, heartbeat_at = now()
+			WHERE id = $1`, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState))
+		return err
 	})
-	return ok, err
 }
 
 // LedgerRow is one (task, step, meter) usage row.
@@ -498,10 +548,15 @@ type FinishTaskParams struct {
 	To       string
 	Output   json.RawMessage
 	Error    string
+	// Attempt is the worker's claim; 0 for callers that end a task whatever attempt
+	// runs it (a tenant's cancel, the janitor).
+	Attempt int
 }
 
 // FinishTask performs the terminal transition. Exactly one caller wins it (ok=true);
-// that caller owns the side effects of the end (lease release, events).
+// that caller owns the side effects of the end (lease release, events). With an
+// Attempt, a task that another attempt owns gives ErrLostClaim, and one that already
+// ended gives ok=false.
 func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok bool, err error) {
 	if !Terminal(p.To) {
 		return t, false, fmt.Errorf("store: %q is not a terminal state", p.To)
@@ -516,9 +571,14 @@ func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok 
 	}
 	t, err = scanTask(s.pool.QueryRow(ctx, `
 		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = now()
-		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) RETURNING `+taskCols,
-		p.ID, p.TenantID, p.To, output, errText, p.From))
+		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) AND ($7 = 0 OR attempt = $7) RETURNING `+taskCols,
+		p.ID, p.TenantID, p.To, output, errText, p.From, p.Attempt))
 	if errors.Is(err, ErrNotFound) {
+		if p.Attempt != 0 {
+			if err := s.whyUnclaimed(ctx, Claim{ID: p.ID, Attempt: p.Attempt}); !errors.Is(err, ErrTaskEnded) {
+				return t, false, err
+			}
+		}
 		return t, false, nil
 	}
 	return t, err == nil, err
@@ -526,13 +586,16 @@ func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok 
 
 // RequeueTask puts a running task back to queued, keeping its recorded steps and agent
 // state, so the next attempt resumes from there (worker shutdown before the step
-// finished). ok=false when the task was not running.
-func (s *Store) RequeueTask(ctx context.Context, id uuid.UUID) (ok bool, err error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running'`, id)
+// finished). ErrTaskEnded or ErrLostClaim when the claim no longer holds.
+func (s *Store) RequeueTask(ctx context.Context, c Claim) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND attempt = $2`, c.ID, c.Attempt)
 	if err != nil {
-		return false, err
+		return err
 	}
-	return tag.RowsAffected() == 1, nil
+	if tag.RowsAffected() == 0 {
+		return s.whyUnclaimed(ctx, c)
+	}
+	return nil
 }
 
 // GetTaskByIdempotencyKey returns the tenant's task submitted with key.
@@ -555,10 +618,17 @@ func (s *Store) TakeOverTask(ctx context.Context, id uuid.UUID, staleAfter time.
 	return t, err == nil, err
 }
 
-// Heartbeat marks a running task's worker alive.
-func (s *Store) Heartbeat(ctx context.Context, id uuid.UUID) error {
-	_, err := s.pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1 AND state = 'running'`, id)
-	return err
+// Heartbeat marks a running task's worker alive. ErrTaskEnded or ErrLostClaim when
+// the claim no longer holds: the worker stops working on the task.
+func (s *Store) Heartbeat(ctx context.Context, c Claim) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1 AND state = 'running' AND attempt = $2`, c.ID, c.Attempt)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return s.whyUnclaimed(ctx, c)
+	}
+	return nil
 }
 
 // QueuedTask is what recovery needs to push a queued task back to its queue.
@@ -745,26 +815,45 @@ type LiveTask struct {
 	MaxWallclockS float64
 }
 
-// LiveTasks returns a tenant's queued and running tasks.
-func (s *Store) LiveTasks(ctx context.Context, tenantID string) ([]LiveTask, error) {
+// LiveTasksOf returns the queued and running tasks of the given tenants, by tenant:
+// one query for a page of tenants.
+func (s *Store) LiveTasksOf(ctx context.Context, tenants []string) (map[string][]LiveTask, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
-		WHERE tenant_id = $1 AND state IN ('queued', 'running')`, tenantID)
-	return collect(rows, err, func(row pgx.Row) (LiveTask, error) {
+		SELECT tenant_id, id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
+		WHERE tenant_id = ANY($1) AND state IN ('queued', 'running')`, tenants)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]LiveTask{}
+	for rows.Next() {
+		var tenant string
 		var t LiveTask
-		err := row.Scan(&t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS)
-		return t, err
-	})
+		if err := rows.Scan(&tenant, &t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS); err != nil {
+			return nil, err
+		}
+		out[tenant] = append(out[tenant], t)
+	}
+	return out, rows.Err()
 }
 
-// TenantsWithLiveTasks lists tenants that have queued or running tasks.
-func (s *Store) TenantsWithLiveTasks(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT DISTINCT tenant_id FROM tasks WHERE state IN ('queued', 'running') ORDER BY 1`)
+// TenantIDsAfter returns up to limit tenant ids above after, in id order: the
+// janitor's cursor walk over every tenant.
+func (s *Store) TenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id FROM tenants WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	return collect(rows, err, func(row pgx.Row) (string, error) {
 		var id string
 		err := row.Scan(&id)
 		return id, err
 	})
+}
+
+// AnyTask reports whether any task was ever admitted: Redis state missing on a
+// database without tasks is a first start, not a loss.
+func (s *Store) AnyTask(ctx context.Context) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks)`).Scan(&ok)
+	return ok, err
 }
 
 // TaskStates returns the states of the given tasks (absent ids are unknown).

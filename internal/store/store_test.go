@@ -1,0 +1,265 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+func newTask(t *testing.T, ctx context.Context, st *store.Store, tenant string) uuid.UUID {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7())
+	if _, _, err := st.InsertTask(ctx, store.InsertTaskParams{ID: id, TenantID: tenant, Kid: "k", Agent: "sim",
+		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func setup(t *testing.T) (context.Context, *store.Store, *pgxpool.Pool) {
+	pool := testenv.Postgres(t)
+	st := store.New(pool)
+	ctx := context.Background()
+	if _, err := st.CreateTenant(ctx, store.CreateTenantParams{ID: "acme", Name: "Acme", Plan: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, st, pool
+}
+
+// A worker that stalled past its lease, whose task another worker took over, can no
+// longer write anything on it.
+func TestStalledWorkerWritesAreFenced(t *testing.T) {
+	t.Parallel()
+	ctx, st, pool := setup(t)
+	id := newTask(t, ctx, st, "acme")
+	a, ok, err := st.StartTask(ctx, id)
+	if err != nil || !ok || a.Attempt != 1 {
+		t.Fatalf("start: %v %v attempt %d", ok, err, a.Attempt)
+	}
+	claimA := store.Claim{ID: id, Attempt: a.Attempt}
+	if err := st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 1, Tokens: 10, CostMicro: 5}); err != nil {
+		t.Fatal(err)
+	}
+	// A stalls: its heartbeat goes stale, and a redelivery takes the task over.
+	if _, err := pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	b, ok, err := st.TakeOverTask(ctx, id, 30*time.Second)
+	if err != nil || !ok || b.Attempt != 2 {
+		t.Fatalf("take over: %v %v attempt %d", ok, err, b.Attempt)
+	}
+	before, _ := st.GetTask(ctx, store.GetTaskParams{ID: id})
+	heartbeat := func() (hb time.Time) {
+		if err := pool.QueryRow(ctx, `SELECT heartbeat_at FROM tasks WHERE id = $1`, id).Scan(&hb); err != nil {
+			t.Fatal(err)
+		}
+		return hb
+	}
+	hbBefore := heartbeat()
+
+	lost := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, store.ErrLostClaim) {
+			t.Errorf("%s by the stalled attempt: %v, want ErrLostClaim", what, err)
+		}
+	}
+	lost("RecordStep", st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 2, Tokens: 10, CostMicro: 5}))
+	lost("Heartbeat", st.Heartbeat(ctx, claimA))
+	lost("RequeueTask", st.RequeueTask(ctx, claimA))
+	_, ok, err = st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimA.Attempt, From: []string{store.StateRunning},
+		To: store.StateFailed, Error: "stalled"})
+	if ok {
+		t.Error("FinishTask by the stalled attempt won the terminal transition")
+	}
+	lost("FinishTask", err)
+
+	after, _ := st.GetTask(ctx, store.GetTaskParams{ID: id})
+	if after.State != store.StateRunning || after.Attempt != 2 || after.Usage != before.Usage || after.Error != nil ||
+		!after.CreatedAt.Equal(before.CreatedAt) {
+		t.Fatalf("the stalled attempt changed the task: %+v (before %+v)", after, before)
+	}
+	if !heartbeat().Equal(hbBefore) {
+		t.Fatal("the stalled attempt's heartbeat was written")
+	}
+	if rows, _ := st.TaskLedger(ctx, id); len(rows) != 3 {
+		t.Fatalf("ledger has %d rows, want the 3 of step 1 only", len(rows))
+	}
+	// The new owner's writes go through.
+	claimB := store.Claim{ID: id, Attempt: b.Attempt}
+	if err := st.Heartbeat(ctx, claimB); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimB.Attempt, Step: 2, Tokens: 10, CostMicro: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimB.Attempt, From: []string{store.StateRunning},
+		To: store.StateCompleted}); err != nil || !ok {
+		t.Fatalf("finish by the owner: %v %v", ok, err)
+	}
+	// After the end, the owner's late writes say the task ended.
+	if err := st.Heartbeat(ctx, claimB); !errors.Is(err, store.ErrTaskEnded) {
+		t.Fatalf("heartbeat after the end: %v, want ErrTaskEnded", err)
+	}
+}
+
+// A re-queued task (the janitor found its heartbeat stale) is not the stalled
+// worker's any more, even before another worker starts it.
+func TestRequeuedTaskIsFenced(t *testing.T) {
+	t.Parallel()
+	ctx, st, pool := setup(t)
+	id := newTask(t, ctx, st, "acme")
+	a, _, _ := st.StartTask(ctx, id)
+	if _, err := pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := st.RequeueStale(ctx, id, 30*time.Second); err != nil || !ok {
+		t.Fatalf("requeue stale: %v %v", ok, err)
+	}
+	claim := store.Claim{ID: id, Attempt: a.Attempt}
+	if err := st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: a.Attempt, Step: 1}); !errors.Is(err, store.ErrLostClaim) {
+		t.Fatalf("record on a re-queued task: %v", err)
+	}
+	if err := st.RequeueTask(ctx, claim); !errors.Is(err, store.ErrLostClaim) {
+		t.Fatalf("requeue on a re-queued task: %v", err)
+	}
+	if got, _ := st.GetTask(ctx, store.GetTaskParams{ID: id}); got.State != store.StateQueued || got.Usage.Steps != 0 {
+		t.Fatalf("task %s, %d steps", got.State, got.Usage.Steps)
+	}
+}
+
+// ledgerAndUsage returns the task's steps as the ledger bills them and as its usage
+// counts them.
+func ledgerAndUsage(t *testing.T, ctx context.Context, st *store.Store, id uuid.UUID) (ledger, usage store.Usage, state string) {
+	t.Helper()
+	rows, err := st.TaskLedger(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		switch r.Meter {
+		case "steps":
+			ledger.Steps += int(r.Quantity)
+		case "tokens":
+			ledger.Tokens += r.Quantity
+		case "cost_micro_usd":
+			ledger.CostMicroUSD += r.Quantity
+		}
+	}
+	tk, err := st.GetTask(ctx, store.GetTaskParams{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ledger, tk.Usage, tk.State
+}
+
+// A cancel that commits while a step record is between its ledger insert and its
+// usage update: the record must wait for the cancel and then write nothing.
+func TestCancelCommittingDuringStepRecord(t *testing.T) {
+	t.Parallel()
+	ctx, st, pool := setup(t)
+	id := newTask(t, ctx, st, "acme")
+	task, _, _ := st.StartTask(ctx, id)
+	// The cancel's UPDATE holds the row lock, uncommitted, while the record runs.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'killed', finished_at = now() WHERE id = $1 AND state = 'running'`, id); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 100, CostMicro: 1000})
+	}()
+	// Wait until the record blocks on the task's row lock.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var waiting int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE '%tasks%'
+			AND datname = current_database()`).Scan(&waiting)
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the step record never waited for the cancel's lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, store.ErrTaskEnded) {
+		t.Fatalf("record after the cancel: %v, want ErrTaskEnded", err)
+	}
+	ledger, usage, state := ledgerAndUsage(t, ctx, st, id)
+	if state != store.StateKilled || ledger != (store.Usage{}) || usage != (store.Usage{}) {
+		t.Fatalf("state %s, ledger %+v, usage %+v: want killed with nothing billed", state, ledger, usage)
+	}
+}
+
+// Cancel and step record racing freely, many times: each time the step is in the
+// ledger and in the task's usage, or in neither.
+func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
+	t.Parallel()
+	ctx, st, _ := setup(t)
+	const rounds = 150
+	recorded, refused := 0, 0
+	for i := range rounds {
+		id := newTask(t, ctx, st, "acme")
+		task, _, _ := st.StartTask(ctx, id)
+		var wg sync.WaitGroup
+		var recErr, finErr error
+		var won bool
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			<-start
+			recErr = st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 100, CostMicro: 1000})
+		}()
+		go func() {
+			defer wg.Done()
+			<-start
+			if i%2 == 1 {
+				time.Sleep(time.Duration(i%7) * 100 * time.Microsecond)
+			}
+			_, won, finErr = st.FinishTask(ctx, store.FinishTaskParams{ID: id, TenantID: "acme",
+				From: []string{store.StateQueued, store.StateRunning}, To: store.StateKilled, Error: "cancelled"})
+		}()
+		close(start)
+		wg.Wait()
+		if finErr != nil || !won {
+			t.Fatalf("round %d: cancel %v %v", i, won, finErr)
+		}
+		switch {
+		case recErr == nil:
+			recorded++
+		case errors.Is(recErr, store.ErrTaskEnded):
+			refused++
+		default:
+			t.Fatalf("round %d: record: %v", i, recErr)
+		}
+		ledger, usage, state := ledgerAndUsage(t, ctx, st, id)
+		if state != store.StateKilled || ledger != usage {
+			t.Fatalf("round %d: state %s, ledger bills %+v, usage counts %+v (record err %v)", i, state, ledger, usage, recErr)
+		}
+		want := store.Usage{}
+		if recErr == nil {
+			want = store.Usage{Steps: 1, Tokens: 100, CostMicroUSD: 1000}
+		}
+		if usage != want {
+			t.Fatalf("round %d: usage %+v, want %+v (record err %v)", i, usage, want, recErr)
+		}
+	}
+	t.Logf("%d rounds: step recorded before the cancel %d times, refused after it %d times", rounds, recorded, refused)
+}
