@@ -67,7 +67,7 @@ func adminCmd() *cobra.Command {
 				if _, ok := plans.Plan(plan); !ok {
 					return fmt.Errorf("unknown plan %q (plans: %s)", plan, strings.Join(plans.Names(), ", "))
 				}
-				var ov map[string]float64
+				var ov map[string]quotas.Limit
 				if overrides != "" {
 					if err := json.Unmarshal([]byte(overrides), &ov); err != nil {
 						return fmt.Errorf("--overrides: %w", err)
