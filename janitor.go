@@ -401,6 +401,17 @@ func (j *Janitor) reconcileTenant(ctx context.Context, tenant string, rep *Janit
 	for _, m := range append(sessions, long...) {
 		held[m] = true
 	}
+	// Leases live 6 h from admission or their last refresh; a running task's worker
+	// refreshes its own, queued tasks' leases are refreshed here.
+	var queued []string
+	for id, t := range byID {
+		if held[id] && t.State == store.StateQueued {
+			queued = append(queued, id)
+		}
+	}
+	if _, err := j.quotas.TouchLeases(ctx, tenant, queued); err != nil {
+		return err
+	}
 	var added []uuid.UUID
 	for id, t := range byID {
 		if !held[id] {
