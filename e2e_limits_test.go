@@ -3,6 +3,8 @@ package agentq_test
 import (
 	"context"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,5 +87,31 @@ func TestJanitorRefreshesQueuedTasksLeases(t *testing.T) {
 	}
 	if sc := h.app.Redis.ZScore(ctx, key, task.ID).Val(); sc < float64(time.Now().Add(5*time.Hour).UnixMilli()) {
 		t.Fatalf("the queued task's lease expires in %v", time.Duration(sc-float64(time.Now().UnixMilli()))*time.Millisecond)
+	}
+}
+
+// queue_backlog counts tasks from admission on: concurrent submissions cannot all pass
+// on the same queue length.
+func TestQueueBacklogHoldsUnderConcurrentSubmissions(t *testing.T) {
+	t.Parallel()
+	h := start(t, apiOnly) // nothing dispatches: every admitted task stays queued
+	c, _ := h.tenantClient("qb", "pro", map[string]client.Limit{"queue_backlog": 5})
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for range 40 {
+		wg.Go(func() {
+			if _, err := c.SubmitTask(context.Background(), sim(1, 1)); err == nil {
+				admitted.Add(1)
+			} else if st, code := statusOf(err); st != 429 || code != "CONCURRENCY_LIMIT_EXCEEDED" {
+				t.Errorf("refusal %d %s", st, code)
+			}
+		})
+	}
+	wg.Wait()
+	if n := admitted.Load(); n != 5 {
+		t.Fatalf("%d of 40 concurrent submissions admitted with queue_backlog 5", n)
+	}
+	if n := h.app.Redis.ZCard(context.Background(), h.app.Keys.PendingQueue("qb")).Val(); n != 0 {
+		t.Fatalf("%d admitted tasks still marked not yet queued after their push", n)
 	}
 }
