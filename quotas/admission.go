@@ -264,7 +264,7 @@ for r = 0, (#KEYS / 7) - 1 do
   local w = {}
   local kt, tt, at, ut, x, ot, old_nu = 0, 0, 0, nil, 0, nil, nil
   local s, l, backlog, steps, oldest, tok, usd = 0, 0, 0, 0, hour, 0, 0
-  local user_new -- the user bucket's new tat, written to U if the admission passes
+  local user_tat -- the user bucket's new tat, written to U if the admission passes
   if mode == 2 then
     kt = tonumber(call('HGET', H, kf)) or 0
   else
@@ -317,7 +317,7 @@ for r = 0, (#KEYS / 7) - 1 do
         elseif uf == overflow then
           w[#w+1] = uf; w[#w+1] = new
         else
-          user_new = new
+          user_tat = new
         end
       end
       ut = ut or 0
@@ -380,10 +380,10 @@ for r = 0, (#KEYS / 7) - 1 do
         call('ZADD', P, now + pending_ttl, task)
         call('PEXPIRE', P, pending_ttl)
       end
-      if user_new then
-        call('ZADD', U, user_new, uf)
-        -- every bucket in the set is full again within one refill of the burst
-        call('PEXPIRE', U, floor(u_burst * 3600000 / u_rate) + 1000)
+      if user_tat then
+        -- a new member (re)starts the set's life; the state hash's daily refresh
+        -- below keeps it for returning users
+        if call('ZADD', U, user_tat, uf) == 1 then call('PEXPIRE', U, state_ttl) end
       end
     end
   elseif mode ~= 2 and status == 0 then
@@ -395,6 +395,7 @@ for r = 0, (#KEYS / 7) - 1 do
     if mode ~= 2 and x < now + state_ttl - 86400000 then
       call('HSET', H, 'x', now + state_ttl)
       call('PEXPIRE', H, state_ttl)
+      call('PEXPIRE', U, state_ttl) -- a no-op when the tenant tracks no users
     elseif mode == 2 and call('PTTL', H) < 0 then
       call('PEXPIRE', H, state_ttl)
     end

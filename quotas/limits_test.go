@@ -476,3 +476,15 @@ func TestDegradedModeKeepsZeroLimits(t *testing.T) {
 		t.Fatalf("a $0 money quota fails closed without Redis: %v", err)
 	}
 }
+
+func TestPeriodIDsGrowWithTime(t *testing.T) {
+	anchor := time.Date(2026, 1, 31, 0, 0, 0, 0, time.UTC)
+	prev := PeriodAt(anchor, anchor)
+	for range 30 {
+		next := PeriodAt(anchor, prev.End)
+		if next.ID <= prev.ID || len(next.ID) != 8 || next.Start != prev.End {
+			t.Fatalf("period %s after %s", next.ID, prev.ID)
+		}
+		prev = next
+	}
+}
