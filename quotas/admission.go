@@ -183,8 +183,8 @@ type AdmitParams struct {
 // than the commands. So Go passes field names ready-made and the numbers packed in one
 // binary argument (struct.unpack), the script does arithmetic only, and it answers with
 // one packed string of the state it read and what it decided; Go derives remaining,
-// reset and retry-after with the same formulas (decision.go). A tenant's admission
-// state is one hash (one HMGET, one HSET). Concurrent admissions of one shard are
+// reset and retry-after with the same formulas (decision.go). A tenant's buckets and
+// counters are one hash (one HMGET, one HSET). Concurrent admissions of one shard are
 // coalesced into one call (batcher.go); each sees the ones before it. No step costs
 // more with the size of the tenant's state: user buckets sit in a ZSET scored by the
 // time each is full again, so dropping idle users is ZREMRANGEBYSCORE and counting
@@ -566,7 +566,7 @@ func (q *Quotas) Enqueued(ctx context.Context, tenantID, taskID string) error {
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] steps daily limit   ARGV[3] tokens monthly limit
 // ARGV[4] usd monthly limit (micro)   ARGV[5] estimated tokens   ARGV[6] estimated usd
-// ARGV[7] unused   ARGV[8] unused   ARGV[9] period id   ARGV[10] state ttl ms
+// ARGV[7] period id   ARGV[8] state ttl ms
 // Returns {0} when reserved, or {1, limit type, used, limit} when a quota refuses.
 var reserveStepScript = redis.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
@@ -582,8 +582,8 @@ if steps_max >= 0 then
   if used >= steps_max then return {1, 'agent_steps_daily', used, steps_max} end
 end
 local per = redis.call('HGET', H, 'per')
-local newer = not per or (tonumber(ARGV[9]) or 0) > tonumber(per)
-if newer then per = ARGV[9] end
+local newer = not per or (tonumber(ARGV[7]) or 0) > tonumber(per)
+if newer then per = ARGV[7] end
 local tf, uf = 'tok:' .. per, 'usd:' .. per
 local v = redis.call('HMGET', H, tf, uf, 'x')
 local tok, usd = tonumber(v[1]) or 0, tonumber(v[2]) or 0
@@ -613,9 +613,9 @@ if newer then
 end
 if est_tok ~= 0 then redis.call('HINCRBY', H, tf, est_tok) end
 if est_usd ~= 0 then redis.call('HINCRBY', H, uf, est_usd) end
-if (tonumber(v[3]) or 0) < now + tonumber(ARGV[10]) - 86400000 then
-  redis.call('HSET', H, 'x', now + tonumber(ARGV[10]))
-  redis.call('PEXPIRE', H, ARGV[10])
+if (tonumber(v[3]) or 0) < now + tonumber(ARGV[8]) - 86400000 then
+  redis.call('HSET', H, 'x', now + tonumber(ARGV[8]))
+  redis.call('PEXPIRE', H, ARGV[8])
 end
 return {0}
 `)
@@ -652,7 +652,7 @@ func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
 	res, err := reserveStepScript.Run(ctx, q.rdb,
 		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
 		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-		"", "", p.Period.ID, stateTTL.Milliseconds()).Slice()
+		p.Period.ID, stateTTL.Milliseconds()).Slice()
 	if err != nil {
 		return fmt.Errorf("quotas: reserve step: %w", err)
 	}
