@@ -24,6 +24,7 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/migrations"
+	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -192,7 +193,7 @@ func (e *benchEnv) close() {
 func (e *benchEnv) tenant(ctx context.Context, id string, weight, running int) error {
 	w := weight
 	_, err := e.app.Store.CreateTenant(ctx, store.CreateTenantParams{ID: id, Name: id, Plan: "enterprise", Weight: &w,
-		Overrides: map[string]float64{"running": float64(running)}})
+		Overrides: map[string]quotas.Limit{"running": quotas.Limit(running)}})
 	return err
 }
 

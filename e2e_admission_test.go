@@ -35,7 +35,7 @@ type refusal struct {
 	} `json:"error"`
 }
 
-func (h *harness) tenantWith(id, plan string, overrides map[string]float64, scopes any) string {
+func (h *harness) tenantWith(id, plan string, overrides map[string]client.Limit, scopes any) string {
 	h.t.Helper()
 	ov := maps.Clone(generous)
 	maps.Copy(ov, overrides)
@@ -64,7 +64,7 @@ func TestRateLimitContract(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	// burst 5, refilled only every 100 s: the test measures the burst, not the clock
-	key := h.tenantWith("rl", "pro", map[string]float64{"tenant_rate": 0.01, "tenant_rate_burst": 5}, nil)
+	key := h.tenantWith("rl", "pro", map[string]client.Limit{"tenant_rate": 0.01, "tenant_rate_burst": 5}, nil)
 	body := `{"agent":"sim","input":{"steps":1,"step_ms":1}}`
 	for i := range 5 {
 		var task map[string]any
@@ -108,7 +108,7 @@ func TestConcurrencyAndQuotaRefusals(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	cc := h.tenantWith("cc", "pro", map[string]float64{"concurrent_sessions": 2}, nil)
+	cc := h.tenantWith("cc", "pro", map[string]client.Limit{"concurrent_sessions": 2}, nil)
 	long := `{"agent":"sim","input":{"steps":40,"step_ms":100}}`
 	var ids []string
 	for range 2 {
@@ -133,7 +133,7 @@ func TestConcurrencyAndQuotaRefusals(t *testing.T) {
 		t.Fatalf("after a cancel freed a session: %d", st)
 	}
 
-	qq := h.tenantWith("qq", "pro", map[string]float64{"agent_steps_daily": 3}, nil)
+	qq := h.tenantWith("qq", "pro", map[string]client.Limit{"agent_steps_daily": 3}, nil)
 	var task struct{ ID string }
 	h.do("POST", "/v1/tasks", qq, `{"agent":"sim","input":{"steps":3,"step_ms":5}}`, &task)
 	c := client.New(h.base, qq)
@@ -167,7 +167,7 @@ func TestLeaseReleasedAtEveryTerminalState(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	key := h.tenantWith("ls", "pro", map[string]float64{"concurrent_sessions": 1}, nil)
+	key := h.tenantWith("ls", "pro", map[string]client.Limit{"concurrent_sessions": 1}, nil)
 	c := client.New(h.base, key)
 	steps := 1
 	cases := []struct {
@@ -209,7 +209,7 @@ func TestUsageAgreesWithAdmissionAndConsumesNothing(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	// a slow refill (one token per 100 s), so the bucket does not move between reads
-	key := h.tenantWith("pa", "pro", map[string]float64{"tenant_rate": 0.01, "tenant_rate_burst": 5, "agent_steps_daily": 500}, nil)
+	key := h.tenantWith("pa", "pro", map[string]client.Limit{"tenant_rate": 0.01, "tenant_rate_burst": 5, "agent_steps_daily": 500}, nil)
 	c := client.New(h.base, key)
 	task, err := c.SubmitTask(context.Background(), client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 3, "step_ms": 5, "tokens_per_step": 10, "cost_usd_per_step": 0.25}})
 	if err != nil {
@@ -263,7 +263,7 @@ func TestScopeCheckedBeforeTenantLimits(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	good := h.tenantWith("sc", "pro", map[string]float64{"tenant_rate": 5, "tenant_rate_burst": 5, "key_rate": 5, "key_rate_burst": 10}, nil)
+	good := h.tenantWith("sc", "pro", map[string]client.Limit{"tenant_rate": 5, "tenant_rate_burst": 5, "key_rate": 5, "key_rate_burst": 10}, nil)
 	var k struct{ Key string }
 	h.do("POST", "/v1/admin/tenants/sc/keys", h.admin, map[string]any{"scopes": map[string]any{"agents": []string{"other-agent"}}}, &k)
 	bad := k.Key
@@ -306,7 +306,7 @@ func TestReloadKeepsWindowsAndRevokeDropsKeyState(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	keep := h.tenantWith("rk", "pro", map[string]float64{"key_rate": 0.01, "key_rate_burst": 10}, nil)
+	keep := h.tenantWith("rk", "pro", map[string]client.Limit{"key_rate": 0.01, "key_rate_burst": 10}, nil)
 	for range 6 {
 		h.do("GET", "/v1/tasks", keep, nil, nil)
 	}
@@ -348,7 +348,7 @@ func TestGlobalLimitAcrossThreeAPIReplicas(t *testing.T) {
 	first := e.start(t)
 	apiOnly := func(o *agentq.Options) { o.Config.Roles = []string{config.RoleAPI} }
 	replicas := []*harness{first, e.start(t, apiOnly), e.start(t, apiOnly)}
-	key := first.tenantWith("gl", "pro", map[string]float64{"tenant_rate": 10, "tenant_rate_burst": 10}, nil)
+	key := first.tenantWith("gl", "pro", map[string]client.Limit{"tenant_rate": 10, "tenant_rate_burst": 10}, nil)
 	var ok atomic.Int64
 	t0 := time.Now()
 	end := t0.Add(2 * time.Second)
@@ -388,9 +388,9 @@ func TestDegradedModeWhenRedisIsDown(t *testing.T) {
 		o.Redis = dead
 		o.Config.Roles = []string{config.RoleAPI}
 	})
-	noQuotas := map[string]float64{"tenant_rate": 0.01, "tenant_rate_burst": 5, "agent_steps_daily": 0, "ai_tokens_monthly": 0, "usd_monthly": 0}
+	noQuotas := map[string]client.Limit{"tenant_rate": 0.01, "tenant_rate_burst": 5, "agent_steps_daily": client.Unlimited, "ai_tokens_monthly": client.Unlimited, "usd_monthly": client.Unlimited}
 	free := h.tenantWith("free", "enterprise", noQuotas, nil)
-	paid := h.tenantWith("paid", "pro", map[string]float64{"tenant_rate": 5, "tenant_rate_burst": 5}, nil)
+	paid := h.tenantWith("paid", "pro", map[string]client.Limit{"tenant_rate": 5, "tenant_rate_burst": 5}, nil)
 
 	t0 := time.Now()
 	var r refusal
@@ -430,7 +430,7 @@ func TestPlanChangesApplyOnTheNextRequestOnEveryReplica(t *testing.T) {
 	e := newEnv(t)
 	a := e.start(t)
 	b := e.start(t, func(o *agentq.Options) { o.Config.Roles = []string{config.RoleAPI} })
-	key := a.tenantWith("pc", "pro", map[string]float64{"tenant_rate": 0.01, "tenant_rate_burst": 1}, nil)
+	key := a.tenantWith("pc", "pro", map[string]client.Limit{"tenant_rate": 0.01, "tenant_rate_burst": 1}, nil)
 	body := `{"agent":"sim","input":{"steps":1,"step_ms":1}}`
 	if st, _ := b.do("POST", "/v1/tasks", key, body, nil); st != 202 {
 		t.Fatalf("first: %d", st)

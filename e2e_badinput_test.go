@@ -136,13 +136,13 @@ func TestOverridesCannotDisableKeyLimitsAlone(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	var eb errBody
-	if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, `{"id":"k0","plan":"pro","overrides":{"key_rate":0}}`, &eb); st != 400 || eb.Error.Code != "INVALID_REQUEST" {
-		t.Fatalf("create with key_rate 0: %d %s", st, eb.Error.Code)
+	if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, `{"id":"k0","plan":"pro","overrides":{"key_rate":"unlimited"}}`, &eb); st != 400 || eb.Error.Code != "INVALID_REQUEST" {
+		t.Fatalf("create with key_rate unlimited: %d %s", st, eb.Error.Code)
 	}
-	if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, `{"id":"k0","plan":"pro","overrides":{"key_rate":0,"tenant_rate":0}}`, nil); st != 201 {
+	if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, `{"id":"k0","plan":"pro","overrides":{"key_rate":"unlimited","tenant_rate":"unlimited"}}`, nil); st != 201 {
 		t.Fatalf("both off: %d", st)
 	}
-	if st, _ := h.do("PATCH", "/v1/admin/tenants/k0", h.admin, `{"overrides":{"key_rate":0}}`, &eb); st != 400 {
+	if st, _ := h.do("PATCH", "/v1/admin/tenants/k0", h.admin, `{"overrides":{"key_rate":"unlimited"}}`, &eb); st != 400 {
 		t.Fatalf("patch back to tenant limits on with key limits off: %d", st)
 	}
 }

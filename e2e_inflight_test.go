@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/testenv"
 )
@@ -59,7 +60,7 @@ func (h *harness) waitInflight(tenant string, want int64, why string) {
 func TestEventStreamTakesNoAgentSession(t *testing.T) {
 	t.Parallel()
 	h := start(t)
-	key := h.tenantWith("fs", "free", map[string]float64{"concurrent_sessions": 1, "running": 1}, nil)
+	key := h.tenantWith("fs", "free", map[string]client.Limit{"concurrent_sessions": 1, "running": 1}, nil)
 	var task struct{ ID string }
 	if st, _ := h.do("POST", "/v1/tasks", key, `{"agent":"sim","input":{"steps":3,"step_ms":300}}`, &task); st != 202 {
 		t.Fatalf("submit: %d", st)
@@ -189,7 +190,7 @@ func TestReadsSpendOnlyTheKeyBucket(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	// a key bucket of burst 3 refilled every 100 s, so the test measures the burst
-	key := h.tenantWith("rk", "pro", map[string]float64{"key_rate": 0.01, "key_rate_burst": 3}, nil)
+	key := h.tenantWith("rk", "pro", map[string]client.Limit{"key_rate": 0.01, "key_rate_burst": 3}, nil)
 	for i := range 3 {
 		if st, hd := h.do("GET", "/v1/usage", key, nil, nil); st != 200 {
 			t.Fatalf("GET /v1/usage %d of the burst: %d", i, st)
@@ -264,10 +265,10 @@ func BenchmarkTenantRead(b *testing.B) {
 	// Alternate the two tenants' reads in one loop, so both see the same load, and
 	// report their median latencies.
 	var paths, tokens []string
-	for _, limit := range []int{0, 32} {
-		id := "b" + strconv.Itoa(limit)
+	for _, limit := range []client.Limit{client.Unlimited, 32} {
+		id := "b" + strconv.Itoa(int(max(limit, 0)))
 		ov := maps.Clone(generous)
-		ov["inflight_requests"] = float64(limit)
+		ov["inflight_requests"] = limit
 		if st := call("POST", "/v1/admin/tenants", cfg.AdminToken, toJSON(map[string]any{"id": id, "plan": "pro", "overrides": ov}), nil); st != 201 {
 			b.Fatalf("create tenant: %d", st)
 		}

@@ -21,7 +21,7 @@ import (
 func (h *harness) adminClient() *client.Admin { return client.NewAdmin(h.base, h.admin) }
 
 // generous lifts the limits a test is not about, as the acceptance scripts do.
-var generous = map[string]float64{
+var generous = map[string]client.Limit{
 	"concurrent_sessions": 10000, "user_tasks_hourly": 1000000, "queue_backlog": 100000,
 	"agent_steps_daily": 10000000, "tenant_rate": 10000, "tenant_rate_burst": 10000, "running": 50,
 	"key_rate": 10000, "key_rate_burst": 10000,
@@ -29,7 +29,7 @@ var generous = map[string]float64{
 
 // tenantClient creates a tenant and a key through the admin API. overrides come on
 // top of generous.
-func (h *harness) tenantClient(id, plan string, overrides map[string]float64) (*client.Client, *client.KeyCreated) {
+func (h *harness) tenantClient(id, plan string, overrides map[string]client.Limit) (*client.Client, *client.KeyCreated) {
 	h.t.Helper()
 	ctx := context.Background()
 	ov := maps.Clone(generous)
@@ -78,7 +78,7 @@ func TestTwentyTasksFromTwoTenantsComplete(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	acme, _ := h.tenantClient("acme", "pro", map[string]float64{"running": 5})
+	acme, _ := h.tenantClient("acme", "pro", map[string]client.Limit{"running": 5})
 	globex, _ := h.tenantClient("globex", "enterprise", nil)
 
 	type sub struct {
@@ -197,7 +197,7 @@ func TestCancel(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	c, _ := h.tenantClient("acme", "pro", map[string]float64{"running": 1})
+	c, _ := h.tenantClient("acme", "pro", map[string]client.Limit{"running": 1})
 
 	long, err := c.SubmitTask(ctx, sim(50, 200))
 	if err != nil {
@@ -433,7 +433,7 @@ func TestTenantAdmin(t *testing.T) {
 	ctx := context.Background()
 	adm := h.adminClient()
 	w := 3
-	ten, err := adm.CreateTenant(ctx, client.CreateTenantRequest{ID: "acme", Name: "Acme", Plan: "pro", Weight: &w, Overrides: map[string]float64{"tenant_rate": 5, "tenant_rate_burst": 10}})
+	ten, err := adm.CreateTenant(ctx, client.CreateTenantRequest{ID: "acme", Name: "Acme", Plan: "pro", Weight: &w, Overrides: map[string]client.Limit{"tenant_rate": 5, "tenant_rate_burst": 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func TestWaitReasons(t *testing.T) {
 	t.Parallel()
 	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 1; o.Config.Prefetch = 0 })
 	ctx := context.Background()
-	capped, _ := h.tenantClient("capped", "pro", map[string]float64{"running": 1})
+	capped, _ := h.tenantClient("capped", "pro", map[string]client.Limit{"running": 1})
 	other, _ := h.tenantClient("other", "pro", nil)
 	long, _ := capped.SubmitTask(ctx, sim(20, 100))
 	waitState(t, capped, long.ID, "running", 10*time.Second)

@@ -29,7 +29,7 @@ func TestQueuedTasksMissingFromRedisAreRecovered(t *testing.T) {
 		o.Redis = dead
 		o.Config.Roles = []string{config.RoleAPI}
 	})
-	key := down.tenantWith("rc", "enterprise", map[string]float64{"agent_steps_daily": 0, "ai_tokens_monthly": 0, "usd_monthly": 0}, nil)
+	key := down.tenantWith("rc", "enterprise", map[string]client.Limit{"agent_steps_daily": client.Unlimited, "ai_tokens_monthly": client.Unlimited, "usd_monthly": client.Unlimited}, nil)
 	var ids []string
 	for range 3 {
 		var task struct{ ID string }
@@ -58,7 +58,7 @@ func TestRecoveryAfterRedisDataLoss(t *testing.T) {
 	t.Parallel()
 	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 1 })
 	ctx := context.Background()
-	c, _ := h.tenantClient("dl", "pro", map[string]float64{"running": 1})
+	c, _ := h.tenantClient("dl", "pro", map[string]client.Limit{"running": 1})
 	blocker, _ := c.SubmitTask(ctx, sim(1, 1500))
 	waitState(t, c, blocker.ID, "running", 10*time.Second)
 	queued, _ := c.SubmitTask(ctx, sim(1, 1))

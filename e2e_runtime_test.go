@@ -190,7 +190,7 @@ func TestBudgetsAndTenantQuotasEndTasks(t *testing.T) {
 	four, cost, wall := 4, 0.0025, 1.0
 	cases := []struct {
 		name      string
-		overrides map[string]float64
+		overrides map[string]client.Limit
 		req       client.SubmitTaskRequest
 		steps     int
 		errSubstr string
@@ -198,9 +198,9 @@ func TestBudgetsAndTenantQuotasEndTasks(t *testing.T) {
 		{"max_steps", nil, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}, Budget: &client.BudgetRequest{MaxSteps: &four}}, 4, "max_steps 4"},
 		{"max_cost_usd", nil, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}, Budget: &client.BudgetRequest{MaxCostUSD: &cost}}, 3, "max_cost_usd"},
 		{"max_wallclock_s", nil, client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 100, "step_ms": 300}, Budget: &client.BudgetRequest{MaxWallclockS: &wall}}, -1, "max_wallclock_s"},
-		{"agent_steps_daily", map[string]float64{"agent_steps_daily": 2}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "agent_steps_daily limit of 2"},
-		{"ai_tokens_monthly", map[string]float64{"ai_tokens_monthly": 20}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "ai_tokens_monthly limit of 20"},
-		{"usd_monthly", map[string]float64{"usd_monthly": 0.0025}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "usd_monthly"},
+		{"agent_steps_daily", map[string]client.Limit{"agent_steps_daily": 2}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "agent_steps_daily limit of 2"},
+		{"ai_tokens_monthly", map[string]client.Limit{"ai_tokens_monthly": 20}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "ai_tokens_monthly limit of 20"},
+		{"usd_monthly", map[string]client.Limit{"usd_monthly": 0.0025}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "usd_monthly"},
 	}
 	for i, tc := range cases {
 		c, _ := h.tenantClient("b"+strings.Repeat("x", i), "pro", tc.overrides)
@@ -276,7 +276,7 @@ func TestCancelInterruptsAnHTTPStep(t *testing.T) {
 func TestPanickingHandlerFailsTheTaskAndReleasesItsLease(t *testing.T) {
 	t.Parallel()
 	h, _ := startWithAgents(t)
-	c, key := h.tenantClient("pn", "pro", map[string]float64{"concurrent_sessions": 1})
+	c, key := h.tenantClient("pn", "pro", map[string]client.Limit{"concurrent_sessions": 1})
 	task := run(t, c, client.SubmitTaskRequest{Agent: "panicky"})
 	if task.State != "failed" || !strings.Contains(deref(task.Error), "panicked") {
 		t.Fatalf("%s %q", task.State, deref(task.Error))
@@ -297,7 +297,7 @@ func TestPanickingHandlerFailsTheTaskAndReleasesItsLease(t *testing.T) {
 func TestEventStream(t *testing.T) {
 	t.Parallel()
 	h, _ := startWithAgents(t)
-	_, key := h.tenantClient("ev", "pro", map[string]float64{"concurrent_sessions": 2})
+	_, key := h.tenantClient("ev", "pro", map[string]client.Limit{"concurrent_sessions": 2})
 	var task struct{ ID string }
 	h.do("POST", "/v1/tasks", key.Key, `{"agent":"sim","input":{"steps":3,"step_ms":400,"tokens_per_step":5}}`, &task)
 	req, _ := http.NewRequest("GET", h.base+"/v1/tasks/"+task.ID+"/events", nil)

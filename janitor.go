@@ -607,6 +607,17 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 				owner[id] = t
 			}
 		}
+		// Leases live 6 h from admission or their last refresh; a running task's worker
+		// refreshes its own, queued tasks' leases are refreshed here.
+		var queued []string
+		for _, lt := range live[t] {
+			if held[lt.ID.String()] && lt.State == store.StateQueued {
+				queued = append(queued, lt.ID.String())
+			}
+		}
+		if _, err := j.quotas.TouchLeases(ctx, t, queued); err != nil {
+			return fmt.Errorf("leases: refresh: %w", err)
+		}
 		for _, lt := range live[t] {
 			if held[lt.ID.String()] {
 				continue

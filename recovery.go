@@ -156,5 +156,5 @@ func (r *recovery) tenantParams(ctx context.Context, tenantID string) (scheduler
 	if t.Weight != nil {
 		w = *t.Weight
 	}
-	return scheduler.EnqueueParams{TenantID: t.ID, Weight: w, RunningCap: int(eff[quotas.Running])}, nil
+	return scheduler.EnqueueParams{TenantID: t.ID, Weight: w, RunningCap: quotas.RunningCap(eff)}, nil
 }

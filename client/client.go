@@ -115,36 +115,69 @@ type ListTasksParams struct {
 	Cursor string // NextCursor of the previous page
 }
 
+// Limit is a limit's value in a plan or a tenant's overrides: the limit itself (0
+// allows nothing), or Unlimited. On the wire it is a number or "unlimited".
+type Limit float64
+
+// Unlimited turns a limit off.
+const Unlimited Limit = -1
+
+// MarshalJSON writes the number, or "unlimited".
+func (l Limit) MarshalJSON() ([]byte, error) {
+	if l < 0 {
+		return []byte(`"unlimited"`), nil
+	}
+	return json.Marshal(float64(l))
+}
+
+// UnmarshalJSON reads a number or "unlimited".
+func (l *Limit) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		if s != "unlimited" {
+			return fmt.Errorf("agentq: limit %q: want a number or \"unlimited\"", s)
+		}
+		*l = Unlimited
+		return nil
+	}
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return fmt.Errorf("agentq: limit %s: %w", b, err)
+	}
+	*l = Limit(f)
+	return nil
+}
+
 // Tenant is a tenant as the admin API shows it.
 type Tenant struct {
-	ID              string             `json:"id"`
-	Name            string             `json:"name"`
-	Plan            string             `json:"plan"`
-	Weight          *int               `json:"weight"` // nil: the plan's weight
-	Overrides       map[string]float64 `json:"overrides"`
-	Status          string             `json:"status"` // active or suspended
-	CreatedAt       time.Time          `json:"created_at"`
-	UpdatedAt       time.Time          `json:"updated_at"`
-	EffectiveWeight int                `json:"effective_weight"`
+	ID              string           `json:"id"`
+	Name            string           `json:"name"`
+	Plan            string           `json:"plan"`
+	Weight          *int             `json:"weight"` // nil: the plan's weight
+	Overrides       map[string]Limit `json:"overrides"`
+	Status          string           `json:"status"` // active or suspended
+	CreatedAt       time.Time        `json:"created_at"`
+	UpdatedAt       time.Time        `json:"updated_at"`
+	EffectiveWeight int              `json:"effective_weight"`
 }
 
 // CreateTenantRequest creates a tenant. ID and Plan are required; Name defaults to ID.
 type CreateTenantRequest struct {
-	ID        string             `json:"id"`
-	Name      string             `json:"name,omitempty"`
-	Plan      string             `json:"plan"`
-	Weight    *int               `json:"weight,omitempty"`
-	Overrides map[string]float64 `json:"overrides,omitempty"`
+	ID        string           `json:"id"`
+	Name      string           `json:"name,omitempty"`
+	Plan      string           `json:"plan"`
+	Weight    *int             `json:"weight,omitempty"`
+	Overrides map[string]Limit `json:"overrides,omitempty"`
 }
 
 // UpdateTenantRequest changes the non-nil fields of a tenant. A non-nil Overrides
 // replaces the whole override map; an empty non-nil map clears it.
 type UpdateTenantRequest struct {
-	Name      *string            `json:"name,omitempty"`
-	Plan      *string            `json:"plan,omitempty"`
-	Weight    *int               `json:"weight,omitempty"`
-	Overrides map[string]float64 `json:"overrides,omitzero"`
-	Status    *string            `json:"status,omitempty"` // "active" or "suspended"
+	Name      *string          `json:"name,omitempty"`
+	Plan      *string          `json:"plan,omitempty"`
+	Weight    *int             `json:"weight,omitempty"`
+	Overrides map[string]Limit `json:"overrides,omitzero"`
+	Status    *string          `json:"status,omitempty"` // "active" or "suspended"
 }
 
 // Scopes restrict what a key may do; an empty list allows all.
@@ -176,10 +209,10 @@ type APIKey struct {
 
 // Plan is an entry of the plan catalogue.
 type Plan struct {
-	Name   string             `json:"name"`
-	Weight int                `json:"weight"`
-	Limits map[string]float64 `json:"limits"`
-	Budget Budget             `json:"budget"`
+	Name   string           `json:"name"`
+	Weight int              `json:"weight"`
+	Limits map[string]Limit `json:"limits"`
+	Budget Budget           `json:"budget"`
 }
 
 // Error is a non-2xx answer. Use errors.As to get it.

@@ -570,7 +570,7 @@ func TestAdmin(t *testing.T) {
 	ctx := context.Background()
 
 	weight := 2
-	tn, err := a.CreateTenant(ctx, CreateTenantRequest{ID: "acme", Name: "Acme", Plan: "pro", Weight: &weight, Overrides: map[string]float64{"tenant_rate": 5}})
+	tn, err := a.CreateTenant(ctx, CreateTenantRequest{ID: "acme", Name: "Acme", Plan: "pro", Weight: &weight, Overrides: map[string]Limit{"tenant_rate": 5}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -611,7 +611,7 @@ func TestAdmin(t *testing.T) {
 	}
 	jsonEqual(t, r.Body, `{"status":"suspended"}`)
 	// An empty, non-nil Overrides clears the overrides; nil leaves them alone.
-	if _, err := a.UpdateTenant(ctx, "acme", UpdateTenantRequest{Overrides: map[string]float64{}}); err != nil {
+	if _, err := a.UpdateTenant(ctx, "acme", UpdateTenantRequest{Overrides: map[string]Limit{}}); err != nil {
 		t.Fatal(err)
 	}
 	jsonEqual(t, f.last(t).Body, `{"overrides":{}}`)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -15,7 +16,8 @@ import (
 )
 
 // Limits are the effective admission limits of one request: the tenant's plan with its
-// overrides and the key's own limits applied. Zero disables a limit.
+// overrides and the key's own limits applied. A value >= 0 is the limit (0 allows
+// nothing); Off (-1) disables it. Build them with LimitsOf, or start from NoLimits.
 type Limits struct {
 	KeyRate, KeyBurst           float64 // per second
 	TenantRate, TenantBurst     float64 // per second
@@ -29,28 +31,51 @@ type Limits struct {
 	USDMonthlyMicro             int64
 }
 
+// Off is the value of a disabled limit in Limits and in the scripts.
+const Off = -1
+
+// NoLimits returns Limits with every limit off.
+func NoLimits() Limits {
+	return Limits{
+		KeyRate: Off, KeyBurst: 1, TenantRate: Off, TenantBurst: 1, KeyAgentRate: Off, KeyAgentBurst: 1,
+		UserHourly: Off, UserBurst: 1, Sessions: Off, LongRunning: Off, Backlog: Off, StepsDaily: Off,
+		TokensMonthly: Off, USDMonthlyMicro: Off,
+	}
+}
+
 // burstOr returns the "<name>_burst" value, or factor × the rate (at least 1) when
 // none is set.
-func burstOr(m map[string]float64, name string, rate, factor float64) float64 {
-	if b, ok := m[name+"_burst"]; ok && b > 0 {
-		return b
+func burstOr(m map[string]Limit, name string, rate, factor float64) float64 {
+	if b, ok := m[name+"_burst"]; ok && b >= 1 {
+		return float64(b)
 	}
 	return math.Max(1, rate*factor)
 }
 
-// LimitsOf turns an effective limit map (Catalogue.Effective) into Limits.
-func LimitsOf(m map[string]float64) Limits {
+// LimitsOf turns an effective limit map (Catalogue.Effective) into Limits. A limit the
+// map lacks is off.
+func LimitsOf(m map[string]Limit) Limits {
+	f := func(name string) float64 {
+		if v := lookup(m, name); !v.Off() {
+			return float64(v)
+		}
+		return Off
+	}
+	n := func(name string) int64 { return int64(f(name)) }
 	l := Limits{
-		KeyRate:         m[KeyRate],
-		TenantRate:      m[TenantRate],
-		KeyAgentRate:    m[KeyAgentRate],
-		UserHourly:      m[UserTasksHourly],
-		Sessions:        int64(m[ConcurrentSessions]),
-		LongRunning:     int64(m[LongRunningInflight]),
-		Backlog:         int64(m[QueueBacklog]),
-		StepsDaily:      int64(m[AgentStepsDaily]),
-		TokensMonthly:   int64(m[AITokensMonthly]),
-		USDMonthlyMicro: int64(math.Round(m[USDMonthly] * 1e6)),
+		KeyRate:         f(KeyRate),
+		TenantRate:      f(TenantRate),
+		KeyAgentRate:    f(KeyAgentRate),
+		UserHourly:      f(UserTasksHourly),
+		Sessions:        n(ConcurrentSessions),
+		LongRunning:     n(LongRunningInflight),
+		Backlog:         n(QueueBacklog),
+		StepsDaily:      n(AgentStepsDaily),
+		TokensMonthly:   n(AITokensMonthly),
+		USDMonthlyMicro: Off,
+	}
+	if usd := f(USDMonthly); usd >= 0 {
+		l.USDMonthlyMicro = int64(math.Round(usd * 1e6))
 	}
 	l.KeyBurst = burstOr(m, KeyRate, l.KeyRate, 2)
 	l.TenantBurst = burstOr(m, TenantRate, l.TenantRate, 2)
@@ -118,7 +143,7 @@ const (
 // Scope is one limit's state in a decision.
 type Scope struct {
 	Name       string
-	Limit      float64 // rate per window, or a count
+	Limit      float64 // rate per window, or a count; -1 (off) only in a peek
 	Window     time.Duration
 	Used       float64
 	Remaining  int64
@@ -158,33 +183,41 @@ type AdmitParams struct {
 // than the commands. So Go passes field names ready-made and the numbers packed in one
 // binary argument (struct.unpack), the script does arithmetic only, and it answers with
 // one packed string of the state it read and what it decided; Go derives remaining,
-// reset and retry-after with the same formulas (decision.go). A tenant's admission
-// state is one hash (one HMGET, one HSET). Concurrent admissions of one shard are
-// coalesced into one call (batcher.go); each sees the ones before it.
+// reset and retry-after with the same formulas (decision.go). A tenant's buckets and
+// counters are one hash (one HMGET, one HSET). Concurrent admissions of one shard are
+// coalesced into one call (batcher.go); each sees the ones before it. No step costs
+// more with the size of the tenant's state: user buckets sit in a ZSET scored by the
+// time each is full again, so dropping idle users is ZREMRANGEBYSCORE and counting
+// them ZCARD.
 //
-// KEYS, 5 per admission, on one shard: state hash, session leases (zset), long-running
-// leases (zset), tenant queue (zset), steps per hour (hash)
+// KEYS, 7 per admission, on one shard: state hash, session leases (zset), long-running
+// leases (zset), tenant queue (zset), steps per hour (hash), admitted-not-yet-queued
+// tasks (zset), user buckets (zset)
 // ARGV[1] now ms or ""   ARGV[2] lease ttl ms   ARGV[3] max users per tenant
-// ARGV[4] state ttl ms, then 8 per admission:
+// ARGV[4] state ttl ms   ARGV[5] pending ttl ms, then 8 per admission:
 //
 //	1 numbers, 17 little-endian doubles: mode (0 admit, 1 peek, 2 key), in scope,
 //	  long-running, key rate, key burst, tenant rate, tenant burst, key-agent rate,
 //	  key-agent burst (per second), user rate, user burst (per hour), sessions,
 //	  long-running, backlog, steps daily, tokens monthly, usd monthly (micro)
 //	2 task id   3 key field "k:<kid>"   4 key-agent field "a:<kid>:<agent>" or ""
-//	5 user field "u:<user>" or ""   6 tokens field "tok:<period>"   7 usd field "usd:<period>"
+//	5 user member "u:<user>" or ""   6 tokens field "tok:<period>"   7 usd field "usd:<period>"
 //	8 unused ("")
 //
-// 0 disables a scope. Answers one string per admission: 14 little-endian doubles,
+// A limit >= 0 is on (0 allows nothing), -1 is off. Monthly tokens and money refuse a
+// task once a positive quota is used up; a quota of 0 does not refuse tasks, since a
+// task may cost nothing: its steps are refused once they would cost (ReserveStep).
+// Answers one string per admission: 14 little-endian doubles,
 //
 //	status (0 ok, 1 denied, 2 out of scope), now, violated-scope bitmask, key tat,
-//	tenant tat, key-agent tat, user tat (0 if none), sessions, long-running, backlog,
-//	steps in the last 24 h, oldest counted hour, tokens, usd (micro)
+//	tenant tat, key-agent tat, user tat (0 if none), sessions, long-running, backlog
+//	(queued plus admitted-not-yet-queued), steps in the last 24 h, oldest counted hour,
+//	tokens, usd (micro)
 //
 // "denied" takes nothing but the key's token: the key bucket comes first and counts
 // every request; "out of scope" takes the key's token only.
 var admitScript = redis.NewScript(luaNow + `
-local lease_ttl, max_users, state_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local lease_ttl, max_users, state_ttl, pending_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local floor, call = math.floor, redis.call
 -- Redis has the struct library; an embedded test Redis (miniredis) may not, and then
 -- the numbers travel as comma-separated text instead.
@@ -203,12 +236,14 @@ local function pack(fmt, ...)
 end
 local hour = floor(now / 3600000)
 local reply = {}
+local overflow = 'u:\0overflow'
 
 -- GCRA (as go-redis/redis_rate); tat in ms. Returns the new tat, or nil if refused.
 -- A tat beyond what the current rate and burst can produce means the limit changed
 -- since: the bucket restarts as nearly empty (one token), so a raised limit takes
--- effect at once instead of after the old, slower refill.
+-- effect at once instead of after the old, slower refill. A rate of 0 refuses all.
 local function gcra(t, rate, burst, period)
+  if rate <= 0 then return nil end
   local T = period / rate
   if t < now then t = now end
   if t > now + T * burst then t = now + T * burst - T end
@@ -216,10 +251,10 @@ local function gcra(t, rate, burst, period)
   return t + T
 end
 
-for r = 0, (#KEYS / 5) - 1 do
-  local b = r * 5
-  local H, SL, LL, Q, S = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5]
-  local a = r * 8 + 4
+for r = 0, (#KEYS / 7) - 1 do
+  local b = r * 7
+  local H, SL, LL, Q, S, P, U = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6], KEYS[b + 7]
+  local a = r * 8 + 5
   local mode, in_scope, is_long, key_rate, key_burst, t_rate, t_burst, ka_rate, ka_burst,
         u_rate, u_burst, sessions, long, backlog_max, steps_max, tokens_max, usd_max =
         unpackn('<ddddddddddddddddd', ARGV[a + 1])
@@ -227,65 +262,68 @@ for r = 0, (#KEYS / 5) - 1 do
   local peek, admit = mode == 1, mode == 0
   local status, mask = 0, 0
   local w = {}
-  local kt, tt, at, ut, x, nu = 0, 0, 0, 0, 0, 0
+  local kt, tt, at, ut, x, ot, old_nu = 0, 0, 0, nil, 0, nil, nil
   local s, l, backlog, steps, oldest, tok, usd = 0, 0, 0, 0, hour, 0, 0
+  local user_tat -- the user bucket's new tat, written to U if the admission passes
   if mode == 2 then
     kt = tonumber(call('HGET', H, kf)) or 0
   else
-    local v = call('HMGET', H, kf, 't', af == '' and 't' or af, uf == '' and 't' or uf, 'nu', 'x', ARGV[a + 6], ARGV[a + 7])
+    local v = call('HMGET', H, kf, 't', af == '' and 't' or af, overflow, 'nu', 'x', ARGV[a + 6], ARGV[a + 7])
     kt, tt, x = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[6]) or 0
     if af ~= '' then at = tonumber(v[3]) or 0 end
-    if uf ~= '' then ut = tonumber(v[4]) end
+    ot, old_nu = tonumber(v[4]), v[5]
     tok, usd = tonumber(v[7]) or 0, tonumber(v[8]) or 0
-    nu = tonumber(v[5]) or 0
+  end
+  if old_nu and admit then
+    -- once per tenant: user buckets used to be fields of the state hash; they go
+    for _, f in ipairs(call('HKEYS', H)) do
+      if f:sub(1, 2) == 'u:' and f ~= overflow then call('HDEL', H, f) end
+    end
+    call('HDEL', H, 'nu')
   end
   -- 1. the key bucket: every authenticated request spends it
-  if key_rate > 0 and not peek then
+  if key_rate >= 0 and not peek then
     local new = gcra(kt, key_rate, key_burst, 1000)
     if new then w[#w+1] = kf; w[#w+1] = new else mask = 1; status = 1 end
   end
   if mode ~= 2 and status == 0 and not (admit and in_scope == 0) then
     local nw = #w
     -- 2. everything else: check all, then take all or nothing
-    if t_rate > 0 and not peek then
+    if t_rate >= 0 and not peek then
       local new = gcra(tt, t_rate, t_burst, 1000)
       if new then w[#w+1] = 't'; w[#w+1] = new else mask = mask + 2 end
     end
-    if ka_rate > 0 and af ~= '' and not peek then
+    if ka_rate >= 0 and af ~= '' and not peek then
       local new = gcra(at, ka_rate, ka_burst, 1000)
       if new then w[#w+1] = af; w[#w+1] = new else mask = mask + 4 end
     end
-    if u_rate > 0 and uf ~= '' then
-      if not ut and nu >= max_users then
-        if admit then
+    if u_rate >= 0 and uf ~= '' then
+      ut = tonumber(call('ZSCORE', U, uf))
+      if not ut then
+        local nu = call('ZCARD', U)
+        if nu >= max_users and admit then
           -- users whose buckets are full again are the same as absent: drop them
-          local all, n = call('HGETALL', H), 0
-          for i = 1, #all, 2 do
-            if all[i]:sub(1, 2) == 'u:' then
-              if tonumber(all[i+1]) <= now then call('HDEL', H, all[i]) else n = n + 1 end
-            end
-          end
-          nu = n
-          call('HSET', H, 'nu', nu)
+          call('ZREMRANGEBYSCORE', U, '-inf', now)
+          nu = call('ZCARD', U)
         end
         if nu >= max_users then
-          uf = 'u:\0overflow'
-          ut = tonumber(call('HGET', H, uf))
+          uf, ut = overflow, ot or 0 -- users beyond the cap share one bucket
         end
       end
       if not peek then
         local new = gcra(ut or 0, u_rate, u_burst, 3600000)
-        if new then
-          w[#w+1] = uf; w[#w+1] = new
-          if not ut then w[#w+1] = 'nu'; w[#w+1] = nu + 1 end
-        else
+        if not new then
           mask = mask + 8
+        elseif uf == overflow then
+          w[#w+1] = uf; w[#w+1] = new
+        else
+          user_tat = new
         end
       end
       ut = ut or 0
     end
-    local long_on = long > 0 and is_long == 1
-    if sessions > 0 or peek then
+    local long_on = long >= 0 and is_long == 1
+    if sessions >= 0 or peek then
       s = call('ZCARD', SL)
       if peek or s >= sessions then -- count live leases only: drop expired ones first
         call('ZREMRANGEBYSCORE', SL, '-inf', now)
@@ -301,11 +339,18 @@ for r = 0, (#KEYS / 5) - 1 do
       end
       if admit and l >= long then mask = mask + 32 end
     end
-    if backlog_max > 0 or peek then
+    if backlog_max >= 0 or peek then
+      -- admitted tasks are counted from admission on, before the push to the queue
       backlog = call('ZCARD', Q)
+      local pend = call('ZCARD', P)
+      if pend > 0 and (peek or backlog + pend >= backlog_max) then
+        call('ZREMRANGEBYSCORE', P, '-inf', now)
+        pend = call('ZCARD', P)
+      end
+      backlog = backlog + pend
       if admit and backlog >= backlog_max then mask = mask + 64 end
     end
-    if steps_max > 0 or peek then
+    if steps_max >= 0 or peek then
       local all = call('HGETALL', S)
       for i = 1, #all, 2 do
         local h = tonumber(all[i])
@@ -323,13 +368,22 @@ for r = 0, (#KEYS / 5) - 1 do
       status = 1
       for i = #w, nw + 1, -1 do w[i] = nil end -- keep only the key's token
     elseif admit then
-      if sessions > 0 then
+      if sessions >= 0 then
         call('ZADD', SL, now + lease_ttl, task)
         call('PEXPIRE', SL, lease_ttl)
       end
       if long_on then
         call('ZADD', LL, now + lease_ttl, task)
         call('PEXPIRE', LL, lease_ttl)
+      end
+      if backlog_max >= 0 then
+        call('ZADD', P, now + pending_ttl, task)
+        call('PEXPIRE', P, pending_ttl)
+      end
+      if user_tat then
+        -- a new member (re)starts the set's life; the state hash's daily refresh
+        -- below keeps it for returning users
+        if call('ZADD', U, user_tat, uf) == 1 then call('PEXPIRE', U, state_ttl) end
       end
     end
   elseif mode ~= 2 and status == 0 then
@@ -341,6 +395,7 @@ for r = 0, (#KEYS / 5) - 1 do
     if mode ~= 2 and x < now + state_ttl - 86400000 then
       call('HSET', H, 'x', now + state_ttl)
       call('PEXPIRE', H, state_ttl)
+      call('PEXPIRE', U, state_ttl) -- a no-op when the tenant tracks no users
     elseif mode == 2 and call('PTTL', H) < 0 then
       call('PEXPIRE', H, state_ttl)
     end
@@ -367,7 +422,12 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // admitKeysPerCall and admitArgsPerCall are the script's strides.
-const admitKeysPerCall, admitArgsPerCall = 5, 8
+const admitKeysPerCall, admitArgsPerCall = 7, 8
+
+// PendingTTL bounds how long an admitted task counts against queue_backlog before it
+// is in its queue: the caller calls Enqueued right after the push; a process that dies
+// in between frees the count within PendingTTL.
+const PendingTTL = time.Minute
 
 // stateTTL bounds the life of an idle tenant's admission state: past a billing period,
 // so monthly counters survive until the period ends.
@@ -385,7 +445,7 @@ func b2f(b bool) float64 {
 func (q *Quotas) appendAdmit(keys []string, args []any, p AdmitParams) ([]string, []any) {
 	k := q.keys
 	keys = append(keys, k.AdmissionState(p.TenantID), k.Sessions(p.TenantID), k.LongRunning(p.TenantID),
-		k.TenantQueue(p.TenantID), k.StepsDaily(p.TenantID))
+		k.TenantQueue(p.TenantID), k.StepsDaily(p.TenantID), k.PendingQueue(p.TenantID), k.UserBuckets(p.TenantID))
 	l := p.Limits
 	nums := [17]float64{
 		modeCode[p.Mode], b2f(p.InScope), b2f(p.LongRunning), l.KeyRate, l.KeyBurst, l.TenantRate, l.TenantBurst,
@@ -431,8 +491,8 @@ func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, 
 		return nil, err
 	}
 	keys := make([]string, 0, admitKeysPerCall*len(ps))
-	args := make([]any, 0, 3+admitArgsPerCall*len(ps))
-	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds())
+	args := make([]any, 0, 5+admitArgsPerCall*len(ps))
+	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds(), PendingTTL.Milliseconds())
 	for i := range ps {
 		if ps[i].Mode == "" {
 			ps[i].Mode = ModeAdmit
@@ -462,16 +522,29 @@ var windows = map[string]time.Duration{
 	UserTasksHourly: time.Hour, AgentStepsDaily: 24 * time.Hour,
 }
 
-// Release frees a task's session (and long-running) lease. Releasing twice is harmless.
-// It returns the number of leases removed.
+// Release frees a task's session (and long-running) lease, and its place in the
+// admitted-not-yet-queued count. Releasing twice is harmless. It returns the number of
+// leases removed.
 func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, error) {
 	pipe := q.rdb.TxPipeline()
 	a := pipe.ZRem(ctx, q.keys.Sessions(tenantID), taskID)
 	b := pipe.ZRem(ctx, q.keys.LongRunning(tenantID), taskID)
+	pipe.ZRem(ctx, q.keys.PendingQueue(tenantID), taskID)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, fmt.Errorf("quotas: release: %w", err)
 	}
 	return int(a.Val() + b.Val()), nil
+}
+
+// Enqueued ends an admitted task's count as "admitted, not yet queued" once it is in
+// its queue, where queue_backlog counts it from then on. Until then (or PendingTTL,
+// if the caller dies first) admission counts it, so concurrent admissions cannot all
+// pass on the same queue length.
+func (q *Quotas) Enqueued(ctx context.Context, tenantID, taskID string) error {
+	if err := q.rdb.ZRem(ctx, q.keys.PendingQueue(tenantID), taskID).Err(); err != nil {
+		return fmt.Errorf("quotas: enqueued: %w", err)
+	}
+	return nil
 }
 
 // reserveStepScript checks a tenant's step-time quotas before a step and, if they
@@ -479,17 +552,28 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 // tokens and cost against the month. SettleStep later books the difference between
 // the estimate and what the step reported.
 //
+// A limit >= 0 is on, -1 off. A monthly quota refuses a step whose estimate does not
+// fit, and a step of unknown cost (estimate 0) once a positive quota is used up. Each
+// step reserves what the task's previous step cost, so under a $0 quota steps that
+// cost nothing run, and the step after one that cost money is refused.
+//
+// Billing periods: "per" holds the newest period seen. A request of a newer period
+// starts it (the previous one's counters go); a request of an older one (a step that
+// began before the boundary, a worker's clock behind) books into the newest period,
+// so tasks on both sides of the boundary never wipe each other's counters. Period ids
+// are start dates, yyyymmdd, so they compare as numbers.
+//
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] steps daily limit   ARGV[3] tokens monthly limit
 // ARGV[4] usd monthly limit (micro)   ARGV[5] estimated tokens   ARGV[6] estimated usd
-// ARGV[7] tokens field   ARGV[8] usd field   ARGV[9] period id   ARGV[10] state ttl ms
+// ARGV[7] period id   ARGV[8] state ttl ms
 // Returns {0} when reserved, or {1, limit type, used, limit} when a quota refuses.
 var reserveStepScript = redis.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
 local hour = math.floor(now / 3600000)
 local steps_max, tok_max, usd_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local est_tok, est_usd = tonumber(ARGV[5]), tonumber(ARGV[6])
-if steps_max > 0 then
+if steps_max >= 0 then
   local used = 0
   local all = redis.call('HGETALL', S)
   for i = 1, #all, 2 do
@@ -497,10 +581,21 @@ if steps_max > 0 then
   end
   if used >= steps_max then return {1, 'agent_steps_daily', used, steps_max} end
 end
-local v = redis.call('HMGET', H, ARGV[7], ARGV[8], 'per', 'x')
+local per = redis.call('HGET', H, 'per')
+local newer = not per or (tonumber(ARGV[7]) or 0) > tonumber(per)
+if newer then per = ARGV[7] end
+local tf, uf = 'tok:' .. per, 'usd:' .. per
+local v = redis.call('HMGET', H, tf, uf, 'x')
 local tok, usd = tonumber(v[1]) or 0, tonumber(v[2]) or 0
-if tok_max > 0 and (tok >= tok_max or tok + est_tok > tok_max) then return {1, 'ai_tokens_monthly', tok, tok_max} end
-if usd_max > 0 and (usd >= usd_max or usd + est_usd > usd_max) then return {1, 'usd_monthly', usd, usd_max} end
+-- A step whose estimate does not fit is refused; so is one of unknown cost (estimate
+-- 0) once a positive quota is used up. Under a quota of 0 a step estimated at 0 runs.
+local function refuses(used, est, limit)
+  if limit < 0 then return false end
+  if est > 0 then return used + est > limit end
+  return limit > 0 and used >= limit
+end
+if refuses(tok, est_tok, tok_max) then return {1, 'ai_tokens_monthly', tok, tok_max} end
+if refuses(usd, est_usd, usd_max) then return {1, 'usd_monthly', usd, usd_max} end
 if redis.call('HINCRBY', S, hour, 1) == 1 then
   -- a new hour: drop the ones that left the 24 h window
   for _, f in ipairs(redis.call('HKEYS', S)) do
@@ -508,16 +603,19 @@ if redis.call('HINCRBY', S, hour, 1) == 1 then
   end
   redis.call('PEXPIRE', S, 25 * 3600000)
 end
-if est_tok ~= 0 then redis.call('HINCRBY', H, ARGV[7], est_tok) end
-if est_usd ~= 0 then redis.call('HINCRBY', H, ARGV[8], est_usd) end
-if v[3] ~= ARGV[9] then
-  -- a new billing period: the previous one's counters go
-  if v[3] then redis.call('HDEL', H, 'tok:' .. v[3], 'usd:' .. v[3]) end
-  redis.call('HSET', H, 'per', ARGV[9])
+if newer then
+  -- a new billing period: the previous ones' counters go
+  for _, f in ipairs(redis.call('HKEYS', H)) do
+    local p = f:match('^tok:(.*)') or f:match('^usd:(.*)')
+    if p and p ~= per then redis.call('HDEL', H, f) end
+  end
+  redis.call('HSET', H, 'per', per)
 end
-if (tonumber(v[4]) or 0) < now + tonumber(ARGV[10]) - 86400000 then
-  redis.call('HSET', H, 'x', now + tonumber(ARGV[10]))
-  redis.call('PEXPIRE', H, ARGV[10])
+if est_tok ~= 0 then redis.call('HINCRBY', H, tf, est_tok) end
+if est_usd ~= 0 then redis.call('HINCRBY', H, uf, est_usd) end
+if (tonumber(v[3]) or 0) < now + tonumber(ARGV[8]) - 86400000 then
+  redis.call('HSET', H, 'x', now + tonumber(ARGV[8]))
+  redis.call('PEXPIRE', H, ARGV[8])
 end
 return {0}
 `)
@@ -554,7 +652,7 @@ func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
 	res, err := reserveStepScript.Run(ctx, q.rdb,
 		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
 		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-		"tok:"+p.Period.ID, "usd:"+p.Period.ID, p.Period.ID, stateTTL.Milliseconds()).Slice()
+		p.Period.ID, stateTTL.Milliseconds()).Slice()
 	if err != nil {
 		return fmt.Errorf("quotas: reserve step: %w", err)
 	}
@@ -568,14 +666,23 @@ func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
 
 func str(v any) string { s, _ := v.(string); return s }
 
-// settleScript books the difference between a step's reservation and its actual use.
+// settleScript books the difference between a step's reservation and its actual use,
+// into the period the reservation went to: the newest one seen, unless the step's own
+// period is newer. A counter never goes below zero (a refund of a reservation made
+// before the period rolled over).
 //
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] tokens delta   ARGV[3] usd delta   ARGV[4] steps delta
-// ARGV[5] tokens field   ARGV[6] usd field
+// ARGV[5] period id
 var settleScript = redis.NewScript(luaNow + `
-if tonumber(ARGV[2]) ~= 0 then redis.call('HINCRBY', KEYS[1], ARGV[5], ARGV[2]) end
-if tonumber(ARGV[3]) ~= 0 then redis.call('HINCRBY', KEYS[1], ARGV[6], ARGV[3]) end
+local H = KEYS[1]
+local per, p = redis.call('HGET', H, 'per'), ARGV[5]
+if per and (tonumber(p) or 0) < tonumber(per) then p = per end
+local function add(f, d)
+  if tonumber(d) ~= 0 and redis.call('HINCRBY', H, f, d) < 0 then redis.call('HSET', H, f, 0) end
+end
+add('tok:' .. p, ARGV[2])
+add('usd:' .. p, ARGV[3])
 if tonumber(ARGV[4]) ~= 0 then
   local hour = math.floor(now / 3600000)
   if redis.call('HINCRBY', KEYS[2], hour, ARGV[4]) <= 0 then redis.call('HDEL', KEYS[2], hour) end
@@ -590,7 +697,7 @@ func (q *Quotas) SettleStep(ctx context.Context, p StepParams) error {
 		return nil
 	}
 	err := settleScript.Run(ctx, q.rdb, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, "tok:"+p.Period.ID, "usd:"+p.Period.ID).Err()
+		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, p.Period.ID).Err()
 	if err != nil {
 		return fmt.Errorf("quotas: settle step: %w", err)
 	}
@@ -614,34 +721,69 @@ func (q *Quotas) DropKey(ctx context.Context, tenantID, kid string) error {
 	return q.rdb.HDel(ctx, h, fields...).Err()
 }
 
-// touchScript pushes a live task's leases' expiry forward (heartbeats of long tasks).
+// touchScript pushes live leases' expiry forward: a running task's (heartbeats), a
+// queued task's (the janitor, for tasks that wait longer than a lease lives) or a
+// stream's. Members that are not there are not added, and neither set's life is
+// shortened (it also holds other leases).
 //
 // KEYS[1] session leases   KEYS[2] long-running leases   ARGV[1] now ms or ""
-// ARGV[2] task id   ARGV[3] lease ttl ms
+// ARGV[2] lease ttl ms   ARGV[3...] members
+// Returns the number of leases pushed forward.
 var touchScript = redis.NewScript(luaNow + `
-local n = redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
-n = n + redis.call('ZADD', KEYS[2], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
-if n > 0 and redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local ttl = tonumber(ARGV[2])
+local n = 0
+for i = 3, #ARGV do
+  local a = redis.call('ZADD', KEYS[1], 'XX', 'CH', now + ttl, ARGV[i])
+  local b = redis.call('ZADD', KEYS[2], 'XX', 'CH', now + ttl, ARGV[i])
+  n = n + a + b
+end
+if n > 0 then
+  for k = 1, 2 do
+    local pttl = redis.call('PTTL', KEYS[k])
+    if pttl ~= -2 and pttl < ttl then redis.call('PEXPIRE', KEYS[k], ttl) end
+  end
 end
 return n
 `)
 
 // TouchLease keeps a running task's leases alive for another lease TTL.
 func (q *Quotas) TouchLease(ctx context.Context, tenantID, taskID string) error {
-	return touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
-		q.nowArg(), taskID, leaseTTL.Milliseconds()).Err()
+	_, err := q.TouchLeases(ctx, tenantID, []string{taskID})
+	return err
 }
+
+// TouchLeases keeps the leases of live tasks (queued or running) alive for another
+// lease TTL; tasks without a lease are left alone. It returns how many leases it
+// pushed forward.
+func (q *Quotas) TouchLeases(ctx context.Context, tenantID string, taskIDs []string) (int, error) {
+	total := 0
+	for ids := range slices.Chunk(taskIDs, touchChunk) { // bounded script calls
+		args := make([]any, 0, 2+len(ids))
+		args = append(args, q.nowArg(), leaseTTL.Milliseconds())
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		n, err := touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)}, args...).Int()
+		if err != nil {
+			return total, fmt.Errorf("quotas: touch leases: %w", err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// touchChunk bounds the members of one touch script call.
+const touchChunk = 500
 
 // acquireScript takes a session slot for something other than a task (an open
 // progress stream), if the tenant is below its concurrent-session limit.
 //
 // KEYS[1] session leases   ARGV[1] now ms or ""   ARGV[2] member   ARGV[3] limit
-// ARGV[4] lease ttl ms
+// (-1: off)   ARGV[4] lease ttl ms
 // Returns 1 if the slot was taken.
 var acquireScript = redis.NewScript(luaNow + `
 local limit = tonumber(ARGV[3])
-if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
+if limit >= 0 and redis.call('ZCARD', KEYS[1]) >= limit then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   if redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
 end
@@ -656,8 +798,8 @@ return 1
 const StreamLeaseTTL = time.Minute
 
 // AcquireSession takes one of the tenant's concurrent-session slots for member (an
-// open stream) for StreamLeaseTTL; TouchSession keeps it, Release frees it. limit 0
-// means no limit.
+// open stream) for StreamLeaseTTL; TouchSession keeps it, Release frees it. A limit of
+// Off means no limit; 0 refuses.
 func (q *Quotas) AcquireSession(ctx context.Context, tenantID, member string, limit int64) (bool, error) {
 	n, err := acquireScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID)}, q.nowArg(), member, limit, StreamLeaseTTL.Milliseconds()).Int()
 	if err != nil {
@@ -679,15 +821,24 @@ func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []
 }
 
 // LeaseAges returns a tenant's leases with the time since each was taken or last
-// refreshed.
+// refreshed, on the clock the leases expire by (Redis TIME, or the test clock).
 func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error) {
 	pipe := q.rdb.Pipeline()
 	a := pipe.ZRangeWithScores(ctx, q.keys.Sessions(tenantID), 0, -1)
 	b := pipe.ZRangeWithScores(ctx, q.keys.LongRunning(tenantID), 0, -1)
+	var tm *redis.TimeCmd
+	if q.nowMs == nil {
+		tm = pipe.Time(ctx)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, nil, fmt.Errorf("quotas: leases: %w", err)
 	}
-	now := time.Now().UnixMilli()
+	var now int64
+	if tm != nil {
+		now = tm.Val().UnixMilli()
+	} else {
+		now = q.nowMs()
+	}
 	ages := func(zs []redis.Z) map[string]time.Duration {
 		out := make(map[string]time.Duration, len(zs))
 		for _, z := range zs {
@@ -702,25 +853,40 @@ func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long
 	return ages(a.Val()), ages(b.Val()), nil
 }
 
+// addLeaseScript re-adds a live task's session (and long-running) lease, expiring a
+// lease TTL from now on the Redis clock.
+//
+// KEYS[1] session leases   KEYS[2] long-running leases   ARGV[1] now ms or ""
+// ARGV[2] task id   ARGV[3] lease ttl ms   ARGV[4] "1" if long-running
+var addLeaseScript = redis.NewScript(luaNow + `
+local ttl = tonumber(ARGV[3])
+local last = ARGV[4] == '1' and 2 or 1
+for k = 1, last do
+  redis.call('ZADD', KEYS[k], now + ttl, ARGV[2])
+  if redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ttl) end
+end
+return 1
+`)
+
 // AddLease re-adds the session (and, if long, long-running) lease of a live task that
 // Redis lost.
 func (q *Quotas) AddLease(ctx context.Context, tenantID, taskID string, long bool) error {
-	until := float64(time.Now().Add(leaseTTL).UnixMilli())
-	pipe := q.rdb.TxPipeline()
-	pipe.ZAdd(ctx, q.keys.Sessions(tenantID), redis.Z{Score: until, Member: taskID})
-	pipe.PExpire(ctx, q.keys.Sessions(tenantID), leaseTTL)
-	if long {
-		pipe.ZAdd(ctx, q.keys.LongRunning(tenantID), redis.Z{Score: until, Member: taskID})
-		pipe.PExpire(ctx, q.keys.LongRunning(tenantID), leaseTTL)
+	err := addLeaseScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
+		q.nowArg(), taskID, leaseTTL.Milliseconds(), boolArg(long)).Err()
+	if err != nil {
+		return fmt.Errorf("quotas: add lease: %w", err)
 	}
-	_, err := pipe.Exec(ctx)
-	return err
+	return nil
 }
 
 // TouchSession keeps a stream's session slot for another StreamLeaseTTL.
 func (q *Quotas) TouchSession(ctx context.Context, tenantID, member string) error {
-	return touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
-		q.nowArg(), member, StreamLeaseTTL.Milliseconds()).Err()
+	err := touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
+		q.nowArg(), StreamLeaseTTL.Milliseconds(), member).Err()
+	if err != nil {
+		return fmt.Errorf("quotas: touch session: %w", err)
+	}
+	return nil
 }
 
 var hasStructScript = redis.NewScript(`if rawget(_G, 'struct') then return 1 end return 0`)

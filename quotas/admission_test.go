@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,8 +44,36 @@ func (f *qfix) period() Period {
 	return PeriodAt(time.Date(2026, 1, 15, 0, 0, 0, 0, time.UTC), time.UnixMilli(f.clock()))
 }
 
-// admit runs one admission with the given limits; zero limits are off.
+// only turns the zero limits of l off, so a test names just the limits it is about.
+func only(l Limits) Limits {
+	off := func(v *float64) {
+		if *v == 0 {
+			*v = Off
+		}
+	}
+	offN := func(v *int64) {
+		if *v == 0 {
+			*v = Off
+		}
+	}
+	off(&l.KeyRate)
+	off(&l.TenantRate)
+	off(&l.KeyAgentRate)
+	off(&l.UserHourly)
+	for _, v := range []*int64{&l.Sessions, &l.LongRunning, &l.Backlog, &l.StepsDaily, &l.TokensMonthly, &l.USDMonthlyMicro} {
+		offN(v)
+	}
+	return l
+}
+
+// admit runs one admission with the given limits; zero limits are off (see only).
 func (f *qfix) admit(l Limits, mut ...func(*AdmitParams)) Decision {
+	f.t.Helper()
+	return f.admitExact(only(l), mut...)
+}
+
+// admitExact runs one admission with exactly the limits l (0 is a limit).
+func (f *qfix) admitExact(l Limits, mut ...func(*AdmitParams)) Decision {
 	f.t.Helper()
 	f.n++
 	p := AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "acme-1", Agent: "sim", User: "u1",
@@ -180,13 +207,7 @@ func TestUserBucketsAreBounded(t *testing.T) {
 	for i := range MaxUsersPerTenant + 50 {
 		f.admit(l, func(p *AdmitParams) { p.User = fmt.Sprintf("user-%d", i) })
 	}
-	users := 0
-	for _, fld := range f.rdb.HKeys(ctx, f.keys.AdmissionState("acme")).Val() {
-		if strings.HasPrefix(fld, "u:") {
-			users++
-		}
-	}
-	if users > MaxUsersPerTenant+1 {
+	if users := f.rdb.ZCard(ctx, f.keys.UserBuckets("acme")).Val(); users > MaxUsersPerTenant {
 		t.Fatalf("user buckets hold %d fields, cap %d (+1 overflow)", users, MaxUsersPerTenant)
 	}
 	// the 50 users beyond the cap shared one bucket: only the first got through
@@ -264,12 +285,12 @@ func TestStepsDailySlidingWindow(t *testing.T) {
 	ctx := context.Background()
 	l := Limits{StepsDaily: 3}
 	for range 2 {
-		if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period()}); err != nil {
+		if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits()}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	f.advance(5 * time.Hour)
-	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits()})
 	d := f.admit(l)
 	if !slices.Equal(d.Violated, []string{AgentStepsDaily}) || d.scope(AgentStepsDaily).Used != 3 {
 		t.Fatalf("after 3 steps: %+v", d)
@@ -285,11 +306,11 @@ func TestMonthlyTokenAndUSDQuotas(t *testing.T) {
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{TokensMonthly: 1000, USDMonthlyMicro: 50_000_000}
-	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 999, CostMicro: 49_999_999, Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 999, CostMicro: 49_999_999, Period: f.period(), Limits: NoLimits()})
 	if d := f.admit(l); !d.Allowed || d.scope(AITokensMonthly).Remaining != 1 {
 		t.Fatalf("below both quotas: %+v", d)
 	}
-	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period(), Limits: NoLimits()})
 	d := f.admit(l)
 	slices.Sort(d.Violated)
 	if !slices.Equal(d.Violated, []string{AITokensMonthly, USDMonthly}) {
@@ -327,7 +348,7 @@ func TestEveryAdmissionKeyExpires(t *testing.T) {
 	l := Limits{KeyRate: 20, KeyBurst: 40, TenantRate: 5, TenantBurst: 10, KeyAgentRate: 1, KeyAgentBurst: 1,
 		UserHourly: 5, UserBurst: 5, Sessions: 3, LongRunning: 1, StepsDaily: 50, TokensMonthly: 100, USDMonthlyMicro: 100}
 	f.admit(l, func(p *AdmitParams) { p.LongRunning = true })
-	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period()})
+	_ = f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Tokens: 1, CostMicro: 1, Period: f.period(), Limits: NoLimits()})
 	keys := f.rdb.Keys(ctx, f.keys.Prefix()+"*").Val()
 	if len(keys) < 2 {
 		t.Fatalf("only %d keys: %v", len(keys), keys)
@@ -361,7 +382,7 @@ func TestReserveAndSettleStep(t *testing.T) {
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{StepsDaily: 3, TokensMonthly: 100, USDMonthlyMicro: 1000}
-	p := StepParams{TenantID: "acme", Period: f.period(), Limits: l}
+	p := StepParams{TenantID: "acme", Period: f.period(), Limits: only(l)}
 	used := func() (float64, float64, float64) {
 		d := f.admit(Limits{}, func(a *AdmitParams) { a.Mode = ModePeek })
 		return d.scope(AgentStepsDaily).Used, d.scope(AITokensMonthly).Used, d.scope(USDMonthly).Used

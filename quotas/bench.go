@@ -118,7 +118,7 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	}
 	period := PeriodAt(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Now())
 	for t := range o.Tenants { // some usage so the period scopes read real counters
-		_ = q.ReserveStep(ctx, StepParams{TenantID: fmt.Sprintf("t%d", t), Tokens: 10, CostMicro: 10, Period: period})
+		_ = q.ReserveStep(ctx, StepParams{TenantID: fmt.Sprintf("t%d", t), Tokens: 10, CostMicro: 10, Period: period, Limits: lim})
 	}
 	out := AdmissionBench{Concurrency: o.Concurrency, DurationS: o.Duration.Seconds(), Tenants: o.Tenants, ScopesPerAdmission: 10}
 
@@ -172,7 +172,7 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 				return out, err
 			}
 		}
-		_ = q.ReserveStep(ctx, StepParams{TenantID: tenant, Tokens: 10, CostMicro: 10, Period: period})
+		_ = q.ReserveStep(ctx, StepParams{TenantID: tenant, Tokens: 10, CostMicro: 10, Period: period, Limits: lim})
 	}
 	var total int64
 	iter := rdb.Scan(ctx, 0, prefix+"{s0}:*:m*", 1000).Iterator()

@@ -72,6 +72,14 @@ func decide(p AdmitParams, st state) Decision {
 	keyTaken := !peek && st.mask&1 == 0
 	restTaken := admit && d.Allowed
 	bucket := func(name string, tat, rate, burst float64, period time.Duration, taken bool) {
+		if rate == 0 { // a rate of 0 lets nothing through, ever
+			sc := Scope{Name: name, Window: period}
+			if st.mask&scopeBits[name] != 0 {
+				sc.Violated, sc.RetryAfter = true, period
+			}
+			d.Scopes = append(d.Scopes, sc)
+			return
+		}
 		T := float64(period.Milliseconds()) / rate
 		tau := T * burst
 		t := math.Max(tat, now)
@@ -99,46 +107,46 @@ func decide(p AdmitParams, st state) Decision {
 		if takes && restTaken {
 			sc.Used++
 		}
-		sc.Remaining = max(0, limit-int64(sc.Used))
+		sc.Remaining = max(0, limit-int64(sc.Used)) // 0 when the limit is off (-1): unused
 		if st.mask&scopeBits[name] != 0 {
 			sc.Violated, sc.Remaining, sc.RetryAfter = true, 0, max(reset, time.Second)
 		}
 		d.Scopes = append(d.Scopes, sc)
 	}
-	if l.KeyRate > 0 {
+	if l.KeyRate >= 0 {
 		bucket(KeyRate, st.keyTAT, l.KeyRate, l.KeyBurst, time.Second, keyTaken)
 	}
 	if p.Mode == ModeKey || st.mask&1 != 0 || st.status == 2 {
 		d.collectViolated()
 		return d
 	}
-	if l.TenantRate > 0 {
+	if l.TenantRate >= 0 {
 		bucket(TenantRate, st.tenantTAT, l.TenantRate, l.TenantBurst, time.Second, restTaken)
 	}
-	if l.KeyAgentRate > 0 && p.Agent != "" {
+	if l.KeyAgentRate >= 0 && p.Agent != "" {
 		bucket(KeyAgentRate, st.keyAgentTAT, l.KeyAgentRate, l.KeyAgentBurst, time.Second, restTaken)
 	}
-	if l.UserHourly > 0 && p.User != "" {
+	if l.UserHourly >= 0 && p.User != "" {
 		bucket(UserTasksHourly, st.userTAT, l.UserHourly, l.UserBurst, time.Hour, restTaken)
 	}
-	if l.Sessions > 0 || peek {
+	if l.Sessions >= 0 || peek {
 		counted(ConcurrentSessions, l.Sessions, st.sessions, time.Second, true)
 	}
-	if (l.LongRunning > 0 && p.LongRunning) || peek {
+	if (l.LongRunning >= 0 && p.LongRunning) || peek {
 		counted(LongRunningInflight, l.LongRunning, st.long, time.Second, true)
 	}
-	if l.Backlog > 0 || peek {
+	if l.Backlog >= 0 || peek {
 		counted(QueueBacklog, l.Backlog, st.backlog, time.Second, true)
 	}
-	if l.StepsDaily > 0 || peek {
+	if l.StepsDaily >= 0 || peek {
 		reset := time.Duration((st.oldestHour+24)*3600000-st.now) * time.Millisecond
 		counted(AgentStepsDaily, l.StepsDaily, st.steps, reset, false)
 	}
 	periodLeft := time.Duration(p.Period.End.UnixMilli()-st.now) * time.Millisecond
-	if l.TokensMonthly > 0 || peek {
+	if l.TokensMonthly >= 0 || peek {
 		counted(AITokensMonthly, l.TokensMonthly, st.tokens, periodLeft, false)
 	}
-	if l.USDMonthlyMicro > 0 || peek {
+	if l.USDMonthlyMicro >= 0 || peek {
 		counted(USDMonthly, l.USDMonthlyMicro, st.usd, periodLeft, false)
 	}
 	d.collectViolated()

@@ -206,7 +206,7 @@ func (g *Guard) degraded(p AdmitParams) (Decision, error) {
 	if p.Mode == ModePeek {
 		return Decision{}, ErrUnavailable
 	}
-	if p.Mode == ModeAdmit && p.InScope && (l.StepsDaily > 0 || l.TokensMonthly > 0 || l.USDMonthlyMicro > 0) {
+	if p.Mode == ModeAdmit && p.InScope && (l.StepsDaily >= 0 || l.TokensMonthly >= 0 || l.USDMonthlyMicro >= 0) {
 		return Decision{}, ErrUnavailable
 	}
 	n := float64(max(g.replicas.Load(), 1))
@@ -226,7 +226,16 @@ func (g *Guard) degraded(p AdmitParams) (Decision, error) {
 	now := time.Now()
 	var lims []*rate.Limiter
 	for _, b := range buckets {
-		if b.rate <= 0 {
+		if b.rate < 0 { // off
+			continue
+		}
+		if b.rate == 0 { // a rate of 0 lets nothing through
+			d.Scopes = append(d.Scopes, Scope{Name: b.name, Window: b.per, Violated: true, RetryAfter: b.per})
+			d.Violated = append(d.Violated, b.name)
+			lims = append(lims, nil)
+			if b.name == KeyRate {
+				break
+			}
 			continue
 		}
 		r := rate.Limit(b.rate / n / b.per.Seconds())
@@ -248,6 +257,20 @@ func (g *Guard) degraded(p AdmitParams) (Decision, error) {
 		if b.name == KeyRate && s.Violated {
 			break // the key bucket comes first
 		}
+	}
+	if p.Mode == ModeAdmit && p.InScope && len(d.Violated) == 0 {
+		// Counts are not kept without Redis, but a limit of 0 needs none.
+		zero := func(name string, limit int64) {
+			if limit == 0 {
+				d.Scopes = append(d.Scopes, Scope{Name: name, Violated: true, RetryAfter: time.Second})
+				d.Violated = append(d.Violated, name)
+			}
+		}
+		zero(ConcurrentSessions, l.Sessions)
+		if p.LongRunning {
+			zero(LongRunningInflight, l.LongRunning)
+		}
+		zero(QueueBacklog, l.Backlog)
 	}
 	if len(d.Violated) > 0 {
 		d.Allowed = false

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -23,13 +22,14 @@ const DefaultInflightRequests = 32
 const InflightLeaseTTL = 30 * time.Second
 
 // InflightLimit is a tenant's inflight_requests limit from its effective limits; 0
-// means not enforced (the limit is off).
-func InflightLimit(eff map[string]float64) int64 {
+// means not enforced (the limit is unlimited). A limit of 0 cannot be configured
+// (ValidateOverrides): it would shut the tenant out of its own API.
+func InflightLimit(eff map[string]Limit) int64 {
 	v, ok := eff[InflightRequests]
 	switch {
 	case !ok:
 		return DefaultInflightRequests
-	case math.IsNaN(v) || math.IsInf(v, 0) || v < 0: // "unlimited"
+	case v.Off():
 		return 0
 	}
 	return int64(v)

@@ -46,9 +46,9 @@ func TestInflightLeases(t *testing.T) {
 
 func TestInflightLimitOfPlan(t *testing.T) {
 	for _, c := range []struct {
-		eff  map[string]float64
+		eff  map[string]Limit
 		want int64
-	}{{map[string]float64{}, DefaultInflightRequests}, {map[string]float64{InflightRequests: 5}, 5}} {
+	}{{map[string]Limit{}, DefaultInflightRequests}, {map[string]Limit{InflightRequests: 5}, 5}, {map[string]Limit{InflightRequests: Unlimited}, 0}} {
 		if got := InflightLimit(c.eff); got != c.want {
 			t.Errorf("InflightLimit(%v) = %d, want %d", c.eff, got, c.want)
 		}

@@ -5,7 +5,7 @@ import "time"
 // Period is a tenant's billing period: monthly, starting on the day of the month of its
 // billing anchor (clamped to the month's last day), at 00:00 UTC.
 type Period struct {
-	ID    string // "20261115": the start date
+	ID    string // "20261115": the start date; later periods have larger ids, as numbers and as text
 	Start time.Time
 	End   time.Time
 }

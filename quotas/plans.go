@@ -3,6 +3,7 @@ package quotas
 import (
 	_ "embed"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"sort"
@@ -11,7 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Limit types of DESIGN.md section 3. Override keys are these names, or a rate's name
+// Limit types. Override keys are these names, or a rate's name
 // followed by "_burst".
 const (
 	KeyRate             = "key_rate"
@@ -49,10 +50,10 @@ type Budget struct {
 
 // Plan is one entry of the catalogue.
 type Plan struct {
-	Name   string             `yaml:"-"`
-	Weight int                `yaml:"weight"`
-	Limits map[string]float64 `yaml:"limits"`
-	Budget Budget             `yaml:"budget"`
+	Name   string           `yaml:"-"`
+	Weight int              `yaml:"weight"`
+	Limits map[string]Limit `yaml:"limits"`
+	Budget Budget           `yaml:"budget"`
 }
 
 // Catalogue is the set of plans a deployment offers.
@@ -118,12 +119,12 @@ func (c *Catalogue) Names() []string {
 }
 
 // Effective returns a plan's limits with a tenant's overrides applied.
-func (c *Catalogue) Effective(plan string, overrides map[string]float64) (map[string]float64, error) {
+func (c *Catalogue) Effective(plan string, overrides map[string]Limit) (map[string]Limit, error) {
 	p, ok := c.plans[plan]
 	if !ok {
 		return nil, fmt.Errorf("quotas: unknown plan %q", plan)
 	}
-	out := make(map[string]float64, len(p.Limits)+len(overrides))
+	out := make(map[string]Limit, len(p.Limits)+len(overrides))
 	for k, v := range p.Limits {
 		out[k] = v
 	}
@@ -142,14 +143,25 @@ func ValidOverride(name string) bool {
 	return ok && slices.Contains(bursty, base)
 }
 
-// ValidateOverrides checks limit names and values: known names, values >= 0.
-func ValidateOverrides(m map[string]float64) error {
+// ValidateOverrides checks limit names and values: known names, values >= 0 or
+// unlimited. A burst is a number of at least 1 (it is not a limit of its own), and
+// running is at least 1: the dispatcher knows no cap of 0, and concurrent_sessions 0
+// is the way to admit nothing.
+func ValidateOverrides(m map[string]Limit) error {
 	for k, v := range m {
 		if !ValidOverride(k) {
 			return fmt.Errorf("unknown limit %q", k)
 		}
-		if v < 0 {
+		switch {
+		case v < 0 && v != Unlimited:
 			return fmt.Errorf("limit %q is negative", k)
+		case strings.HasSuffix(k, "_burst") && v < 1:
+			return fmt.Errorf("%s must be a number of at least 1", k)
+		case k == Running && v >= 0 && v < 1:
+			return fmt.Errorf("running must be at least 1, or unlimited")
+		case k == InflightRequests && v >= 0 && v < 1:
+			// 0 would refuse every request of the tenant, /v1/usage included
+			return fmt.Errorf("inflight_requests must be at least 1, or unlimited")
 		}
 	}
 	return nil
@@ -159,6 +171,8 @@ func ValidateOverrides(m map[string]float64) error {
 // (AGENTQ_RATE_KEY_RPS, AGENTQ_RATE_KEY_BURST, AGENTQ_RATE_TENANT_RPS,
 // AGENTQ_RATE_TENANT_BURST, AGENTQ_TENANT_MAX_INFLIGHT). A set value replaces that
 // limit in every plan; tenant overrides still win. nil leaves the plans' values.
+// These keep the convention of the gateway they come from: 0 disables the limit (a
+// burst of 0 means the default burst), unlike the catalogue, where 0 is a limit.
 type Globals struct {
 	KeyRPS, KeyBurst, TenantRPS, TenantBurst, TenantMaxInflight *float64
 }
@@ -172,20 +186,25 @@ func (c *Catalogue) ApplyGlobals(g Globals) error {
 		TenantRate + "_burst": g.TenantBurst, ConcurrentSessions: g.TenantMaxInflight,
 	}
 	for name, p := range c.plans {
-		limits := make(map[string]float64, len(p.Limits))
+		limits := make(map[string]Limit, len(p.Limits))
 		for k, v := range p.Limits {
 			limits[k] = v
 		}
 		for k, v := range set {
-			if v != nil {
-				if *v < 0 {
-					return fmt.Errorf("quotas: %s must not be negative", k)
-				}
-				limits[k] = *v
+			switch {
+			case v == nil:
+			case *v < 0:
+				return fmt.Errorf("quotas: %s must not be negative", k)
+			case *v == 0 && strings.HasSuffix(k, "_burst"):
+				delete(limits, k) // the default burst
+			case *v == 0:
+				limits[k] = Unlimited
+			default:
+				limits[k] = Limit(*v)
 			}
 		}
-		if limits[KeyRate] == 0 && limits[TenantRate] > 0 {
-			return fmt.Errorf("quotas: plan %q disables key limits (key_rate 0) while its tenant limit is on: "+
+		if KeyLimitsOffAlone(limits) {
+			return fmt.Errorf("quotas: plan %q disables key limits (key_rate unlimited) while its tenant limit is on: "+
 				"set AGENTQ_RATE_KEY_RPS above 0 or disable tenant limits too", name)
 		}
 		p.Limits = limits
@@ -194,13 +213,36 @@ func (c *Catalogue) ApplyGlobals(g Globals) error {
 	return nil
 }
 
+// RunningCap is the dispatcher's running cap for effective limits: the running limit,
+// or 0 (the dispatcher's "no cap") when it is unlimited. A running limit is at least 1.
+func RunningCap(eff map[string]Limit) int {
+	if v := lookup(eff, Running); !v.Off() {
+		return max(1, int(v))
+	}
+	return 0
+}
+
+// KeyLimitsOffAlone reports whether effective limits turn key limits off while the
+// tenant limit is on: one unlimited key could then spend the whole tenant's bucket.
+func KeyLimitsOffAlone(eff map[string]Limit) bool {
+	return lookup(eff, KeyRate).Off() && !lookup(eff, TenantRate).Off()
+}
+
 // NextLimit returns the smallest value of limit above current among the plans, for
-// "upgrade for N" messages; ok=false when no plan offers more.
-func (c *Catalogue) NextLimit(limit string, current float64) (float64, bool) {
-	best, ok := 0.0, false
+// "upgrade for N" messages; unlimited is above every number. ok=false when no plan
+// offers more.
+func (c *Catalogue) NextLimit(limit string, current float64) (Limit, bool) {
+	rank := func(v Limit) float64 {
+		if v.Off() {
+			return math.Inf(1)
+		}
+		return float64(v)
+	}
+	var best Limit
+	ok := false
 	for _, p := range c.plans {
-		v := p.Limits[limit]
-		if v > current && (!ok || v < best) {
+		v := lookup(p.Limits, limit)
+		if rank(v) > current && (!ok || rank(v) < rank(best)) {
 			best, ok = v, true
 		}
 	}

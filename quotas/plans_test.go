@@ -10,7 +10,7 @@ func TestCatalogueDefaultsAndOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for plan, want := range map[string][3]float64{ // tenant_rate, concurrent_sessions, agent_steps_daily
+	for plan, want := range map[string][3]Limit{ // tenant_rate, concurrent_sessions, agent_steps_daily
 		"free": {5, 1, 50}, "pro": {100, 3, 500}, "enterprise": {1000, 20, 10000},
 	} {
 		eff, err := c.Effective(plan, nil)
@@ -21,11 +21,11 @@ func TestCatalogueDefaultsAndOverrides(t *testing.T) {
 			t.Errorf("%s: %v", plan, eff)
 		}
 	}
-	eff, _ := c.Effective("pro", map[string]float64{TenantRate: 5, "tenant_rate_burst": 7})
+	eff, _ := c.Effective("pro", map[string]Limit{TenantRate: 5, "tenant_rate_burst": 7})
 	if l := LimitsOf(eff); l.TenantRate != 5 || l.TenantBurst != 7 || l.KeyRate != 20 || l.KeyBurst != 40 {
 		t.Fatalf("overridden limits: %+v", l)
 	}
-	if l := LimitsOf(map[string]float64{TenantRate: 5}); l.TenantBurst != 10 {
+	if l := LimitsOf(map[string]Limit{TenantRate: 5}); l.TenantBurst != 10 {
 		t.Fatalf("tenant burst defaults to 2x the rate, got %v", l.TenantBurst)
 	}
 }

@@ -359,8 +359,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	if err != nil {
 		return requeue("reading the tenant failed", err)
 	}
-	period := quotas.PeriodAt(tenant.CreatedAt, time.Now())
-	var limits quotas.Limits
+	limits := quotas.NoLimits()
 	if w.opts.Plans != nil {
 		if eff, err := w.opts.Plans.Effective(tenant.Plan, tenant.Overrides); err == nil {
 			limits = quotas.LimitsOf(eff)
@@ -438,6 +437,9 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	// Each step reserves what the previous one used; the first reserves nothing
 	// beyond the step itself, and settlement books the difference.
 	var estTokens, estMicro int64
+	// The billing period is the step's: a task running across the boundary books its
+	// later steps into the new period. A settlement goes to its reservation's period.
+	var period quotas.Period
 	settle := func(p quotas.StepParams) {
 		p.TenantID, p.Period, p.Limits = task.TenantID, period, limits
 		if err := w.limits.SettleStep(context.WithoutCancel(ctx), p); err != nil {
@@ -457,6 +459,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
 			return false
 		}
+		period = quotas.PeriodAt(tenant.CreatedAt, time.Now())
 		err := w.limits.ReserveStep(ctx, quotas.StepParams{TenantID: task.TenantID, Period: period, Limits: limits,
 			Tokens: estTokens, CostMicro: estMicro})
 		var qe *quotas.QuotaExceeded

@@ -18,12 +18,12 @@ var tenantIDRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
 
 // TenantRequest is the body of POST /v1/admin/tenants and PATCH /v1/admin/tenants/{id}.
 type TenantRequest struct {
-	ID        *string            `json:"id"`
-	Name      *string            `json:"name"`
-	Plan      *string            `json:"plan"`
-	Weight    *int               `json:"weight"`
-	Overrides map[string]float64 `json:"overrides"`
-	Status    *string            `json:"status"`
+	ID        *string                 `json:"id"`
+	Name      *string                 `json:"name"`
+	Plan      *string                 `json:"plan"`
+	Weight    *int                    `json:"weight"`
+	Overrides map[string]quotas.Limit `json:"overrides"` // a number, or "unlimited"
+	Status    *string                 `json:"status"`
 }
 
 // TenantJSON is a tenant as the admin API shows it.
@@ -66,14 +66,14 @@ func (s *Server) validateTenantFields(r TenantRequest) error {
 
 // checkKeyLimits refuses limits that turn key limits off while the tenant limit is on:
 // one unlimited key could then spend the whole tenant's bucket.
-func (s *Server) checkKeyLimits(plan string, overrides map[string]float64) error {
+func (s *Server) checkKeyLimits(plan string, overrides map[string]quotas.Limit) error {
 	eff, err := s.Plans.Effective(plan, overrides)
 	if err != nil {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%v.", err)
 	}
-	if eff[quotas.KeyRate] == 0 && eff[quotas.TenantRate] > 0 {
+	if quotas.KeyLimitsOffAlone(eff) {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest,
-			"overrides: key_rate 0 disables key limits while tenant_rate is on; set tenant_rate to 0 too, or keep a key_rate.")
+			"overrides: key_rate unlimited disables key limits while tenant_rate is on; set tenant_rate to unlimited too, or keep a key_rate.")
 	}
 	return nil
 }
@@ -189,7 +189,7 @@ func (s *Server) updateTenant(c echo.Context) error {
 	s.invalidate(ctx, "t:"+id)
 	tj := s.tenantJSON(t)
 	if limits, err := s.Plans.Effective(t.Plan, t.Overrides); err == nil {
-		if err := s.Queue.Configure(ctx, t.ID, tj.EffectiveWeight, int(limits[quotas.Running])); err != nil {
+		if err := s.Queue.Configure(ctx, t.ID, tj.EffectiveWeight, quotas.RunningCap(limits)); err != nil {
 			s.log.Warn("applying new weight/cap to the queued backlog failed; it applies at the next submission", "tenant_id", id, "err", err)
 		}
 	}
@@ -303,10 +303,10 @@ func (s *Server) revokeKey(c echo.Context) error {
 
 // PlanJSON is a plan as the admin API shows it.
 type PlanJSON struct {
-	Name   string             `json:"name"`
-	Weight int                `json:"weight"`
-	Limits map[string]float64 `json:"limits"`
-	Budget quotas.Budget      `json:"budget"`
+	Name   string                  `json:"name"`
+	Weight int                     `json:"weight"`
+	Limits map[string]quotas.Limit `json:"limits"` // a number, or "unlimited"
+	Budget quotas.Budget           `json:"budget"`
 }
 
 func (s *Server) listPlans(c echo.Context) error {

@@ -26,7 +26,7 @@ var policyName = map[string]string{
 }
 
 // limitsFor returns the tenant's effective limits.
-func (s *Server) limitsFor(t store.Tenant) (map[string]float64, quotas.Limits, error) {
+func (s *Server) limitsFor(t store.Tenant) (map[string]quotas.Limit, quotas.Limits, error) {
 	eff, err := s.Plans.Effective(t.Plan, t.Overrides)
 	if err != nil {
 		return nil, quotas.Limits{}, err
@@ -45,7 +45,7 @@ func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
 	binding := -1
 	bindingRatio := math.Inf(1)
 	for i, sc := range d.Scopes {
-		if sc.Limit <= 0 {
+		if sc.Limit < 0 { // off
 			continue
 		}
 		name := policyName[sc.Name]
@@ -59,11 +59,14 @@ func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
 		}
 		policy = append(policy, item)
 		state = append(state, fmt.Sprintf("%q;r=%d;t=%d", name, remaining, ceilSeconds(sc.Reset)))
-		ratio := float64(sc.Remaining) / sc.Limit
+		ratio := math.Inf(1) // a limit of 0 that admitted this binds nothing (a $0 quota)
+		if sc.Limit > 0 {
+			ratio = float64(sc.Remaining) / sc.Limit
+		}
 		if sc.Violated {
 			ratio = -1 + float64(i)*1e-9 // a violated scope binds
 		}
-		if ratio < bindingRatio {
+		if ratio < bindingRatio || binding < 0 {
 			binding, bindingRatio = i, ratio
 		}
 	}
@@ -153,7 +156,7 @@ func (s *Server) refusal(d quotas.Decision, t store.Tenant) *APIError {
 		}
 		msg := concurrencyMessage(conc)
 		if next, ok := s.Plans.NextLimit(conc.Name, conc.Limit); ok && conc.Name == quotas.ConcurrentSessions {
-			msg += fmt.Sprintf(", or upgrade for %g concurrent", next)
+			msg += fmt.Sprintf(", or upgrade for %v concurrent", next)
 		}
 		e := apiErr(http.StatusTooManyRequests, "CONCURRENCY_LIMIT_EXCEEDED", "%s.", msg)
 		e.Extra = map[string]any{"limit_type": conc.Name, "retry_after_seconds": retryAfter(d), "tenant_id": t.ID,
@@ -220,13 +223,13 @@ const (
 
 type requestLimitsVal struct {
 	t      store.Tenant
-	eff    map[string]float64
+	eff    map[string]quotas.Limit
 	limits quotas.Limits
 }
 
 // requestLimits returns the caller's tenant and effective limits, worked out once per
 // request.
-func (s *Server) requestLimits(c echo.Context) (store.Tenant, map[string]float64, quotas.Limits, error) {
+func (s *Server) requestLimits(c echo.Context) (store.Tenant, map[string]quotas.Limit, quotas.Limits, error) {
 	if v, ok := c.Get(ctxKeyLimits).(requestLimitsVal); ok {
 		return v.t, v.eff, v.limits, nil
 	}

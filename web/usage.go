@@ -11,7 +11,7 @@ import (
 )
 
 // LimitUsage is one limit in GET /v1/usage. Limit and Remaining are null when the
-// limit is off (0 in the plan: unlimited).
+// limit is off ("unlimited"); a limit of 0 shows as 0.
 type LimitUsage struct {
 	Limit     *float64   `json:"limit"`
 	Used      float64    `json:"used"`
@@ -70,11 +70,13 @@ func (s *Server) usage(c echo.Context) error {
 		return admissionFailure(err)
 	}
 	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}}
-	limitOf := map[string]float64{}
+	limitOf := map[string]quotas.Limit{}
 	for _, name := range quotas.LimitTypes {
-		limitOf[name] = eff[name]
+		limitOf[name] = quotas.Unlimited // a limit the plan leaves out is off
+		if v, ok := eff[name]; ok {
+			limitOf[name] = v
+		}
 	}
-	limitOf[quotas.USDMonthly] = eff[quotas.USDMonthly]
 	periodS := int64(period.End.Sub(period.Start).Seconds())
 	for _, sc := range d.Scopes {
 		used := sc.Used
@@ -82,11 +84,11 @@ func (s *Server) usage(c echo.Context) error {
 			used /= 1e6
 		}
 		lu := LimitUsage{Used: round(used), Unit: units[sc.Name]}
-		if l := limitOf[sc.Name]; l > 0 {
-			lu.Limit = ptr(l)
+		if l := limitOf[sc.Name]; !l.Off() {
+			lu.Limit = ptr(float64(l))
 			rem := float64(sc.Remaining)
 			if sc.Name == quotas.USDMonthly {
-				rem = math.Max(0, l-used)
+				rem = math.Max(0, float64(l)-used)
 			}
 			lu.Remaining = ptr(round(rem))
 		}
@@ -103,8 +105,8 @@ func (s *Server) usage(c echo.Context) error {
 		}
 		rep.Limits[sc.Name] = lu
 	}
-	// Limits the script does not report: off (0), or enforced elsewhere (running caps
-	// are enforced by the dispatcher).
+	// Limits the script does not report: off, or enforced elsewhere (running caps are
+	// enforced by the dispatcher).
 	for _, name := range quotas.LimitTypes {
 		if _, ok := rep.Limits[name]; ok {
 			continue
@@ -114,12 +116,15 @@ func (s *Server) usage(c echo.Context) error {
 			lu.Used = float64(running)
 		}
 		if name == quotas.InflightRequests { // this request included
-			limitOf[name] = float64(quotas.InflightLimit(eff))
+			limitOf[name] = quotas.Limit(quotas.InflightLimit(eff))
+			if limitOf[name] == 0 {
+				limitOf[name] = quotas.Unlimited
+			}
 			lu.Used = float64(inflightSlot(c).Held)
 		}
-		if l := limitOf[name]; l > 0 {
-			lu.Limit = ptr(l)
-			lu.Remaining = ptr(math.Max(0, l-lu.Used))
+		if l := limitOf[name]; !l.Off() {
+			lu.Limit = ptr(float64(l))
+			lu.Remaining = ptr(math.Max(0, float64(l)-lu.Used))
 		}
 		rep.Limits[name] = lu
 	}

@@ -67,7 +67,7 @@ func adminCmd() *cobra.Command {
 				if _, ok := plans.Plan(plan); !ok {
 					return fmt.Errorf("unknown plan %q (plans: %s)", plan, strings.Join(plans.Names(), ", "))
 				}
-				var ov map[string]float64
+				var ov map[string]quotas.Limit
 				if overrides != "" {
 					if err := json.Unmarshal([]byte(overrides), &ov); err != nil {
 						return fmt.Errorf("--overrides: %w", err)
@@ -95,7 +95,7 @@ func adminCmd() *cobra.Command {
 	tenantCreate.Flags().StringVar(&name, "name", "", "display name (default: the id)")
 	tenantCreate.Flags().StringVar(&plan, "plan", "free", "plan name")
 	tenantCreate.Flags().IntVar(&weight, "weight", 0, "fair-share weight (default: the plan's)")
-	tenantCreate.Flags().StringVar(&overrides, "overrides", "", `limit overrides as JSON, e.g. {"tenant_rate":5}`)
+	tenantCreate.Flags().StringVar(&overrides, "overrides", "", `limit overrides as JSON: a number is the limit (0 allows nothing), "unlimited" turns it off, e.g. {"tenant_rate":5,"usd_monthly":"unlimited"}`)
 	_ = tenantCreate.MarkFlagRequired("id")
 
 	tenantList := &cobra.Command{

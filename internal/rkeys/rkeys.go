@@ -119,7 +119,7 @@ func (k Keys) AsynqQueue(band string) string { return k.prefix + band }
 //	t              tenant_rate bucket (GCRA theoretical arrival time, ms)
 //	k:<kid>        key_rate bucket of an API key (named by kid, never the secret)
 //	a:<kid>:<agt>  key_agent_rate bucket
-//	u:<user>       user_tasks_hourly bucket; nu counts these fields (capped)
+//	u:\x00overflow the user_tasks_hourly bucket users beyond the cap share
 //	tok:<period>   AI tokens in a billing period; usd:<period> micro-dollars
 //	x, per         expiry and period marks
 func (k Keys) AdmissionState(tenant string) string { return k.tenantTag(tenant) + ":adm:" + tenant }
@@ -137,6 +137,15 @@ func (k Keys) LongRunning(tenant string) string { return k.tenantTag(tenant) + "
 // InflightRequests is the ZSET of the tenant's open HTTP requests, event streams
 // included (request id → lease expiry ms): the inflight_requests limit.
 func (k Keys) InflightRequests(tenant string) string { return k.tenantTag(tenant) + ":req:" + tenant }
+
+// PendingQueue is the ZSET of the tenant's tasks admitted and not yet pushed to their
+// queue (task id → expiry ms), which queue_backlog counts with the queue.
+func (k Keys) PendingQueue(tenant string) string { return k.tenantTag(tenant) + ":pend:" + tenant }
+
+// UserBuckets is the ZSET of the tenant's user_tasks_hourly buckets: "u:<user>" scored
+// by the bucket's GCRA theoretical arrival time (ms), which is also when it is full
+// again; capped at quotas.MaxUsersPerTenant members.
+func (k Keys) UserBuckets(tenant string) string { return k.tenantTag(tenant) + ":users:" + tenant }
 
 // APIReplicas is the ZSET of live API replicas (id → heartbeat expiry ms); the degraded
 // mode divides rate limits by its size.

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/agentq/agentq/quotas"
 )
 
 // Errors callers match with errors.Is.
@@ -56,14 +58,14 @@ func isForeignKeyViolation(err error) bool {
 
 // Tenant is a customer of the deployment.
 type Tenant struct {
-	ID        string             `json:"id"`
-	Name      string             `json:"name"`
-	Plan      string             `json:"plan"`
-	Weight    *int               `json:"weight"`
-	Overrides map[string]float64 `json:"overrides"`
-	Status    string             `json:"status"`
-	CreatedAt time.Time          `json:"created_at"`
-	UpdatedAt time.Time          `json:"updated_at"`
+	ID        string                  `json:"id"`
+	Name      string                  `json:"name"`
+	Plan      string                  `json:"plan"`
+	Weight    *int                    `json:"weight"`
+	Overrides map[string]quotas.Limit `json:"overrides"`
+	Status    string                  `json:"status"`
+	CreatedAt time.Time               `json:"created_at"`
+	UpdatedAt time.Time               `json:"updated_at"`
 }
 
 const tenantCols = `id, name, plan, weight, overrides, status, created_at, updated_at`
@@ -77,7 +79,7 @@ func scanTenant(row pgx.Row) (Tenant, error) {
 		}
 		return t, err
 	}
-	t.Overrides = map[string]float64{}
+	t.Overrides = map[string]quotas.Limit{}
 	if err := json.Unmarshal(ov, &t.Overrides); err != nil {
 		return t, fmt.Errorf("store: tenant %s overrides: %w", t.ID, err)
 	}
@@ -90,7 +92,7 @@ type CreateTenantParams struct {
 	Name      string
 	Plan      string
 	Weight    *int
-	Overrides map[string]float64
+	Overrides map[string]quotas.Limit
 }
 
 // CreateTenant inserts a tenant; ErrConflict if the id is taken.
@@ -126,7 +128,7 @@ type UpdateTenantParams struct {
 	Name      *string
 	Plan      *string
 	Weight    *int
-	Overrides map[string]float64
+	Overrides map[string]quotas.Limit
 	Status    *string
 }
 

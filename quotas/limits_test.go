@@ -1,0 +1,490 @@
+package quotas
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"gopkg.in/yaml.v3"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+// --- 0 is a limit, unlimited is off ---------------------------------------------------
+
+func TestLimitReadsAndWritesNumbersAndUnlimited(t *testing.T) {
+	var ov map[string]Limit
+	in := `{"tenant_rate":5,"usd_monthly":"unlimited","ai_tokens_monthly":0}`
+	if err := json.Unmarshal([]byte(in), &ov); err != nil {
+		t.Fatal(err)
+	}
+	if ov[TenantRate] != 5 || !ov[USDMonthly].Off() || ov[AITokensMonthly] != 0 || ov[AITokensMonthly].Off() {
+		t.Fatalf("decoded %v", ov)
+	}
+	out, _ := json.Marshal(ov)
+	if string(out) != `{"ai_tokens_monthly":0,"tenant_rate":5,"usd_monthly":"unlimited"}` {
+		t.Fatalf("encoded %s", out)
+	}
+	y, _ := yaml.Marshal(ov)
+	var back map[string]Limit
+	if err := yaml.Unmarshal(y, &back); err != nil || back[USDMonthly] != Unlimited || back[TenantRate] != 5 {
+		t.Fatalf("yaml round trip %q: %v %v", y, back, err)
+	}
+	for _, bad := range []string{`{"x":-1}`, `{"x":"lots"}`, `{"x":null}`, `{"x":true}`} {
+		if err := json.Unmarshal([]byte(bad), &ov); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	for name, ov := range map[string]map[string]Limit{
+		"burst unlimited": {"tenant_rate_burst": Unlimited}, "burst 0": {"tenant_rate_burst": 0},
+		"running 0": {Running: 0}, "negative": {TenantRate: -2},
+	} {
+		if ValidateOverrides(ov) == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+	if err := ValidateOverrides(map[string]Limit{USDMonthly: 0, Running: Unlimited, ConcurrentSessions: 0}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCatalogueZeroIsZeroUnlimitedIsOff(t *testing.T) {
+	c, err := LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, _ := c.Effective("free", nil)
+	if l := LimitsOf(free); l.USDMonthlyMicro != 0 || l.KeyAgentRate != Off || l.LongRunning != 0 {
+		t.Fatalf("free: usd %d (want a $0 limit), key-agent %v (want off), long-running %d", l.USDMonthlyMicro, l.KeyAgentRate, l.LongRunning)
+	}
+	ent, _ := c.Effective("enterprise", map[string]Limit{ConcurrentSessions: 0})
+	if l := LimitsOf(ent); l.TokensMonthly != Off || l.USDMonthlyMicro != Off || l.Sessions != 0 {
+		t.Fatalf("enterprise: tokens %d usd %d (want off), sessions %d (want 0)", l.TokensMonthly, l.USDMonthlyMicro, l.Sessions)
+	}
+	if l := LimitsOf(map[string]Limit{}); l != NoLimits() {
+		t.Fatalf("limits a map leaves out are off: %+v", l)
+	}
+	// unlimited beats any number in "upgrade for N"
+	if next, ok := c.NextLimit(AITokensMonthly, 20_000_000); !ok || !next.Off() {
+		t.Fatalf("next after 20M tokens: %v %v, want unlimited", next, ok)
+	}
+	if next, ok := c.NextLimit(ConcurrentSessions, 3); !ok || next != 20 {
+		t.Fatalf("next after 3 sessions: %v %v", next, ok)
+	}
+	if _, ok := c.NextLimit(USDMonthly, 1e9); !ok {
+		t.Fatal("enterprise's unlimited usd is above any number")
+	}
+	// the environment keeps "0 disables"
+	zero := 0.0
+	if err := c.ApplyGlobals(Globals{KeyRPS: &zero, TenantRPS: &zero, TenantMaxInflight: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := c.Plan("pro"); !p.Limits[KeyRate].Off() || !p.Limits[ConcurrentSessions].Off() {
+		t.Fatalf("AGENTQ_RATE_KEY_RPS=0 / AGENTQ_TENANT_MAX_INFLIGHT=0 must turn the limits off: %v", p.Limits)
+	}
+	doc := "plans:\n  p:\n    limits: {key_rate: unlimited, tenant_rate: 5}\n"
+	c, _ = ParseCatalogue([]byte(doc))
+	if err := c.ApplyGlobals(Globals{}); err == nil || !strings.Contains(err.Error(), "disables key limits") {
+		t.Fatalf("key_rate unlimited with a tenant rate: %v", err)
+	}
+}
+
+func TestZeroLimitsRefuseUnlimitedOnesDoNot(t *testing.T) {
+	f := newQ(t)
+	zeroSessions := NoLimits()
+	zeroSessions.Sessions = 0
+	for range 2 {
+		if d := f.admitExact(zeroSessions); d.Allowed || !slices.Equal(d.Violated, []string{ConcurrentSessions}) {
+			t.Fatalf("concurrent_sessions 0: allowed %v, violated %v", d.Allowed, d.Violated)
+		}
+	}
+	zeroRate := NoLimits()
+	zeroRate.TenantRate = 0
+	d := f.admitExact(zeroRate)
+	if d.Allowed || !slices.Equal(d.Violated, []string{TenantRate}) || d.scope(TenantRate).RetryAfter <= 0 {
+		t.Fatalf("tenant_rate 0: %+v", d)
+	}
+	zeroBacklog := NoLimits()
+	zeroBacklog.Backlog = 0
+	if d := f.admitExact(zeroBacklog); !slices.Equal(d.Violated, []string{QueueBacklog}) {
+		t.Fatalf("queue_backlog 0: %v", d.Violated)
+	}
+	// every limit off: admitted, and the peek tells 0 from off
+	if d := f.admitExact(NoLimits()); !d.Allowed {
+		t.Fatalf("no limits: %v", d.Violated)
+	}
+	peekL := NoLimits()
+	peekL.USDMonthlyMicro = 0
+	pk := f.admitExact(peekL, func(p *AdmitParams) { p.Mode = ModePeek })
+	if pk.scope(USDMonthly).Limit != 0 || pk.scope(AITokensMonthly).Limit != Off {
+		t.Fatalf("peek: usd limit %v (want 0), tokens limit %v (want off)", pk.scope(USDMonthly).Limit, pk.scope(AITokensMonthly).Limit)
+	}
+}
+
+func TestZeroUSDQuotaRefusesStepsThatCost(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := NoLimits()
+	l.USDMonthlyMicro = 0
+	p := StepParams{TenantID: "acme", Period: f.period(), Limits: l}
+	// a step nobody knows the cost of (the first of a task) runs ...
+	if err := f.q.ReserveStep(ctx, p); err != nil {
+		t.Fatalf("first step under $0: %v", err)
+	}
+	// ... it cost $0.01; the task's next step reserves that much and is refused
+	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), CostMicro: 10_000}); err != nil {
+		t.Fatal(err)
+	}
+	p.CostMicro = 10_000
+	var qe *QuotaExceeded
+	if err := f.q.ReserveStep(ctx, p); !errors.As(err, &qe) || qe.LimitType != USDMonthly || qe.Limit != 0 {
+		t.Fatalf("a step that costs money under a $0 quota: %v", err)
+	}
+	// steps that cost nothing still run, and tasks are still admitted
+	p.CostMicro = 0
+	for range 3 {
+		if err := f.q.ReserveStep(ctx, p); err != nil {
+			t.Fatalf("a step that costs nothing under a $0 quota: %v", err)
+		}
+	}
+	if d := f.admitExact(l); !d.Allowed {
+		t.Fatalf("admission under a $0 quota: %v", d.Violated)
+	}
+	// a 0 token quota behaves the same; an unlimited one never refuses
+	l.TokensMonthly = 0
+	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Limits: l, Tokens: 1}); !errors.As(err, &qe) || qe.LimitType != AITokensMonthly {
+		t.Fatalf("a step estimated at 1 token under a 0 token quota: %v", err)
+	}
+	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits(), Tokens: 1e9, CostMicro: 1e12}); err != nil {
+		t.Fatalf("unlimited quotas: %v", err)
+	}
+}
+
+// --- monthly counters across the period boundary -------------------------------------
+
+func TestMonthlyQuotaSurvivesThePeriodBoundary(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := NoLimits()
+	l.TokensMonthly = 6000
+	old := f.period()
+	next := PeriodAt(old.Start, old.End) // the following period
+	if next.ID <= old.ID {
+		t.Fatalf("periods %s, %s", old.ID, next.ID)
+	}
+	// two tasks, one started before the boundary (old period), one after, alternate
+	// steps of 1,000 tokens each
+	let := 0
+	for i := range 20 {
+		per := next
+		if i%2 == 0 {
+			per = old
+		}
+		if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: per, Limits: l, Tokens: 1000}); err == nil {
+			let++
+		}
+	}
+	// the first step (old period) goes in alone; after the new period began, at most
+	// 6,000 tokens in it
+	if let > 7 {
+		t.Fatalf("%d steps of 1,000 tokens passed a 6,000 token limit", let)
+	}
+	// a late settlement of the old period books into the newest one, never below 0
+	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: old, Tokens: -1000}); err != nil {
+		t.Fatal(err)
+	}
+	h := f.rdb.HGetAll(ctx, f.keys.AdmissionState("acme")).Val()
+	if h["per"] != next.ID || h["tok:"+old.ID] != "" || h["tok:"+next.ID] != "5000" {
+		t.Fatalf("state after the boundary: %v", h)
+	}
+}
+
+// --- queue_backlog under concurrent admissions ---------------------------------------
+
+func TestQueueBacklogHoldsUnderConcurrentAdmissions(t *testing.T) {
+	f := newQ(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f.q.Start(ctx, 2*time.Second) // coalesced, as the API runs it
+	defer f.q.Stop()
+	l := NoLimits()
+	l.Backlog = 5
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var admitted []string
+	for i := range 40 {
+		wg.Go(func() {
+			id := fmt.Sprintf("task-%d", i)
+			d, err := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: id, InScope: true, Limits: l, Period: f.period()})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.Allowed {
+				mu.Lock()
+				admitted = append(admitted, id)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(admitted) != 5 {
+		t.Fatalf("%d of 40 concurrent submissions admitted with a backlog of 5", len(admitted))
+	}
+	// pushed to the queue: counted there instead, not twice
+	for i, id := range admitted {
+		f.rdb.ZAdd(ctx, f.keys.TenantQueue("acme"), redis.Z{Score: float64(i), Member: id})
+		if err := f.q.Enqueued(ctx, "acme", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pk, _ := f.q.Admit(ctx, AdmitParams{Mode: ModePeek, TenantID: "acme", Kid: "k", Limits: l, Period: f.period()})
+	if pk.scope(QueueBacklog).Used != 5 {
+		t.Fatalf("backlog after the push: %v, want 5", pk.scope(QueueBacklog).Used)
+	}
+	// one leaves the queue; a refused insert gives its place back (Release); an
+	// admission whose caller died stops counting after PendingTTL
+	f.rdb.ZRem(ctx, f.keys.TenantQueue("acme"), admitted[0])
+	d, _ := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "late", InScope: true, Limits: l, Period: f.period()})
+	if !d.Allowed {
+		t.Fatalf("room for one: %v", d.Violated)
+	}
+	if d, _ := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "later", InScope: true, Limits: l, Period: f.period()}); d.Allowed {
+		t.Fatal("an admitted, not yet queued task was not counted")
+	}
+	if _, err := f.q.Release(ctx, "acme", "late"); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "dies", InScope: true, Limits: l, Period: f.period()}); !d.Allowed {
+		t.Fatal("a released admission still counts")
+	}
+	f.advance(PendingTTL + time.Second)
+	if d, _ := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "after", InScope: true, Limits: l, Period: f.period()}); !d.Allowed {
+		t.Fatal("an admission whose caller died still counts after PendingTTL")
+	}
+	if ttl := f.rdb.PTTL(ctx, f.keys.PendingQueue("acme")).Val(); ttl <= 0 || ttl > PendingTTL {
+		t.Fatalf("pending set TTL %v", ttl)
+	}
+}
+
+// --- bounded cost of the user buckets -------------------------------------------------
+
+func TestUsersBeyondTheCapShareTheOverflowBucket(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := NoLimits()
+	l.UserHourly, l.UserBurst = 2, 2
+	user := func(u string) func(*AdmitParams) { return func(p *AdmitParams) { p.User = u } }
+	for i := range MaxUsersPerTenant {
+		if !f.admitExact(l, user(fmt.Sprintf("user-%d", i))).Allowed {
+			t.Fatalf("user %d refused", i)
+		}
+	}
+	if n := f.rdb.ZCard(ctx, f.keys.UserBuckets("acme")).Val(); n != MaxUsersPerTenant {
+		t.Fatalf("%d user buckets", n)
+	}
+	// two new users share the overflow bucket of 2
+	if !f.admitExact(l, user("new-a")).Allowed || !f.admitExact(l, user("new-b")).Allowed || f.admitExact(l, user("new-c")).Allowed {
+		t.Fatal("users beyond the cap do not share one bucket of 2")
+	}
+	// a known user keeps its own bucket
+	if !f.admitExact(l, user("user-7")).Allowed {
+		t.Fatal("a tracked user was refused")
+	}
+	// when buckets are full again, their users are dropped and new users get their own
+	f.advance(time.Hour + time.Second)
+	for _, u := range []string{"new-a", "new-b", "new-c"} {
+		if d := f.admitExact(l, user(u)); !d.Allowed {
+			t.Fatalf("%s after capacity returned: %v", u, d.Violated)
+		}
+	}
+	if n := f.rdb.ZCard(ctx, f.keys.UserBuckets("acme")).Val(); n != 3 {
+		t.Fatalf("%d user buckets after the idle ones went, want 3", n)
+	}
+	if ttl := f.rdb.PTTL(ctx, f.keys.UserBuckets("acme")).Val(); ttl <= 0 {
+		t.Fatal("the user bucket set has no TTL")
+	}
+}
+
+// With MaxUsersPerTenant users tracked, a new user's admission (the overflow path)
+// must cost what a known user's does: run with -bench NewUserAtCap.
+func BenchmarkNewUserAtCap(b *testing.B) {
+	f := &qfix{now: time.Date(2026, 11, 30, 10, 30, 0, 0, time.UTC).UnixMilli()}
+	rdb, keys := testenv.Redis(b, 1)
+	f.rdb, f.keys, f.q = rdb, keys, New(rdb, keys, f.clock)
+	l := NoLimits()
+	l.UserHourly, l.UserBurst = 1, 1
+	ctx := context.Background()
+	run := func(u string) {
+		if _, err := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", User: u, TaskID: u, InScope: true, Limits: l, Period: f.period()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range MaxUsersPerTenant { // every bucket live: none can be dropped
+		run(fmt.Sprintf("live-%d", i))
+	}
+	b.Run("known-user", func(b *testing.B) {
+		for b.Loop() {
+			run("live-1")
+		}
+	})
+	b.Run("new-user", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			run(fmt.Sprintf("new-%d", i))
+		}
+	})
+}
+
+// --- leases --------------------------------------------------------------------------
+
+func TestTouchLeasesKeepsQueuedAndLongRunningLeases(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := NoLimits()
+	l.Sessions, l.LongRunning = 10, 10
+	f.admitExact(l, func(p *AdmitParams) { p.TaskID, p.LongRunning = "queued-long", true })
+	f.admitExact(l, func(p *AdmitParams) { p.TaskID = "queued" })
+	// 5 h later (a lease lives 6 h) the janitor refreshes the queued tasks' leases,
+	// and both sets' lives with them (shortened here to see it)
+	f.advance(5 * time.Hour)
+	for _, k := range []string{f.keys.Sessions("acme"), f.keys.LongRunning("acme")} {
+		f.rdb.PExpire(ctx, k, time.Minute)
+	}
+	n, err := f.q.TouchLeases(ctx, "acme", []string{"queued-long", "queued", "not-leased"})
+	if err != nil || n != 3 {
+		t.Fatalf("touched %d leases (%v), want 3", n, err)
+	}
+	for _, k := range []string{f.keys.Sessions("acme"), f.keys.LongRunning("acme")} {
+		if ttl := f.rdb.PTTL(ctx, k).Val(); ttl < leaseTTL-time.Minute {
+			t.Errorf("%s lives %v more after the refresh, want about %v", k, ttl, leaseTTL)
+		}
+	}
+	if f.rdb.ZScore(ctx, f.keys.Sessions("acme"), "not-leased").Err() != redis.Nil {
+		t.Fatal("a task without a lease got one")
+	}
+	// another 5 h: the refreshed leases still count
+	f.advance(5 * time.Hour)
+	one := NoLimits()
+	one.LongRunning = 1
+	if d := f.admitExact(one, func(p *AdmitParams) { p.LongRunning = true }); d.Allowed {
+		t.Fatal("the refreshed long-running lease expired")
+	}
+	// ages are on the script clock, not the process clock
+	s, lg, err := f.q.LeaseAges(ctx, "acme")
+	if err != nil || s["queued"] < 5*time.Hour-time.Second || s["queued"] > 5*time.Hour+time.Second || lg["queued-long"] < 5*time.Hour-time.Second {
+		t.Fatalf("lease ages %v %v (%v), want 5h", s, lg, err)
+	}
+	if err := f.q.AddLease(ctx, "acme", "readded", true); err != nil {
+		t.Fatal(err)
+	}
+	if sc := f.rdb.ZScore(ctx, f.keys.LongRunning("acme"), "readded").Val(); int64(sc) != f.clock()+leaseTTL.Milliseconds() {
+		t.Fatalf("re-added lease expires at %v, want now + TTL on the script clock (%d)", sc, f.clock()+leaseTTL.Milliseconds())
+	}
+}
+
+// agentq dev runs these scripts on an embedded miniredis (numbers as text, no struct
+// library): every path changed here must work there too.
+func TestScriptsOnEmbeddedRedis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	f := &qfix{t: t, rdb: rdb, keys: rkeys.New("mr:", 1), now: time.Date(2026, 11, 30, 10, 30, 0, 0, time.UTC).UnixMilli()}
+	f.q = New(rdb, f.keys, f.clock)
+	ctx := context.Background()
+	l := NoLimits()
+	l.UserHourly, l.UserBurst = 1, 1
+	for i := range MaxUsersPerTenant + 1 {
+		f.admitExact(l, func(p *AdmitParams) { p.User = fmt.Sprint("u", i) })
+	}
+	if !f.q.textNums {
+		t.Fatal("miniredis was not detected as lacking struct")
+	}
+	if d := f.admitExact(l, func(p *AdmitParams) { p.User = "beyond" }); !slices.Equal(d.Violated, []string{UserTasksHourly}) {
+		t.Fatalf("overflow bucket on miniredis: %+v", d)
+	}
+	f.advance(time.Hour + time.Second)
+	if d := f.admitExact(l, func(p *AdmitParams) { p.User = "fresh" }); !d.Allowed {
+		t.Fatalf("after an hour on miniredis: %v", d.Violated)
+	}
+	b := NoLimits()
+	b.Backlog, b.Sessions, b.LongRunning = 3, 10, 10
+	for range 3 {
+		f.admitExact(b, func(p *AdmitParams) { p.LongRunning = true })
+	}
+	if d := f.admitExact(b); !slices.Equal(d.Violated, []string{QueueBacklog}) {
+		t.Fatalf("backlog of 3 with 3 admitted, not queued, on miniredis: %v", d.Violated)
+	}
+	_ = f.q.Enqueued(ctx, "acme", fmt.Sprintf("task-%d", f.n-1))
+	if d := f.admitExact(b); !d.Allowed {
+		t.Fatalf("after Enqueued on miniredis: %v", d.Violated)
+	}
+	z := NoLimits()
+	z.USDMonthlyMicro = 0
+	var qe *QuotaExceeded
+	old := f.period()
+	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: PeriodAt(old.Start, old.End), Limits: z}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: old, CostMicro: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: old, Limits: z, CostMicro: 5}); !errors.As(err, &qe) || qe.Used != 5 {
+		t.Fatalf("$0 quota on miniredis: %v", err)
+	}
+	f.advance(time.Minute)
+	if n, err := f.q.TouchLeases(ctx, "acme", []string{fmt.Sprintf("task-%d", f.n-2)}); err != nil || n != 2 {
+		t.Fatalf("touch on miniredis: %d %v", n, err)
+	}
+	if err := f.q.AddLease(ctx, "acme", "x", true); err != nil {
+		t.Fatal(err)
+	}
+	if s, _, err := f.q.LeaseAges(ctx, "acme"); err != nil || s["x"] != 0 {
+		t.Fatalf("lease ages on miniredis: %v %v", s, err)
+	}
+}
+
+// Without Redis the in-process fallback keeps 0 a limit and unlimited off.
+func TestDegradedModeKeepsZeroLimits(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 20 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	g := NewGuard(New(dead, rkeys.New("dead:", 1), nil), GuardOptions{Timeout: 20 * time.Millisecond})
+	p := AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "t", InScope: true, Limits: NoLimits()}
+	if d, err := g.Admit(context.Background(), p); err != nil || !d.Allowed || !d.Degraded {
+		t.Fatalf("every limit off, degraded: %+v %v", d, err)
+	}
+	p.Limits.Sessions = 0
+	if d, _ := g.Admit(context.Background(), p); d.Allowed || !slices.Equal(d.Violated, []string{ConcurrentSessions}) {
+		t.Fatalf("concurrent_sessions 0, degraded: %+v", d)
+	}
+	p.Limits = NoLimits()
+	p.Limits.TenantRate = 0
+	if d, _ := g.Admit(context.Background(), p); d.Allowed || !slices.Equal(d.Violated, []string{TenantRate}) {
+		t.Fatalf("tenant_rate 0, degraded: %+v", d)
+	}
+	p.Limits = NoLimits()
+	p.Limits.USDMonthlyMicro = 0
+	if _, err := g.Admit(context.Background(), p); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a $0 money quota fails closed without Redis: %v", err)
+	}
+}
+
+func TestPeriodIDsGrowWithTime(t *testing.T) {
+	anchor := time.Date(2026, 1, 31, 0, 0, 0, 0, time.UTC)
+	prev := PeriodAt(anchor, anchor)
+	for range 30 {
+		next := PeriodAt(anchor, prev.End)
+		if next.ID <= prev.ID || len(next.ID) != 8 || next.Start != prev.End {
+			t.Fatalf("period %s after %s", next.ID, prev.ID)
+		}
+		prev = next
+	}
+}
