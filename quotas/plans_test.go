@@ -69,7 +69,7 @@ func TestCatalogueBudgetsHaveDefaultsWithinCeilings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for plan, ceil := range map[string]TaskBudget{ // DESIGN §3 ceilings
+	for plan, ceil := range map[string]TaskBudget{ // the shipped ceilings
 		"free": {5, 60, 0.10}, "pro": {20, 300, 1}, "enterprise": {50, 1800, 10},
 	} {
 		p, _ := c.Plan(plan)
