@@ -5,12 +5,12 @@ package agentq
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -135,13 +135,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if tci <= 0 {
 		tci = 10 * time.Millisecond
 	}
-	secret := []byte(a.cfg.AgentSecret)
-	if len(secret) == 0 && a.cfg.Has(config.RoleWorker) {
-		secret = make([]byte, 32)
-		_, _ = rand.Read(secret)
-		a.log.Warn("AGENTQ_AGENT_SECRET is not set: HTTP agents get signatures from a random per-process key they cannot verify")
-	}
-	a.Agents.Remote = httpAgents(a.Store, secret)
+	a.Agents.Remote = httpAgents(a.Store, []byte(a.cfg.AgentSecret), a.log)
 	a.Worker = runtime.NewWorker(a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
@@ -227,8 +221,12 @@ func (a *App) Shutdown(ctx context.Context) error {
 }
 
 // httpAgents looks HTTP agents up in Postgres, caching each for a second so a step
-// does not cost a query and a PUT or DELETE reaches every replica within a second.
-func httpAgents(st *store.Store, secret []byte) func(ctx context.Context, name string) (runtime.Executor, bool, error) {
+// does not cost a query and a PUT, DELETE or secret rotation reaches every replica
+// within a second. Each agent's steps are signed with its own secret; an agent
+// registered before per-agent secrets (none stored) falls back to the deployment-wide
+// shared secret until it is rotated, and without one its steps fail.
+func httpAgents(st *store.Store, shared []byte, log *slog.Logger) func(ctx context.Context, name string) (runtime.Executor, bool, error) {
+	var warned sync.Map
 	type entry struct {
 		exec  runtime.Executor
 		found bool
@@ -245,6 +243,19 @@ func httpAgents(st *store.Store, secret []byte) func(ctx context.Context, name s
 		}
 		if err != nil {
 			return nil, false, err
+		}
+		secret := []byte(ag.SigningSecret)
+		if len(secret) == 0 {
+			secret = shared
+			if _, seen := warned.LoadOrStore(ag.Name, true); !seen {
+				if len(shared) > 0 {
+					log.Warn("HTTP agent has no signing secret of its own; its steps are signed with the shared AGENTQ_AGENT_SECRET until it is rotated",
+						"agent", ag.Name)
+				} else {
+					log.Error("HTTP agent has no signing secret and AGENTQ_AGENT_SECRET is not set: its steps fail until it is rotated",
+						"agent", ag.Name)
+				}
+			}
 		}
 		exec := &runtime.HTTPAgent{
 			Name: ag.Name, URL: ag.URL, Headers: ag.Headers, Secret: secret,

@@ -238,6 +238,10 @@ func corpus(task, kid string) []hostile {
 		hostile{name: "delete agent: NUL name", method: "DELETE", path: "/v1/admin/agents/%00", auth: "admin", status: inv, code: ir},
 		hostile{name: "delete agent: invalid UTF-8 name", method: "DELETE", path: "/v1/admin/agents/echo%FF", auth: "admin", status: inv, code: ir},
 		hostile{name: "delete agent: overlong name", method: "DELETE", path: "/v1/admin/agents/" + huge, auth: "admin", status: inv, code: ir},
+		hostile{name: "rotate agent secret: NUL name", method: "POST", path: "/v1/admin/agents/%00/rotate-secret", auth: "admin", status: inv, code: ir},
+		hostile{name: "rotate agent secret: invalid UTF-8 name", method: "POST", path: "/v1/admin/agents/echo%FF/rotate-secret", auth: "admin", status: inv, code: ir},
+		hostile{name: "rotate agent secret: control character name", method: "POST", path: "/v1/admin/agents/echo%07/rotate-secret", auth: "admin", status: inv, code: ir},
+		hostile{name: "rotate agent secret: tenant key", method: "POST", path: "/v1/admin/agents/echo/rotate-secret", auth: "key", status: un, code: ua},
 
 		// The request line.
 		hostile{name: "raw NUL in the path", method: "GET", path: "/v1/tasks/\x00", auth: "key", status: inv},

@@ -1,7 +1,6 @@
 package agentq_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -432,23 +431,6 @@ func TestJanitorKeepsTheSlotOfATaskDispatchedAfterItsSnapshot(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A first start on an empty Redis is logged as such, at info; a later loss of Redis's
 // data is a warning.

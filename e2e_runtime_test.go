@@ -20,8 +20,6 @@ import (
 	"github.com/agentq/agentq/runtime"
 )
 
-const agentSecret = "test-agent-secret"
-
 // echoAgent is a real HTTP agent: it counts steps in its state, reports usage and is
 // done after "steps" steps (or never with "forever"); "fail" answers that status,
 // "sleep_ms" sleeps before answering, "garbage" answers malformed JSON.
@@ -33,6 +31,7 @@ type echoAgent struct {
 	aborted  atomic.Int64
 	mu       sync.Mutex
 	headers  []http.Header
+	secret   atomic.Value // the signing secret the registration showed
 }
 
 func newEchoAgent(t *testing.T) *echoAgent {
@@ -40,7 +39,9 @@ func newEchoAgent(t *testing.T) *echoAgent {
 	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a.calls.Add(1)
 		body, _ := io.ReadAll(r.Body)
-		if !strings.HasPrefix(r.Header.Get(runtime.SignatureHeader), "t=") || !validSig(r.Header.Get(runtime.SignatureHeader), body) {
+		secret, _ := a.secret.Load().(string)
+		if runtime.Verify([]byte(secret), r.Method, r.RequestURI, r.Header.Get(runtime.TimestampHeader),
+			r.Header.Get(runtime.SignatureHeader), body, time.Now()) != nil {
 			a.badSig.Add(1)
 		}
 		a.mu.Lock()
@@ -93,32 +94,21 @@ func newEchoAgent(t *testing.T) *echoAgent {
 	return a
 }
 
-func validSig(h string, body []byte) bool {
-	parts := strings.Split(h, ",")
-	if len(parts) != 2 {
-		return false
-	}
-	ts := strings.TrimPrefix(parts[0], "t=")
-	var sec int64
-	for _, c := range ts {
-		sec = sec*10 + int64(c-'0')
-	}
-	return runtime.Sign([]byte(agentSecret), body, time.Unix(sec, 0)) == h
-}
-
 func startWithAgents(t *testing.T) (*harness, *echoAgent) {
 	agents := runtime.NewRegistry()
 	agents.Register("panicky", panicky{})
 	h := start(t, func(o *agentq.Options) {
-		o.Config.AgentSecret = agentSecret
 		o.Agents = agents
 	})
 	a := newEchoAgent(t)
-	var out map[string]any
+	var out struct {
+		SigningSecret string `json:"signing_secret"`
+	}
 	if st, _ := h.do("PUT", "/v1/admin/agents/echo", h.admin, map[string]any{"url": a.srv.URL + "/step", "step_timeout_s": 0.5,
-		"headers": map[string]string{"Authorization": "Bearer agent-token"}}, &out); st != 201 {
+		"headers": map[string]string{"Authorization": "Bearer agent-token"}}, &out); st != 201 || out.SigningSecret == "" {
 		t.Fatalf("PUT agent: %d %v", st, out)
 	}
+	a.secret.Store(out.SigningSecret)
 	return h, a
 }
 

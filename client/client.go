@@ -63,11 +63,18 @@ type Task struct {
 // Terminal reports whether the task has ended for good.
 func (t *Task) Terminal() bool { return IsTerminal(t.State) }
 
-// Budget is a task's budget (or a plan's default budget). 0 means no limit.
+// Budget is a task's budget: every field is a cap above 0.
 type Budget struct {
 	MaxSteps      int     `json:"max_steps"`
 	MaxWallclockS float64 `json:"max_wallclock_s"`
 	MaxCostUSD    float64 `json:"max_cost_usd"`
+}
+
+// PlanBudget is a plan's per-task budget: what a task gets for the fields it does not
+// ask for (Default) and the most it may ask for (Ceiling).
+type PlanBudget struct {
+	Default Budget `json:"default"`
+	Ceiling Budget `json:"ceiling"`
 }
 
 // Usage is what a task has used so far.
@@ -212,7 +219,7 @@ type Plan struct {
 	Name   string           `json:"name"`
 	Weight int              `json:"weight"`
 	Limits map[string]Limit `json:"limits"`
-	Budget Budget           `json:"budget"`
+	Budget PlanBudget       `json:"budget"`
 }
 
 // Error is a non-2xx answer. Use errors.As to get it.

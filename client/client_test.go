@@ -561,7 +561,7 @@ func TestAdmin(t *testing.T) {
 		case r.Method == http.MethodDelete:
 			reply(http.StatusNoContent, "")(w, r, 0)
 		case r.URL.Path == "/v1/admin/plans":
-			reply(http.StatusOK, `{"plans":[{"name":"free","weight":1,"limits":{"tenant_rate":5},"budget":{"max_steps":5,"max_wallclock_s":60,"max_cost_usd":0.1}}]}`)(w, r, 0)
+			reply(http.StatusOK, `{"plans":[{"name":"free","weight":1,"limits":{"tenant_rate":5},"budget":{"default":{"max_steps":5,"max_wallclock_s":60,"max_cost_usd":0.1},"ceiling":{"max_steps":5,"max_wallclock_s":60,"max_cost_usd":0.1}}}]}`)(w, r, 0)
 		default:
 			reply(http.StatusOK, tenant)(w, r, 0)
 		}
@@ -662,7 +662,7 @@ func TestAdmin(t *testing.T) {
 	}
 
 	plans, err := a.ListPlans(ctx)
-	if err != nil || len(plans) != 1 || plans[0].Budget.MaxSteps != 5 || plans[0].Limits["tenant_rate"] != 5 {
+	if err != nil || len(plans) != 1 || plans[0].Budget.Ceiling.MaxSteps != 5 || plans[0].Limits["tenant_rate"] != 5 {
 		t.Errorf("ListPlans = %+v, %v", plans, err)
 	}
 }

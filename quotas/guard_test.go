@@ -75,7 +75,7 @@ func newGuard(t *testing.T, cooldown time.Duration) *gfix {
 	return f
 }
 
-var keyOnly = Limits{KeyRate: 1000, KeyBurst: 1000}
+var keyOnly = limitsOn(func(l *Limits) { l.KeyRate = 1000; l.KeyBurst = 1000 })
 
 func (f *gfix) params(mode Mode, task string) AdmitParams {
 	return AdmitParams{Mode: mode, TenantID: "acme", Kid: "k1", TaskID: task, InScope: true, Limits: keyOnly,
@@ -209,7 +209,7 @@ func TestGuardReleasesTheLeaseOfATimedOutAdmission(t *testing.T) {
 	// 1. refused by the local bucket: the in-process key bucket is empty, Redis's is not
 	local := f.params(ModeAdmit, "local")
 	local.Kid = "k2" // a fresh key bucket
-	local.Limits = Limits{KeyRate: 0.001, KeyBurst: 1, Sessions: 10}
+	local.Limits = limitsOn(func(l *Limits) { l.KeyRate = 0.001; l.KeyBurst = 1; l.Sessions = 10 })
 	if d, _ := f.g.degraded(local); !d.Allowed {
 		t.Fatal("the local bucket refused its first token")
 	}
@@ -227,7 +227,7 @@ func TestGuardReleasesTheLeaseOfATimedOutAdmission(t *testing.T) {
 
 	// 2. a quota tenant fails closed (503): its lease goes back too
 	q := f.params(ModeAdmit, "closed")
-	q.Limits = Limits{KeyRate: 1000, KeyBurst: 1000, Sessions: 10, TokensMonthly: 1000}
+	q.Limits = limitsOn(func(l *Limits) { l.KeyRate = 1000; l.KeyBurst = 1000; l.Sessions = 10; l.TokensMonthly = 1000 })
 	f.hook.late.Store(1)
 	if _, err := f.g.Admit(ctx, q); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("timed-out admission of a quota tenant: %v, want ErrUnavailable", err)
@@ -239,7 +239,7 @@ func TestGuardReleasesTheLeaseOfATimedOutAdmission(t *testing.T) {
 
 	// 3. a degraded admission that is allowed keeps its lease: the task will be created
 	ok := f.params(ModeAdmit, "allowed")
-	ok.Limits = Limits{KeyRate: 1000, KeyBurst: 1000, Sessions: 10}
+	ok.Limits = limitsOn(func(l *Limits) { l.KeyRate = 1000; l.KeyBurst = 1000; l.Sessions = 10 })
 	f.hook.late.Store(1)
 	if d, err := f.g.Admit(ctx, ok); err != nil || !d.Allowed {
 		t.Fatalf("timed-out admission of a no-quota tenant: %+v %v", d, err)
@@ -248,4 +248,12 @@ func TestGuardReleasesTheLeaseOfATimedOutAdmission(t *testing.T) {
 	if !held("allowed") {
 		t.Fatal("the lease of an admitted task was released")
 	}
+}
+
+// limitsOn is NoLimits with the given limits turned on: a zero field of a Limits literal
+// is a limit of zero, not "off".
+func limitsOn(set func(*Limits)) Limits {
+	l := NoLimits()
+	set(&l)
+	return l
 }

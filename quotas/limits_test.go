@@ -91,8 +91,13 @@ func TestCatalogueZeroIsZeroUnlimitedIsOff(t *testing.T) {
 	if p, _ := c.Plan("pro"); !p.Limits[KeyRate].Off() || !p.Limits[ConcurrentSessions].Off() {
 		t.Fatalf("AGENTQ_RATE_KEY_RPS=0 / AGENTQ_TENANT_MAX_INFLIGHT=0 must turn the limits off: %v", p.Limits)
 	}
-	doc := "plans:\n  p:\n    limits: {key_rate: unlimited, tenant_rate: 5}\n"
-	c, _ = ParseCatalogue([]byte(doc))
+	doc := "plans:\n  p:\n    limits: {key_rate: unlimited, tenant_rate: 5}\n" +
+		"    budget:\n      default: {max_steps: 1, max_wallclock_s: 1, max_cost_usd: 1}\n" +
+		"      ceiling: {max_steps: 1, max_wallclock_s: 1, max_cost_usd: 1}\n"
+	c, err = ParseCatalogue([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.ApplyGlobals(Globals{}); err == nil || !strings.Contains(err.Error(), "disables key limits") {
 		t.Fatalf("key_rate unlimited with a tenant rate: %v", err)
 	}

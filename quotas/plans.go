@@ -41,11 +41,96 @@ var bursty = []string{KeyRate, TenantRate, KeyAgentRate, UserTasksHourly}
 //go:embed plans.yaml
 var defaultPlans []byte
 
-// Budget is a per-task budget; zero fields mean "no limit of this kind".
-type Budget struct {
+// TaskBudget is one task's budget. Every field is a cap and is above 0: a task
+// always runs with all three.
+type TaskBudget struct {
 	MaxSteps      int     `yaml:"max_steps" json:"max_steps"`
 	MaxWallclockS float64 `yaml:"max_wallclock_s" json:"max_wallclock_s"`
 	MaxCostUSD    float64 `yaml:"max_cost_usd" json:"max_cost_usd"`
+}
+
+// Budget is a plan's per-task budget: Default is what a task gets for the fields it
+// does not ask for, Ceiling the most it may ask for.
+type Budget struct {
+	Default TaskBudget `yaml:"default" json:"default"`
+	Ceiling TaskBudget `yaml:"ceiling" json:"ceiling"`
+}
+
+// MaxDefaultWallclock bounds a plan's default wall clock: a task that asks for
+// nothing is never long-running, so it is stopped at LongRunningThreshold at the
+// latest.
+const MaxDefaultWallclock = LongRunningThreshold
+
+// UnmarshalYAML reads budget: {default: {...}, ceiling: {...}} and names the flat
+// form of earlier catalogues (budget: {max_steps: ...}) instead of a bare
+// unknown-field error.
+func (b *Budget) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			switch k := n.Content[i].Value; k {
+			case "default", "ceiling":
+			case "max_steps", "max_wallclock_s", "max_cost_usd":
+				return fmt.Errorf("line %d: budget.%s: a budget has a default and a ceiling now: "+
+					"budget: {default: {max_steps, max_wallclock_s, max_cost_usd}, ceiling: {...}}", n.Content[i].Line, k)
+			default:
+				return fmt.Errorf("line %d: budget: unknown field %q (want default and ceiling)", n.Content[i].Line, k)
+			}
+		}
+	}
+	type plain Budget
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*b = Budget(p)
+	return nil
+}
+
+// validate checks that every field of the default and the ceiling is set, that the
+// default is within the ceiling, and that the default wall clock is not long-running.
+func (b Budget) validate() error {
+	for _, part := range []struct {
+		name string
+		tb   TaskBudget
+	}{{"default", b.Default}, {"ceiling", b.Ceiling}} {
+		switch tb := part.tb; {
+		case tb.MaxSteps < 1:
+			return fmt.Errorf("budget.%s.max_steps must be at least 1 (every task has a step cap)", part.name)
+		case !(tb.MaxWallclockS > 0) || math.IsInf(tb.MaxWallclockS, 0):
+			return fmt.Errorf("budget.%s.max_wallclock_s must be a number above 0 (every task has a wall clock cap)", part.name)
+		case !(tb.MaxCostUSD > 0) || math.IsInf(tb.MaxCostUSD, 0):
+			return fmt.Errorf("budget.%s.max_cost_usd must be a number above 0 (every task has a cost cap)", part.name)
+		}
+	}
+	d, c := b.Default, b.Ceiling
+	switch {
+	case d.MaxSteps > c.MaxSteps:
+		return fmt.Errorf("budget.default.max_steps %d is above the ceiling's %d", d.MaxSteps, c.MaxSteps)
+	case d.MaxWallclockS > c.MaxWallclockS:
+		return fmt.Errorf("budget.default.max_wallclock_s %g is above the ceiling's %g", d.MaxWallclockS, c.MaxWallclockS)
+	case d.MaxCostUSD > c.MaxCostUSD:
+		return fmt.Errorf("budget.default.max_cost_usd %g is above the ceiling's %g", d.MaxCostUSD, c.MaxCostUSD)
+	case d.MaxWallclockS > MaxDefaultWallclock.Seconds():
+		return fmt.Errorf("budget.default.max_wallclock_s %g is above %g: a task that asks for nothing must not be long-running",
+			d.MaxWallclockS, MaxDefaultWallclock.Seconds())
+	}
+	return nil
+}
+
+// Fill completes a stored task budget: a field that is not above 0 (a task stored
+// before every budget had all three fields) takes the plan's default, so no task runs
+// without a cap.
+func (b Budget) Fill(tb TaskBudget) TaskBudget {
+	if tb.MaxSteps < 1 {
+		tb.MaxSteps = b.Default.MaxSteps
+	}
+	if !(tb.MaxWallclockS > 0) {
+		tb.MaxWallclockS = b.Default.MaxWallclockS
+	}
+	if !(tb.MaxCostUSD > 0) {
+		tb.MaxCostUSD = b.Default.MaxCostUSD
+	}
+	return tb
 }
 
 // Plan is one entry of the catalogue.
@@ -95,6 +180,9 @@ func ParseCatalogue(data []byte) (*Catalogue, error) {
 		}
 		if p.Weight < 1 {
 			p.Weight = 1
+		}
+		if err := p.Budget.validate(); err != nil {
+			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
 		}
 		p.Name = name
 		c.plans[name] = p

@@ -63,3 +63,48 @@ func TestParseCatalogueRejectsBadFiles(t *testing.T) {
 		}
 	}
 }
+
+func TestCatalogueBudgetsHaveDefaultsWithinCeilings(t *testing.T) {
+	c, err := LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for plan, ceil := range map[string]TaskBudget{ // the shipped ceilings
+		"free": {5, 60, 0.10}, "pro": {20, 300, 1}, "enterprise": {50, 1800, 10},
+	} {
+		p, _ := c.Plan(plan)
+		if p.Budget.Ceiling != ceil || p.Budget.Default.MaxWallclockS > LongRunningThreshold.Seconds() {
+			t.Errorf("%s: budget %+v; want ceiling %+v and a default wall clock of at most 5 min", plan, p.Budget, ceil)
+		}
+	}
+	const ok = "{max_steps: 5, max_wallclock_s: 60, max_cost_usd: 1}"
+	doc := func(def, ceil string) string {
+		return "plans:\n  p:\n    limits: {tenant_rate: 5}\n    budget:\n      default: " + def + "\n      ceiling: " + ceil + "\n"
+	}
+	if _, err := ParseCatalogue([]byte(doc(ok, ok))); err != nil {
+		t.Fatalf("a sound budget refused: %v", err)
+	}
+	for name, tc := range map[string]struct{ doc, want string }{
+		"default steps above the ceiling": {doc("{max_steps: 6, max_wallclock_s: 60, max_cost_usd: 1}", ok), "budget.default.max_steps 6 is above the ceiling's 5"},
+		"default cost above the ceiling":  {doc("{max_steps: 5, max_wallclock_s: 60, max_cost_usd: 2}", ok), "max_cost_usd 2 is above the ceiling's 1"},
+		"default wall clock above 5 min": {doc("{max_steps: 5, max_wallclock_s: 301, max_cost_usd: 1}", "{max_steps: 5, max_wallclock_s: 900, max_cost_usd: 1}"),
+			"budget.default.max_wallclock_s 301 is above 300"},
+		"a ceiling field of 0":    {doc(ok, "{max_steps: 5, max_wallclock_s: 60, max_cost_usd: 0}"), "budget.ceiling.max_cost_usd must be a number above 0"},
+		"a default field missing": {doc("{max_steps: 5, max_cost_usd: 1}", ok), "budget.default.max_wallclock_s must be a number above 0"},
+		"no budget":               {"plans:\n  p:\n    limits: {tenant_rate: 5}\n", "budget.default.max_steps must be at least 1"},
+		"the earlier flat form":   {"plans:\n  p:\n    budget: {max_steps: 5, max_wallclock_s: 60, max_cost_usd: 1}\n", "a budget has a default and a ceiling now"},
+		"an unknown budget field": {"plans:\n  p:\n    budget: {defaults: {}}\n", `unknown field "defaults"`},
+	} {
+		_, err := ParseCatalogue([]byte(tc.doc))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want an error naming %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestFillGivesEveryFieldACap(t *testing.T) {
+	b := Budget{Default: TaskBudget{3, 30, 0.5}, Ceiling: TaskBudget{10, 600, 5}}
+	if got := b.Fill(TaskBudget{MaxSteps: 0, MaxWallclockS: -1, MaxCostUSD: 2}); got != (TaskBudget{3, 30, 2}) {
+		t.Fatalf("Fill = %+v", got)
+	}
+}

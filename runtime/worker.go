@@ -261,13 +261,6 @@ func (w *Worker) release(p wire.Payload, took time.Duration) {
 	}
 }
 
-// budget is a task's budget as stored on the task.
-type budget struct {
-	MaxSteps      int     `json:"max_steps"`
-	MaxWallclockS float64 `json:"max_wallclock_s"`
-	MaxCostUSD    float64 `json:"max_cost_usd"`
-}
-
 // Event is one message of a task's progress stream (GET /v1/tasks/{id}/events).
 type Event struct {
 	Type   string          `json:"type"` // "state" or "step"
@@ -360,9 +353,13 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		return requeue("reading the tenant failed", err)
 	}
 	limits := quotas.NoLimits()
+	var planBudget *quotas.Budget
 	if w.opts.Plans != nil {
 		if eff, err := w.opts.Plans.Effective(tenant.Plan, tenant.Overrides); err == nil {
 			limits = quotas.LimitsOf(eff)
+		}
+		if p, ok := w.opts.Plans.Plan(tenant.Plan); ok {
+			planBudget = &p.Budget
 		}
 	}
 	var exec Executor
@@ -382,12 +379,14 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	case err != nil:
 		return requeue("looking the agent up failed", err)
 	}
-	var b budget
-	_ = json.Unmarshal(task.Budget, &b)
-	var deadline time.Time
-	if b.MaxWallclockS > 0 && task.StartedAt != nil {
-		deadline = task.StartedAt.Add(time.Duration(b.MaxWallclockS * float64(time.Second)))
+	b := taskBudget(task.Budget, planBudget)
+	// The wall clock counts from the task's first start: a take-over or a requeue
+	// does not give it a fresh budget.
+	began := time.Now()
+	if task.StartedAt != nil {
+		began = *task.StartedAt
 	}
+	deadline := began.Add(time.Duration(b.MaxWallclockS * float64(time.Second)))
 	maxCostMicro := int64(math.Round(b.MaxCostUSD * 1e6))
 
 	taskCtx, cancel := context.WithCancelCause(ctx)
@@ -498,7 +497,20 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
 			return false
 		case err != nil:
+			// The tenant sees the agent, the step and the kind of failure; the
+			// detail (agent URL redacted) is for the operator.
+			var se *StepError
+			if errors.As(err, &se) {
+				log.Warn("agent step failed", "step", step, "kind", se.Kind, "attempts", se.Attempts, "detail", se.Detail)
+			}
 			finish(store.StateFailed, err.Error(), nil)
+			return false
+		}
+		if err := checkUsage(res.Usage); err != nil {
+			// Nothing of this step is billed: give the reservation back, record nothing.
+			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
+			log.Warn("agent reported unusable usage; failing the task", "step", step, "err", err)
+			finish(store.StateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, task.Agent, step, err), nil)
 			return false
 		}
 		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
@@ -539,6 +551,48 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			return false
 		}
 	}
+}
+
+// Bounds on what one step may report. A step beyond them is refused rather than
+// billed: it is far past any model's output, and the micro-dollar total must stay far
+// from the int64 range.
+const (
+	MaxStepTokens  = 100_000_000
+	MaxStepCostUSD = 100_000.0
+)
+
+// checkUsage refuses a step's usage that is negative, non-finite or above the per-step
+// bounds; the error names the field and what was wrong.
+func checkUsage(u StepUsage) error {
+	switch {
+	case u.Tokens < 0:
+		return fmt.Errorf("usage.tokens %d is negative", u.Tokens)
+	case u.Tokens > MaxStepTokens:
+		return fmt.Errorf("usage.tokens %d is above the per-step bound of %d", u.Tokens, MaxStepTokens)
+	case math.IsNaN(u.CostUSD) || math.IsInf(u.CostUSD, 0):
+		return fmt.Errorf("usage.cost_usd %v is not a finite number", u.CostUSD)
+	case u.CostUSD < 0:
+		return fmt.Errorf("usage.cost_usd %g is negative", u.CostUSD)
+	case u.CostUSD > MaxStepCostUSD:
+		return fmt.Errorf("usage.cost_usd %g is above the per-step bound of %g", u.CostUSD, MaxStepCostUSD)
+	}
+	return nil
+}
+
+// taskBudget reads a task's stored budget. Admission stores all three fields; a field
+// missing or not above 0 (a task stored by an earlier version, where 0 meant no cap)
+// takes the plan's default, or without a plan the long-running threshold for the wall
+// clock and no other cap beyond the tenant's quotas.
+func taskBudget(raw json.RawMessage, plan *quotas.Budget) quotas.TaskBudget {
+	var b quotas.TaskBudget
+	_ = json.Unmarshal(raw, &b)
+	if plan != nil {
+		return plan.Fill(b)
+	}
+	if !(b.MaxWallclockS > 0) {
+		b.MaxWallclockS = quotas.LongRunningThreshold.Seconds()
+	}
+	return b
 }
 
 // holdFor bounds how long a worker retries a Postgres read or write (a finished step's

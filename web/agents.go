@@ -1,7 +1,10 @@
 package web
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -24,7 +27,25 @@ type AgentRequest struct {
 // reservedHeaders are set by the runtime on every step request.
 var reservedHeaders = map[string]bool{
 	"Content-Type": true, "Content-Length": true, "Host": true, "Traceparent": true, "Tracestate": true,
-	"X-Agentq-Signature": true, "X-Agentq-Task-Id": true, "X-Agentq-Step": true, "X-Agentq-Attempt": true,
+	"X-Agentq-Signature": true, "X-Agentq-Timestamp": true, "X-Agentq-Agent": true,
+	"X-Agentq-Task-Id": true, "X-Agentq-Step": true, "X-Agentq-Attempt": true,
+}
+
+// AgentWithSecret is an agent as shown right after its signing secret was made (first
+// registration, rotation): the only answers that ever carry the secret.
+type AgentWithSecret struct {
+	store.Agent
+	SigningSecret string `json:"signing_secret"`
+}
+
+// newSigningSecret makes an agent's signing secret: 32 random bytes. Agents key their
+// HMAC with the whole string as shown.
+func newSigningSecret() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("signing secret: %w", err)
+	}
+	return "aqsig_" + base64.RawURLEncoding.EncodeToString(b), nil
 }
 
 func (s *Server) putAgent(c echo.Context) error {
@@ -66,17 +87,41 @@ func (s *Server) putAgent(c echo.Context) error {
 			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Header %q is set by agentq and cannot be configured.", k)
 		}
 	}
+	secret, err := newSigningSecret()
+	if err != nil {
+		return err
+	}
+	// The secret is only stored when this PUT creates the agent: replacing one keeps
+	// the secret its agent verifies with (rotation is its own request).
 	a, created, err := s.Store.PutAgent(c.Request().Context(), store.PutAgentParams{
-		Name: name, URL: r.URL, StepTimeoutS: timeout, Headers: r.Headers,
+		Name: name, URL: r.URL, StepTimeoutS: timeout, Headers: r.Headers, SigningSecret: secret,
 	})
 	if err != nil {
 		return err
 	}
 	a.Headers = redactHeaders(a.Headers)
 	if created {
-		return c.JSON(http.StatusCreated, a)
+		return c.JSON(http.StatusCreated, AgentWithSecret{Agent: a, SigningSecret: secret})
 	}
 	return c.JSON(http.StatusOK, a)
+}
+
+// rotateAgentSecret gives an agent a new signing secret and shows it once. Workers
+// sign with it within a second (their agent cache); the old one stops verifying then.
+func (s *Server) rotateAgentSecret(c echo.Context) error {
+	secret, err := newSigningSecret()
+	if err != nil {
+		return err
+	}
+	a, err := s.Store.RotateAgentSecret(c.Request().Context(), c.Param("name"), secret)
+	if errors.Is(err, store.ErrNotFound) {
+		return apiErr(http.StatusNotFound, CodeNotFound, "No HTTP agent %q.", c.Param("name"))
+	}
+	if err != nil {
+		return err
+	}
+	a.Headers = redactHeaders(a.Headers)
+	return c.JSON(http.StatusOK, AgentWithSecret{Agent: a, SigningSecret: secret})
 }
 
 // redactHeaders hides header values (they often hold the agent's credentials).

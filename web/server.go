@@ -131,6 +131,7 @@ func (s *Server) routes() {
 	admin(http.MethodGet, "/agents", s.listAgents)
 	admin(http.MethodGet, "/agents/:name", s.getAgent)
 	admin(http.MethodDelete, "/agents/:name", s.deleteAgent)
+	admin(http.MethodPost, "/agents/:name/rotate-secret", s.rotateAgentSecret)
 }
 
 // Start serves on addr until Shutdown. It returns once the listener is bound.

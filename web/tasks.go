@@ -280,27 +280,33 @@ func isUnknownAgent(err error) bool {
 	return errors.As(err, &u) && u.UnknownAgent()
 }
 
-// resolveBudget fills a requested budget from the plan and refuses values above it.
-func resolveBudget(plan quotas.Budget, req *BudgetRequest) (quotas.Budget, error) {
-	b := plan
+// resolveBudget fills a requested budget from the plan's default and refuses a field
+// that is not above 0 (a tenant cannot switch a cap off) or is above the plan's ceiling
+// (nor raise it). Every field of the result is set.
+func resolveBudget(plan quotas.Budget, req *BudgetRequest) (quotas.TaskBudget, error) {
+	b, ceil := plan.Default, plan.Ceiling
 	if req == nil {
 		return b, nil
 	}
+	bad := func(field string, max any) error {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest,
+			"budget.%s must be above 0 and at most the plan's ceiling of %v; omit it to get the plan's default.", field, max)
+	}
 	if v := req.MaxSteps; v != nil {
-		if *v < 1 || (plan.MaxSteps > 0 && *v > plan.MaxSteps) {
-			return b, apiErr(http.StatusBadRequest, CodeInvalidRequest, "budget.max_steps must be between 1 and the plan's %d.", plan.MaxSteps)
+		if *v < 1 || *v > ceil.MaxSteps {
+			return b, bad("max_steps", ceil.MaxSteps)
 		}
 		b.MaxSteps = *v
 	}
 	if v := req.MaxWallclockS; v != nil {
-		if *v <= 0 || (plan.MaxWallclockS > 0 && *v > plan.MaxWallclockS) {
-			return b, apiErr(http.StatusBadRequest, CodeInvalidRequest, "budget.max_wallclock_s must be above 0 and at most the plan's %g.", plan.MaxWallclockS)
+		if !(*v > 0) || *v > ceil.MaxWallclockS {
+			return b, bad("max_wallclock_s", ceil.MaxWallclockS)
 		}
 		b.MaxWallclockS = *v
 	}
 	if v := req.MaxCostUSD; v != nil {
-		if *v < 0 || (plan.MaxCostUSD > 0 && *v > plan.MaxCostUSD) {
-			return b, apiErr(http.StatusBadRequest, CodeInvalidRequest, "budget.max_cost_usd must be between 0 and the plan's %g.", plan.MaxCostUSD)
+		if !(*v > 0) || *v > ceil.MaxCostUSD {
+			return b, bad("max_cost_usd", ceil.MaxCostUSD)
 		}
 		b.MaxCostUSD = *v
 	}

@@ -36,7 +36,7 @@ type Config struct {
 	UpgradeURL        string        // AGENTQ_UPGRADE_URL
 	Roles             []string
 	RedisTimeout      time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
-	AgentSecret       string        // AGENTQ_AGENT_SECRET: signs step requests to HTTP agents
+	AgentSecret       string        // AGENTQ_AGENT_SECRET: signs steps of HTTP agents registered before per-agent secrets, until rotated
 	JanitorInterval   time.Duration // AGENTQ_JANITOR_INTERVAL
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.

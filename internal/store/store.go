@@ -700,23 +700,38 @@ type Agent struct {
 	URL          string            `json:"url"`
 	StepTimeoutS float64           `json:"step_timeout_s"`
 	Headers      map[string]string `json:"headers"`
-	CreatedAt    time.Time         `json:"created_at"`
-	UpdatedAt    time.Time         `json:"updated_at"`
+	// SigningSecretCreatedAt is when the agent's own signing secret was made; nil
+	// for an agent registered before per-agent secrets (signed with the shared one).
+	SigningSecretCreatedAt *time.Time `json:"signing_secret_created_at"`
+	CreatedAt              time.Time  `json:"created_at"`
+	UpdatedAt              time.Time  `json:"updated_at"`
+	// SigningSecret is the agent's own signing key ("" for such an agent). It is for
+	// the worker only: never shown by reads, never logged.
+	SigningSecret string `json:"-"`
 }
 
-const agentCols = `name, url, step_timeout_s, headers, created_at, updated_at`
+const agentCols = `name, url, step_timeout_s, headers, signing_secret_created_at, created_at, updated_at, COALESCE(signing_secret, '')`
 
 func scanAgent(row pgx.Row) (Agent, error) {
-	var a Agent
+	a, _, err := scanAgentRow(row, false)
+	return a, err
+}
+
+// scanAgentRow scans agentCols, and a trailing created flag when withCreated.
+func scanAgentRow(row pgx.Row, withCreated bool) (a Agent, created bool, err error) {
 	var h []byte
-	if err := row.Scan(&a.Name, &a.URL, &a.StepTimeoutS, &h, &a.CreatedAt, &a.UpdatedAt); err != nil {
+	dst := []any{&a.Name, &a.URL, &a.StepTimeoutS, &h, &a.SigningSecretCreatedAt, &a.CreatedAt, &a.UpdatedAt, &a.SigningSecret}
+	if withCreated {
+		dst = append(dst, &created)
+	}
+	if err := row.Scan(dst...); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return a, ErrNotFound
+			return a, false, ErrNotFound
 		}
-		return a, err
+		return a, false, err
 	}
 	a.Headers = map[string]string{}
-	return a, json.Unmarshal(h, &a.Headers)
+	return a, created, json.Unmarshal(h, &a.Headers)
 }
 
 // PutAgentParams create or replace an HTTP agent.
@@ -725,6 +740,9 @@ type PutAgentParams struct {
 	URL          string
 	StepTimeoutS float64
 	Headers      map[string]string
+	// SigningSecret is stored when the agent is created; replacing an agent keeps
+	// the secret it has.
+	SigningSecret string
 }
 
 // PutAgent creates or replaces an agent; created reports which.
@@ -733,17 +751,19 @@ func (s *Store) PutAgent(ctx context.Context, p PutAgentParams) (a Agent, create
 	if err != nil {
 		return a, false, err
 	}
-	row := s.pool.QueryRow(ctx, `
-		INSERT INTO agents (name, url, step_timeout_s, headers) VALUES ($1, $2, $3, $4)
+	return scanAgentRow(s.pool.QueryRow(ctx, `
+		INSERT INTO agents (name, url, step_timeout_s, headers, signing_secret, signing_secret_created_at)
+		VALUES ($1, $2, $3, $4, $5, now())
 		ON CONFLICT (name) DO UPDATE SET url = $2, step_timeout_s = $3, headers = $4, updated_at = now()
-		RETURNING `+agentCols+`, (xmax = 0)`, p.Name, p.URL, p.StepTimeoutS, h)
-	var hb []byte
-	err = row.Scan(&a.Name, &a.URL, &a.StepTimeoutS, &hb, &a.CreatedAt, &a.UpdatedAt, &created)
-	if err != nil {
-		return a, false, err
-	}
-	a.Headers = map[string]string{}
-	return a, created, json.Unmarshal(hb, &a.Headers)
+		RETURNING `+agentCols+`, (xmax = 0)`, p.Name, p.URL, p.StepTimeoutS, h, p.SigningSecret), true)
+}
+
+// RotateAgentSecret replaces an agent's signing secret; ErrNotFound if there is no
+// agent by that name.
+func (s *Store) RotateAgentSecret(ctx context.Context, name, secret string) (Agent, error) {
+	return scanAgent(s.pool.QueryRow(ctx, `
+		UPDATE agents SET signing_secret = $2, signing_secret_created_at = now(), updated_at = now()
+		WHERE name = $1 RETURNING `+agentCols, name, secret))
 }
 
 // GetAgent returns an HTTP agent by name.
