@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -656,5 +657,41 @@ func TestLongIdleTenantBanksNoCreditFromItsFinishPass(t *testing.T) {
 	}
 	if late != 3 {
 		t.Fatalf("back after a long idle period, late got %d of the next 6 dispatches, want 3", late)
+	}
+}
+
+func TestShallowTenantAcrossShards(t *testing.T) {
+	// One pool slot: each dispatcher round hands out one task; the shallow tenant,
+	// on another shard than the backlogged one, resubmits after each of its dispatches.
+	f := newShardedFixture(t, 1, 0, 16)
+	if f.keys.Shard("deep") == f.keys.Shard("shallow1") {
+		t.Fatal("the test's tenants share a shard: pick other names")
+	}
+	for range 60 {
+		f.enqueue("deep", 5, 1, 0)
+	}
+	f.enqueue("shallow1", 5, 1, 0)
+	enq := &recordingEnqueuer{}
+	d := NewDispatcher(f.s, f.rdb, enq, DispatcherOptions{})
+	ctx := context.Background()
+	counts := map[string]int{}
+	for i := range 40 {
+		if n, err := d.RunOnce(ctx); err != nil || n != 1 {
+			t.Fatalf("round %d dispatched %d (%v), want 1", i, n, err)
+		}
+		var p wire.Payload
+		if err := json.Unmarshal([]byte(enq.tasks[len(enq.tasks)-1]), &p); err != nil {
+			t.Fatal(err)
+		}
+		counts[p.TenantID]++
+		if err := f.s.Done(ctx, p, 100*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		if p.TenantID == "shallow1" {
+			f.enqueue("shallow1", 5, 1, 0)
+		}
+	}
+	if abs(counts["shallow1"]-20) > 1 {
+		t.Fatalf("equal weights on two shards: shallow tenant got %d of 40 dispatches (%v), want 20", counts["shallow1"], counts)
 	}
 }
