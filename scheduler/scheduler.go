@@ -591,7 +591,7 @@ func (s *Scheduler) Missing(ctx context.Context, qs []Queued) ([]Queued, error) 
 	return out, nil
 }
 
-// Reasons a queued task waits (DESIGN.md section 5).
+// Reasons a queued task waits, shown to the tenant as wait_reason.
 const (
 	WaitBehindFairShare  = "behind_fair_share"
 	WaitTenantRunningCap = "tenant_running_cap"
