@@ -42,6 +42,9 @@ type FairnessBench struct {
 	WeightedShares16          map[string]float64 `json:"weighted_shares_16_shards"`
 	WeightedShareMaxError16   float64            `json:"weighted_share_max_error_16_shards"`
 	JainIndex16               float64            `json:"jain_index_16_shards"`
+	ShallowShares             map[string]float64 `json:"shallow_shares"`
+	ShallowShareMaxError      float64            `json:"shallow_share_max_error"`
+	ShallowDispatches         int                `json:"shallow_dispatches"`
 	DispatchUsPerTask10       float64            `json:"dispatch_us_per_task_10_tenants"`
 	DispatchUsPerTask10k      float64            `json:"dispatch_us_per_task_10k_tenants"`
 	RedisBytesPerQueuedTask   float64            `json:"redis_bytes_per_queued_task"`
@@ -58,6 +61,7 @@ type FairnessBenchOptions struct {
 	Concurrency int           // worker concurrency; 20 in the issue
 	Light       time.Duration // how long light tenants submit; 20 s in the issue
 	HeavyTasks  int           // 10,000 in the issue
+	Shallow     time.Duration // each weight setting of the shallow-queue scenario; 12 s
 	WeightTasks int           // per tenant; 2,000 in the issue
 	Progress    io.Writer
 }
@@ -84,6 +88,9 @@ func RunFairnessBench(ctx context.Context, o FairnessBenchOptions) (FairnessBenc
 	}
 	if o.WeightTasks <= 0 {
 		o.WeightTasks = 2000
+	}
+	if o.Shallow <= 0 {
+		o.Shallow = 12 * time.Second
 	}
 	b := &fairBench{o: o, log: func(f string, a ...any) {
 		if o.Progress != nil {
@@ -122,6 +129,17 @@ func RunFairnessBench(ctx context.Context, o FairnessBenchOptions) (FairnessBenc
 	b.log("the same with 16 shards…")
 	if out.WeightedShares16, out.WeightedShareMaxError16, out.JainIndex16, err = b.weights(ctx, 16); err != nil {
 		return out, fmt.Errorf("weights, 16 shards: %w", err)
+	}
+	b.log("a shallow-queue tenant (one task queued at every dispatch) against a backlogged one, weights 1:1 and 1:2, %v each…", o.Shallow)
+	out.ShallowShares = map[string]float64{}
+	for _, deepWeight := range []int{1, 2} {
+		share, want, n, err := b.shallow(ctx, deepWeight)
+		if err != nil {
+			return out, fmt.Errorf("shallow queue, weights 1:%d: %w", deepWeight, err)
+		}
+		out.ShallowShares[fmt.Sprintf("1:%d", deepWeight)] = math.Round(share*1000) / 1000
+		out.ShallowShareMaxError = math.Max(out.ShallowShareMaxError, math.Round(math.Abs(share-want)*1000)/1000)
+		out.ShallowDispatches += n
 	}
 	b.log("dispatch cost with 10 and 10,000 backlogged tenants; memory…")
 	if err := b.scale(ctx, &out); err != nil {
@@ -522,6 +540,109 @@ func (b *fairBench) weights(ctx context.Context, shards int) (map[string]float64
 	}
 	jain := sumX * sumX / (3 * sumX2)
 	return shares, math.Round(maxErr*1000) / 1000, math.Round(jain*10000) / 10000, nil
+}
+
+// shallow runs a tenant of weight 1 that keeps exactly one task queued against a
+// backlogged tenant of weight deepWeight, and returns the shallow tenant's measured
+// share of worker time, the share its weight entitles it to, and how many of its tasks
+// ran. The shallow tenant submits its next task as soon as its previous one was
+// dispatched, so every dispatch of it empties its queue (the path where a tenant leaves
+// the ready set): the next task's row is written to Postgres ahead, and only the push
+// to its queue waits for the dispatch, seen by polling the queue's length.
+func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float64, int, error) {
+	e, err := b.start(ctx, 1)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer e.close()
+	const shallowMs, deepMs = 150, 100
+	for _, t := range []struct {
+		name   string
+		weight int
+	}{{"shallow", 1}, {"deep", deepWeight}} {
+		if err := e.tenant(ctx, t.name, t.weight, b.o.Concurrency); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	// enough backlog that the deep tenant never runs dry, even with every worker
+	deep := int(b.o.Shallow.Seconds()*1000/deepMs)*b.o.Concurrency + 500
+	e.app.Dispatcher.Stop()
+	if err := e.submit(ctx, "deep", deepWeight, b.o.Concurrency, deep, deepMs); err != nil {
+		return 0, 0, 0, err
+	}
+	input := json.RawMessage(fmt.Sprintf(`{"steps":1,"step_ms":%d}`, shallowMs))
+	write := func() (store.Task, error) {
+		t, _, err := e.app.Store.InsertTask(ctx, store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "shallow",
+			Kid: "bench", Agent: "sim", Input: input, Budget: json.RawMessage(`{}`), Priority: scheduler.DefaultPriority,
+			RequestHash: []byte{0}})
+		return t, err
+	}
+	push := func(t store.Task) error {
+		return e.app.Scheduler.Enqueue(ctx, scheduler.EnqueueParams{TenantID: "shallow", TaskID: t.ID, Priority: t.Priority,
+			CreatedAt: time.Now(), Weight: 1, RunningCap: b.o.Concurrency})
+	}
+	next, err := write()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if err := push(next); err != nil {
+		return 0, 0, 0, err
+	}
+	if next, err = write(); err != nil {
+		return 0, 0, 0, err
+	}
+	e.app.Dispatcher.Start(context.WithoutCancel(ctx))
+	queue := e.keys.TenantQueue("shallow")
+	start := time.Now()
+	end := start.Add(b.o.Shallow)
+	for time.Now().Before(end) {
+		n, err := b.rdb.ZCard(ctx, queue).Result()
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		if n > 0 {
+			time.Sleep(200 * time.Microsecond)
+			continue
+		}
+		if err := push(next); err != nil {
+			return 0, 0, 0, err
+		}
+		if next, err = write(); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	// Worker time in [start+1 s, end]: the first second fills the pool and settles
+	// the shallow tenant's cost estimate.
+	from := start.Add(time.Second)
+	ts, err := e.app.Store.TaskTimings(ctx, []string{"shallow", "deep"})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	spent := map[string]float64{}
+	ran := 0
+	for _, t := range ts {
+		if t.StartedAt == nil {
+			continue
+		}
+		if t.TenantID == "shallow" {
+			ran++
+		}
+		s, f := *t.StartedAt, end
+		if t.FinishedAt != nil && t.FinishedAt.Before(end) {
+			f = *t.FinishedAt
+		}
+		if s.Before(from) {
+			s = from
+		}
+		if f.After(s) {
+			spent[t.TenantID] += f.Sub(s).Seconds()
+		}
+	}
+	total := spent["shallow"] + spent["deep"]
+	if total == 0 {
+		return 0, 0, 0, fmt.Errorf("no worker time measured")
+	}
+	return spent["shallow"] / total, 1 / float64(1+deepWeight), ran, nil
 }
 
 // scale measures the scheduler alone (no asynq, no Postgres): the cost of one dispatch

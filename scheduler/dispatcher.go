@@ -296,9 +296,10 @@ func (d *Dispatcher) send(ctx context.Context, job Dispatched) error {
 }
 
 func (d *Dispatcher) resendStale(ctx context.Context) error {
-	now := time.Now().UnixMilli()
-	if d.sched.nowMs != nil {
-		now = d.sched.nowMs()
+	// dispatching scores are Redis TIME: age them by it, not by this host's clock
+	now, err := d.sched.clockMs(ctx)
+	if err != nil {
+		return err
 	}
 	cutoff := now - d.resend.Milliseconds()
 	for shard := range d.sched.keys.Shards() {

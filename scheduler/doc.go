@@ -12,9 +12,13 @@
 //     pass by the tenant's estimated task cost (worker-ms, an EWMA) ÷ weight. At
 //     completion the pass is corrected by (worker time taken − estimate) ÷ weight, so
 //     shares are fair in worker time, not task count.
-//   - A tenant that becomes backlogged again starts at its shard's virtual time: the
-//     largest pass dispatched, raised on every shard to the dispatchers' global
-//     virtual time. Idle tenants bank no credit, on any shard.
+//   - A tenant that becomes backlogged again starts at the later of its shard's
+//     virtual time (the largest pass dispatched, raised on every shard to the
+//     dispatchers' global virtual time) and the finish pass of its last dispatch,
+//     kept in its conf when its queue emptied and corrected at completion like any
+//     pass. Idle tenants bank no credit, on any shard, and a tenant whose queue
+//     empties at every dispatch is charged like a backlogged one. An idle tenant's
+//     conf (estimate, finish pass) stays with a TTL.
 //   - With several shards the dispatcher serves the shard whose head has the smallest
 //     pass, so fairness across shards holds to the same bound as within one.
 //   - A tenant at its running cap is moved from "ready" to "capped" and waits there,

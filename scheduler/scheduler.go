@@ -51,9 +51,10 @@ const (
 	// Queue scores count milliseconds from 2025-01-01 so they stay well inside a
 	// float64's exact integer range: (9·1e13 + a few centuries of ms) < 2^53.
 	scoreEpochMs = 1735689600000
-	// ttls bound every per-tenant key: state of an idle tenant expires on its own (or is
-	// deleted when it goes idle); the recovery sweep re-pushes from Postgres any queued
-	// task that outlives them. The per-shard sets (ready, capped, inflight,
+	// ttls bound every per-tenant key: state of an idle tenant expires on its own; the
+	// recovery sweep re-pushes from Postgres any queued task that outlives them. An idle
+	// tenant's conf (its cost estimate and finish pass) is kept for this long too, so a
+	// tenant that comes back is charged its own estimate from its last finish pass. The per-shard sets (ready, capped, inflight,
 	// dispatching) have no ttl: they are bounded by the tenants and worker slots and
 	// empty as work drains.
 	queueTTL = 7 * 24 * time.Hour
@@ -102,7 +103,10 @@ if not now then
 end
 `
 
-// enqueueScript adds a task to its tenant's queue and makes the tenant backlogged.
+// enqueueScript adds a task to its tenant's queue and makes the tenant backlogged. A
+// newly backlogged tenant starts at the later of the virtual time and the finish pass
+// of its last dispatch (conf field fp): idle time banks no credit, and a tenant whose
+// queue emptied at its last dispatch still pays for it.
 //
 // KEYS[1] tenant queue   KEYS[2] tenant conf   KEYS[3] ready   KEYS[4] capped
 // KEYS[5] virtual time   KEYS[6] tenant running set
@@ -118,8 +122,9 @@ local tenant = ARGV[7]
 if redis.call('ZSCORE', KEYS[3], tenant) or redis.call('ZSCORE', KEYS[4], tenant) then
   return added
 end
--- newly backlogged: start at the current virtual time, with no banked credit
-local vt = tonumber(redis.call('GET', KEYS[5]) or '0')
+-- newly backlogged: no banked credit, no escaped charge
+local vt = math.max(tonumber(redis.call('GET', KEYS[5]) or '0'),
+  tonumber(redis.call('HGET', KEYS[2], 'fp') or '0'))
 local cap = tonumber(ARGV[5])
 if cap > 0 and redis.call('SCARD', KEYS[6]) >= cap then
   redis.call('ZADD', KEYS[4], vt, tenant)
@@ -179,7 +184,9 @@ func (s *Scheduler) wake(ctx context.Context) {
 const DefaultEstimateMs = 100
 
 // dispatchScript pops the next task of one shard in weighted-fair order. The caller
-// holds a pool slot (reserveScript).
+// holds a pool slot (reserveScript). A tenant that leaves the ready set because its
+// queue is empty keeps its pass, charge included, as its finish pass (conf field fp);
+// the enqueue that brings it back starts it there (or at the virtual time if later).
 //
 // KEYS[1] ready   KEYS[2] capped   KEYS[3] dispatching   KEYS[4] virtual time
 // ARGV[1] now ms or ""   ARGV[2] shard tag (prefix of tenant keys)   ARGV[3] ttl s
@@ -205,7 +212,10 @@ for i = 1, 64 do
   else
     local task = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
     if #task == 0 then
+      -- its tasks were cancelled while it waited
       redis.call('ZREM', KEYS[1], tenant)
+      redis.call('HSET', conf, 'fp', pass)
+      redis.call('EXPIRE', conf, ARGV[3])
     else
       redis.call('ZREM', queue, task[1])
       redis.call('SADD', run, task[1])
@@ -216,10 +226,13 @@ for i = 1, 64 do
       local vt = math.max(pass, tonumber(ARGV[5]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
       redis.call('SET', KEYS[4], vt, 'EX', ARGV[3])
       local w = tonumber(c[2] or '1')
+      local finish = pass + est / w
       if redis.call('ZCARD', queue) == 0 then
         redis.call('ZREM', KEYS[1], tenant)
+        redis.call('HSET', conf, 'fp', finish)
+        redis.call('EXPIRE', conf, ARGV[3])
       else
-        redis.call('ZADD', KEYS[1], pass + est / w, tenant)
+        redis.call('ZADD', KEYS[1], finish, tenant)
       end
       return {'ok', tenant, task[1], tostring(prio), tostring(math.floor(est))}
     end
@@ -354,12 +367,16 @@ func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
 
 // doneScript ends a dispatched task: frees its running slot, corrects its tenant's
 // pass from the estimate to the worker time it really took, refines the estimate, and
-// brings a capped tenant back into the ready set. An idle tenant's state goes.
+// brings a capped tenant back into the ready set. The correction goes to the pass in
+// ready or capped, or, when the tenant is in neither (its queue is empty), to its
+// finish pass, so a tenant that keeps its queue shallow is corrected like any other.
+// An idle tenant's conf stays, with its ttl, for its next submission.
 //
 // KEYS[1] tenant running set   KEYS[2] inflight   KEYS[3] dispatching   KEYS[4] ready
 // KEYS[5] capped   KEYS[6] tenant queue   KEYS[7] tenant conf
 // ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] tenant   ARGV[4] dispatching member
 // ARGV[5] estimate charged (ms)   ARGV[6] worker time taken (ms, -1 if unknown)
+// ARGV[7] ttl s
 // Returns 1 if the task held a pool slot (the caller releases it), else 0.
 var doneScript = redis.NewScript(luaNow + `
 local held = redis.call('SREM', KEYS[1], ARGV[2])
@@ -368,15 +385,17 @@ if held == 0 then return 0 end
 local tenant = ARGV[3]
 local took = tonumber(ARGV[6])
 if took >= 0 then
-  local c = redis.call('HMGET', KEYS[7], 'w', 'est')
+  local c = redis.call('HMGET', KEYS[7], 'w', 'est', 'fp')
   local w = tonumber(c[1] or '1')
   local delta = (took - tonumber(ARGV[5])) / w
   if delta ~= 0 then
     if redis.call('ZSCORE', KEYS[4], tenant) then redis.call('ZINCRBY', KEYS[4], delta, tenant)
-    elseif redis.call('ZSCORE', KEYS[5], tenant) then redis.call('ZINCRBY', KEYS[5], delta, tenant) end
+    elseif redis.call('ZSCORE', KEYS[5], tenant) then redis.call('ZINCRBY', KEYS[5], delta, tenant)
+    elseif c[3] then redis.call('HSET', KEYS[7], 'fp', tonumber(c[3]) + delta) end
   end
   local est = tonumber(c[2] or took)
   redis.call('HSET', KEYS[7], 'est', math.floor(est * 0.8 + took * 0.2 + 0.5))
+  redis.call('EXPIRE', KEYS[7], ARGV[7])
 end
 local pass = redis.call('ZSCORE', KEYS[5], tenant)
 if pass then
@@ -385,12 +404,12 @@ if pass then
     redis.call('ZREM', KEYS[5], tenant)
     if redis.call('ZCARD', KEYS[6]) > 0 then
       redis.call('ZADD', KEYS[4], pass, tenant)
+    else
+      -- its queue emptied while it was capped: it leaves with its pass
+      redis.call('HSET', KEYS[7], 'fp', pass)
+      redis.call('EXPIRE', KEYS[7], ARGV[7])
     end
   end
-end
-if redis.call('SCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[6]) == 0
-   and not redis.call('ZSCORE', KEYS[4], tenant) and not redis.call('ZSCORE', KEYS[5], tenant) then
-  redis.call('DEL', KEYS[7]) -- idle: nothing of the tenant's stays in the scheduler
 end
 if counted > 0 then return 1 end
 return 0
@@ -411,7 +430,8 @@ func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration
 	if took >= 0 {
 		tookMs = took.Milliseconds()
 	}
-	held, err := doneScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID, p.TenantID, d.member(), p.EstimateMs, tookMs).Int()
+	held, err := doneScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID, p.TenantID, d.member(), p.EstimateMs, tookMs,
+		int(queueTTL.Seconds())).Int()
 	if err != nil {
 		return fmt.Errorf("scheduler: done: %w", err)
 	}
@@ -436,22 +456,42 @@ func priorityOfBand(b string) int {
 	return p
 }
 
-// Heartbeat registers a worker process's concurrency until ttl from now. Dispatch
-// counts only live workers' slots.
+// heartbeatScript registers a worker's slots until ttl after Redis TIME, the clock
+// reserveScript expires them by: a worker host whose clock is off still counts for
+// exactly its ttl.
+//
+// KEYS[1] workers   KEYS[2] worker slots
+// ARGV[1] now ms or ""   ARGV[2] worker id   ARGV[3] concurrency   ARGV[4] ttl ms
+var heartbeatScript = redis.NewScript(luaNow + `
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], 86400)
+redis.call('EXPIRE', KEYS[2], 86400)
+return 1
+`)
+
+// Heartbeat registers a worker process's concurrency until ttl from now (Redis TIME).
+// Dispatch counts only live workers' slots.
 func (s *Scheduler) Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error {
-	now := time.Now().UnixMilli()
-	if s.nowMs != nil {
-		now = s.nowMs()
-	}
-	pipe := s.rdb.TxPipeline()
-	pipe.ZAdd(ctx, s.keys.Workers(), redis.Z{Score: float64(now + ttl.Milliseconds()), Member: workerID})
-	pipe.HSet(ctx, s.keys.WorkerSlots(), workerID, concurrency)
-	pipe.Expire(ctx, s.keys.Workers(), 24*time.Hour)
-	pipe.Expire(ctx, s.keys.WorkerSlots(), 24*time.Hour)
-	if _, err := pipe.Exec(ctx); err != nil {
+	err := heartbeatScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots()},
+		s.nowArg(), workerID, concurrency, ttl.Milliseconds()).Err()
+	if err != nil {
 		return fmt.Errorf("scheduler: heartbeat: %w", err)
 	}
 	return nil
+}
+
+// clockMs is the scheduler's clock in ms: Redis TIME (or the test clock), the clock
+// every score the scripts write is taken from, never this host's clock.
+func (s *Scheduler) clockMs(ctx context.Context) (int64, error) {
+	if s.nowMs != nil {
+		return s.nowMs(), nil
+	}
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("scheduler: redis time: %w", err)
+	}
+	return t.UnixMilli(), nil
 }
 
 // Deregister removes a worker at shutdown so dispatch stops counting its slots at once.
@@ -551,7 +591,7 @@ func (s *Scheduler) Missing(ctx context.Context, qs []Queued) ([]Queued, error) 
 	return out, nil
 }
 
-// Reasons a queued task waits (DESIGN.md section 5).
+// Reasons a queued task waits, shown to the tenant as wait_reason.
 const (
 	WaitBehindFairShare  = "behind_fair_share"
 	WaitTenantRunningCap = "tenant_running_cap"
@@ -691,7 +731,11 @@ func (s *Scheduler) Stranded(ctx context.Context, insp *asynq.Inspector, tenantI
 	if err != nil {
 		return false, err
 	}
-	if time.Since(time.UnixMilli(int64(score))) < minAge {
+	now, err := s.clockMs(ctx)
+	if err != nil {
+		return false, err
+	}
+	if now-int64(score) < minAge.Milliseconds() {
 		return false, nil
 	}
 	queue := s.keys.AsynqQueue(BandOf(priority))

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -378,8 +379,12 @@ func TestDoneIsIdempotentAndConfirmAfterDoneLeaksNothing(t *testing.T) {
 	if n, _ := f.rdb.Get(ctx, f.keys.PoolInflight()).Int(); n != 0 {
 		t.Errorf("the pool counts %d tasks in flight after done, want 0 (released exactly once)", n)
 	}
-	if f.rdb.Exists(ctx, f.keys.TenantConf("a")).Val() != 0 {
-		t.Error("an idle tenant's scheduler state stayed")
+	// An idle tenant keeps only its conf (estimate, finish pass), and only with a TTL.
+	if ttl := f.rdb.TTL(ctx, f.keys.TenantConf("a")).Val(); ttl <= 0 {
+		t.Errorf("an idle tenant's conf has TTL %v, want one", ttl)
+	}
+	if n := f.rdb.Exists(ctx, f.keys.TenantQueue("a"), f.keys.TenantRunning("a")).Val(); n != 0 {
+		t.Errorf("%d of an idle tenant's queue and running keys stayed", n)
 	}
 	if n := f.rdb.SCard(ctx, f.keys.TenantRunning("a")).Val(); n != 0 {
 		t.Errorf("running set holds %d after done", n)
@@ -509,5 +514,184 @@ func TestWaitReason(t *testing.T) {
 	}
 	if r, _ := f.s.WaitReason(ctx, "c"); r != WaitTenantRunningCap {
 		t.Fatalf("at its cap: %s", r)
+	}
+}
+
+// shallowRun dispatches 40 tasks while "deep" is backlogged and "shallow" keeps one
+// task queued: it submits its next task right after each dispatch of the previous one
+// (before or after that task completes), so every dispatch of it empties its queue.
+func shallowRun(t *testing.T, resubmitAfterDone bool) (map[string]int, float64) {
+	f := newFixture(t, 1000, 0)
+	for range 60 {
+		f.enqueue("deep", 5, 1, 0)
+	}
+	f.enqueue("shallow", 5, 1, 0)
+	counts := map[string]int{}
+	for range 40 {
+		d := f.mustDispatch()
+		counts[d.TenantID]++
+		if d.TenantID == "shallow" && !resubmitAfterDone {
+			f.enqueue("shallow", 5, 1, 0)
+		}
+		f.doneTook(d, 100*time.Millisecond)
+		if d.TenantID == "shallow" && resubmitAfterDone {
+			f.enqueue("shallow", 5, 1, 0)
+		}
+	}
+	vt, _ := f.rdb.Get(context.Background(), f.keys.VirtualTime(0)).Float64()
+	return counts, vt
+}
+
+func TestShallowTenantIsChargedLikeABackloggedOne(t *testing.T) {
+	for _, after := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resubmit_after_done=%v", after), func(t *testing.T) {
+			counts, vt := shallowRun(t, after)
+			if abs(counts["shallow"]-20) > 1 {
+				t.Fatalf("equal weights: shallow tenant got %d of 40 dispatches (%v), want 20", counts["shallow"], counts)
+			}
+			// 40 tasks of 100 ms shared by two tenants of weight 1: the virtual time
+			// reached about 20 × 100 ms.
+			if vt < 1800 {
+				t.Fatalf("virtual time %.0f after 40 dispatches, want about 1900", vt)
+			}
+		})
+	}
+}
+
+func TestCompletionCorrectsAnIdleTenantsFinishPass(t *testing.T) {
+	f := newFixture(t, 1000, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 2, 0)
+	d := f.mustDispatch() // charged 100 ms ÷ 2: finish pass 50, and a's queue is empty
+	f.doneTook(d, time.Second)
+	// corrected by (1000 − 100) ÷ 2: finish pass 500
+	f.enqueue("a", 5, 2, 0)
+	pass, err := f.rdb.ZScore(ctx, f.keys.Ready(0), "a").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pass != 500 {
+		t.Fatalf("re-entered at pass %g, want its corrected finish pass 500", pass)
+	}
+}
+
+func TestEstimateSurvivesAnIdlePeriod(t *testing.T) {
+	f := newFixture(t, 1000, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 1, 0)
+	f.doneTook(f.mustDispatch(), 500*time.Millisecond) // a is idle now
+	if ttl := f.rdb.TTL(ctx, f.keys.TenantConf("a")).Val(); ttl <= 0 {
+		t.Fatalf("an idle tenant's estimate is kept with a TTL; TTL = %v", ttl)
+	}
+	f.enqueue("a", 5, 1, 0)
+	if d := f.mustDispatch(); d.EstimateMs != 500 {
+		t.Fatalf("after an idle period the task was charged %d ms, want the tenant's estimate 500 (not the %d ms default)",
+			d.EstimateMs, DefaultEstimateMs)
+	}
+}
+
+func TestStrandedAgesByTheSchedulerClock(t *testing.T) {
+	// The fixture's clock stands for Redis TIME and is ahead of this host's clock.
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 1, 0)
+	d := f.mustDispatch()
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	stranded, err := f.s.Stranded(ctx, insp, "a", d.TaskID, d.Priority, 30*time.Second)
+	if err != nil || stranded {
+		t.Fatalf("a task confirmed just now: stranded=%v err=%v", stranded, err)
+	}
+	f.mu.Lock()
+	f.clock += 60_000
+	f.mu.Unlock()
+	stranded, err = f.s.Stranded(ctx, insp, "a", d.TaskID, d.Priority, 30*time.Second)
+	if err != nil || !stranded {
+		t.Fatalf("in flight for 60 s with no asynq message: stranded=%v err=%v, want true", stranded, err)
+	}
+}
+
+func TestHeartbeatScoresWithRedisTime(t *testing.T) {
+	t.Parallel()
+	rdb, keys := testenv.Redis(t, 1)
+	s := New(rdb, keys, Options{}) // no test clock: every score comes from Redis TIME
+	ctx := context.Background()
+	if err := s.Heartbeat(ctx, "w", 4, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	score, err := rdb.ZScore(ctx, keys.Workers(), "w").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := int64(score) - now.UnixMilli(); left < 9000 || left > 10000 {
+		t.Fatalf("heartbeat expires %d ms after Redis TIME, want 10 s", left)
+	}
+	if ok, err := s.reserve(ctx); err != nil || !ok {
+		t.Fatalf("a live worker adds no capacity: ok=%v err=%v", ok, err)
+	}
+}
+
+func TestLongIdleTenantBanksNoCreditFromItsFinishPass(t *testing.T) {
+	f := newFixture(t, 1000, 0)
+	f.enqueue("late", 5, 1, 0)
+	f.done(f.mustDispatch()) // late's finish pass: 100
+	for range 20 {
+		f.enqueue("busy", 5, 1, 0)
+	}
+	for range 10 {
+		f.done(f.mustDispatch())
+	}
+	// late's finish pass is far behind the virtual time now: it restarts level with
+	// busy, not 9 tasks ahead of it.
+	for range 10 {
+		f.enqueue("late", 5, 1, 0)
+	}
+	late := 0
+	for range 6 {
+		if f.mustDispatch().TenantID == "late" {
+			late++
+		}
+	}
+	if late != 3 {
+		t.Fatalf("back after a long idle period, late got %d of the next 6 dispatches, want 3", late)
+	}
+}
+
+func TestShallowTenantAcrossShards(t *testing.T) {
+	// One pool slot: each dispatcher round hands out one task; the shallow tenant,
+	// on another shard than the backlogged one, resubmits after each of its dispatches.
+	f := newShardedFixture(t, 1, 0, 16)
+	if f.keys.Shard("deep") == f.keys.Shard("shallow1") {
+		t.Fatal("the test's tenants share a shard: pick other names")
+	}
+	for range 60 {
+		f.enqueue("deep", 5, 1, 0)
+	}
+	f.enqueue("shallow1", 5, 1, 0)
+	enq := &recordingEnqueuer{}
+	d := NewDispatcher(f.s, f.rdb, enq, DispatcherOptions{})
+	ctx := context.Background()
+	counts := map[string]int{}
+	for i := range 40 {
+		if n, err := d.RunOnce(ctx); err != nil || n != 1 {
+			t.Fatalf("round %d dispatched %d (%v), want 1", i, n, err)
+		}
+		var p wire.Payload
+		if err := json.Unmarshal([]byte(enq.tasks[len(enq.tasks)-1]), &p); err != nil {
+			t.Fatal(err)
+		}
+		counts[p.TenantID]++
+		if err := f.s.Done(ctx, p, 100*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		if p.TenantID == "shallow1" {
+			f.enqueue("shallow1", 5, 1, 0)
+		}
+	}
+	if abs(counts["shallow1"]-20) > 1 {
+		t.Fatalf("equal weights on two shards: shallow tenant got %d of 40 dispatches (%v), want 20", counts["shallow1"], counts)
 	}
 }

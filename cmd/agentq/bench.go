@@ -46,7 +46,7 @@ func benchCmd() *cobra.Command {
 	admission.Flags().IntVar(&concurrency, "concurrency", 32, "concurrent clients")
 	admission.Flags().DurationVar(&duration, "duration", 4*time.Second, "length of each measured phase")
 	admission.Flags().IntVar(&tenants, "tenants", 100, "tenants the load spreads over")
-	var light time.Duration
+	var light, shallow time.Duration
 	var heavy, weightTasks, workers int
 	fairness := &cobra.Command{
 		Use:   "fairness",
@@ -58,19 +58,20 @@ func benchCmd() *cobra.Command {
 			}
 			res, err := agentq.RunFairnessBench(cmd.Context(), agentq.FairnessBenchOptions{
 				DatabaseURL: cfg.DatabaseURL, RedisURL: cfg.RedisURL, Concurrency: workers, Light: light,
-				HeavyTasks: heavy, WeightTasks: weightTasks, Progress: os.Stderr,
+				HeavyTasks: heavy, WeightTasks: weightTasks, Shallow: shallow, Progress: os.Stderr,
 			})
 			if err != nil {
 				return err
 			}
 			return printBench(asJSON, res, fmt.Sprintf(
-				"light p99 wait %.0f ms (alone %.0f ms, plain asynq FIFO %.0f ms); weighted share error %.3f (16 shards %.3f), Jain %.4f; dispatch %.0f µs/task at 10 tenants, %.0f at 10k",
+				"light p99 wait %.0f ms (alone %.0f ms, plain asynq FIFO %.0f ms); weighted share error %.3f (16 shards %.3f), Jain %.4f; shallow-queue share error %.3f; dispatch %.0f µs/task at 10 tenants, %.0f at 10k",
 				res.LightP99WaitMs, res.LightP99WaitUncontendedMs, res.FIFOLightP99WaitMs, res.WeightedShareMaxError,
-				res.WeightedShareMaxError16, res.JainIndex, res.DispatchUsPerTask10, res.DispatchUsPerTask10k))
+				res.WeightedShareMaxError16, res.JainIndex, res.ShallowShareMaxError, res.DispatchUsPerTask10, res.DispatchUsPerTask10k))
 		},
 	}
 	fairness.Flags().DurationVar(&light, "light", 20*time.Second, "how long the light tenants submit")
 	fairness.Flags().IntVar(&heavy, "heavy-tasks", 10000, "the heavy tenant's backlog")
+	fairness.Flags().DurationVar(&shallow, "shallow", 12*time.Second, "each weight setting of the shallow-queue scenario")
 	fairness.Flags().IntVar(&weightTasks, "weight-tasks", 2000, "tasks per tenant in the weights scenario")
 	fairness.Flags().IntVar(&workers, "workers", 20, "worker concurrency")
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print one JSON object on stdout")

@@ -52,7 +52,8 @@ func (k Keys) tenantTag(tenant string) string { return k.tag(k.Shard(tenant)) }
 func (k Keys) TenantQueue(tenant string) string { return k.tenantTag(tenant) + ":q:" + tenant }
 
 // TenantConf is the HASH holding the tenant's scheduling parameters: weight (w),
-// running cap (cap) and estimated task cost in worker-ms (est).
+// running cap (cap), estimated task cost in worker-ms (est) and the finish pass of its
+// last dispatch (fp), kept with a TTL while the tenant is idle.
 func (k Keys) TenantConf(tenant string) string { return k.tenantTag(tenant) + ":conf:" + tenant }
 
 // TenantRunning is the SET of the tenant's task ids dispatched and not yet finished.
