@@ -431,7 +431,6 @@ func TestJanitorKeepsTheSlotOfATaskDispatchedAfterItsSnapshot(t *testing.T) {
 	}
 }
 
-
 // A first start on an empty Redis is logged as such, at info; a later loss of Redis's
 // data is a warning.
 func TestJanitorFirstStartIsNotDataLoss(t *testing.T) {

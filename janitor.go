@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -573,8 +572,8 @@ const leaseGrace = time.Minute
 // reviewLeases compares a page of tenants' session and long-running leases with their
 // live tasks: it releases leases of tasks that ended (and of tasks Postgres does not
 // know, once older than leaseGrace) and re-adds the leases of live tasks that Redis
-// lost. Leases of open event streams ("stream:…") are not tasks; they expire on their
-// own. One Redis round trip reads the whole page.
+// lost, and pushes the leases of queued tasks forward. One Redis round trip reads the
+// whole page.
 func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[string][]store.LiveTask, rep *JanitorReport) error {
 	pipe := j.rdb.Pipeline()
 	sess := make([]*redis.StringSliceCmd, len(tenants))
@@ -599,7 +598,7 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 				continue
 			}
 			held[m] = true
-			if liveIDs[m] || strings.HasPrefix(m, "stream:") {
+			if liveIDs[m] {
 				continue
 			}
 			if id, err := uuid.Parse(m); err == nil {

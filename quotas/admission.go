@@ -415,8 +415,6 @@ if not now then
 end
 `
 
-func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
-
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
@@ -775,39 +773,6 @@ func (q *Quotas) TouchLeases(ctx context.Context, tenantID string, taskIDs []str
 // touchChunk bounds the members of one touch script call.
 const touchChunk = 500
 
-// acquireScript takes a session slot for something other than a task (an open
-// progress stream), if the tenant is below its concurrent-session limit.
-//
-// KEYS[1] session leases   ARGV[1] now ms or ""   ARGV[2] member   ARGV[3] limit
-// (-1: off)   ARGV[4] lease ttl ms
-// Returns 1 if the slot was taken.
-var acquireScript = redis.NewScript(luaNow + `
-local limit = tonumber(ARGV[3])
-if limit >= 0 and redis.call('ZCARD', KEYS[1]) >= limit then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  if redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[2])
--- never shorten the set's life: it also holds the 6 h leases of tasks
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
-return 1
-`)
-
-// StreamLeaseTTL bounds a stream's session slot between refreshes: a process that
-// dies with streams open frees their slots within it.
-const StreamLeaseTTL = time.Minute
-
-// AcquireSession takes one of the tenant's concurrent-session slots for member (an
-// open stream) for StreamLeaseTTL; TouchSession keeps it, Release frees it. A limit of
-// Off means no limit; 0 refuses.
-func (q *Quotas) AcquireSession(ctx context.Context, tenantID, member string, limit int64) (bool, error) {
-	n, err := acquireScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID)}, q.nowArg(), member, limit, StreamLeaseTTL.Milliseconds()).Int()
-	if err != nil {
-		return false, fmt.Errorf("quotas: acquire session: %w", err)
-	}
-	return n == 1, nil
-}
-
 // Leases returns the members of a tenant's session and long-running lease sets.
 func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []string, err error) {
 	s, l, err := q.LeaseAges(ctx, tenantID)
@@ -842,11 +807,7 @@ func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long
 	ages := func(zs []redis.Z) map[string]time.Duration {
 		out := make(map[string]time.Duration, len(zs))
 		for _, z := range zs {
-			ttl := leaseTTL
-			if m, _ := z.Member.(string); len(m) > 7 && m[:7] == "stream:" {
-				ttl = StreamLeaseTTL
-			}
-			out[z.Member.(string)] = time.Duration(now-int64(z.Score)+ttl.Milliseconds()) * time.Millisecond
+			out[z.Member.(string)] = time.Duration(now-int64(z.Score)+leaseTTL.Milliseconds()) * time.Millisecond
 		}
 		return out
 	}
@@ -875,16 +836,6 @@ func (q *Quotas) AddLease(ctx context.Context, tenantID, taskID string, long boo
 		q.nowArg(), taskID, leaseTTL.Milliseconds(), boolArg(long)).Err()
 	if err != nil {
 		return fmt.Errorf("quotas: add lease: %w", err)
-	}
-	return nil
-}
-
-// TouchSession keeps a stream's session slot for another StreamLeaseTTL.
-func (q *Quotas) TouchSession(ctx context.Context, tenantID, member string) error {
-	err := touchScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
-		q.nowArg(), StreamLeaseTTL.Milliseconds(), member).Err()
-	if err != nil {
-		return fmt.Errorf("quotas: touch session: %w", err)
 	}
 	return nil
 }

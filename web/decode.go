@@ -11,7 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// maxBodyBytes bounds every request body (DESIGN.md section 4).
+// maxBodyBytes bounds every request body.
 const maxBodyBytes = 1 << 20
 
 // readBody reads the request body, at most maxBodyBytes.

@@ -13,7 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// Error codes of the error body (DESIGN.md section 4).
+// Error codes of the error body.
 const (
 	CodeInvalidJSON         = "INVALID_JSON"
 	CodeInvalidRequest      = "INVALID_REQUEST"

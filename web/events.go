@@ -31,11 +31,10 @@ func (s *Server) taskEvents(c echo.Context) error {
 		return err
 	}
 	key := keyRecord(c)
-	task, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id})
-	if errors.Is(err, store.ErrNotFound) {
+	// Another tenant's task, or none: 404 before anything is subscribed.
+	if _, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id}); errors.Is(err, store.ErrNotFound) {
 		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
-	}
-	if err != nil {
+	} else if err != nil {
 		return err
 	}
 	// Subscribe before reading the state, so nothing between the two is missed.
@@ -44,7 +43,8 @@ func (s *Server) taskEvents(c echo.Context) error {
 	if _, err := sub.Receive(ctx); err != nil {
 		return admissionFailure(quotas.ErrUnavailable)
 	}
-	if task, err = s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id}); err != nil {
+	task, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id})
+	if err != nil {
 		return err
 	}
 	w := c.Response()

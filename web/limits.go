@@ -36,7 +36,7 @@ func (s *Server) limitsFor(t store.Tenant) (map[string]quotas.Limit, quotas.Limi
 
 func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
 
-// setRateHeaders writes the rate-limit response contract (DESIGN.md section 4): the
+// setRateHeaders writes the rate-limit response contract: the
 // X-RateLimit-* trio for the binding scope (closest to exhaustion), the IETF
 // RateLimit-Policy and RateLimit fields with one item per applied scope, and
 // Retry-After on refusals.

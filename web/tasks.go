@@ -37,7 +37,7 @@ type BudgetRequest struct {
 	MaxCostUSD    *float64 `json:"max_cost_usd"`
 }
 
-// TaskJSON is the task as the API shows it (DESIGN.md "Exact shapes").
+// TaskJSON is the task as the API shows it.
 type TaskJSON struct {
 	ID         string          `json:"id"`
 	TenantID   string          `json:"tenant_id"`
