@@ -423,7 +423,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 const admitKeysPerCall, admitArgsPerCall = 7, 8
 
 // PendingTTL bounds how long an admitted task counts against queue_backlog before it
-// is in its queue: the caller calls Enqueued right after the push; a process that dies
+// is in its queue: the scheduler's enqueue clears its mark; a process that dies
 // in between frees the count within PendingTTL.
 const PendingTTL = time.Minute
 
@@ -532,17 +532,6 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 		return 0, fmt.Errorf("quotas: release: %w", err)
 	}
 	return int(a.Val() + b.Val()), nil
-}
-
-// Enqueued ends an admitted task's count as "admitted, not yet queued" once it is in
-// its queue, where queue_backlog counts it from then on. Until then (or PendingTTL,
-// if the caller dies first) admission counts it, so concurrent admissions cannot all
-// pass on the same queue length.
-func (q *Quotas) Enqueued(ctx context.Context, tenantID, taskID string) error {
-	if err := q.rdb.ZRem(ctx, q.keys.PendingQueue(tenantID), taskID).Err(); err != nil {
-		return fmt.Errorf("quotas: enqueued: %w", err)
-	}
-	return nil
 }
 
 // reserveStepScript checks a tenant's step-time quotas before a step and, if they

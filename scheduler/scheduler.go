@@ -110,11 +110,13 @@ end
 //
 // KEYS[1] tenant queue   KEYS[2] tenant conf   KEYS[3] ready   KEYS[4] capped
 // KEYS[5] virtual time   KEYS[6] tenant running set
+// KEYS[7] tenant's admitted-not-yet-queued tasks (queue_backlog counts them until here)
 // ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] score   ARGV[4] weight
 // ARGV[5] running cap (0 = none)   ARGV[6] ttl seconds   ARGV[7] tenant id
 // Returns 1 if the task was added, 0 if it was already queued.
 var enqueueScript = redis.NewScript(luaNow + `
 local added = redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+redis.call('ZREM', KEYS[7], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], 'w', ARGV[4], 'cap', ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
@@ -145,22 +147,26 @@ type EnqueueParams struct {
 }
 
 // Enqueue puts a task on its tenant's queue and wakes the dispatchers. Enqueueing a
-// task that is already queued changes nothing.
+// task that is already queued changes nothing. From here on queue_backlog counts the
+// task in its queue, no longer as admitted-not-yet-queued.
 func (s *Scheduler) Enqueue(ctx context.Context, p EnqueueParams) error {
-	shard := s.keys.Shard(p.TenantID)
-	weight := max(p.Weight, 1)
-	keys := []string{
-		s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID), s.keys.Ready(shard),
-		s.keys.Capped(shard), s.keys.VirtualTime(shard), s.keys.TenantRunning(p.TenantID),
-	}
-	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
-	err := enqueueScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID.String(), score, weight,
-		max(p.RunningCap, 0), int(queueTTL.Seconds()), p.TenantID).Err()
-	if err != nil {
+	keys, args := enqueueArgs(s.keys, p, s.nowArg())
+	if err := enqueueScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
 		return fmt.Errorf("scheduler: enqueue: %w", err)
 	}
 	s.wake(ctx)
 	return nil
+}
+
+func enqueueArgs(k rkeys.Keys, p EnqueueParams, now string) ([]string, []any) {
+	shard := k.Shard(p.TenantID)
+	keys := []string{
+		k.TenantQueue(p.TenantID), k.TenantConf(p.TenantID), k.Ready(shard),
+		k.Capped(shard), k.VirtualTime(shard), k.TenantRunning(p.TenantID), k.PendingQueue(p.TenantID),
+	}
+	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
+	return keys, []any{now, p.TaskID.String(), score, max(p.Weight, 1), max(p.RunningCap, 0),
+		int(queueTTL.Seconds()), p.TenantID}
 }
 
 // Remove takes a queued task off its tenant's queue (cancel). It reports whether the
@@ -626,14 +632,8 @@ func (s *Scheduler) WaitReason(ctx context.Context, tenantID string) (string, er
 // EnqueueInPipeline queues the enqueue script of p on pipe without waking the
 // dispatchers (bulk loads and benchmarks; call Enqueue for single tasks).
 func EnqueueInPipeline(ctx context.Context, pipe redis.Pipeliner, keys rkeys.Keys, p EnqueueParams) {
-	shard := keys.Shard(p.TenantID)
-	ks := []string{
-		keys.TenantQueue(p.TenantID), keys.TenantConf(p.TenantID), keys.Ready(shard),
-		keys.Capped(shard), keys.VirtualTime(shard), keys.TenantRunning(p.TenantID),
-	}
-	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
-	enqueueScript.Run(ctx, pipe, ks, "", p.TaskID.String(), score, max(p.Weight, 1),
-		max(p.RunningCap, 0), int(queueTTL.Seconds()), p.TenantID)
+	ks, args := enqueueArgs(keys, p, "")
+	enqueueScript.Run(ctx, pipe, ks, args...)
 }
 
 // Take performs one dispatch — pool slot, fair pick within a shard, confirm — but

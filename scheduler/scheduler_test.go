@@ -128,6 +128,33 @@ func TestQueueScoreOrdersPriorityThenTime(t *testing.T) {
 	}
 }
 
+// queue_backlog counts an admitted task in the tenant's admitted-not-yet-queued set
+// until it is in its queue; the enqueue itself ends that count, in the same script, so
+// a task is never counted twice nor, in between, not at all.
+func TestEnqueueEndsTheAdmittedNotYetQueuedCount(t *testing.T) {
+	f := newFixture(t, 0, 0)
+	ctx := context.Background()
+	other := uuid.Must(uuid.NewV7()).String()
+	pending := f.keys.PendingQueue("a")
+	f.rdb.ZAdd(ctx, pending, redis.Z{Score: float64(f.clock + 60_000), Member: other})
+	id := uuid.Must(uuid.NewV7())
+	f.rdb.ZAdd(ctx, pending, redis.Z{Score: float64(f.clock + 60_000), Member: id.String()})
+	f.n++
+	if err := f.s.Enqueue(ctx, EnqueueParams{TenantID: "a", TaskID: id, Priority: 5, CreatedAt: f.base, Weight: 1}); err != nil {
+		t.Fatal(err)
+	}
+	left, err := f.rdb.ZRange(ctx, pending, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0] != other {
+		t.Fatalf("admitted-not-yet-queued after the enqueue: %v, want only the other task %s", left, other)
+	}
+	if _, err := f.rdb.ZScore(ctx, f.keys.TenantQueue("a"), id.String()).Result(); err != nil {
+		t.Fatalf("the task is not in its queue: %v", err)
+	}
+}
+
 func TestDispatchPriorityThenFIFOWithinTenant(t *testing.T) {
 	f := newFixture(t, 100, 0)
 	low1 := f.enqueue("a", 1, 1, 0)

@@ -248,10 +248,6 @@ func (s *Server) submitTask(c echo.Context) error {
 		// The task is stored as queued; the recovery sweep pushes queued tasks missing
 		// from Redis, so the 202 still holds.
 		s.log.Error("pushing task to its queue failed; it stays queued in Postgres", "task_id", task.ID, "err", err)
-	} else if err := s.Admission.Quotas().Enqueued(ctx, tenant.ID, task.ID.String()); err != nil {
-		// In the queue now: queue_backlog counts it there; its admission's count
-		// expires within quotas.PendingTTL.
-		s.log.Warn("clearing the task's admitted-not-yet-queued mark failed; it expires on its own", "task_id", task.ID, "err", err)
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+task.ID.String())
 	return c.JSON(http.StatusAccepted, taskJSON(task))
