@@ -186,13 +186,14 @@ type AdmitParams struct {
 // reset and retry-after with the same formulas (decision.go). A tenant's buckets and
 // counters are one hash (one HMGET, one HSET). Concurrent admissions of one shard are
 // coalesced into one call (batcher.go); each sees the ones before it. No step costs
-// more with the size of the tenant's state: user buckets sit in a ZSET scored by the
-// time each is full again, so dropping idle users is ZREMRANGEBYSCORE and counting
-// them ZCARD.
+// more with the size of the tenant's state: user buckets are fields of the hash,
+// counted in "nu"; once MaxUsersPerTenant are tracked, a new user's admission sweeps a
+// bounded slice of them (HSCAN with a cursor kept in "uc") for buckets full again, and
+// users still beyond the cap share one overflow bucket.
 //
-// KEYS, 7 per admission, on one shard: state hash, session leases (zset), long-running
+// KEYS, 6 per admission, on one shard: state hash, session leases (zset), long-running
 // leases (zset), tenant queue (zset), steps per hour (hash), admitted-not-yet-queued
-// tasks (zset), user buckets (zset)
+// tasks (zset)
 // ARGV[1] now ms or ""   ARGV[2] lease ttl ms   ARGV[3] max users per tenant
 // ARGV[4] state ttl ms   ARGV[5] pending ttl ms, then 8 per admission:
 //
@@ -201,7 +202,7 @@ type AdmitParams struct {
 //	  key-agent burst (per second), user rate, user burst (per hour), sessions,
 //	  long-running, backlog, steps daily, tokens monthly, usd monthly (micro)
 //	2 task id   3 key field "k:<kid>"   4 key-agent field "a:<kid>:<agent>" or ""
-//	5 user member "u:<user>" or ""   6 tokens field "tok:<period>"   7 usd field "usd:<period>"
+//	5 user field "u:<user>" or ""   6 tokens field "tok:<period>"   7 usd field "usd:<period>"
 //	8 unused ("")
 //
 // A limit >= 0 is on (0 allows nothing), -1 is off. Monthly tokens and money refuse a
@@ -237,6 +238,7 @@ end
 local hour = floor(now / 3600000)
 local reply = {}
 local overflow = 'u:\0overflow'
+local user_sweep = 32 -- user fields a new user's admission at the cap may sweep
 
 -- GCRA (as go-redis/redis_rate); tat in ms. Returns the new tat, or nil if refused.
 -- A tat beyond what the current rate and burst can produce means the limit changed
@@ -251,9 +253,9 @@ local function gcra(t, rate, burst, period)
   return t + T
 end
 
-for r = 0, (#KEYS / 7) - 1 do
-  local b = r * 7
-  local H, SL, LL, Q, S, P, U = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6], KEYS[b + 7]
+for r = 0, (#KEYS / 6) - 1 do
+  local b = r * 6
+  local H, SL, LL, Q, S, P = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]
   local a = r * 8 + 5
   local mode, in_scope, is_long, key_rate, key_burst, t_rate, t_burst, ka_rate, ka_burst,
         u_rate, u_burst, sessions, long, backlog_max, steps_max, tokens_max, usd_max =
@@ -262,24 +264,17 @@ for r = 0, (#KEYS / 7) - 1 do
   local peek, admit = mode == 1, mode == 0
   local status, mask = 0, 0
   local w = {}
-  local kt, tt, at, ut, x, ot, old_nu = 0, 0, 0, nil, 0, nil, nil
+  local kt, tt, at, ut, x, ot, nu, uc = 0, 0, 0, nil, 0, nil, 0, '0'
   local s, l, backlog, steps, oldest, tok, usd = 0, 0, 0, 0, hour, 0, 0
-  local user_tat -- the user bucket's new tat, written to U if the admission passes
   if mode == 2 then
     kt = tonumber(call('HGET', H, kf)) or 0
   else
-    local v = call('HMGET', H, kf, 't', af == '' and 't' or af, overflow, 'nu', 'x', ARGV[a + 6], ARGV[a + 7])
+    local v = call('HMGET', H, kf, 't', af == '' and 't' or af, uf == '' and 't' or uf, 'nu', 'x',
+      ARGV[a + 6], ARGV[a + 7], overflow, 'uc')
     kt, tt, x = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[6]) or 0
     if af ~= '' then at = tonumber(v[3]) or 0 end
-    ot, old_nu = tonumber(v[4]), v[5]
-    tok, usd = tonumber(v[7]) or 0, tonumber(v[8]) or 0
-  end
-  if old_nu and admit then
-    -- once per tenant: user buckets used to be fields of the state hash; they go
-    for _, f in ipairs(call('HKEYS', H)) do
-      if f:sub(1, 2) == 'u:' and f ~= overflow then call('HDEL', H, f) end
-    end
-    call('HDEL', H, 'nu')
+    if uf ~= '' then ut = tonumber(v[4]) end
+    nu, tok, usd, ot, uc = tonumber(v[5]) or 0, tonumber(v[7]) or 0, tonumber(v[8]) or 0, tonumber(v[9]), v[10] or '0'
   end
   -- 1. the key bucket: every authenticated request spends it
   if key_rate >= 0 and not peek then
@@ -298,26 +293,31 @@ for r = 0, (#KEYS / 7) - 1 do
       if new then w[#w+1] = af; w[#w+1] = new else mask = mask + 4 end
     end
     if u_rate >= 0 and uf ~= '' then
-      ut = tonumber(call('ZSCORE', U, uf))
-      if not ut then
-        local nu = call('ZCARD', U)
-        if nu >= max_users and admit then
-          -- users whose buckets are full again are the same as absent: drop them
-          call('ZREMRANGEBYSCORE', U, '-inf', now)
-          nu = call('ZCARD', U)
+      if not ut and nu >= max_users and admit then
+        -- At the cap. Users whose buckets are full again are the same as absent: a
+        -- bounded slice of the hash is swept per such admission (a cursor carries on
+        -- from the last one), so its cost never grows with the users tracked.
+        local res = call('HSCAN', H, uc, 'MATCH', 'u:*', 'COUNT', user_sweep)
+        local fields = res[2]
+        for i = 1, #fields, 2 do
+          if fields[i] ~= overflow and (tonumber(fields[i + 1]) or 0) <= now then
+            call('HDEL', H, fields[i])
+            nu = nu - 1
+          end
         end
-        if nu >= max_users then
-          uf, ut = overflow, ot or 0 -- users beyond the cap share one bucket
-        end
+        nu = math.max(nu, 0)
+        call('HSET', H, 'nu', nu, 'uc', res[1])
+      end
+      if not ut and nu >= max_users then
+        uf, ut = overflow, ot -- users beyond the cap share one bucket
       end
       if not peek then
         local new = gcra(ut or 0, u_rate, u_burst, 3600000)
-        if not new then
-          mask = mask + 8
-        elseif uf == overflow then
+        if new then
           w[#w+1] = uf; w[#w+1] = new
+          if not ut then w[#w+1] = 'nu'; w[#w+1] = nu + 1 end
         else
-          user_tat = new
+          mask = mask + 8
         end
       end
       ut = ut or 0
@@ -380,11 +380,6 @@ for r = 0, (#KEYS / 7) - 1 do
         call('ZADD', P, now + pending_ttl, task)
         call('PEXPIRE', P, pending_ttl)
       end
-      if user_tat then
-        -- a new member (re)starts the set's life; the state hash's daily refresh
-        -- below keeps it for returning users
-        if call('ZADD', U, user_tat, uf) == 1 then call('PEXPIRE', U, state_ttl) end
-      end
     end
   elseif mode ~= 2 and status == 0 then
     status = 2
@@ -395,7 +390,6 @@ for r = 0, (#KEYS / 7) - 1 do
     if mode ~= 2 and x < now + state_ttl - 86400000 then
       call('HSET', H, 'x', now + state_ttl)
       call('PEXPIRE', H, state_ttl)
-      call('PEXPIRE', U, state_ttl) -- a no-op when the tenant tracks no users
     elseif mode == 2 and call('PTTL', H) < 0 then
       call('PEXPIRE', H, state_ttl)
     end
@@ -420,7 +414,7 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // admitKeysPerCall and admitArgsPerCall are the script's strides.
-const admitKeysPerCall, admitArgsPerCall = 7, 8
+const admitKeysPerCall, admitArgsPerCall = 6, 8
 
 // PendingTTL bounds how long an admitted task counts against queue_backlog before it
 // is in its queue: the scheduler's enqueue clears its mark; a process that dies
@@ -443,7 +437,7 @@ func b2f(b bool) float64 {
 func (q *Quotas) appendAdmit(keys []string, args []any, p AdmitParams) ([]string, []any) {
 	k := q.keys
 	keys = append(keys, k.AdmissionState(p.TenantID), k.Sessions(p.TenantID), k.LongRunning(p.TenantID),
-		k.TenantQueue(p.TenantID), k.StepsDaily(p.TenantID), k.PendingQueue(p.TenantID), k.UserBuckets(p.TenantID))
+		k.TenantQueue(p.TenantID), k.StepsDaily(p.TenantID), k.PendingQueue(p.TenantID))
 	l := p.Limits
 	nums := [17]float64{
 		modeCode[p.Mode], b2f(p.InScope), b2f(p.LongRunning), l.KeyRate, l.KeyBurst, l.TenantRate, l.TenantBurst,

@@ -293,7 +293,7 @@ func TestUsersBeyondTheCapShareTheOverflowBucket(t *testing.T) {
 			t.Fatalf("user %d refused", i)
 		}
 	}
-	if n := f.rdb.ZCard(ctx, f.keys.UserBuckets("acme")).Val(); n != MaxUsersPerTenant {
+	if n := userFields(t, f); n != MaxUsersPerTenant {
 		t.Fatalf("%d user buckets", n)
 	}
 	// two new users share the overflow bucket of 2
@@ -304,18 +304,24 @@ func TestUsersBeyondTheCapShareTheOverflowBucket(t *testing.T) {
 	if !f.admitExact(l, user("user-7")).Allowed {
 		t.Fatal("a tracked user was refused")
 	}
-	// when buckets are full again, their users are dropped and new users get their own
+	// when buckets are full again, their users are swept out as new users arrive, and
+	// the new users get buckets of their own (each admits 2, not the overflow's 0)
 	f.advance(time.Hour + time.Second)
 	for _, u := range []string{"new-a", "new-b", "new-c"} {
-		if d := f.admitExact(l, user(u)); !d.Allowed {
-			t.Fatalf("%s after capacity returned: %v", u, d.Violated)
+		for i := range 2 {
+			if d := f.admitExact(l, user(u)); !d.Allowed {
+				t.Fatalf("%s, task %d, after capacity returned: %v", u, i+1, d.Violated)
+			}
+		}
+		if _, err := f.rdb.HGet(ctx, f.keys.AdmissionState("acme"), "u:"+u).Result(); err != nil {
+			t.Fatalf("%s has no bucket of its own: %v", u, err)
 		}
 	}
-	if n := f.rdb.ZCard(ctx, f.keys.UserBuckets("acme")).Val(); n != 3 {
-		t.Fatalf("%d user buckets after the idle ones went, want 3", n)
+	if n := userFields(t, f); n > MaxUsersPerTenant+1 {
+		t.Fatalf("%d user buckets, cap %d (+1 overflow)", n, MaxUsersPerTenant)
 	}
-	if ttl := f.rdb.PTTL(ctx, f.keys.UserBuckets("acme")).Val(); ttl <= 0 {
-		t.Fatal("the user bucket set has no TTL")
+	if ttl := f.rdb.PTTL(ctx, f.keys.AdmissionState("acme")).Val(); ttl <= 0 {
+		t.Fatal("the state hash has no TTL")
 	}
 }
 

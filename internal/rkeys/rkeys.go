@@ -143,11 +143,6 @@ func (k Keys) InflightRequests(tenant string) string { return k.tenantTag(tenant
 // queue (task id → expiry ms), which queue_backlog counts with the queue.
 func (k Keys) PendingQueue(tenant string) string { return k.tenantTag(tenant) + ":pend:" + tenant }
 
-// UserBuckets is the ZSET of the tenant's user_tasks_hourly buckets: "u:<user>" scored
-// by the bucket's GCRA theoretical arrival time (ms), which is also when it is full
-// again; capped at quotas.MaxUsersPerTenant members.
-func (k Keys) UserBuckets(tenant string) string { return k.tenantTag(tenant) + ":users:" + tenant }
-
 // APIReplicas is the ZSET of live API replicas (id → heartbeat expiry ms); the degraded
 // mode divides rate limits by its size.
 func (k Keys) APIReplicas() string { return k.prefix + "apis" }
