@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -295,19 +296,21 @@ func (d *Dispatcher) send(ctx context.Context, job Dispatched) error {
 	return d.sched.confirm(ctx, job)
 }
 
+// staleScript lists a shard's "dispatching" entries older than the resend delay, aged
+// by the clock their scores were written with (Redis TIME, or the test clock), in the
+// same round trip.
+//
+// KEYS[1] dispatching   ARGV[1] now ms or ""   ARGV[2] resend delay ms   ARGV[3] max
+var staleScript = redis.NewScript(luaNow + `
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0, tonumber(ARGV[3]))
+`)
+
 func (d *Dispatcher) resendStale(ctx context.Context) error {
-	// dispatching scores are Redis TIME: age them by it, not by this host's clock
-	now, err := d.sched.clockMs(ctx)
-	if err != nil {
-		return err
-	}
-	cutoff := now - d.resend.Milliseconds()
 	for shard := range d.sched.keys.Shards() {
-		members, err := d.rdb.ZRangeByScore(ctx, d.sched.keys.Dispatching(shard), &redis.ZRangeBy{
-			Min: "-inf", Max: itoa(cutoff), Count: 100,
-		}).Result()
+		members, err := staleScript.Run(ctx, d.rdb, []string{d.sched.keys.Dispatching(shard)},
+			d.sched.nowArg(), d.resend.Milliseconds(), 100).StringSlice()
 		if err != nil {
-			return err
+			return fmt.Errorf("scheduler: stale dispatching entries: %w", err)
 		}
 		for _, m := range members {
 			job, err := parseMember(m)

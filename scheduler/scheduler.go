@@ -529,8 +529,6 @@ func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
 	), nil
 }
 
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-
 // configureScript applies a tenant's new weight and running cap to its backlog.
 //
 // KEYS[1] tenant conf   KEYS[2] ready   KEYS[3] capped   KEYS[4] tenant running set
