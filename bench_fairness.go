@@ -203,7 +203,7 @@ func (e *benchEnv) close() {
 		e.pool.Close()
 	}
 	_, _ = e.b.pool.Exec(ctx, "DROP SCHEMA "+e.schema+" CASCADE")
-	for _, p := range []string{e.keys.Prefix(), "asynq:{" + e.keys.Prefix()} {
+	for _, p := range []string{e.keys.Prefix(), e.keys.AsynqKeyPrefix()} {
 		redisx.DeletePrefix(ctx, e.b.rdb, p)
 	}
 }
@@ -386,8 +386,10 @@ func totalCommands(ctx context.Context, rdb *redis.Client) (int64, error) {
 // fifo runs the noisy-neighbour traffic through one plain asynq queue: what asynq
 // users without a fair scheduler get.
 func (b *fairBench) fifo(ctx context.Context) (float64, error) {
-	queue := "fifo" + uuid.NewString()[:8]
-	defer redisx.DeletePrefix(context.Background(), b.rdb, "asynq:{"+queue+"}")
+	// one queue under a throwaway prefix, named the way a deployment names its queues
+	keys := rkeys.New("fifo"+uuid.NewString()[:8]+":", 1)
+	queue := keys.AsynqQueue("fifo")
+	defer redisx.DeletePrefix(context.Background(), b.rdb, keys.AsynqKeyPrefix())
 	type job struct {
 		Tenant   string    `json:"tenant"`
 		Ms       int       `json:"ms"`

@@ -86,7 +86,7 @@ func TestRedeliveredTaskOfADeadWorkerIsTakenOver(t *testing.T) {
 		agent_state = '{"done":1}', started_at = now(), heartbeat_at = now() - interval '5 seconds' WHERE id = $1`, task.ID); err != nil {
 		t.Fatal(err)
 	}
-	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"crash","band":"p5"}`)
+	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"crash","priority":5}`)
 	if err := h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestStalledWorkerStopsWhenItsTaskWasTakenOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"fence","band":"p5"}`)
+	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"fence","priority":5}`)
 	done := make(chan error, 1)
 	go func() { done <- h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)) }()
 	waitState(t, c, task.ID, "running", 5*time.Second)

@@ -482,7 +482,7 @@ func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport, p *Janito
 		p.Rows++
 		id := st.ID.String()
 		// its dispatch slots are gone with its worker
-		cleanup := wire.Payload{TaskID: id, TenantID: st.TenantID, Band: fmt.Sprintf("p%d", st.Priority)}
+		cleanup := wire.Payload{TaskID: id, TenantID: st.TenantID, Priority: st.Priority}
 		if st.Attempt >= j.cfg.MaxAttempts {
 			// Fenced on the attempt read: a redelivery that took the task over since
 			// keeps it.
@@ -690,6 +690,7 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 		return fmt.Errorf("running sets: %w", err)
 	}
 	owner := map[uuid.UUID]string{}
+	priority := map[uuid.UUID]int{} // of the re-added tasks, from Postgres
 	var drop, readded []uuid.UUID
 	for i, t := range tenants {
 		members := sets[i].Val()
@@ -721,6 +722,7 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 			}
 			readded = append(readded, lt.ID)
 			owner[lt.ID] = t
+			priority[lt.ID] = lt.Priority
 		}
 	}
 	if len(drop)+len(readded) == 0 {
@@ -736,7 +738,12 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 		if st, known := states[id]; known && !store.Terminal(st) {
 			continue
 		}
-		if err := j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Band: "p5"}, -1); err != nil {
+		// No priority: Postgres lists this task as not live, and Done needs none here.
+		// Done frees the running-set and inflight entries by task id; the priority only
+		// rebuilds the task's dispatching entry, together with the estimate, which the
+		// janitor does not know either. A dispatching entry is the dispatcher's: it
+		// re-sends it, and the pool check recounts a slot it held.
+		if err := j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id]}, -1); err != nil {
 			return err
 		}
 		rep.RunningRemoved++
@@ -744,7 +751,7 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 	// As with leases: a task that ended meanwhile must not keep a running slot.
 	for _, id := range readded {
 		if store.Terminal(states[id]) {
-			_ = j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Band: "p5"}, -1)
+			_ = j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Priority: priority[id]}, -1)
 		} else {
 			rep.RunningAdded++
 		}
@@ -763,7 +770,7 @@ func (j *Janitor) rescueStranded(ctx context.Context, tenant string, byID map[st
 		if err != nil || !stranded {
 			continue
 		}
-		_ = j.sched.Done(ctx, wire.Payload{TaskID: id, TenantID: tenant, Band: fmt.Sprintf("p%d", t.Priority)}, -1)
+		_ = j.sched.Done(ctx, wire.Payload{TaskID: id, TenantID: tenant, Priority: t.Priority}, -1)
 		p, err := j.recovery.tenantParams(ctx, tenant)
 		if err != nil {
 			return err

@@ -423,15 +423,16 @@ return 0
 
 // Done releases a dispatched task's running slot and pool slot, charges its tenant
 // the worker time it took (took < 0: unknown, keep the estimate), and wakes the
-// dispatchers. Calling it twice is harmless.
+// dispatchers. Calling it twice is harmless. p's Priority and EstimateMs rebuild the
+// task's dispatching member, which is still there when its worker was quicker than
+// the dispatcher's confirm; once confirmed, the task is found by its id alone.
 func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration) error {
 	shard := s.keys.Shard(p.TenantID)
-	prio := priorityOfBand(p.Band)
 	keys := []string{
 		s.keys.TenantRunning(p.TenantID), s.keys.Inflight(shard), s.keys.Dispatching(shard), s.keys.Ready(shard),
 		s.keys.Capped(shard), s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID),
 	}
-	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: prio, EstimateMs: p.EstimateMs}
+	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: p.Priority, EstimateMs: p.EstimateMs}
 	tookMs := int64(-1)
 	if took >= 0 {
 		tookMs = took.Milliseconds()
@@ -448,18 +449,6 @@ func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration
 	}
 	s.wake(ctx)
 	return nil
-}
-
-// The payload's band field carries the exact priority ("p5"), so Done can rebuild the
-// dispatching member.
-func bandField(priority int) string { return "p" + strconv.Itoa(priority) }
-
-func priorityOfBand(b string) int {
-	p, err := strconv.Atoi(strings.TrimPrefix(b, "p"))
-	if err != nil {
-		return DefaultPriority
-	}
-	return p
 }
 
 // heartbeatScript registers a worker's slots until ttl after Redis TIME, the clock
@@ -514,7 +503,7 @@ func (s *Scheduler) Deregister(ctx context.Context, workerID string) error {
 // NewAsynqTask builds the asynq task for a dispatched task. TaskID is the task id, so
 // a re-send after a crash is refused as a duplicate instead of running twice.
 func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
-	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority), EstimateMs: d.EstimateMs})
+	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs})
 	if err != nil {
 		return nil, err
 	}
@@ -652,7 +641,7 @@ func (s *Scheduler) Take(ctx context.Context) (wire.Payload, error) {
 			if err := s.confirm(ctx, d); err != nil {
 				return wire.Payload{}, err
 			}
-			return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority), EstimateMs: d.EstimateMs}, nil
+			return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs}, nil
 		}
 		if !errors.Is(err, errEmpty) && !errors.Is(err, errBusy) {
 			_ = s.release(ctx)

@@ -101,7 +101,7 @@ func (f *fixture) done(d Dispatched) { f.doneTook(d, -1) }
 // doneTook completes a task that took took of worker time (-1: unknown).
 func (f *fixture) doneTook(d Dispatched, took time.Duration) {
 	f.t.Helper()
-	p := wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Band: bandField(d.Priority), EstimateMs: d.EstimateMs}
+	p := wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs}
 	if err := f.s.Done(context.Background(), p, took); err != nil {
 		f.t.Fatal(err)
 	}
@@ -415,6 +415,33 @@ func TestDoneIsIdempotentAndConfirmAfterDoneLeaksNothing(t *testing.T) {
 	}
 	if n := f.rdb.SCard(ctx, f.keys.TenantRunning("a")).Val(); n != 0 {
 		t.Errorf("running set holds %d after done", n)
+	}
+}
+
+// A task sent before the payload carried its priority as a number is still in asynq
+// after an upgrade: its "band":"pN" payload must rebuild the dispatching member, or
+// its dispatch slot stays taken when its worker ends it before the confirm.
+func TestDoneWithLegacyBandPayloadFreesTheDispatchingEntry(t *testing.T) {
+	f := newFixture(t, 100, 0)
+	f.enqueue("a", 8, 1, 0)
+	d, err := f.dispatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p wire.Payload
+	legacy := fmt.Sprintf(`{"task_id":%q,"tenant_id":%q,"band":"p%d","estimate_ms":%d}`, d.TaskID, d.TenantID, d.Priority, d.EstimateMs)
+	if err := json.Unmarshal([]byte(legacy), &p); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := f.s.Done(ctx, p, -1); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.rdb.ZCard(ctx, f.keys.Dispatching(0)).Val(); n != 0 {
+		t.Errorf("dispatching holds %d after done with %s", n, legacy)
+	}
+	if n, _ := f.rdb.Get(ctx, f.keys.PoolInflight()).Int(); n != 0 {
+		t.Errorf("the pool counts %d tasks in flight after done, want 0", n)
 	}
 }
 

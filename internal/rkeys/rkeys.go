@@ -112,6 +112,12 @@ func (k Keys) KeysChangedChannel() string { return k.prefix + "keys" }
 // the number of asynq queues never grows with the number of tenants.
 func (k Keys) AsynqQueue(band string) string { return k.prefix + band }
 
+// AsynqKeyPrefix starts every key asynq writes for this deployment's queues: asynq
+// keeps queue q's keys under "asynq:{q}:", and every queue is AsynqQueue(band), the
+// deployment prefix followed by the band. (asynq's own global keys, such as its set
+// of queue names, are not under it.)
+func (k Keys) AsynqKeyPrefix() string { return "asynq:{" + k.prefix }
+
 // --- admission (quotas) ---------------------------------------------------------
 
 // AdmissionState is the HASH holding all of a tenant's admission state, so one

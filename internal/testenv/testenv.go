@@ -143,15 +143,15 @@ func Redis(t testing.TB, shards int) (*redis.Client, rkeys.Keys) {
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatalf("testenv: Redis at %s: %v (is Redis running? `make test` starts it)", opt.Addr, err)
 	}
-	prefix := "t" + ID() + ":"
+	keys := rkeys.New("t"+ID()+":", shards)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		DeletePrefix(ctx, c, prefix)
-		DeletePrefix(ctx, c, "asynq:{"+prefix)
+		DeletePrefix(ctx, c, keys.Prefix())
+		DeletePrefix(ctx, c, keys.AsynqKeyPrefix())
 		_ = c.Close()
 	})
-	return c, rkeys.New(prefix, shards)
+	return c, keys
 }
 
 // DeletePrefix deletes every key starting with prefix.
