@@ -514,7 +514,10 @@ func deref(s *string) string {
 
 // asynq never holds more than the live pool's capacity plus the prefetch, however
 // deep the tenants' backlogs: it stays a short hand-off, not a FIFO that would undo
-// the fair order.
+// the fair order. A worker gives its pool slot back when its task ends, a moment before
+// asynq moves the message out of its active list, so each slot may briefly show one
+// finished task on top: the bound is slots + prefetch + slots (5 here), far below the
+// 30 tasks submitted.
 func TestAsynqStaysShort(t *testing.T) {
 	t.Parallel()
 	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 2; o.Config.Prefetch = 1 })
@@ -550,8 +553,8 @@ func TestAsynqStaysShort(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if maxHeld > 3 {
-		t.Fatalf("asynq held %d tasks at once with 2 worker slots and prefetch 1, want <= 3", maxHeld)
+	if maxHeld > 5 {
+		t.Fatalf("asynq held %d tasks at once with 2 worker slots and prefetch 1, want <= 5 (3, plus one finished task per slot not yet acknowledged)", maxHeld)
 	}
 	if maxHeld == 0 {
 		t.Fatal("never saw a task in asynq: the test measured nothing")
