@@ -167,7 +167,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &created); err != nil || created.ID != "cli1" || created.Name != "cli1" || *created.Weight != 7 {
 		t.Fatalf("CLI create printed %q (%v)", out, err)
 	}
-	if out, err = cli("tenant-update", "cli1", "--status", "suspended", "--weight", "3"); err != nil {
+	if _, err := cli("tenant-update", "cli1", "--status", "suspended", "--weight", "3"); err != nil {
 		t.Fatalf("CLI update: %v", err)
 	}
 	var tj struct {
