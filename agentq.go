@@ -24,6 +24,7 @@ import (
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
@@ -87,14 +88,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if a.cfg.Has(config.RoleAPI) && a.cfg.AdminToken == "" {
 		a.log.Warn("AGENTQ_ADMIN_TOKEN is not set: the admin API refuses every request")
 	}
-	plans, err := quotas.LoadCatalogue(a.cfg.PlansFile)
+	plans, err := tenants.LoadCatalogue(a.cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := plans.ApplyGlobals(quotas.Globals{
-		KeyRPS: a.cfg.RateKeyRPS, KeyBurst: a.cfg.RateKeyBurst, TenantRPS: a.cfg.RateTenantRPS,
-		TenantBurst: a.cfg.RateTenantBurst, TenantMaxInflight: a.cfg.TenantMaxInflight,
-	}); err != nil {
 		return nil, err
 	}
 	a.Plans = plans

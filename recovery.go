@@ -2,7 +2,7 @@ package agentq
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -144,17 +145,9 @@ func (r *recovery) tenantParams(ctx context.Context, tenantID string) (scheduler
 	if err != nil {
 		return scheduler.EnqueueParams{}, err
 	}
-	plan, ok := r.plans.Plan(t.Plan)
-	if !ok {
-		return scheduler.EnqueueParams{}, errors.New("tenant " + t.ID + " has an unknown plan " + t.Plan)
-	}
-	eff, err := r.plans.Effective(t.Plan, t.Overrides)
+	p, err := tenants.PolicyOf(r.plans, t)
 	if err != nil {
-		return scheduler.EnqueueParams{}, err
+		return scheduler.EnqueueParams{}, fmt.Errorf("tenant %s: %w", t.ID, err)
 	}
-	w := plan.Weight
-	if t.Weight != nil {
-		w = *t.Weight
-	}
-	return scheduler.EnqueueParams{TenantID: t.ID, Weight: w, RunningCap: quotas.RunningCap(eff)}, nil
+	return scheduler.EnqueueParams{TenantID: t.ID, Weight: p.Weight, RunningCap: p.RunningCap}, nil
 }

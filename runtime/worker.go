@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
 )
@@ -355,11 +356,8 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	limits := quotas.NoLimits()
 	var planBudget *quotas.Budget
 	if w.opts.Plans != nil {
-		if eff, err := w.opts.Plans.Effective(tenant.Plan, tenant.Overrides); err == nil {
-			limits = quotas.LimitsOf(eff)
-		}
-		if p, ok := w.opts.Plans.Plan(tenant.Plan); ok {
-			planBudget = &p.Budget
+		if p, err := tenants.PolicyOf(w.opts.Plans, tenant); err == nil {
+			limits, planBudget = p.Limits, &p.Budget
 		}
 	}
 	var exec Executor

@@ -3,18 +3,15 @@ package web
 import (
 	"errors"
 	"net/http"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
-
-var tenantIDRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
 
 // TenantRequest is the body of POST /v1/admin/tenants and PATCH /v1/admin/tenants/{id}.
 type TenantRequest struct {
@@ -33,49 +30,22 @@ type TenantJSON struct {
 }
 
 func (s *Server) tenantJSON(t store.Tenant) TenantJSON {
-	w := 1
-	if p, ok := s.Plans.Plan(t.Plan); ok {
-		w = p.Weight
-	}
-	if t.Weight != nil {
-		w = *t.Weight
-	}
-	return TenantJSON{Tenant: t, EffectiveWeight: w}
+	p, _ := s.Tenants.Policy(t) // a plan missing from the catalogue still has a weight
+	return TenantJSON{Tenant: t, EffectiveWeight: p.Weight}
 }
 
-func (s *Server) validateTenantFields(r TenantRequest) error {
-	if r.Name != nil && (strings.TrimSpace(*r.Name) == "" || identifierProblem(*r.Name, 200) != "") {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "name must be 1 to 200 bytes of text without control characters.")
+// tenantErr turns the tenant service's errors into the API's.
+func tenantErr(err error, id string) error {
+	var inv *tenants.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)
+	case errors.Is(err, tenants.ErrExists):
+		return apiErr(http.StatusConflict, CodeConflict, "Tenant %q already exists.", id)
+	case errors.Is(err, tenants.ErrNotFound):
+		return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", id)
 	}
-	if r.Plan != nil {
-		if _, ok := s.Plans.Plan(*r.Plan); !ok {
-			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown plan %q (plans: %s).", *r.Plan, strings.Join(s.Plans.Names(), ", "))
-		}
-	}
-	if r.Weight != nil && (*r.Weight < 1 || *r.Weight > 1000) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "weight must be between 1 and 1000.")
-	}
-	if err := quotas.ValidateOverrides(r.Overrides); err != nil {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "overrides: %v.", err)
-	}
-	if r.Status != nil && *r.Status != "active" && *r.Status != "suspended" {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "status must be active or suspended.")
-	}
-	return nil
-}
-
-// checkKeyLimits refuses limits that turn key limits off while the tenant limit is on:
-// one unlimited key could then spend the whole tenant's bucket.
-func (s *Server) checkKeyLimits(plan string, overrides map[string]quotas.Limit) error {
-	eff, err := s.Plans.Effective(plan, overrides)
-	if err != nil {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%v.", err)
-	}
-	if quotas.KeyLimitsOffAlone(eff) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest,
-			"overrides: key_rate unlimited disables key limits while tenant_rate is on; set tenant_rate to unlimited too, or keep a key_rate.")
-	}
-	return nil
+	return err
 }
 
 func (s *Server) createTenant(c echo.Context) error {
@@ -87,50 +57,29 @@ func (s *Server) createTenant(c echo.Context) error {
 	if err := decodeStrict(body, &r, false); err != nil {
 		return err
 	}
-	if r.ID == nil || !tenantIDRE.MatchString(*r.ID) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit.")
+	var id string
+	if r.ID != nil {
+		id = *r.ID
 	}
-	if r.Plan == nil {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "plan is required.")
-	}
-	if r.Status != nil {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "status is set with PATCH, not at creation.")
-	}
-	if err := s.validateTenantFields(r); err != nil {
-		return err
-	}
-	if err := s.checkKeyLimits(*r.Plan, r.Overrides); err != nil {
-		return err
-	}
-	name := *r.ID
-	if r.Name != nil {
-		name = *r.Name
-	}
-	t, err := s.Store.CreateTenant(c.Request().Context(), store.CreateTenantParams{
-		ID: *r.ID, Name: name, Plan: *r.Plan, Weight: r.Weight, Overrides: r.Overrides,
+	t, err := s.Tenants.Create(c.Request().Context(), tenants.CreateParams{
+		ID: id, Name: r.Name, Plan: r.Plan, Weight: r.Weight, Overrides: r.Overrides, Status: r.Status,
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return apiErr(http.StatusConflict, CodeConflict, "Tenant %q already exists.", *r.ID)
-	}
 	if err != nil {
-		return err
+		return tenantErr(err, id)
 	}
 	return c.JSON(http.StatusCreated, s.tenantJSON(t))
 }
 
 func (s *Server) getTenant(c echo.Context) error {
-	t, err := s.Store.GetTenant(c.Request().Context(), c.Param("id"))
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", c.Param("id"))
-	}
+	t, err := s.Tenants.Get(c.Request().Context(), c.Param("id"))
 	if err != nil {
-		return err
+		return tenantErr(err, c.Param("id"))
 	}
 	return c.JSON(http.StatusOK, s.tenantJSON(t))
 }
 
 func (s *Server) listTenants(c echo.Context) error {
-	ts, err := s.Store.ListTenants(c.Request().Context())
+	ts, err := s.Tenants.List(c.Request().Context())
 	if err != nil {
 		return err
 	}
@@ -155,45 +104,14 @@ func (s *Server) updateTenant(c echo.Context) error {
 	if r.ID != nil && *r.ID != id {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "id cannot be changed.")
 	}
-	if err := s.validateTenantFields(r); err != nil {
-		return err
-	}
-	if r.Plan != nil || r.Overrides != nil {
-		cur, err := s.Store.GetTenant(ctx, id)
-		if errors.Is(err, store.ErrNotFound) {
-			return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", id)
-		}
-		if err != nil {
-			return err
-		}
-		plan, ov := cur.Plan, cur.Overrides
-		if r.Plan != nil {
-			plan = *r.Plan
-		}
-		if r.Overrides != nil {
-			ov = r.Overrides
-		}
-		if err := s.checkKeyLimits(plan, ov); err != nil {
-			return err
-		}
-	}
-	t, err := s.Store.UpdateTenant(ctx, store.UpdateTenantParams{
+	t, err := s.Tenants.Update(ctx, tenants.UpdateParams{
 		ID: id, Name: r.Name, Plan: r.Plan, Weight: r.Weight, Overrides: r.Overrides, Status: r.Status,
 	})
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", id)
-	}
 	if err != nil {
-		return err
+		return tenantErr(err, id)
 	}
 	s.invalidate(ctx, "t:"+id)
-	tj := s.tenantJSON(t)
-	if limits, err := s.Plans.Effective(t.Plan, t.Overrides); err == nil {
-		if err := s.Queue.Configure(ctx, t.ID, tj.EffectiveWeight, quotas.RunningCap(limits)); err != nil {
-			s.log.Warn("applying new weight/cap to the queued backlog failed; it applies at the next submission", "tenant_id", id, "err", err)
-		}
-	}
-	return c.JSON(http.StatusOK, tj)
+	return c.JSON(http.StatusOK, s.tenantJSON(t))
 }
 
 // KeyRequest is the body of POST /v1/admin/tenants/{id}/keys.

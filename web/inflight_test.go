@@ -27,7 +27,7 @@ func TestInflightSlotReleasedHoweverTheRequestEnds(t *testing.T) {
 	}
 	g := quotas.NewGuard(quotas.New(rdb, keys, nil), quotas.GuardOptions{Timeout: time.Second})
 	s := New(Deps{Plans: plans, Redis: rdb, Keys: keys, Admission: g})
-	s.tenants.Add("acme", store.Tenant{ID: "acme", Plan: "free", Status: "active", CreatedAt: time.Now()})
+	s.tenantCache.Add("acme", store.Tenant{ID: "acme", Plan: "free", Status: "active", CreatedAt: time.Now()})
 	ctx := context.Background()
 	held := func() int64 { return rdb.ZCard(ctx, keys.InflightRequests("acme")).Val() }
 

@@ -27,11 +27,11 @@ var policyName = map[string]string{
 
 // limitsFor returns the tenant's effective limits.
 func (s *Server) limitsFor(t store.Tenant) (map[string]quotas.Limit, quotas.Limits, error) {
-	eff, err := s.Plans.Effective(t.Plan, t.Overrides)
+	p, err := s.Tenants.Policy(t)
 	if err != nil {
 		return nil, quotas.Limits{}, err
 	}
-	return eff, quotas.LimitsOf(eff), nil
+	return p.Effective, p.Limits, nil
 }
 
 func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }

@@ -23,6 +23,7 @@ import (
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -50,6 +51,7 @@ type Deps struct {
 	Queue      Queue
 	Agents     Agents
 	Plans      *quotas.Catalogue
+	Tenants    *tenants.Service // nil: one over Store, Plans and Queue
 	Admission  *quotas.Guard
 	UpgradeURL string
 	AdminToken string
@@ -63,10 +65,10 @@ const cacheTTL = time.Second
 // Server is the HTTP API.
 type Server struct {
 	Deps
-	log     *slog.Logger
-	e       *echo.Echo
-	keys    *apikey.Cache
-	tenants *expirable.LRU[string, store.Tenant]
+	log         *slog.Logger
+	e           *echo.Echo
+	keys        *apikey.Cache
+	tenantCache *expirable.LRU[string, store.Tenant]
 
 	closing  chan struct{} // closed when Shutdown begins: open streams end
 	mu       sync.Mutex
@@ -82,8 +84,11 @@ func New(d Deps) *Server {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	if s.Tenants == nil {
+		s.Tenants = tenants.New(d.Store, d.Plans, tenants.Options{Scheduler: d.Queue, Logger: s.log})
+	}
 	s.keys = apikey.NewCache(s.loadKey, 10000, cacheTTL)
-	s.tenants = expirable.NewLRU[string, store.Tenant](10000, nil, cacheTTL)
+	s.tenantCache = expirable.NewLRU[string, store.Tenant](10000, nil, cacheTTL)
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -216,7 +221,7 @@ func (s *Server) invalidate(ctx context.Context, what string) {
 // remain keep their live windows; revoked keys' state was dropped at revocation.
 func (s *Server) ReloadKeys() {
 	s.keys.Purge()
-	s.tenants.Purge()
+	s.tenantCache.Purge()
 }
 
 func (s *Server) invalidateLocal(what string) {
@@ -224,7 +229,7 @@ func (s *Server) invalidateLocal(what string) {
 	case strings.HasPrefix(what, "k:"):
 		s.keys.Invalidate(what[2:])
 	case strings.HasPrefix(what, "t:"):
-		s.tenants.Remove(what[2:])
+		s.tenantCache.Remove(what[2:])
 	}
 }
 
@@ -243,14 +248,14 @@ func (s *Server) loadKey(ctx context.Context, kid string) (apikey.Record, bool, 
 }
 
 func (s *Server) tenant(ctx context.Context, id string) (store.Tenant, error) {
-	if t, ok := s.tenants.Get(id); ok {
+	if t, ok := s.tenantCache.Get(id); ok {
 		return t, nil
 	}
 	t, err := s.Store.GetTenant(ctx, id)
 	if err != nil {
 		return t, err
 	}
-	s.tenants.Add(id, t)
+	s.tenantCache.Add(id, t)
 	return t, nil
 }
 

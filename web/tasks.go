@@ -158,20 +158,17 @@ func (s *Server) submitTask(c echo.Context) error {
 	if tenant.Status != "active" {
 		return apiErr(http.StatusForbidden, CodeTenantSuspended, "Tenant %s is suspended.", tenant.ID)
 	}
-	plan, ok := s.Plans.Plan(tenant.Plan)
-	if !ok {
-		return fmt.Errorf("tenant %s has plan %q, which the catalogue lacks", tenant.ID, tenant.Plan)
+	pol, err := s.Tenants.Policy(tenant)
+	if err != nil {
+		return fmt.Errorf("tenant %s: %w", tenant.ID, err)
 	}
-	budget, err := resolveBudget(plan.Budget, req.Budget)
+	budget, err := resolveBudget(pol.Budget, req.Budget)
 	if err != nil {
 		return err
 	}
 	budgetJSON, _ := json.Marshal(budget)
 	hash := requestHash(req.Agent, canonicalJSON(input), req.User, budgetJSON, priority)
-	eff, limits, err := s.limitsFor(tenant)
-	if err != nil {
-		return err
-	}
+	limits := pol.Limits
 	now := time.Now()
 	period := quotas.PeriodAt(tenant.CreatedAt, now)
 
@@ -233,17 +230,13 @@ func (s *Server) submitTask(c echo.Context) error {
 	if !created {
 		return s.replay(c, task, hash, idem)
 	}
-	weight := plan.Weight
-	if tenant.Weight != nil {
-		weight = *tenant.Weight
-	}
 	if d.Degraded {
 		// Redis is unreachable: the task stays queued in Postgres, and the recovery
 		// sweep pushes it once Redis is back. Trying now would only add latency.
 		s.log.Warn("admitted in degraded mode; the task waits in Postgres until Redis is back", "task_id", task.ID)
 	} else if err := s.Queue.Enqueue(ctx, scheduler.EnqueueParams{
 		TenantID: tenant.ID, TaskID: task.ID, Priority: priority, CreatedAt: task.CreatedAt,
-		Weight: weight, RunningCap: quotas.RunningCap(eff),
+		Weight: pol.Weight, RunningCap: pol.RunningCap,
 	}); err != nil {
 		// The task is stored as queued; the recovery sweep pushes queued tasks missing
 		// from Redis, so the 202 still holds.

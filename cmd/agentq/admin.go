@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq/internal/apikey"
@@ -16,8 +17,10 @@ import (
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
 )
 
 func connectPG(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -28,86 +31,183 @@ func migrationsUp(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	return migrations.Up(ctx, pool)
 }
 
+// adminEnv is what the admin commands work on. rdb is nil when Redis was not asked
+// for or is unreachable.
+type adminEnv struct {
+	store   *store.Store
+	tenants *tenants.Service
+	rdb     redis.UniversalClient
+	keys    rkeys.Keys
+}
+
+// adminOpener connects the admin commands to a deployment; withRedis asks for Redis
+// too (best effort: running servers are told of changes through it). close releases
+// what open took.
+type adminOpener func(ctx context.Context, withRedis bool) (env adminEnv, close func(), err error)
+
+// openAdminEnv connects to the deployment the environment names, as `agentq serve`
+// does: the same plan catalogue with the same global limits, so the tenant rules are
+// the server's.
+func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error) {
+	cfg, err := config.FromEnv()
+	if err != nil {
+		return adminEnv{}, nil, err
+	}
+	plans, err := tenants.LoadCatalogue(cfg)
+	if err != nil {
+		return adminEnv{}, nil, err
+	}
+	pool, err := connectPG(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return adminEnv{}, nil, err
+	}
+	if _, err := migrationsUp(ctx, pool); err != nil {
+		pool.Close()
+		return adminEnv{}, nil, err
+	}
+	env := adminEnv{store: store.New(pool), keys: rkeys.New(cfg.RedisPrefix, cfg.Shards)}
+	closeAll := pool.Close
+	var sched tenants.Scheduler
+	if withRedis {
+		if rdb, err := redisx.Connect(ctx, cfg.RedisURL); err != nil {
+			fmt.Fprintln(os.Stderr, "note: Redis unreachable; running servers catch up on their own:", err)
+		} else {
+			env.rdb = rdb
+			sched = scheduler.New(rdb, env.keys, scheduler.Options{})
+			closeAll = func() { _ = rdb.Close(); pool.Close() }
+		}
+	}
+	env.tenants = tenants.New(env.store, plans, tenants.Options{Scheduler: sched})
+	return env, closeAll, nil
+}
+
 // adminCmd manages tenants and keys directly in Postgres (no server needed). Running
 // servers see changes within a second (their caches live at most that long).
-func adminCmd() *cobra.Command {
+func adminCmd() *cobra.Command { return newAdminCmd(openAdminEnv) }
+
+// newAdminCmd builds the admin commands over open (tests pass their own database).
+// Tenants are created and changed through the tenant service, so the CLI refuses
+// exactly what the admin API refuses.
+func newAdminCmd(open adminOpener) *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants and API keys in Postgres"}
-	withStore := func(ctx context.Context, f func(*store.Store, *quotas.Catalogue) error) error {
-		cfg, err := config.FromEnv()
+	withEnv := func(ctx context.Context, withRedis bool, f func(adminEnv) error) error {
+		env, closeEnv, err := open(ctx, withRedis)
 		if err != nil {
 			return err
 		}
-		plans, err := quotas.LoadCatalogue(cfg.PlansFile)
-		if err != nil {
-			return err
-		}
-		pool, err := connectPG(ctx, cfg.DatabaseURL)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		if _, err := migrationsUp(ctx, pool); err != nil {
-			return err
-		}
-		return f(store.New(pool), plans)
+		defer closeEnv()
+		return f(env)
 	}
-	printJSON := func(v any) error {
-		enc := json.NewEncoder(os.Stdout)
+	withStore := func(ctx context.Context, f func(*store.Store) error) error {
+		return withEnv(ctx, false, func(env adminEnv) error { return f(env.store) })
+	}
+	printJSON := func(cmd *cobra.Command, v any) error {
+		enc := json.NewEncoder(cmd.OutOrStdout())
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
+	parseOverrides := func(s string) (map[string]quotas.Limit, error) {
+		var ov map[string]quotas.Limit
+		if err := json.Unmarshal([]byte(s), &ov); err != nil {
+			return nil, fmt.Errorf("--overrides: %w", err)
+		}
+		if ov == nil {
+			ov = map[string]quotas.Limit{} // "null" or "{}": no overrides
+		}
+		return ov, nil
+	}
 
-	var id, name, plan, overrides, agents, principals string
+	var id, name, plan, overrides, status, agents, principals string
 	var weight int
+	// tenantFields reads the flags given on the command line; a flag not given is nil.
+	tenantFields := func(cmd *cobra.Command) (namep, planp, statusp *string, weightp *int, ov map[string]quotas.Limit, err error) {
+		f := cmd.Flags()
+		if f.Changed("name") {
+			namep = &name
+		}
+		if f.Changed("plan") {
+			planp = &plan
+		}
+		if f.Changed("status") {
+			statusp = &status
+		}
+		if f.Changed("weight") {
+			weightp = &weight
+		}
+		if f.Changed("overrides") {
+			ov, err = parseOverrides(overrides)
+		}
+		return
+	}
+	overridesHelp := `limit overrides as JSON: a number is the limit (0 allows nothing), "unlimited" turns it off, e.g. {"tenant_rate":5,"usd_monthly":"unlimited"}`
+
 	tenantCreate := &cobra.Command{
 		Use:   "tenant-create",
 		Short: "Create a tenant",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd.Context(), func(st *store.Store, plans *quotas.Catalogue) error {
-				if _, ok := plans.Plan(plan); !ok {
-					return fmt.Errorf("unknown plan %q (plans: %s)", plan, strings.Join(plans.Names(), ", "))
-				}
-				var ov map[string]quotas.Limit
-				if overrides != "" {
-					if err := json.Unmarshal([]byte(overrides), &ov); err != nil {
-						return fmt.Errorf("--overrides: %w", err)
-					}
-					if err := quotas.ValidateOverrides(ov); err != nil {
-						return fmt.Errorf("--overrides: %w", err)
-					}
-				}
-				p := store.CreateTenantParams{ID: id, Name: name, Plan: plan, Overrides: ov}
-				if p.Name == "" {
-					p.Name = id
-				}
-				if weight > 0 {
-					p.Weight = &weight
-				}
-				t, err := st.CreateTenant(cmd.Context(), p)
+			namep, _, _, weightp, ov, err := tenantFields(cmd)
+			if err != nil {
+				return err
+			}
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				t, err := env.tenants.Create(cmd.Context(), tenants.CreateParams{
+					ID: id, Name: namep, Plan: &plan, Weight: weightp, Overrides: ov,
+				})
 				if err != nil {
 					return err
 				}
-				return printJSON(t)
+				return printJSON(cmd, t)
 			})
 		},
 	}
 	tenantCreate.Flags().StringVar(&id, "id", "", "tenant id (required)")
 	tenantCreate.Flags().StringVar(&name, "name", "", "display name (default: the id)")
 	tenantCreate.Flags().StringVar(&plan, "plan", "free", "plan name")
-	tenantCreate.Flags().IntVar(&weight, "weight", 0, "fair-share weight (default: the plan's)")
-	tenantCreate.Flags().StringVar(&overrides, "overrides", "", `limit overrides as JSON: a number is the limit (0 allows nothing), "unlimited" turns it off, e.g. {"tenant_rate":5,"usd_monthly":"unlimited"}`)
+	tenantCreate.Flags().IntVar(&weight, "weight", 0, "fair-share weight, 1 to 1000 (default: the plan's)")
+	tenantCreate.Flags().StringVar(&overrides, "overrides", "", overridesHelp)
 	_ = tenantCreate.MarkFlagRequired("id")
+
+	tenantUpdate := &cobra.Command{
+		Use:   "tenant-update TENANT",
+		Short: "Change a tenant's name, plan, weight, overrides or status; only the flags given change",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			namep, planp, statusp, weightp, ov, err := tenantFields(cmd)
+			if err != nil {
+				return err
+			}
+			return withEnv(cmd.Context(), true, func(env adminEnv) error {
+				ctx := cmd.Context()
+				t, err := env.tenants.Update(ctx, tenants.UpdateParams{
+					ID: args[0], Name: namep, Plan: planp, Weight: weightp, Overrides: ov, Status: statusp,
+				})
+				if err != nil {
+					return err
+				}
+				if env.rdb != nil {
+					// Tell running servers at once, as the admin API does.
+					_ = env.rdb.Publish(ctx, env.keys.KeysChangedChannel(), "t:"+t.ID).Err()
+				}
+				return printJSON(cmd, t)
+			})
+		},
+	}
+	tenantUpdate.Flags().StringVar(&name, "name", "", "display name")
+	tenantUpdate.Flags().StringVar(&plan, "plan", "", "plan name")
+	tenantUpdate.Flags().IntVar(&weight, "weight", 0, "fair-share weight, 1 to 1000")
+	tenantUpdate.Flags().StringVar(&overrides, "overrides", "", overridesHelp+"; replaces every override")
+	tenantUpdate.Flags().StringVar(&status, "status", "", "active or suspended")
 
 	tenantList := &cobra.Command{
 		Use:   "tenant-list",
 		Short: "List tenants",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd.Context(), func(st *store.Store, _ *quotas.Catalogue) error {
-				ts, err := st.ListTenants(cmd.Context())
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				ts, err := env.tenants.List(cmd.Context())
 				if err != nil {
 					return err
 				}
-				return printJSON(ts)
+				return printJSON(cmd, ts)
 			})
 		},
 	}
@@ -117,13 +217,13 @@ func adminCmd() *cobra.Command {
 		Short: "Create an API key for a tenant; the plaintext is printed once",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(cmd.Context(), func(st *store.Store, _ *quotas.Catalogue) error {
+			return withStore(cmd.Context(), func(st *store.Store) error {
 				kid, plaintext, hash := apikey.New(args[0])
 				sc := store.Scopes{Agents: splitList(agents), Principals: splitList(principals)}
 				if _, err := st.CreateKey(cmd.Context(), store.CreateKeyParams{Kid: kid, TenantID: args[0], SecretHash: hash, Scopes: sc}); err != nil {
 					return err
 				}
-				return printJSON(map[string]string{"kid": kid, "key": plaintext})
+				return printJSON(cmd, map[string]string{"kid": kid, "key": plaintext})
 			})
 		},
 	}
@@ -135,12 +235,12 @@ func adminCmd() *cobra.Command {
 		Short: "Give a key a new secret; the old one stops working",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(cmd.Context(), func(st *store.Store, _ *quotas.Catalogue) error {
+			return withStore(cmd.Context(), func(st *store.Store) error {
 				plaintext, hash := apikey.NewSecret(args[0])
 				if _, err := st.RotateKey(cmd.Context(), store.RotateKeyParams{Kid: args[0], SecretHash: hash}); err != nil {
 					return err
 				}
-				return printJSON(map[string]string{"kid": args[0], "key": plaintext})
+				return printJSON(cmd, map[string]string{"kid": args[0], "key": plaintext})
 			})
 		},
 	}
@@ -149,7 +249,7 @@ func adminCmd() *cobra.Command {
 		Short: "Revoke a key",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(cmd.Context(), func(st *store.Store, _ *quotas.Catalogue) error {
+			return withStore(cmd.Context(), func(st *store.Store) error {
 				ctx := cmd.Context()
 				k, err := st.GetKey(ctx, args[0])
 				if err != nil {
@@ -158,7 +258,7 @@ func adminCmd() *cobra.Command {
 				if err := st.RevokeKey(ctx, args[0]); err != nil {
 					return err
 				}
-				fmt.Println("revoked", args[0])
+				fmt.Fprintln(cmd.OutOrStdout(), "revoked", args[0])
 				// Tell running servers at once and drop the key's limit state, as the admin
 				// API does; without Redis, servers still stop honouring it within a second.
 				cfg, _ := config.FromEnv()
@@ -174,7 +274,7 @@ func adminCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(tenantCreate, tenantList, keyCreate, keyRotate, keyRevoke)
+	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyRotate, keyRevoke)
 	return cmd
 }
 

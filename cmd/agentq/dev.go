@@ -18,6 +18,7 @@ import (
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 )
 
 const devAdminToken = "dev-admin-token"
@@ -115,8 +116,8 @@ func printDemo(ctx context.Context, app *agentq.App, cfg config.Config) error {
 	fmt.Fprintf(&b, "\nagentq dev is running at %s (admin token: %s)\n\nDemo tenants and fresh API keys:\n", base, cfg.AdminToken)
 	var firstKey string
 	for _, d := range demoTenants {
-		if _, err := app.Store.GetTenant(ctx, d.id); errors.Is(err, store.ErrNotFound) {
-			if _, err := app.Store.CreateTenant(ctx, store.CreateTenantParams{ID: d.id, Name: d.id, Plan: d.plan}); err != nil {
+		if _, err := app.API.Tenants.Get(ctx, d.id); errors.Is(err, tenants.ErrNotFound) {
+			if _, err := app.API.Tenants.Create(ctx, tenants.CreateParams{ID: d.id, Plan: &d.plan}); err != nil {
 				return err
 			}
 		} else if err != nil {

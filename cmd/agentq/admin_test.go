@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// TestCLIRefusesWhatTheAPIRefuses feeds the same invalid tenants to the admin API and
+// to `agentq admin tenant-create` / `tenant-update`, on one database, and wants the
+// same refusal from both, and nothing written.
+func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	rdb, keys := testenv.Redis(t, 1)
+
+	cfg := config.Defaults()
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.AdminToken = "admin-" + testenv.ID()
+	cfg.RedisPrefix = keys.Prefix()
+	cfg.Roles = []string{config.RoleAPI}
+	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = app.Shutdown(sctx)
+	})
+	base := "http://" + app.Addr().String()
+	api := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+cfg.AdminToken)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var eb struct {
+			Error struct{ Code, Message string }
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		_ = json.Unmarshal(raw, &eb)
+		return resp.StatusCode, eb.Error.Message
+	}
+
+	// The CLI on the same database and Redis, with the server's catalogue.
+	open := func(ctx context.Context, withRedis bool) (adminEnv, func(), error) {
+		st := store.New(pool)
+		env := adminEnv{store: st, keys: keys}
+		var sched tenants.Scheduler
+		if withRedis {
+			env.rdb = rdb
+			sched = scheduler.New(rdb, keys, scheduler.Options{})
+		}
+		env.tenants = tenants.New(st, app.Plans, tenants.Options{Scheduler: sched})
+		return env, func() {}, nil
+	}
+	cli := func(args ...string) (string, error) {
+		t.Helper()
+		cmd := newAdminCmd(open)
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(io.Discard)
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		cmd.SetArgs(args)
+		err := cmd.ExecuteContext(ctx)
+		return out.String(), err
+	}
+
+	if st, msg := api("POST", "/v1/admin/tenants", `{"id":"acme","plan":"pro"}`); st != 201 {
+		t.Fatalf("create acme: %d %s", st, msg)
+	}
+	keyMsg := "overrides: key_rate unlimited disables key limits while tenant_rate is on; set tenant_rate to unlimited too, or keep a key_rate."
+	for _, tc := range []struct {
+		name   string
+		method string
+		path   string
+		body   string
+		args   []string
+		msg    string
+	}{
+		{"bad id", "POST", "/v1/admin/tenants", `{"id":"bad id!","plan":"pro"}`,
+			[]string{"tenant-create", "--id", "bad id!", "--plan", "pro"},
+			"id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit."},
+		{"empty id", "POST", "/v1/admin/tenants", `{"id":"","plan":"pro"}`,
+			[]string{"tenant-create", "--id=", "--plan", "pro"},
+			"id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit."},
+		{"negative weight", "POST", "/v1/admin/tenants", `{"id":"w1","plan":"pro","weight":-1}`,
+			[]string{"tenant-create", "--id", "w1", "--plan", "pro", "--weight", "-1"},
+			"weight must be between 1 and 1000."},
+		{"weight 0", "POST", "/v1/admin/tenants", `{"id":"w1","plan":"pro","weight":0}`,
+			[]string{"tenant-create", "--id", "w1", "--plan", "pro", "--weight", "0"},
+			"weight must be between 1 and 1000."},
+		{"weight too large", "POST", "/v1/admin/tenants", `{"id":"w1","plan":"pro","weight":1001}`,
+			[]string{"tenant-create", "--id", "w1", "--plan", "pro", "--weight", "1001"},
+			"weight must be between 1 and 1000."},
+		{"unknown plan", "POST", "/v1/admin/tenants", `{"id":"p1","plan":"gold"}`,
+			[]string{"tenant-create", "--id", "p1", "--plan", "gold"},
+			`Unknown plan "gold" (plans: enterprise, free, pro).`},
+		{"unknown override", "POST", "/v1/admin/tenants", `{"id":"o1","plan":"pro","overrides":{"bogus":1}}`,
+			[]string{"tenant-create", "--id", "o1", "--plan", "pro", "--overrides", `{"bogus":1}`},
+			`overrides: unknown limit "bogus".`},
+		{"key_rate unlimited with tenant_rate on", "POST", "/v1/admin/tenants", `{"id":"k1","plan":"pro","overrides":{"key_rate":"unlimited"}}`,
+			[]string{"tenant-create", "--id", "k1", "--plan", "pro", "--overrides", `{"key_rate":"unlimited"}`},
+			keyMsg},
+		{"control character in name", "POST", "/v1/admin/tenants", `{"id":"n1","plan":"pro","name":"a\b"}`,
+			[]string{"tenant-create", "--id", "n1", "--plan", "pro", "--name", "a\b"},
+			"name must be 1 to 200 bytes of text without control characters."},
+		{"update: weight too large", "PATCH", "/v1/admin/tenants/acme", `{"weight":5000}`,
+			[]string{"tenant-update", "acme", "--weight", "5000"},
+			"weight must be between 1 and 1000."},
+		{"update: unknown plan", "PATCH", "/v1/admin/tenants/acme", `{"plan":"gold"}`,
+			[]string{"tenant-update", "acme", "--plan", "gold"},
+			`Unknown plan "gold" (plans: enterprise, free, pro).`},
+		{"update: unknown override", "PATCH", "/v1/admin/tenants/acme", `{"overrides":{"bogus":1}}`,
+			[]string{"tenant-update", "acme", "--overrides", `{"bogus":1}`},
+			`overrides: unknown limit "bogus".`},
+		{"update: key_rate unlimited with tenant_rate on", "PATCH", "/v1/admin/tenants/acme", `{"overrides":{"key_rate":"unlimited"}}`,
+			[]string{"tenant-update", "acme", "--overrides", `{"key_rate":"unlimited"}`},
+			keyMsg},
+		{"update: bad status", "PATCH", "/v1/admin/tenants/acme", `{"status":"gone"}`,
+			[]string{"tenant-update", "acme", "--status", "gone"},
+			"status must be active or suspended."},
+	} {
+		st, apiMsg := api(tc.method, tc.path, tc.body)
+		if st != 400 || apiMsg != tc.msg {
+			t.Errorf("%s: API %d %q, want 400 %q", tc.name, st, apiMsg, tc.msg)
+		}
+		out, err := cli(tc.args...)
+		if err == nil || err.Error() != apiMsg {
+			t.Errorf("%s: CLI %v (output %q), want the API's refusal %q", tc.name, err, out, apiMsg)
+		}
+	}
+
+	// Nothing refused was written, by either path.
+	ts, err := app.Store.ListTenants(ctx)
+	if err != nil || len(ts) != 1 || ts[0].ID != "acme" || ts[0].Plan != "pro" || ts[0].Weight != nil || len(ts[0].Overrides) != 0 || ts[0].Status != "active" {
+		t.Fatalf("tenants after the refusals: %+v %v", ts, err)
+	}
+
+	// What the API accepts, the CLI accepts too.
+	out, err := cli("tenant-create", "--id", "cli1", "--plan", "enterprise", "--weight", "7", "--overrides", `{"key_rate":"unlimited","tenant_rate":"unlimited"}`)
+	if err != nil {
+		t.Fatalf("CLI create: %v", err)
+	}
+	var created store.Tenant
+	if err := json.Unmarshal([]byte(out), &created); err != nil || created.ID != "cli1" || created.Name != "cli1" || *created.Weight != 7 {
+		t.Fatalf("CLI create printed %q (%v)", out, err)
+	}
+	if _, err := cli("tenant-update", "cli1", "--status", "suspended", "--weight", "3"); err != nil {
+		t.Fatalf("CLI update: %v", err)
+	}
+	var tj struct {
+		Status          string `json:"status"`
+		EffectiveWeight int    `json:"effective_weight"`
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		req, _ := http.NewRequest("GET", base+"/v1/admin/tenants/cli1", nil)
+		req.Header.Set("Authorization", "Bearer "+cfg.AdminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&tj)
+		resp.Body.Close()
+		if tj.Status == "suspended" && tj.EffectiveWeight == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the API shows %+v after the CLI update, want suspended with weight 3", tj)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := cli("tenant-update", "ghost", "--weight", "2"); err == nil {
+		t.Errorf("CLI update of a missing tenant succeeded")
+	}
+}

@@ -1,0 +1,71 @@
+// Package tenants is the tenant domain service: the rules a tenant must satisfy
+// (id, name, plan, weight, limit overrides, status), the writes that create and change
+// tenants, and the Policy that turns a tenant row and the plan catalogue into what the
+// rest of agentq enforces (fair-share weight, limits, running cap, task budget). The
+// HTTP API, the CLI and the runtime all go through it, so they apply the same rules.
+package tenants
+
+import (
+	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// Policy is what a tenant is held to: its plan with the tenant's own weight and limit
+// overrides applied.
+type Policy struct {
+	// Weight is the tenant's fair-share weight: its own when set, else its plan's.
+	Weight int
+	// Effective is the plan's limits with the tenant's overrides applied, by name.
+	Effective map[string]quotas.Limit
+	// Limits is Effective in the form admission enforces.
+	Limits quotas.Limits
+	// RunningCap is the dispatcher's cap on the tenant's running tasks; 0 is no cap.
+	RunningCap int
+	// Budget is the plan's per-task budget: the default a task gets, the ceiling it
+	// may ask for.
+	Budget quotas.Budget
+}
+
+// PolicyOf computes t's policy from the catalogue (with the deployment's global
+// limits already applied). When the catalogue lacks t's plan it returns the error of
+// quotas.Catalogue.Effective and a Policy whose only field set is Weight (the
+// tenant's own, or 1), so a tenant whose plan was removed can still be shown.
+func PolicyOf(plans *quotas.Catalogue, t store.Tenant) (Policy, error) {
+	w := 1
+	p, ok := plans.Plan(t.Plan)
+	if ok {
+		w = p.Weight
+	}
+	if t.Weight != nil {
+		w = *t.Weight
+	}
+	eff, err := plans.Effective(t.Plan, t.Overrides)
+	if err != nil {
+		return Policy{Weight: w}, err
+	}
+	return Policy{
+		Weight:     w,
+		Effective:  eff,
+		Limits:     quotas.LimitsOf(eff),
+		RunningCap: quotas.RunningCap(eff),
+		Budget:     p.Budget,
+	}, nil
+}
+
+// LoadCatalogue loads the deployment's plan catalogue (cfg.PlansFile, or the built-in
+// one) and applies the global limit values of cfg, as the server does: every process
+// that judges tenants must see the same plans.
+func LoadCatalogue(cfg config.Config) (*quotas.Catalogue, error) {
+	plans, err := quotas.LoadCatalogue(cfg.PlansFile)
+	if err != nil {
+		return nil, err
+	}
+	if err := plans.ApplyGlobals(quotas.Globals{
+		KeyRPS: cfg.RateKeyRPS, KeyBurst: cfg.RateKeyBurst, TenantRPS: cfg.RateTenantRPS,
+		TenantBurst: cfg.RateTenantBurst, TenantMaxInflight: cfg.TenantMaxInflight,
+	}); err != nil {
+		return nil, err
+	}
+	return plans, nil
+}

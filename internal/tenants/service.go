@@ -1,0 +1,221 @@
+package tenants
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// ErrNotFound is returned for a tenant that does not exist; ErrExists when Create
+// finds the id taken. Match them with errors.Is.
+var (
+	ErrNotFound = store.ErrNotFound
+	ErrExists   = store.ErrConflict
+)
+
+// InvalidError is a refused tenant field. Message is a sentence meant for the person
+// who sent the value (the HTTP API returns it as the error message, the CLI prints
+// it).
+type InvalidError struct {
+	Field   string // id, name, plan, weight, overrides or status
+	Message string
+}
+
+func (e *InvalidError) Error() string { return e.Message }
+
+func invalid(field, format string, args ...any) *InvalidError {
+	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Scheduler is what the service needs of the scheduler: applying a tenant's new
+// weight and running cap to its queued backlog.
+type Scheduler interface {
+	Configure(ctx context.Context, tenantID string, weight, runningCap int) error
+}
+
+// Service creates, changes and reads tenants.
+type Service struct {
+	store *store.Store
+	plans *quotas.Catalogue
+	sched Scheduler
+	log   *slog.Logger
+}
+
+// Options are a Service's optional collaborators.
+type Options struct {
+	// Scheduler, when set, gets a changed tenant's weight and running cap at once;
+	// without it they apply at the tenant's next submission.
+	Scheduler Scheduler
+	Logger    *slog.Logger
+}
+
+// New returns a Service over st, judging tenants against plans (with the
+// deployment's global limits applied).
+func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
+	s := &Service{store: st, plans: plans, sched: o.Scheduler, log: o.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	return s
+}
+
+// Plans is the catalogue the service judges tenants against.
+func (s *Service) Plans() *quotas.Catalogue { return s.plans }
+
+// Policy is PolicyOf with the service's catalogue.
+func (s *Service) Policy(t store.Tenant) (Policy, error) { return PolicyOf(s.plans, t) }
+
+var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
+
+// Weight bounds.
+const (
+	MinWeight = 1
+	MaxWeight = 1000
+)
+
+// maxName is the longest name, in bytes.
+const maxName = 200
+
+// CreateParams are a new tenant's fields. A nil field is one not given.
+type CreateParams struct {
+	ID        string
+	Name      *string // default: the id
+	Plan      *string // required
+	Weight    *int    // default: the plan's
+	Overrides map[string]quotas.Limit
+	// Status must be nil: a tenant starts active, and its status changes with Update.
+	Status *string
+}
+
+// UpdateParams change the non-nil fields of tenant ID. Overrides, when set, replace
+// the whole override map.
+type UpdateParams struct {
+	ID        string
+	Name      *string
+	Plan      *string
+	Weight    *int
+	Overrides map[string]quotas.Limit
+	Status    *string // active or suspended
+}
+
+// Create validates p and inserts the tenant. A refused field is an *InvalidError; an
+// id already taken is ErrExists.
+func (s *Service) Create(ctx context.Context, p CreateParams) (store.Tenant, error) {
+	if !idRE.MatchString(p.ID) {
+		return store.Tenant{}, invalid("id", "id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit.")
+	}
+	if p.Plan == nil {
+		return store.Tenant{}, invalid("plan", "plan is required.")
+	}
+	if p.Status != nil {
+		return store.Tenant{}, invalid("status", "status is set with PATCH, not at creation.")
+	}
+	if err := s.validateFields(p.Name, p.Plan, p.Weight, p.Overrides, p.Status); err != nil {
+		return store.Tenant{}, err
+	}
+	if err := s.checkKeyLimits(*p.Plan, p.Overrides); err != nil {
+		return store.Tenant{}, err
+	}
+	name := p.ID
+	if p.Name != nil {
+		name = *p.Name
+	}
+	return s.store.CreateTenant(ctx, store.CreateTenantParams{
+		ID: p.ID, Name: name, Plan: *p.Plan, Weight: p.Weight, Overrides: p.Overrides,
+	})
+}
+
+// Update validates p and applies it, then hands the tenant's weight and running cap to
+// the scheduler. A refused field is an *InvalidError; a missing tenant ErrNotFound.
+func (s *Service) Update(ctx context.Context, p UpdateParams) (store.Tenant, error) {
+	if err := s.validateFields(p.Name, p.Plan, p.Weight, p.Overrides, p.Status); err != nil {
+		return store.Tenant{}, err
+	}
+	if p.Plan != nil || p.Overrides != nil {
+		cur, err := s.store.GetTenant(ctx, p.ID)
+		if err != nil {
+			return store.Tenant{}, err
+		}
+		plan, ov := cur.Plan, cur.Overrides
+		if p.Plan != nil {
+			plan = *p.Plan
+		}
+		if p.Overrides != nil {
+			ov = p.Overrides
+		}
+		if err := s.checkKeyLimits(plan, ov); err != nil {
+			return store.Tenant{}, err
+		}
+	}
+	t, err := s.store.UpdateTenant(ctx, store.UpdateTenantParams{
+		ID: p.ID, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
+	})
+	if err != nil {
+		return store.Tenant{}, err
+	}
+	if pol, err := s.Policy(t); err == nil && s.sched != nil {
+		if err := s.sched.Configure(ctx, t.ID, pol.Weight, pol.RunningCap); err != nil {
+			s.log.Warn("applying new weight/cap to the queued backlog failed; it applies at the next submission", "tenant_id", t.ID, "err", err)
+		}
+	}
+	return t, nil
+}
+
+// Get returns tenant id, or ErrNotFound.
+func (s *Service) Get(ctx context.Context, id string) (store.Tenant, error) {
+	return s.store.GetTenant(ctx, id)
+}
+
+// List returns every tenant, ordered by id.
+func (s *Service) List(ctx context.Context) ([]store.Tenant, error) {
+	return s.store.ListTenants(ctx)
+}
+
+func (s *Service) validateFields(name, plan *string, weight *int, overrides map[string]quotas.Limit, status *string) error {
+	if name != nil && (strings.TrimSpace(*name) == "" || !validText(*name, maxName)) {
+		return invalid("name", "name must be 1 to 200 bytes of text without control characters.")
+	}
+	if plan != nil {
+		if _, ok := s.plans.Plan(*plan); !ok {
+			return invalid("plan", "Unknown plan %q (plans: %s).", *plan, strings.Join(s.plans.Names(), ", "))
+		}
+	}
+	if weight != nil && (*weight < MinWeight || *weight > MaxWeight) {
+		return invalid("weight", "weight must be between 1 and 1000.")
+	}
+	if err := quotas.ValidateOverrides(overrides); err != nil {
+		return invalid("overrides", "overrides: %v.", err)
+	}
+	if status != nil && *status != "active" && *status != "suspended" {
+		return invalid("status", "status must be active or suspended.")
+	}
+	return nil
+}
+
+// checkKeyLimits refuses limits that turn key limits off while the tenant limit is on:
+// one unlimited key could then spend the whole tenant's bucket.
+func (s *Service) checkKeyLimits(plan string, overrides map[string]quotas.Limit) error {
+	pol, err := s.Policy(store.Tenant{Plan: plan, Overrides: overrides})
+	if err != nil {
+		return invalid("plan", "%v.", err)
+	}
+	if quotas.KeyLimitsOffAlone(pol.Effective) {
+		return invalid("overrides",
+			"overrides: key_rate unlimited disables key limits while tenant_rate is on; set tenant_rate to unlimited too, or keep a key_rate.")
+	}
+	return nil
+}
+
+// validText reports whether s is valid UTF-8 of at most max bytes without control
+// characters (the API's rule for identifiers and names).
+func validText(s string, max int) bool {
+	return len(s) <= max && utf8.ValidString(s) && !strings.ContainsFunc(s, isControl)
+}
+
+func isControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }
