@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/maintenance"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -68,8 +69,8 @@ type App struct {
 	Worker     *runtime.Worker
 	API        *web.Server
 
-	recovery    *recovery
-	Janitor     *Janitor
+	recovery    *maintenance.Recovery
+	Janitor     *maintenance.Janitor
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
@@ -136,12 +137,10 @@ func New(ctx context.Context, o Options) (*App, error) {
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
 		Plans: a.Plans, Events: a.Keys.TaskEvents,
 	})
-	a.recovery = &recovery{store: a.Store, sched: a.Scheduler, plans: a.Plans, log: a.log,
-		every: o.RecoveryEvery, minAge: 5 * time.Second}
-	if a.recovery.every <= 0 {
-		a.recovery.every = 30 * time.Second
-	}
-	a.Janitor = newJanitor(a, a.cfg.JanitorInterval)
+	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
+		Interval: o.RecoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
+	})
+	a.Janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
 	a.API = web.New(web.Deps{
 		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Scheduler, Agents: a.Agents,
 		Plans: a.Plans, Admission: a.Admission, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
@@ -180,11 +179,12 @@ func (a *App) Start(ctx context.Context) error {
 	return nil
 }
 
-// RecoverOnce runs the recovery sweep once (tests, operators); it returns how many
-// queued tasks it pushed back to Redis.
-func (a *App) RecoverOnce(ctx context.Context, minAge time.Duration) (int, error) {
-	r := &recovery{store: a.Store, sched: a.Scheduler, plans: a.Plans, log: a.log, minAge: minAge}
-	return r.runOnce(ctx)
+// maintenanceDeps are what the recovery sweep and the janitor work on.
+func (a *App) maintenanceDeps() maintenance.Deps {
+	return maintenance.Deps{
+		Store: a.Store, Pool: a.Store.Pool(), Redis: a.Redis, Keys: a.Keys,
+		Scheduler: a.Scheduler, Quotas: a.Quotas, Plans: a.Plans, Logger: a.log,
+	}
 }
 
 // Addr is the API's bound address (nil without the api role).

@@ -17,6 +17,7 @@ import (
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/maintenance"
 	"github.com/agentq/agentq/internal/testenv"
 )
 
@@ -187,7 +188,7 @@ func TestJanitorLeaderFailover(t *testing.T) {
 	}
 	// The leader's process dies: its loop stops where it is and its database session
 	// ends, and with the session the lock. No unlock is sent.
-	first.app.Janitor.Halt()
+	first.app.Janitor.TestHooks().Halt()
 	if first.app.Janitor.Leader() {
 		t.Fatal("a halted janitor still says it leads")
 	}
@@ -319,7 +320,7 @@ func TestJanitorPassesAllRunWithManyTenants(t *testing.T) {
 	if err := h.app.Quotas.AddLease(ctx, last, ended.String(), false); err != nil {
 		t.Fatal(err)
 	}
-	h.app.Janitor.SetConfig(agentq.JanitorConfig{TenantBatch: 6000, TenantPage: 500, PassBudget: 20 * time.Second})
+	h.app.Janitor.TestHooks().SetConfig(maintenance.JanitorConfig{TenantBatch: 6000, TenantPage: 500, PassBudget: 20 * time.Second})
 	passes := []string{"stale_heartbeats", "leases", "running_sets", "repush", "pool"}
 	covered := map[string]int{}
 	prevCursor := map[string]string{}
@@ -372,7 +373,7 @@ func TestJanitorPassesAllRunWithManyTenants(t *testing.T) {
 	}
 
 	// A pass out of budget stops where it is, and the passes after it still run.
-	h.app.Janitor.SetConfig(agentq.JanitorConfig{TenantBatch: 1 << 20, TenantPage: 50, PassBudget: 40 * time.Millisecond})
+	h.app.Janitor.TestHooks().SetConfig(maintenance.JanitorConfig{TenantBatch: 1 << 20, TenantPage: 50, PassBudget: 40 * time.Millisecond})
 	h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 3, time.Hour)
 	rep, err := h.app.Janitor.RunOnce(ctx)
 	if err != nil {
@@ -406,7 +407,7 @@ func TestJanitorKeepsTheSlotOfATaskDispatchedAfterItsSnapshot(t *testing.T) {
 	db := h.app.Store.Pool()
 	late := uuid.Must(uuid.NewV7())
 	var once sync.Once
-	h.app.Janitor.AfterSnapshot(func(pass string) {
+	h.app.Janitor.TestHooks().AfterSnapshot(func(pass string) {
 		if pass != "running_sets" {
 			return
 		}

@@ -1,11 +1,14 @@
 package agentq
 
-// Halt stops the janitor as a crash would (see halt). For tests.
-func (j *Janitor) Halt() { j.halt() }
+import (
+	"context"
+	"time"
 
-// SetConfig replaces the janitor's configuration (defaults fill zero fields). For tests.
-func (j *Janitor) SetConfig(c JanitorConfig) { j.cfg = c.withDefaults() }
+	"github.com/agentq/agentq/internal/maintenance"
+)
 
-// AfterSnapshot sets a hook run between a tenant pass's Postgres read and its Redis
-// read. For tests.
-func (j *Janitor) AfterSnapshot(f func(pass string)) { j.afterSnapshot = f }
+// RecoverOnce runs one recovery sweep over the queued tasks older than minAge and
+// returns how many it pushed back to Redis. For tests.
+func (a *App) RecoverOnce(ctx context.Context, minAge time.Duration) (int, error) {
+	return maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{MinAge: minAge}).RunOnce(ctx)
+}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/bench"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/quotas"
@@ -56,7 +56,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := agentq.RunFairnessBench(cmd.Context(), agentq.FairnessBenchOptions{
+			res, err := bench.RunFairness(cmd.Context(), bench.FairnessOptions{
 				DatabaseURL: cfg.DatabaseURL, RedisURL: cfg.RedisURL, Concurrency: workers, Light: light,
 				HeavyTasks: heavy, WeightTasks: weightTasks, Shallow: shallow, Progress: os.Stderr,
 			})

@@ -39,6 +39,8 @@ var rules = []rule{
 		why: "the worker runtime does not depend on the API or the library that assembles it"},
 	{subject: "billing", forbidden: []string{"", "web", "scheduler", "cmd"}, optional: true,
 		why: "billing does not depend on the API, the scheduler or the library"},
+	{subject: "internal/maintenance", forbidden: []string{"", "web", "runtime", "billing", "cmd"},
+		why: "the maintenance passes get their services from the library, they do not import it"},
 	{subject: "internal/pg", forbidden: infraForbidden, why: "infrastructure packages are leaves"},
 	{subject: "internal/redisx", forbidden: infraForbidden, why: "infrastructure packages are leaves"},
 	{subject: "internal/rkeys", forbidden: infraForbidden, why: "infrastructure packages are leaves"},

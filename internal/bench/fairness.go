@@ -1,4 +1,6 @@
-package agentq
+// Package bench holds the benchmarks behind `agentq bench fairness`: they run the
+// library end to end on real Redis and Postgres and report what they measured.
+package bench
 
 import (
 	"context"
@@ -18,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
@@ -28,8 +31,8 @@ import (
 	"github.com/agentq/agentq/scheduler"
 )
 
-// FairnessBench is the result of `agentq bench fairness` (issue "fair scheduler").
-type FairnessBench struct {
+// Fairness is the result of `agentq bench fairness` (issue "fair scheduler").
+type Fairness struct {
 	LightP99WaitMs            float64            `json:"light_p99_wait_ms"`
 	LightP50WaitMs            float64            `json:"light_p50_wait_ms"`
 	LightP99WaitUncontendedMs float64            `json:"light_p99_wait_uncontended_ms"`
@@ -54,8 +57,8 @@ type FairnessBench struct {
 	LightDurationS            float64            `json:"light_duration_s"`
 }
 
-// FairnessBenchOptions configure the benchmark.
-type FairnessBenchOptions struct {
+// FairnessOptions configure the benchmark.
+type FairnessOptions struct {
 	DatabaseURL string
 	RedisURL    string
 	Concurrency int           // worker concurrency; 20 in the issue
@@ -67,16 +70,16 @@ type FairnessBenchOptions struct {
 }
 
 type fairBench struct {
-	o    FairnessBenchOptions
+	o    FairnessOptions
 	log  func(string, ...any)
 	rdb  *redis.Client
 	pool *pgxpool.Pool
 }
 
-// RunFairnessBench runs every scenario of `agentq bench fairness` on real Redis and
+// RunFairness runs every scenario of `agentq bench fairness` on real Redis and
 // Postgres, through the real scheduler, asynq workers and the sim agent. Each scenario
 // gets its own Postgres schema and Redis prefix, dropped at the end.
-func RunFairnessBench(ctx context.Context, o FairnessBenchOptions) (FairnessBench, error) {
+func RunFairness(ctx context.Context, o FairnessOptions) (Fairness, error) {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 20
 	}
@@ -99,17 +102,17 @@ func RunFairnessBench(ctx context.Context, o FairnessBenchOptions) (FairnessBenc
 	}}
 	ropt, err := redis.ParseURL(o.RedisURL)
 	if err != nil {
-		return FairnessBench{}, err
+		return Fairness{}, err
 	}
 	ropt.PoolSize = 128
 	b.rdb = redis.NewClient(ropt)
 	defer b.rdb.Close()
 	if b.pool, err = pg.Connect(ctx, o.DatabaseURL, ""); err != nil {
-		return FairnessBench{}, err
+		return Fairness{}, err
 	}
 	defer b.pool.Close()
 
-	out := FairnessBench{WorkerConcurrency: o.Concurrency, LightDurationS: o.Light.Seconds()}
+	out := Fairness{WorkerConcurrency: o.Concurrency, LightDurationS: o.Light.Seconds()}
 	b.log("noisy neighbour: %d heavy tasks of 20 ms, 9 light tenants every 200 ms for %v…", o.HeavyTasks, o.Light)
 	if err := b.noisy(ctx, &out, true); err != nil {
 		return out, fmt.Errorf("noisy neighbour: %w", err)
@@ -152,7 +155,7 @@ func RunFairnessBench(ctx context.Context, o FairnessBenchOptions) (FairnessBenc
 type benchEnv struct {
 	mu       sync.Mutex
 	admitted map[uuid.UUID]time.Time // single submissions: when the push returned
-	app      *App
+	app      *agentq.App
 	pool     *pgxpool.Pool
 	keys     rkeys.Keys
 	schema   string
@@ -182,7 +185,7 @@ func (b *fairBench) start(ctx context.Context, shards int) (*benchEnv, error) {
 	cfg.ShutdownTimeout = 2 * time.Second
 	e.keys = rkeys.New(cfg.RedisPrefix, shards)
 	// The product's defaults (prefetch, asynq's check interval) except the worker count.
-	app, err := New(ctx, Options{Config: cfg, Redis: b.rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: b.rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +295,7 @@ func percentile(xs []float64, p float64) float64 {
 }
 
 // noisy runs the light traffic with (contended) or without the heavy backlog.
-func (b *fairBench) noisy(ctx context.Context, out *FairnessBench, contended bool) error {
+func (b *fairBench) noisy(ctx context.Context, out *Fairness, contended bool) error {
 	e, err := b.start(ctx, 1)
 	if err != nil {
 		return err
@@ -650,7 +653,7 @@ func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float
 // scale measures the scheduler alone (no asynq, no Postgres): the cost of one dispatch
 // with 10 and with 10,000 backlogged tenants, and Redis memory per queued task and per
 // idle tenant.
-func (b *fairBench) scale(ctx context.Context, out *FairnessBench) error {
+func (b *fairBench) scale(ctx context.Context, out *Fairness) error {
 	measure := func(tenants int) (float64, float64, float64, error) {
 		prefix := "benchscale" + uuid.NewString()[:8] + ":"
 		keys := rkeys.New(prefix, 1)

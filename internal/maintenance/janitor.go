@@ -1,4 +1,4 @@
-package agentq
+package maintenance
 
 import (
 	"context"
@@ -21,7 +21,6 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
-	"github.com/agentq/agentq/scheduler"
 )
 
 // Janitor reconciles Redis with Postgres, the system of record, so that crashes and
@@ -33,11 +32,11 @@ import (
 // row budget, so one slow pass never starves the others; the passes that walk tenants
 // or tasks keep a cursor and resume where the previous run stopped.
 type Janitor struct {
-	store     *store.Store
+	store     Store
 	pool      *pgxpool.Pool
-	sched     *scheduler.Scheduler
-	quotas    *quotas.Quotas
-	recovery  *recovery
+	sched     Scheduler
+	quotas    Quotas
+	recovery  *Recovery
 	rdb       redis.UniversalClient
 	inspector *asynq.Inspector
 	keys      rkeys.Keys
@@ -52,7 +51,7 @@ type Janitor struct {
 	leaseCursor   string    // last tenant id the lease pass reviewed
 	runningCursor string    // last tenant id the running-set pass reviewed
 	repushCursor  uuid.UUID // last queued task the re-push pass checked
-	// afterSnapshot, when set (tests), runs after a tenant pass read a page's live
+	// afterSnapshot, when set (TestHooks), runs after a tenant pass read a page's live
 	// tasks and before it reads Redis: what happens there races the pass.
 	afterSnapshot func(pass string)
 
@@ -157,11 +156,13 @@ func (r JanitorReport) drifted() bool {
 		r.PoolCorrected != 0 || r.RedisDataLoss
 }
 
-func newJanitor(a *App, every time.Duration) *Janitor {
+// NewJanitor builds a janitor. Nothing runs until Start; RunOnce runs one pass of
+// each kind without leading.
+func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 	j := &Janitor{
-		store: a.Store, pool: a.Store.Pool(), sched: a.Scheduler, quotas: a.Quotas, recovery: a.recovery,
-		rdb: a.Redis, inspector: asynq.NewInspectorFromRedisClient(a.Redis), keys: a.Keys, log: a.log.With("component", "janitor"),
-		cfg: JanitorConfig{Interval: every}.withDefaults(),
+		store: d.Store, pool: d.Pool, sched: d.Scheduler, quotas: d.Quotas, recovery: NewRecovery(d, RecoveryConfig{}),
+		rdb: d.Redis, inspector: asynq.NewInspectorFromRedisClient(d.Redis), keys: d.Keys, log: d.logger().With("component", "janitor"),
+		cfg: c.withDefaults(),
 	}
 	j.drift, _ = otel.Meter("agentq").Int64Counter("agentq.janitor.drift",
 		metric.WithDescription("Redis state the janitor found out of line with Postgres, by kind"))
@@ -254,8 +255,33 @@ func (j *Janitor) Stop() {
 	}
 }
 
-// halt stops the loop the way a crash would: no unlock, the session just ends (and
-// Postgres frees the lock with it). Tests use it to kill a leader.
+// TestHooks reach into a janitor at points a test cannot otherwise reach: crashing a
+// leader, changing the budgets between runs, acting between a pass's two reads.
+type TestHooks struct{ j *Janitor }
+
+// TestHooks returns the janitor's hooks for tests.
+func (j *Janitor) TestHooks() TestHooks { return TestHooks{j} }
+
+// Halt stops the loop the way a crash would: no unlock, the session just ends (and
+// Postgres frees the lock with it).
+func (h TestHooks) Halt() { h.j.halt() }
+
+// SetConfig replaces the janitor's configuration (defaults fill zero fields); the
+// passes' cursors stay where they are.
+func (h TestHooks) SetConfig(c JanitorConfig) {
+	h.j.runMu.Lock()
+	defer h.j.runMu.Unlock()
+	h.j.cfg = c.withDefaults()
+}
+
+// AfterSnapshot sets a hook run between a tenant pass's Postgres read and its Redis
+// read: what it does races the pass.
+func (h TestHooks) AfterSnapshot(f func(pass string)) {
+	h.j.runMu.Lock()
+	defer h.j.runMu.Unlock()
+	h.j.afterSnapshot = f
+}
+
 func (j *Janitor) halt() {
 	j.mu.Lock()
 	cancel, done := j.cancel, j.done

@@ -1,4 +1,4 @@
-package agentq
+package maintenance
 
 import (
 	"context"
@@ -15,26 +15,51 @@ import (
 	"github.com/agentq/agentq/scheduler"
 )
 
-// recovery pushes queued tasks that Postgres holds but Redis lost back onto their
-// tenants' queues, in admission order: after a Redis restart without persistence, a
-// crash between the Postgres write and the Redis push, or admissions taken while Redis
-// was down. Every scheduler process runs it; pushing twice is harmless (the queue is a
-// set). The janitor issue grows it into full reconciliation.
-type recovery struct {
-	store *store.Store
-	sched *scheduler.Scheduler
+// Recovery is the recovery sweep: it pushes queued tasks that Postgres holds but Redis
+// lost back onto their tenants' queues, in admission order: after a Redis restart
+// without persistence, a crash between the Postgres write and the Redis push, or
+// admissions taken while Redis was down. Every scheduler process runs it; pushing
+// twice is harmless (the queue is a set). The janitor's re-push pass runs the same
+// walk in bounded steps.
+type Recovery struct {
+	store Store
+	sched Scheduler
 	plans *quotas.Catalogue
 	log   *slog.Logger
-	every time.Duration
-	// minAge skips tasks admitted moments ago, whose push may still be on its way.
-	minAge time.Duration
+	cfg   RecoveryConfig
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-func (r *recovery) Start(ctx context.Context) {
+// DefaultRecoveryMinAge is the MinAge a process's sweep uses: the push of a task
+// admitted less than 5 s ago may still be on its way.
+const DefaultRecoveryMinAge = 5 * time.Second
+
+// RecoveryConfig configures the recovery sweep.
+type RecoveryConfig struct {
+	// Interval is the time between sweeps (default 30 s); the first runs at Start.
+	Interval time.Duration
+	// MinAge skips tasks admitted less than MinAge ago, whose push may still be on its
+	// way. It has no default: zero sweeps every queued task.
+	MinAge time.Duration
+}
+
+func (c RecoveryConfig) withDefaults() RecoveryConfig {
+	if c.Interval <= 0 {
+		c.Interval = 30 * time.Second
+	}
+	return c
+}
+
+// NewRecovery builds a recovery sweep. Nothing runs until Start.
+func NewRecovery(d Deps, c RecoveryConfig) *Recovery {
+	return &Recovery{store: d.Store, sched: d.Scheduler, plans: d.Plans, log: d.logger(), cfg: c.withDefaults()}
+}
+
+// Start runs a sweep now and then every Interval, until Stop.
+func (r *Recovery) Start(ctx context.Context) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cancel != nil {
@@ -52,17 +77,18 @@ func (r *recovery) Start(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			if n, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
+			if n, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
 				r.log.Warn("recovery sweep failed", "err", err)
 			} else if n > 0 {
 				r.log.Warn("recovery sweep re-pushed queued tasks missing from Redis", "tasks", n)
 			}
-			t.Reset(r.every)
+			t.Reset(r.cfg.Interval)
 		}
 	}()
 }
 
-func (r *recovery) Stop() {
+// Stop ends the loop and waits for a running sweep to return.
+func (r *Recovery) Stop() {
 	r.mu.Lock()
 	cancel, done := r.cancel, r.done
 	r.cancel = nil
@@ -73,14 +99,14 @@ func (r *recovery) Stop() {
 	}
 }
 
-// runOnce walks every queued task once and re-pushes the missing ones. It returns how
-// many it pushed.
-func (r *recovery) runOnce(ctx context.Context) (int, error) { return r.sweep(ctx, r.minAge) }
+// RunOnce walks every queued task older than MinAge once and re-pushes the ones
+// missing from Redis. It returns how many it pushed.
+func (r *Recovery) RunOnce(ctx context.Context) (int, error) { return r.sweep(ctx, r.cfg.MinAge) }
 
 // sweep re-pushes missing queued tasks older than minAge. Pushing a task that is
 // there already changes nothing, and a dispatched one is found in its running set, so
 // minAge only spares work on tasks whose admission is still pushing them.
-func (r *recovery) sweep(ctx context.Context, minAge time.Duration) (int, error) {
+func (r *Recovery) sweep(ctx context.Context, minAge time.Duration) (int, error) {
 	pushed, _, _, err := r.sweepFrom(ctx, minAge, uuid.Nil, 0)
 	return pushed, err
 }
@@ -88,7 +114,7 @@ func (r *recovery) sweep(ctx context.Context, minAge time.Duration) (int, error)
 // sweepFrom is sweep from the queued task after the cursor, stopping once it has
 // looked at maxRows tasks (0: no bound). seen counts the tasks it looked at; next is
 // where the following call resumes, uuid.Nil once the walk reached the end.
-func (r *recovery) sweepFrom(ctx context.Context, minAge time.Duration, after uuid.UUID, maxRows int) (pushed, seen int, next uuid.UUID, err error) {
+func (r *Recovery) sweepFrom(ctx context.Context, minAge time.Duration, after uuid.UUID, maxRows int) (pushed, seen int, next uuid.UUID, err error) {
 	const page = 500
 	tenants := map[string]scheduler.EnqueueParams{}
 	for {
@@ -140,7 +166,7 @@ func (r *recovery) sweepFrom(ctx context.Context, minAge time.Duration, after uu
 	}
 }
 
-func (r *recovery) tenantParams(ctx context.Context, tenantID string) (scheduler.EnqueueParams, error) {
+func (r *Recovery) tenantParams(ctx context.Context, tenantID string) (scheduler.EnqueueParams, error) {
 	t, err := r.store.GetTenant(ctx, tenantID)
 	if err != nil {
 		return scheduler.EnqueueParams{}, err

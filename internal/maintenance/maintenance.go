@@ -1,0 +1,84 @@
+// Package maintenance holds the services that keep Redis in line with Postgres, the
+// system of record: the recovery sweep, which every scheduler process runs, and the
+// janitor, whose passes run on the one replica that holds its leader lock.
+//
+// The package does not know the App that assembles it: New functions take Deps, the
+// services the passes work on, and a configuration whose zero fields take defaults.
+// Tests drive a pass directly through RunOnce.
+package maintenance
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/wire"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// Deps are what the maintenance services read and repair.
+type Deps struct {
+	Store Store
+	// Pool is the Postgres pool the janitor takes its leader lock on.
+	Pool      *pgxpool.Pool
+	Redis     redis.UniversalClient
+	Keys      rkeys.Keys
+	Scheduler Scheduler
+	Quotas    Quotas
+	// Plans resolves a tenant's effective weight and running cap when a task is
+	// pushed back onto its queue.
+	Plans  *quotas.Catalogue
+	Logger *slog.Logger
+}
+
+func (d Deps) logger() *slog.Logger {
+	if d.Logger == nil {
+		return slog.Default()
+	}
+	return d.Logger
+}
+
+// Store is the part of the store the passes read and write (*store.Store).
+type Store interface {
+	GetTenant(ctx context.Context, id string) (store.Tenant, error)
+	TenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error)
+	AnyTask(ctx context.Context) (bool, error)
+	ListQueued(ctx context.Context, p store.ListQueuedParams) ([]store.QueuedTask, error)
+	ListStaleRunning(ctx context.Context, staleAfter time.Duration, limit int) ([]store.StaleTask, error)
+	RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
+	FinishTask(ctx context.Context, p store.FinishTaskParams) (store.Task, bool, error)
+	LiveTasksOf(ctx context.Context, tenants []string) (map[string][]store.LiveTask, error)
+	TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error)
+}
+
+// Scheduler is the part of the fair scheduler the passes use (*scheduler.Scheduler).
+type Scheduler interface {
+	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
+	Missing(ctx context.Context, qs []scheduler.Queued) ([]scheduler.Queued, error)
+	Done(ctx context.Context, p wire.Payload, took time.Duration) error
+	AddRunning(ctx context.Context, tenantID, taskID string) error
+	ReconcilePool(ctx context.Context) (int64, error)
+	Stranded(ctx context.Context, insp *asynq.Inspector, tenantID, taskID string, priority int, minAge time.Duration) (bool, error)
+}
+
+// Quotas is the part of the limits the lease pass uses (*quotas.Quotas).
+type Quotas interface {
+	Release(ctx context.Context, tenantID, taskID string) (int, error)
+	TouchLeases(ctx context.Context, tenantID string, taskIDs []string) (int, error)
+	LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error)
+	AddLease(ctx context.Context, tenantID, taskID string, long bool) error
+}
+
+var (
+	_ Store     = (*store.Store)(nil)
+	_ Scheduler = (*scheduler.Scheduler)(nil)
+	_ Quotas    = (*quotas.Quotas)(nil)
+)
