@@ -7,7 +7,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -129,6 +129,23 @@ type KeyCreated struct {
 	RotatedAt *time.Time   `json:"rotated_at,omitempty"`
 }
 
+// keyErr turns the key service's errors into the API's.
+func keyErr(err error) error {
+	var inv *keys.InvalidError
+	var nf *keys.NotFoundError
+	switch {
+	case errors.As(err, &inv):
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)
+	case errors.As(err, &nf):
+		return apiErr(http.StatusNotFound, CodeNotFound, "%s", nf.Message)
+	}
+	return err
+}
+
+func keyCreated(k keys.Created) KeyCreated {
+	return KeyCreated{Kid: k.Kid, Key: k.Plaintext, TenantID: k.TenantID, Scopes: k.Scopes, CreatedAt: k.CreatedAt, RotatedAt: k.RotatedAt}
+}
+
 func (s *Server) createKey(c echo.Context) error {
 	body, err := readBody(c)
 	if err != nil {
@@ -142,79 +159,32 @@ func (s *Server) createKey(c echo.Context) error {
 	if r.Scopes != nil {
 		scopes = *r.Scopes
 	}
-	for _, a := range append(append([]string{}, scopes.Agents...), scopes.Principals...) {
-		if a == "" || identifierProblem(a, maxIdentifier) != "" {
-			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Scope entries must be 1 to 255 bytes without control characters.")
-		}
-	}
-	tenantID := c.Param("id")
-	kid, plaintext, hash := apikey.New(tenantID)
-	k, err := s.Store.CreateKey(c.Request().Context(), store.CreateKeyParams{
-		Kid: kid, TenantID: tenantID, SecretHash: hash, Scopes: scopes,
-	})
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", tenantID)
-	}
+	k, err := s.APIKeys.Create(c.Request().Context(), keys.CreateParams{TenantID: c.Param("id"), Scopes: scopes})
 	if err != nil {
-		return err
+		return keyErr(err)
 	}
-	return c.JSON(http.StatusCreated, KeyCreated{Kid: k.Kid, Key: plaintext, TenantID: k.TenantID, Scopes: k.Scopes, CreatedAt: k.CreatedAt})
+	return c.JSON(http.StatusCreated, keyCreated(k))
 }
 
 func (s *Server) listKeys(c echo.Context) error {
-	ctx := c.Request().Context()
-	if _, err := s.Store.GetTenant(ctx, c.Param("id")); errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", c.Param("id"))
-	} else if err != nil {
-		return err
-	}
-	ks, err := s.Store.ListKeys(ctx, c.Param("id"))
+	ks, err := s.APIKeys.List(c.Request().Context(), c.Param("id"))
 	if err != nil {
-		return err
-	}
-	if ks == nil {
-		ks = []store.APIKey{}
+		return keyErr(err)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"keys": ks})
 }
 
 func (s *Server) rotateKey(c echo.Context) error {
-	ctx := c.Request().Context()
-	kid := c.Param("kid")
-	if !apikey.ValidKid(kid) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No live key %q.", kid)
-	}
-	plaintext, hash := apikey.NewSecret(kid)
-	k, err := s.Store.RotateKey(ctx, store.RotateKeyParams{Kid: kid, SecretHash: hash})
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No live key %q.", kid)
-	}
+	k, err := s.APIKeys.Rotate(c.Request().Context(), c.Param("kid"))
 	if err != nil {
-		return err
+		return keyErr(err)
 	}
-	s.invalidate(ctx, "k:"+kid)
-	return c.JSON(http.StatusOK, KeyCreated{Kid: k.Kid, Key: plaintext, TenantID: k.TenantID, Scopes: k.Scopes, CreatedAt: k.CreatedAt, RotatedAt: k.RotatedAt})
+	return c.JSON(http.StatusOK, keyCreated(k))
 }
 
 func (s *Server) revokeKey(c echo.Context) error {
-	ctx := c.Request().Context()
-	kid := c.Param("kid")
-	k, err := s.Store.GetKey(ctx, kid)
-	if err == nil && k.RevokedAt == nil {
-		err = s.Store.RevokeKey(ctx, kid)
-	} else if err == nil {
-		err = store.ErrNotFound
-	}
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No live key %q.", kid)
-	}
-	if err != nil {
-		return err
-	}
-	s.invalidate(ctx, "k:"+kid)
-	// A removed key's live limit state goes with it (keys that remain keep theirs).
-	if err := s.Admission.Quotas().DropKey(ctx, k.TenantID, kid); err != nil {
-		s.log.Warn("dropping a revoked key's limit state failed; it expires on its own", "kid", kid, "err", err)
+	if _, err := s.APIKeys.Revoke(c.Request().Context(), c.Param("kid")); err != nil {
+		return keyErr(err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -52,6 +53,7 @@ type Deps struct {
 	Agents     Agents
 	Plans      *quotas.Catalogue
 	Tenants    *tenants.Service // nil: one over Store, Plans and Queue
+	APIKeys    *keys.Service    // nil: one over Store, this server's caches and Admission
 	Admission  *quotas.Guard
 	UpgradeURL string
 	AdminToken string
@@ -86,6 +88,13 @@ func New(d Deps) *Server {
 	}
 	if s.Tenants == nil {
 		s.Tenants = tenants.New(d.Store, d.Plans, tenants.Options{Scheduler: d.Queue, Logger: s.log})
+	}
+	if s.APIKeys == nil {
+		o := keys.Options{Invalidator: keyInvalidator{s}, Logger: s.log}
+		if d.Admission != nil {
+			o.Limits = d.Admission.Quotas()
+		}
+		s.APIKeys = keys.New(d.Store, o)
 	}
 	s.keys = apikey.NewCache(s.loadKey, 10000, cacheTTL)
 	s.tenantCache = expirable.NewLRU[string, store.Tenant](10000, nil, cacheTTL)
@@ -222,6 +231,15 @@ func (s *Server) invalidate(ctx context.Context, what string) {
 func (s *Server) ReloadKeys() {
 	s.keys.Purge()
 	s.tenantCache.Purge()
+}
+
+// keyInvalidator hands the key service's invalidations to the server: its own cache
+// and, through Redis, every replica's.
+type keyInvalidator struct{ s *Server }
+
+func (i keyInvalidator) InvalidateKey(ctx context.Context, kid string) error {
+	i.s.invalidate(ctx, "k:"+kid) // logs its own failure
+	return nil
 }
 
 func (s *Server) invalidateLocal(what string) {

@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -36,8 +36,32 @@ func migrationsUp(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 type adminEnv struct {
 	store   *store.Store
 	tenants *tenants.Service
+	apiKeys *keys.Service
 	rdb     redis.UniversalClient
 	keys    rkeys.Keys
+}
+
+// keyService is the key service of the admin commands: with Redis, it tells running
+// servers of a rotated or revoked key at once and drops a revoked key's limit state, as
+// the admin API does; without it, servers stop honouring the old key within a second
+// and the limit state expires on its own.
+func keyService(st *store.Store, rdb redis.UniversalClient, rk rkeys.Keys) *keys.Service {
+	var o keys.Options
+	if rdb != nil {
+		o.Invalidator = keyPublisher{rdb, rk}
+		o.Limits = quotas.New(rdb, rk, nil)
+	}
+	return keys.New(st, o)
+}
+
+// keyPublisher tells running servers that a key changed, on the channel they listen to.
+type keyPublisher struct {
+	rdb redis.UniversalClient
+	rk  rkeys.Keys
+}
+
+func (p keyPublisher) InvalidateKey(ctx context.Context, kid string) error {
+	return p.rdb.Publish(ctx, p.rk.KeysChangedChannel(), "k:"+kid).Err()
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -78,6 +102,7 @@ func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error)
 		}
 	}
 	env.tenants = tenants.New(env.store, plans, tenants.Options{Scheduler: sched})
+	env.apiKeys = keyService(env.store, env.rdb, env.keys)
 	return env, closeAll, nil
 }
 
@@ -86,8 +111,8 @@ func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error)
 func adminCmd() *cobra.Command { return newAdminCmd(openAdminEnv) }
 
 // newAdminCmd builds the admin commands over open (tests pass their own database).
-// Tenants are created and changed through the tenant service, so the CLI refuses
-// exactly what the admin API refuses.
+// Tenants and keys are created and changed through the tenant and key services, so the
+// CLI refuses exactly what the admin API refuses.
 func newAdminCmd(open adminOpener) *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants and API keys in Postgres"}
 	withEnv := func(ctx context.Context, withRedis bool, f func(adminEnv) error) error {
@@ -97,9 +122,6 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 		}
 		defer closeEnv()
 		return f(env)
-	}
-	withStore := func(ctx context.Context, f func(*store.Store) error) error {
-		return withEnv(ctx, false, func(env adminEnv) error { return f(env.store) })
 	}
 	printJSON := func(cmd *cobra.Command, v any) error {
 		enc := json.NewEncoder(cmd.OutOrStdout())
@@ -217,30 +239,47 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 		Short: "Create an API key for a tenant; the plaintext is printed once",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(cmd.Context(), func(st *store.Store) error {
-				kid, plaintext, hash := apikey.New(args[0])
-				sc := store.Scopes{Agents: splitList(agents), Principals: splitList(principals)}
-				if _, err := st.CreateKey(cmd.Context(), store.CreateKeyParams{Kid: kid, TenantID: args[0], SecretHash: hash, Scopes: sc}); err != nil {
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				k, err := env.apiKeys.Create(cmd.Context(), keys.CreateParams{
+					TenantID: args[0],
+					Scopes:   store.Scopes{Agents: splitList(agents), Principals: splitList(principals)},
+				})
+				if err != nil {
 					return err
 				}
-				return printJSON(cmd, map[string]string{"kid": kid, "key": plaintext})
+				return printJSON(cmd, map[string]string{"kid": k.Kid, "key": k.Plaintext})
 			})
 		},
 	}
 	keyCreate.Flags().StringVar(&agents, "agents", "", "comma-separated agents the key may run (default all)")
 	keyCreate.Flags().StringVar(&principals, "principals", "", "comma-separated users the key may act for (default all)")
 
+	keyList := &cobra.Command{
+		Use:   "key-list TENANT",
+		Short: "List a tenant's API keys, revoked ones included (never their secrets)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				ks, err := env.apiKeys.List(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd, ks)
+			})
+		},
+	}
+
 	keyRotate := &cobra.Command{
 		Use:   "key-rotate KID",
 		Short: "Give a key a new secret; the old one stops working",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(cmd.Context(), func(st *store.Store) error {
-				plaintext, hash := apikey.NewSecret(args[0])
-				if _, err := st.RotateKey(cmd.Context(), store.RotateKeyParams{Kid: args[0], SecretHash: hash}); err != nil {
+			return withEnv(cmd.Context(), true, func(env adminEnv) error {
+				k, err := env.apiKeys.Rotate(cmd.Context(), args[0])
+				if err != nil {
 					return err
 				}
-				return printJSON(cmd, map[string]string{"kid": args[0], "key": plaintext})
+				return printJSON(cmd, map[string]string{"kid": k.Kid, "key": k.Plaintext})
 			})
 		},
 	}
@@ -249,32 +288,16 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 		Short: "Revoke a key",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withStore(cmd.Context(), func(st *store.Store) error {
-				ctx := cmd.Context()
-				k, err := st.GetKey(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				if err := st.RevokeKey(ctx, args[0]); err != nil {
+			return withEnv(cmd.Context(), true, func(env adminEnv) error {
+				if _, err := env.apiKeys.Revoke(cmd.Context(), args[0]); err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), "revoked", args[0])
-				// Tell running servers at once and drop the key's limit state, as the admin
-				// API does; without Redis, servers still stop honouring it within a second.
-				cfg, _ := config.FromEnv()
-				rdb, err := redisx.Connect(ctx, cfg.RedisURL)
-				if err != nil {
-					fmt.Fprintln(os.Stderr, "note: Redis unreachable; the key's limit state expires on its own:", err)
-					return nil
-				}
-				defer rdb.Close()
-				keys := rkeys.New(cfg.RedisPrefix, cfg.Shards)
-				_ = rdb.Publish(ctx, keys.KeysChangedChannel(), "k:"+args[0]).Err()
-				return quotas.New(rdb, keys, nil).DropKey(ctx, k.TenantID, args[0])
+				return nil
 			})
 		},
 	}
-	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyRotate, keyRevoke)
+	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke)
 	return cmd
 }
 

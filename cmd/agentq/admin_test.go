@@ -19,10 +19,20 @@ import (
 	"github.com/agentq/agentq/scheduler"
 )
 
-// TestCLIRefusesWhatTheAPIRefuses feeds the same invalid tenants to the admin API and
-// to `agentq admin tenant-create` / `tenant-update`, on one database, and wants the
-// same refusal from both, and nothing written.
-func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
+// adminHarness is a server (API role) and the admin CLI on one database and Redis, the
+// CLI with the server's plan catalogue.
+type adminHarness struct {
+	app   *agentq.App
+	base  string
+	token string // the admin token
+	// api sends an admin request and returns the status and the error message, if any.
+	api func(method, path, body string) (int, string)
+	// cli runs `agentq admin args...` and returns what it printed and its error.
+	cli func(args ...string) (string, error)
+}
+
+func newAdminHarness(t *testing.T) adminHarness {
+	t.Helper()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	rdb, keys := testenv.Redis(t, 1)
@@ -73,6 +83,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 			sched = scheduler.New(rdb, keys, scheduler.Options{})
 		}
 		env.tenants = tenants.New(st, app.Plans, tenants.Options{Scheduler: sched})
+		env.apiKeys = keyService(st, env.rdb, keys)
 		return env, func() {}, nil
 	}
 	cli := func(args ...string) (string, error) {
@@ -86,6 +97,17 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 		err := cmd.ExecuteContext(ctx)
 		return out.String(), err
 	}
+
+	return adminHarness{app: app, base: base, token: cfg.AdminToken, api: api, cli: cli}
+}
+
+// TestCLIRefusesWhatTheAPIRefuses feeds the same invalid tenants to the admin API and
+// to `agentq admin tenant-create` / `tenant-update`, on one database, and wants the
+// same refusal from both, and nothing written.
+func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
+	ctx := context.Background()
+	h := newAdminHarness(t)
+	app, base, api, cli := h.app, h.base, h.api, h.cli
 
 	if st, msg := api("POST", "/v1/admin/tenants", `{"id":"acme","plan":"pro"}`); st != 201 {
 		t.Fatalf("create acme: %d %s", st, msg)
@@ -177,7 +199,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		req, _ := http.NewRequest("GET", base+"/v1/admin/tenants/cli1", nil)
-		req.Header.Set("Authorization", "Bearer "+cfg.AdminToken)
+		req.Header.Set("Authorization", "Bearer "+h.token)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -194,5 +216,148 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	}
 	if _, err := cli("tenant-update", "ghost", "--weight", "2"); err == nil {
 		t.Errorf("CLI update of a missing tenant succeeded")
+	}
+}
+
+// TestCLIKeysRefuseWhatTheAPIRefuses feeds the same invalid key requests to the admin
+// API and to `agentq admin key-*`, and wants the same refusal from both and nothing
+// written; then it checks that keys the CLI creates, rotates and revokes are honoured
+// and refused by the running server accordingly.
+func TestCLIKeysRefuseWhatTheAPIRefuses(t *testing.T) {
+	ctx := context.Background()
+	h := newAdminHarness(t)
+	if st, msg := h.api("POST", "/v1/admin/tenants", `{"id":"acme","plan":"pro"}`); st != 201 {
+		t.Fatalf("create acme: %d %s", st, msg)
+	}
+	// A key to revoke, so that "revoked" is among the unknown kids.
+	out, err := h.cli("key-create", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gone struct{ Kid, Key string }
+	if err := json.Unmarshal([]byte(out), &gone); err != nil || gone.Kid == "" {
+		t.Fatalf("key-create printed %q (%v)", out, err)
+	}
+	if st, msg := h.api("DELETE", "/v1/admin/keys/"+gone.Kid, ""); st != 204 {
+		t.Fatalf("revoke %s: %d %s", gone.Kid, st, msg)
+	}
+
+	scopeMsg := "Scope entries must be 1 to 255 bytes without control characters."
+	long := strings.Repeat("a", 256)
+	for _, tc := range []struct {
+		name   string
+		method string
+		path   string
+		body   string
+		args   []string
+		status int
+		msg    string
+	}{
+		{"control character in an agent", "POST", "/v1/admin/tenants/acme/keys", `{"scopes":{"agents":["si\u0001m"]}}`,
+			[]string{"key-create", "acme", "--agents", "si\x01m"}, 400, scopeMsg},
+		{"control character in a principal", "POST", "/v1/admin/tenants/acme/keys", `{"scopes":{"principals":["u1","u\u007f2"]}}`,
+			[]string{"key-create", "acme", "--principals", "u1,u\x7f2"}, 400, scopeMsg},
+		{"agent too long", "POST", "/v1/admin/tenants/acme/keys", `{"scopes":{"agents":["` + long + `"]}}`,
+			[]string{"key-create", "acme", "--agents", long}, 400, scopeMsg},
+		{"bad scope for an unknown tenant", "POST", "/v1/admin/tenants/ghost/keys", `{"scopes":{"agents":["` + long + `"]}}`,
+			[]string{"key-create", "ghost", "--agents", long}, 400, scopeMsg},
+		{"create for an unknown tenant", "POST", "/v1/admin/tenants/ghost/keys", `{}`,
+			[]string{"key-create", "ghost"}, 404, `No tenant "ghost".`},
+		{"list of an unknown tenant", "GET", "/v1/admin/tenants/ghost/keys", "",
+			[]string{"key-list", "ghost"}, 404, `No tenant "ghost".`},
+		{"rotate an unknown kid", "POST", "/v1/admin/keys/acme-00000000/rotate", "",
+			[]string{"key-rotate", "acme-00000000"}, 404, `No live key "acme-00000000".`},
+		{"rotate a malformed kid", "POST", "/v1/admin/keys/nonsense/rotate", "",
+			[]string{"key-rotate", "nonsense"}, 404, `No live key "nonsense".`},
+		{"rotate a revoked key", "POST", "/v1/admin/keys/" + gone.Kid + "/rotate", "",
+			[]string{"key-rotate", gone.Kid}, 404, `No live key "` + gone.Kid + `".`},
+		{"revoke an unknown kid", "DELETE", "/v1/admin/keys/acme-00000000", "",
+			[]string{"key-revoke", "acme-00000000"}, 404, `No live key "acme-00000000".`},
+		{"revoke a malformed kid", "DELETE", "/v1/admin/keys/nonsense", "",
+			[]string{"key-revoke", "nonsense"}, 404, `No live key "nonsense".`},
+		{"revoke a revoked key", "DELETE", "/v1/admin/keys/" + gone.Kid, "",
+			[]string{"key-revoke", gone.Kid}, 404, `No live key "` + gone.Kid + `".`},
+	} {
+		st, apiMsg := h.api(tc.method, tc.path, tc.body)
+		if st != tc.status || apiMsg != tc.msg {
+			t.Errorf("%s: API %d %q, want %d %q", tc.name, st, apiMsg, tc.status, tc.msg)
+		}
+		out, err := h.cli(tc.args...)
+		if err == nil || err.Error() != apiMsg {
+			t.Errorf("%s: CLI %v (output %q), want the API's refusal %q", tc.name, err, out, apiMsg)
+		}
+	}
+	if ks, err := h.app.Store.ListKeys(ctx, "acme"); err != nil || len(ks) != 1 || ks[0].Kid != gone.Kid {
+		t.Fatalf("keys after the refusals: %+v %v, want only %s", ks, err, gone.Kid)
+	}
+	if ks, err := h.app.Store.ListKeys(ctx, "ghost"); err != nil || len(ks) != 0 {
+		t.Fatalf("keys of ghost: %+v %v", ks, err)
+	}
+
+	// What the API accepts, the CLI accepts too, and the server honours it.
+	status := func(key string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", h.base+"/v1/tasks", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// Rotation and revocation reach the server through Redis (and in any case within
+	// its caches' one-second life).
+	eventually := func(what, key string, want int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for st := status(key); st != want; st = status(key) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the API answers %d, want %d", what, st, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	out, err = h.cli("key-create", "acme", "--agents", "sim, echo", "--principals", "u1")
+	if err != nil {
+		t.Fatalf("CLI key-create: %v", err)
+	}
+	var k struct{ Kid, Key string }
+	if err := json.Unmarshal([]byte(out), &k); err != nil || k.Kid == "" || k.Key == "" {
+		t.Fatalf("key-create printed %q (%v)", out, err)
+	}
+	eventually("a key the CLI created", k.Key, 200)
+
+	out, err = h.cli("key-list", "acme")
+	if err != nil {
+		t.Fatalf("CLI key-list: %v", err)
+	}
+	var listed []store.APIKey
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 2 || listed[1].Kid != k.Kid ||
+		strings.Join(listed[1].Scopes.Agents, ",") != "sim,echo" || strings.Join(listed[1].Scopes.Principals, ",") != "u1" {
+		t.Fatalf("key-list printed %q (%v)", out, err)
+	}
+	if strings.Contains(out, "secret") {
+		t.Errorf("key-list shows secrets: %s", out)
+	}
+
+	out, err = h.cli("key-rotate", k.Kid)
+	if err != nil {
+		t.Fatalf("CLI key-rotate: %v", err)
+	}
+	var r struct{ Kid, Key string }
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Kid != k.Kid || r.Key == k.Key {
+		t.Fatalf("key-rotate printed %q (%v)", out, err)
+	}
+	eventually("the old secret after a CLI rotation", k.Key, 401)
+	eventually("the new secret after a CLI rotation", r.Key, 200)
+
+	out, err = h.cli("key-revoke", k.Kid)
+	if err != nil || strings.TrimSpace(out) != "revoked "+k.Kid {
+		t.Fatalf("CLI key-revoke: %q %v", out, err)
+	}
+	eventually("a key the CLI revoked", r.Key, 401)
+	if _, err := h.cli("key-revoke", k.Kid); err == nil || err.Error() != `No live key "`+k.Kid+`".` {
+		t.Errorf("revoking twice through the CLI: %v", err)
 	}
 }

@@ -14,10 +14,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/redisx"
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 )
 
@@ -123,14 +122,14 @@ func printDemo(ctx context.Context, app *agentq.App, cfg config.Config) error {
 		} else if err != nil {
 			return err
 		}
-		kid, plaintext, hash := apikey.New(d.id)
-		if _, err := app.Store.CreateKey(ctx, store.CreateKeyParams{Kid: kid, TenantID: d.id, SecretHash: hash}); err != nil {
+		k, err := app.API.APIKeys.Create(ctx, keys.CreateParams{TenantID: d.id})
+		if err != nil {
 			return err
 		}
 		if firstKey == "" {
-			firstKey = plaintext
+			firstKey = k.Plaintext
 		}
-		fmt.Fprintf(&b, "  %-16s plan %-10s key %s\n", d.id, d.plan, plaintext)
+		fmt.Fprintf(&b, "  %-16s plan %-10s key %s\n", d.id, d.plan, k.Plaintext)
 	}
 	fmt.Fprintf(&b, `
 Try it:

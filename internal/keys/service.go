@@ -1,0 +1,215 @@
+// Package keys is the API-key domain service: creating a tenant's keys with their
+// scopes, listing, rotating and revoking them. The admin API and `agentq admin` both go
+// through it, so they refuse the same requests with the same sentences, and a rotated or
+// revoked key is dropped from the servers' caches (and a revoked key's limit state from
+// Redis) whichever of them changed it.
+package keys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/store"
+)
+
+// ErrNotFound matches (with errors.Is) the *NotFoundError of a missing tenant or of a
+// kid with no live key.
+var ErrNotFound = store.ErrNotFound
+
+// NotFoundError is a tenant that does not exist, or a kid with no live key. Message is
+// the sentence the HTTP API returns and the CLI prints.
+type NotFoundError struct {
+	What    string // "tenant" or "key"
+	ID      string // the tenant id or the kid
+	Message string
+}
+
+func (e *NotFoundError) Error() string { return e.Message }
+
+// Is makes errors.Is(err, ErrNotFound) true.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+func noTenant(id string) *NotFoundError {
+	return &NotFoundError{What: "tenant", ID: id, Message: fmt.Sprintf("No tenant %q.", id)}
+}
+
+func noLiveKey(kid string) *NotFoundError {
+	return &NotFoundError{What: "key", ID: kid, Message: fmt.Sprintf("No live key %q.", kid)}
+}
+
+// InvalidError is a refused key field. Message is a sentence meant for the person who
+// sent the value (the HTTP API returns it as the error message, the CLI prints it).
+type InvalidError struct {
+	Field   string // scopes
+	Message string
+}
+
+func (e *InvalidError) Error() string { return e.Message }
+
+// Invalidator tells the servers' key caches that a key changed (its secret was
+// replaced, or it was revoked), so they stop honouring the old state at once rather
+// than when the cache entry expires.
+type Invalidator interface {
+	InvalidateKey(ctx context.Context, kid string) error
+}
+
+// LimitState drops a key's live limit state (its rate windows) from Redis.
+type LimitState interface {
+	DropKey(ctx context.Context, tenantID, kid string) error
+}
+
+// Options are a Service's optional collaborators. Without them the changes are still
+// written; servers then see them when their cache entries expire (within a second) and
+// a revoked key's limit state expires on its own.
+type Options struct {
+	Invalidator Invalidator
+	Limits      LimitState
+	Logger      *slog.Logger
+}
+
+// Service creates, lists, rotates and revokes API keys.
+type Service struct {
+	store  *store.Store
+	inval  Invalidator
+	limits LimitState
+	log    *slog.Logger
+}
+
+// New returns a Service over st.
+func New(st *store.Store, o Options) *Service {
+	s := &Service{store: st, inval: o.Invalidator, limits: o.Limits, log: o.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	return s
+}
+
+// MaxScopeEntry is the longest scope entry, in bytes.
+const MaxScopeEntry = 255
+
+// Created is a new or rotated key with its plaintext, which is shown once and never
+// stored.
+type Created struct {
+	store.APIKey
+	Plaintext string
+}
+
+// CreateParams are a new key's fields.
+type CreateParams struct {
+	TenantID string
+	Scopes   store.Scopes // empty lists mean "all"
+}
+
+// Create validates p and stores a new key for the tenant. A refused scope is an
+// *InvalidError; a missing tenant a *NotFoundError.
+func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
+	if err := ValidateScopes(p.Scopes); err != nil {
+		return Created{}, err
+	}
+	kid, plaintext, hash := apikey.New(p.TenantID)
+	k, err := s.store.CreateKey(ctx, store.CreateKeyParams{
+		Kid: kid, TenantID: p.TenantID, SecretHash: hash, Scopes: p.Scopes,
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return Created{}, noTenant(p.TenantID)
+	}
+	if err != nil {
+		return Created{}, err
+	}
+	return Created{APIKey: k, Plaintext: plaintext}, nil
+}
+
+// List returns a tenant's keys, revoked ones included, oldest first (never nil). A
+// missing tenant is a *NotFoundError.
+func (s *Service) List(ctx context.Context, tenantID string) ([]store.APIKey, error) {
+	if _, err := s.store.GetTenant(ctx, tenantID); errors.Is(err, store.ErrNotFound) {
+		return nil, noTenant(tenantID)
+	} else if err != nil {
+		return nil, err
+	}
+	ks, err := s.store.ListKeys(ctx, tenantID)
+	if err != nil {
+		return nil, err
+	}
+	if ks == nil {
+		ks = []store.APIKey{}
+	}
+	return ks, nil
+}
+
+// Rotate gives live key kid a new secret; the old one stops working. A kid with no
+// live key is a *NotFoundError.
+func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
+	if !apikey.ValidKid(kid) {
+		return Created{}, noLiveKey(kid)
+	}
+	plaintext, hash := apikey.NewSecret(kid)
+	k, err := s.store.RotateKey(ctx, store.RotateKeyParams{Kid: kid, SecretHash: hash})
+	if errors.Is(err, store.ErrNotFound) {
+		return Created{}, noLiveKey(kid)
+	}
+	if err != nil {
+		return Created{}, err
+	}
+	s.invalidate(ctx, kid)
+	return Created{APIKey: k, Plaintext: plaintext}, nil
+}
+
+// Revoke revokes live key kid and drops its limit state (keys that remain keep
+// theirs). A kid with no live key is a *NotFoundError. It returns the key as it was
+// before revocation.
+func (s *Service) Revoke(ctx context.Context, kid string) (store.APIKey, error) {
+	if !apikey.ValidKid(kid) {
+		return store.APIKey{}, noLiveKey(kid)
+	}
+	k, err := s.store.GetKey(ctx, kid)
+	if err == nil && k.RevokedAt == nil {
+		err = s.store.RevokeKey(ctx, kid)
+	} else if err == nil {
+		err = store.ErrNotFound
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return store.APIKey{}, noLiveKey(kid)
+	}
+	if err != nil {
+		return store.APIKey{}, err
+	}
+	s.invalidate(ctx, kid)
+	if s.limits != nil {
+		if err := s.limits.DropKey(ctx, k.TenantID, kid); err != nil {
+			s.log.Warn("dropping a revoked key's limit state failed; it expires on its own", "kid", kid, "err", err)
+		}
+	}
+	return k, nil
+}
+
+func (s *Service) invalidate(ctx context.Context, kid string) {
+	if s.inval == nil {
+		return
+	}
+	if err := s.inval.InvalidateKey(ctx, kid); err != nil {
+		s.log.Warn("invalidating a changed key failed; servers catch up within the cache TTL", "kid", kid, "err", err)
+	}
+}
+
+// ValidateScopes refuses scope entries that are empty, longer than MaxScopeEntry bytes,
+// not valid UTF-8 or carrying a control character.
+func ValidateScopes(sc store.Scopes) error {
+	for _, lists := range [][]string{sc.Agents, sc.Principals} {
+		for _, a := range lists {
+			if a == "" || len(a) > MaxScopeEntry || !utf8.ValidString(a) || strings.ContainsFunc(a, isControl) {
+				return &InvalidError{Field: "scopes", Message: "Scope entries must be 1 to 255 bytes without control characters."}
+			}
+		}
+	}
+	return nil
+}
+
+// isControl tells the C0 controls, DEL and the C1 controls (the API's rule for
+// identifiers).
+func isControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }
