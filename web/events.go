@@ -61,8 +61,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 		return nil
 	}
 	snapshot := func(t store.Task) error {
-		tj := taskJSON(t)
-		s.fillWaitReasons(ctx, []*TaskJSON{&tj})
+		tj := viewJSON(s.tasks.WithWaitReason(ctx, t))
 		body, _ := json.Marshal(map[string]any{"type": "state", "task_id": t.ID.String(), "state": t.State, "task": tj})
 		return send("state", body)
 	}

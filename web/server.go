@@ -24,6 +24,7 @@ import (
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
@@ -71,6 +72,7 @@ type Server struct {
 	e           *echo.Echo
 	keys        *apikey.Cache
 	tenantCache *expirable.LRU[string, store.Tenant]
+	tasks       *tasks.Service
 
 	closing  chan struct{} // closed when Shutdown begins: open streams end
 	mu       sync.Mutex
@@ -96,6 +98,10 @@ func New(d Deps) *Server {
 		}
 		s.APIKeys = keys.New(d.Store, o)
 	}
+	s.tasks = tasks.New(tasks.Deps{
+		Store: d.Store, Tenants: s.Tenants, Admission: d.Admission, Queue: d.Queue, Agents: d.Agents,
+		Redis: d.Redis, Keys: d.Keys, Tenant: s.tenant, Logger: s.log,
+	})
 	s.keys = apikey.NewCache(s.loadKey, 10000, cacheTTL)
 	s.tenantCache = expirable.NewLRU[string, store.Tenant](10000, nil, cacheTTL)
 	e := echo.New()

@@ -1,0 +1,555 @@
+// Package tasks is the tasks domain service: submitting a task (validation, budget,
+// idempotency, admission, storing, queueing), reading, listing and cancelling a
+// tenant's tasks. The HTTP API calls it; it knows nothing of HTTP.
+package tasks
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// ErrNotFound is returned for a task the tenant does not have; ErrNoTenant for a
+// call without a tenant; ErrUnavailable when Postgres cannot take a task, before
+// any limit is spent on it. Match them with errors.Is.
+var (
+	ErrNotFound    = store.ErrNotFound
+	ErrNoTenant    = errors.New("tasks: no tenant given")
+	ErrUnavailable = errors.New("tasks: the database is unavailable")
+)
+
+// Limits of a submission and of a listing.
+const (
+	MaxIdempotencyKey = 255
+	MaxUser           = 255
+	DefaultListLimit  = 50
+	MaxListLimit      = 500
+)
+
+// InvalidError is a refused submission field. Message is a sentence meant for the
+// person who sent the value.
+type InvalidError struct {
+	Field   string // agent, user, priority, input, idempotency_key or budget
+	Message string
+	NotJSON bool // the field is not valid JSON
+}
+
+func (e *InvalidError) Error() string { return e.Message }
+
+func invalid(field, format string, args ...any) *InvalidError {
+	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// UnknownAgentError is a submission for an agent that is not registered.
+type UnknownAgentError struct{ Agent string }
+
+func (e *UnknownAgentError) Error() string { return fmt.Sprintf("unknown agent %q", e.Agent) }
+
+// SuspendedError is a submission by a suspended tenant.
+type SuspendedError struct{ TenantID string }
+
+func (e *SuspendedError) Error() string { return fmt.Sprintf("tenant %s is suspended", e.TenantID) }
+
+// ScopeError is a submission outside the key's scopes. Message is meant for the
+// caller.
+type ScopeError struct{ Message string }
+
+func (e *ScopeError) Error() string { return e.Message }
+
+// ConflictError is an idempotency key already used with a different request.
+type ConflictError struct{ Key string }
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("idempotency key %q was already used with a different request", e.Key)
+}
+
+// RefusedError is a submission a limit refused; Decision says which.
+type RefusedError struct {
+	Decision quotas.Decision
+	Tenant   store.Tenant
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("refused by limits %v", e.Decision.Violated)
+}
+
+// AdmissionError is a failure to check the limits at all (Redis unreachable, the
+// call cancelled).
+type AdmissionError struct{ Err error }
+
+func (e *AdmissionError) Error() string { return "admission: " + e.Err.Error() }
+func (e *AdmissionError) Unwrap() error { return e.Err }
+
+// FinishedError is a cancel of a task that already ended.
+type FinishedError struct {
+	ID    uuid.UUID
+	State string
+}
+
+func (e *FinishedError) Error() string { return fmt.Sprintf("task %s already ended %s", e.ID, e.State) }
+
+// Queue is what the service needs of the scheduler.
+type Queue interface {
+	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
+	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
+	WaitReason(ctx context.Context, tenantID string) (string, error)
+}
+
+// Agents validates a task's input for its agent. An error with UnknownAgent() true
+// is an unknown agent, one with InvalidInput() true a rejected input; any other is
+// a failure to judge and is returned as it is.
+type Agents interface {
+	ValidateTask(ctx context.Context, agent string, input json.RawMessage) error
+}
+
+// Deps are a Service's collaborators.
+type Deps struct {
+	Store     *store.Store
+	Tenants   *tenants.Service
+	Admission *quotas.Guard
+	Queue     Queue
+	Agents    Agents
+	Redis     redis.UniversalClient
+	Keys      rkeys.Keys
+	// Tenant looks a tenant up (the API passes its cache); nil: Store.GetTenant.
+	Tenant func(ctx context.Context, id string) (store.Tenant, error)
+	Logger *slog.Logger
+}
+
+// Service submits, reads, lists and cancels tasks, always for one tenant.
+type Service struct {
+	d   Deps
+	log *slog.Logger
+}
+
+// New returns a Service over d.
+func New(d Deps) *Service {
+	s := &Service{d: d, log: d.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.d.Tenant == nil {
+		s.d.Tenant = d.Store.GetTenant
+	}
+	return s
+}
+
+// BudgetRequest is a task's requested budget; nil fields take the plan's default.
+type BudgetRequest struct {
+	MaxSteps      *int
+	MaxWallclockS *float64
+	MaxCostUSD    *float64
+}
+
+// SubmitParams is one submission by an API key.
+type SubmitParams struct {
+	TenantID string
+	Kid      string
+	// The key's scopes: empty allows every agent, every user.
+	KeyAgents, KeyPrincipals []string
+
+	Agent          string
+	Input          json.RawMessage // empty: {}
+	User           string
+	Budget         *BudgetRequest
+	Priority       *int
+	IdempotencyKey string
+}
+
+// Submission is the outcome of Submit. Decision is the admission decision when the
+// limits were checked, also when Submit then returns an error (a refusal, a scope,
+// a conflict), so that the caller can report the limits' state; At is when.
+type Submission struct {
+	Task     store.Task
+	Replayed bool // an earlier submission with the same idempotency key
+	Decision *quotas.Decision
+	At       time.Time
+}
+
+// Submit validates a submission, resolves its budget, answers a replay of an
+// idempotency key, admits it against the limits, stores and queues it. The checks
+// run in that order: a submission refused by validation or its budget spends no
+// limit, Postgres is checked before any limit is spent, and a replay spends only
+// the key's bucket.
+func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error) {
+	var res Submission
+	if p.TenantID == "" {
+		return res, ErrNoTenant
+	}
+	idem := p.IdempotencyKey
+	if len(idem) > MaxIdempotencyKey {
+		return res, invalid("idempotency_key", "idempotency_key is longer than %d bytes.", MaxIdempotencyKey)
+	}
+	if p.Agent == "" {
+		return res, invalid("agent", "Field agent is required.")
+	}
+	if len(p.User) > MaxUser {
+		return res, invalid("user", "Field user is longer than %d bytes.", MaxUser)
+	}
+	priority := scheduler.DefaultPriority
+	if p.Priority != nil {
+		priority = *p.Priority
+		if priority < scheduler.MinPriority || priority > scheduler.MaxPriority {
+			return res, invalid("priority", "Field priority must be between %d and %d.", scheduler.MinPriority, scheduler.MaxPriority)
+		}
+	}
+	input := p.Input
+	if len(input) == 0 {
+		input = json.RawMessage("{}")
+	} else {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, input); err != nil {
+			e := invalid("input", "Field input is not valid JSON.")
+			e.NotJSON = true
+			return res, e
+		}
+		input = buf.Bytes()
+	}
+	if err := s.d.Agents.ValidateTask(ctx, p.Agent, input); err != nil {
+		if isUnknownAgent(err) {
+			return res, &UnknownAgentError{Agent: p.Agent}
+		}
+		if !isInputError(err) {
+			return res, err
+		}
+		return res, invalid("input", "Invalid input for agent %q: %v.", p.Agent, err)
+	}
+	// The scope check is decided here but enforced by the admission script, after the
+	// key bucket and before anything of the tenant's is touched.
+	inScope := (len(p.KeyAgents) == 0 || slices.Contains(p.KeyAgents, p.Agent)) &&
+		(len(p.KeyPrincipals) == 0 || slices.Contains(p.KeyPrincipals, p.User))
+	tenant, err := s.d.Tenant(ctx, p.TenantID)
+	if err != nil {
+		return res, err
+	}
+	if tenant.Status != "active" {
+		return res, &SuspendedError{TenantID: tenant.ID}
+	}
+	pol, err := s.d.Tenants.Policy(tenant)
+	if err != nil {
+		return res, fmt.Errorf("tenant %s: %w", tenant.ID, err)
+	}
+	budget, err := ResolveBudget(pol.Budget, p.Budget)
+	if err != nil {
+		return res, err
+	}
+	budgetJSON, _ := json.Marshal(budget)
+	hash := requestHash(p.Agent, canonicalJSON(input), p.User, budgetJSON, priority)
+	limits := pol.Limits
+	now := time.Now()
+	period := quotas.PeriodAt(tenant.CreatedAt, now)
+
+	// Postgres must be able to take the task before any limit is spent on it: a
+	// refusal for an unreachable database leaves every bucket as it was. The
+	// idempotency lookup, when there is one, is that check.
+	if idem != "" && inScope {
+		// A replay admits nothing new: it answers with the task the key made, and
+		// spends only the key's bucket.
+		prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, tenant.ID, idem)
+		if err == nil {
+			at := time.Now()
+			d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
+				Mode: quotas.ModeKey, TenantID: tenant.ID, Kid: p.Kid, Limits: limits, Period: quotas.PeriodAt(tenant.CreatedAt, at),
+			})
+			if err != nil {
+				return res, &AdmissionError{Err: err}
+			}
+			res.Decision, res.At = &d, at
+			if !d.Allowed {
+				return res, &RefusedError{Decision: d, Tenant: tenant}
+			}
+			return replay(res, prev, hash, idem)
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return res, err
+		}
+	} else if err := s.d.Store.Ping(ctx); err != nil {
+		return res, ErrUnavailable
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return res, err
+	}
+	d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
+		Mode: quotas.ModeAdmit, TenantID: tenant.ID, Kid: p.Kid, Agent: p.Agent, User: p.User,
+		TaskID: id.String(), InScope: inScope, Limits: limits, Period: period,
+		LongRunning: budget.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
+	})
+	if err != nil {
+		// A call that timed out may still have taken a lease in Redis; nothing will
+		// be stored for this id, so give it back once Redis answers.
+		s.d.Admission.ReleaseLater(tenant.ID, id.String())
+		return res, &AdmissionError{Err: err}
+	}
+	res.Decision, res.At = &d, now
+	if d.OutOfScope {
+		if !slices.Contains(p.KeyAgents, p.Agent) && len(p.KeyAgents) > 0 {
+			return res, &ScopeError{Message: fmt.Sprintf("This API key may not run agent %q.", p.Agent)}
+		}
+		return res, &ScopeError{Message: fmt.Sprintf("This API key may not act for user %q.", p.User)}
+	}
+	if !d.Allowed {
+		return res, &RefusedError{Decision: d, Tenant: tenant}
+	}
+
+	task, created, err := s.d.Store.InsertTask(ctx, store.InsertTaskParams{
+		ID: id, TenantID: tenant.ID, Kid: p.Kid, Agent: p.Agent, User: p.User, Input: input,
+		Budget: budgetJSON, Priority: priority, IdempotencyKey: idem, RequestHash: hash,
+	})
+	if err != nil || !created {
+		// Not written (or a concurrent duplicate won): give back the lease just taken.
+		s.d.Admission.Release(context.WithoutCancel(ctx), tenant.ID, id.String())
+	}
+	if err != nil {
+		return res, err
+	}
+	if !created {
+		return replay(res, task, hash, idem)
+	}
+	if d.Degraded {
+		// Redis is unreachable: the task stays queued in Postgres, and the recovery
+		// sweep pushes it once Redis is back. Trying now would only add latency.
+		s.log.Warn("admitted in degraded mode; the task waits in Postgres until Redis is back", "task_id", task.ID)
+	} else if err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
+		TenantID: tenant.ID, TaskID: task.ID, Priority: priority, CreatedAt: task.CreatedAt,
+		Weight: pol.Weight, RunningCap: pol.RunningCap,
+	}); err != nil {
+		// The task is stored as queued; the recovery sweep pushes queued tasks missing
+		// from Redis, so the submission still holds.
+		s.log.Error("pushing task to its queue failed; it stays queued in Postgres", "task_id", task.ID, "err", err)
+	}
+	res.Task = task
+	return res, nil
+}
+
+// replay answers a resubmission with an idempotency key already used by the tenant.
+func replay(res Submission, prev store.Task, hash []byte, idem string) (Submission, error) {
+	if !bytes.Equal(prev.RequestHash, hash) {
+		return res, &ConflictError{Key: idem}
+	}
+	res.Task, res.Replayed = prev, true
+	return res, nil
+}
+
+// isInputError tells an agent's rejection of the input from a failure to look the
+// agent up (Postgres down), which must not be reported as a bad request.
+func isInputError(err error) bool {
+	var v interface{ InvalidInput() bool }
+	return errors.As(err, &v) && v.InvalidInput()
+}
+
+func isUnknownAgent(err error) bool {
+	var u interface{ UnknownAgent() bool }
+	return errors.As(err, &u) && u.UnknownAgent()
+}
+
+// ResolveBudget fills a requested budget from the plan's default and refuses a field
+// that is not above 0 (a tenant cannot switch a cap off) or is above the plan's ceiling
+// (nor raise it). Every field of the result is set.
+func ResolveBudget(plan quotas.Budget, req *BudgetRequest) (quotas.TaskBudget, error) {
+	b, ceil := plan.Default, plan.Ceiling
+	if req == nil {
+		return b, nil
+	}
+	bad := func(field string, max any) error {
+		return invalid("budget", "budget.%s must be above 0 and at most the plan's ceiling of %v; omit it to get the plan's default.", field, max)
+	}
+	if v := req.MaxSteps; v != nil {
+		if *v < 1 || *v > ceil.MaxSteps {
+			return b, bad("max_steps", ceil.MaxSteps)
+		}
+		b.MaxSteps = *v
+	}
+	if v := req.MaxWallclockS; v != nil {
+		if !(*v > 0) || *v > ceil.MaxWallclockS {
+			return b, bad("max_wallclock_s", ceil.MaxWallclockS)
+		}
+		b.MaxWallclockS = *v
+	}
+	if v := req.MaxCostUSD; v != nil {
+		if !(*v > 0) || *v > ceil.MaxCostUSD {
+			return b, bad("max_cost_usd", ceil.MaxCostUSD)
+		}
+		b.MaxCostUSD = *v
+	}
+	return b, nil
+}
+
+// requestHash fingerprints what a submission asks for, so a replay with the same
+// idempotency key can be told from a different request.
+func requestHash(agent string, input json.RawMessage, user string, budget []byte, priority int) []byte {
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(agent), input, []byte(user), budget, []byte(strconv.Itoa(priority))} {
+		h.Write([]byte(strconv.Itoa(len(part))))
+		h.Write([]byte{0})
+		h.Write(part)
+	}
+	return h.Sum(nil)
+}
+
+// canonicalJSON re-encodes a JSON value with object keys sorted, so that two bodies
+// that differ only in key order or spacing are the same request.
+func canonicalJSON(raw json.RawMessage) []byte {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
+}
+
+// Task is a stored task with, for a queued one, why it waits (nil when that could
+// not be told).
+type Task struct {
+	store.Task
+	WaitReason *string
+}
+
+// Get returns one of the tenant's tasks.
+func (s *Service) Get(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
+	if tenantID == "" {
+		return Task{}, ErrNoTenant
+	}
+	t, err := s.d.Store.GetTask(ctx, store.GetTaskParams{TenantID: tenantID, ID: id})
+	if err != nil {
+		return Task{}, err
+	}
+	return s.WithWaitReason(ctx, t), nil
+}
+
+// WithWaitReason is t with, when it is queued, why it waits.
+func (s *Service) WithWaitReason(ctx context.Context, t store.Task) Task {
+	out := []Task{{Task: t}}
+	s.fillWaitReasons(ctx, out)
+	return out[0]
+}
+
+// fillWaitReasons says why queued tasks wait (one Redis round trip per tenant). A
+// failure leaves the reason nil rather than failing the read.
+func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
+	reasons := map[string]*string{}
+	for i := range tasks {
+		t := &tasks[i]
+		if t.State != store.StateQueued {
+			continue
+		}
+		r, ok := reasons[t.TenantID]
+		if !ok {
+			if why, err := s.d.Queue.WaitReason(ctx, t.TenantID); err == nil {
+				r = &why
+			}
+			reasons[t.TenantID] = r
+		}
+		t.WaitReason = r
+	}
+}
+
+// IsState tells a task state the listing can filter on.
+func IsState(st string) bool { return slices.Contains(store.TaskStates, st) }
+
+// ListParams selects a page of the tenant's tasks, newest first.
+type ListParams struct {
+	TenantID string
+	State    string    // empty: every state
+	Limit    int       // 0: DefaultListLimit
+	Before   uuid.UUID // the previous page's cursor; zero: the first page
+}
+
+// Page is a page of tasks; Next, when not nil, is the cursor of the next page.
+type Page struct {
+	Tasks []Task
+	Next  *uuid.UUID
+}
+
+// List returns a page of the tenant's tasks.
+func (s *Service) List(ctx context.Context, p ListParams) (Page, error) {
+	if p.TenantID == "" {
+		return Page{}, ErrNoTenant
+	}
+	if p.State != "" && !IsState(p.State) {
+		return Page{}, invalid("state", "Unknown state %q.", p.State)
+	}
+	want := p.Limit
+	if want == 0 {
+		want = DefaultListLimit
+	}
+	if want < 1 || want > MaxListLimit {
+		return Page{}, invalid("limit", "limit must be between 1 and %d.", MaxListLimit)
+	}
+	// One more tells whether there is a next page.
+	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: p.State, Limit: want + 1, Before: p.Before})
+	if err != nil {
+		return Page{}, err
+	}
+	var out Page
+	if len(rows) > want {
+		rows = rows[:want]
+		next := rows[len(rows)-1].ID
+		out.Next = &next
+	}
+	out.Tasks = make([]Task, 0, len(rows))
+	for _, t := range rows {
+		out.Tasks = append(out.Tasks, Task{Task: t})
+	}
+	s.fillWaitReasons(ctx, out.Tasks)
+	return out, nil
+}
+
+// cancelMessage is the error a cancelled task ends with.
+const cancelMessage = "cancelled by the tenant"
+
+// Cancel ends one of the tenant's queued or running tasks as killed: it gives its
+// lease back, takes it off its queue and tells the worker running it to stop.
+func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (store.Task, error) {
+	if tenantID == "" {
+		return store.Task{}, ErrNoTenant
+	}
+	t, ok, err := s.d.Store.FinishTask(ctx, store.FinishTaskParams{
+		ID: id, TenantID: tenantID, From: []string{store.StateQueued, store.StateRunning},
+		To: store.StateKilled, Error: cancelMessage,
+	})
+	if err != nil {
+		return t, err
+	}
+	if !ok {
+		cur, err := s.d.Store.GetTask(ctx, store.GetTaskParams{TenantID: tenantID, ID: id})
+		if err != nil {
+			return t, err
+		}
+		return t, &FinishedError{ID: id, State: cur.State}
+	}
+	// This call won the terminal transition, so it owns the lease release.
+	s.d.Admission.Release(ctx, tenantID, id.String())
+	// Queued: take it off the queue. Running: interrupt the step wherever it runs.
+	if _, err := s.d.Queue.Remove(ctx, tenantID, id); err != nil {
+		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)
+	}
+	ev, _ := json.Marshal(map[string]any{"type": "state", "task_id": id.String(), "state": store.StateKilled,
+		"error": cancelMessage, "time": time.Now().UTC()})
+	_ = s.d.Redis.Publish(ctx, s.d.Keys.TaskEvents(id.String()), ev).Err()
+	if err := s.d.Redis.Publish(ctx, s.d.Keys.CancelChannel(), id.String()).Err(); err != nil {
+		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
+	}
+	return t, nil
+}

@@ -1,0 +1,202 @@
+package tasks_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+	"github.com/redis/go-redis/v9"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// agents knows the agent "sim", which takes any JSON object.
+type agents struct{}
+
+type unknownAgent struct{}
+
+func (unknownAgent) Error() string      { return "unknown agent" }
+func (unknownAgent) UnknownAgent() bool { return true }
+
+func (agents) ValidateTask(_ context.Context, agent string, _ json.RawMessage) error {
+	if agent != "sim" {
+		return unknownAgent{}
+	}
+	return nil
+}
+
+type env struct {
+	svc   *tasks.Service
+	st    *store.Store
+	rdb   *redis.Client
+	rk    rkeys.Keys
+	sched *scheduler.Scheduler
+}
+
+func setup(t *testing.T, tenantIDs ...string) env {
+	t.Helper()
+	st := store.New(testenv.Postgres(t))
+	rdb, rk := testenv.Redis(t, 1)
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched := scheduler.New(rdb, rk, scheduler.Options{})
+	for _, id := range tenantIDs {
+		if _, err := st.CreateTenant(context.Background(), store.CreateTenantParams{ID: id, Name: id, Plan: "pro"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: time.Second})
+	svc := tasks.New(tasks.Deps{
+		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}), Admission: guard,
+		Queue: sched, Agents: agents{}, Redis: rdb, Keys: rk,
+	})
+	return env{svc: svc, st: st, rdb: rdb, rk: rk, sched: sched}
+}
+
+// keyCount is how many Redis keys the test's prefix holds: a refusal before
+// admission must not create any.
+func (e env) keyCount(t *testing.T) int {
+	t.Helper()
+	keys, err := e.rdb.Keys(context.Background(), e.rk.Prefix()+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(keys)
+}
+
+func TestSubmitStoresQueuesAndReplays(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	p := tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim", Input: json.RawMessage(`{ "b": 1, "a": 2 }`),
+		User: "bob", Budget: &tasks.BudgetRequest{MaxSteps: ptr(3)}, IdempotencyKey: "order-1"}
+	res, err := e.svc.Submit(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Replayed || res.Decision == nil || !res.Decision.Allowed || res.Task.State != store.StateQueued {
+		t.Fatalf("submit: %+v", res)
+	}
+	var in map[string]int
+	if err := json.Unmarshal(res.Task.Input, &in); err != nil || in["a"] != 2 || in["b"] != 1 || res.Task.User != "bob" || res.Task.Priority != scheduler.DefaultPriority {
+		t.Errorf("stored task: input %s user %q priority %d", res.Task.Input, res.Task.User, res.Task.Priority)
+	}
+	var b quotas.TaskBudget
+	if err := json.Unmarshal(res.Task.Budget, &b); err != nil || b.MaxSteps != 3 || b.MaxWallclockS <= 0 || b.MaxCostUSD <= 0 {
+		t.Errorf("budget %s: want max_steps 3 and the plan's other defaults", res.Task.Budget)
+	}
+	got, err := e.svc.Get(ctx, "acme", res.Task.ID)
+	if err != nil || got.ID != res.Task.ID || got.WaitReason == nil {
+		t.Errorf("get: %+v %v; want the task with a wait reason", got, err)
+	}
+	if _, err := e.svc.Get(ctx, "globex", res.Task.ID); !errors.Is(err, tasks.ErrNotFound) {
+		t.Errorf("another tenant's get: %v, want ErrNotFound", err)
+	}
+	// The same request again (key order differs) is a replay; a different one a conflict.
+	p.Input = json.RawMessage(`{"a":2,"b":1}`)
+	again, err := e.svc.Submit(ctx, p)
+	if err != nil || !again.Replayed || again.Task.ID != res.Task.ID {
+		t.Errorf("replay: %+v %v", again, err)
+	}
+	p.User = "eve"
+	var conflict *tasks.ConflictError
+	if _, err := e.svc.Submit(ctx, p); !errors.As(err, &conflict) || conflict.Key != "order-1" {
+		t.Errorf("different request with the same key: %v, want a ConflictError", err)
+	}
+	page, err := e.svc.List(ctx, tasks.ListParams{TenantID: "acme"})
+	if err != nil || len(page.Tasks) != 1 || page.Next != nil {
+		t.Errorf("list: %+v %v; want the one task", page, err)
+	}
+}
+
+func TestRefusedSubmissionChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	before := e.keyCount(t)
+	for _, p := range []tasks.SubmitParams{
+		{TenantID: "acme", Agent: "sim", Budget: &tasks.BudgetRequest{MaxSteps: ptr(0)}},
+		{TenantID: "acme", Agent: "sim", Budget: &tasks.BudgetRequest{MaxCostUSD: ptr(1e6)}},
+		{TenantID: "acme", Agent: "sim", Priority: ptr(scheduler.MaxPriority + 1)},
+		{TenantID: "acme", Agent: ""},
+	} {
+		res, err := e.svc.Submit(ctx, p)
+		var inv *tasks.InvalidError
+		if !errors.As(err, &inv) || res.Decision != nil {
+			t.Errorf("%+v: %v (decision %v), want an InvalidError before admission", p, err, res.Decision)
+		}
+	}
+	var unknown *tasks.UnknownAgentError
+	if _, err := e.svc.Submit(ctx, tasks.SubmitParams{TenantID: "acme", Agent: "nope"}); !errors.As(err, &unknown) {
+		t.Errorf("unknown agent: %v", err)
+	}
+	if after := e.keyCount(t); after != before {
+		t.Errorf("refusals touched Redis: %d keys, were %d", after, before)
+	}
+	page, err := e.svc.List(ctx, tasks.ListParams{TenantID: "acme"})
+	if err != nil || len(page.Tasks) != 0 {
+		t.Errorf("refusals stored tasks: %+v %v", page, err)
+	}
+}
+
+func TestEmptyTenantIsRefused(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	if _, err := e.svc.Submit(ctx, tasks.SubmitParams{Agent: "sim"}); !errors.Is(err, tasks.ErrNoTenant) {
+		t.Errorf("submit: %v", err)
+	}
+	if _, err := e.svc.Get(ctx, "", [16]byte{1}); !errors.Is(err, tasks.ErrNoTenant) {
+		t.Errorf("get: %v", err)
+	}
+	if _, err := e.svc.List(ctx, tasks.ListParams{}); !errors.Is(err, tasks.ErrNoTenant) {
+		t.Errorf("list: %v", err)
+	}
+	if _, err := e.svc.Cancel(ctx, "", [16]byte{1}); !errors.Is(err, tasks.ErrNoTenant) {
+		t.Errorf("cancel: %v", err)
+	}
+}
+
+func TestCancelQueuedTask(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	res, err := e.svc.Submit(ctx, tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := e.rdb.Subscribe(ctx, e.rk.CancelChannel())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.svc.Cancel(ctx, "acme", res.Task.ID)
+	if err != nil || got.State != store.StateKilled || got.Error == nil || *got.Error != "cancelled by the tenant" {
+		t.Fatalf("cancel: %+v %v", got, err)
+	}
+	select {
+	case m := <-sub.Channel():
+		if m.Payload != res.Task.ID.String() {
+			t.Errorf("cancel published %q, want %s", m.Payload, res.Task.ID)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("no cancel published")
+	}
+	if removed, err := e.sched.Remove(ctx, "acme", res.Task.ID); err != nil || removed {
+		t.Errorf("the task is still queued: %v %v", removed, err)
+	}
+	var fin *tasks.FinishedError
+	if _, err := e.svc.Cancel(ctx, "acme", res.Task.ID); !errors.As(err, &fin) || fin.State != store.StateKilled {
+		t.Errorf("second cancel: %v, want a FinishedError", err)
+	}
+	if _, err := e.svc.Cancel(ctx, "globex", res.Task.ID); !errors.Is(err, tasks.ErrNotFound) {
+		t.Errorf("another tenant's cancel: %v, want ErrNotFound", err)
+	}
+}
