@@ -91,8 +91,9 @@ func (r *BudgetRequest) params() *tasks.BudgetRequest {
 	return &tasks.BudgetRequest{MaxSteps: r.MaxSteps, MaxWallclockS: r.MaxWallclockS, MaxCostUSD: r.MaxCostUSD}
 }
 
-// taskErr turns the task service's errors into the API's.
-func (s *Server) taskErr(err error, id uuid.UUID) error {
+// taskErr turns the task service's errors into the API's; id is the task the call
+// is about (nil for a submission or a listing).
+func (s *Server) taskErr(err error, id *uuid.UUID) error {
 	var (
 		inv       *tasks.InvalidError
 		unknown   *tasks.UnknownAgentError
@@ -126,8 +127,10 @@ func (s *Server) taskErr(err error, id uuid.UUID) error {
 		return unavailable()
 	case errors.As(err, &finished):
 		return apiErr(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", finished.ID, finished.State)
-	case errors.Is(err, tasks.ErrNotFound):
-		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
+	case id != nil && errors.Is(err, tasks.ErrNotFound):
+		// Only for a call about one task: a submission's own lookups (its tenant)
+		// answer as they are.
+		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", *id)
 	}
 	return err
 }
@@ -161,7 +164,7 @@ func (s *Server) submitTask(c echo.Context) error {
 		setRateHeaders(c.Response().Header(), *res.Decision, res.At)
 	}
 	if err != nil {
-		return s.taskErr(err, uuid.Nil)
+		return s.taskErr(err, nil)
 	}
 	if res.Replayed {
 		c.Response().Header().Set("Idempotent-Replayed", "true")
@@ -185,7 +188,7 @@ func (s *Server) getTask(c echo.Context) error {
 	}
 	t, err := s.tasks.Get(c.Request().Context(), keyRecord(c).TenantID, id)
 	if err != nil {
-		return s.taskErr(err, id)
+		return s.taskErr(err, &id)
 	}
 	return c.JSON(http.StatusOK, viewJSON(t))
 }
@@ -234,7 +237,7 @@ func (s *Server) listTasks(c echo.Context) error {
 	}
 	page, err := s.tasks.List(c.Request().Context(), p)
 	if err != nil {
-		return s.taskErr(err, uuid.Nil)
+		return s.taskErr(err, nil)
 	}
 	out := TaskList{Tasks: make([]TaskJSON, 0, len(page.Tasks))}
 	for _, t := range page.Tasks {
@@ -254,7 +257,7 @@ func (s *Server) cancelTask(c echo.Context) error {
 	}
 	t, err := s.tasks.Cancel(c.Request().Context(), keyRecord(c).TenantID, id)
 	if err != nil {
-		return s.taskErr(err, id)
+		return s.taskErr(err, &id)
 	}
 	return c.JSON(http.StatusOK, taskJSON(t))
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -14,7 +16,6 @@ import (
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
-	"github.com/redis/go-redis/v9"
 )
 
 func ptr[T any](v T) *T { return &v }
