@@ -292,9 +292,8 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 		LongRunning: budget.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
 	})
 	if err != nil {
-		// A call that timed out may still have taken a lease in Redis; nothing will
-		// be stored for this id, so give it back once Redis answers.
-		s.d.Admission.ReleaseLater(tenant.ID, id.String())
+		// A call that timed out may still have taken a lease in Redis: the guard
+		// already queued its release (nothing will be stored for this id).
 		return res, &AdmissionError{Err: err}
 	}
 	res.Decision, res.At = &d, now
