@@ -1,0 +1,130 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// QueuedTask is what recovery needs to push a queued task back to its queue.
+type QueuedTask struct {
+	ID        uuid.UUID
+	TenantID  string
+	Priority  int
+	CreatedAt time.Time
+}
+
+// ListQueuedParams select queued tasks older than MinAge, oldest first.
+type ListQueuedParams struct {
+	MinAge time.Duration
+	After  uuid.UUID // cursor; uuid.Nil for the first page
+	Limit  int
+}
+
+// ListQueued returns a page of queued tasks across tenants, in id (admission) order.
+func (s *Store) ListQueued(ctx context.Context, p ListQueuedParams) ([]QueuedTask, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, tenant_id, priority, created_at FROM tasks
+		WHERE state = 'queued' AND created_at < now() - $1::interval AND id > $2
+		ORDER BY id LIMIT $3`, fmt.Sprintf("%d milliseconds", p.MinAge.Milliseconds()), p.After, p.Limit)
+	return collect(rows, err, func(row pgx.Row) (QueuedTask, error) {
+		var q QueuedTask
+		err := row.Scan(&q.ID, &q.TenantID, &q.Priority, &q.CreatedAt)
+		return q, err
+	})
+}
+
+// StaleTask is a running task whose worker stopped heartbeating.
+type StaleTask struct {
+	ID       uuid.UUID
+	TenantID string
+	Priority int
+	Attempt  int
+}
+
+// ListStaleRunning returns running tasks whose heartbeat is older than staleAfter.
+func (s *Store) ListStaleRunning(ctx context.Context, staleAfter time.Duration, limit int) ([]StaleTask, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, tenant_id, priority, attempt FROM tasks
+		WHERE state = 'running' AND heartbeat_at < now() - $1::interval ORDER BY id LIMIT $2`,
+		fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds()), limit)
+	return collect(rows, err, func(row pgx.Row) (StaleTask, error) {
+		var t StaleTask
+		err := row.Scan(&t.ID, &t.TenantID, &t.Priority, &t.Attempt)
+		return t, err
+	})
+}
+
+// RequeueStale puts a running task whose heartbeat is older than staleAfter back to
+// queued, keeping its recorded steps; created_at is kept, so it returns to its place.
+func (s *Store) RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (Task, bool, error) {
+	t, err := scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval
+		RETURNING `+taskCols, id, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds())))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// LiveTask is a queued or running task, for reconciling Redis state.
+type LiveTask struct {
+	ID            uuid.UUID
+	State         string
+	Priority      int
+	CreatedAt     time.Time
+	MaxWallclockS float64
+}
+
+// LiveTasksOf returns the queued and running tasks of the given tenants, by tenant:
+// one query for a page of tenants.
+func (s *Store) LiveTasksOf(ctx context.Context, tenants []string) (map[string][]LiveTask, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT tenant_id, id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
+		WHERE tenant_id = ANY($1) AND state IN ('queued', 'running')`, tenants)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]LiveTask{}
+	for rows.Next() {
+		var tenant string
+		var t LiveTask
+		if err := rows.Scan(&tenant, &t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS); err != nil {
+			return nil, err
+		}
+		out[tenant] = append(out[tenant], t)
+	}
+	return out, rows.Err()
+}
+
+// AnyTask reports whether any task was ever admitted: Redis state missing on a
+// database without tasks is a first start, not a loss.
+func (s *Store) AnyTask(ctx context.Context) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks)`).Scan(&ok)
+	return ok, err
+}
+
+// TaskStates returns the states of the given tasks (absent ids are unknown).
+func (s *Store) TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, state FROM tasks WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[uuid.UUID]string{}
+	for rows.Next() {
+		var id uuid.UUID
+		var st string
+		if err := rows.Scan(&id, &st); err != nil {
+			return nil, err
+		}
+		out[id] = st
+	}
+	return out, rows.Err()
+}

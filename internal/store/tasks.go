@@ -1,0 +1,242 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Task states.
+const (
+	StateQueued         = "queued"
+	StateRunning        = "running"
+	StateCompleted      = "completed"
+	StateFailed         = "failed"
+	StateKilled         = "killed"
+	StateBudgetExceeded = "budget_exceeded"
+	StateAbandoned      = "abandoned"
+)
+
+// TaskStates lists every state, for validating filters.
+var TaskStates = []string{StateQueued, StateRunning, StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned}
+
+// Terminal reports whether a state is final.
+func Terminal(state string) bool {
+	switch state {
+	case StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned:
+		return true
+	}
+	return false
+}
+
+// Usage is what a task has consumed so far. Money is kept in micro-dollars.
+type Usage struct {
+	Steps        int   `json:"steps"`
+	Tokens       int64 `json:"tokens"`
+	CostMicroUSD int64 `json:"-"`
+}
+
+// Task is a task row.
+type Task struct {
+	ID             uuid.UUID
+	TenantID       string
+	Kid            string
+	Agent          string
+	User           string
+	Input          json.RawMessage
+	Budget         json.RawMessage
+	Priority       int
+	IdempotencyKey *string
+	RequestHash    []byte
+	State          string
+	AgentState     json.RawMessage
+	Output         json.RawMessage
+	Error          *string
+	Usage          Usage
+	Attempt        int
+	CreatedAt      time.Time
+	StartedAt      *time.Time
+	FinishedAt     *time.Time
+}
+
+const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
+	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at`
+
+func scanTask(row pgx.Row) (Task, error) {
+	var t Task
+	var input, budget, agentState, output []byte
+	err := row.Scan(&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
+		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
+		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, ErrNotFound
+	}
+	t.Input, t.Budget, t.AgentState, t.Output = input, budget, agentState, output
+	return t, err
+}
+
+// InsertTaskParams are the fields of a new task. ID must be a UUIDv7.
+type InsertTaskParams struct {
+	ID             uuid.UUID
+	TenantID       string
+	Kid            string
+	Agent          string
+	User           string
+	Input          json.RawMessage
+	Budget         json.RawMessage
+	Priority       int
+	IdempotencyKey string // "" for none
+	RequestHash    []byte
+}
+
+// InsertTask writes a queued task. With an idempotency key already used by the tenant,
+// it writes nothing and returns the existing task with created=false.
+func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, created bool, err error) {
+	var idem *string
+	if p.IdempotencyKey != "" {
+		idem = &p.IdempotencyKey
+	}
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+		RETURNING `+taskCols,
+		p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, idem, p.RequestHash))
+	if err == nil {
+		return t, true, nil
+	}
+	if !errors.Is(err, ErrNotFound) || idem == nil {
+		return t, false, err
+	}
+	t, err = scanTask(s.pool.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, *idem))
+	return t, false, err
+}
+
+// GetTaskParams name a task within a tenant. An empty TenantID reads across tenants
+// (workers and operators only).
+type GetTaskParams struct {
+	TenantID string
+	ID       uuid.UUID
+}
+
+// GetTask returns one task; ErrNotFound for another tenant's task.
+func (s *Store) GetTask(ctx context.Context, p GetTaskParams) (Task, error) {
+	return scanTask(s.pool.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE id = $1 AND ($2 = '' OR tenant_id = $2)`, p.ID, p.TenantID))
+}
+
+// ListTasksParams select a page of a tenant's tasks, newest first.
+type ListTasksParams struct {
+	TenantID string
+	State    string    // "" for any
+	Before   uuid.UUID // cursor: only ids below this one; uuid.Nil for the first page
+	Limit    int
+}
+
+// ListTasks returns up to Limit tasks.
+func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error) {
+	var before any
+	if p.Before != uuid.Nil {
+		before = p.Before
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT `+taskCols+` FROM tasks
+		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
+		ORDER BY id DESC LIMIT $4`, p.TenantID, p.State, before, p.Limit)
+	return collect(rows, err, scanTask)
+}
+
+// CountTasks counts a tenant's tasks ("" counts all tenants'): tests use it to prove
+// rejected requests wrote nothing.
+func (s *Store) CountTasks(ctx context.Context, tenantID string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE $1 = '' OR tenant_id = $1`, tenantID).Scan(&n)
+	return n, err
+}
+
+// FinishTaskParams move a task to a terminal state, from one of the states in From.
+type FinishTaskParams struct {
+	ID       uuid.UUID
+	TenantID string // "" when the caller is a worker
+	From     []string
+	To       string
+	Output   json.RawMessage
+	Error    string
+	// Attempt is the worker's claim; 0 for callers that end a task whatever attempt
+	// runs it (a tenant's cancel, the janitor).
+	Attempt int
+}
+
+// FinishTask performs the terminal transition. Exactly one caller wins it (ok=true);
+// that caller owns the side effects of the end (lease release, events). With an
+// Attempt, a task that another attempt owns gives ErrLostClaim, and one that already
+// ended gives ok=false.
+func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok bool, err error) {
+	if !Terminal(p.To) {
+		return t, false, fmt.Errorf("store: %q is not a terminal state", p.To)
+	}
+	var errText *string
+	if p.Error != "" {
+		errText = &p.Error
+	}
+	var output []byte
+	if len(p.Output) > 0 {
+		output = p.Output
+	}
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = now()
+		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) AND ($7 = 0 OR attempt = $7) RETURNING `+taskCols,
+		p.ID, p.TenantID, p.To, output, errText, p.From, p.Attempt))
+	if errors.Is(err, ErrNotFound) {
+		if p.Attempt != 0 {
+			if err := s.whyUnclaimed(ctx, Claim{ID: p.ID, Attempt: p.Attempt}); !errors.Is(err, ErrTaskEnded) {
+				return t, false, err
+			}
+		}
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// GetTaskByIdempotencyKey returns the tenant's task submitted with key.
+func (s *Store) GetTaskByIdempotencyKey(ctx context.Context, tenantID, key string) (Task, error) {
+	return scanTask(s.pool.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, key))
+}
+
+// BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and
+// imports). Idempotency keys are not supported here.
+func (s *Store) BulkInsertQueued(ctx context.Context, ps []InsertTaskParams) (int64, error) {
+	rows := make([][]any, len(ps))
+	for i, p := range ps {
+		rows[i] = []any{p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, p.RequestHash}
+	}
+	return s.pool.CopyFrom(ctx, pgx.Identifier{"tasks"},
+		[]string{"id", "tenant_id", "kid", "agent", "user_id", "input", "budget", "priority", "request_hash"},
+		pgx.CopyFromRows(rows))
+}
+
+// TaskTiming is when a task was admitted, started and finished.
+type TaskTiming struct {
+	ID         uuid.UUID
+	TenantID   string
+	CreatedAt  time.Time
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+}
+
+// TaskTimings returns the timings of every task of the given tenants.
+func (s *Store) TaskTimings(ctx context.Context, tenants []string) ([]TaskTiming, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, tenant_id, created_at, started_at, finished_at FROM tasks WHERE tenant_id = ANY($1)`, tenants)
+	return collect(rows, err, func(row pgx.Row) (TaskTiming, error) {
+		var t TaskTiming
+		err := row.Scan(&t.ID, &t.TenantID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
+		return t, err
+	})
+}

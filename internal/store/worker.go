@@ -1,0 +1,150 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// StartTask moves a queued task to running and counts the attempt. ok=false when the
+// task is not queued (already running elsewhere, or terminal).
+func (s *Store) StartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, err error) {
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now()
+		WHERE id = $1 AND state = 'queued' RETURNING `+taskCols, id))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// Claim names the attempt of a running task that a worker holds: StartTask or
+// TakeOverTask returned it. Every worker write carries it, so a worker that stalled
+// past its lease cannot write over the attempt that replaced it.
+type Claim struct {
+	ID      uuid.UUID
+	Attempt int
+}
+
+// claimLost says why a claimed write matched nothing: ErrTaskEnded when the task ended
+// under this same attempt, ErrLostClaim otherwise.
+func claimLost(state string, attempt, claimed int) error {
+	if Terminal(state) && attempt == claimed {
+		return ErrTaskEnded
+	}
+	return fmt.Errorf("%w (attempt %d, task at attempt %d, %s)", ErrLostClaim, claimed, attempt, state)
+}
+
+// whyUnclaimed reads the task to tell ErrTaskEnded from ErrLostClaim after a claimed
+// write matched no row.
+func (s *Store) whyUnclaimed(ctx context.Context, c Claim) error {
+	var state string
+	var attempt int
+	err := s.pool.QueryRow(ctx, `SELECT state, attempt FROM tasks WHERE id = $1`, c.ID).Scan(&state, &attempt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w (task %s is gone)", ErrLostClaim, c.ID)
+	}
+	if err != nil {
+		return err
+	}
+	return claimLost(state, attempt, c.Attempt)
+}
+
+// RecordStepParams record the result of one finished step on a running task.
+type RecordStepParams struct {
+	ID         uuid.UUID
+	Attempt    int // the worker's claim
+	Step       int
+	AgentState json.RawMessage
+	Tokens     int64
+	CostMicro  int64
+}
+
+// RecordStep adds one step's usage to the task, stores the agent's state and writes
+// the step's ledger rows, in one transaction that first locks the task row: a cancel
+// either commits before (the step is not written: ErrTaskEnded) or waits for it (the
+// step is in the ledger and in the task's usage). ErrLostClaim when another attempt
+// owns the task. Step is the step's number; a step already recorded (a retry whose
+// first commit lost its reply) is not counted twice and returns nil.
+func (s *Store) RecordStep(ctx context.Context, p RecordStepParams) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var tenant, state string
+		var attempt, steps int
+		err := tx.QueryRow(ctx, `SELECT tenant_id, state, attempt, steps FROM tasks WHERE id = $1 FOR UPDATE`, p.ID).
+			Scan(&tenant, &state, &attempt, &steps)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w (task %s is gone)", ErrLostClaim, p.ID)
+		}
+		if err != nil {
+			return err
+		}
+		if state != StateRunning || attempt != p.Attempt {
+			return claimLost(state, attempt, p.Attempt)
+		}
+		if p.Step <= steps {
+			return nil // recorded before
+		}
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
+			SELECT $1, $2, m.meter, $3, m.q FROM
+				(VALUES ('steps', 1::bigint), ('tokens', $4::bigint), ('cost_micro_usd', $5::bigint)) AS m(meter, q)
+			ON CONFLICT DO NOTHING`, p.ID, p.Step, tenant, p.Tokens, p.CostMicro)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return nil // recorded before
+		}
+		_, err = tx.Exec(ctx, `
+			UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
+				agent_state = $4, heartbeat_at = now()
+			WHERE id = $1`, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState))
+		return err
+	})
+}
+
+// RequeueTask puts a running task back to queued, keeping its recorded steps and agent
+// state, so the next attempt resumes from there (worker shutdown before the step
+// finished). ErrTaskEnded or ErrLostClaim when the claim no longer holds.
+func (s *Store) RequeueTask(ctx context.Context, c Claim) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND attempt = $2`, c.ID, c.Attempt)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return s.whyUnclaimed(ctx, c)
+	}
+	return nil
+}
+
+// TakeOverTask claims a running task whose worker stopped heartbeating for staleAfter
+// (its process died; asynq redelivered it) and counts a new attempt. ok=false when the
+// task is not running or its worker is alive.
+func (s *Store) TakeOverTask(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (t Task, ok bool, err error) {
+	t, err = scanTask(s.pool.QueryRow(ctx, `
+		UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now()
+		WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval RETURNING `+taskCols,
+		id, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds())))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// Heartbeat marks a running task's worker alive. ErrTaskEnded or ErrLostClaim when
+// the claim no longer holds: the worker stops working on the task.
+func (s *Store) Heartbeat(ctx context.Context, c Claim) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1 AND state = 'running' AND attempt = $2`, c.ID, c.Attempt)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return s.whyUnclaimed(ctx, c)
+	}
+	return nil
+}
