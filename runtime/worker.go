@@ -209,7 +209,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if !started {
 		cur, err := w.store.GetTask(ctx, store.GetTaskParams{ID: id})
 		switch {
-		case errors.Is(err, store.ErrNotFound) || (err == nil && store.Terminal(cur.State)):
+		case errors.Is(err, store.ErrNotFound) || (err == nil && cur.State.Terminal()):
 			// Cancelled while dispatched, or a duplicate delivery of a finished task.
 			// Releasing again is harmless; it covers a release lost to a crash.
 			w.releaseLease(p.TenantID, p.TaskID)
@@ -297,7 +297,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		*lost = true
 		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
 	}
-	var finish func(state, errText string, output json.RawMessage)
+	var finish func(state store.TaskState, errText string, output json.RawMessage)
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
 	defer func() {
@@ -307,12 +307,12 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			requeued = false
 		}
 	}()
-	finish = func(state, errText string, output json.RawMessage) {
+	finish = func(state store.TaskState, errText string, output json.RawMessage) {
 		var ok bool
 		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
 			var err error
 			_, ok, err = w.store.FinishTask(ctx, store.FinishTaskParams{
-				ID: task.ID, Attempt: task.Attempt, From: []string{store.StateRunning}, To: state, Output: output, Error: errText,
+				ID: task.ID, Attempt: task.Attempt, From: []store.TaskState{store.StateRunning}, To: state, Output: output, Error: errText,
 			})
 			return err
 		})
@@ -323,7 +323,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		} else if ok {
 			// This call won the terminal transition, so it owns the lease release.
 			w.releaseLease(task.TenantID, id)
-			w.publish(ctx, Event{Type: "state", TaskID: id, State: state, Error: errText, Output: output})
+			w.publish(ctx, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})
 			log.Info("task finished", "state", state, "steps", task.Usage.Steps)
 		}
 	}
@@ -342,7 +342,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		log.Warn("task handed back to asynq for a later attempt", "why", why, "err", err)
 		return true
 	}
-	w.publish(ctx, Event{Type: "state", TaskID: id, State: store.StateRunning})
+	w.publish(ctx, Event{Type: "state", TaskID: id, State: string(store.StateRunning)})
 
 	var tenant store.Tenant
 	err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {

@@ -512,7 +512,7 @@ func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport, p *Janito
 		if st.Attempt >= j.cfg.MaxAttempts {
 			// Fenced on the attempt read: a redelivery that took the task over since
 			// keeps it.
-			_, ok, err := j.store.FinishTask(ctx, store.FinishTaskParams{ID: st.ID, Attempt: st.Attempt, From: []string{store.StateRunning},
+			_, ok, err := j.store.FinishTask(ctx, store.FinishTaskParams{ID: st.ID, Attempt: st.Attempt, From: []store.TaskState{store.StateRunning},
 				To: store.StateAbandoned, Error: fmt.Sprintf("abandoned: its worker stopped heartbeating on %d attempts", st.Attempt)})
 			if errors.Is(err, store.ErrLostClaim) {
 				continue
@@ -668,7 +668,7 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 	for _, id := range check {
 		t := owner[id]
 		st, known := states[id]
-		if known && !store.Terminal(st) {
+		if known && !st.Terminal() {
 			continue // became live after the snapshot
 		}
 		if !known {
@@ -693,7 +693,7 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 		rep.LeasesReleased += n
 	}
 	for _, id := range added {
-		if store.Terminal(states[id]) {
+		if states[id].Terminal() {
 			_, _ = j.quotas.Release(ctx, owner[id], id.String()) // ended meanwhile
 		} else {
 			rep.LeasesAdded++
@@ -761,7 +761,7 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 		return err
 	}
 	for _, id := range drop {
-		if st, known := states[id]; known && !store.Terminal(st) {
+		if st, known := states[id]; known && !st.Terminal() {
 			continue
 		}
 		// No priority: Postgres lists this task as not live, and Done needs none here.
@@ -776,7 +776,7 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 	}
 	// As with leases: a task that ended meanwhile must not keep a running slot.
 	for _, id := range readded {
-		if store.Terminal(states[id]) {
+		if states[id].Terminal() {
 			_ = j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Priority: priority[id]}, -1)
 		} else {
 			rep.RunningAdded++

@@ -56,7 +56,7 @@ type Store interface {
 	RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
 	FinishTask(ctx context.Context, p store.FinishTaskParams) (store.Task, bool, error)
 	LiveTasksOf(ctx context.Context, tenants []string) (map[string][]store.LiveTask, error)
-	TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error)
+	TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]store.TaskState, error)
 }
 
 // Scheduler is the part of the fair scheduler the passes use (*scheduler.Scheduler).

@@ -74,7 +74,7 @@ func (s *Store) RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.
 // LiveTask is a queued or running task, for reconciling Redis state.
 type LiveTask struct {
 	ID            uuid.UUID
-	State         string
+	State         TaskState
 	Priority      int
 	CreatedAt     time.Time
 	MaxWallclockS float64
@@ -111,16 +111,16 @@ func (s *Store) AnyTask(ctx context.Context) (bool, error) {
 }
 
 // TaskStates returns the states of the given tasks (absent ids are unknown).
-func (s *Store) TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+func (s *Store) TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]TaskState, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, state FROM tasks WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[uuid.UUID]string{}
+	out := map[uuid.UUID]TaskState{}
 	for rows.Next() {
 		var id uuid.UUID
-		var st string
+		var st TaskState
 		if err := rows.Scan(&id, &st); err != nil {
 			return nil, err
 		}

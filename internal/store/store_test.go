@@ -75,7 +75,7 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 	lost("RecordStep", st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 2, Tokens: 10, CostMicro: 5}))
 	lost("Heartbeat", st.Heartbeat(ctx, claimA))
 	lost("RequeueTask", st.RequeueTask(ctx, claimA))
-	_, ok, err = st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimA.Attempt, From: []string{store.StateRunning},
+	_, ok, err = st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimA.Attempt, From: []store.TaskState{store.StateRunning},
 		To: store.StateFailed, Error: "stalled"})
 	if ok {
 		t.Error("FinishTask by the stalled attempt won the terminal transition")
@@ -101,7 +101,7 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 	if err := st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimB.Attempt, Step: 2, Tokens: 10, CostMicro: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimB.Attempt, From: []string{store.StateRunning},
+	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimB.Attempt, From: []store.TaskState{store.StateRunning},
 		To: store.StateCompleted}); err != nil || !ok {
 		t.Fatalf("finish by the owner: %v %v", ok, err)
 	}
@@ -138,7 +138,7 @@ func TestRequeuedTaskIsFenced(t *testing.T) {
 
 // ledgerAndUsage returns the task's steps as the ledger bills them and as its usage
 // counts them.
-func ledgerAndUsage(t *testing.T, ctx context.Context, st *store.Store, id uuid.UUID) (ledger, usage store.Usage, state string) {
+func ledgerAndUsage(t *testing.T, ctx context.Context, st *store.Store, id uuid.UUID) (ledger, usage store.Usage, state store.TaskState) {
 	t.Helper()
 	rows, err := st.TaskLedger(ctx, id)
 	if err != nil {
@@ -234,7 +234,7 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 				time.Sleep(time.Duration(i%7) * 100 * time.Microsecond)
 			}
 			_, won, finErr = st.FinishTask(ctx, store.FinishTaskParams{ID: id, TenantID: "acme",
-				From: []string{store.StateQueued, store.StateRunning}, To: store.StateKilled, Error: "cancelled"})
+				From: []store.TaskState{store.StateQueued, store.StateRunning}, To: store.StateKilled, Error: "cancelled"})
 		}()
 		close(start)
 		wg.Wait()

@@ -5,34 +5,38 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/client"
 )
+
+// TaskState is a task's state as stored. The values are the public API's: the client
+// package's list is the one source of the states and of which of them are terminal.
+type TaskState string
 
 // Task states.
 const (
-	StateQueued         = "queued"
-	StateRunning        = "running"
-	StateCompleted      = "completed"
-	StateFailed         = "failed"
-	StateKilled         = "killed"
-	StateBudgetExceeded = "budget_exceeded"
-	StateAbandoned      = "abandoned"
+	StateQueued         TaskState = client.StateQueued
+	StateRunning        TaskState = client.StateRunning
+	StateCompleted      TaskState = client.StateCompleted
+	StateFailed         TaskState = client.StateFailed
+	StateKilled         TaskState = client.StateKilled
+	StateBudgetExceeded TaskState = client.StateBudgetExceeded
+	StateAbandoned      TaskState = client.StateAbandoned
 )
 
 // TaskStates lists every state, for validating filters.
-var TaskStates = []string{StateQueued, StateRunning, StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned}
+var TaskStates = []TaskState{StateQueued, StateRunning, StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned}
 
-// Terminal reports whether a state is final.
-func Terminal(state string) bool {
-	switch state {
-	case StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned:
-		return true
-	}
-	return false
-}
+// Terminal reports whether a task in state s has ended for good.
+func (s TaskState) Terminal() bool { return client.IsTerminal(string(s)) }
+
+// Valid reports whether s is one of TaskStates.
+func (s TaskState) Valid() bool { return slices.Contains(TaskStates, s) }
 
 // Usage is what a task has consumed so far. Money is kept in micro-dollars.
 type Usage struct {
@@ -53,7 +57,7 @@ type Task struct {
 	Priority       int
 	IdempotencyKey *string
 	RequestHash    []byte
-	State          string
+	State          TaskState
 	AgentState     json.RawMessage
 	Output         json.RawMessage
 	Error          *string
@@ -134,7 +138,7 @@ func (s *Store) GetTask(ctx context.Context, p GetTaskParams) (Task, error) {
 // ListTasksParams select a page of a tenant's tasks, newest first.
 type ListTasksParams struct {
 	TenantID string
-	State    string    // "" for any
+	State    TaskState // "" for any
 	Before   uuid.UUID // cursor: only ids below this one; uuid.Nil for the first page
 	Limit    int
 }
@@ -148,7 +152,7 @@ func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error
 	rows, err := s.pool.Query(ctx, `
 		SELECT `+taskCols+` FROM tasks
 		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
-		ORDER BY id DESC LIMIT $4`, p.TenantID, p.State, before, p.Limit)
+		ORDER BY id DESC LIMIT $4`, p.TenantID, string(p.State), before, p.Limit)
 	return collect(rows, err, scanTask)
 }
 
@@ -164,8 +168,8 @@ func (s *Store) CountTasks(ctx context.Context, tenantID string) (int, error) {
 type FinishTaskParams struct {
 	ID       uuid.UUID
 	TenantID string // "" when the caller is a worker
-	From     []string
-	To       string
+	From     []TaskState
+	To       TaskState
 	Output   json.RawMessage
 	Error    string
 	// Attempt is the worker's claim; 0 for callers that end a task whatever attempt
@@ -178,7 +182,7 @@ type FinishTaskParams struct {
 // Attempt, a task that another attempt owns gives ErrLostClaim, and one that already
 // ended gives ok=false.
 func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok bool, err error) {
-	if !Terminal(p.To) {
+	if !p.To.Terminal() {
 		return t, false, fmt.Errorf("store: %q is not a terminal state", p.To)
 	}
 	var errText *string
@@ -192,7 +196,7 @@ func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok 
 	t, err = scanTask(s.pool.QueryRow(ctx, `
 		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = now()
 		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) AND ($7 = 0 OR attempt = $7) RETURNING `+taskCols,
-		p.ID, p.TenantID, p.To, output, errText, p.From, p.Attempt))
+		p.ID, p.TenantID, string(p.To), output, errText, statesText(p.From), p.Attempt))
 	if errors.Is(err, ErrNotFound) {
 		if p.Attempt != 0 {
 			if err := s.whyUnclaimed(ctx, Claim{ID: p.ID, Attempt: p.Attempt}); !errors.Is(err, ErrTaskEnded) {
@@ -239,4 +243,13 @@ func (s *Store) TaskTimings(ctx context.Context, tenants []string) ([]TaskTiming
 		err := row.Scan(&t.ID, &t.TenantID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
 		return t, err
 	})
+}
+
+// statesText is states as the text array a query compares state with.
+func statesText(states []TaskState) []string {
+	out := make([]string, len(states))
+	for i, st := range states {
+		out[i] = string(st)
+	}
+	return out
 }

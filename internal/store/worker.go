@@ -33,8 +33,8 @@ type Claim struct {
 
 // claimLost says why a claimed write matched nothing: ErrTaskEnded when the task ended
 // under this same attempt, ErrLostClaim otherwise.
-func claimLost(state string, attempt, claimed int) error {
-	if Terminal(state) && attempt == claimed {
+func claimLost(state TaskState, attempt, claimed int) error {
+	if state.Terminal() && attempt == claimed {
 		return ErrTaskEnded
 	}
 	return fmt.Errorf("%w (attempt %d, task at attempt %d, %s)", ErrLostClaim, claimed, attempt, state)
@@ -43,7 +43,7 @@ func claimLost(state string, attempt, claimed int) error {
 // whyUnclaimed reads the task to tell ErrTaskEnded from ErrLostClaim after a claimed
 // write matched no row.
 func (s *Store) whyUnclaimed(ctx context.Context, c Claim) error {
-	var state string
+	var state TaskState
 	var attempt int
 	err := s.pool.QueryRow(ctx, `SELECT state, attempt FROM tasks WHERE id = $1`, c.ID).Scan(&state, &attempt)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -73,7 +73,8 @@ type RecordStepParams struct {
 // first commit lost its reply) is not counted twice and returns nil.
 func (s *Store) RecordStep(ctx context.Context, p RecordStepParams) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var tenant, state string
+		var tenant string
+		var state TaskState
 		var attempt, steps int
 		err := tx.QueryRow(ctx, `SELECT tenant_id, state, attempt, steps FROM tasks WHERE id = $1 FOR UPDATE`, p.ID).
 			Scan(&tenant, &state, &attempt, &steps)

@@ -465,7 +465,7 @@ func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
 }
 
 // IsState tells a task state the listing can filter on.
-func IsState(st string) bool { return slices.Contains(store.TaskStates, st) }
+func IsState(st string) bool { return store.TaskState(st).Valid() }
 
 // ListParams selects a page of the tenant's tasks, newest first.
 type ListParams struct {
@@ -497,7 +497,7 @@ func (s *Service) List(ctx context.Context, p ListParams) (Page, error) {
 		return Page{}, invalid("limit", "limit must be between 1 and %d.", MaxListLimit)
 	}
 	// One more tells whether there is a next page.
-	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: p.State, Limit: want + 1, Before: p.Before})
+	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: store.TaskState(p.State), Limit: want + 1, Before: p.Before})
 	if err != nil {
 		return Page{}, err
 	}
@@ -525,7 +525,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (st
 		return store.Task{}, ErrNoTenant
 	}
 	t, ok, err := s.d.Store.FinishTask(ctx, store.FinishTaskParams{
-		ID: id, TenantID: tenantID, From: []string{store.StateQueued, store.StateRunning},
+		ID: id, TenantID: tenantID, From: []store.TaskState{store.StateQueued, store.StateRunning},
 		To: store.StateKilled, Error: cancelMessage,
 	})
 	if err != nil {
@@ -536,7 +536,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (st
 		if err != nil {
 			return t, err
 		}
-		return t, &FinishedError{ID: id, State: cur.State}
+		return t, &FinishedError{ID: id, State: string(cur.State)}
 	}
 	// This call won the terminal transition, so it owns the lease release.
 	s.d.Admission.Release(ctx, tenantID, id.String())
