@@ -202,14 +202,15 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("runtime: bad task id %q: %w", p.TaskID, asynq.SkipRetry)
 	}
-	task, started, err := w.store.StartTask(ctx, id)
+	task, started, err := w.store.UnscopedStartTask(ctx, id)
 	if err != nil {
 		return fmt.Errorf("runtime: start task: %w", err)
 	}
 	if !started {
-		cur, err := w.store.GetTask(ctx, store.GetTaskParams{ID: id})
+		states, err := w.store.UnscopedTaskStates(ctx, []uuid.UUID{id})
+		cur, known := states[id]
 		switch {
-		case errors.Is(err, store.ErrNotFound) || (err == nil && cur.State.Terminal()):
+		case err == nil && (!known || cur.Terminal()):
 			// Cancelled while dispatched, or a duplicate delivery of a finished task.
 			// Releasing again is harmless; it covers a release lost to a crash.
 			w.releaseLease(p.TenantID, p.TaskID)
@@ -220,7 +221,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		}
 		// Running: either under another live delivery, which owns it, or its worker
 		// died and asynq redelivered it. A stale heartbeat tells which.
-		task, started, err = w.store.TakeOverTask(ctx, id, staleAfter)
+		task, started, err = w.store.UnscopedTakeOverTask(ctx, id, staleAfter)
 		if err != nil {
 			return fmt.Errorf("runtime: take over task: %w", err)
 		}
@@ -311,7 +312,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		var ok bool
 		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
 			var err error
-			_, ok, err = w.store.FinishTask(ctx, store.FinishTaskParams{
+			_, ok, err = w.store.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{
 				ID: task.ID, Attempt: task.Attempt, From: []store.TaskState{store.StateRunning}, To: state, Output: output, Error: errText,
 			})
 			return err
@@ -329,7 +330,8 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	}
 	requeue := func(why string, err error) bool {
 		rerr := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			return w.store.RequeueTask(ctx, claim)
+			_, err := w.store.UnscopedRequeueTask(ctx, claim)
+			return err
 		})
 		if errors.Is(rerr, store.ErrLostClaim) {
 			lostClaim("re-queue", rerr)
@@ -403,7 +405,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			case <-taskCtx.Done():
 				return
 			case <-t.C:
-				err := w.store.Heartbeat(taskCtx, claim)
+				err := w.store.UnscopedHeartbeat(taskCtx, claim)
 				switch {
 				case errors.Is(err, store.ErrLostClaim):
 					// Stop the step: its result could not be recorded anyway.
@@ -513,9 +515,10 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		}
 		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
 		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			return w.store.RecordStep(ctx, store.RecordStepParams{
+			_, _, err := w.store.UnscopedRecordStep(ctx, store.RecordStepParams{
 				ID: task.ID, Attempt: task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 			})
+			return err
 		})
 		if err != nil {
 			// Not in the ledger, so not billed in Redis either.

@@ -66,7 +66,7 @@ func (s *Store) PutAgent(ctx context.Context, p PutAgentParams) (a Agent, create
 	if err != nil {
 		return a, false, err
 	}
-	return scanAgentRow(s.pool.QueryRow(ctx, `
+	return scanAgentRow(s.db.QueryRow(ctx, `
 		INSERT INTO agents (name, url, step_timeout_s, headers, signing_secret, signing_secret_created_at)
 		VALUES ($1, $2, $3, $4, $5, now())
 		ON CONFLICT (name) DO UPDATE SET url = $2, step_timeout_s = $3, headers = $4, updated_at = now()
@@ -76,19 +76,19 @@ func (s *Store) PutAgent(ctx context.Context, p PutAgentParams) (a Agent, create
 // RotateAgentSecret replaces an agent's signing secret; ErrNotFound if there is no
 // agent by that name.
 func (s *Store) RotateAgentSecret(ctx context.Context, name, secret string) (Agent, error) {
-	return scanAgent(s.pool.QueryRow(ctx, `
+	return scanAgent(s.db.QueryRow(ctx, `
 		UPDATE agents SET signing_secret = $2, signing_secret_created_at = now(), updated_at = now()
 		WHERE name = $1 RETURNING `+agentCols, name, secret))
 }
 
 // GetAgent returns an HTTP agent by name.
 func (s *Store) GetAgent(ctx context.Context, name string) (Agent, error) {
-	return scanAgent(s.pool.QueryRow(ctx, `SELECT `+agentCols+` FROM agents WHERE name = $1`, name))
+	return scanAgent(s.db.QueryRow(ctx, `SELECT `+agentCols+` FROM agents WHERE name = $1`, name))
 }
 
 // ListAgents returns every HTTP agent, by name.
 func (s *Store) ListAgents(ctx context.Context) ([]Agent, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY name`)
+	rows, err := s.db.Query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY name`)
 	out, err := collect(rows, err, scanAgent)
 	if out == nil && err == nil {
 		out = []Agent{}
@@ -98,7 +98,7 @@ func (s *Store) ListAgents(ctx context.Context) ([]Agent, error) {
 
 // DeleteAgent removes an HTTP agent; ErrNotFound if there is none by that name.
 func (s *Store) DeleteAgent(ctx context.Context, name string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM agents WHERE name = $1`, name)
+	tag, err := s.db.Exec(ctx, `DELETE FROM agents WHERE name = $1`, name)
 	if err != nil {
 		return err
 	}

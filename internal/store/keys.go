@@ -54,11 +54,14 @@ type CreateKeyParams struct {
 
 // CreateKey inserts a key; ErrNotFound if the tenant does not exist.
 func (s *Store) CreateKey(ctx context.Context, p CreateKeyParams) (APIKey, error) {
+	if p.TenantID == "" {
+		return APIKey{}, ErrNoTenant
+	}
 	sc, err := json.Marshal(p.Scopes)
 	if err != nil {
 		return APIKey{}, err
 	}
-	k, err := scanKey(s.pool.QueryRow(ctx,
+	k, err := scanKey(s.db.QueryRow(ctx,
 		`INSERT INTO api_keys (kid, tenant_id, secret_hash, scopes) VALUES ($1, $2, $3, $4) RETURNING `+keyCols,
 		p.Kid, p.TenantID, p.SecretHash, sc))
 	switch {
@@ -70,33 +73,59 @@ func (s *Store) CreateKey(ctx context.Context, p CreateKeyParams) (APIKey, error
 	return k, err
 }
 
-// GetKey returns a key by kid, revoked or not.
-func (s *Store) GetKey(ctx context.Context, kid string) (APIKey, error) {
-	return scanKey(s.pool.QueryRow(ctx, `SELECT `+keyCols+` FROM api_keys WHERE kid = $1`, kid))
+// UnscopedGetKey returns a key by kid, revoked or not, whatever its tenant:
+// authentication finds the tenant through it.
+func (s *Store) UnscopedGetKey(ctx context.Context, kid string) (APIKey, error) {
+	return scanKey(s.db.QueryRow(ctx, `SELECT `+keyCols+` FROM api_keys WHERE kid = $1`, kid))
 }
 
-// ListKeys returns a tenant's keys.
-func (s *Store) ListKeys(ctx context.Context, tenantID string) ([]APIKey, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+keyCols+` FROM api_keys WHERE tenant_id = $1 ORDER BY created_at`, tenantID)
+// ListKeysParams name the tenant whose keys to list.
+type ListKeysParams struct {
+	TenantID string
+}
+
+// ListKeys returns a tenant's keys, oldest first.
+func (s *Store) ListKeys(ctx context.Context, p ListKeysParams) ([]APIKey, error) {
+	if p.TenantID == "" {
+		return nil, ErrNoTenant
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+keyCols+` FROM api_keys WHERE tenant_id = $1 ORDER BY created_at`, p.TenantID)
 	return collect(rows, err, scanKey)
 }
 
 // RotateKeyParams replace a live key's secret.
 type RotateKeyParams struct {
+	TenantID   string
 	Kid        string
 	SecretHash []byte
 }
 
-// RotateKey stores a new secret hash for a key that is not revoked.
+// RotateKey stores a new secret hash for one of the tenant's keys that is not
+// revoked; ErrNotFound if it has no live key by that kid.
 func (s *Store) RotateKey(ctx context.Context, p RotateKeyParams) (APIKey, error) {
-	return scanKey(s.pool.QueryRow(ctx,
-		`UPDATE api_keys SET secret_hash = $2, rotated_at = now() WHERE kid = $1 AND revoked_at IS NULL RETURNING `+keyCols,
-		p.Kid, p.SecretHash))
+	if p.TenantID == "" {
+		return APIKey{}, ErrNoTenant
+	}
+	return scanKey(s.db.QueryRow(ctx, `
+		UPDATE api_keys SET secret_hash = $3, rotated_at = now()
+		WHERE kid = $1 AND tenant_id = $2 AND revoked_at IS NULL RETURNING `+keyCols,
+		p.Kid, p.TenantID, p.SecretHash))
 }
 
-// RevokeKey marks a live key revoked; ErrNotFound if there is no live key by that kid.
-func (s *Store) RevokeKey(ctx context.Context, kid string) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE kid = $1 AND revoked_at IS NULL`, kid)
+// RevokeKeyParams name a key to revoke.
+type RevokeKeyParams struct {
+	TenantID string
+	Kid      string
+}
+
+// RevokeKey marks one of the tenant's live keys revoked; ErrNotFound if it has no live
+// key by that kid.
+func (s *Store) RevokeKey(ctx context.Context, p RevokeKeyParams) error {
+	if p.TenantID == "" {
+		return ErrNoTenant
+	}
+	tag, err := s.db.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE kid = $1 AND tenant_id = $2 AND revoked_at IS NULL`,
+		p.Kid, p.TenantID)
 	if err != nil {
 		return err
 	}

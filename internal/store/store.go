@@ -1,5 +1,3 @@
-// Package store is agentq's Postgres data access: tenants, API keys and tasks. Every
-// call takes one params struct, so tenant scoping is explicit at each call site.
 package store
 
 import (
@@ -15,6 +13,9 @@ import (
 var (
 	ErrNotFound = errors.New("store: not found")
 	ErrConflict = errors.New("store: already exists")
+	// ErrNoTenant: a tenant-scoped call was given no tenant. Nothing was read or
+	// written.
+	ErrNoTenant = errors.New("store: no tenant given")
 	// ErrLostClaim: a worker's write named an attempt the task has moved past (another
 	// worker took it over, or the janitor re-queued it). Nothing was written; the task,
 	// its lease and its dispatch slots belong to the new owner.
@@ -24,19 +25,38 @@ var (
 	ErrTaskEnded = errors.New("store: the task is no longer running")
 )
 
-// Store wraps a pgx pool.
+// Store runs the calls on a pool, or on one transaction (InTx).
 type Store struct {
+	db   dbtx
 	pool *pgxpool.Pool
 }
 
+// dbtx is what a Store's calls run on: *pgxpool.Pool or pgx.Tx.
+type dbtx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // New returns a Store on pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+func New(pool *pgxpool.Pool) *Store { return &Store{db: pool, pool: pool} }
 
 // Pool exposes the pool for migrations and health checks.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Ping checks that Postgres answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// InTx runs fn with a Store whose calls all run in one transaction: it commits when
+// fn returns nil and rolls back when fn returns an error (or panics). Inside a
+// transaction, InTx and the calls that need one of their own take a savepoint.
+func (s *Store) InTx(ctx context.Context, fn func(tx *Store) error) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		return fn(&Store{db: tx, pool: s.pool})
+	})
+}
 
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError

@@ -101,11 +101,14 @@ type InsertTaskParams struct {
 // InsertTask writes a queued task. With an idempotency key already used by the tenant,
 // it writes nothing and returns the existing task with created=false.
 func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, created bool, err error) {
+	if p.TenantID == "" {
+		return t, false, ErrNoTenant
+	}
 	var idem *string
 	if p.IdempotencyKey != "" {
 		idem = &p.IdempotencyKey
 	}
-	t, err = scanTask(s.pool.QueryRow(ctx, `
+	t, err = scanTask(s.db.QueryRow(ctx, `
 		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -117,22 +120,54 @@ func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, cre
 	if !errors.Is(err, ErrNotFound) || idem == nil {
 		return t, false, err
 	}
-	t, err = scanTask(s.pool.QueryRow(ctx,
-		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, *idem))
+	t, err = s.GetTaskByIdempotencyKey(ctx, GetTaskByIdempotencyKeyParams{TenantID: p.TenantID, Key: *idem})
 	return t, false, err
 }
 
-// GetTaskParams name a task within a tenant. An empty TenantID reads across tenants
-// (workers and operators only).
+// BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and
+// imports); ErrNoTenant, writing none, if one of them has no tenant. Idempotency keys
+// are not supported here.
+func (s *Store) BulkInsertQueued(ctx context.Context, ps []InsertTaskParams) (int64, error) {
+	rows := make([][]any, len(ps))
+	for i, p := range ps {
+		if p.TenantID == "" {
+			return 0, fmt.Errorf("task %d of %d: %w", i+1, len(ps), ErrNoTenant)
+		}
+		rows[i] = []any{p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, p.RequestHash}
+	}
+	return s.db.CopyFrom(ctx, pgx.Identifier{"tasks"},
+		[]string{"id", "tenant_id", "kid", "agent", "user_id", "input", "budget", "priority", "request_hash"},
+		pgx.CopyFromRows(rows))
+}
+
+// GetTaskParams name one of a tenant's tasks.
 type GetTaskParams struct {
 	TenantID string
 	ID       uuid.UUID
 }
 
-// GetTask returns one task; ErrNotFound for another tenant's task.
+// GetTask returns one of the tenant's tasks; ErrNotFound for another tenant's.
 func (s *Store) GetTask(ctx context.Context, p GetTaskParams) (Task, error) {
-	return scanTask(s.pool.QueryRow(ctx,
-		`SELECT `+taskCols+` FROM tasks WHERE id = $1 AND ($2 = '' OR tenant_id = $2)`, p.ID, p.TenantID))
+	if p.TenantID == "" {
+		return Task{}, ErrNoTenant
+	}
+	return scanTask(s.db.QueryRow(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = $1 AND tenant_id = $2`, p.ID, p.TenantID))
+}
+
+// GetTaskByIdempotencyKeyParams name a tenant's task by the idempotency key it was
+// submitted with.
+type GetTaskByIdempotencyKeyParams struct {
+	TenantID string
+	Key      string
+}
+
+// GetTaskByIdempotencyKey returns the tenant's task submitted with p.Key.
+func (s *Store) GetTaskByIdempotencyKey(ctx context.Context, p GetTaskByIdempotencyKeyParams) (Task, error) {
+	if p.TenantID == "" {
+		return Task{}, ErrNoTenant
+	}
+	return scanTask(s.db.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, p.Key))
 }
 
 // ListTasksParams select a page of a tenant's tasks, newest first.
@@ -145,104 +180,94 @@ type ListTasksParams struct {
 
 // ListTasks returns up to Limit tasks.
 func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error) {
+	if p.TenantID == "" {
+		return nil, ErrNoTenant
+	}
 	var before any
 	if p.Before != uuid.Nil {
 		before = p.Before
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := s.db.Query(ctx, `
 		SELECT `+taskCols+` FROM tasks
 		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
 		ORDER BY id DESC LIMIT $4`, p.TenantID, string(p.State), before, p.Limit)
 	return collect(rows, err, scanTask)
 }
 
-// CountTasks counts a tenant's tasks ("" counts all tenants'): tests use it to prove
-// rejected requests wrote nothing.
-func (s *Store) CountTasks(ctx context.Context, tenantID string) (int, error) {
+// CountTasksParams name the tenant whose tasks to count.
+type CountTasksParams struct {
+	TenantID string
+}
+
+// CountTasks counts a tenant's tasks: tests use it to prove refused requests wrote
+// nothing.
+func (s *Store) CountTasks(ctx context.Context, p CountTasksParams) (int, error) {
+	if p.TenantID == "" {
+		return 0, ErrNoTenant
+	}
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE $1 = '' OR tenant_id = $1`, tenantID).Scan(&n)
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE tenant_id = $1`, p.TenantID).Scan(&n)
 	return n, err
 }
 
-// FinishTaskParams move a task to a terminal state, from one of the states in From.
+// FinishTaskParams end one of a tenant's tasks (a cancel): a move to the terminal
+// state To from one of the states in From, whatever attempt runs it.
 type FinishTaskParams struct {
+	TenantID string
 	ID       uuid.UUID
-	TenantID string // "" when the caller is a worker
 	From     []TaskState
 	To       TaskState
 	Output   json.RawMessage
 	Error    string
-	// Attempt is the worker's claim; 0 for callers that end a task whatever attempt
-	// runs it (a tenant's cancel, the janitor).
-	Attempt int
 }
 
 // FinishTask performs the terminal transition. Exactly one caller wins it (ok=true);
-// that caller owns the side effects of the end (lease release, events). With an
-// Attempt, a task that another attempt owns gives ErrLostClaim, and one that already
-// ended gives ok=false.
+// that caller owns the side effects of the end (lease release, events). A task not in
+// one of From gives ok=false.
 func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok bool, err error) {
-	if !p.To.Terminal() {
-		return t, false, fmt.Errorf("store: %q is not a terminal state", p.To)
+	if p.TenantID == "" {
+		return t, false, ErrNoTenant
+	}
+	return s.finishTask(ctx, finishParams{tenantID: p.TenantID, id: p.ID, from: p.From, to: p.To, output: p.Output, errText: p.Error})
+}
+
+// finishParams are FinishTaskParams and UnscopedFinishTaskParams: "" tenantID for
+// any tenant, 0 attempt for any attempt.
+type finishParams struct {
+	tenantID string
+	id       uuid.UUID
+	attempt  int
+	from     []TaskState
+	to       TaskState
+	output   json.RawMessage
+	errText  string
+}
+
+func (s *Store) finishTask(ctx context.Context, p finishParams) (t Task, ok bool, err error) {
+	if !p.to.Terminal() {
+		return t, false, fmt.Errorf("store: %q is not a terminal state", p.to)
 	}
 	var errText *string
-	if p.Error != "" {
-		errText = &p.Error
+	if p.errText != "" {
+		errText = &p.errText
 	}
 	var output []byte
-	if len(p.Output) > 0 {
-		output = p.Output
+	if len(p.output) > 0 {
+		output = p.output
 	}
-	t, err = scanTask(s.pool.QueryRow(ctx, `
+	t, err = scanTask(s.db.QueryRow(ctx, `
 		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = now()
 		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) AND ($7 = 0 OR attempt = $7) RETURNING `+taskCols,
-		p.ID, p.TenantID, string(p.To), output, errText, statesText(p.From), p.Attempt))
+		p.id, p.tenantID, string(p.to), output, errText, statesText(p.from), p.attempt))
 	if errors.Is(err, ErrNotFound) {
-		if p.Attempt != 0 {
-			if err := s.whyUnclaimed(ctx, Claim{ID: p.ID, Attempt: p.Attempt}); !errors.Is(err, ErrTaskEnded) {
+		if p.attempt != 0 {
+			if err := s.whyUnclaimed(ctx, Claim{ID: p.id, Attempt: p.attempt}); !errors.Is(err, ErrTaskEnded) {
 				return t, false, err
 			}
 		}
 		return t, false, nil
 	}
 	return t, err == nil, err
-}
-
-// GetTaskByIdempotencyKey returns the tenant's task submitted with key.
-func (s *Store) GetTaskByIdempotencyKey(ctx context.Context, tenantID, key string) (Task, error) {
-	return scanTask(s.pool.QueryRow(ctx,
-		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, key))
-}
-
-// BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and
-// imports). Idempotency keys are not supported here.
-func (s *Store) BulkInsertQueued(ctx context.Context, ps []InsertTaskParams) (int64, error) {
-	rows := make([][]any, len(ps))
-	for i, p := range ps {
-		rows[i] = []any{p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, p.RequestHash}
-	}
-	return s.pool.CopyFrom(ctx, pgx.Identifier{"tasks"},
-		[]string{"id", "tenant_id", "kid", "agent", "user_id", "input", "budget", "priority", "request_hash"},
-		pgx.CopyFromRows(rows))
-}
-
-// TaskTiming is when a task was admitted, started and finished.
-type TaskTiming struct {
-	ID         uuid.UUID
-	TenantID   string
-	CreatedAt  time.Time
-	StartedAt  *time.Time
-	FinishedAt *time.Time
-}
-
-// TaskTimings returns the timings of every task of the given tenants.
-func (s *Store) TaskTimings(ctx context.Context, tenants []string) ([]TaskTiming, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, tenant_id, created_at, started_at, finished_at FROM tasks WHERE tenant_id = ANY($1)`, tenants)
-	return collect(rows, err, func(row pgx.Row) (TaskTiming, error) {
-		var t TaskTiming
-		err := row.Scan(&t.ID, &t.TenantID, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
-		return t, err
-	})
 }
 
 // statesText is states as the text array a query compares state with.

@@ -51,13 +51,17 @@ type CreateTenantParams struct {
 	Overrides map[string]quotas.Limit
 }
 
-// CreateTenant inserts a tenant; ErrConflict if the id is taken.
+// CreateTenant inserts a tenant; ErrConflict if the id is taken, ErrNoTenant if it
+// is empty.
 func (s *Store) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error) {
+	if p.ID == "" {
+		return Tenant{}, ErrNoTenant
+	}
 	ov, err := json.Marshal(nonNil(p.Overrides))
 	if err != nil {
 		return Tenant{}, err
 	}
-	t, err := scanTenant(s.pool.QueryRow(ctx,
+	t, err := scanTenant(s.db.QueryRow(ctx,
 		`INSERT INTO tenants (id, name, plan, weight, overrides) VALUES ($1, $2, $3, $4, $5) RETURNING `+tenantCols,
 		p.ID, p.Name, p.Plan, p.Weight, ov))
 	if isUniqueViolation(err) {
@@ -66,14 +70,17 @@ func (s *Store) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant,
 	return t, err
 }
 
-// GetTenant returns a tenant by id.
+// GetTenant returns a tenant by id; ErrNoTenant for an empty id.
 func (s *Store) GetTenant(ctx context.Context, id string) (Tenant, error) {
-	return scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = $1`, id))
+	if id == "" {
+		return Tenant{}, ErrNoTenant
+	}
+	return scanTenant(s.db.QueryRow(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = $1`, id))
 }
 
-// ListTenants returns every tenant, ordered by id.
-func (s *Store) ListTenants(ctx context.Context) ([]Tenant, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+tenantCols+` FROM tenants ORDER BY id`)
+// UnscopedListTenants returns every tenant, ordered by id (the operator's listing).
+func (s *Store) UnscopedListTenants(ctx context.Context) ([]Tenant, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+tenantCols+` FROM tenants ORDER BY id`)
 	return collect(rows, err, scanTenant)
 }
 
@@ -88,8 +95,12 @@ type UpdateTenantParams struct {
 	Status    *string
 }
 
-// UpdateTenant applies p and returns the tenant as stored.
+// UpdateTenant applies p and returns the tenant as stored; ErrNoTenant for an empty
+// id.
 func (s *Store) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error) {
+	if p.ID == "" {
+		return Tenant{}, ErrNoTenant
+	}
 	var ov []byte
 	if p.Overrides != nil {
 		var err error
@@ -97,7 +108,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant,
 			return Tenant{}, err
 		}
 	}
-	return scanTenant(s.pool.QueryRow(ctx, `
+	return scanTenant(s.db.QueryRow(ctx, `
 		UPDATE tenants SET
 			name = COALESCE($2, name),
 			plan = COALESCE($3, plan),
@@ -109,10 +120,10 @@ func (s *Store) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant,
 		p.ID, p.Name, p.Plan, p.Weight, ov, p.Status))
 }
 
-// TenantIDsAfter returns up to limit tenant ids above after, in id order: the
+// UnscopedTenantIDsAfter returns up to limit tenant ids above after, in id order: the
 // janitor's cursor walk over every tenant.
-func (s *Store) TenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id FROM tenants WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+func (s *Store) UnscopedTenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT id FROM tenants WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	return collect(rows, err, func(row pgx.Row) (string, error) {
 		var id string
 		err := row.Scan(&id)

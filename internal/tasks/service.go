@@ -261,7 +261,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	if idem != "" && inScope {
 		// A replay admits nothing new: it answers with the task the key made, and
 		// spends only the key's bucket.
-		prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, tenant.ID, idem)
+		prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: tenant.ID, Key: idem})
 		if err == nil {
 			at := time.Now()
 			d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
