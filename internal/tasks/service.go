@@ -1,6 +1,8 @@
 // Package tasks is the tasks domain service: submitting a task (validation, budget,
 // idempotency, admission, storing, queueing), reading, listing and cancelling a
-// tenant's tasks. The HTTP API calls it; it knows nothing of HTTP.
+// tenant's tasks (Service), and the task lifecycle, each state change of a task one
+// transaction (Lifecycle: the worker's start, steps and end, and the tenant's
+// cancel). The HTTP API and the worker call it; it knows nothing of HTTP.
 package tasks
 
 import (
@@ -129,7 +131,9 @@ type Deps struct {
 	Keys      rkeys.Keys
 	// Tenant looks a tenant up (the API passes its cache); nil: Store.GetTenant.
 	Tenant func(ctx context.Context, id string) (store.Tenant, error)
-	Logger *slog.Logger
+	// Lifecycle makes the cancel's state change; nil: one over Store.
+	Lifecycle *Lifecycle
+	Logger    *slog.Logger
 }
 
 // Service submits, reads, lists and cancels tasks, always for one tenant.
@@ -146,6 +150,9 @@ func New(d Deps) *Service {
 	}
 	if s.d.Tenant == nil {
 		s.d.Tenant = d.Store.GetTenant
+	}
+	if s.d.Lifecycle == nil {
+		s.d.Lifecycle = NewLifecycle(d.Store, LifecycleOptions{})
 	}
 	return s
 }
@@ -524,10 +531,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (st
 	if tenantID == "" {
 		return store.Task{}, ErrNoTenant
 	}
-	t, ok, err := s.d.Store.FinishTask(ctx, store.FinishTaskParams{
-		ID: id, TenantID: tenantID, From: []store.TaskState{store.StateQueued, store.StateRunning},
-		To: store.StateKilled, Error: cancelMessage,
-	})
+	t, ok, err := s.d.Lifecycle.Cancel(ctx, CancelParams{TenantID: tenantID, ID: id, Reason: cancelMessage})
 	if err != nil {
 		return t, err
 	}
