@@ -25,6 +25,7 @@ import (
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
@@ -132,7 +133,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		tci = 10 * time.Millisecond
 	}
 	a.Agents.Remote = httpAgents(a.Store, []byte(a.cfg.AgentSecret), a.log)
-	a.Worker = runtime.NewWorker(a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
+	a.Worker = runtime.NewWorker(tasks.NewLifecycle(a.Store, tasks.LifecycleOptions{}), a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
 		Plans: a.Plans, Events: a.Keys.TaskEvents,

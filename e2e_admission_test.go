@@ -18,6 +18,7 @@ import (
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/store"
 )
 
 // refusal is the 429/402 error body.
@@ -96,7 +97,7 @@ func TestRateLimitContract(t *testing.T) {
 	if hd.Get("X-RateLimit-Remaining") != "0" || !strings.Contains(hd.Get("RateLimit"), `"tenant";r=0;`) {
 		t.Fatalf("binding limit on 429: remaining %s, RateLimit %q; want the tenant's bucket at 0", hd.Get("X-RateLimit-Remaining"), hd.Get("RateLimit"))
 	}
-	if n, _ := h.app.Store.CountTasks(context.Background(), "rl"); n != 5 {
+	if n, _ := h.app.Store.CountTasks(context.Background(), store.CountTasksParams{TenantID: "rl"}); n != 5 {
 		t.Fatalf("%d tasks written, want 5", n)
 	}
 	// reads carry the headers too (the key bucket)
@@ -420,7 +421,7 @@ func TestDegradedModeWhenRedisIsDown(t *testing.T) {
 		t.Fatalf("13 requests took %v with Redis down: the API waited on Redis", d)
 	}
 	// accepted tasks are in Postgres, queued, for the recovery sweep to push
-	if n, _ := h.app.Store.CountTasks(context.Background(), "free"); n != n202 {
+	if n, _ := h.app.Store.CountTasks(context.Background(), store.CountTasksParams{TenantID: "free"}); n != n202 {
 		t.Fatalf("%d tasks stored, %d accepted", n, n202)
 	}
 }

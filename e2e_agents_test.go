@@ -22,6 +22,7 @@ import (
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/runtime"
 )
 
@@ -167,7 +168,7 @@ func TestBadUsageFromAnAgentFailsTheStep(t *testing.T) {
 		if task.Usage.Steps != 0 || task.Usage.Tokens != 0 || task.Usage.CostUSD != 0 {
 			t.Errorf("%s: the bad step was counted: %+v", tc.name, task.Usage)
 		}
-		rows, err := h.app.Store.TaskLedger(context.Background(), uuid.MustParse(task.ID))
+		rows, err := h.app.Store.TaskLedger(context.Background(), store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)})
 		if err != nil || len(rows) != 0 {
 			t.Errorf("%s: %d ledger rows (%v)", tc.name, len(rows), err)
 		}

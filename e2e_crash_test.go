@@ -13,6 +13,7 @@ import (
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/internal/wire"
 )
@@ -142,7 +143,7 @@ func TestStalledWorkerStopsWhenItsTaskWasTakenOver(t *testing.T) {
 	if got.State != "running" || got.Attempt != 2 || got.Usage.Steps != 0 {
 		t.Fatalf("task after the stalled attempt stopped: %s, attempt %d, %d steps; want running, attempt 2, 0 steps", got.State, got.Attempt, got.Usage.Steps)
 	}
-	if rows, _ := h.app.Store.TaskLedger(ctx, uuid.MustParse(task.ID)); len(rows) != 0 {
+	if rows, _ := h.app.Store.TaskLedger(ctx, store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)}); len(rows) != 0 {
 		t.Fatalf("the stalled attempt's step is in the ledger: %v", rows)
 	}
 	if used := h.usage(k.Key)["agent_steps_daily"]["used"]; used != 0.0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -320,7 +321,7 @@ func TestIdempotentResubmission(t *testing.T) {
 	if len(distinct) != 1 {
 		t.Fatalf("10 concurrent submissions with one key made %d tasks", len(distinct))
 	}
-	n, _ := h.app.Store.CountTasks(ctx, "acme")
+	n, _ := h.app.Store.CountTasks(ctx, store.CountTasksParams{TenantID: "acme"})
 	if n != 2 {
 		t.Fatalf("acme has %d tasks, want 2", n)
 	}
@@ -415,7 +416,7 @@ func TestGracefulShutdownFinishesRunningSteps(t *testing.T) {
 	}
 	waitState(t, c, task.ID, client.StateRunning, 10*time.Second)
 	h.stop()
-	got, err := h.app.Store.GetTask(ctx, storeParams(task.ID))
+	got, err := h.app.Store.GetTask(ctx, storeParams(task.TenantID, task.ID))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,8 +158,8 @@ func decodeJSON(t *testing.T, resp *http.Response, out any) {
 	}
 }
 
-func storeParams(id string) store.GetTaskParams {
-	return store.GetTaskParams{ID: uuid.MustParse(id)}
+func storeParams(tenantID, id string) store.GetTaskParams {
+	return store.GetTaskParams{TenantID: tenantID, ID: uuid.MustParse(id)}
 }
 
 func pgConnect(ctx context.Context) (*pgxpool.Pool, error) {

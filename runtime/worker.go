@@ -16,10 +16,27 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
 )
+
+// Lifecycle is what the worker needs of the task lifecycle (*tasks.Lifecycle): the
+// state changes it makes on a task, under the claim Start gives it, and the claim's
+// heartbeat.
+type Lifecycle interface {
+	Start(ctx context.Context, id uuid.UUID) (store.Task, tasks.StartOutcome, error)
+	RecordStep(ctx context.Context, p store.RecordStepParams) error
+	Finish(ctx context.Context, p tasks.FinishParams) (bool, error)
+	Requeue(ctx context.Context, c store.Claim) error
+	Heartbeat(ctx context.Context, c store.Claim) error
+}
+
+// TenantReader reads a task's tenant, for its limits (*store.Store).
+type TenantReader interface {
+	GetTenant(ctx context.Context, id string) (store.Tenant, error)
+}
 
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
 // advertise this process's capacity.
@@ -53,14 +70,15 @@ type WorkerOptions struct {
 
 // Worker runs agent tasks handed out by asynq.
 type Worker struct {
-	id     string
-	store  *store.Store
-	agents *Registry
-	slots  Slots
-	limits Limits
-	rdb    redis.UniversalClient // asynq and pub/sub
-	opts   WorkerOptions
-	log    *slog.Logger
+	id        string
+	lifecycle Lifecycle
+	tenants   TenantReader
+	agents    *Registry
+	slots     Slots
+	limits    Limits
+	rdb       redis.UniversalClient // asynq and pub/sub
+	opts      WorkerOptions
+	log       *slog.Logger
 
 	srv *asynq.Server
 
@@ -74,7 +92,7 @@ type Worker struct {
 var errCancelled = errors.New("task cancelled")
 
 // NewWorker returns a stopped worker.
-func NewWorker(st *store.Store, agents *Registry, slots Slots, limits Limits, rdb redis.UniversalClient, opts WorkerOptions) *Worker {
+func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, limits Limits, rdb redis.UniversalClient, opts WorkerOptions) *Worker {
 	if opts.Concurrency < 1 {
 		opts.Concurrency = 1
 	}
@@ -83,15 +101,16 @@ func NewWorker(st *store.Store, agents *Registry, slots Slots, limits Limits, rd
 	}
 	host, _ := os.Hostname()
 	return &Worker{
-		id:      fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
-		store:   st,
-		agents:  agents,
-		slots:   slots,
-		limits:  limits,
-		rdb:     rdb,
-		opts:    opts,
-		log:     opts.Logger,
-		running: map[uuid.UUID]context.CancelCauseFunc{},
+		id:        fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
+		lifecycle: lc,
+		tenants:   tr,
+		agents:    agents,
+		slots:     slots,
+		limits:    limits,
+		rdb:       rdb,
+		opts:      opts,
+		log:       opts.Logger,
+		running:   map[uuid.UUID]context.CancelCauseFunc{},
 	}
 }
 
@@ -100,9 +119,10 @@ func (w *Worker) ID() string { return w.id }
 
 const heartbeatEvery, heartbeatTTL = 2 * time.Second, 10 * time.Second
 
-// taskHeartbeatEvery is how often a running task's heartbeat is stamped in Postgres;
-// staleAfter is how old it must be before a redelivery takes the task over.
-const taskHeartbeatEvery, staleAfter = 5 * time.Second, 30 * time.Second
+// taskHeartbeatEvery is how often a running task's heartbeat is stamped in Postgres:
+// well within the silence after which a redelivery takes the task over
+// (tasks.DefaultStaleAfter).
+const taskHeartbeatEvery = 5 * time.Second
 
 // Start registers the worker's capacity and starts processing.
 func (w *Worker) Start(ctx context.Context) error {
@@ -202,31 +222,20 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("runtime: bad task id %q: %w", p.TaskID, asynq.SkipRetry)
 	}
-	task, started, err := w.store.StartTask(ctx, id)
+	task, outcome, err := w.lifecycle.Start(ctx, id)
 	if err != nil {
 		return fmt.Errorf("runtime: start task: %w", err)
 	}
-	if !started {
-		cur, err := w.store.GetTask(ctx, store.GetTaskParams{ID: id})
-		switch {
-		case errors.Is(err, store.ErrNotFound) || (err == nil && store.Terminal(cur.State)):
-			// Cancelled while dispatched, or a duplicate delivery of a finished task.
-			// Releasing again is harmless; it covers a release lost to a crash.
-			w.releaseLease(p.TenantID, p.TaskID)
-			w.release(p, -1)
-			return nil
-		case err != nil:
-			return fmt.Errorf("runtime: read task: %w", err)
-		}
-		// Running: either under another live delivery, which owns it, or its worker
-		// died and asynq redelivered it. A stale heartbeat tells which.
-		task, started, err = w.store.TakeOverTask(ctx, id, staleAfter)
-		if err != nil {
-			return fmt.Errorf("runtime: take over task: %w", err)
-		}
-		if !started {
-			return nil
-		}
+	switch outcome {
+	case tasks.Ended:
+		// Cancelled while dispatched, or a duplicate delivery of a finished task.
+		// Releasing again is harmless; it covers a release lost to a crash.
+		w.releaseLease(p.TenantID, p.TaskID)
+		w.release(p, -1)
+		return nil
+	case tasks.Busy:
+		return nil // another live delivery owns it
+	case tasks.TookOver:
 		w.log.Warn("taking over a task whose worker stopped heartbeating; resuming from its last step",
 			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
 	}
@@ -297,7 +306,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		*lost = true
 		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
 	}
-	var finish func(state, errText string, output json.RawMessage)
+	var finish func(state store.TaskState, errText string, output json.RawMessage)
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
 	defer func() {
@@ -307,13 +316,11 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			requeued = false
 		}
 	}()
-	finish = func(state, errText string, output json.RawMessage) {
+	finish = func(state store.TaskState, errText string, output json.RawMessage) {
 		var ok bool
 		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
 			var err error
-			_, ok, err = w.store.FinishTask(ctx, store.FinishTaskParams{
-				ID: task.ID, Attempt: task.Attempt, From: []string{store.StateRunning}, To: state, Output: output, Error: errText,
-			})
+			ok, err = w.lifecycle.Finish(ctx, tasks.FinishParams{Claim: claim, To: state, Output: output, Error: errText})
 			return err
 		})
 		if errors.Is(err, store.ErrLostClaim) {
@@ -323,13 +330,13 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		} else if ok {
 			// This call won the terminal transition, so it owns the lease release.
 			w.releaseLease(task.TenantID, id)
-			w.publish(ctx, Event{Type: "state", TaskID: id, State: state, Error: errText, Output: output})
+			w.publish(ctx, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})
 			log.Info("task finished", "state", state, "steps", task.Usage.Steps)
 		}
 	}
 	requeue := func(why string, err error) bool {
 		rerr := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			return w.store.RequeueTask(ctx, claim)
+			return w.lifecycle.Requeue(ctx, claim)
 		})
 		if errors.Is(rerr, store.ErrLostClaim) {
 			lostClaim("re-queue", rerr)
@@ -342,12 +349,12 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		log.Warn("task handed back to asynq for a later attempt", "why", why, "err", err)
 		return true
 	}
-	w.publish(ctx, Event{Type: "state", TaskID: id, State: store.StateRunning})
+	w.publish(ctx, Event{Type: "state", TaskID: id, State: string(store.StateRunning)})
 
 	var tenant store.Tenant
 	err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
 		var err error
-		tenant, err = w.store.GetTenant(ctx, task.TenantID)
+		tenant, err = w.tenants.GetTenant(ctx, task.TenantID)
 		return err
 	})
 	if err != nil {
@@ -403,7 +410,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			case <-taskCtx.Done():
 				return
 			case <-t.C:
-				err := w.store.Heartbeat(taskCtx, claim)
+				err := w.lifecycle.Heartbeat(taskCtx, claim)
 				switch {
 				case errors.Is(err, store.ErrLostClaim):
 					// Stop the step: its result could not be recorded anyway.
@@ -513,7 +520,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		}
 		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
 		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			return w.store.RecordStep(ctx, store.RecordStepParams{
+			return w.lifecycle.RecordStep(ctx, store.RecordStepParams{
 				ID: task.ID, Attempt: task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 			})
 		})

@@ -65,7 +65,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 		body, _ := json.Marshal(map[string]any{"type": "state", "task_id": t.ID.String(), "state": t.State, "task": tj})
 		return send("state", body)
 	}
-	if err := snapshot(task); err != nil || store.Terminal(task.State) {
+	if err := snapshot(task); err != nil || task.State.Terminal() {
 		return nil
 	}
 	msgs := sub.Channel()
@@ -85,7 +85,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 			if json.Unmarshal([]byte(m.Payload), &ev) != nil {
 				continue
 			}
-			if ev.Type == "state" && store.Terminal(ev.State) {
+			if ev.Type == "state" && store.TaskState(ev.State).Terminal() {
 				// end with the stored task, which holds the final usage and output
 				if t, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id}); err == nil {
 					return snapshot(t)
@@ -97,7 +97,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 			}
 		case <-poll.C:
 			t, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id})
-			if err == nil && store.Terminal(t.State) {
+			if err == nil && t.State.Terminal() {
 				return snapshot(t)
 			}
 		case <-keepalive.C:

@@ -258,7 +258,7 @@ func (s *Server) invalidateLocal(what string) {
 }
 
 func (s *Server) loadKey(ctx context.Context, kid string) (apikey.Record, bool, error) {
-	k, err := s.Store.GetKey(ctx, kid)
+	k, err := s.Store.UnscopedGetKey(ctx, kid)
 	if errors.Is(err, store.ErrNotFound) {
 		return apikey.Record{}, false, nil
 	}

@@ -69,7 +69,7 @@ func rawOrNull(r json.RawMessage) json.RawMessage {
 
 func taskJSON(t store.Task) TaskJSON {
 	out := TaskJSON{
-		ID: t.ID.String(), TenantID: t.TenantID, Agent: t.Agent, State: t.State, Priority: t.Priority,
+		ID: t.ID.String(), TenantID: t.TenantID, Agent: t.Agent, State: string(t.State), Priority: t.Priority,
 		Input: rawOrNull(t.Input), Output: rawOrNull(t.Output), Error: t.Error, Budget: rawOrNull(t.Budget),
 		Usage:     UsageJSON{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
 		Attempt:   t.Attempt,

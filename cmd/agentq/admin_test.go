@@ -175,7 +175,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	}
 
 	// Nothing refused was written, by either path.
-	ts, err := app.Store.ListTenants(ctx)
+	ts, err := app.Store.UnscopedListTenants(ctx)
 	if err != nil || len(ts) != 1 || ts[0].ID != "acme" || ts[0].Plan != "pro" || ts[0].Weight != nil || len(ts[0].Overrides) != 0 || ts[0].Status != "active" {
 		t.Fatalf("tenants after the refusals: %+v %v", ts, err)
 	}
@@ -287,10 +287,10 @@ func TestCLIKeysRefuseWhatTheAPIRefuses(t *testing.T) {
 			t.Errorf("%s: CLI %v (output %q), want the API's refusal %q", tc.name, err, out, apiMsg)
 		}
 	}
-	if ks, err := h.app.Store.ListKeys(ctx, "acme"); err != nil || len(ks) != 1 || ks[0].Kid != gone.Kid {
+	if ks, err := h.app.Store.ListKeys(ctx, store.ListKeysParams{TenantID: "acme"}); err != nil || len(ks) != 1 || ks[0].Kid != gone.Kid {
 		t.Fatalf("keys after the refusals: %+v %v, want only %s", ks, err, gone.Kid)
 	}
-	if ks, err := h.app.Store.ListKeys(ctx, "ghost"); err != nil || len(ks) != 0 {
+	if ks, err := h.app.Store.ListKeys(ctx, store.ListKeysParams{TenantID: "ghost"}); err != nil || len(ks) != 0 {
 		t.Fatalf("keys of ghost: %+v %v", ks, err)
 	}
 

@@ -331,7 +331,7 @@ func (b *fairBench) noisy(ctx context.Context, out *Fairness, contended bool) er
 	var waits []float64
 	heavyRan := 0
 	for {
-		ts, err := e.app.Store.TaskTimings(ctx, append(slices.Clone(lightTenants), "heavy"))
+		ts, err := e.app.Store.UnscopedTaskTimings(ctx, append(slices.Clone(lightTenants), "heavy"))
 		if err != nil {
 			return err
 		}
@@ -484,7 +484,7 @@ func (b *fairBench) weights(ctx context.Context, shards int) (map[string]float64
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		time.Sleep(250 * time.Millisecond)
-		if ts, err = e.app.Store.TaskTimings(ctx, names); err != nil {
+		if ts, err = e.app.Store.UnscopedTaskTimings(ctx, names); err != nil {
 			return nil, 0, 0, err
 		}
 		left := map[string]int{}
@@ -619,7 +619,7 @@ func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float
 	// Worker time in [start+1 s, end]: the first second fills the pool and settles
 	// the shallow tenant's cost estimate.
 	from := start.Add(time.Second)
-	ts, err := e.app.Store.TaskTimings(ctx, []string{"shallow", "deep"})
+	ts, err := e.app.Store.UnscopedTaskTimings(ctx, []string{"shallow", "deep"})
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -97,7 +97,7 @@ func TestKeyCreateAndList(t *testing.T) {
 	if err != nil || kid != k1.Kid || !strings.HasPrefix(kid, "acme-") {
 		t.Fatalf("plaintext %q parses to %q, %v; kid %q", k1.Plaintext, kid, err, k1.Kid)
 	}
-	stored, err := e.st.GetKey(ctx, k1.Kid)
+	stored, err := e.st.UnscopedGetKey(ctx, k1.Kid)
 	if err != nil || !apikey.Verify(stored.SecretHash, secret) {
 		t.Fatalf("the stored hash does not verify the plaintext (%v)", err)
 	}
@@ -175,7 +175,7 @@ func TestKeyRotate(t *testing.T) {
 	if r.Kid != k.Kid || r.Plaintext == k.Plaintext || r.RotatedAt == nil || !reflect.DeepEqual(r.Scopes, k.Scopes) || !r.CreatedAt.Equal(k.CreatedAt) {
 		t.Errorf("rotated %+v from %+v", r.APIKey, k.APIKey)
 	}
-	stored, err := e.st.GetKey(ctx, k.Kid)
+	stored, err := e.st.UnscopedGetKey(ctx, k.Kid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestKeyRevokeDropsLimitState(t *testing.T) {
 			t.Errorf("field %q survived the revocation of %s", f, k.Kid)
 		}
 	}
-	stored, err := e.st.GetKey(ctx, k.Kid)
+	stored, err := e.st.UnscopedGetKey(ctx, k.Kid)
 	if err != nil || stored.RevokedAt == nil {
 		t.Errorf("stored key after revocation: %+v %v", stored, err)
 	}
@@ -297,7 +297,7 @@ func TestKeyRevokeWithoutRedis(t *testing.T) {
 	if _, err := svc.Revoke(ctx, k.Kid); err != nil {
 		t.Fatal(err)
 	}
-	if stored, err := e.st.GetKey(ctx, k.Kid); err != nil || stored.RevokedAt == nil {
+	if stored, err := e.st.UnscopedGetKey(ctx, k.Kid); err != nil || stored.RevokedAt == nil {
 		t.Errorf("stored key: %+v %v", stored, err)
 	}
 }

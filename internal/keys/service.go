@@ -115,7 +115,7 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	k, err := s.store.CreateKey(ctx, store.CreateKeyParams{
 		Kid: kid, TenantID: p.TenantID, SecretHash: hash, Scopes: p.Scopes,
 	})
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
 		return Created{}, noTenant(p.TenantID)
 	}
 	if err != nil {
@@ -127,12 +127,12 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 // List returns a tenant's keys, revoked ones included, oldest first (never nil). A
 // missing tenant is a *NotFoundError.
 func (s *Service) List(ctx context.Context, tenantID string) ([]store.APIKey, error) {
-	if _, err := s.store.GetTenant(ctx, tenantID); errors.Is(err, store.ErrNotFound) {
+	if _, err := s.store.GetTenant(ctx, tenantID); errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
 		return nil, noTenant(tenantID)
 	} else if err != nil {
 		return nil, err
 	}
-	ks, err := s.store.ListKeys(ctx, tenantID)
+	ks, err := s.store.ListKeys(ctx, store.ListKeysParams{TenantID: tenantID})
 	if err != nil {
 		return nil, err
 	}
@@ -148,8 +148,16 @@ func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
 	if !apikey.ValidKid(kid) {
 		return Created{}, noLiveKey(kid)
 	}
+	// The kid alone names the key; its tenant scopes the write.
+	k, err := s.store.UnscopedGetKey(ctx, kid)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && k.RevokedAt != nil) {
+		return Created{}, noLiveKey(kid)
+	}
+	if err != nil {
+		return Created{}, err
+	}
 	plaintext, hash := apikey.NewSecret(kid)
-	k, err := s.store.RotateKey(ctx, store.RotateKeyParams{Kid: kid, SecretHash: hash})
+	k, err = s.store.RotateKey(ctx, store.RotateKeyParams{TenantID: k.TenantID, Kid: kid, SecretHash: hash})
 	if errors.Is(err, store.ErrNotFound) {
 		return Created{}, noLiveKey(kid)
 	}
@@ -167,9 +175,9 @@ func (s *Service) Revoke(ctx context.Context, kid string) (store.APIKey, error) 
 	if !apikey.ValidKid(kid) {
 		return store.APIKey{}, noLiveKey(kid)
 	}
-	k, err := s.store.GetKey(ctx, kid)
+	k, err := s.store.UnscopedGetKey(ctx, kid)
 	if err == nil && k.RevokedAt == nil {
-		err = s.store.RevokeKey(ctx, kid)
+		err = s.store.RevokeKey(ctx, store.RevokeKeyParams{TenantID: k.TenantID, Kid: kid})
 	} else if err == nil {
 		err = store.ErrNotFound
 	}

@@ -393,7 +393,7 @@ func (j *Janitor) checkGeneration(ctx context.Context) (generation, error) {
 		return genSame, nil
 	}
 	// Newly set: a reconciliation is what to do either way; the log line differs.
-	hadTasks, err := j.store.AnyTask(ctx)
+	hadTasks, err := j.store.UnscopedAnyTask(ctx)
 	if err != nil {
 		return genLost, err // cannot tell: treat it as the loss it may be
 	}
@@ -500,7 +500,7 @@ func abs64(n int64) int64 {
 // rescueStale handles running tasks whose worker stopped heartbeating: back to the
 // queue for another attempt, or abandoned after MaxAttempts.
 func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport, p *JanitorPass) error {
-	stale, err := j.store.ListStaleRunning(ctx, j.cfg.StaleAfter, j.cfg.StaleBatch)
+	stale, err := j.store.UnscopedListStaleRunning(ctx, j.cfg.StaleAfter, j.cfg.StaleBatch)
 	if err != nil {
 		return err
 	}
@@ -512,7 +512,7 @@ func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport, p *Janito
 		if st.Attempt >= j.cfg.MaxAttempts {
 			// Fenced on the attempt read: a redelivery that took the task over since
 			// keeps it.
-			_, ok, err := j.store.FinishTask(ctx, store.FinishTaskParams{ID: st.ID, Attempt: st.Attempt, From: []string{store.StateRunning},
+			_, ok, err := j.store.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: st.ID, Attempt: st.Attempt, From: []store.TaskState{store.StateRunning},
 				To: store.StateAbandoned, Error: fmt.Sprintf("abandoned: its worker stopped heartbeating on %d attempts", st.Attempt)})
 			if errors.Is(err, store.ErrLostClaim) {
 				continue
@@ -529,7 +529,7 @@ func (j *Janitor) rescueStale(ctx context.Context, rep *JanitorReport, p *Janito
 			}
 			continue
 		}
-		t, ok, err := j.store.RequeueStale(ctx, st.ID, j.cfg.StaleAfter)
+		t, ok, err := j.store.UnscopedRequeueStale(ctx, st.ID, j.cfg.StaleAfter)
 		if err != nil || !ok {
 			if err != nil {
 				return err
@@ -565,12 +565,12 @@ func (j *Janitor) tenantPass(ctx context.Context, cursor *string, p *JanitorPass
 			return err
 		}
 		n := min(j.cfg.TenantPage, j.cfg.TenantBatch-p.Rows)
-		ids, err := j.store.TenantIDsAfter(ctx, *cursor, n)
+		ids, err := j.store.UnscopedTenantIDsAfter(ctx, *cursor, n)
 		if err != nil {
 			return err
 		}
 		if len(ids) > 0 {
-			live, err := j.store.LiveTasksOf(ctx, ids)
+			live, err := j.store.UnscopedLiveTasksOf(ctx, ids)
 			if err != nil {
 				return err
 			}
@@ -660,7 +660,7 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 	}
 	// Re-read the states right before acting: a task may have become live or ended
 	// since the page's snapshot.
-	states, err := j.store.TaskStates(ctx, append(append([]uuid.UUID{}, check...), added...))
+	states, err := j.store.UnscopedTaskStates(ctx, append(append([]uuid.UUID{}, check...), added...))
 	if err != nil {
 		return err
 	}
@@ -668,7 +668,7 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 	for _, id := range check {
 		t := owner[id]
 		st, known := states[id]
-		if known && !store.Terminal(st) {
+		if known && !st.Terminal() {
 			continue // became live after the snapshot
 		}
 		if !known {
@@ -693,7 +693,7 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 		rep.LeasesReleased += n
 	}
 	for _, id := range added {
-		if store.Terminal(states[id]) {
+		if states[id].Terminal() {
 			_, _ = j.quotas.Release(ctx, owner[id], id.String()) // ended meanwhile
 		} else {
 			rep.LeasesAdded++
@@ -756,12 +756,12 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 	}
 	// Re-check Postgres right before dropping: a task admitted and dispatched after
 	// the page's snapshot is in the set but not in the snapshot, and keeps its slot.
-	states, err := j.store.TaskStates(ctx, append(append([]uuid.UUID{}, drop...), readded...))
+	states, err := j.store.UnscopedTaskStates(ctx, append(append([]uuid.UUID{}, drop...), readded...))
 	if err != nil {
 		return err
 	}
 	for _, id := range drop {
-		if st, known := states[id]; known && !store.Terminal(st) {
+		if st, known := states[id]; known && !st.Terminal() {
 			continue
 		}
 		// No priority: Postgres lists this task as not live, and Done needs none here.
@@ -776,7 +776,7 @@ func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[
 	}
 	// As with leases: a task that ended meanwhile must not keep a running slot.
 	for _, id := range readded {
-		if store.Terminal(states[id]) {
+		if states[id].Terminal() {
 			_ = j.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Priority: priority[id]}, -1)
 		} else {
 			rep.RunningAdded++

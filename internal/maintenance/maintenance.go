@@ -49,14 +49,14 @@ func (d Deps) logger() *slog.Logger {
 // Store is the part of the store the passes read and write (*store.Store).
 type Store interface {
 	GetTenant(ctx context.Context, id string) (store.Tenant, error)
-	TenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error)
-	AnyTask(ctx context.Context) (bool, error)
-	ListQueued(ctx context.Context, p store.ListQueuedParams) ([]store.QueuedTask, error)
-	ListStaleRunning(ctx context.Context, staleAfter time.Duration, limit int) ([]store.StaleTask, error)
-	RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
-	FinishTask(ctx context.Context, p store.FinishTaskParams) (store.Task, bool, error)
-	LiveTasksOf(ctx context.Context, tenants []string) (map[string][]store.LiveTask, error)
-	TaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error)
+	UnscopedTenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error)
+	UnscopedAnyTask(ctx context.Context) (bool, error)
+	UnscopedListQueued(ctx context.Context, p store.ListQueuedParams) ([]store.QueuedTask, error)
+	UnscopedListStaleRunning(ctx context.Context, staleAfter time.Duration, limit int) ([]store.StaleTask, error)
+	UnscopedRequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
+	UnscopedFinishTask(ctx context.Context, p store.UnscopedFinishTaskParams) (store.Task, bool, error)
+	UnscopedLiveTasksOf(ctx context.Context, tenants []string) (map[string][]store.LiveTask, error)
+	UnscopedTaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]store.TaskState, error)
 }
 
 // Scheduler is the part of the fair scheduler the passes use (*scheduler.Scheduler).

@@ -126,7 +126,7 @@ func (r *Recovery) sweepFrom(ctx context.Context, minAge time.Duration, after uu
 				limit = left
 			}
 		}
-		rows, err := r.store.ListQueued(ctx, store.ListQueuedParams{MinAge: minAge, After: after, Limit: limit})
+		rows, err := r.store.UnscopedListQueued(ctx, store.ListQueuedParams{MinAge: minAge, After: after, Limit: limit})
 		if err != nil {
 			return pushed, seen, after, err
 		}

@@ -25,6 +25,18 @@ func newTask(t *testing.T, ctx context.Context, st *store.Store, tenant string) 
 	return id
 }
 
+// recordStep is UnscopedRecordStep for tests that look at its error only.
+func recordStep(ctx context.Context, st *store.Store, p store.RecordStepParams) error {
+	_, _, err := st.UnscopedRecordStep(ctx, p)
+	return err
+}
+
+// requeue is UnscopedRequeueTask for tests that look at its error only.
+func requeue(ctx context.Context, st *store.Store, c store.Claim) error {
+	_, err := st.UnscopedRequeueTask(ctx, c)
+	return err
+}
+
 func setup(t *testing.T) (context.Context, *store.Store, *pgxpool.Pool) {
 	pool := testenv.Postgres(t)
 	st := store.New(pool)
@@ -41,23 +53,23 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 	t.Parallel()
 	ctx, st, pool := setup(t)
 	id := newTask(t, ctx, st, "acme")
-	a, ok, err := st.StartTask(ctx, id)
+	a, ok, err := st.UnscopedStartTask(ctx, id)
 	if err != nil || !ok || a.Attempt != 1 {
 		t.Fatalf("start: %v %v attempt %d", ok, err, a.Attempt)
 	}
 	claimA := store.Claim{ID: id, Attempt: a.Attempt}
-	if err := st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 1, Tokens: 10, CostMicro: 5}); err != nil {
+	if err := recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 1, Tokens: 10, CostMicro: 5}); err != nil {
 		t.Fatal(err)
 	}
 	// A stalls: its heartbeat goes stale, and a redelivery takes the task over.
 	if _, err := pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	b, ok, err := st.TakeOverTask(ctx, id, 30*time.Second)
+	b, ok, err := st.UnscopedTakeOverTask(ctx, id, 30*time.Second)
 	if err != nil || !ok || b.Attempt != 2 {
 		t.Fatalf("take over: %v %v attempt %d", ok, err, b.Attempt)
 	}
-	before, _ := st.GetTask(ctx, store.GetTaskParams{ID: id})
+	before, _ := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: id})
 	heartbeat := func() (hb time.Time) {
 		if err := pool.QueryRow(ctx, `SELECT heartbeat_at FROM tasks WHERE id = $1`, id).Scan(&hb); err != nil {
 			t.Fatal(err)
@@ -72,17 +84,17 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 			t.Errorf("%s by the stalled attempt: %v, want ErrLostClaim", what, err)
 		}
 	}
-	lost("RecordStep", st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 2, Tokens: 10, CostMicro: 5}))
-	lost("Heartbeat", st.Heartbeat(ctx, claimA))
-	lost("RequeueTask", st.RequeueTask(ctx, claimA))
-	_, ok, err = st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimA.Attempt, From: []string{store.StateRunning},
+	lost("RecordStep", recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 2, Tokens: 10, CostMicro: 5}))
+	lost("Heartbeat", st.UnscopedHeartbeat(ctx, claimA))
+	lost("RequeueTask", requeue(ctx, st, claimA))
+	_, ok, err = st.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: id, Attempt: claimA.Attempt, From: []store.TaskState{store.StateRunning},
 		To: store.StateFailed, Error: "stalled"})
 	if ok {
 		t.Error("FinishTask by the stalled attempt won the terminal transition")
 	}
 	lost("FinishTask", err)
 
-	after, _ := st.GetTask(ctx, store.GetTaskParams{ID: id})
+	after, _ := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: id})
 	if after.State != store.StateRunning || after.Attempt != 2 || after.Usage != before.Usage || after.Error != nil ||
 		!after.CreatedAt.Equal(before.CreatedAt) {
 		t.Fatalf("the stalled attempt changed the task: %+v (before %+v)", after, before)
@@ -90,23 +102,23 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 	if !heartbeat().Equal(hbBefore) {
 		t.Fatal("the stalled attempt's heartbeat was written")
 	}
-	if rows, _ := st.TaskLedger(ctx, id); len(rows) != 3 {
+	if rows, _ := st.TaskLedger(ctx, store.TaskLedgerParams{TenantID: "acme", TaskID: id}); len(rows) != 3 {
 		t.Fatalf("ledger has %d rows, want the 3 of step 1 only", len(rows))
 	}
 	// The new owner's writes go through.
 	claimB := store.Claim{ID: id, Attempt: b.Attempt}
-	if err := st.Heartbeat(ctx, claimB); err != nil {
+	if err := st.UnscopedHeartbeat(ctx, claimB); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: claimB.Attempt, Step: 2, Tokens: 10, CostMicro: 5}); err != nil {
+	if err := recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: claimB.Attempt, Step: 2, Tokens: 10, CostMicro: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{ID: id, Attempt: claimB.Attempt, From: []string{store.StateRunning},
+	if _, ok, err := st.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: id, Attempt: claimB.Attempt, From: []store.TaskState{store.StateRunning},
 		To: store.StateCompleted}); err != nil || !ok {
 		t.Fatalf("finish by the owner: %v %v", ok, err)
 	}
 	// After the end, the owner's late writes say the task ended.
-	if err := st.Heartbeat(ctx, claimB); !errors.Is(err, store.ErrTaskEnded) {
+	if err := st.UnscopedHeartbeat(ctx, claimB); !errors.Is(err, store.ErrTaskEnded) {
 		t.Fatalf("heartbeat after the end: %v, want ErrTaskEnded", err)
 	}
 }
@@ -117,30 +129,30 @@ func TestRequeuedTaskIsFenced(t *testing.T) {
 	t.Parallel()
 	ctx, st, pool := setup(t)
 	id := newTask(t, ctx, st, "acme")
-	a, _, _ := st.StartTask(ctx, id)
+	a, _, _ := st.UnscopedStartTask(ctx, id)
 	if _, err := pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := st.RequeueStale(ctx, id, 30*time.Second); err != nil || !ok {
+	if _, ok, err := st.UnscopedRequeueStale(ctx, id, 30*time.Second); err != nil || !ok {
 		t.Fatalf("requeue stale: %v %v", ok, err)
 	}
 	claim := store.Claim{ID: id, Attempt: a.Attempt}
-	if err := st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: a.Attempt, Step: 1}); !errors.Is(err, store.ErrLostClaim) {
+	if err := recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: a.Attempt, Step: 1}); !errors.Is(err, store.ErrLostClaim) {
 		t.Fatalf("record on a re-queued task: %v", err)
 	}
-	if err := st.RequeueTask(ctx, claim); !errors.Is(err, store.ErrLostClaim) {
+	if err := requeue(ctx, st, claim); !errors.Is(err, store.ErrLostClaim) {
 		t.Fatalf("requeue on a re-queued task: %v", err)
 	}
-	if got, _ := st.GetTask(ctx, store.GetTaskParams{ID: id}); got.State != store.StateQueued || got.Usage.Steps != 0 {
+	if got, _ := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: id}); got.State != store.StateQueued || got.Usage.Steps != 0 {
 		t.Fatalf("task %s, %d steps", got.State, got.Usage.Steps)
 	}
 }
 
 // ledgerAndUsage returns the task's steps as the ledger bills them and as its usage
 // counts them.
-func ledgerAndUsage(t *testing.T, ctx context.Context, st *store.Store, id uuid.UUID) (ledger, usage store.Usage, state string) {
+func ledgerAndUsage(t *testing.T, ctx context.Context, st *store.Store, id uuid.UUID) (ledger, usage store.Usage, state store.TaskState) {
 	t.Helper()
-	rows, err := st.TaskLedger(ctx, id)
+	rows, err := st.TaskLedger(ctx, store.TaskLedgerParams{TenantID: "acme", TaskID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +166,7 @@ func ledgerAndUsage(t *testing.T, ctx context.Context, st *store.Store, id uuid.
 			ledger.CostMicroUSD += r.Quantity
 		}
 	}
-	tk, err := st.GetTask(ctx, store.GetTaskParams{ID: id})
+	tk, err := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +179,7 @@ func TestCancelCommittingDuringStepRecord(t *testing.T) {
 	t.Parallel()
 	ctx, st, pool := setup(t)
 	id := newTask(t, ctx, st, "acme")
-	task, _, _ := st.StartTask(ctx, id)
+	task, _, _ := st.UnscopedStartTask(ctx, id)
 	// The cancel's UPDATE holds the row lock, uncommitted, while the record runs.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -179,7 +191,7 @@ func TestCancelCommittingDuringStepRecord(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 100, CostMicro: 1000})
+		done <- recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 100, CostMicro: 1000})
 	}()
 	// Wait until the record blocks on the task's row lock.
 	deadline := time.Now().Add(5 * time.Second)
@@ -216,7 +228,7 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 	recorded, refused := 0, 0
 	for i := range rounds {
 		id := newTask(t, ctx, st, "acme")
-		task, _, _ := st.StartTask(ctx, id)
+		task, _, _ := st.UnscopedStartTask(ctx, id)
 		var wg sync.WaitGroup
 		var recErr, finErr error
 		var won bool
@@ -225,7 +237,7 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			recErr = st.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 100, CostMicro: 1000})
+			recErr = recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 100, CostMicro: 1000})
 		}()
 		go func() {
 			defer wg.Done()
@@ -234,7 +246,7 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 				time.Sleep(time.Duration(i%7) * 100 * time.Microsecond)
 			}
 			_, won, finErr = st.FinishTask(ctx, store.FinishTaskParams{ID: id, TenantID: "acme",
-				From: []string{store.StateQueued, store.StateRunning}, To: store.StateKilled, Error: "cancelled"})
+				From: []store.TaskState{store.StateQueued, store.StateRunning}, To: store.StateKilled, Error: "cancelled"})
 		}()
 		close(start)
 		wg.Wait()

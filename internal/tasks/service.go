@@ -1,6 +1,8 @@
 // Package tasks is the tasks domain service: submitting a task (validation, budget,
 // idempotency, admission, storing, queueing), reading, listing and cancelling a
-// tenant's tasks. The HTTP API calls it; it knows nothing of HTTP.
+// tenant's tasks (Service), and the task lifecycle, each state change of a task one
+// transaction (Lifecycle: the worker's start, steps and end, and the tenant's
+// cancel). The HTTP API and the worker call it; it knows nothing of HTTP.
 package tasks
 
 import (
@@ -129,7 +131,9 @@ type Deps struct {
 	Keys      rkeys.Keys
 	// Tenant looks a tenant up (the API passes its cache); nil: Store.GetTenant.
 	Tenant func(ctx context.Context, id string) (store.Tenant, error)
-	Logger *slog.Logger
+	// Lifecycle makes the cancel's state change; nil: one over Store.
+	Lifecycle *Lifecycle
+	Logger    *slog.Logger
 }
 
 // Service submits, reads, lists and cancels tasks, always for one tenant.
@@ -146,6 +150,9 @@ func New(d Deps) *Service {
 	}
 	if s.d.Tenant == nil {
 		s.d.Tenant = d.Store.GetTenant
+	}
+	if s.d.Lifecycle == nil {
+		s.d.Lifecycle = NewLifecycle(d.Store, LifecycleOptions{})
 	}
 	return s
 }
@@ -261,7 +268,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	if idem != "" && inScope {
 		// A replay admits nothing new: it answers with the task the key made, and
 		// spends only the key's bucket.
-		prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, tenant.ID, idem)
+		prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: tenant.ID, Key: idem})
 		if err == nil {
 			at := time.Now()
 			d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
@@ -465,7 +472,7 @@ func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
 }
 
 // IsState tells a task state the listing can filter on.
-func IsState(st string) bool { return slices.Contains(store.TaskStates, st) }
+func IsState(st string) bool { return store.TaskState(st).Valid() }
 
 // ListParams selects a page of the tenant's tasks, newest first.
 type ListParams struct {
@@ -497,7 +504,7 @@ func (s *Service) List(ctx context.Context, p ListParams) (Page, error) {
 		return Page{}, invalid("limit", "limit must be between 1 and %d.", MaxListLimit)
 	}
 	// One more tells whether there is a next page.
-	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: p.State, Limit: want + 1, Before: p.Before})
+	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: store.TaskState(p.State), Limit: want + 1, Before: p.Before})
 	if err != nil {
 		return Page{}, err
 	}
@@ -524,10 +531,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (st
 	if tenantID == "" {
 		return store.Task{}, ErrNoTenant
 	}
-	t, ok, err := s.d.Store.FinishTask(ctx, store.FinishTaskParams{
-		ID: id, TenantID: tenantID, From: []string{store.StateQueued, store.StateRunning},
-		To: store.StateKilled, Error: cancelMessage,
-	})
+	t, ok, err := s.d.Lifecycle.Cancel(ctx, CancelParams{TenantID: tenantID, ID: id, Reason: cancelMessage})
 	if err != nil {
 		return t, err
 	}
@@ -536,7 +540,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (st
 		if err != nil {
 			return t, err
 		}
-		return t, &FinishedError{ID: id, State: cur.State}
+		return t, &FinishedError{ID: id, State: string(cur.State)}
 	}
 	// This call won the terminal transition, so it owns the lease release.
 	s.d.Admission.Release(ctx, tenantID, id.String())

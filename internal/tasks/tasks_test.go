@@ -194,7 +194,7 @@ func TestCancelQueuedTask(t *testing.T) {
 		t.Errorf("the task is still queued: %v %v", removed, err)
 	}
 	var fin *tasks.FinishedError
-	if _, err := e.svc.Cancel(ctx, "acme", res.Task.ID); !errors.As(err, &fin) || fin.State != store.StateKilled {
+	if _, err := e.svc.Cancel(ctx, "acme", res.Task.ID); !errors.As(err, &fin) || fin.State != string(store.StateKilled) {
 		t.Errorf("second cancel: %v, want a FinishedError", err)
 	}
 	if _, err := e.svc.Cancel(ctx, "globex", res.Task.ID); !errors.Is(err, tasks.ErrNotFound) {

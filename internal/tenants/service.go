@@ -134,6 +134,9 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (store.Tenant, err
 // Update validates p and applies it, then hands the tenant's weight and running cap to
 // the scheduler. A refused field is an *InvalidError; a missing tenant ErrNotFound.
 func (s *Service) Update(ctx context.Context, p UpdateParams) (store.Tenant, error) {
+	if p.ID == "" {
+		return store.Tenant{}, ErrNotFound // no tenant has an empty id
+	}
 	if err := s.validateFields(p.Name, p.Plan, p.Weight, p.Overrides, p.Status); err != nil {
 		return store.Tenant{}, err
 	}
@@ -169,12 +172,15 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (store.Tenant, err
 
 // Get returns tenant id, or ErrNotFound.
 func (s *Service) Get(ctx context.Context, id string) (store.Tenant, error) {
+	if id == "" {
+		return store.Tenant{}, ErrNotFound // no tenant has an empty id
+	}
 	return s.store.GetTenant(ctx, id)
 }
 
 // List returns every tenant, ordered by id.
 func (s *Service) List(ctx context.Context) ([]store.Tenant, error) {
-	return s.store.ListTenants(ctx)
+	return s.store.UnscopedListTenants(ctx)
 }
 
 func (s *Service) validateFields(name, plan *string, weight *int, overrides map[string]quotas.Limit, status *string) error {

@@ -1,0 +1,235 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/agentq/agentq/internal/store"
+)
+
+// scopedCall is one tenant-scoped call made without a tenant.
+type scopedCall struct {
+	name string // the method's name
+	call func(ctx context.Context, st *store.Store) error
+}
+
+// scopedCalls lists every tenant-scoped call of the store, each given an empty tenant
+// but otherwise naming data that exists (fx).
+func scopedCalls(fx fixture) []scopedCall {
+	name := "renamed"
+	task := func(tenant string) store.InsertTaskParams {
+		return store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: tenant, Kid: fx.kid, Agent: "sim",
+			Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}
+	}
+	return []scopedCall{
+		{"CreateTenant", func(ctx context.Context, st *store.Store) error {
+			_, err := st.CreateTenant(ctx, store.CreateTenantParams{Name: "x", Plan: "pro"})
+			return err
+		}},
+		{"GetTenant", func(ctx context.Context, st *store.Store) error {
+			_, err := st.GetTenant(ctx, "")
+			return err
+		}},
+		{"UpdateTenant", func(ctx context.Context, st *store.Store) error {
+			_, err := st.UpdateTenant(ctx, store.UpdateTenantParams{Name: &name})
+			return err
+		}},
+		{"CreateKey", func(ctx context.Context, st *store.Store) error {
+			_, err := st.CreateKey(ctx, store.CreateKeyParams{Kid: "new-00000000", SecretHash: []byte{1}})
+			return err
+		}},
+		{"ListKeys", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ListKeys(ctx, store.ListKeysParams{})
+			return err
+		}},
+		{"RotateKey", func(ctx context.Context, st *store.Store) error {
+			_, err := st.RotateKey(ctx, store.RotateKeyParams{Kid: fx.kid, SecretHash: []byte{2}})
+			return err
+		}},
+		{"RevokeKey", func(ctx context.Context, st *store.Store) error {
+			return st.RevokeKey(ctx, store.RevokeKeyParams{Kid: fx.kid})
+		}},
+		{"InsertTask", func(ctx context.Context, st *store.Store) error {
+			_, _, err := st.InsertTask(ctx, task(""))
+			return err
+		}},
+		{"BulkInsertQueued", func(ctx context.Context, st *store.Store) error {
+			// One good row first: a refused batch writes none of its rows.
+			_, err := st.BulkInsertQueued(ctx, []store.InsertTaskParams{task("acme"), task("")})
+			return err
+		}},
+		{"GetTask", func(ctx context.Context, st *store.Store) error {
+			_, err := st.GetTask(ctx, store.GetTaskParams{ID: fx.task})
+			return err
+		}},
+		{"GetTaskByIdempotencyKey", func(ctx context.Context, st *store.Store) error {
+			_, err := st.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{Key: fx.idem})
+			return err
+		}},
+		{"ListTasks", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ListTasks(ctx, store.ListTasksParams{Limit: 10})
+			return err
+		}},
+		{"CountTasks", func(ctx context.Context, st *store.Store) error {
+			_, err := st.CountTasks(ctx, store.CountTasksParams{})
+			return err
+		}},
+		{"FinishTask", func(ctx context.Context, st *store.Store) error {
+			_, _, err := st.FinishTask(ctx, store.FinishTaskParams{ID: fx.task, From: []store.TaskState{store.StateQueued},
+				To: store.StateKilled, Error: "cancelled"})
+			return err
+		}},
+		{"TaskLedger", func(ctx context.Context, st *store.Store) error {
+			_, err := st.TaskLedger(ctx, store.TaskLedgerParams{TaskID: fx.task})
+			return err
+		}},
+	}
+}
+
+// unprefixedGlobal are the exported calls that hold no tenant's data: the
+// connection, and the deployment's HTTP agents.
+var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgentSecret", "GetAgent", "ListAgents", "DeleteAgent"}
+
+// fixture is data of tenant acme the scoped calls name.
+type fixture struct {
+	kid  string
+	task uuid.UUID
+	idem string
+}
+
+func newFixture(t *testing.T, ctx context.Context, st *store.Store) fixture {
+	t.Helper()
+	fx := fixture{kid: "acme-0badc0de", idem: "once"}
+	if _, err := st.CreateKey(ctx, store.CreateKeyParams{Kid: fx.kid, TenantID: "acme", SecretHash: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	fx.task = uuid.Must(uuid.NewV7())
+	if _, _, err := st.InsertTask(ctx, store.InsertTaskParams{ID: fx.task, TenantID: "acme", Kid: fx.kid, Agent: "sim",
+		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), IdempotencyKey: fx.idem, RequestHash: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	task, _, err := st.UnscopedStartTask(ctx, fx.task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.UnscopedRecordStep(ctx, store.RecordStepParams{ID: fx.task, Attempt: task.Attempt, Step: 1, Tokens: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.UnscopedRequeueTask(ctx, store.Claim{ID: fx.task, Attempt: task.Attempt}); err != nil {
+		t.Fatal(err)
+	}
+	return fx
+}
+
+// snapshot is every row of every table the store writes, as text.
+func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, table := range []string{"tenants", "api_keys", "tasks", "usage_ledger", "agents"} {
+		var rows string
+		if err := pool.QueryRow(ctx, `SELECT COALESCE(string_agg(x::text, E'\n' ORDER BY x::text), '') FROM `+table+` x`).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		out[table] = rows
+	}
+	return out
+}
+
+// Every tenant-scoped call refuses an empty tenant with ErrNoTenant and reads or
+// writes nothing, though the data it names exists.
+func TestScopedCallsRefuseNoTenant(t *testing.T) {
+	t.Parallel()
+	ctx, st, pool := setup(t)
+	fx := newFixture(t, ctx, st)
+	before := snapshot(t, ctx, pool)
+	for _, c := range scopedCalls(fx) {
+		err := c.call(ctx, st)
+		if !errors.Is(err, store.ErrNoTenant) {
+			t.Errorf("%s without a tenant: %v, want ErrNoTenant", c.name, err)
+		}
+		if after := snapshot(t, ctx, pool); !reflect.DeepEqual(after, before) {
+			t.Fatalf("%s without a tenant changed the database:\nbefore %v\nafter  %v", c.name, before, after)
+		}
+	}
+}
+
+// Each exported call of the store is tenant-scoped (and in the refusal table),
+// named Unscoped…, or holds no tenant's data: a new call cannot slip in unclassified.
+func TestEveryCallIsClassified(t *testing.T) {
+	scoped := map[string]bool{}
+	for _, c := range scopedCalls(fixture{}) {
+		scoped[c.name] = true
+	}
+	typ := reflect.TypeFor[*store.Store]()
+	for i := range typ.NumMethod() {
+		m := typ.Method(i).Name
+		switch {
+		case scoped[m]:
+			delete(scoped, m)
+		case strings.HasPrefix(m, "Unscoped"), slices.Contains(unprefixedGlobal, m):
+		default:
+			t.Errorf("(*Store).%s is neither in the tenant-scoped refusal table, nor named Unscoped…, nor a call without tenant data", m)
+		}
+	}
+	for m := range scoped {
+		t.Errorf("the refusal table names %s, which the store does not have", m)
+	}
+}
+
+// A tenant's scoped calls do not see or change another tenant's data.
+func TestScopedCallsKeepToTheirTenant(t *testing.T) {
+	t.Parallel()
+	ctx, st, pool := setup(t)
+	fx := newFixture(t, ctx, st)
+	if _, err := st.CreateTenant(ctx, store.CreateTenantParams{ID: "globex", Name: "Globex", Plan: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, ctx, pool)
+	const other = "globex"
+	if _, err := st.GetTask(ctx, store.GetTaskParams{TenantID: other, ID: fx.task}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetTask of another tenant's task: %v, want ErrNotFound", err)
+	}
+	if _, err := st.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: other, Key: fx.idem}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetTaskByIdempotencyKey with another tenant's key: %v, want ErrNotFound", err)
+	}
+	if l, err := st.ListTasks(ctx, store.ListTasksParams{TenantID: other, Limit: 10}); err != nil || len(l) != 0 {
+		t.Errorf("ListTasks of the other tenant: %d tasks, %v", len(l), err)
+	}
+	if n, err := st.CountTasks(ctx, store.CountTasksParams{TenantID: other}); err != nil || n != 0 {
+		t.Errorf("CountTasks of the other tenant: %d, %v", n, err)
+	}
+	if rows, err := st.TaskLedger(ctx, store.TaskLedgerParams{TenantID: other, TaskID: fx.task}); err != nil || len(rows) != 0 {
+		t.Errorf("TaskLedger of another tenant's task: %d rows, %v", len(rows), err)
+	}
+	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{TenantID: other, ID: fx.task,
+		From: []store.TaskState{store.StateQueued}, To: store.StateKilled}); ok || err != nil {
+		t.Errorf("FinishTask of another tenant's task: ok %v, %v", ok, err)
+	}
+	if ks, err := st.ListKeys(ctx, store.ListKeysParams{TenantID: other}); err != nil || len(ks) != 0 {
+		t.Errorf("ListKeys of the other tenant: %d keys, %v", len(ks), err)
+	}
+	if _, err := st.RotateKey(ctx, store.RotateKeyParams{TenantID: other, Kid: fx.kid, SecretHash: []byte{9}}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("RotateKey of another tenant's key: %v, want ErrNotFound", err)
+	}
+	if err := st.RevokeKey(ctx, store.RevokeKeyParams{TenantID: other, Kid: fx.kid}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("RevokeKey of another tenant's key: %v, want ErrNotFound", err)
+	}
+	if after := snapshot(t, ctx, pool); !reflect.DeepEqual(after, before) {
+		t.Fatalf("another tenant's calls changed acme's data:\nbefore %v\nafter  %v", before, after)
+	}
+	// Acme's own calls see it.
+	if got, err := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: fx.task}); err != nil || got.ID != fx.task {
+		t.Fatalf("GetTask by its tenant: %v", err)
+	}
+	if rows, err := st.TaskLedger(ctx, store.TaskLedgerParams{TenantID: "acme", TaskID: fx.task}); err != nil || len(rows) != 3 {
+		t.Fatalf("TaskLedger by its tenant: %d rows, %v", len(rows), err)
+	}
+}

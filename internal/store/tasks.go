@@ -1,0 +1,280 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/client"
+)
+
+// TaskState is a task's state as stored. The values are the public API's: the client
+// package's list is the one source of the states and of which of them are terminal.
+type TaskState string
+
+// Task states.
+const (
+	StateQueued         TaskState = client.StateQueued
+	StateRunning        TaskState = client.StateRunning
+	StateCompleted      TaskState = client.StateCompleted
+	StateFailed         TaskState = client.StateFailed
+	StateKilled         TaskState = client.StateKilled
+	StateBudgetExceeded TaskState = client.StateBudgetExceeded
+	StateAbandoned      TaskState = client.StateAbandoned
+)
+
+// TaskStates lists every state, for validating filters.
+var TaskStates = []TaskState{StateQueued, StateRunning, StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned}
+
+// Terminal reports whether a task in state s has ended for good.
+func (s TaskState) Terminal() bool { return client.IsTerminal(string(s)) }
+
+// Valid reports whether s is one of TaskStates.
+func (s TaskState) Valid() bool { return slices.Contains(TaskStates, s) }
+
+// Usage is what a task has consumed so far. Money is kept in micro-dollars.
+type Usage struct {
+	Steps        int   `json:"steps"`
+	Tokens       int64 `json:"tokens"`
+	CostMicroUSD int64 `json:"-"`
+}
+
+// Task is a task row.
+type Task struct {
+	ID             uuid.UUID
+	TenantID       string
+	Kid            string
+	Agent          string
+	User           string
+	Input          json.RawMessage
+	Budget         json.RawMessage
+	Priority       int
+	IdempotencyKey *string
+	RequestHash    []byte
+	State          TaskState
+	AgentState     json.RawMessage
+	Output         json.RawMessage
+	Error          *string
+	Usage          Usage
+	Attempt        int
+	CreatedAt      time.Time
+	StartedAt      *time.Time
+	FinishedAt     *time.Time
+}
+
+const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
+	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at`
+
+func scanTask(row pgx.Row) (Task, error) {
+	var t Task
+	var input, budget, agentState, output []byte
+	err := row.Scan(&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
+		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
+		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, ErrNotFound
+	}
+	t.Input, t.Budget, t.AgentState, t.Output = input, budget, agentState, output
+	return t, err
+}
+
+// InsertTaskParams are the fields of a new task. ID must be a UUIDv7.
+type InsertTaskParams struct {
+	ID             uuid.UUID
+	TenantID       string
+	Kid            string
+	Agent          string
+	User           string
+	Input          json.RawMessage
+	Budget         json.RawMessage
+	Priority       int
+	IdempotencyKey string // "" for none
+	RequestHash    []byte
+}
+
+// InsertTask writes a queued task. With an idempotency key already used by the tenant,
+// it writes nothing and returns the existing task with created=false.
+func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, created bool, err error) {
+	if p.TenantID == "" {
+		return t, false, ErrNoTenant
+	}
+	var idem *string
+	if p.IdempotencyKey != "" {
+		idem = &p.IdempotencyKey
+	}
+	t, err = scanTask(s.db.QueryRow(ctx, `
+		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+		RETURNING `+taskCols,
+		p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, idem, p.RequestHash))
+	if err == nil {
+		return t, true, nil
+	}
+	if !errors.Is(err, ErrNotFound) || idem == nil {
+		return t, false, err
+	}
+	t, err = s.GetTaskByIdempotencyKey(ctx, GetTaskByIdempotencyKeyParams{TenantID: p.TenantID, Key: *idem})
+	return t, false, err
+}
+
+// BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and
+// imports); ErrNoTenant, writing none, if one of them has no tenant. Idempotency keys
+// are not supported here.
+func (s *Store) BulkInsertQueued(ctx context.Context, ps []InsertTaskParams) (int64, error) {
+	rows := make([][]any, len(ps))
+	for i, p := range ps {
+		if p.TenantID == "" {
+			return 0, fmt.Errorf("task %d of %d: %w", i+1, len(ps), ErrNoTenant)
+		}
+		rows[i] = []any{p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, p.RequestHash}
+	}
+	return s.db.CopyFrom(ctx, pgx.Identifier{"tasks"},
+		[]string{"id", "tenant_id", "kid", "agent", "user_id", "input", "budget", "priority", "request_hash"},
+		pgx.CopyFromRows(rows))
+}
+
+// GetTaskParams name one of a tenant's tasks.
+type GetTaskParams struct {
+	TenantID string
+	ID       uuid.UUID
+}
+
+// GetTask returns one of the tenant's tasks; ErrNotFound for another tenant's.
+func (s *Store) GetTask(ctx context.Context, p GetTaskParams) (Task, error) {
+	if p.TenantID == "" {
+		return Task{}, ErrNoTenant
+	}
+	return scanTask(s.db.QueryRow(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = $1 AND tenant_id = $2`, p.ID, p.TenantID))
+}
+
+// GetTaskByIdempotencyKeyParams name a tenant's task by the idempotency key it was
+// submitted with.
+type GetTaskByIdempotencyKeyParams struct {
+	TenantID string
+	Key      string
+}
+
+// GetTaskByIdempotencyKey returns the tenant's task submitted with p.Key.
+func (s *Store) GetTaskByIdempotencyKey(ctx context.Context, p GetTaskByIdempotencyKeyParams) (Task, error) {
+	if p.TenantID == "" {
+		return Task{}, ErrNoTenant
+	}
+	return scanTask(s.db.QueryRow(ctx,
+		`SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, p.Key))
+}
+
+// ListTasksParams select a page of a tenant's tasks, newest first.
+type ListTasksParams struct {
+	TenantID string
+	State    TaskState // "" for any
+	Before   uuid.UUID // cursor: only ids below this one; uuid.Nil for the first page
+	Limit    int
+}
+
+// ListTasks returns up to Limit tasks.
+func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error) {
+	if p.TenantID == "" {
+		return nil, ErrNoTenant
+	}
+	var before any
+	if p.Before != uuid.Nil {
+		before = p.Before
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT `+taskCols+` FROM tasks
+		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
+		ORDER BY id DESC LIMIT $4`, p.TenantID, string(p.State), before, p.Limit)
+	return collect(rows, err, scanTask)
+}
+
+// CountTasksParams name the tenant whose tasks to count.
+type CountTasksParams struct {
+	TenantID string
+}
+
+// CountTasks counts a tenant's tasks: tests use it to prove refused requests wrote
+// nothing.
+func (s *Store) CountTasks(ctx context.Context, p CountTasksParams) (int, error) {
+	if p.TenantID == "" {
+		return 0, ErrNoTenant
+	}
+	var n int
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE tenant_id = $1`, p.TenantID).Scan(&n)
+	return n, err
+}
+
+// FinishTaskParams end one of a tenant's tasks (a cancel): a move to the terminal
+// state To from one of the states in From, whatever attempt runs it.
+type FinishTaskParams struct {
+	TenantID string
+	ID       uuid.UUID
+	From     []TaskState
+	To       TaskState
+	Output   json.RawMessage
+	Error    string
+}
+
+// FinishTask performs the terminal transition. Exactly one caller wins it (ok=true);
+// that caller owns the side effects of the end (lease release, events). A task not in
+// one of From gives ok=false.
+func (s *Store) FinishTask(ctx context.Context, p FinishTaskParams) (t Task, ok bool, err error) {
+	if p.TenantID == "" {
+		return t, false, ErrNoTenant
+	}
+	return s.finishTask(ctx, finishParams{tenantID: p.TenantID, id: p.ID, from: p.From, to: p.To, output: p.Output, errText: p.Error})
+}
+
+// finishParams are FinishTaskParams and UnscopedFinishTaskParams: "" tenantID for
+// any tenant, 0 attempt for any attempt.
+type finishParams struct {
+	tenantID string
+	id       uuid.UUID
+	attempt  int
+	from     []TaskState
+	to       TaskState
+	output   json.RawMessage
+	errText  string
+}
+
+func (s *Store) finishTask(ctx context.Context, p finishParams) (t Task, ok bool, err error) {
+	if !p.to.Terminal() {
+		return t, false, fmt.Errorf("store: %q is not a terminal state", p.to)
+	}
+	var errText *string
+	if p.errText != "" {
+		errText = &p.errText
+	}
+	var output []byte
+	if len(p.output) > 0 {
+		output = p.output
+	}
+	t, err = scanTask(s.db.QueryRow(ctx, `
+		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = now()
+		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) AND ($7 = 0 OR attempt = $7) RETURNING `+taskCols,
+		p.id, p.tenantID, string(p.to), output, errText, statesText(p.from), p.attempt))
+	if errors.Is(err, ErrNotFound) {
+		if p.attempt != 0 {
+			if err := s.whyUnclaimed(ctx, Claim{ID: p.id, Attempt: p.attempt}); !errors.Is(err, ErrTaskEnded) {
+				return t, false, err
+			}
+		}
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// statesText is states as the text array a query compares state with.
+func statesText(states []TaskState) []string {
+	out := make([]string, len(states))
+	for i, st := range states {
+		out[i] = string(st)
+	}
+	return out
+}

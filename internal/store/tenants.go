@@ -1,0 +1,132 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/quotas"
+)
+
+// Tenant is a customer of the deployment.
+type Tenant struct {
+	ID        string                  `json:"id"`
+	Name      string                  `json:"name"`
+	Plan      string                  `json:"plan"`
+	Weight    *int                    `json:"weight"`
+	Overrides map[string]quotas.Limit `json:"overrides"`
+	Status    string                  `json:"status"`
+	CreatedAt time.Time               `json:"created_at"`
+	UpdatedAt time.Time               `json:"updated_at"`
+}
+
+const tenantCols = `id, name, plan, weight, overrides, status, created_at, updated_at`
+
+func scanTenant(row pgx.Row) (Tenant, error) {
+	var t Tenant
+	var ov []byte
+	if err := row.Scan(&t.ID, &t.Name, &t.Plan, &t.Weight, &ov, &t.Status, &t.CreatedAt, &t.UpdatedAt); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return t, ErrNotFound
+		}
+		return t, err
+	}
+	t.Overrides = map[string]quotas.Limit{}
+	if err := json.Unmarshal(ov, &t.Overrides); err != nil {
+		return t, fmt.Errorf("store: tenant %s overrides: %w", t.ID, err)
+	}
+	return t, nil
+}
+
+// CreateTenantParams are the fields of a new tenant.
+type CreateTenantParams struct {
+	ID        string
+	Name      string
+	Plan      string
+	Weight    *int
+	Overrides map[string]quotas.Limit
+}
+
+// CreateTenant inserts a tenant; ErrConflict if the id is taken, ErrNoTenant if it
+// is empty.
+func (s *Store) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error) {
+	if p.ID == "" {
+		return Tenant{}, ErrNoTenant
+	}
+	ov, err := json.Marshal(nonNil(p.Overrides))
+	if err != nil {
+		return Tenant{}, err
+	}
+	t, err := scanTenant(s.db.QueryRow(ctx,
+		`INSERT INTO tenants (id, name, plan, weight, overrides) VALUES ($1, $2, $3, $4, $5) RETURNING `+tenantCols,
+		p.ID, p.Name, p.Plan, p.Weight, ov))
+	if isUniqueViolation(err) {
+		return t, fmt.Errorf("tenant %q: %w", p.ID, ErrConflict)
+	}
+	return t, err
+}
+
+// GetTenant returns a tenant by id; ErrNoTenant for an empty id.
+func (s *Store) GetTenant(ctx context.Context, id string) (Tenant, error) {
+	if id == "" {
+		return Tenant{}, ErrNoTenant
+	}
+	return scanTenant(s.db.QueryRow(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = $1`, id))
+}
+
+// UnscopedListTenants returns every tenant, ordered by id (the operator's listing).
+func (s *Store) UnscopedListTenants(ctx context.Context) ([]Tenant, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+tenantCols+` FROM tenants ORDER BY id`)
+	return collect(rows, err, scanTenant)
+}
+
+// UpdateTenantParams changes the non-nil fields of a tenant. Overrides, when set,
+// replace the whole override map.
+type UpdateTenantParams struct {
+	ID        string
+	Name      *string
+	Plan      *string
+	Weight    *int
+	Overrides map[string]quotas.Limit
+	Status    *string
+}
+
+// UpdateTenant applies p and returns the tenant as stored; ErrNoTenant for an empty
+// id.
+func (s *Store) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error) {
+	if p.ID == "" {
+		return Tenant{}, ErrNoTenant
+	}
+	var ov []byte
+	if p.Overrides != nil {
+		var err error
+		if ov, err = json.Marshal(p.Overrides); err != nil {
+			return Tenant{}, err
+		}
+	}
+	return scanTenant(s.db.QueryRow(ctx, `
+		UPDATE tenants SET
+			name = COALESCE($2, name),
+			plan = COALESCE($3, plan),
+			weight = COALESCE($4, weight),
+			overrides = COALESCE($5::jsonb, overrides),
+			status = COALESCE($6, status),
+			updated_at = now()
+		WHERE id = $1 RETURNING `+tenantCols,
+		p.ID, p.Name, p.Plan, p.Weight, ov, p.Status))
+}
+
+// UnscopedTenantIDsAfter returns up to limit tenant ids above after, in id order: the
+// janitor's cursor walk over every tenant.
+func (s *Store) UnscopedTenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT id FROM tenants WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	return collect(rows, err, func(row pgx.Row) (string, error) {
+		var id string
+		err := row.Scan(&id)
+		return id, err
+	})
+}

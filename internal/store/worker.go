@@ -1,0 +1,187 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The worker's calls: they reach a running task by its id (from a queue message) and
+// fence every write by the worker's Claim. They are unscoped; the task lifecycle
+// service and the maintenance passes call them, nothing serving a tenant does.
+
+// UnscopedStartTask moves a queued task to running and counts the attempt. ok=false
+// when the task is not queued (already running elsewhere, or terminal).
+func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, err error) {
+	t, err = scanTask(s.db.QueryRow(ctx, `
+		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now()
+		WHERE id = $1 AND state = 'queued' RETURNING `+taskCols, id))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// UnscopedTakeOverTask claims a running task whose worker stopped heartbeating for
+// staleAfter (its process died; asynq redelivered it) and counts a new attempt.
+// ok=false when the task is not running or its worker is alive.
+func (s *Store) UnscopedTakeOverTask(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (t Task, ok bool, err error) {
+	t, err = scanTask(s.db.QueryRow(ctx, `
+		UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now()
+		WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval RETURNING `+taskCols,
+		id, interval(staleAfter)))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	return t, err == nil, err
+}
+
+// Claim names the attempt of a running task that a worker holds: UnscopedStartTask or
+// UnscopedTakeOverTask returned it. Every worker write carries it, so a worker that
+// stalled past its lease cannot write over the attempt that replaced it.
+type Claim struct {
+	ID      uuid.UUID
+	Attempt int
+}
+
+// claimLost says why a claimed write matched nothing: ErrTaskEnded when the task ended
+// under this same attempt, ErrLostClaim otherwise.
+func claimLost(state TaskState, attempt, claimed int) error {
+	if state.Terminal() && attempt == claimed {
+		return ErrTaskEnded
+	}
+	return fmt.Errorf("%w (attempt %d, task at attempt %d, %s)", ErrLostClaim, claimed, attempt, state)
+}
+
+// whyUnclaimed reads the task to tell ErrTaskEnded from ErrLostClaim after a claimed
+// write matched no row.
+func (s *Store) whyUnclaimed(ctx context.Context, c Claim) error {
+	var state TaskState
+	var attempt int
+	err := s.db.QueryRow(ctx, `SELECT state, attempt FROM tasks WHERE id = $1`, c.ID).Scan(&state, &attempt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w (task %s is gone)", ErrLostClaim, c.ID)
+	}
+	if err != nil {
+		return err
+	}
+	return claimLost(state, attempt, c.Attempt)
+}
+
+// RecordStepParams record the result of one finished step on a running task.
+type RecordStepParams struct {
+	ID         uuid.UUID
+	Attempt    int // the worker's claim
+	Step       int
+	AgentState json.RawMessage
+	Tokens     int64
+	CostMicro  int64
+}
+
+// UnscopedRecordStep adds one step's usage to the task, stores the agent's state and
+// writes the step's ledger rows, in one transaction that first locks the task row: a
+// cancel either commits before (the step is not written: ErrTaskEnded) or waits for it
+// (the step is in the ledger and in the task's usage). ErrLostClaim when another
+// attempt owns the task. Step is the step's number; a step already recorded (a retry
+// whose first commit lost its reply) is not counted twice: recorded=false, no error.
+// t is the task as the step left it.
+func (s *Store) UnscopedRecordStep(ctx context.Context, p RecordStepParams) (t Task, recorded bool, err error) {
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var tenant string
+		var state TaskState
+		var attempt, steps int
+		err := tx.QueryRow(ctx, `SELECT tenant_id, state, attempt, steps FROM tasks WHERE id = $1 FOR UPDATE`, p.ID).
+			Scan(&tenant, &state, &attempt, &steps)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w (task %s is gone)", ErrLostClaim, p.ID)
+		}
+		if err != nil {
+			return err
+		}
+		if state != StateRunning || attempt != p.Attempt {
+			return claimLost(state, attempt, p.Attempt)
+		}
+		if p.Step <= steps {
+			return nil // recorded before
+		}
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
+			SELECT $1, $2, m.meter, $3, m.q FROM
+				(VALUES ('steps', 1::bigint), ('tokens', $4::bigint), ('cost_micro_usd', $5::bigint)) AS m(meter, q)
+			ON CONFLICT DO NOTHING`, p.ID, p.Step, tenant, p.Tokens, p.CostMicro)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return nil // recorded before
+		}
+		t, err = scanTask(tx.QueryRow(ctx, `
+			UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
+				agent_state = $4, heartbeat_at = now()
+			WHERE id = $1 RETURNING `+taskCols, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState)))
+		recorded = err == nil
+		return err
+	})
+	if err != nil {
+		return Task{}, false, err
+	}
+	return t, recorded, nil
+}
+
+// UnscopedFinishTaskParams end a running attempt: the worker's end of its own, or a
+// sweep's abandonment of one whose heartbeat it found stale. From and To as in
+// FinishTaskParams; Attempt (the claim) is required.
+type UnscopedFinishTaskParams struct {
+	ID      uuid.UUID
+	Attempt int
+	From    []TaskState
+	To      TaskState
+	Output  json.RawMessage
+	Error   string
+}
+
+// UnscopedFinishTask performs the terminal transition under a claim. Exactly one
+// caller wins it (ok=true); that caller owns the side effects of the end (lease
+// release, events). A task that another attempt owns gives ErrLostClaim; one that
+// already ended under this attempt gives ok=false.
+func (s *Store) UnscopedFinishTask(ctx context.Context, p UnscopedFinishTaskParams) (t Task, ok bool, err error) {
+	if p.Attempt < 1 {
+		return t, false, fmt.Errorf("store: ending task %s needs the claim's attempt", p.ID)
+	}
+	return s.finishTask(ctx, finishParams{id: p.ID, attempt: p.Attempt, from: p.From, to: p.To, output: p.Output, errText: p.Error})
+}
+
+// UnscopedRequeueTask puts a running task back to queued, keeping its recorded steps
+// and agent state, so the next attempt resumes from there (worker shutdown before the
+// step finished). ErrTaskEnded or ErrLostClaim when the claim no longer holds. t is
+// the task as re-queued.
+func (s *Store) UnscopedRequeueTask(ctx context.Context, c Claim) (t Task, err error) {
+	t, err = scanTask(s.db.QueryRow(ctx,
+		`UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
+		c.ID, c.Attempt))
+	if errors.Is(err, ErrNotFound) {
+		return Task{}, s.whyUnclaimed(ctx, c)
+	}
+	return t, err
+}
+
+// UnscopedHeartbeat marks a running task's worker alive. ErrTaskEnded or ErrLostClaim
+// when the claim no longer holds: the worker stops working on the task.
+func (s *Store) UnscopedHeartbeat(ctx context.Context, c Claim) error {
+	tag, err := s.db.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1 AND state = 'running' AND attempt = $2`, c.ID, c.Attempt)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return s.whyUnclaimed(ctx, c)
+	}
+	return nil
+}
+
+// interval is d as a Postgres interval literal, to the millisecond.
+func interval(d time.Duration) string { return fmt.Sprintf("%d milliseconds", d.Milliseconds()) }

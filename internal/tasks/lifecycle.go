@@ -1,0 +1,244 @@
+package tasks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/internal/store"
+)
+
+// DefaultStaleAfter is how long a running task's heartbeat must have been silent
+// before a redelivery takes it over: several of the worker's heartbeat intervals, so a
+// slow step is not mistaken for a dead worker.
+const DefaultStaleAfter = 30 * time.Second
+
+// ChangeKind names a state change of a task.
+type ChangeKind string
+
+// The state changes of a task.
+const (
+	ChangeStarted   ChangeKind = "started"    // queued → running, under a new attempt
+	ChangeTakenOver ChangeKind = "taken_over" // running under a stale attempt → a new attempt
+	ChangeStep      ChangeKind = "step"       // a step's result recorded on the running task
+	ChangeFinished  ChangeKind = "finished"   // running → a terminal state, by its attempt
+	ChangeRequeued  ChangeKind = "requeued"   // running → queued, to resume from its last step
+	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned
+	ChangeCancelled ChangeKind = "cancelled"  // queued or running → killed, by its tenant
+)
+
+// Change is one committed-together state change of a task.
+type Change struct {
+	Kind ChangeKind
+	Task store.Task // the task as the change left it
+	Step int        // the step recorded (ChangeStep)
+}
+
+// LifecycleOptions configure a Lifecycle.
+type LifecycleOptions struct {
+	// StaleAfter: see DefaultStaleAfter, the value when 0.
+	StaleAfter time.Duration
+	// AfterChange, when set, runs inside each state change's transaction, after the
+	// change; an error from it rolls the change back. Tests use it.
+	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
+}
+
+// Lifecycle makes a task's state changes: start or take over, record a step, finish,
+// requeue, abandon (the worker's, under the claim Start gives), and cancel (a
+// tenant's). Each change is one Postgres transaction, so what is written with it
+// (afterChange) commits or rolls back with it.
+type Lifecycle struct {
+	store      *store.Store
+	staleAfter time.Duration
+	hook       func(ctx context.Context, tx *store.Store, c Change) error
+}
+
+// NewLifecycle returns a Lifecycle over st.
+func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
+	if o.StaleAfter <= 0 {
+		o.StaleAfter = DefaultStaleAfter
+	}
+	return &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange}
+}
+
+// afterChange runs inside the transaction of every state change, after the change.
+// Whatever must exist exactly when the change committed is written here, on tx.
+func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) error {
+	// The events outbox row of c is to be written here, on tx.
+	if l.hook != nil {
+		return l.hook(ctx, tx, c)
+	}
+	return nil
+}
+
+// StartOutcome is what Start found.
+type StartOutcome int
+
+// The outcomes of Start. With Started and TookOver the caller holds the returned
+// task's claim; with the others it has nothing to run.
+const (
+	Started  StartOutcome = iota + 1 // the queued task now runs under a new attempt
+	TookOver                         // its previous attempt stopped heartbeating; a new one owns it
+	Ended                            // terminal, or gone: a duplicate or late delivery
+	Busy                             // running under a live attempt, which owns it
+)
+
+func (o StartOutcome) String() string {
+	switch o {
+	case Started:
+		return "started"
+	case TookOver:
+		return "took over"
+	case Ended:
+		return "ended"
+	case Busy:
+		return "busy"
+	}
+	return fmt.Sprintf("StartOutcome(%d)", int(o))
+}
+
+// Start claims task id for a delivery: it starts a queued task, or takes over a
+// running one whose heartbeat has been silent for StaleAfter (its worker died and the
+// queue redelivered it), counting a new attempt either way. The claim is the returned
+// task's id and attempt.
+func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartOutcome, error) {
+	var task store.Task
+	var out StartOutcome
+	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		t, ok, err := tx.UnscopedStartTask(ctx, id)
+		if err != nil {
+			return err
+		}
+		if ok {
+			task, out = t, Started
+			return l.afterChange(ctx, tx, Change{Kind: ChangeStarted, Task: t})
+		}
+		states, err := tx.UnscopedTaskStates(ctx, []uuid.UUID{id})
+		if err != nil {
+			return err
+		}
+		if st, known := states[id]; !known || st.Terminal() {
+			out = Ended
+			return nil
+		}
+		// Running: under another live delivery, which owns it, or under a dead one. A
+		// stale heartbeat tells which.
+		t, ok, err = tx.UnscopedTakeOverTask(ctx, id, l.staleAfter)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			out = Busy
+			return nil
+		}
+		task, out = t, TookOver
+		return l.afterChange(ctx, tx, Change{Kind: ChangeTakenOver, Task: t})
+	})
+	if err != nil {
+		return store.Task{}, 0, err
+	}
+	return task, out, nil
+}
+
+// RecordStep records a finished step's result (usage, ledger rows, agent state) under
+// the claim in p; see store.UnscopedRecordStep for the fencing. A step recorded before
+// (a retry) changes nothing and returns nil.
+func (l *Lifecycle) RecordStep(ctx context.Context, p store.RecordStepParams) error {
+	return l.store.InTx(ctx, func(tx *store.Store) error {
+		t, recorded, err := tx.UnscopedRecordStep(ctx, p)
+		if err != nil || !recorded {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: t, Step: p.Step})
+	})
+}
+
+// FinishParams end a running attempt.
+type FinishParams struct {
+	Claim  store.Claim
+	To     store.TaskState // a terminal state
+	Output json.RawMessage
+	Error  string
+}
+
+// Finish moves the claimed running task to p.To. ok=true when this call made the
+// transition (it then owns the end's side effects: lease, events); false when the task
+// had already ended under this attempt. ErrLostClaim when another attempt owns it.
+func (l *Lifecycle) Finish(ctx context.Context, p FinishParams) (ok bool, err error) {
+	return l.finish(ctx, ChangeFinished, p)
+}
+
+// Abandon ends the claimed running task as abandoned (its attempts keep dying), as
+// Finish does.
+func (l *Lifecycle) Abandon(ctx context.Context, c store.Claim, reason string) (ok bool, err error) {
+	return l.finish(ctx, ChangeAbandoned, FinishParams{Claim: c, To: store.StateAbandoned, Error: reason})
+}
+
+func (l *Lifecycle) finish(ctx context.Context, kind ChangeKind, p FinishParams) (ok bool, err error) {
+	err = l.store.InTx(ctx, func(tx *store.Store) error {
+		t, won, err := tx.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{
+			ID: p.Claim.ID, Attempt: p.Claim.Attempt, From: []store.TaskState{store.StateRunning},
+			To: p.To, Output: p.Output, Error: p.Error,
+		})
+		if err != nil || !won {
+			return err
+		}
+		ok = true
+		return l.afterChange(ctx, tx, Change{Kind: kind, Task: t})
+	})
+	if err != nil {
+		return false, err
+	}
+	return ok, nil
+}
+
+// Requeue puts the claimed running task back to queued, keeping its recorded steps
+// and agent state: the next attempt resumes from there. ErrLostClaim or ErrTaskEnded
+// when the claim no longer holds.
+func (l *Lifecycle) Requeue(ctx context.Context, c store.Claim) error {
+	return l.store.InTx(ctx, func(tx *store.Store) error {
+		t, err := tx.UnscopedRequeueTask(ctx, c)
+		if err != nil {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
+	})
+}
+
+// Heartbeat stamps the claimed task alive. It is not a state change: no transaction
+// of its own, nothing written after it. ErrLostClaim or ErrTaskEnded when the claim
+// no longer holds.
+func (l *Lifecycle) Heartbeat(ctx context.Context, c store.Claim) error {
+	return l.store.UnscopedHeartbeat(ctx, c)
+}
+
+// CancelParams end one of a tenant's tasks.
+type CancelParams struct {
+	TenantID string
+	ID       uuid.UUID
+	Reason   string // the error the task ends with
+}
+
+// Cancel ends one of the tenant's queued or running tasks as killed, whatever attempt
+// runs it. ok=true when this call made the transition; false when the task had
+// already ended (or is not the tenant's: store.ErrNotFound from a read tells which).
+func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, ok bool, err error) {
+	err = l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, ok, err = tx.FinishTask(ctx, store.FinishTaskParams{
+			TenantID: p.TenantID, ID: p.ID, From: []store.TaskState{store.StateQueued, store.StateRunning},
+			To: store.StateKilled, Error: p.Reason,
+		})
+		if err != nil || !ok {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeCancelled, Task: t})
+	})
+	if err != nil {
+		return store.Task{}, false, err
+	}
+	return t, ok, nil
+}

@@ -1,0 +1,411 @@
+package tasks_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+// lcEnv is a Lifecycle on its own schema with tenants acme and globex. Every change
+// the lifecycle makes is kept in changes; while fail is set, the change's transaction
+// is made to fail after the change.
+type lcEnv struct {
+	lc   *tasks.Lifecycle
+	st   *store.Store
+	pool *pgxpool.Pool
+
+	mu      sync.Mutex
+	changes []tasks.Change
+	fail    bool
+	probes  int    // rows written by the hook, committed or not
+	probe   string // the last one's tenant id
+}
+
+func lifecycleSetup(t *testing.T) *lcEnv {
+	t.Helper()
+	e := &lcEnv{pool: testenv.Postgres(t)}
+	e.st = store.New(e.pool)
+	for _, id := range []string{"acme", "globex"} {
+		if _, err := e.st.CreateTenant(context.Background(), store.CreateTenantParams{ID: id, Name: id, Plan: "pro"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{AfterChange: e.afterChange})
+	return e
+}
+
+var errHook = errors.New("the change's transaction fails after the change")
+
+// afterChange writes a row in the change's transaction, as an outbox would (a tenant
+// named after the change), and then fails when told to.
+func (e *lcEnv) afterChange(ctx context.Context, tx *store.Store, c tasks.Change) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	// The change is visible inside its own transaction.
+	if got, err := tx.GetTask(ctx, store.GetTaskParams{TenantID: c.Task.TenantID, ID: c.Task.ID}); err != nil ||
+		got.State != c.Task.State || got.Attempt != c.Task.Attempt {
+		return fmt.Errorf("the hook does not see the change in its transaction: %+v, %v", got, err)
+	}
+	e.probes++
+	e.probe = fmt.Sprintf("probe-%d", e.probes)
+	if _, err := tx.CreateTenant(ctx, store.CreateTenantParams{ID: e.probe, Name: string(c.Kind), Plan: "pro"}); err != nil {
+		return err
+	}
+	if e.fail {
+		return errHook
+	}
+	e.changes = append(e.changes, c)
+	return nil
+}
+
+// took returns the changes made since the last call.
+func (e *lcEnv) took() []tasks.Change {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := e.changes
+	e.changes = nil
+	return out
+}
+
+func (e *lcEnv) setFail(v bool) {
+	e.mu.Lock()
+	e.fail = v
+	e.mu.Unlock()
+}
+
+func (e *lcEnv) insert(t *testing.T, tenant string) uuid.UUID {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7())
+	if _, _, err := e.st.InsertTask(context.Background(), store.InsertTaskParams{ID: id, TenantID: tenant, Kid: "k", Agent: "sim",
+		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func (e *lcEnv) get(t *testing.T, id uuid.UUID) store.Task {
+	t.Helper()
+	got, err := e.st.GetTask(context.Background(), store.GetTaskParams{TenantID: "acme", ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func (e *lcEnv) staleHeartbeat(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *lcEnv) start(t *testing.T, id uuid.UUID, want tasks.StartOutcome) store.Task {
+	t.Helper()
+	task, out, err := e.lc.Start(context.Background(), id)
+	if err != nil || out != want {
+		t.Fatalf("start: %v, %v; want %v", out, err, want)
+	}
+	return task
+}
+
+// wantChanges checks the kinds of the changes made since the last check.
+func (e *lcEnv) wantChanges(t *testing.T, kinds ...tasks.ChangeKind) []tasks.Change {
+	t.Helper()
+	got := e.took()
+	if len(got) != len(kinds) {
+		t.Fatalf("changes %+v, want kinds %v", got, kinds)
+	}
+	for i, c := range got {
+		if c.Kind != kinds[i] {
+			t.Fatalf("change %d is %s, want %s", i, c.Kind, kinds[i])
+		}
+	}
+	return got
+}
+
+func claimOf(t store.Task) store.Claim { return store.Claim{ID: t.ID, Attempt: t.Attempt} }
+
+func TestLifecycleStart(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	if task.State != store.StateRunning || task.Attempt != 1 || task.StartedAt == nil {
+		t.Fatalf("started task: %s, attempt %d", task.State, task.Attempt)
+	}
+	if c := e.wantChanges(t, tasks.ChangeStarted); c[0].Task.ID != id || c[0].Task.Attempt != 1 {
+		t.Fatalf("change %+v", c[0])
+	}
+	// A second delivery while the first attempt heartbeats: it owns the task.
+	e.start(t, id, tasks.Busy)
+	if got := e.get(t, id); got.Attempt != 1 {
+		t.Fatalf("a busy start changed the attempt to %d", got.Attempt)
+	}
+	// A delivery of an ended task, or of one that is gone, has nothing to run.
+	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: store.StateCompleted}); err != nil || !ok {
+		t.Fatalf("finish: %v %v", ok, err)
+	}
+	e.took()
+	e.start(t, id, tasks.Ended)
+	e.start(t, uuid.Must(uuid.NewV7()), tasks.Ended)
+	e.wantChanges(t)
+}
+
+// A running task whose heartbeat went silent is taken over by the next delivery,
+// under a new attempt; the stalled attempt can no longer write on it.
+func TestLifecycleTakesOverAStaleClaim(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	first := e.start(t, id, tasks.Started)
+	if err := e.lc.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: first.Attempt, Step: 1, Tokens: 5}); err != nil {
+		t.Fatal(err)
+	}
+	e.staleHeartbeat(t, id)
+	e.took()
+	second := e.start(t, id, tasks.TookOver)
+	if second.Attempt != 2 || second.State != store.StateRunning || second.Usage.Steps != 1 {
+		t.Fatalf("taken over: attempt %d, %s, %d steps", second.Attempt, second.State, second.Usage.Steps)
+	}
+	e.wantChanges(t, tasks.ChangeTakenOver)
+
+	old := claimOf(first)
+	if err := e.lc.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: old.Attempt, Step: 2}); !errors.Is(err, store.ErrLostClaim) {
+		t.Errorf("step by the stale attempt: %v, want ErrLostClaim", err)
+	}
+	if err := e.lc.Heartbeat(ctx, old); !errors.Is(err, store.ErrLostClaim) {
+		t.Errorf("heartbeat by the stale attempt: %v, want ErrLostClaim", err)
+	}
+	if err := e.lc.Requeue(ctx, old); !errors.Is(err, store.ErrLostClaim) {
+		t.Errorf("requeue by the stale attempt: %v, want ErrLostClaim", err)
+	}
+	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: old, To: store.StateFailed}); ok || !errors.Is(err, store.ErrLostClaim) {
+		t.Errorf("finish by the stale attempt: %v %v, want ErrLostClaim", ok, err)
+	}
+	if ok, err := e.lc.Abandon(ctx, old, "gone"); ok || !errors.Is(err, store.ErrLostClaim) {
+		t.Errorf("abandon by the stale attempt: %v %v, want ErrLostClaim", ok, err)
+	}
+	e.wantChanges(t)
+	if got := e.get(t, id); got.State != store.StateRunning || got.Attempt != 2 || got.Usage.Steps != 1 {
+		t.Fatalf("the stale attempt changed the task: %s, attempt %d, %d steps", got.State, got.Attempt, got.Usage.Steps)
+	}
+}
+
+func TestLifecycleRecordStepIsFencedByAttempt(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	e.took()
+	step := store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, AgentState: json.RawMessage(`{"n":1}`), Tokens: 7, CostMicro: 9}
+	if err := e.lc.RecordStep(ctx, step); err != nil {
+		t.Fatal(err)
+	}
+	c := e.wantChanges(t, tasks.ChangeStep)
+	if c[0].Step != 1 || c[0].Task.Usage != (store.Usage{Steps: 1, Tokens: 7, CostMicroUSD: 9}) {
+		t.Fatalf("step change %+v", c[0])
+	}
+	// A retry of the same step (its reply was lost) counts nothing and changes nothing.
+	if err := e.lc.RecordStep(ctx, step); err != nil {
+		t.Fatal(err)
+	}
+	e.wantChanges(t)
+	// Another attempt number is not this task's claim.
+	wrong := step
+	wrong.Attempt, wrong.Step = task.Attempt+1, 2
+	if err := e.lc.RecordStep(ctx, wrong); !errors.Is(err, store.ErrLostClaim) {
+		t.Fatalf("step with another attempt: %v, want ErrLostClaim", err)
+	}
+	// After the task ended under this attempt, its step is refused as ended.
+	if _, ok, err := e.st.FinishTask(ctx, store.FinishTaskParams{TenantID: "acme", ID: id,
+		From: []store.TaskState{store.StateRunning}, To: store.StateKilled}); err != nil || !ok {
+		t.Fatalf("cancel: %v %v", ok, err)
+	}
+	late := step
+	late.Step = 2
+	if err := e.lc.RecordStep(ctx, late); !errors.Is(err, store.ErrTaskEnded) {
+		t.Fatalf("step after the end: %v, want ErrTaskEnded", err)
+	}
+	e.wantChanges(t)
+	if got := e.get(t, id); got.Usage.Steps != 1 || string(got.AgentState) != `{"n": 1}` {
+		t.Fatalf("task after the refused steps: %d steps, state %s", got.Usage.Steps, got.AgentState)
+	}
+	if rows, _ := e.st.TaskLedger(ctx, store.TaskLedgerParams{TenantID: "acme", TaskID: id}); len(rows) != 3 {
+		t.Fatalf("ledger: %d rows, want step 1's 3", len(rows))
+	}
+}
+
+func TestLifecycleFinish(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	e.took()
+	if _, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: store.StateQueued}); err == nil {
+		t.Fatal("finish to a state that is not terminal was accepted")
+	}
+	p := tasks.FinishParams{Claim: claimOf(task), To: store.StateCompleted, Output: json.RawMessage(`{"answer":42}`)}
+	if ok, err := e.lc.Finish(ctx, p); err != nil || !ok {
+		t.Fatalf("finish: %v %v", ok, err)
+	}
+	c := e.wantChanges(t, tasks.ChangeFinished)
+	if c[0].Task.State != store.StateCompleted || c[0].Task.FinishedAt == nil {
+		t.Fatalf("finish change %+v", c[0].Task)
+	}
+	// The second end of the same attempt does not win the transition.
+	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: store.StateFailed, Error: "late"}); err != nil || ok {
+		t.Fatalf("second finish: %v %v, want not won and no error", ok, err)
+	}
+	e.wantChanges(t)
+	if got := e.get(t, id); got.State != store.StateCompleted || string(got.Output) != `{"answer": 42}` || got.Error != nil {
+		t.Fatalf("finished task: %s, %s, %v", got.State, got.Output, got.Error)
+	}
+	if err := e.lc.Heartbeat(ctx, claimOf(task)); !errors.Is(err, store.ErrTaskEnded) {
+		t.Fatalf("heartbeat after the end: %v, want ErrTaskEnded", err)
+	}
+}
+
+// A re-queued task keeps its steps and resumes under the next attempt; the attempt
+// that handed it back holds no claim on it any more.
+func TestLifecycleRequeue(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	if err := e.lc.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.took()
+	if err := e.lc.Requeue(ctx, claimOf(task)); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.wantChanges(t, tasks.ChangeRequeued); c[0].Task.State != store.StateQueued || c[0].Task.Usage.Steps != 1 {
+		t.Fatalf("requeue change %+v", c[0].Task)
+	}
+	if err := e.lc.Requeue(ctx, claimOf(task)); !errors.Is(err, store.ErrLostClaim) {
+		t.Fatalf("second requeue: %v, want ErrLostClaim", err)
+	}
+	next := e.start(t, id, tasks.Started)
+	if next.Attempt != 2 || next.Usage.Steps != 1 || !next.StartedAt.Equal(*task.StartedAt) {
+		t.Fatalf("resumed: attempt %d, %d steps, started %v (first %v)", next.Attempt, next.Usage.Steps, next.StartedAt, task.StartedAt)
+	}
+}
+
+func TestLifecycleAbandon(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	e.took()
+	if ok, err := e.lc.Abandon(ctx, claimOf(task), "abandoned: its worker stopped heartbeating"); err != nil || !ok {
+		t.Fatalf("abandon: %v %v", ok, err)
+	}
+	if c := e.wantChanges(t, tasks.ChangeAbandoned); c[0].Task.State != store.StateAbandoned {
+		t.Fatalf("abandon change %+v", c[0].Task)
+	}
+	if got := e.get(t, id); got.State != store.StateAbandoned || got.Error == nil || *got.Error != "abandoned: its worker stopped heartbeating" {
+		t.Fatalf("abandoned task: %s, %v", got.State, got.Error)
+	}
+}
+
+func TestLifecycleCancel(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	if _, ok, err := e.lc.Cancel(ctx, tasks.CancelParams{ID: id}); ok || !errors.Is(err, store.ErrNoTenant) {
+		t.Fatalf("cancel without a tenant: %v %v, want ErrNoTenant", ok, err)
+	}
+	if _, ok, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "globex", ID: id}); ok || err != nil {
+		t.Fatalf("cancel by another tenant: %v %v", ok, err)
+	}
+	e.wantChanges(t)
+	task, ok, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "acme", ID: id, Reason: "cancelled by the tenant"})
+	if err != nil || !ok || task.State != store.StateKilled {
+		t.Fatalf("cancel: %v %v %s", ok, err, task.State)
+	}
+	e.wantChanges(t, tasks.ChangeCancelled)
+	if _, ok, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "acme", ID: id}); ok || err != nil {
+		t.Fatalf("second cancel: %v %v", ok, err)
+	}
+}
+
+// A change whose transaction fails after it (where the outbox row is written)
+// leaves nothing: neither the change nor what was written with it.
+func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	queued := e.insert(t, "acme")
+	running := e.insert(t, "acme")
+	stale := e.insert(t, "acme")
+	run := e.start(t, running, tasks.Started)
+	old := e.start(t, stale, tasks.Started)
+	e.staleHeartbeat(t, stale)
+	e.took()
+	tables := func() (out [3]string) {
+		for i, q := range []string{
+			`SELECT string_agg(x::text, E'\n' ORDER BY id) FROM tasks x`,
+			`SELECT COALESCE(string_agg(x::text, E'\n' ORDER BY task_id, step, meter), '') FROM usage_ledger x`,
+			`SELECT string_agg(id, ',' ORDER BY id) FROM tenants`,
+		} {
+			if err := e.pool.QueryRow(ctx, q).Scan(&out[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	before := tables()
+	e.setFail(true)
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"start", func() error { _, _, err := e.lc.Start(ctx, queued); return err }},
+		{"take over", func() error { _, _, err := e.lc.Start(ctx, stale); return err }},
+		{"record step", func() error {
+			return e.lc.RecordStep(ctx, store.RecordStepParams{ID: running, Attempt: run.Attempt, Step: 1, Tokens: 5, CostMicro: 5})
+		}},
+		{"finish", func() error {
+			_, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(run), To: store.StateCompleted})
+			return err
+		}},
+		{"requeue", func() error { return e.lc.Requeue(ctx, claimOf(run)) }},
+		{"abandon", func() error { _, err := e.lc.Abandon(ctx, claimOf(old), "gone"); return err }},
+		{"cancel", func() error {
+			_, _, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "acme", ID: queued})
+			return err
+		}},
+	} {
+		if err := c.call(); !errors.Is(err, errHook) {
+			t.Fatalf("%s: %v, want the hook's error", c.name, err)
+		}
+		if after := tables(); after != before {
+			t.Fatalf("%s rolled back but left:\n%v\nbefore:\n%v", c.name, after, before)
+		}
+	}
+	e.wantChanges(t)
+	// The same change commits with what was written with it once nothing fails.
+	e.setFail(false)
+	e.start(t, queued, tasks.Started)
+	e.wantChanges(t, tasks.ChangeStarted)
+	if _, err := e.st.GetTenant(ctx, e.probe); err != nil {
+		t.Fatalf("the row written with the change: %v", err)
+	}
+}
