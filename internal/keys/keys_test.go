@@ -91,7 +91,7 @@ func TestKeyCreateAndList(t *testing.T) {
 		t.Fatal(err)
 	}
 	if k1.TenantID != "acme" || !reflect.DeepEqual(k1.Scopes, sc) || k1.CreatedAt.IsZero() || k1.RotatedAt != nil || k1.RevokedAt != nil {
-		t.Errorf("created %+v", k1.APIKey)
+		t.Errorf("created %+v", k1.Key)
 	}
 	kid, secret, err := apikey.Parse(k1.Plaintext)
 	if err != nil || kid != k1.Kid || !strings.HasPrefix(kid, "acme-") {
@@ -173,7 +173,7 @@ func TestKeyRotate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.Kid != k.Kid || r.Plaintext == k.Plaintext || r.RotatedAt == nil || !reflect.DeepEqual(r.Scopes, k.Scopes) || !r.CreatedAt.Equal(k.CreatedAt) {
-		t.Errorf("rotated %+v from %+v", r.APIKey, k.APIKey)
+		t.Errorf("rotated %+v from %+v", r.Key, k.Key)
 	}
 	stored, err := e.st.GetKey(ctx, k.Kid)
 	if err != nil {
