@@ -35,7 +35,7 @@ import (
 // Options configure an App. Redis and Pool may be given (tests, embedding); otherwise
 // New connects with Config's URLs and owns the connections.
 type Options struct {
-	Config config.Config
+	Config Config
 	Logger *slog.Logger
 	Redis  redis.UniversalClient
 	Pool   *pgxpool.Pool
@@ -77,9 +77,13 @@ type App struct {
 	addr        net.Addr
 }
 
-// New connects, migrates and builds every component. Nothing runs until Start.
+// New validates the configuration (refusing it with a *ConfigError that names the
+// field), connects, migrates and builds every component. Nothing runs until Start.
 func New(ctx context.Context, o Options) (*App, error) {
-	a := &App{cfg: o.Config, log: o.Logger, Redis: o.Redis, Agents: o.Agents}
+	if err := o.Config.validate(o.Redis != nil, o.Pool != nil); err != nil {
+		return nil, err
+	}
+	a := &App{cfg: config.Config(o.Config), log: o.Logger, Redis: o.Redis, Agents: o.Agents}
 	if a.log == nil {
 		a.log = slog.Default()
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/testenv"
 )
 
@@ -36,11 +35,11 @@ func newAdminHarness(t *testing.T) adminHarness {
 	pool := testenv.Postgres(t)
 	rdb, keys := testenv.Redis(t, 1)
 
-	cfg := config.Defaults()
+	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.AdminToken = "admin-" + testenv.ID()
 	cfg.RedisPrefix = keys.Prefix()
-	cfg.Roles = []string{config.RoleAPI}
+	cfg.Roles = []string{agentq.RoleAPI}
 	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

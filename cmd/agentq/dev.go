@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/tenants"
@@ -33,7 +32,7 @@ func devCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := newLogger(true)
-			cfg, err := config.FromEnv()
+			cfg, err := agentq.ConfigFromEnv()
 			if err != nil {
 				return err
 			}
@@ -109,7 +108,7 @@ func ensureDatabase(ctx context.Context, dbURL string) error {
 	return nil
 }
 
-func printDemo(ctx context.Context, app *agentq.App, cfg config.Config) error {
+func printDemo(ctx context.Context, app *agentq.App, cfg agentq.Config) error {
 	base := "http://" + app.Addr().String()
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nagentq dev is running at %s (admin token: %s)\n\nDemo tenants and fresh API keys:\n", base, cfg.AdminToken)
