@@ -14,9 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/redisx"
-	"github.com/agentq/agentq/internal/tenants"
 )
 
 const devAdminToken = "dev-admin-token"
@@ -114,21 +112,21 @@ func printDemo(ctx context.Context, app *agentq.App, cfg agentq.Config) error {
 	fmt.Fprintf(&b, "\nagentq dev is running at %s (admin token: %s)\n\nDemo tenants and fresh API keys:\n", base, cfg.AdminToken)
 	var firstKey string
 	for _, d := range demoTenants {
-		if _, err := app.API.Tenants.Get(ctx, d.id); errors.Is(err, tenants.ErrNotFound) {
-			if _, err := app.API.Tenants.Create(ctx, tenants.CreateParams{ID: d.id, Plan: &d.plan}); err != nil {
+		if _, err := app.GetTenant(ctx, d.id); errors.Is(err, agentq.ErrNotFound) {
+			if _, err := app.CreateTenant(ctx, agentq.NewTenant{ID: d.id, Plan: d.plan}); err != nil {
 				return err
 			}
 		} else if err != nil {
 			return err
 		}
-		k, err := app.API.APIKeys.Create(ctx, keys.CreateParams{TenantID: d.id})
+		k, err := app.CreateAPIKey(ctx, agentq.NewAPIKey{TenantID: d.id})
 		if err != nil {
 			return err
 		}
 		if firstKey == "" {
-			firstKey = k.Plaintext
+			firstKey = k.Token
 		}
-		fmt.Fprintf(&b, "  %-16s plan %-10s key %s\n", d.id, d.plan, k.Plaintext)
+		fmt.Fprintf(&b, "  %-16s plan %-10s key %s\n", d.id, d.plan, k.Token)
 	}
 	fmt.Fprintf(&b, `
 Try it:
