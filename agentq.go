@@ -10,11 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -24,6 +22,7 @@ import (
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
@@ -37,7 +36,7 @@ import (
 // Options configure an App. Redis and Pool may be given (tests, embedding); otherwise
 // New connects with Config's URLs and owns the connections.
 type Options struct {
-	Config config.Config
+	Config Config
 	Logger *slog.Logger
 	Redis  redis.UniversalClient
 	Pool   *pgxpool.Pool
@@ -70,6 +69,7 @@ type App struct {
 	Worker     *runtime.Worker
 	API        *web.Server
 
+	services    *services.Services
 	recovery    *maintenance.Recovery
 	Janitor     *maintenance.Janitor
 	asynqClient *asynq.Client
@@ -78,9 +78,13 @@ type App struct {
 	addr        net.Addr
 }
 
-// New connects, migrates and builds every component. Nothing runs until Start.
+// New validates the configuration (refusing it with a *ConfigError that names the
+// field), connects, migrates and builds every component. Nothing runs until Start.
 func New(ctx context.Context, o Options) (*App, error) {
-	a := &App{cfg: o.Config, log: o.Logger, Redis: o.Redis, Agents: o.Agents}
+	if err := o.Config.validate(o.Redis != nil, o.Pool != nil); err != nil {
+		return nil, err
+	}
+	a := &App{cfg: config.Config(o.Config), log: o.Logger, Redis: o.Redis, Agents: o.Agents}
 	if a.log == nil {
 		a.log = slog.Default()
 	}
@@ -132,7 +136,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if tci <= 0 {
 		tci = 10 * time.Millisecond
 	}
-	a.Agents.Remote = httpAgents(a.Store, []byte(a.cfg.AgentSecret), a.log)
+	a.services = services.New(services.Deps{
+		Pool: pool, Plans: a.Plans, Redis: a.Redis, Keys: a.Keys, Scheduler: a.Scheduler,
+		Admission: a.Admission, Agents: a.Agents, Logger: a.log,
+	})
+	a.Agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.Worker = runtime.NewWorker(tasks.NewLifecycle(a.Store, tasks.LifecycleOptions{}), a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
@@ -143,8 +151,9 @@ func New(ctx context.Context, o Options) (*App, error) {
 	})
 	a.Janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
 	a.API = web.New(web.Deps{
-		Store: a.Store, Redis: a.Redis, Keys: a.Keys, Queue: a.Scheduler, Agents: a.Agents,
-		Plans: a.Plans, Admission: a.Admission, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
+		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
+		Postgres: pool, Queue: a.Scheduler, Redis: a.Redis, Keys: a.Keys, Plans: a.Plans, Admission: a.Admission,
+		UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
 	})
 	return a, nil
 }
@@ -214,52 +223,6 @@ func (a *App) Shutdown(ctx context.Context) error {
 	}
 	a.close()
 	return errors.Join(errs...)
-}
-
-// httpAgents looks HTTP agents up in Postgres, caching each for a second so a step
-// does not cost a query and a PUT, DELETE or secret rotation reaches every replica
-// within a second. Each agent's steps are signed with its own secret; an agent
-// registered before per-agent secrets (none stored) falls back to the deployment-wide
-// shared secret until it is rotated, and without one its steps fail.
-func httpAgents(st *store.Store, shared []byte, log *slog.Logger) func(ctx context.Context, name string) (runtime.Executor, bool, error) {
-	var warned sync.Map
-	type entry struct {
-		exec  runtime.Executor
-		found bool
-	}
-	cache := expirable.NewLRU[string, entry](1000, nil, time.Second)
-	return func(ctx context.Context, name string) (runtime.Executor, bool, error) {
-		if e, ok := cache.Get(name); ok {
-			return e.exec, e.found, nil
-		}
-		ag, err := st.GetAgent(ctx, name)
-		if errors.Is(err, store.ErrNotFound) {
-			cache.Add(name, entry{})
-			return nil, false, nil
-		}
-		if err != nil {
-			return nil, false, err
-		}
-		secret := []byte(ag.SigningSecret)
-		if len(secret) == 0 {
-			secret = shared
-			if _, seen := warned.LoadOrStore(ag.Name, true); !seen {
-				if len(shared) > 0 {
-					log.Warn("HTTP agent has no signing secret of its own; its steps are signed with the shared AGENTQ_AGENT_SECRET until it is rotated",
-						"agent", ag.Name)
-				} else {
-					log.Error("HTTP agent has no signing secret and AGENTQ_AGENT_SECRET is not set: its steps fail until it is rotated",
-						"agent", ag.Name)
-				}
-			}
-		}
-		exec := &runtime.HTTPAgent{
-			Name: ag.Name, URL: ag.URL, Headers: ag.Headers, Secret: secret,
-			Timeout: time.Duration(ag.StepTimeoutS * float64(time.Second)),
-		}
-		cache.Add(name, entry{exec: exec, found: true})
-		return exec, true, nil
-	}
 }
 
 func replicaID() string {

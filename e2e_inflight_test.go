@@ -230,7 +230,7 @@ func TestReadsSpendOnlyTheKeyBucket(t *testing.T) {
 func BenchmarkTenantRead(b *testing.B) {
 	pool := testenv.Postgres(b)
 	rdb, keys := testenv.Redis(b, 1)
-	cfg := config.Defaults()
+	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr, cfg.AdminToken, cfg.RedisPrefix = "127.0.0.1:0", "admin-bench", keys.Prefix()
 	cfg.Roles = []string{config.RoleAPI}
 	ctx := context.Background()

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -54,7 +53,7 @@ func start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 // start runs one agentq process (all roles unless tweaked) on the env.
 func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	t.Helper()
-	cfg := config.Defaults()
+	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.AdminToken = e.admin
 	cfg.RedisPrefix = e.keys.Prefix()

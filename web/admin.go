@@ -8,7 +8,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/internal/keys"
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
@@ -25,13 +24,23 @@ type TenantRequest struct {
 
 // TenantJSON is a tenant as the admin API shows it.
 type TenantJSON struct {
-	store.Tenant
-	EffectiveWeight int `json:"effective_weight"`
+	ID              string                  `json:"id"`
+	Name            string                  `json:"name"`
+	Plan            string                  `json:"plan"`
+	Weight          *int                    `json:"weight"`
+	Overrides       map[string]quotas.Limit `json:"overrides"`
+	Status          string                  `json:"status"`
+	CreatedAt       time.Time               `json:"created_at"`
+	UpdatedAt       time.Time               `json:"updated_at"`
+	EffectiveWeight int                     `json:"effective_weight"`
 }
 
-func (s *Server) tenantJSON(t store.Tenant) TenantJSON {
+func (s *Server) tenantJSON(t tenants.Tenant) TenantJSON {
 	p, _ := s.Tenants.Policy(t) // a plan missing from the catalogue still has a weight
-	return TenantJSON{Tenant: t, EffectiveWeight: p.Weight}
+	return TenantJSON{
+		ID: t.ID, Name: t.Name, Plan: t.Plan, Weight: t.Weight, Overrides: t.Overrides, Status: t.Status,
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, EffectiveWeight: p.Weight,
+	}
 }
 
 // tenantErr turns the tenant service's errors into the API's.
@@ -110,23 +119,47 @@ func (s *Server) updateTenant(c echo.Context) error {
 	if err != nil {
 		return tenantErr(err, id)
 	}
-	s.invalidate(ctx, "t:"+id)
 	return c.JSON(http.StatusOK, s.tenantJSON(t))
+}
+
+// ScopesJSON are a key's scopes; an absent or empty list allows all.
+type ScopesJSON struct {
+	Agents     []string `json:"agents,omitempty"`
+	Principals []string `json:"principals,omitempty"`
+}
+
+func scopesJSON(sc keys.Scopes) ScopesJSON {
+	return ScopesJSON{Agents: sc.Agents, Principals: sc.Principals}
 }
 
 // KeyRequest is the body of POST /v1/admin/tenants/{id}/keys.
 type KeyRequest struct {
-	Scopes *store.Scopes `json:"scopes"`
+	Scopes *ScopesJSON `json:"scopes"`
 }
 
 // KeyCreated is the answer to key creation and rotation: the plaintext is shown once.
 type KeyCreated struct {
-	Kid       string       `json:"kid"`
-	Key       string       `json:"key"`
-	TenantID  string       `json:"tenant_id"`
-	Scopes    store.Scopes `json:"scopes"`
-	CreatedAt time.Time    `json:"created_at"`
-	RotatedAt *time.Time   `json:"rotated_at,omitempty"`
+	Kid       string     `json:"kid"`
+	Key       string     `json:"key"`
+	TenantID  string     `json:"tenant_id"`
+	Scopes    ScopesJSON `json:"scopes"`
+	CreatedAt time.Time  `json:"created_at"`
+	RotatedAt *time.Time `json:"rotated_at,omitempty"`
+}
+
+// KeyJSON is a key as listings show it: never its secret.
+type KeyJSON struct {
+	Kid       string     `json:"kid"`
+	TenantID  string     `json:"tenant_id"`
+	Scopes    ScopesJSON `json:"scopes"`
+	CreatedAt time.Time  `json:"created_at"`
+	RotatedAt *time.Time `json:"rotated_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+func keyJSON(k keys.Key) KeyJSON {
+	return KeyJSON{Kid: k.Kid, TenantID: k.TenantID, Scopes: scopesJSON(k.Scopes), CreatedAt: k.CreatedAt,
+		RotatedAt: k.RotatedAt, RevokedAt: k.RevokedAt}
 }
 
 // keyErr turns the key service's errors into the API's.
@@ -143,7 +176,7 @@ func keyErr(err error) error {
 }
 
 func keyCreated(k keys.Created) KeyCreated {
-	return KeyCreated{Kid: k.Kid, Key: k.Plaintext, TenantID: k.TenantID, Scopes: k.Scopes, CreatedAt: k.CreatedAt, RotatedAt: k.RotatedAt}
+	return KeyCreated{Kid: k.Kid, Key: k.Plaintext, TenantID: k.TenantID, Scopes: scopesJSON(k.Scopes), CreatedAt: k.CreatedAt, RotatedAt: k.RotatedAt}
 }
 
 func (s *Server) createKey(c echo.Context) error {
@@ -155,9 +188,9 @@ func (s *Server) createKey(c echo.Context) error {
 	if err := decodeStrict(body, &r, true); err != nil {
 		return err
 	}
-	var scopes store.Scopes
+	var scopes keys.Scopes
 	if r.Scopes != nil {
-		scopes = *r.Scopes
+		scopes = keys.Scopes{Agents: r.Scopes.Agents, Principals: r.Scopes.Principals}
 	}
 	k, err := s.APIKeys.Create(c.Request().Context(), keys.CreateParams{TenantID: c.Param("id"), Scopes: scopes})
 	if err != nil {
@@ -171,7 +204,11 @@ func (s *Server) listKeys(c echo.Context) error {
 	if err != nil {
 		return keyErr(err)
 	}
-	return c.JSON(http.StatusOK, map[string]any{"keys": ks})
+	out := make([]KeyJSON, 0, len(ks))
+	for _, k := range ks {
+		out = append(out, keyJSON(k))
+	}
+	return c.JSON(http.StatusOK, map[string]any{"keys": out})
 }
 
 func (s *Server) rotateKey(c echo.Context) error {

@@ -1,21 +1,14 @@
 package web
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
-	"fmt"
 	"net/http"
-	"net/textproto"
-	"net/url"
-	"regexp"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/agents"
 )
-
-var agentNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 
 // AgentRequest is the body of PUT /v1/admin/agents/{name}.
 type AgentRequest struct {
@@ -24,37 +17,56 @@ type AgentRequest struct {
 	Headers      map[string]string `json:"headers"`
 }
 
-// reservedHeaders are set by the runtime on every step request.
-var reservedHeaders = map[string]bool{
-	"Content-Type": true, "Content-Length": true, "Host": true, "Traceparent": true, "Tracestate": true,
-	"X-Agentq-Signature": true, "X-Agentq-Timestamp": true, "X-Agentq-Agent": true,
-	"X-Agentq-Task-Id": true, "X-Agentq-Step": true, "X-Agentq-Attempt": true,
+// AgentJSON is an HTTP agent as the admin API shows it: header values hidden (they
+// often hold the agent's credentials), never its signing secret.
+type AgentJSON struct {
+	Name         string            `json:"name"`
+	URL          string            `json:"url"`
+	StepTimeoutS float64           `json:"step_timeout_s"`
+	Headers      map[string]string `json:"headers"`
+	// SigningSecretCreatedAt is when the agent's own signing secret was made; null
+	// for an agent registered before per-agent secrets (signed with the shared one).
+	SigningSecretCreatedAt *time.Time `json:"signing_secret_created_at"`
+	CreatedAt              time.Time  `json:"created_at"`
+	UpdatedAt              time.Time  `json:"updated_at"`
 }
 
 // AgentWithSecret is an agent as shown right after its signing secret was made (first
 // registration, rotation): the only answers that ever carry the secret.
 type AgentWithSecret struct {
-	store.Agent
+	AgentJSON
 	SigningSecret string `json:"signing_secret"`
 }
 
-// newSigningSecret makes an agent's signing secret: 32 random bytes. Agents key their
-// HMAC with the whole string as shown.
-func newSigningSecret() (string, error) {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("signing secret: %w", err)
+func agentJSON(a agents.Agent) AgentJSON {
+	return AgentJSON{
+		Name: a.Name, URL: a.URL, StepTimeoutS: a.StepTimeoutS, Headers: redactHeaders(a.Headers),
+		SigningSecretCreatedAt: a.SigningSecretCreatedAt, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
 	}
-	return "aqsig_" + base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// agentErr turns the agent service's errors into the API's.
+func agentErr(err error) error {
+	var inv *agents.InvalidError
+	var builtin *agents.BuiltinError
+	var nf *agents.NotFoundError
+	switch {
+	case errors.As(err, &inv):
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)
+	case errors.As(err, &builtin):
+		return apiErr(http.StatusConflict, CodeConflict, "%s", builtin.Error())
+	case errors.As(err, &nf):
+		return apiErr(http.StatusNotFound, CodeNotFound, "%s", nf.Message)
+	}
+	return err
 }
 
 func (s *Server) putAgent(c echo.Context) error {
 	name := c.Param("name")
-	if !agentNameRE.MatchString(name) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Agent names are 1 to 63 letters, digits, '.', '-' or '_'.")
-	}
-	if s.Agents.Local(name) {
-		return apiErr(http.StatusConflict, CodeConflict, "Agent %q is built in or registered in process; pick another name.", name)
+	// The name is judged before the body is read: a bad name is the answer whatever
+	// the body holds.
+	if err := s.HTTPAgents.CheckName(name); err != nil {
+		return agentErr(err)
 	}
 	body, err := readBody(c)
 	if err != nil {
@@ -64,64 +76,25 @@ func (s *Server) putAgent(c echo.Context) error {
 	if err := decodeStrict(body, &r, false); err != nil {
 		return err
 	}
-	if err := checkAgentURL(r.URL); err != nil {
-		return err
-	}
-	u, err := url.Parse(r.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "url must be an absolute http or https URL.")
-	}
-	timeout := 30.0
-	if r.StepTimeoutS != nil {
-		timeout = *r.StepTimeoutS
-	}
-	if timeout <= 0 || timeout > 3600 {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "step_timeout_s must be above 0 and at most 3600.")
-	}
-	for k, v := range r.Headers {
-		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if !validAgentHeader(k, v) {
-			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Header %q is not a valid HTTP header.", k)
-		}
-		if reservedHeaders[ck] {
-			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Header %q is set by agentq and cannot be configured.", k)
-		}
-	}
-	secret, err := newSigningSecret()
-	if err != nil {
-		return err
-	}
-	// The secret is only stored when this PUT creates the agent: replacing one keeps
-	// the secret its agent verifies with (rotation is its own request).
-	a, created, err := s.Store.PutAgent(c.Request().Context(), store.PutAgentParams{
-		Name: name, URL: r.URL, StepTimeoutS: timeout, Headers: r.Headers, SigningSecret: secret,
+	put, err := s.HTTPAgents.Put(c.Request().Context(), agents.PutParams{
+		Name: name, URL: r.URL, StepTimeoutS: r.StepTimeoutS, Headers: r.Headers,
 	})
 	if err != nil {
-		return err
+		return agentErr(err)
 	}
-	a.Headers = redactHeaders(a.Headers)
-	if created {
-		return c.JSON(http.StatusCreated, AgentWithSecret{Agent: a, SigningSecret: secret})
+	if put.Created {
+		return c.JSON(http.StatusCreated, AgentWithSecret{AgentJSON: agentJSON(put.Agent), SigningSecret: put.SigningSecret})
 	}
-	return c.JSON(http.StatusOK, a)
+	return c.JSON(http.StatusOK, agentJSON(put.Agent))
 }
 
-// rotateAgentSecret gives an agent a new signing secret and shows it once. Workers
-// sign with it within a second (their agent cache); the old one stops verifying then.
+// rotateAgentSecret gives an agent a new signing secret and shows it once.
 func (s *Server) rotateAgentSecret(c echo.Context) error {
-	secret, err := newSigningSecret()
+	a, secret, err := s.HTTPAgents.RotateSecret(c.Request().Context(), c.Param("name"))
 	if err != nil {
-		return err
+		return agentErr(err)
 	}
-	a, err := s.Store.RotateAgentSecret(c.Request().Context(), c.Param("name"), secret)
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No HTTP agent %q.", c.Param("name"))
-	}
-	if err != nil {
-		return err
-	}
-	a.Headers = redactHeaders(a.Headers)
-	return c.JSON(http.StatusOK, AgentWithSecret{Agent: a, SigningSecret: secret})
+	return c.JSON(http.StatusOK, AgentWithSecret{AgentJSON: agentJSON(a), SigningSecret: secret})
 }
 
 // redactHeaders hides header values (they often hold the agent's credentials).
@@ -134,35 +107,28 @@ func redactHeaders(h map[string]string) map[string]string {
 }
 
 func (s *Server) getAgent(c echo.Context) error {
-	a, err := s.Store.GetAgent(c.Request().Context(), c.Param("name"))
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No HTTP agent %q.", c.Param("name"))
-	}
+	a, err := s.HTTPAgents.Get(c.Request().Context(), c.Param("name"))
 	if err != nil {
-		return err
+		return agentErr(err)
 	}
-	a.Headers = redactHeaders(a.Headers)
-	return c.JSON(http.StatusOK, a)
+	return c.JSON(http.StatusOK, agentJSON(a))
 }
 
 func (s *Server) listAgents(c echo.Context) error {
-	as, err := s.Store.ListAgents(c.Request().Context())
+	as, err := s.HTTPAgents.List(c.Request().Context())
 	if err != nil {
 		return err
 	}
-	for i := range as {
-		as[i].Headers = redactHeaders(as[i].Headers)
+	out := make([]AgentJSON, 0, len(as))
+	for _, a := range as {
+		out = append(out, agentJSON(a))
 	}
-	return c.JSON(http.StatusOK, map[string]any{"agents": as})
+	return c.JSON(http.StatusOK, map[string]any{"agents": out})
 }
 
 func (s *Server) deleteAgent(c echo.Context) error {
-	err := s.Store.DeleteAgent(c.Request().Context(), c.Param("name"))
-	if errors.Is(err, store.ErrNotFound) {
-		return apiErr(http.StatusNotFound, CodeNotFound, "No HTTP agent %q.", c.Param("name"))
-	}
-	if err != nil {
-		return err
+	if err := s.HTTPAgents.Delete(c.Request().Context(), c.Param("name")); err != nil {
+		return agentErr(err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -32,7 +32,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 	}
 	key := keyRecord(c)
 	// Another tenant's task, or none: 404 before anything is subscribed.
-	if _, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id}); errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Tasks.Stored(ctx, key.TenantID, id); errors.Is(err, tasks.ErrNotFound) {
 		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
 	} else if err != nil {
 		return err
@@ -43,7 +43,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 	if _, err := sub.Receive(ctx); err != nil {
 		return admissionFailure(quotas.ErrUnavailable)
 	}
-	task, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id})
+	task, err := s.Tasks.Stored(ctx, key.TenantID, id)
 	if err != nil {
 		return err
 	}
@@ -60,8 +60,8 @@ func (s *Server) taskEvents(c echo.Context) error {
 		w.Flush()
 		return nil
 	}
-	snapshot := func(t store.Task) error {
-		tj := viewJSON(s.tasks.WithWaitReason(ctx, t))
+	snapshot := func(t tasks.Task) error {
+		tj := taskJSON(s.Tasks.WithWaitReason(ctx, t))
 		body, _ := json.Marshal(map[string]any{"type": "state", "task_id": t.ID.String(), "state": t.State, "task": tj})
 		return send("state", body)
 	}
@@ -85,9 +85,9 @@ func (s *Server) taskEvents(c echo.Context) error {
 			if json.Unmarshal([]byte(m.Payload), &ev) != nil {
 				continue
 			}
-			if ev.Type == "state" && store.TaskState(ev.State).Terminal() {
+			if ev.Type == "state" && tasks.Terminal(ev.State) {
 				// end with the stored task, which holds the final usage and output
-				if t, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id}); err == nil {
+				if t, err := s.Tasks.Stored(ctx, key.TenantID, id); err == nil {
 					return snapshot(t)
 				}
 				return send("state", []byte(m.Payload))
@@ -96,7 +96,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 				return nil
 			}
 		case <-poll.C:
-			t, err := s.Store.GetTask(ctx, store.GetTaskParams{TenantID: key.TenantID, ID: id})
+			t, err := s.Tasks.Stored(ctx, key.TenantID, id)
 			if err == nil && t.State.Terminal() {
 				return snapshot(t)
 			}

@@ -11,7 +11,8 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/internal/apikey"
-	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/services"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 )
@@ -26,9 +27,13 @@ func TestInflightSlotReleasedHoweverTheRequestEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := quotas.NewGuard(quotas.New(rdb, keys, nil), quotas.GuardOptions{Timeout: time.Second})
-	s := New(Deps{Plans: plans, Redis: rdb, Keys: keys, Admission: g})
-	s.tenantCache.Add("acme", store.Tenant{ID: "acme", Plan: "free", Status: "active", CreatedAt: time.Now()})
+	svc := services.New(services.Deps{Pool: testenv.Postgres(t), Plans: plans, Redis: rdb, Keys: keys, Admission: g})
+	s := New(Deps{Tenants: svc.Tenants, Redis: rdb, Keys: keys, Admission: g})
 	ctx := context.Background()
+	plan := "free"
+	if _, err := svc.Tenants.Create(ctx, tenants.CreateParams{ID: "acme", Plan: &plan}); err != nil {
+		t.Fatal(err)
+	}
 	held := func() int64 { return rdb.ZCard(ctx, keys.InflightRequests("acme")).Val() }
 
 	run := func(h echo.HandlerFunc) (panicked bool, err error) {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -26,7 +26,7 @@ var policyName = map[string]string{
 }
 
 // limitsFor returns the tenant's effective limits.
-func (s *Server) limitsFor(t store.Tenant) (map[string]quotas.Limit, quotas.Limits, error) {
+func (s *Server) limitsFor(t tenants.Tenant) (map[string]quotas.Limit, quotas.Limits, error) {
 	p, err := s.Tenants.Policy(t)
 	if err != nil {
 		return nil, quotas.Limits{}, err
@@ -110,7 +110,7 @@ var rateLimits = map[string]bool{quotas.KeyRate: true, quotas.TenantRate: true, 
 // refusal builds the 429/402 error of a refused admission. A plan quota (402) outranks
 // a rate (429 RATE_LIMIT_EXCEEDED), which outranks a concurrency limit: the answer
 // names the limit whose lifting the caller needs first, and "violated" lists all.
-func (s *Server) refusal(d quotas.Decision, t store.Tenant) *APIError {
+func (s *Server) refusal(d quotas.Decision, t tenants.Tenant) *APIError {
 	var quota, rateSc, conc *quotas.Scope
 	for i := range d.Scopes {
 		sc := &d.Scopes[i]
@@ -222,18 +222,18 @@ const (
 )
 
 type requestLimitsVal struct {
-	t      store.Tenant
+	t      tenants.Tenant
 	eff    map[string]quotas.Limit
 	limits quotas.Limits
 }
 
 // requestLimits returns the caller's tenant and effective limits, worked out once per
 // request.
-func (s *Server) requestLimits(c echo.Context) (store.Tenant, map[string]quotas.Limit, quotas.Limits, error) {
+func (s *Server) requestLimits(c echo.Context) (tenants.Tenant, map[string]quotas.Limit, quotas.Limits, error) {
 	if v, ok := c.Get(ctxKeyLimits).(requestLimitsVal); ok {
 		return v.t, v.eff, v.limits, nil
 	}
-	t, err := s.tenant(c.Request().Context(), keyRecord(c).TenantID)
+	t, err := s.Tenants.Lookup(c.Request().Context(), keyRecord(c).TenantID)
 	if err != nil {
 		return t, nil, quotas.Limits{}, err
 	}
@@ -318,7 +318,7 @@ func inflightSlot(c echo.Context) quotas.InflightSlot {
 
 // spendKey takes one token of the caller's key bucket (every tenant request counts
 // against key_rate) and writes the rate-limit headers; a refusal is the error.
-func (s *Server) spendKey(c echo.Context, t store.Tenant, kid string, limits quotas.Limits) error {
+func (s *Server) spendKey(c echo.Context, t tenants.Tenant, kid string, limits quotas.Limits) error {
 	now := time.Now()
 	d, err := s.Admission.Admit(c.Request().Context(), quotas.AdmitParams{
 		Mode: quotas.ModeKey, TenantID: t.ID, Kid: kid, Limits: limits, Period: quotas.PeriodAt(t.CreatedAt, now),

@@ -5,74 +5,60 @@ package web
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
-	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
-	"github.com/agentq/agentq/scheduler"
 )
 
-// Queue is what the API needs of the scheduler.
+// Pinger is what readiness needs of Postgres: that it answers.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Queue is what the usage report needs of the scheduler.
 type Queue interface {
-	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
-	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
-	Configure(ctx context.Context, tenantID string, weight, runningCap int) error
 	Running(ctx context.Context, tenantID string) (int64, error)
-	WaitReason(ctx context.Context, tenantID string) (string, error)
 }
 
-// Agents is what the API needs of the runtime's agent registry.
-type Agents interface {
-	ValidateTask(ctx context.Context, agent string, input json.RawMessage) error
-	Local(name string) bool
-}
-
-// Deps are the Server's collaborators.
+// Deps are the Server's collaborators. The handlers decode requests, call the domain
+// services and encode their answers; the rules are the services'.
 type Deps struct {
-	Store      *store.Store
+	Tenants    *tenants.Service
+	APIKeys    *keys.Service // also authenticates the tenant API's requests
+	Tasks      *tasks.Service
+	HTTPAgents *agents.Service
+	Postgres   Pinger // readiness
+	Queue      Queue  // the usage report's running count
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
-	Queue      Queue
-	Agents     Agents
-	Plans      *quotas.Catalogue
-	Tenants    *tenants.Service // nil: one over Store, Plans and Queue
-	APIKeys    *keys.Service    // nil: one over Store, this server's caches and Admission
+	Plans      *quotas.Catalogue // nil: the tenant service's
 	Admission  *quotas.Guard
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
 }
 
-// cacheTTL bounds how stale a replica's view of a key or tenant can be even if an
-// invalidation message is lost: a revoked key stops working everywhere within it.
-const cacheTTL = time.Second
-
 // Server is the HTTP API.
 type Server struct {
 	Deps
-	log         *slog.Logger
-	e           *echo.Echo
-	keys        *apikey.Cache
-	tenantCache *expirable.LRU[string, store.Tenant]
-	tasks       *tasks.Service
+	log *slog.Logger
+	e   *echo.Echo
 
 	closing  chan struct{} // closed when Shutdown begins: open streams end
 	mu       sync.Mutex
@@ -88,22 +74,9 @@ func New(d Deps) *Server {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	if s.Tenants == nil {
-		s.Tenants = tenants.New(d.Store, d.Plans, tenants.Options{Scheduler: d.Queue, Logger: s.log})
+	if s.Plans == nil && s.Tenants != nil {
+		s.Plans = s.Tenants.Plans()
 	}
-	if s.APIKeys == nil {
-		o := keys.Options{Invalidator: keyInvalidator{s}, Logger: s.log}
-		if d.Admission != nil {
-			o.Limits = d.Admission.Quotas()
-		}
-		s.APIKeys = keys.New(d.Store, o)
-	}
-	s.tasks = tasks.New(tasks.Deps{
-		Store: d.Store, Tenants: s.Tenants, Admission: d.Admission, Queue: d.Queue, Agents: d.Agents,
-		Redis: d.Redis, Keys: d.Keys, Tenant: s.tenant, Logger: s.log,
-	})
-	s.keys = apikey.NewCache(s.loadKey, 10000, cacheTTL)
-	s.tenantCache = expirable.NewLRU[string, store.Tenant](10000, nil, cacheTTL)
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -221,66 +194,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// invalidate drops cached state for "k:<kid>" or "t:<tenant>" here and on every replica.
-func (s *Server) invalidate(ctx context.Context, what string) {
-	s.invalidateLocal(what)
-	if s.Redis != nil {
-		if err := s.Redis.Publish(ctx, s.Keys.KeysChangedChannel(), what).Err(); err != nil {
-			s.log.Warn("publishing invalidation failed; replicas catch up within the cache TTL", "err", err)
-		}
-	}
-}
-
 // ReloadKeys drops every cached key and tenant (SIGHUP), so the next request reads
 // them from Postgres. Limit windows live in Redis under each key's kid, so keys that
 // remain keep their live windows; revoked keys' state was dropped at revocation.
 func (s *Server) ReloadKeys() {
-	s.keys.Purge()
-	s.tenantCache.Purge()
+	s.APIKeys.ForgetAll()
+	s.Tenants.ForgetAll()
 }
 
-// keyInvalidator hands the key service's invalidations to the server: its own cache
-// and, through Redis, every replica's.
-type keyInvalidator struct{ s *Server }
-
-func (i keyInvalidator) InvalidateKey(ctx context.Context, kid string) error {
-	i.s.invalidate(ctx, "k:"+kid) // logs its own failure
-	return nil
-}
-
-func (s *Server) invalidateLocal(what string) {
-	switch {
-	case strings.HasPrefix(what, "k:"):
-		s.keys.Invalidate(what[2:])
-	case strings.HasPrefix(what, "t:"):
-		s.tenantCache.Remove(what[2:])
+// invalidateLocal applies another process's change message to this one's caches.
+func (s *Server) invalidateLocal(msg string) {
+	switch what, id := services.ParseChange(msg); what {
+	case services.KeyChanged:
+		s.APIKeys.Forget(id)
+	case services.TenantChanged:
+		s.Tenants.Forget(id)
 	}
-}
-
-func (s *Server) loadKey(ctx context.Context, kid string) (apikey.Record, bool, error) {
-	k, err := s.Store.UnscopedGetKey(ctx, kid)
-	if errors.Is(err, store.ErrNotFound) {
-		return apikey.Record{}, false, nil
-	}
-	if err != nil {
-		return apikey.Record{}, false, err
-	}
-	return apikey.Record{
-		Kid: k.Kid, TenantID: k.TenantID, SecretHash: k.SecretHash, Revoked: k.RevokedAt != nil,
-		Agents: k.Scopes.Agents, Principals: k.Scopes.Principals,
-	}, true, nil
-}
-
-func (s *Server) tenant(ctx context.Context, id string) (store.Tenant, error) {
-	if t, ok := s.tenantCache.Get(id); ok {
-		return t, nil
-	}
-	t, err := s.Store.GetTenant(ctx, id)
-	if err != nil {
-		return t, err
-	}
-	s.tenantCache.Add(id, t)
-	return t, nil
 }
 
 const ctxKeyRecord = "agentq.key"
@@ -296,8 +225,8 @@ func (s *Server) authTenant(next echo.HandlerFunc) echo.HandlerFunc {
 		if tok == "" {
 			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing API key: send Authorization: Bearer aq_<kid>_<secret>.")
 		}
-		rec, err := s.keys.Authenticate(c.Request().Context(), tok)
-		if errors.Is(err, apikey.ErrInvalid) {
+		rec, err := s.APIKeys.Authenticate(c.Request().Context(), tok)
+		if errors.Is(err, keys.ErrInvalidKey) {
 			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Invalid or revoked API key.")
 		}
 		if err != nil {
@@ -362,7 +291,7 @@ func (s *Server) readyz(c echo.Context) error {
 	defer cancel()
 	checks := map[string]string{"postgres": "ok", "redis": "ok"}
 	ready := true
-	if err := s.Store.Ping(ctx); err != nil {
+	if err := s.Postgres.Ping(ctx); err != nil {
 		checks["postgres"], ready = "unreachable", false
 	}
 	if err := s.Redis.Ping(ctx).Err(); err != nil {

@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 )
 
@@ -67,13 +66,15 @@ func rawOrNull(r json.RawMessage) json.RawMessage {
 	return r
 }
 
-func taskJSON(t store.Task) TaskJSON {
+// taskJSON is t as the API shows it, with its wait reason when it has one.
+func taskJSON(t tasks.Task) TaskJSON {
 	out := TaskJSON{
 		ID: t.ID.String(), TenantID: t.TenantID, Agent: t.Agent, State: string(t.State), Priority: t.Priority,
 		Input: rawOrNull(t.Input), Output: rawOrNull(t.Output), Error: t.Error, Budget: rawOrNull(t.Budget),
 		Usage:     UsageJSON{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
 		Attempt:   t.Attempt,
 		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
+		WaitReason: t.WaitReason,
 	}
 	if t.User != "" {
 		u := t.User
@@ -155,7 +156,7 @@ func (s *Server) submitTask(c echo.Context) error {
 		}
 		idem = h
 	}
-	res, err := s.tasks.Submit(c.Request().Context(), tasks.SubmitParams{
+	res, err := s.Tasks.Submit(c.Request().Context(), tasks.SubmitParams{
 		TenantID: key.TenantID, Kid: key.Kid, KeyAgents: key.Agents, KeyPrincipals: key.Principals,
 		Agent: req.Agent, Input: req.Input, User: req.User, Budget: req.Budget.params(),
 		Priority: req.Priority, IdempotencyKey: idem,
@@ -186,17 +187,11 @@ func (s *Server) getTask(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	t, err := s.tasks.Get(c.Request().Context(), keyRecord(c).TenantID, id)
+	t, err := s.Tasks.Get(c.Request().Context(), keyRecord(c).TenantID, id)
 	if err != nil {
 		return s.taskErr(err, &id)
 	}
-	return c.JSON(http.StatusOK, viewJSON(t))
-}
-
-func viewJSON(t tasks.Task) TaskJSON {
-	out := taskJSON(t.Task)
-	out.WaitReason = t.WaitReason
-	return out
+	return c.JSON(http.StatusOK, taskJSON(t))
 }
 
 // TaskList is a page of tasks.
@@ -235,13 +230,13 @@ func (s *Server) listTasks(c echo.Context) error {
 		}
 		p.Before = id
 	}
-	page, err := s.tasks.List(c.Request().Context(), p)
+	page, err := s.Tasks.List(c.Request().Context(), p)
 	if err != nil {
 		return s.taskErr(err, nil)
 	}
 	out := TaskList{Tasks: make([]TaskJSON, 0, len(page.Tasks))}
 	for _, t := range page.Tasks {
-		out.Tasks = append(out.Tasks, viewJSON(t))
+		out.Tasks = append(out.Tasks, taskJSON(t))
 	}
 	if page.Next != nil {
 		next := page.Next.String()
@@ -255,7 +250,7 @@ func (s *Server) cancelTask(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	t, err := s.tasks.Cancel(c.Request().Context(), keyRecord(c).TenantID, id)
+	t, err := s.Tasks.Cancel(c.Request().Context(), keyRecord(c).TenantID, id)
 	if err != nil {
 		return s.taskErr(err, &id)
 	}

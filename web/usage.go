@@ -47,7 +47,7 @@ func (s *Server) usage(c echo.Context) error {
 			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
 		}
 	}
-	t, err := s.tenant(ctx, key.TenantID)
+	t, err := s.Tenants.Lookup(ctx, key.TenantID)
 	if err != nil {
 		return err
 	}

@@ -19,8 +19,6 @@ const (
 	maxQueryBytes  = 2048 // the whole raw query string
 	maxHeaderBytes = 255  // each header the API reads (Idempotency-Key, Content-Type)
 	maxJSONDepth   = 64   // nesting of arrays and objects in a body
-	maxURLBytes    = 2048 // an HTTP agent's URL
-	maxAgentHeader = 4096 // a configured agent header value
 )
 
 // checkedHeaders are the request headers the API reads besides Authorization, which the
@@ -237,29 +235,6 @@ func checkJSONNumber(lit string) error {
 
 func numberOutOfRange() error {
 	return apiErr(http.StatusBadRequest, CodeInvalidRequest, "The request body holds a number outside the range of a 64-bit float.")
-}
-
-// checkAgentURL refuses an agent URL that is too long or not printable ASCII
-// (international host names go in their ASCII form).
-func checkAgentURL(u string) error {
-	if len(u) > maxURLBytes || strings.ContainsFunc(u, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "url must be printable ASCII of at most %d bytes.", maxURLBytes)
-	}
-	return nil
-}
-
-// validAgentHeader tells a header the runtime can send: a token name (RFC 9110) and a
-// value without control characters (tab aside), at most maxAgentHeader bytes.
-func validAgentHeader(name, value string) bool {
-	if name == "" || len(value) > maxAgentHeader {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return !strings.ContainsFunc(value, func(r rune) bool { return r != '\t' && isControl(r) })
 }
 
 // validate checks the identifiers of a submission (the body's text was checked before

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -16,11 +17,10 @@ import (
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
-	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
-	"github.com/agentq/agentq/scheduler"
 )
 
 func connectPG(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -31,37 +31,20 @@ func migrationsUp(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	return migrations.Up(ctx, pool)
 }
 
-// adminEnv is what the admin commands work on. rdb is nil when Redis was not asked
-// for or is unreachable.
+// adminEnv is what the admin commands work on: the domain services the admin API
+// uses, so the CLI refuses exactly what the API refuses.
 type adminEnv struct {
-	store   *store.Store
 	tenants *tenants.Service
 	apiKeys *keys.Service
-	rdb     redis.UniversalClient
-	keys    rkeys.Keys
 }
 
-// keyService is the key service of the admin commands: with Redis, it tells running
-// servers of a rotated or revoked key at once and drops a revoked key's limit state, as
-// the admin API does; without it, servers stop honouring the old key within a second
+// adminServices builds the admin commands' services. With Redis, a changed key or
+// tenant reaches running servers at once and a revoked key's limit state is dropped,
+// as through the admin API; without it (rdb nil), servers see changes within a second
 // and the limit state expires on its own.
-func keyService(st *store.Store, rdb redis.UniversalClient, rk rkeys.Keys) *keys.Service {
-	var o keys.Options
-	if rdb != nil {
-		o.Invalidator = keyPublisher{rdb, rk}
-		o.Limits = quotas.New(rdb, rk, nil)
-	}
-	return keys.New(st, o)
-}
-
-// keyPublisher tells running servers that a key changed, on the channel they listen to.
-type keyPublisher struct {
-	rdb redis.UniversalClient
-	rk  rkeys.Keys
-}
-
-func (p keyPublisher) InvalidateKey(ctx context.Context, kid string) error {
-	return p.rdb.Publish(ctx, p.rk.KeysChangedChannel(), "k:"+kid).Err()
+func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys) adminEnv {
+	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk})
+	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys}
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -89,21 +72,17 @@ func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error)
 		pool.Close()
 		return adminEnv{}, nil, err
 	}
-	env := adminEnv{store: store.New(pool), keys: rkeys.New(cfg.RedisPrefix, cfg.Shards)}
 	closeAll := pool.Close
-	var sched tenants.Scheduler
+	var rdb redis.UniversalClient
 	if withRedis {
-		if rdb, err := redisx.Connect(ctx, cfg.RedisURL); err != nil {
+		if c, err := redisx.Connect(ctx, cfg.RedisURL); err != nil {
 			fmt.Fprintln(os.Stderr, "note: Redis unreachable; running servers catch up on their own:", err)
 		} else {
-			env.rdb = rdb
-			sched = scheduler.New(rdb, env.keys, scheduler.Options{})
-			closeAll = func() { _ = rdb.Close(); pool.Close() }
+			rdb = c
+			closeAll = func() { _ = c.Close(); pool.Close() }
 		}
 	}
-	env.tenants = tenants.New(env.store, plans, tenants.Options{Scheduler: sched})
-	env.apiKeys = keyService(env.store, env.rdb, env.keys)
-	return env, closeAll, nil
+	return adminServices(pool, plans, rdb, rkeys.New(cfg.RedisPrefix, cfg.Shards)), closeAll, nil
 }
 
 // adminCmd manages tenants and keys directly in Postgres (no server needed). Running
@@ -178,7 +157,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, t)
+				return printJSON(cmd, tenantOut(t))
 			})
 		},
 	}
@@ -199,18 +178,13 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				return err
 			}
 			return withEnv(cmd.Context(), true, func(env adminEnv) error {
-				ctx := cmd.Context()
-				t, err := env.tenants.Update(ctx, tenants.UpdateParams{
+				t, err := env.tenants.Update(cmd.Context(), tenants.UpdateParams{
 					ID: args[0], Name: namep, Plan: planp, Weight: weightp, Overrides: ov, Status: statusp,
 				})
 				if err != nil {
 					return err
 				}
-				if env.rdb != nil {
-					// Tell running servers at once, as the admin API does.
-					_ = env.rdb.Publish(ctx, env.keys.KeysChangedChannel(), "t:"+t.ID).Err()
-				}
-				return printJSON(cmd, t)
+				return printJSON(cmd, tenantOut(t))
 			})
 		},
 	}
@@ -229,7 +203,11 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, ts)
+				var out []tenantJSON // none prints null, as it always has
+				for _, t := range ts {
+					out = append(out, tenantOut(t))
+				}
+				return printJSON(cmd, out)
 			})
 		},
 	}
@@ -242,7 +220,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
 				k, err := env.apiKeys.Create(cmd.Context(), keys.CreateParams{
 					TenantID: args[0],
-					Scopes:   store.Scopes{Agents: splitList(agents), Principals: splitList(principals)},
+					Scopes:   keys.Scopes{Agents: splitList(agents), Principals: splitList(principals)},
 				})
 				if err != nil {
 					return err
@@ -264,7 +242,11 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, ks)
+				out := make([]keyJSON, 0, len(ks))
+				for _, k := range ks {
+					out = append(out, keyOut(k))
+				}
+				return printJSON(cmd, out)
 			})
 		},
 	}
@@ -299,6 +281,44 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	}
 	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke)
 	return cmd
+}
+
+// tenantJSON is a tenant as the CLI prints it.
+type tenantJSON struct {
+	ID        string                  `json:"id"`
+	Name      string                  `json:"name"`
+	Plan      string                  `json:"plan"`
+	Weight    *int                    `json:"weight"`
+	Overrides map[string]quotas.Limit `json:"overrides"`
+	Status    string                  `json:"status"`
+	CreatedAt time.Time               `json:"created_at"`
+	UpdatedAt time.Time               `json:"updated_at"`
+}
+
+func tenantOut(t tenants.Tenant) tenantJSON {
+	return tenantJSON{ID: t.ID, Name: t.Name, Plan: t.Plan, Weight: t.Weight, Overrides: t.Overrides,
+		Status: t.Status, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+}
+
+// scopesJSON are a key's scopes as the CLI prints them; an absent list allows all.
+type scopesJSON struct {
+	Agents     []string `json:"agents,omitempty"`
+	Principals []string `json:"principals,omitempty"`
+}
+
+// keyJSON is a key as key-list prints it: never its secret.
+type keyJSON struct {
+	Kid       string     `json:"kid"`
+	TenantID  string     `json:"tenant_id"`
+	Scopes    scopesJSON `json:"scopes"`
+	CreatedAt time.Time  `json:"created_at"`
+	RotatedAt *time.Time `json:"rotated_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+func keyOut(k keys.Key) keyJSON {
+	return keyJSON{Kid: k.Kid, TenantID: k.TenantID, Scopes: scopesJSON{Agents: k.Scopes.Agents, Principals: k.Scopes.Principals},
+		CreatedAt: k.CreatedAt, RotatedAt: k.RotatedAt, RevokedAt: k.RevokedAt}
 }
 
 func splitList(s string) []string {

@@ -11,12 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
-	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
-	"github.com/agentq/agentq/scheduler"
 )
 
 // adminHarness is a server (API role) and the admin CLI on one database and Redis, the
@@ -37,11 +36,11 @@ func newAdminHarness(t *testing.T) adminHarness {
 	pool := testenv.Postgres(t)
 	rdb, keys := testenv.Redis(t, 1)
 
-	cfg := config.Defaults()
+	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.AdminToken = "admin-" + testenv.ID()
 	cfg.RedisPrefix = keys.Prefix()
-	cfg.Roles = []string{config.RoleAPI}
+	cfg.Roles = []string{agentq.RoleAPI}
 	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -75,16 +74,11 @@ func newAdminHarness(t *testing.T) adminHarness {
 
 	// The CLI on the same database and Redis, with the server's catalogue.
 	open := func(ctx context.Context, withRedis bool) (adminEnv, func(), error) {
-		st := store.New(pool)
-		env := adminEnv{store: st, keys: keys}
-		var sched tenants.Scheduler
+		var r redis.UniversalClient
 		if withRedis {
-			env.rdb = rdb
-			sched = scheduler.New(rdb, keys, scheduler.Options{})
+			r = rdb
 		}
-		env.tenants = tenants.New(st, app.Plans, tenants.Options{Scheduler: sched})
-		env.apiKeys = keyService(st, env.rdb, keys)
-		return env, func() {}, nil
+		return adminServices(pool, app.Plans, r, keys), func() {}, nil
 	}
 	cli := func(args ...string) (string, error) {
 		t.Helper()
@@ -185,7 +179,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CLI create: %v", err)
 	}
-	var created store.Tenant
+	var created tenantJSON
 	if err := json.Unmarshal([]byte(out), &created); err != nil || created.ID != "cli1" || created.Name != "cli1" || *created.Weight != 7 {
 		t.Fatalf("CLI create printed %q (%v)", out, err)
 	}
@@ -332,7 +326,7 @@ func TestCLIKeysRefuseWhatTheAPIRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CLI key-list: %v", err)
 	}
-	var listed []store.APIKey
+	var listed []keyJSON
 	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 2 || listed[1].Kid != k.Kid ||
 		strings.Join(listed[1].Scopes.Agents, ",") != "sim,echo" || strings.Join(listed[1].Scopes.Principals, ",") != "u1" {
 		t.Fatalf("key-list printed %q (%v)", out, err)

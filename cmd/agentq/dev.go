@@ -14,10 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/config"
-	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/redisx"
-	"github.com/agentq/agentq/internal/tenants"
 )
 
 const devAdminToken = "dev-admin-token"
@@ -33,7 +30,7 @@ func devCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := newLogger(true)
-			cfg, err := config.FromEnv()
+			cfg, err := agentq.ConfigFromEnv()
 			if err != nil {
 				return err
 			}
@@ -109,27 +106,27 @@ func ensureDatabase(ctx context.Context, dbURL string) error {
 	return nil
 }
 
-func printDemo(ctx context.Context, app *agentq.App, cfg config.Config) error {
+func printDemo(ctx context.Context, app *agentq.App, cfg agentq.Config) error {
 	base := "http://" + app.Addr().String()
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nagentq dev is running at %s (admin token: %s)\n\nDemo tenants and fresh API keys:\n", base, cfg.AdminToken)
 	var firstKey string
 	for _, d := range demoTenants {
-		if _, err := app.API.Tenants.Get(ctx, d.id); errors.Is(err, tenants.ErrNotFound) {
-			if _, err := app.API.Tenants.Create(ctx, tenants.CreateParams{ID: d.id, Plan: &d.plan}); err != nil {
+		if _, err := app.GetTenant(ctx, d.id); errors.Is(err, agentq.ErrNotFound) {
+			if _, err := app.CreateTenant(ctx, agentq.NewTenant{ID: d.id, Plan: d.plan}); err != nil {
 				return err
 			}
 		} else if err != nil {
 			return err
 		}
-		k, err := app.API.APIKeys.Create(ctx, keys.CreateParams{TenantID: d.id})
+		k, err := app.CreateAPIKey(ctx, agentq.NewAPIKey{TenantID: d.id})
 		if err != nil {
 			return err
 		}
 		if firstKey == "" {
-			firstKey = k.Plaintext
+			firstKey = k.Token
 		}
-		fmt.Fprintf(&b, "  %-16s plan %-10s key %s\n", d.id, d.plan, k.Plaintext)
+		fmt.Fprintf(&b, "  %-16s plan %-10s key %s\n", d.id, d.plan, k.Token)
 	}
 	fmt.Fprintf(&b, `
 Try it:

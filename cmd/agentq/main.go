@@ -49,7 +49,7 @@ func serveCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run agentq roles (api, scheduler, worker); all of them by default",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.FromEnv()
+			cfg, err := agentq.ConfigFromEnv()
 			if err != nil {
 				return err
 			}

@@ -21,7 +21,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -176,9 +175,9 @@ func (b *fairBench) start(ctx context.Context, shards int) (*benchEnv, error) {
 	if _, err := migrations.Up(ctx, pool); err != nil {
 		return nil, err
 	}
-	cfg := config.Defaults()
+	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.Roles = []string{config.RoleScheduler, config.RoleWorker}
+	cfg.Roles = []string{agentq.RoleScheduler, agentq.RoleWorker}
 	cfg.RedisPrefix = "bench" + id + ":"
 	cfg.Shards = shards
 	cfg.WorkerConcurrency = b.o.Concurrency

@@ -21,7 +21,9 @@ const (
 // AllRoles is what `agentq serve` runs without --roles.
 var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker, RoleJanitor}
 
-// Config is the process configuration. Zero values are filled by Defaults.
+// Config is the process configuration as read from the environment. The library
+// exports it as agentq.Config, which documents each field: the two must keep the
+// same fields, in the same order, for the conversion between them to compile.
 type Config struct {
 	HTTPAddr          string        // AGENTQ_HTTP_ADDR
 	RedisURL          string        // REDIS_URL

@@ -91,7 +91,7 @@ func TestKeyCreateAndList(t *testing.T) {
 		t.Fatal(err)
 	}
 	if k1.TenantID != "acme" || !reflect.DeepEqual(k1.Scopes, sc) || k1.CreatedAt.IsZero() || k1.RotatedAt != nil || k1.RevokedAt != nil {
-		t.Errorf("created %+v", k1.APIKey)
+		t.Errorf("created %+v", k1.Key)
 	}
 	kid, secret, err := apikey.Parse(k1.Plaintext)
 	if err != nil || kid != k1.Kid || !strings.HasPrefix(kid, "acme-") {
@@ -173,7 +173,7 @@ func TestKeyRotate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.Kid != k.Kid || r.Plaintext == k.Plaintext || r.RotatedAt == nil || !reflect.DeepEqual(r.Scopes, k.Scopes) || !r.CreatedAt.Equal(k.CreatedAt) {
-		t.Errorf("rotated %+v from %+v", r.APIKey, k.APIKey)
+		t.Errorf("rotated %+v from %+v", r.Key, k.Key)
 	}
 	stored, err := e.st.UnscopedGetKey(ctx, k.Kid)
 	if err != nil {
@@ -299,5 +299,49 @@ func TestKeyRevokeWithoutRedis(t *testing.T) {
 	}
 	if stored, err := e.st.UnscopedGetKey(ctx, k.Kid); err != nil || stored.RevokedAt == nil {
 		t.Errorf("stored key: %+v %v", stored, err)
+	}
+}
+
+// Authenticate reads keys through the service's cache; the service's own rotation and
+// revocation drop the cached key at once, Forget drops one another process changed.
+func TestAuthenticateAndItsCache(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	svc := keys.New(e.st, keys.Options{CacheTTL: time.Hour})
+	k, err := svc.Create(ctx, keys.CreateParams{TenantID: "acme", Scopes: keys.Scopes{Agents: []string{"sim"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := svc.Authenticate(ctx, k.Plaintext)
+	if err != nil || rec.Kid != k.Kid || rec.TenantID != "acme" || !reflect.DeepEqual(rec.Agents, []string{"sim"}) {
+		t.Fatalf("Authenticate: %+v %v", rec, err)
+	}
+	for _, bad := range []string{"", "aq_x", "aq_" + k.Kid + "_" + strings.Repeat("0", 64), "aq_acme-00000000_" + strings.Repeat("0", 64)} {
+		if _, err := svc.Authenticate(ctx, bad); !errors.Is(err, keys.ErrInvalidKey) {
+			t.Errorf("Authenticate(%q): %v, want ErrInvalidKey", bad, err)
+		}
+	}
+	r, err := svc.Rotate(ctx, k.Kid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Authenticate(ctx, k.Plaintext); !errors.Is(err, keys.ErrInvalidKey) {
+		t.Errorf("the old secret after rotation: %v", err)
+	}
+	if _, err := svc.Authenticate(ctx, r.Plaintext); err != nil {
+		t.Errorf("the new secret: %v", err)
+	}
+
+	// Another process (a second service, no invalidator) revokes it: this one keeps
+	// honouring its cached key until told.
+	if _, err := keys.New(e.st, keys.Options{}).Revoke(ctx, k.Kid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Authenticate(ctx, r.Plaintext); err != nil {
+		t.Errorf("cached key before Forget: %v", err)
+	}
+	svc.Forget(k.Kid)
+	if _, err := svc.Authenticate(ctx, r.Plaintext); !errors.Is(err, keys.ErrInvalidKey) {
+		t.Errorf("a revoked key after Forget: %v", err)
 	}
 }

@@ -11,11 +11,23 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/store"
 )
+
+// Key is a stored API key (never its secret's plaintext).
+type Key = store.APIKey
+
+// Scopes limit what a key may do: the agents it may run and the users it may act for;
+// an empty list allows all.
+type Scopes = store.Scopes
+
+// ErrInvalidKey is Authenticate's answer for an unknown, revoked, malformed or wrong
+// key; it never says which.
+var ErrInvalidKey = apikey.ErrInvalid
 
 // ErrNotFound matches (with errors.Is) the *NotFoundError of a missing tenant or of a
 // kid with no live key.
@@ -51,9 +63,9 @@ type InvalidError struct {
 
 func (e *InvalidError) Error() string { return e.Message }
 
-// Invalidator tells the servers' key caches that a key changed (its secret was
-// replaced, or it was revoked), so they stop honouring the old state at once rather
-// than when the cache entry expires.
+// Invalidator tells the other processes' key caches that a key changed (its secret
+// was replaced, or it was revoked), so they stop honouring the old state at once
+// rather than when their cache entry expires. The service drops its own entry itself.
 type Invalidator interface {
 	InvalidateKey(ctx context.Context, kid string) error
 }
@@ -70,14 +82,24 @@ type Options struct {
 	Invalidator Invalidator
 	Limits      LimitState
 	Logger      *slog.Logger
+	// CacheTTL bounds how long Authenticate trusts a cached key (default 1s): a change
+	// whose invalidation message is lost still reaches every process within it.
+	CacheTTL time.Duration
 }
 
-// Service creates, lists, rotates and revokes API keys.
+// DefaultCacheTTL is Options.CacheTTL's default.
+const DefaultCacheTTL = time.Second
+
+// cacheSize bounds the cached keys, however many kids are presented.
+const cacheSize = 10000
+
+// Service authenticates, creates, lists, rotates and revokes API keys.
 type Service struct {
 	store  *store.Store
 	inval  Invalidator
 	limits LimitState
 	log    *slog.Logger
+	cache  *apikey.Cache
 }
 
 // New returns a Service over st.
@@ -86,7 +108,40 @@ func New(st *store.Store, o Options) *Service {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	ttl := o.CacheTTL
+	if ttl <= 0 {
+		ttl = DefaultCacheTTL
+	}
+	s.cache = apikey.NewCache(s.load, cacheSize, ttl)
 	return s
+}
+
+// Authenticate verifies a plaintext key ("aq_<kid>_<secret>") and returns what the
+// key may do. Keys are read through a cache of the service's own; a key that is
+// unknown, revoked, malformed or wrong is ErrInvalidKey. Any other error is a
+// failure to look the key up.
+func (s *Service) Authenticate(ctx context.Context, plaintext string) (apikey.Record, error) {
+	return s.cache.Authenticate(ctx, plaintext)
+}
+
+// Forget drops kid from the authentication cache (another process changed it).
+func (s *Service) Forget(kid string) { s.cache.Invalidate(kid) }
+
+// ForgetAll empties the authentication cache, so that every key is read again.
+func (s *Service) ForgetAll() { s.cache.Purge() }
+
+func (s *Service) load(ctx context.Context, kid string) (apikey.Record, bool, error) {
+	k, err := s.store.UnscopedGetKey(ctx, kid)
+	if errors.Is(err, store.ErrNotFound) {
+		return apikey.Record{}, false, nil
+	}
+	if err != nil {
+		return apikey.Record{}, false, err
+	}
+	return apikey.Record{
+		Kid: k.Kid, TenantID: k.TenantID, SecretHash: k.SecretHash, Revoked: k.RevokedAt != nil,
+		Agents: k.Scopes.Agents, Principals: k.Scopes.Principals,
+	}, true, nil
 }
 
 // MaxScopeEntry is the longest scope entry, in bytes.
@@ -95,14 +150,14 @@ const MaxScopeEntry = 255
 // Created is a new or rotated key with its plaintext, which is shown once and never
 // stored.
 type Created struct {
-	store.APIKey
+	Key
 	Plaintext string
 }
 
 // CreateParams are a new key's fields.
 type CreateParams struct {
 	TenantID string
-	Scopes   store.Scopes // empty lists mean "all"
+	Scopes   Scopes // empty lists mean "all"
 }
 
 // Create validates p and stores a new key for the tenant. A refused scope is an
@@ -121,12 +176,12 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if err != nil {
 		return Created{}, err
 	}
-	return Created{APIKey: k, Plaintext: plaintext}, nil
+	return Created{Key: k, Plaintext: plaintext}, nil
 }
 
 // List returns a tenant's keys, revoked ones included, oldest first (never nil). A
 // missing tenant is a *NotFoundError.
-func (s *Service) List(ctx context.Context, tenantID string) ([]store.APIKey, error) {
+func (s *Service) List(ctx context.Context, tenantID string) ([]Key, error) {
 	if _, err := s.store.GetTenant(ctx, tenantID); errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
 		return nil, noTenant(tenantID)
 	} else if err != nil {
@@ -137,7 +192,7 @@ func (s *Service) List(ctx context.Context, tenantID string) ([]store.APIKey, er
 		return nil, err
 	}
 	if ks == nil {
-		ks = []store.APIKey{}
+		ks = []Key{}
 	}
 	return ks, nil
 }
@@ -165,15 +220,15 @@ func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
 		return Created{}, err
 	}
 	s.invalidate(ctx, kid)
-	return Created{APIKey: k, Plaintext: plaintext}, nil
+	return Created{Key: k, Plaintext: plaintext}, nil
 }
 
 // Revoke revokes live key kid and drops its limit state (keys that remain keep
 // theirs). A kid with no live key is a *NotFoundError. It returns the key as it was
 // before revocation.
-func (s *Service) Revoke(ctx context.Context, kid string) (store.APIKey, error) {
+func (s *Service) Revoke(ctx context.Context, kid string) (Key, error) {
 	if !apikey.ValidKid(kid) {
-		return store.APIKey{}, noLiveKey(kid)
+		return Key{}, noLiveKey(kid)
 	}
 	k, err := s.store.UnscopedGetKey(ctx, kid)
 	if err == nil && k.RevokedAt == nil {
@@ -182,10 +237,10 @@ func (s *Service) Revoke(ctx context.Context, kid string) (store.APIKey, error) 
 		err = store.ErrNotFound
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return store.APIKey{}, noLiveKey(kid)
+		return Key{}, noLiveKey(kid)
 	}
 	if err != nil {
-		return store.APIKey{}, err
+		return Key{}, err
 	}
 	s.invalidate(ctx, kid)
 	if s.limits != nil {
@@ -197,6 +252,7 @@ func (s *Service) Revoke(ctx context.Context, kid string) (store.APIKey, error) 
 }
 
 func (s *Service) invalidate(ctx context.Context, kid string) {
+	s.cache.Invalidate(kid)
 	if s.inval == nil {
 		return
 	}
@@ -207,7 +263,7 @@ func (s *Service) invalidate(ctx context.Context, kid string) {
 
 // ValidateScopes refuses scope entries that are empty, longer than MaxScopeEntry bytes,
 // not valid UTF-8 or carrying a control character.
-func ValidateScopes(sc store.Scopes) error {
+func ValidateScopes(sc Scopes) error {
 	for _, lists := range [][]string{sc.Agents, sc.Principals} {
 		for _, a := range lists {
 			if a == "" || len(a) > MaxScopeEntry || !utf8.ValidString(a) || strings.ContainsFunc(a, isControl) {

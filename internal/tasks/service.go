@@ -84,7 +84,7 @@ func (e *ConflictError) Error() string {
 // RefusedError is a submission a limit refused; Decision says which.
 type RefusedError struct {
 	Decision quotas.Decision
-	Tenant   store.Tenant
+	Tenant   tenants.Tenant
 }
 
 func (e *RefusedError) Error() string {
@@ -130,7 +130,7 @@ type Deps struct {
 	Redis     redis.UniversalClient
 	Keys      rkeys.Keys
 	// Tenant looks a tenant up (the API passes its cache); nil: Store.GetTenant.
-	Tenant func(ctx context.Context, id string) (store.Tenant, error)
+	Tenant func(ctx context.Context, id string) (tenants.Tenant, error)
 	// Lifecycle makes the cancel's state change; nil: one over Store.
 	Lifecycle *Lifecycle
 	Logger    *slog.Logger
@@ -183,7 +183,7 @@ type SubmitParams struct {
 // limits were checked, also when Submit then returns an error (a refusal, a scope,
 // a conflict), so that the caller can report the limits' state; At is when.
 type Submission struct {
-	Task     store.Task
+	Task     Task
 	Replayed bool // an earlier submission with the same idempotency key
 	Decision *quotas.Decision
 	At       time.Time
@@ -340,7 +340,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 		// from Redis, so the submission still holds.
 		s.log.Error("pushing task to its queue failed; it stays queued in Postgres", "task_id", task.ID, "err", err)
 	}
-	res.Task = task
+	res.Task = Task{Task: task}
 	return res, nil
 }
 
@@ -349,7 +349,7 @@ func replay(res Submission, prev store.Task, hash []byte, idem string) (Submissi
 	if !bytes.Equal(prev.RequestHash, hash) {
 		return res, &ConflictError{Key: idem}
 	}
-	res.Task, res.Replayed = prev, true
+	res.Task, res.Replayed = Task{Task: prev}, true
 	return res, nil
 }
 
@@ -432,8 +432,18 @@ type Task struct {
 	WaitReason *string
 }
 
-// Get returns one of the tenant's tasks.
+// Get returns one of the tenant's tasks, with why it waits when it is queued.
 func (s *Service) Get(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
+	t, err := s.Stored(ctx, tenantID, id)
+	if err != nil {
+		return Task{}, err
+	}
+	return s.WithWaitReason(ctx, t), nil
+}
+
+// Stored returns one of the tenant's tasks as Postgres holds it, without asking the
+// scheduler why it waits (WaitReason nil): for callers that only watch its state.
+func (s *Service) Stored(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	if tenantID == "" {
 		return Task{}, ErrNoTenant
 	}
@@ -441,12 +451,12 @@ func (s *Service) Get(ctx context.Context, tenantID string, id uuid.UUID) (Task,
 	if err != nil {
 		return Task{}, err
 	}
-	return s.WithWaitReason(ctx, t), nil
+	return Task{Task: t}, nil
 }
 
 // WithWaitReason is t with, when it is queued, why it waits.
-func (s *Service) WithWaitReason(ctx context.Context, t store.Task) Task {
-	out := []Task{{Task: t}}
+func (s *Service) WithWaitReason(ctx context.Context, t Task) Task {
+	out := []Task{t}
 	s.fillWaitReasons(ctx, out)
 	return out[0]
 }
@@ -527,20 +537,20 @@ const cancelMessage = "cancelled by the tenant"
 
 // Cancel ends one of the tenant's queued or running tasks as killed: it gives its
 // lease back, takes it off its queue and tells the worker running it to stop.
-func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (store.Task, error) {
+func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	if tenantID == "" {
-		return store.Task{}, ErrNoTenant
+		return Task{}, ErrNoTenant
 	}
 	t, ok, err := s.d.Lifecycle.Cancel(ctx, CancelParams{TenantID: tenantID, ID: id, Reason: cancelMessage})
 	if err != nil {
-		return t, err
+		return Task{}, err
 	}
 	if !ok {
 		cur, err := s.d.Store.GetTask(ctx, store.GetTaskParams{TenantID: tenantID, ID: id})
 		if err != nil {
-			return t, err
+			return Task{}, err
 		}
-		return t, &FinishedError{ID: id, State: string(cur.State)}
+		return Task{}, &FinishedError{ID: id, State: string(cur.State)}
 	}
 	// This call won the terminal transition, so it owns the lease release.
 	s.d.Admission.Release(ctx, tenantID, id.String())
@@ -554,5 +564,8 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (st
 	if err := s.d.Redis.Publish(ctx, s.d.Keys.CancelChannel(), id.String()).Err(); err != nil {
 		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
 	}
-	return t, nil
+	return Task{Task: t}, nil
 }
+
+// Terminal reports whether a task state, as a string from an event, is final.
+func Terminal(state string) bool { return store.TaskState(state).Terminal() }

@@ -7,7 +7,6 @@ package tenants
 
 import (
 	"github.com/agentq/agentq/internal/config"
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -31,7 +30,7 @@ type Policy struct {
 // limits already applied). When the catalogue lacks t's plan it returns the error of
 // quotas.Catalogue.Effective and a Policy whose only field set is Weight (the
 // tenant's own, or 1), so a tenant whose plan was removed can still be shown.
-func PolicyOf(plans *quotas.Catalogue, t store.Tenant) (Policy, error) {
+func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 	w := 1
 	p, ok := plans.Plan(t.Plan)
 	if ok {

@@ -6,11 +6,17 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
+	"time"
 	"unicode/utf8"
+
+	"github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
+
+// Tenant is a stored tenant.
+type Tenant = store.Tenant
 
 // ErrNotFound is returned for a tenant that does not exist; ErrExists when Create
 // finds the id taken. Match them with errors.Is.
@@ -39,12 +45,21 @@ type Scheduler interface {
 	Configure(ctx context.Context, tenantID string, weight, runningCap int) error
 }
 
+// Invalidator tells the other processes' tenant caches that a tenant changed, so
+// they apply its new plan, limits or status at once rather than when their cache
+// entry expires. The service drops its own entry itself.
+type Invalidator interface {
+	InvalidateTenant(ctx context.Context, id string) error
+}
+
 // Service creates, changes and reads tenants.
 type Service struct {
 	store *store.Store
 	plans *quotas.Catalogue
 	sched Scheduler
+	inval Invalidator
 	log   *slog.Logger
+	cache *expirable.LRU[string, Tenant]
 }
 
 // Options are a Service's optional collaborators.
@@ -52,16 +67,32 @@ type Options struct {
 	// Scheduler, when set, gets a changed tenant's weight and running cap at once;
 	// without it they apply at the tenant's next submission.
 	Scheduler Scheduler
-	Logger    *slog.Logger
+	// Invalidator, when set, tells other processes of a changed tenant; without it
+	// they see the change when their cache entry expires.
+	Invalidator Invalidator
+	Logger      *slog.Logger
+	// CacheTTL bounds how long Lookup trusts a cached tenant (default 1s).
+	CacheTTL time.Duration
 }
+
+// DefaultCacheTTL is Options.CacheTTL's default.
+const DefaultCacheTTL = time.Second
+
+// cacheSize bounds the cached tenants.
+const cacheSize = 10000
 
 // New returns a Service over st, judging tenants against plans (with the
 // deployment's global limits applied).
 func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
-	s := &Service{store: st, plans: plans, sched: o.Scheduler, log: o.Logger}
+	s := &Service{store: st, plans: plans, sched: o.Scheduler, inval: o.Invalidator, log: o.Logger}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	ttl := o.CacheTTL
+	if ttl <= 0 {
+		ttl = DefaultCacheTTL
+	}
+	s.cache = expirable.NewLRU[string, Tenant](cacheSize, nil, ttl)
 	return s
 }
 
@@ -69,7 +100,7 @@ func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
 func (s *Service) Plans() *quotas.Catalogue { return s.plans }
 
 // Policy is PolicyOf with the service's catalogue.
-func (s *Service) Policy(t store.Tenant) (Policy, error) { return PolicyOf(s.plans, t) }
+func (s *Service) Policy(t Tenant) (Policy, error) { return PolicyOf(s.plans, t) }
 
 var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
 
@@ -106,21 +137,21 @@ type UpdateParams struct {
 
 // Create validates p and inserts the tenant. A refused field is an *InvalidError; an
 // id already taken is ErrExists.
-func (s *Service) Create(ctx context.Context, p CreateParams) (store.Tenant, error) {
+func (s *Service) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	if !idRE.MatchString(p.ID) {
-		return store.Tenant{}, invalid("id", "id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit.")
+		return Tenant{}, invalid("id", "id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit.")
 	}
 	if p.Plan == nil {
-		return store.Tenant{}, invalid("plan", "plan is required.")
+		return Tenant{}, invalid("plan", "plan is required.")
 	}
 	if p.Status != nil {
-		return store.Tenant{}, invalid("status", "status is set with PATCH, not at creation.")
+		return Tenant{}, invalid("status", "status is set with PATCH, not at creation.")
 	}
 	if err := s.validateFields(p.Name, p.Plan, p.Weight, p.Overrides, p.Status); err != nil {
-		return store.Tenant{}, err
+		return Tenant{}, err
 	}
 	if err := s.checkKeyLimits(*p.Plan, p.Overrides); err != nil {
-		return store.Tenant{}, err
+		return Tenant{}, err
 	}
 	name := p.ID
 	if p.Name != nil {
@@ -133,17 +164,17 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (store.Tenant, err
 
 // Update validates p and applies it, then hands the tenant's weight and running cap to
 // the scheduler. A refused field is an *InvalidError; a missing tenant ErrNotFound.
-func (s *Service) Update(ctx context.Context, p UpdateParams) (store.Tenant, error) {
+func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 	if p.ID == "" {
-		return store.Tenant{}, ErrNotFound // no tenant has an empty id
+		return Tenant{}, ErrNotFound // no tenant has an empty id
 	}
 	if err := s.validateFields(p.Name, p.Plan, p.Weight, p.Overrides, p.Status); err != nil {
-		return store.Tenant{}, err
+		return Tenant{}, err
 	}
 	if p.Plan != nil || p.Overrides != nil {
 		cur, err := s.store.GetTenant(ctx, p.ID)
 		if err != nil {
-			return store.Tenant{}, err
+			return Tenant{}, err
 		}
 		plan, ov := cur.Plan, cur.Overrides
 		if p.Plan != nil {
@@ -153,14 +184,20 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (store.Tenant, err
 			ov = p.Overrides
 		}
 		if err := s.checkKeyLimits(plan, ov); err != nil {
-			return store.Tenant{}, err
+			return Tenant{}, err
 		}
 	}
 	t, err := s.store.UpdateTenant(ctx, store.UpdateTenantParams{
 		ID: p.ID, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
 	})
 	if err != nil {
-		return store.Tenant{}, err
+		return Tenant{}, err
+	}
+	s.cache.Remove(t.ID)
+	if s.inval != nil {
+		if err := s.inval.InvalidateTenant(ctx, t.ID); err != nil {
+			s.log.Warn("invalidating a changed tenant failed; other processes catch up within the cache TTL", "tenant_id", t.ID, "err", err)
+		}
 	}
 	if pol, err := s.Policy(t); err == nil && s.sched != nil {
 		if err := s.sched.Configure(ctx, t.ID, pol.Weight, pol.RunningCap); err != nil {
@@ -171,15 +208,36 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (store.Tenant, err
 }
 
 // Get returns tenant id, or ErrNotFound.
-func (s *Service) Get(ctx context.Context, id string) (store.Tenant, error) {
+func (s *Service) Get(ctx context.Context, id string) (Tenant, error) {
 	if id == "" {
-		return store.Tenant{}, ErrNotFound // no tenant has an empty id
+		return Tenant{}, ErrNotFound // no tenant has an empty id
 	}
 	return s.store.GetTenant(ctx, id)
 }
 
+// Lookup is Get through the service's cache, for the hot path (every API request
+// reads its tenant): a tenant may be up to the cache TTL stale, unless the process
+// that changed it reached this one through its Invalidator (see Forget).
+func (s *Service) Lookup(ctx context.Context, id string) (Tenant, error) {
+	if t, ok := s.cache.Get(id); ok {
+		return t, nil
+	}
+	t, err := s.store.GetTenant(ctx, id)
+	if err != nil {
+		return t, err
+	}
+	s.cache.Add(id, t)
+	return t, nil
+}
+
+// Forget drops tenant id from Lookup's cache (another process changed it).
+func (s *Service) Forget(id string) { s.cache.Remove(id) }
+
+// ForgetAll empties Lookup's cache.
+func (s *Service) ForgetAll() { s.cache.Purge() }
+
 // List returns every tenant, ordered by id.
-func (s *Service) List(ctx context.Context) ([]store.Tenant, error) {
+func (s *Service) List(ctx context.Context) ([]Tenant, error) {
 	return s.store.UnscopedListTenants(ctx)
 }
 
@@ -207,7 +265,7 @@ func (s *Service) validateFields(name, plan *string, weight *int, overrides map[
 // checkKeyLimits refuses limits that turn key limits off while the tenant limit is on:
 // one unlimited key could then spend the whole tenant's bucket.
 func (s *Service) checkKeyLimits(plan string, overrides map[string]quotas.Limit) error {
-	pol, err := s.Policy(store.Tenant{Plan: plan, Overrides: overrides})
+	pol, err := s.Policy(Tenant{Plan: plan, Overrides: overrides})
 	if err != nil {
 		return invalid("plan", "%v.", err)
 	}

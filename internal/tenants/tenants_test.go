@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -219,5 +220,57 @@ func TestServiceValidation(t *testing.T) {
 	sched.err = errors.New("redis down")
 	if tn, err := svc.Update(ctx, tenants.UpdateParams{ID: "acme", Plan: ptr("enterprise")}); err != nil || tn.Plan != "enterprise" {
 		t.Errorf("update with a failing scheduler: %+v %v", tn, err)
+	}
+}
+
+// inval records the tenants the service says changed.
+type inval struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (i *inval) InvalidateTenant(_ context.Context, id string) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.ids = append(i.ids, id)
+	return nil
+}
+
+// Lookup reads tenants through the service's cache; the service's own Update drops
+// the cached tenant and tells the Invalidator, Forget drops one another process
+// changed.
+func TestLookupAndItsCache(t *testing.T) {
+	ctx := context.Background()
+	st := store.New(testenv.Postgres(t))
+	iv := &inval{}
+	svc := tenants.New(st, catalogue(t), tenants.Options{Invalidator: iv, CacheTTL: time.Hour})
+	if _, err := svc.Create(ctx, tenants.CreateParams{ID: "acme", Plan: ptr("pro")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Lookup(ctx, "ghost"); !errors.Is(err, tenants.ErrNotFound) {
+		t.Errorf("Lookup(ghost): %v", err)
+	}
+	if got, err := svc.Lookup(ctx, "acme"); err != nil || got.Plan != "pro" {
+		t.Fatalf("Lookup: %+v %v", got, err)
+	}
+	if _, err := svc.Update(ctx, tenants.UpdateParams{ID: "acme", Plan: ptr("free")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := svc.Lookup(ctx, "acme"); got.Plan != "free" {
+		t.Errorf("Lookup after Update: plan %s", got.Plan)
+	}
+	if !reflect.DeepEqual(iv.ids, []string{"acme"}) {
+		t.Errorf("invalidated %v", iv.ids)
+	}
+	other := tenants.New(st, catalogue(t), tenants.Options{})
+	if _, err := other.Update(ctx, tenants.UpdateParams{ID: "acme", Status: ptr("suspended")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := svc.Lookup(ctx, "acme"); got.Status != "active" {
+		t.Errorf("cached tenant before Forget: %s", got.Status)
+	}
+	svc.Forget("acme")
+	if got, _ := svc.Lookup(ctx, "acme"); got.Status != "suspended" {
+		t.Errorf("Lookup after Forget: %s", got.Status)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -90,36 +91,49 @@ func ensureDatabase(ctx context.Context) error {
 // to it. The schema is dropped when the test ends.
 func Schema(t testing.TB) (string, *pgxpool.Pool) {
 	t.Helper()
+	schema, pool, drop, err := OpenSchema()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(drop)
+	return schema, pool
+}
+
+// OpenSchema is Schema outside a test (Examples): drop closes the pool and drops the
+// schema.
+func OpenSchema() (schema string, pool *pgxpool.Pool, drop func(), err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := ensureDatabase(ctx); err != nil {
-		t.Fatalf("testenv: test database: %v (is Postgres running? `make test` starts it)", err)
+		return "", nil, nil, fmt.Errorf("test database: %w (is Postgres running? `make test` starts it)", err)
 	}
-	schema := "t_" + ID()
+	schema = "t_" + ID()
 	admin, err := pg.Connect(ctx, DatabaseURL(), "")
 	if err != nil {
-		t.Fatalf("testenv: %v", err)
+		return "", nil, nil, err
 	}
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		admin.Close()
-		t.Fatalf("testenv: create schema: %v", err)
+		return "", nil, nil, fmt.Errorf("create schema: %w", err)
 	}
-	pool, err := pg.Connect(ctx, DatabaseURL(), schema)
-	if err != nil {
-		admin.Close()
-		t.Fatalf("testenv: %v", err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
+	drop = func() {
+		if pool != nil {
+			pool.Close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 		admin.Close()
-	})
-	if _, err := migrations.Up(ctx, pool); err != nil {
-		t.Fatalf("testenv: migrate: %v", err)
 	}
-	return schema, pool
+	if pool, err = pg.Connect(ctx, DatabaseURL(), schema); err != nil {
+		drop()
+		return "", nil, nil, err
+	}
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		drop()
+		return "", nil, nil, fmt.Errorf("migrate: %w", err)
+	}
+	return schema, pool, drop, nil
 }
 
 // Postgres is Schema without the name.
@@ -132,26 +146,38 @@ func Postgres(t testing.TB) *pgxpool.Pool {
 // under the prefix (and the prefix's asynq queues) is deleted when the test ends.
 func Redis(t testing.TB, shards int) (*redis.Client, rkeys.Keys) {
 	t.Helper()
-	opt, err := redis.ParseURL(RedisURL())
+	c, keys, done, err := OpenRedis(shards)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
+	t.Cleanup(done)
+	return c, keys
+}
+
+// OpenRedis is Redis outside a test (Examples): done deletes the prefix's keys and
+// closes the client.
+func OpenRedis(shards int) (c *redis.Client, keys rkeys.Keys, done func(), err error) {
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		return nil, keys, nil, err
+	}
 	opt.PoolSize = 64
-	c := redis.NewClient(opt)
+	c = redis.NewClient(opt)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("testenv: Redis at %s: %v (is Redis running? `make test` starts it)", opt.Addr, err)
+		_ = c.Close()
+		return nil, keys, nil, fmt.Errorf("Redis at %s: %w (is Redis running? `make test` starts it)", opt.Addr, err)
 	}
-	keys := rkeys.New("t"+ID()+":", shards)
-	t.Cleanup(func() {
+	keys = rkeys.New("t"+ID()+":", shards)
+	done = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		DeletePrefix(ctx, c, keys.Prefix())
 		DeletePrefix(ctx, c, keys.AsynqKeyPrefix())
 		_ = c.Close()
-	})
-	return c, keys
+	}
+	return c, keys, done, nil
 }
 
 // DeletePrefix deletes every key starting with prefix.

@@ -1,0 +1,151 @@
+package agentq_test
+
+import (
+	"context"
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+func TestDefaultConfigIsValid(t *testing.T) {
+	if err := agentq.DefaultConfig().Validate(); err != nil {
+		t.Fatalf("DefaultConfig().Validate() = %v", err)
+	}
+}
+
+// Each refused value is refused with an error that names its field, and New refuses
+// it before connecting to anything.
+func TestConfigValidateNamesTheBadField(t *testing.T) {
+	neg, nan := -1.0, math.NaN()
+	for _, tc := range []struct {
+		field string
+		bad   func(*agentq.Config)
+	}{
+		{"Roles", func(c *agentq.Config) { c.Roles = nil }},
+		{"Roles", func(c *agentq.Config) { c.Roles = []string{"api", "cook"} }},
+		{"Roles", func(c *agentq.Config) { c.Roles = []string{"api", "api"} }},
+		{"HTTPAddr", func(c *agentq.Config) { c.HTTPAddr = "" }},
+		{"RedisURL", func(c *agentq.Config) { c.RedisURL = "" }},
+		{"RedisURL", func(c *agentq.Config) { c.RedisURL = "http://127.0.0.1:6379" }},
+		{"DatabaseURL", func(c *agentq.Config) { c.DatabaseURL = "" }},
+		{"DatabaseURL", func(c *agentq.Config) { c.DatabaseURL = "postgres://u:hunter2@h:notaport/db" }},
+		{"RedisPrefix", func(c *agentq.Config) { c.RedisPrefix = "" }},
+		{"Shards", func(c *agentq.Config) { c.Shards = 0 }},
+		{"WorkerConcurrency", func(c *agentq.Config) { c.WorkerConcurrency = 0 }},
+		{"Prefetch", func(c *agentq.Config) { c.Prefetch = -1 }},
+		{"ShutdownTimeout", func(c *agentq.Config) { c.ShutdownTimeout = 0 }},
+		{"RedisTimeout", func(c *agentq.Config) { c.RedisTimeout = -time.Second }},
+		{"JanitorInterval", func(c *agentq.Config) { c.JanitorInterval = 0 }},
+		{"RateKeyRPS", func(c *agentq.Config) { c.RateKeyRPS = &neg }},
+		{"TenantMaxInflight", func(c *agentq.Config) { c.TenantMaxInflight = &nan }},
+	} {
+		cfg := agentq.DefaultConfig()
+		tc.bad(&cfg)
+		err := cfg.Validate()
+		var ce *agentq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: Validate() = %v, want a *ConfigError naming %s", tc.field, err, tc.field)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%s: the error shows the password: %v", tc.field, err)
+		}
+		// Nothing listens on port 1: had New tried to connect, it would fail otherwise.
+		if tc.field != "RedisURL" {
+			cfg.RedisURL = "redis://127.0.0.1:1/0"
+		}
+		if tc.field != "DatabaseURL" {
+			cfg.DatabaseURL = "postgres://postgres@127.0.0.1:1/none"
+		}
+		if _, err := agentq.New(context.Background(), agentq.Options{Config: cfg}); !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: New = %v, want the *ConfigError", tc.field, err)
+		}
+	}
+	// A Redis or a pool given to New stands for its URL.
+	cfg := agentq.DefaultConfig()
+	cfg.RedisURL, cfg.DatabaseURL = "", ""
+	rdb, _ := testenv.Redis(t, 1)
+	if _, err := agentq.New(context.Background(), agentq.Options{Config: cfg, Redis: rdb}); !strings.Contains(err.Error(), "DatabaseURL") {
+		t.Errorf("New with a Redis and no DatabaseURL = %v, want DatabaseURL refused", err)
+	}
+}
+
+// Every field of Config documents its default, and the default it documents is
+// DefaultConfig's.
+func TestConfigDocumentsEveryDefault(t *testing.T) {
+	docs := configFieldDocs(t)
+	def := reflect.ValueOf(agentq.DefaultConfig())
+	typ := def.Type()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		doc, ok := docs[f.Name]
+		if !ok {
+			t.Errorf("Config.%s has no doc comment", f.Name)
+			continue
+		}
+		var want string
+		switch v := def.Field(i).Interface().(type) {
+		case string:
+			want = strconv.Quote(v)
+		case int:
+			want = strconv.Itoa(v)
+		case time.Duration:
+			want = v.String()
+			if strings.HasSuffix(want, "m0s") { // "5m", as people write it
+				want = strings.TrimSuffix(want, "0s")
+			}
+		case []string:
+			want = "all four"
+			if len(v) != 4 {
+				t.Errorf("Config.%s: default %v, the doc says all four roles", f.Name, v)
+			}
+		case *float64:
+			want = "nil"
+			if v != nil {
+				want = strconv.FormatFloat(*v, 'g', -1, 64)
+			}
+		default:
+			t.Fatalf("Config.%s: no rule for a field of type %T", f.Name, v)
+		}
+		if !strings.Contains(doc, "default "+want) {
+			t.Errorf("Config.%s: its doc %q does not say \"default %s\"", f.Name, doc, want)
+		}
+	}
+}
+
+// configFieldDocs reads the doc comments of Config's fields from config.go, with
+// whitespace collapsed.
+func configFieldDocs(t *testing.T) map[string]string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := map[string]string{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		ts, ok := n.(*ast.TypeSpec)
+		if !ok || ts.Name.Name != "Config" {
+			return true
+		}
+		for _, fld := range ts.Type.(*ast.StructType).Fields.List {
+			for _, name := range fld.Names {
+				docs[name.Name] = strings.Join(strings.Fields(fld.Doc.Text()), " ")
+			}
+		}
+		return false
+	})
+	if len(docs) == 0 {
+		t.Fatal("config.go: no Config struct found")
+	}
+	return docs
+}

@@ -1,0 +1,156 @@
+// Package services assembles the domain services (tenants, API keys, tasks, HTTP
+// agents) over one Postgres pool and, when given, one Redis, the same way for every
+// caller: the library, the HTTP API and the CLI. It also owns the change messages
+// through which a process that changed a key or a tenant tells the others' caches.
+package services
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/agents"
+	"github.com/agentq/agentq/internal/keys"
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// Scheduler is what the services need of the scheduler: the tenants service applies
+// a changed tenant's weight and running cap, the tasks service queues, removes and
+// explains waiting tasks.
+type Scheduler interface {
+	tenants.Scheduler
+	tasks.Queue
+}
+
+// Agents is what the services need of the runtime's agent registry: judging a task's
+// input for its agent, and naming the in-process agents HTTP agents may not shadow.
+type Agents interface {
+	ValidateTask(ctx context.Context, agent string, input json.RawMessage) error
+	Local(name string) bool
+}
+
+// Deps are what the services are built on. Pool and Plans are required.
+type Deps struct {
+	Pool  *pgxpool.Pool
+	Plans *quotas.Catalogue // with the deployment's global limits applied
+	// Redis, when set, carries change messages to the other processes' caches, and is
+	// where the scheduler and the key limit state live. Without it changes reach the
+	// other processes when their cache entries expire (within a second).
+	Redis redis.UniversalClient
+	Keys  rkeys.Keys
+	// Scheduler: nil with Redis is a scheduler over Redis and Keys; nil without Redis,
+	// a changed tenant's weight applies at its next submission.
+	Scheduler Scheduler
+	// Admission and Agents are needed for Tasks; without either, Tasks is nil.
+	Admission *quotas.Guard
+	Agents    Agents
+	Logger    *slog.Logger
+}
+
+// Services are the domain services of one process.
+type Services struct {
+	Tenants *tenants.Service
+	Keys    *keys.Service
+	Tasks   *tasks.Service // nil without Deps.Admission or Deps.Agents
+	Agents  *agents.Service
+}
+
+// New builds the services on d.
+func New(d Deps) *Services {
+	log := d.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	st := store.New(d.Pool)
+	sched := d.Scheduler
+	if sched == nil && d.Redis != nil {
+		sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
+	}
+	var pub *Publisher
+	if d.Redis != nil {
+		pub = &Publisher{Redis: d.Redis, Keys: d.Keys}
+	}
+	to := tenants.Options{Logger: log}
+	ko := keys.Options{Logger: log}
+	if sched != nil {
+		to.Scheduler = sched
+	}
+	if pub != nil {
+		to.Invalidator, ko.Invalidator = pub, pub
+	}
+	switch {
+	case d.Admission != nil:
+		ko.Limits = d.Admission.Quotas()
+	case d.Redis != nil:
+		ko.Limits = quotas.New(d.Redis, d.Keys, nil)
+	}
+	s := &Services{
+		Tenants: tenants.New(st, d.Plans, to),
+		Keys:    keys.New(st, ko),
+	}
+	var local agents.Local
+	if d.Agents != nil {
+		local = d.Agents
+	}
+	s.Agents = agents.New(st, local)
+	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
+		s.Tasks = tasks.New(tasks.Deps{
+			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
+			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Logger: log,
+		})
+	}
+	return s
+}
+
+// Change is what a change message says changed.
+type Change int
+
+// Changes.
+const (
+	NoChange Change = iota
+	KeyChanged
+	TenantChanged
+)
+
+const (
+	keyPrefix    = "k:"
+	tenantPrefix = "t:"
+)
+
+// Publisher tells the other processes' caches, on Keys.KeysChangedChannel, that a key
+// or a tenant changed. It is the key and tenant services' Invalidator.
+type Publisher struct {
+	Redis redis.UniversalClient
+	Keys  rkeys.Keys
+}
+
+// InvalidateKey publishes that key kid changed.
+func (p *Publisher) InvalidateKey(ctx context.Context, kid string) error {
+	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), keyPrefix+kid).Err()
+}
+
+// InvalidateTenant publishes that tenant id changed.
+func (p *Publisher) InvalidateTenant(ctx context.Context, id string) error {
+	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), tenantPrefix+id).Err()
+}
+
+// ParseChange reads a message of Keys.KeysChangedChannel: what changed and its id
+// (the kid or the tenant id), or NoChange for a message it does not know.
+func ParseChange(msg string) (Change, string) {
+	if id, ok := strings.CutPrefix(msg, keyPrefix); ok {
+		return KeyChanged, id
+	}
+	if id, ok := strings.CutPrefix(msg, tenantPrefix); ok {
+		return TenantChanged, id
+	}
+	return NoChange, ""
+}

@@ -1,0 +1,180 @@
+package agentq
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/quotas"
+)
+
+// Refusals of a task submission or cancellation, matched with errors.As.
+type (
+	// UnknownAgentError: no agent of that name runs in process or is registered.
+	UnknownAgentError = tasks.UnknownAgentError
+	// SuspendedError: the tenant is suspended.
+	SuspendedError = tasks.SuspendedError
+	// IdempotencyConflictError: the idempotency key was used with a different request.
+	IdempotencyConflictError = tasks.ConflictError
+	// LimitError: a limit of the tenant's refused the task; its Decision names which,
+	// and when to retry.
+	LimitError = tasks.RefusedError
+	// TaskEndedError: the task to cancel already ended.
+	TaskEndedError = tasks.FinishedError
+)
+
+// Task states.
+const (
+	TaskQueued         = "queued"
+	TaskRunning        = "running"
+	TaskCompleted      = "completed"
+	TaskFailed         = "failed"
+	TaskKilled         = "killed" // cancelled
+	TaskBudgetExceeded = "budget_exceeded"
+	TaskAbandoned      = "abandoned"
+)
+
+// Task is a task and where it stands.
+type Task struct {
+	ID       uuid.UUID
+	TenantID string
+	Agent    string
+	User     string // "" when the submission named none
+	State    string // one of the Task* states
+	Priority int
+	Input    json.RawMessage
+	Output   json.RawMessage // the agent's output once it completed; nil before
+	Error    string          // why it ended, when it did not complete
+	Budget   quotas.TaskBudget
+	Usage    TaskUsage
+	// WaitReason says why a queued task waits (as the HTTP API's wait_reason); ""
+	// when it is not queued or that could not be told.
+	WaitReason string
+	Attempt    int
+	CreatedAt  time.Time
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+}
+
+// Ended reports whether the task reached a final state.
+func (t Task) Ended() bool { return tasks.Terminal(t.State) }
+
+// TaskUsage is what a task consumed.
+type TaskUsage struct {
+	Steps   int
+	Tokens  int64
+	CostUSD float64
+}
+
+func taskOf(t tasks.Task) Task {
+	out := Task{
+		ID: t.ID, TenantID: t.TenantID, Agent: t.Agent, User: t.User, State: string(t.State), Priority: t.Priority,
+		Input: t.Input, Output: t.Output, Attempt: t.Attempt,
+		Usage:     TaskUsage{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
+		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
+	}
+	if t.Error != nil {
+		out.Error = *t.Error
+	}
+	if t.WaitReason != nil {
+		out.WaitReason = *t.WaitReason
+	}
+	_ = json.Unmarshal(t.Budget, &out.Budget) // stored by Submit from a TaskBudget
+	return out
+}
+
+// NewTask is a task to submit.
+type NewTask struct {
+	TenantID string
+	Agent    string
+	// Input is the agent's input, a JSON value; nil is {}.
+	Input json.RawMessage
+	// User is who the task acts for (per-user limits apply to it); "" for none.
+	User string
+	// Budget caps the task; nil fields take the plan's default, and no field may
+	// exceed the plan's ceiling.
+	Budget *TaskBudget
+	// Priority is 0 (lowest) to 9; nil is the default, 5.
+	Priority *int
+	// IdempotencyKey, when set, makes a resubmission of the same request return the
+	// task the first one made.
+	IdempotencyKey string
+}
+
+// TaskBudget is a requested task budget; nil fields take the plan's default.
+type TaskBudget struct {
+	MaxSteps      *int
+	MaxWallclockS *float64
+	MaxCostUSD    *float64
+}
+
+// SubmitTask validates a task, admits it against the tenant's limits and queues it,
+// as POST /v1/tasks does. The submission carries no API key: the per-key limits
+// (key_rate, key_agent_rate) count every Go submission of a tenant together. A
+// refused field is an *InvalidError, a refusal by a limit a *LimitError; see also
+// UnknownAgentError, SuspendedError, IdempotencyConflictError and ErrUnavailable.
+func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
+	var budget *tasks.BudgetRequest
+	if p.Budget != nil {
+		budget = &tasks.BudgetRequest{MaxSteps: p.Budget.MaxSteps, MaxWallclockS: p.Budget.MaxWallclockS, MaxCostUSD: p.Budget.MaxCostUSD}
+	}
+	res, err := a.services.Tasks.Submit(ctx, tasks.SubmitParams{
+		TenantID: p.TenantID, Agent: p.Agent, Input: p.Input, User: p.User, Budget: budget,
+		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey,
+	})
+	if err != nil {
+		return Task{}, invalidOf(err)
+	}
+	return taskOf(res.Task), nil
+}
+
+// GetTask returns one of the tenant's tasks, or ErrNotFound.
+func (a *App) GetTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
+	t, err := a.services.Tasks.Get(ctx, tenantID, id)
+	if err != nil {
+		return Task{}, invalidOf(err)
+	}
+	return taskOf(t), nil
+}
+
+// TaskQuery selects a page of a tenant's tasks, newest first.
+type TaskQuery struct {
+	TenantID string
+	State    string    // one of the Task* states; "" for all
+	Limit    int       // 1 to 500; 0 is 50
+	Before   uuid.UUID // TaskPage.Next of the previous page; zero for the first
+}
+
+// TaskPage is a page of tasks; Next, when not nil, selects the next page.
+type TaskPage struct {
+	Tasks []Task
+	Next  *uuid.UUID
+}
+
+// ListTasks returns a page of the tenant's tasks. A bad State or Limit is an
+// *InvalidError.
+func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
+	page, err := a.services.Tasks.List(ctx, tasks.ListParams{TenantID: q.TenantID, State: q.State, Limit: q.Limit, Before: q.Before})
+	if err != nil {
+		return TaskPage{}, invalidOf(err)
+	}
+	out := TaskPage{Tasks: make([]Task, 0, len(page.Tasks)), Next: page.Next}
+	for _, t := range page.Tasks {
+		out.Tasks = append(out.Tasks, taskOf(t))
+	}
+	return out, nil
+}
+
+// CancelTask ends one of the tenant's queued or running tasks as killed: a running
+// step is interrupted wherever it runs. A task that already ended is a
+// *TaskEndedError; one the tenant does not have ErrNotFound.
+func (a *App) CancelTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
+	t, err := a.services.Tasks.Cancel(ctx, tenantID, id)
+	if err != nil {
+		return Task{}, invalidOf(err)
+	}
+	return taskOf(t), nil
+}
