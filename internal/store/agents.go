@@ -11,18 +11,18 @@ import (
 
 // Agent is an HTTP agent registered by the operator.
 type Agent struct {
-	Name         string            `json:"name"`
-	URL          string            `json:"url"`
-	StepTimeoutS float64           `json:"step_timeout_s"`
-	Headers      map[string]string `json:"headers"`
+	Name         string
+	URL          string
+	StepTimeoutS float64
+	Headers      map[string]string
 	// SigningSecretCreatedAt is when the agent's own signing secret was made; nil
 	// for an agent registered before per-agent secrets (signed with the shared one).
-	SigningSecretCreatedAt *time.Time `json:"signing_secret_created_at"`
-	CreatedAt              time.Time  `json:"created_at"`
-	UpdatedAt              time.Time  `json:"updated_at"`
+	SigningSecretCreatedAt *time.Time
+	CreatedAt              time.Time
+	UpdatedAt              time.Time
 	// SigningSecret is the agent's own signing key ("" for such an agent). It is for
 	// the worker only: never shown by reads, never logged.
-	SigningSecret string `json:"-"`
+	SigningSecret string
 }
 
 const agentCols = `name, url, step_timeout_s, headers, signing_secret_created_at, created_at, updated_at, COALESCE(signing_secret, '')`

@@ -10,7 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Scopes restrict what a key may do; empty lists mean "all".
+// Scopes restrict what a key may do; empty lists mean "all". The JSON tags are the
+// stored column's format (scopes is a jsonb column), not an API shape.
 type Scopes struct {
 	Agents     []string `json:"agents,omitempty"`
 	Principals []string `json:"principals,omitempty"`
@@ -18,13 +19,13 @@ type Scopes struct {
 
 // APIKey is a key's stored record: never the secret, only its hash.
 type APIKey struct {
-	Kid        string     `json:"kid"`
-	TenantID   string     `json:"tenant_id"`
-	SecretHash []byte     `json:"-"`
-	Scopes     Scopes     `json:"scopes"`
-	CreatedAt  time.Time  `json:"created_at"`
-	RotatedAt  *time.Time `json:"rotated_at"`
-	RevokedAt  *time.Time `json:"revoked_at"`
+	Kid        string
+	TenantID   string
+	SecretHash []byte
+	Scopes     Scopes
+	CreatedAt  time.Time
+	RotatedAt  *time.Time
+	RevokedAt  *time.Time
 }
 
 const keyCols = `kid, tenant_id, secret_hash, scopes, created_at, rotated_at, revoked_at`

@@ -9,11 +9,11 @@ import (
 
 // LedgerRow is one (task, step, meter) usage row.
 type LedgerRow struct {
-	TaskID   uuid.UUID `json:"task_id"`
-	Step     int       `json:"step"`
-	Meter    string    `json:"meter"`
-	TenantID string    `json:"tenant_id"`
-	Quantity int64     `json:"quantity"`
+	TaskID   uuid.UUID
+	Step     int
+	Meter    string
+	TenantID string
+	Quantity int64
 }
 
 // TaskLedgerParams name one of a tenant's tasks.

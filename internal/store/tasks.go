@@ -40,9 +40,9 @@ func (s TaskState) Valid() bool { return slices.Contains(TaskStates, s) }
 
 // Usage is what a task has consumed so far. Money is kept in micro-dollars.
 type Usage struct {
-	Steps        int   `json:"steps"`
-	Tokens       int64 `json:"tokens"`
-	CostMicroUSD int64 `json:"-"`
+	Steps        int
+	Tokens       int64
+	CostMicroUSD int64
 }
 
 // Task is a task row.

@@ -14,14 +14,14 @@ import (
 
 // Tenant is a customer of the deployment.
 type Tenant struct {
-	ID        string                  `json:"id"`
-	Name      string                  `json:"name"`
-	Plan      string                  `json:"plan"`
-	Weight    *int                    `json:"weight"`
-	Overrides map[string]quotas.Limit `json:"overrides"`
-	Status    string                  `json:"status"`
-	CreatedAt time.Time               `json:"created_at"`
-	UpdatedAt time.Time               `json:"updated_at"`
+	ID        string
+	Name      string
+	Plan      string
+	Weight    *int
+	Overrides map[string]quotas.Limit
+	Status    string
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 const tenantCols = `id, name, plan, weight, overrides, status, created_at, updated_at`
