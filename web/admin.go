@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/internal/keys"
+	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -110,7 +111,7 @@ func (s *Server) updateTenant(c echo.Context) error {
 	if err != nil {
 		return tenantErr(err, id)
 	}
-	s.invalidate(ctx, "t:"+id)
+	s.invalidate(ctx, rkeys.TenantChanged(id))
 	return c.JSON(http.StatusOK, s.tenantJSON(t))
 }
 

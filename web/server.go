@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -221,7 +220,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// invalidate drops cached state for "k:<kid>" or "t:<tenant>" here and on every replica.
+// invalidate drops the cached key or tenant a KeysChangedChannel message (rkeys.KeyChanged,
+// rkeys.TenantChanged) names, here and on every replica.
 func (s *Server) invalidate(ctx context.Context, what string) {
 	s.invalidateLocal(what)
 	if s.Redis != nil {
@@ -244,16 +244,16 @@ func (s *Server) ReloadKeys() {
 type keyInvalidator struct{ s *Server }
 
 func (i keyInvalidator) InvalidateKey(ctx context.Context, kid string) error {
-	i.s.invalidate(ctx, "k:"+kid) // logs its own failure
+	i.s.invalidate(ctx, rkeys.KeyChanged(kid)) // logs its own failure
 	return nil
 }
 
 func (s *Server) invalidateLocal(what string) {
-	switch {
-	case strings.HasPrefix(what, "k:"):
-		s.keys.Invalidate(what[2:])
-	case strings.HasPrefix(what, "t:"):
-		s.tenantCache.Remove(what[2:])
+	switch kid, tenant := rkeys.ParseChanged(what); {
+	case kid != "":
+		s.keys.Invalidate(kid)
+	case tenant != "":
+		s.tenantCache.Remove(tenant)
 	}
 }
 

@@ -61,7 +61,7 @@ type keyPublisher struct {
 }
 
 func (p keyPublisher) InvalidateKey(ctx context.Context, kid string) error {
-	return p.rdb.Publish(ctx, p.rk.KeysChangedChannel(), "k:"+kid).Err()
+	return p.rdb.Publish(ctx, p.rk.KeysChangedChannel(), rkeys.KeyChanged(kid)).Err()
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -208,7 +208,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				}
 				if env.rdb != nil {
 					// Tell running servers at once, as the admin API does.
-					_ = env.rdb.Publish(ctx, env.keys.KeysChangedChannel(), "t:"+t.ID).Err()
+					_ = env.rdb.Publish(ctx, env.keys.KeysChangedChannel(), rkeys.TenantChanged(t.ID)).Err()
 				}
 				return printJSON(cmd, t)
 			})
