@@ -777,6 +777,26 @@ func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []
 	return sessions, long, err
 }
 
+// LeaseMembers lists the session and the long-running leases of a page of tenants, in
+// the page's order, in one round trip.
+func (q *Quotas) LeaseMembers(ctx context.Context, tenants []string) (sessions, long [][]string, err error) {
+	pipe := q.rdb.Pipeline()
+	sc := make([]*redis.StringSliceCmd, len(tenants))
+	lc := make([]*redis.StringSliceCmd, len(tenants))
+	for i, t := range tenants {
+		sc[i] = pipe.ZRange(ctx, q.keys.Sessions(t), 0, -1)
+		lc[i] = pipe.ZRange(ctx, q.keys.LongRunning(t), 0, -1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil, fmt.Errorf("quotas: leases: %w", err)
+	}
+	sessions, long = make([][]string, len(tenants)), make([][]string, len(tenants))
+	for i := range tenants {
+		sessions[i], long[i] = sc[i].Val(), lc[i].Val()
+	}
+	return sessions, long, nil
+}
+
 // LeaseAges returns a tenant's leases with the time since each was taken or last
 // refreshed, on the clock the leases expire by (Redis TIME, or the test clock).
 func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error) {

@@ -3,9 +3,11 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -221,5 +223,58 @@ func TestDispatchersWithTheirOwnCandidatesShareFairly(t *testing.T) {
 		if got := float64(counts[tenant]); got < want-4 || got > want+4 {
 			t.Errorf("%s got %v of %d weighted dispatches, want about %.0f (counts %v)", tenant, got, weighted, want, counts)
 		}
+	}
+}
+
+func TestRunningSetsReadsAPageOfTenants(t *testing.T) {
+	f := newFixture(t, 0, 0)
+	ctx := context.Background()
+	for _, r := range [][2]string{{"a", "x"}, {"b", "y"}, {"b", "z"}} {
+		if err := f.s.AddRunning(ctx, r[0], r[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sets, err := f.s.RunningSets(ctx, []string{"b", "none", "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sets) != 3 || !slices.Equal(sorted(sets[0]), []string{"y", "z"}) || len(sets[1]) != 0 || !slices.Equal(sets[2], []string{"x"}) {
+		t.Fatalf("running sets = %v, want [[y z] [] [x]]", sets)
+	}
+}
+
+func sorted(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }
+
+// The generation marker is reported missing once, then present, and always carries a
+// ttl; after a FLUSHDB-like loss it is missing again.
+func TestMarkGeneration(t *testing.T) {
+	f := newFixture(t, 0, 0)
+	ctx := context.Background()
+	for i, want := range []bool{true, false, false} {
+		set, err := f.s.MarkGeneration(ctx)
+		if err != nil || set != want {
+			t.Fatalf("call %d: set = %v (%v), want %v", i, set, err, want)
+		}
+		if ttl := f.rdb.TTL(ctx, f.keys.Generation()).Val(); ttl < generationTTL-time.Minute {
+			t.Fatalf("call %d: marker ttl %v, want about %v", i, ttl, generationTTL)
+		}
+	}
+	f.rdb.Del(ctx, f.keys.Generation())
+	if set, err := f.s.MarkGeneration(ctx); err != nil || !set {
+		t.Fatalf("after the marker was lost: set = %v (%v), want true", set, err)
+	}
+}
+
+func TestQueueLen(t *testing.T) {
+	f := newFixture(t, 10, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 1, 0)
+	f.enqueue("a", 5, 1, 0)
+	if n, err := f.s.QueueLen(ctx, "a"); err != nil || n != 2 {
+		t.Fatalf("queue length %d (%v), want 2", n, err)
+	}
+	f.mustDispatch()
+	if n, err := f.s.QueueLen(ctx, "a"); err != nil || n != 1 {
+		t.Fatalf("after a dispatch: %d (%v), want 1", n, err)
 	}
 }

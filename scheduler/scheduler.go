@@ -704,6 +704,46 @@ func (s *Scheduler) RunningMembers(ctx context.Context, tenantID string) ([]stri
 	return s.rdb.SMembers(ctx, s.keys.TenantRunning(tenantID)).Result()
 }
 
+// RunningSets lists the running sets of a page of tenants, in the page's order, in one
+// round trip.
+func (s *Scheduler) RunningSets(ctx context.Context, tenants []string) ([][]string, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, len(tenants))
+	for i, t := range tenants {
+		cmds[i] = pipe.SMembers(ctx, s.keys.TenantRunning(t))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("scheduler: running sets: %w", err)
+	}
+	out := make([][]string, len(tenants))
+	for i, c := range cmds {
+		out[i] = c.Val()
+	}
+	return out, nil
+}
+
+// generationTTL keeps the generation marker alive between janitor leaders' checks
+// (every second), however long a Redis runs.
+const generationTTL = 30 * 24 * time.Hour
+
+// MarkGeneration sets this Redis's generation marker if it is missing and renews its
+// ttl. It reports whether the marker was missing: the Redis lost its data (FLUSHDB, a
+// restart without persistence), or never had it.
+func (s *Scheduler) MarkGeneration(ctx context.Context) (bool, error) {
+	pipe := s.rdb.TxPipeline()
+	set := pipe.SetNX(ctx, s.keys.Generation(), time.Now().UTC().Format(time.RFC3339), 0)
+	pipe.Expire(ctx, s.keys.Generation(), generationTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return false, fmt.Errorf("scheduler: generation marker: %w", err)
+	}
+	return set.Val(), nil
+}
+
+// QueueLen is the number of the tenant's queued tasks.
+func (s *Scheduler) QueueLen(ctx context.Context, tenantID string) (int64, error) {
+	return s.rdb.ZCard(ctx, s.keys.TenantQueue(tenantID)).Result()
+}
+
 // AddRunning re-adds a running task that Redis lost to its tenant's running set, so
 // the tenant's cap counts it.
 func (s *Scheduler) AddRunning(ctx context.Context, tenantID, taskID string) error {
