@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -195,7 +196,8 @@ type AdmitParams struct {
 // leases (zset), tenant queue (zset), steps per hour (hash), admitted-not-yet-queued
 // tasks (zset)
 // ARGV[1] now ms or ""   ARGV[2] lease ttl ms   ARGV[3] max users per tenant
-// ARGV[4] state ttl ms   ARGV[5] pending ttl ms, then 8 per admission:
+// ARGV[4] state ttl ms   ARGV[5] pending ttl ms   ARGV[6] user field prefix "u:"
+// ARGV[7] the shared overflow user field, then 8 per admission:
 //
 //	1 numbers, 17 little-endian doubles: mode (0 admit, 1 peek, 2 key), in scope,
 //	  long-running, key rate, key burst, tenant rate, tenant burst, key-agent rate,
@@ -219,6 +221,7 @@ type AdmitParams struct {
 // every request; "out of scope" takes the key's token only.
 var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl, pending_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local user_match, overflow = ARGV[6] .. '*', ARGV[7]
 local floor, call = math.floor, redis.call
 -- Redis has the struct library; an embedded test Redis (miniredis) may not, and then
 -- the numbers travel as comma-separated text instead.
@@ -237,8 +240,8 @@ local function pack(fmt, ...)
 end
 local hour = floor(now / 3600000)
 local reply = {}
-local overflow = 'u:\0overflow'
 local user_sweep = 32 -- user fields a new user's admission at the cap may sweep
+local admit_globals = 7
 
 -- GCRA (as go-redis/redis_rate); tat in ms. Returns the new tat, or nil if refused.
 -- A tat beyond what the current rate and burst can produce means the limit changed
@@ -256,7 +259,7 @@ end
 for r = 0, (#KEYS / 6) - 1 do
   local b = r * 6
   local H, SL, LL, Q, S, P = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]
-  local a = r * 8 + 5
+  local a = r * 8 + admit_globals
   local mode, in_scope, is_long, key_rate, key_burst, t_rate, t_burst, ka_rate, ka_burst,
         u_rate, u_burst, sessions, long, backlog_max, steps_max, tokens_max, usd_max =
         unpackn('<ddddddddddddddddd', ARGV[a + 1])
@@ -297,7 +300,7 @@ for r = 0, (#KEYS / 6) - 1 do
         -- At the cap. Users whose buckets are full again are the same as absent: a
         -- bounded slice of the hash is swept per such admission (a cursor carries on
         -- from the last one), so its cost never grows with the users tracked.
-        local res = call('HSCAN', H, uc, 'MATCH', 'u:*', 'COUNT', user_sweep)
+        local res = call('HSCAN', H, uc, 'MATCH', user_match, 'COUNT', user_sweep)
         local fields = res[2]
         for i = 1, #fields, 2 do
           if fields[i] ~= overflow and (tonumber(fields[i + 1]) or 0) <= now then
@@ -413,8 +416,9 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// admitKeysPerCall and admitArgsPerCall are the script's strides.
-const admitKeysPerCall, admitArgsPerCall = 6, 8
+// admitKeysPerCall and admitArgsPerCall are the script's strides; admitGlobalArgs
+// its leading ARGV shared by every admission of a call.
+const admitKeysPerCall, admitArgsPerCall, admitGlobalArgs = 6, 8, 7
 
 // PendingTTL bounds how long an admitted task counts against queue_backlog before it
 // is in its queue: the scheduler's enqueue clears its mark; a process that dies
@@ -447,12 +451,13 @@ func (q *Quotas) appendAdmit(keys []string, args []any, p AdmitParams) ([]string
 	packed := q.encodeNums(nums[:])
 	af, uf := "", ""
 	if p.Agent != "" {
-		af = "a:" + p.Kid + ":" + p.Agent
+		af = rkeys.KeyAgentField(p.Kid, p.Agent)
 	}
 	if p.User != "" {
-		uf = "u:" + p.User
+		uf = rkeys.UserField(p.User)
 	}
-	args = append(args, packed, p.TaskID, "k:"+p.Kid, af, uf, "tok:"+p.Period.ID, "usd:"+p.Period.ID, "")
+	args = append(args, packed, p.TaskID, rkeys.KeyBucketField(p.Kid), af, uf,
+		rkeys.TokensField(p.Period.ID), rkeys.USDField(p.Period.ID), "")
 	return keys, args
 }
 
@@ -483,8 +488,9 @@ func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, 
 		return nil, err
 	}
 	keys := make([]string, 0, admitKeysPerCall*len(ps))
-	args := make([]any, 0, 5+admitArgsPerCall*len(ps))
-	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds(), PendingTTL.Milliseconds())
+	args := make([]any, 0, admitGlobalArgs+admitArgsPerCall*len(ps))
+	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds(), PendingTTL.Milliseconds(),
+		rkeys.UserPrefix, rkeys.UserOverflowField)
 	for i := range ps {
 		if ps[i].Mode == "" {
 			ps[i].Mode = ModeAdmit
@@ -547,7 +553,8 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] steps daily limit   ARGV[3] tokens monthly limit
 // ARGV[4] usd monthly limit (micro)   ARGV[5] estimated tokens   ARGV[6] estimated usd
-// ARGV[7] period id   ARGV[8] state ttl ms
+// ARGV[7] period id   ARGV[8] state ttl ms   ARGV[9] tokens field prefix "tok:"
+// ARGV[10] usd field prefix "usd:" (a field is prefix .. period id)
 // Returns {0} when reserved, or {1, limit type, used, limit} when a quota refuses.
 var reserveStepScript = redis.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
@@ -565,7 +572,8 @@ end
 local per = redis.call('HGET', H, 'per')
 local newer = not per or (tonumber(ARGV[7]) or 0) > tonumber(per)
 if newer then per = ARGV[7] end
-local tf, uf = 'tok:' .. per, 'usd:' .. per
+local tp, up = ARGV[9], ARGV[10]
+local tf, uf = tp .. per, up .. per
 local v = redis.call('HMGET', H, tf, uf, 'x')
 local tok, usd = tonumber(v[1]) or 0, tonumber(v[2]) or 0
 -- A step whose estimate does not fit is refused; so is one of unknown cost (estimate
@@ -587,7 +595,8 @@ end
 if newer then
   -- a new billing period: the previous ones' counters go
   for _, f in ipairs(redis.call('HKEYS', H)) do
-    local p = f:match('^tok:(.*)') or f:match('^usd:(.*)')
+    local p
+    if f:sub(1, #tp) == tp then p = f:sub(#tp + 1) elseif f:sub(1, #up) == up then p = f:sub(#up + 1) end
     if p and p ~= per then redis.call('HDEL', H, f) end
   end
   redis.call('HSET', H, 'per', per)
@@ -633,7 +642,7 @@ func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
 	res, err := reserveStepScript.Run(ctx, q.rdb,
 		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
 		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-		p.Period.ID, stateTTL.Milliseconds()).Slice()
+		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix).Slice()
 	if err != nil {
 		return fmt.Errorf("quotas: reserve step: %w", err)
 	}
@@ -654,7 +663,7 @@ func str(v any) string { s, _ := v.(string); return s }
 //
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] tokens delta   ARGV[3] usd delta   ARGV[4] steps delta
-// ARGV[5] period id
+// ARGV[5] period id   ARGV[6] tokens field prefix   ARGV[7] usd field prefix
 var settleScript = redis.NewScript(luaNow + `
 local H = KEYS[1]
 local per, p = redis.call('HGET', H, 'per'), ARGV[5]
@@ -662,8 +671,8 @@ if per and (tonumber(p) or 0) < tonumber(per) then p = per end
 local function add(f, d)
   if tonumber(d) ~= 0 and redis.call('HINCRBY', H, f, d) < 0 then redis.call('HSET', H, f, 0) end
 end
-add('tok:' .. p, ARGV[2])
-add('usd:' .. p, ARGV[3])
+add(ARGV[6] .. p, ARGV[2])
+add(ARGV[7] .. p, ARGV[3])
 if tonumber(ARGV[4]) ~= 0 then
   local hour = math.floor(now / 3600000)
   if redis.call('HINCRBY', KEYS[2], hour, ARGV[4]) <= 0 then redis.call('HDEL', KEYS[2], hour) end
@@ -678,7 +687,7 @@ func (q *Quotas) SettleStep(ctx context.Context, p StepParams) error {
 		return nil
 	}
 	err := settleScript.Run(ctx, q.rdb, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, p.Period.ID).Err()
+		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, p.Period.ID, rkeys.TokensPrefix, rkeys.USDPrefix).Err()
 	if err != nil {
 		return fmt.Errorf("quotas: settle step: %w", err)
 	}
@@ -689,10 +698,10 @@ func (q *Quotas) SettleStep(ctx context.Context, p StepParams) error {
 // its (key, agent) buckets.
 func (q *Quotas) DropKey(ctx context.Context, tenantID, kid string) error {
 	h := q.keys.AdmissionState(tenantID)
-	fields := []string{"k:" + kid}
-	iter := q.rdb.HScan(ctx, h, 0, "a:"+kid+":*", 100).Iterator()
+	fields := []string{rkeys.KeyBucketField(kid)}
+	iter := q.rdb.HScan(ctx, h, 0, rkeys.KeyAgentFieldsPattern(kid), 100).Iterator()
 	for iter.Next(ctx) {
-		if f := iter.Val(); len(f) > 2 && f[:2] == "a:" {
+		if f := iter.Val(); strings.HasPrefix(f, rkeys.KeyAgentPrefix) {
 			fields = append(fields, f)
 		}
 	}
@@ -766,6 +775,26 @@ func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []
 		long = append(long, m)
 	}
 	return sessions, long, err
+}
+
+// LeaseMembers lists the session and the long-running leases of a page of tenants, in
+// the page's order, in one round trip.
+func (q *Quotas) LeaseMembers(ctx context.Context, tenants []string) (sessions, long [][]string, err error) {
+	pipe := q.rdb.Pipeline()
+	sc := make([]*redis.StringSliceCmd, len(tenants))
+	lc := make([]*redis.StringSliceCmd, len(tenants))
+	for i, t := range tenants {
+		sc[i] = pipe.ZRange(ctx, q.keys.Sessions(t), 0, -1)
+		lc[i] = pipe.ZRange(ctx, q.keys.LongRunning(t), 0, -1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil, fmt.Errorf("quotas: leases: %w", err)
+	}
+	sessions, long = make([][]string, len(tenants)), make([][]string, len(tenants))
+	for i := range tenants {
+		sessions[i], long[i] = sc[i].Val(), lc[i].Val()
+	}
+	return sessions, long, nil
 }
 
 // LeaseAges returns a tenant's leases with the time since each was taken or last

@@ -449,7 +449,7 @@ func userFields(t testing.TB, f *qfix) int {
 	}
 	n := 0
 	for _, k := range fields {
-		if strings.HasPrefix(k, "u:") {
+		if strings.HasPrefix(k, rkeys.UserPrefix) {
 			n++
 		}
 	}

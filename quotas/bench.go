@@ -175,7 +175,7 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 		_ = q.ReserveStep(ctx, StepParams{TenantID: tenant, Tokens: 10, CostMicro: 10, Period: period, Limits: lim})
 	}
 	var total int64
-	iter := rdb.Scan(ctx, 0, prefix+"{s0}:*:m*", 1000).Iterator()
+	iter := rdb.Scan(ctx, 0, keys.TenantKeysPattern(0, "m*"), 1000).Iterator()
 	for iter.Next(ctx) {
 		n, err := rdb.MemoryUsage(ctx, iter.Val()).Result()
 		if err == nil {

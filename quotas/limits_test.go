@@ -208,7 +208,7 @@ func TestMonthlyQuotaSurvivesThePeriodBoundary(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := f.rdb.HGetAll(ctx, f.keys.AdmissionState("acme")).Val()
-	if h["per"] != next.ID || h["tok:"+old.ID] != "" || h["tok:"+next.ID] != "5000" {
+	if h["per"] != next.ID || h[rkeys.TokensField(old.ID)] != "" || h[rkeys.TokensField(next.ID)] != "5000" {
 		t.Fatalf("state after the boundary: %v", h)
 	}
 }
@@ -313,7 +313,7 @@ func TestUsersBeyondTheCapShareTheOverflowBucket(t *testing.T) {
 				t.Fatalf("%s, task %d, after capacity returned: %v", u, i+1, d.Violated)
 			}
 		}
-		if _, err := f.rdb.HGet(ctx, f.keys.AdmissionState("acme"), "u:"+u).Result(); err != nil {
+		if _, err := f.rdb.HGet(ctx, f.keys.AdmissionState("acme"), rkeys.UserField(u)).Result(); err != nil {
 			t.Fatalf("%s has no bucket of its own: %v", u, err)
 		}
 	}

@@ -28,7 +28,9 @@
 //     small prefetch); the completion gives it back exactly once. So asynq holds at
 //     most the pool's capacity plus the prefetch, and never becomes a long FIFO.
 //   - The pop is one Lua script per shard, so several scheduler processes can run with
-//     no leader. The popped task goes to a "dispatching" ZSET before it is handed to
+//     no leader. Like every script it gets the keys it touches in KEYS: the caller
+//     names candidate tenants (the shard's heads as the previous pop answered them),
+//     and the script answers "retry" with fresh ones when the head is not among them. The popped task goes to a "dispatching" ZSET before it is handed to
 //     asynq with TaskID = task id; a confirmation moves it to "inflight". An entry left
 //     in "dispatching" by a crash is re-sent (asynq refuses the duplicate id).
 //   - Dispatchers wake on pub/sub messages published by admissions and completions; a

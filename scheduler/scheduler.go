@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -71,6 +71,11 @@ type Scheduler struct {
 	keys     rkeys.Keys
 	prefetch int
 	nowMs    func() int64 // nil: scripts read Redis TIME
+
+	// cand holds, per shard, the tenants the last dispatch answered as the next one's
+	// candidates. Stale entries cost a retry, never a wrong pick.
+	candMu sync.Mutex
+	cand   [][]string
 }
 
 // Options configure a Scheduler.
@@ -81,7 +86,7 @@ type Options struct {
 
 // New returns a Scheduler on rdb.
 func New(rdb redis.UniversalClient, keys rkeys.Keys, opts Options) *Scheduler {
-	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs}
+	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs, cand: make([][]string, keys.Shards())}
 }
 
 // Keys returns the key builder.
@@ -194,21 +199,36 @@ const DefaultEstimateMs = 100
 // queue is empty keeps its pass, charge included, as its finish pass (conf field fp);
 // the enqueue that brings it back starts it there (or at the virtual time if later).
 //
-// KEYS[1] ready   KEYS[2] capped   KEYS[3] dispatching   KEYS[4] virtual time
-// ARGV[1] now ms or ""   ARGV[2] shard tag (prefix of tenant keys)   ARGV[3] ttl s
-// ARGV[4] default estimate (worker-ms)   ARGV[5] global virtual time
-// Tenant keys are built from ARGV[2]; they share the shard's hash tag, so the script
-// touches one slot.
-// Returns {"ok", tenant, task, priority, estimate ms} or {"empty"} or {"busy"}.
+// The script touches only keys it is given: the caller names candidate tenants (the
+// shard's ready and capped heads, as the previous call answered them) and passes
+// their conf, running-set and queue keys. The script takes the head of ready itself,
+// so the pick is always the current one; when the head is not a candidate, or every
+// candidate was capped or empty, it answers "retry" with the current candidates.
+//
+// KEYS[1] ready   KEYS[2] capped   KEYS[3] dispatching   KEYS[4] virtual time,
+// then 3 per candidate, in ARGV's order: tenant conf, tenant running set, tenant queue
+// ARGV[1] now ms or ""   ARGV[2] ttl s   ARGV[3] default estimate (worker-ms)
+// ARGV[4] global virtual time   ARGV[5] ready heads to answer   ARGV[6] capped heads
+// to answer   ARGV[7...] candidate tenant ids
+// Returns {"ok", tenant, task, priority, estimate ms, candidates...},
+// {"retry", candidates...} or {"empty", candidates...}; candidates are the heads of
+// ready, then of capped, after the call.
 var dispatchScript = redis.NewScript(luaNow + `
-local tag = ARGV[2]
-for i = 1, 64 do
+local first = 7
+local slot = {}
+for i = first, #ARGV do slot[ARGV[i]] = 4 + (i - first) * 3 end
+local function answer(r)
+  for _, t in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)) do r[#r+1] = t end
+  for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[6]) - 1)) do r[#r+1] = t end
+  return r
+end
+while true do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if #head == 0 then return {'empty'} end
+  if #head == 0 then return answer({'empty'}) end
   local tenant, pass = head[1], tonumber(head[2])
-  local conf = tag .. ':conf:' .. tenant
-  local run = tag .. ':run:' .. tenant
-  local queue = tag .. ':q:' .. tenant
+  local b = slot[tenant]
+  if not b then return answer({'retry'}) end
+  local conf, run, queue = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
   local c = redis.call('HMGET', conf, 'cap', 'w', 'est')
   local cap = tonumber(c[1] or '0')
   if cap > 0 and redis.call('SCARD', run) >= cap then
@@ -221,31 +241,43 @@ for i = 1, 64 do
       -- its tasks were cancelled while it waited
       redis.call('ZREM', KEYS[1], tenant)
       redis.call('HSET', conf, 'fp', pass)
-      redis.call('EXPIRE', conf, ARGV[3])
+      redis.call('EXPIRE', conf, ARGV[2])
     else
       redis.call('ZREM', queue, task[1])
       redis.call('SADD', run, task[1])
-      redis.call('EXPIRE', run, ARGV[3])
+      redis.call('EXPIRE', run, ARGV[2])
       local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
-      local est = math.floor(tonumber(c[3] or ARGV[4]))
+      local est = math.floor(tonumber(c[3] or ARGV[3]))
+      -- rkeys.DispatchingMember
       redis.call('ZADD', KEYS[3], now, prio .. ':' .. est .. ':' .. tenant .. ':' .. task[1])
-      local vt = math.max(pass, tonumber(ARGV[5]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
-      redis.call('SET', KEYS[4], vt, 'EX', ARGV[3])
+      local vt = math.max(pass, tonumber(ARGV[4]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
+      redis.call('SET', KEYS[4], vt, 'EX', ARGV[2])
       local w = tonumber(c[2] or '1')
       local finish = pass + est / w
       if redis.call('ZCARD', queue) == 0 then
         redis.call('ZREM', KEYS[1], tenant)
         redis.call('HSET', conf, 'fp', finish)
-        redis.call('EXPIRE', conf, ARGV[3])
+        redis.call('EXPIRE', conf, ARGV[2])
       else
         redis.call('ZADD', KEYS[1], finish, tenant)
       end
-      return {'ok', tenant, task[1], tostring(prio), tostring(math.floor(est))}
+      return answer({'ok', tenant, task[1], tostring(prio), tostring(math.floor(est))})
     end
   end
 end
-return {'busy'}
 `)
+
+// How many of a shard's ready and capped heads a dispatch names as the next call's
+// candidates. The next pick is nearly always among them: the head just dispatched
+// and the tenants behind it, or a capped tenant a completion brought back. A miss
+// costs one more call (the "retry" answer carries fresh candidates).
+const (
+	readyCandidates  = 8
+	cappedCandidates = 4
+	// dispatchTries bounds the calls of one dispatchOne: each "retry" answer either
+	// follows progress (candidates capped or dropped) or refreshes stale candidates.
+	dispatchTries = 8
+)
 
 // Dispatched is a task popped by dispatch and not yet confirmed in asynq.
 type Dispatched struct {
@@ -255,23 +287,17 @@ type Dispatched struct {
 	EstimateMs int64 // what its tenant's pass was charged
 }
 
-// member is the task's entry in the dispatching set: "priority:estimate:tenant:task"
-// (tenant ids hold no ':'), everything a re-send and a completion need.
+// member is the task's entry in the dispatching set.
 func (d Dispatched) member() string {
-	return strconv.Itoa(d.Priority) + ":" + strconv.FormatInt(d.EstimateMs, 10) + ":" + d.TenantID + ":" + d.TaskID
+	return rkeys.DispatchingMember(d.Priority, d.EstimateMs, d.TenantID, d.TaskID)
 }
 
 func parseMember(m string) (Dispatched, error) {
-	parts := strings.SplitN(m, ":", 4)
-	if len(parts) != 4 {
-		return Dispatched{}, fmt.Errorf("scheduler: bad dispatching member %q", m)
+	p, est, tenant, task, err := rkeys.ParseDispatchingMember(m)
+	if err != nil {
+		return Dispatched{}, fmt.Errorf("scheduler: %w", err)
 	}
-	p, err1 := strconv.Atoi(parts[0])
-	est, err2 := strconv.ParseInt(parts[1], 10, 64)
-	if err1 != nil || err2 != nil {
-		return Dispatched{}, fmt.Errorf("scheduler: bad dispatching member %q", m)
-	}
-	return Dispatched{Priority: p, EstimateMs: est, TenantID: parts[2], TaskID: parts[3]}, nil
+	return Dispatched{Priority: p, EstimateMs: est, TenantID: tenant, TaskID: task}, nil
 }
 
 // Why dispatch stopped.
@@ -281,28 +307,49 @@ var (
 	errBusy       = errors.New("scanned tenants were capped or empty")
 )
 
-func (s *Scheduler) shardTag(shard int) string {
-	return strings.TrimSuffix(s.keys.Ready(shard), ":ready")
+func (s *Scheduler) candidates(shard int) []string {
+	s.candMu.Lock()
+	defer s.candMu.Unlock()
+	return s.cand[shard]
+}
+
+func (s *Scheduler) setCandidates(shard int, c []string) {
+	s.candMu.Lock()
+	defer s.candMu.Unlock()
+	s.cand[shard] = c
 }
 
 // dispatchOne runs dispatchScript on one shard. The caller holds a pool slot.
 func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64) (Dispatched, error) {
-	keys := []string{s.keys.Ready(shard), s.keys.Capped(shard), s.keys.Dispatching(shard), s.keys.VirtualTime(shard)}
-	res, err := dispatchScript.Run(ctx, s.rdb, keys, s.nowArg(), s.shardTag(shard), int(queueTTL.Seconds()),
-		DefaultEstimateMs, strconv.FormatFloat(globalVT, 'f', -1, 64)).StringSlice()
-	if err != nil {
-		return Dispatched{}, fmt.Errorf("scheduler: dispatch: %w", err)
+	vt := strconv.FormatFloat(globalVT, 'f', -1, 64)
+	for range dispatchTries {
+		cand := s.candidates(shard)
+		keys := make([]string, 0, 4+3*len(cand))
+		keys = append(keys, s.keys.Ready(shard), s.keys.Capped(shard), s.keys.Dispatching(shard), s.keys.VirtualTime(shard))
+		args := make([]any, 0, 6+len(cand))
+		args = append(args, s.nowArg(), int(queueTTL.Seconds()), DefaultEstimateMs, vt, readyCandidates, cappedCandidates)
+		for _, t := range cand {
+			keys = append(keys, s.keys.TenantConf(t), s.keys.TenantRunning(t), s.keys.TenantQueue(t))
+			args = append(args, t)
+		}
+		res, err := dispatchScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+		if err != nil {
+			return Dispatched{}, fmt.Errorf("scheduler: dispatch: %w", err)
+		}
+		switch res[0] {
+		case "ok":
+			s.setCandidates(shard, res[5:])
+			prio, _ := strconv.Atoi(res[3])
+			est, _ := strconv.ParseInt(res[4], 10, 64)
+			return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio, EstimateMs: est}, nil
+		case "retry":
+			s.setCandidates(shard, res[1:])
+		default:
+			s.setCandidates(shard, res[1:])
+			return Dispatched{}, errEmpty
+		}
 	}
-	switch res[0] {
-	case "ok":
-		prio, _ := strconv.Atoi(res[3])
-		est, _ := strconv.ParseInt(res[4], 10, 64)
-		return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio, EstimateMs: est}, nil
-	case "busy":
-		return Dispatched{}, errBusy
-	default:
-		return Dispatched{}, errEmpty
-	}
+	return Dispatched{}, errBusy
 }
 
 // reserveScript takes one slot of the live worker pool, if one is free.
@@ -655,6 +702,46 @@ func (s *Scheduler) Take(ctx context.Context) (wire.Payload, error) {
 // RunningMembers lists the tenant's dispatched, unfinished task ids as Redis has them.
 func (s *Scheduler) RunningMembers(ctx context.Context, tenantID string) ([]string, error) {
 	return s.rdb.SMembers(ctx, s.keys.TenantRunning(tenantID)).Result()
+}
+
+// RunningSets lists the running sets of a page of tenants, in the page's order, in one
+// round trip.
+func (s *Scheduler) RunningSets(ctx context.Context, tenants []string) ([][]string, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, len(tenants))
+	for i, t := range tenants {
+		cmds[i] = pipe.SMembers(ctx, s.keys.TenantRunning(t))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("scheduler: running sets: %w", err)
+	}
+	out := make([][]string, len(tenants))
+	for i, c := range cmds {
+		out[i] = c.Val()
+	}
+	return out, nil
+}
+
+// generationTTL keeps the generation marker alive between janitor leaders' checks
+// (every second), however long a Redis runs.
+const generationTTL = 30 * 24 * time.Hour
+
+// MarkGeneration sets this Redis's generation marker if it is missing and renews its
+// ttl. It reports whether the marker was missing: the Redis lost its data (FLUSHDB, a
+// restart without persistence), or never had it.
+func (s *Scheduler) MarkGeneration(ctx context.Context) (bool, error) {
+	pipe := s.rdb.TxPipeline()
+	set := pipe.SetNX(ctx, s.keys.Generation(), time.Now().UTC().Format(time.RFC3339), 0)
+	pipe.Expire(ctx, s.keys.Generation(), generationTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return false, fmt.Errorf("scheduler: generation marker: %w", err)
+	}
+	return set.Val(), nil
+}
+
+// QueueLen is the number of the tenant's queued tasks.
+func (s *Scheduler) QueueLen(ctx context.Context, tenantID string) (int64, error) {
+	return s.rdb.ZCard(ctx, s.keys.TenantQueue(tenantID)).Result()
 }
 
 // AddRunning re-adds a running task that Redis lost to its tenant's running set, so

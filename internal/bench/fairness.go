@@ -596,11 +596,10 @@ func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float
 		return 0, 0, 0, err
 	}
 	e.app.Dispatcher.Start(context.WithoutCancel(ctx))
-	queue := e.keys.TenantQueue("shallow")
 	start := time.Now()
 	end := start.Add(b.o.Shallow)
 	for time.Now().Before(end) {
-		n, err := b.rdb.ZCard(ctx, queue).Result()
+		n, err := e.app.Scheduler.QueueLen(ctx, "shallow")
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -713,7 +712,7 @@ func (b *fairBench) scale(ctx context.Context, out *Fairness) error {
 				return 0, 0, 0, err
 			}
 		}
-		idle, err := memoryOf(ctx, b.rdb, prefix+"{s0}:*:t*")
+		idle, err := memoryOf(ctx, b.rdb, keys.TenantKeysPattern(0, "t*"))
 		if err != nil {
 			return 0, 0, 0, err
 		}

@@ -383,12 +383,10 @@ const (
 // vanishes with a FLUSHDB or a restart without persistence. A missing marker on a
 // database that never admitted a task is a first start, not a loss.
 func (j *Janitor) checkGeneration(ctx context.Context) (generation, error) {
-	key := j.keys.Generation()
-	ok, err := j.rdb.SetNX(ctx, key, time.Now().UTC().Format(time.RFC3339), 0).Result()
+	ok, err := j.sched.MarkGeneration(ctx)
 	if err != nil {
 		return genSame, err
 	}
-	j.rdb.Expire(ctx, key, 30*24*time.Hour)
 	if !ok {
 		return genSame, nil
 	}
@@ -601,14 +599,8 @@ const leaseGrace = time.Minute
 // lost, and pushes the leases of queued tasks forward. One Redis round trip reads the
 // whole page.
 func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[string][]store.LiveTask, rep *JanitorReport) error {
-	pipe := j.rdb.Pipeline()
-	sess := make([]*redis.StringSliceCmd, len(tenants))
-	long := make([]*redis.StringSliceCmd, len(tenants))
-	for i, t := range tenants {
-		sess[i] = pipe.ZRange(ctx, j.keys.Sessions(t), 0, -1)
-		long[i] = pipe.ZRange(ctx, j.keys.LongRunning(t), 0, -1)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	sess, long, err := j.quotas.LeaseMembers(ctx, tenants)
+	if err != nil {
 		return fmt.Errorf("leases: %w", err)
 	}
 	owner := map[uuid.UUID]string{}
@@ -619,7 +611,7 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 			liveIDs[lt.ID.String()] = true
 		}
 		held := map[string]bool{}
-		for _, m := range append(sess[i].Val(), long[i].Val()...) {
+		for _, m := range append(sess[i], long[i]...) {
 			if held[m] {
 				continue
 			}
@@ -707,19 +699,15 @@ func (j *Janitor) reviewLeases(ctx context.Context, tenants []string, live map[s
 // know, re-queues dispatched tasks asynq lost, and re-adds running tasks missing from
 // the set. One Redis round trip reads the whole page.
 func (j *Janitor) reviewRunning(ctx context.Context, tenants []string, live map[string][]store.LiveTask, rep *JanitorReport) error {
-	pipe := j.rdb.Pipeline()
-	sets := make([]*redis.StringSliceCmd, len(tenants))
-	for i, t := range tenants {
-		sets[i] = pipe.SMembers(ctx, j.keys.TenantRunning(t))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	sets, err := j.sched.RunningSets(ctx, tenants)
+	if err != nil {
 		return fmt.Errorf("running sets: %w", err)
 	}
 	owner := map[uuid.UUID]string{}
 	priority := map[uuid.UUID]int{} // of the re-added tasks, from Postgres
 	var drop, readded []uuid.UUID
 	for i, t := range tenants {
-		members := sets[i].Val()
+		members := sets[i]
 		byID := make(map[string]store.LiveTask, len(live[t]))
 		for _, lt := range live[t] {
 			byID[lt.ID.String()] = lt

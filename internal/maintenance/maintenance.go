@@ -65,6 +65,8 @@ type Scheduler interface {
 	Missing(ctx context.Context, qs []scheduler.Queued) ([]scheduler.Queued, error)
 	Done(ctx context.Context, p wire.Payload, took time.Duration) error
 	AddRunning(ctx context.Context, tenantID, taskID string) error
+	RunningSets(ctx context.Context, tenants []string) ([][]string, error)
+	MarkGeneration(ctx context.Context) (bool, error)
 	ReconcilePool(ctx context.Context) (int64, error)
 	Stranded(ctx context.Context, insp *asynq.Inspector, tenantID, taskID string, priority int, minAge time.Duration) (bool, error)
 }
@@ -74,6 +76,7 @@ type Quotas interface {
 	Release(ctx context.Context, tenantID, taskID string) (int, error)
 	TouchLeases(ctx context.Context, tenantID string, taskIDs []string) (int, error)
 	LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error)
+	LeaseMembers(ctx context.Context, tenants []string) (sessions, long [][]string, err error)
 	AddLease(ctx context.Context, tenantID, taskID string, long bool) error
 }
 

@@ -1,5 +1,7 @@
-// Package rkeys builds every Redis key and channel name agentq uses. Nothing else in
-// the code base spells a Redis key.
+// Package rkeys builds every Redis key and channel name agentq uses, and the formats
+// of the hash fields, set members and messages that combine several values. Nothing
+// else in the code base spells one; Lua scripts get the keys they touch in KEYS and
+// the field prefixes they combine in ARGV.
 //
 // Every key that belongs to a tenant carries its shard's hash tag, "{s<n>}", with
 // n = fnv32a(tenant) mod shards, so each Lua script (admission, dispatch, completion)
@@ -8,8 +10,10 @@
 package rkeys
 
 import (
+	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 )
 
 // Keys builds key names under one prefix. The prefix isolates deployments (and tests)
@@ -73,9 +77,37 @@ func (k Keys) VirtualTime(shard int) string { return k.tag(shard) + ":vt" }
 // scored by dispatch time (ms).
 func (k Keys) Inflight(shard int) string { return k.tag(shard) + ":inflight" }
 
-// Dispatching is the shard's ZSET of "band:tenant:task" members popped by dispatch and
+// Dispatching is the shard's ZSET of DispatchingMember entries popped by dispatch and
 // not yet confirmed in asynq, scored by pop time (ms).
 func (k Keys) Dispatching(shard int) string { return k.tag(shard) + ":dispatching" }
+
+// DispatchingMember is a task's entry in its shard's dispatching set,
+// "priority:estimate:tenant:task": everything a re-send and a completion need (tenant
+// ids hold no ':'). The dispatch script writes the same format when it pops a task
+// (scheduler tests pin the two together).
+func DispatchingMember(priority int, estimateMs int64, tenant, task string) string {
+	return strconv.Itoa(priority) + ":" + strconv.FormatInt(estimateMs, 10) + ":" + tenant + ":" + task
+}
+
+// ParseDispatchingMember splits a DispatchingMember entry.
+func ParseDispatchingMember(m string) (priority int, estimateMs int64, tenant, task string, err error) {
+	parts := strings.SplitN(m, ":", 4)
+	if len(parts) != 4 {
+		return 0, 0, "", "", fmt.Errorf("rkeys: bad dispatching member %q", m)
+	}
+	p, err1 := strconv.Atoi(parts[0])
+	est, err2 := strconv.ParseInt(parts[1], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, "", "", fmt.Errorf("rkeys: bad dispatching member %q", m)
+	}
+	return p, est, parts[2], parts[3], nil
+}
+
+// TenantKeysPattern is a SCAN pattern matching the per-tenant keys of one shard whose
+// tenant id matches the glob tenantGlob (benchmarks measure their memory).
+func (k Keys) TenantKeysPattern(shard int, tenantGlob string) string {
+	return k.tag(shard) + ":*:" + tenantGlob
+}
 
 // globalTag is the hash tag of the few keys shared by all shards: the worker pool's
 // capacity. Scripts touch them apart from any shard's keys, so each stays single-slot.
@@ -105,8 +137,27 @@ func (k Keys) CancelChannel() string { return k.prefix + "cancel" }
 // TaskEvents is the pub/sub channel of one task's progress messages.
 func (k Keys) TaskEvents(taskID string) string { return k.prefix + "ev:" + taskID }
 
-// KeysChangedChannel is the pub/sub channel carrying kids whose API key changed.
+// KeysChangedChannel is the pub/sub channel carrying KeyChanged and TenantChanged
+// messages: whose cached API key or tenant to drop.
 func (k Keys) KeysChangedChannel() string { return k.prefix + "keys" }
+
+// KeyChanged is the KeysChangedChannel message of an API key that changed.
+func KeyChanged(kid string) string { return "k:" + kid }
+
+// TenantChanged is the KeysChangedChannel message of a tenant that changed.
+func TenantChanged(tenant string) string { return "t:" + tenant }
+
+// ParseChanged reads a KeysChangedChannel message: the kid or the tenant id it names
+// (the other is ""); neither for a message of another kind.
+func ParseChanged(msg string) (kid, tenant string) {
+	if v, ok := strings.CutPrefix(msg, "k:"); ok {
+		return v, ""
+	}
+	if v, ok := strings.CutPrefix(msg, "t:"); ok {
+		return "", v
+	}
+	return "", ""
+}
 
 // AsynqQueue names the asynq queue of a priority band. The set of bands is fixed, so
 // the number of asynq queues never grows with the number of tenants.
@@ -121,15 +172,52 @@ func (k Keys) AsynqKeyPrefix() string { return "asynq:{" + k.prefix }
 // --- admission (quotas) ---------------------------------------------------------
 
 // AdmissionState is the HASH holding all of a tenant's admission state, so one
-// admission reads it with one HMGET and writes it with one HSET:
+// admission reads it with one HMGET and writes it with one HSET. Its fields:
 //
 //	t              tenant_rate bucket (GCRA theoretical arrival time, ms)
-//	k:<kid>        key_rate bucket of an API key (named by kid, never the secret)
-//	a:<kid>:<agt>  key_agent_rate bucket
-//	u:\x00overflow the user_tasks_hourly bucket users beyond the cap share
-//	tok:<period>   AI tokens in a billing period; usd:<period> micro-dollars
-//	x, per         expiry and period marks
+//	k:<kid>        key_rate bucket of an API key (KeyBucketField)
+//	a:<kid>:<agt>  key_agent_rate bucket (KeyAgentField)
+//	u:<user>       user_tasks_hourly bucket (UserField); UserOverflowField is the one
+//	               users beyond the cap share; nu counts user buckets, uc is a cursor
+//	tok:<period>   AI tokens in a billing period (TokensField); usd:<period>
+//	               micro-dollars (USDField)
+//	x, per         expiry and newest-period marks
+//
+// The single-name fields (t, nu, uc, x, per) are spelled by the scripts; every
+// combined one is built here, or by a script from the prefix it is given.
 func (k Keys) AdmissionState(tenant string) string { return k.tenantTag(tenant) + ":adm:" + tenant }
+
+// Field prefixes of the admission state hash. Scripts that build a field from a value
+// they read (the billing period) or match fields by kind get the prefix in ARGV.
+const (
+	KeyBucketPrefix = "k:"
+	KeyAgentPrefix  = "a:"
+	UserPrefix      = "u:"
+	TokensPrefix    = "tok:"
+	USDPrefix       = "usd:"
+)
+
+// KeyBucketField is the key_rate bucket of an API key, named by kid, never the secret.
+func KeyBucketField(kid string) string { return KeyBucketPrefix + kid }
+
+// KeyAgentField is the key_agent_rate bucket of (key, agent).
+func KeyAgentField(kid, agent string) string { return KeyAgentPrefix + kid + ":" + agent }
+
+// KeyAgentFieldsPattern is an HSCAN pattern matching every KeyAgentField of a key.
+func KeyAgentFieldsPattern(kid string) string { return KeyAgentPrefix + kid + ":*" }
+
+// UserField is the user_tasks_hourly bucket of an on-behalf-of user.
+func UserField(user string) string { return UserPrefix + user }
+
+// UserOverflowField is the bucket users beyond the tracked-users cap share; the NUL
+// keeps it apart from every UserField a request can name.
+const UserOverflowField = UserPrefix + "\x00overflow"
+
+// TokensField holds the AI tokens used in the billing period starting on period.
+func TokensField(period string) string { return TokensPrefix + period }
+
+// USDField holds the micro-dollars used in the billing period starting on period.
+func USDField(period string) string { return USDPrefix + period }
 
 // StepsDaily is the HASH of the tenant's executed steps per hour (field = hours since
 // the epoch); the last 24 fields make the sliding 24 h window.

@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -121,11 +120,6 @@ const (
 	TenantChanged
 )
 
-const (
-	keyPrefix    = "k:"
-	tenantPrefix = "t:"
-)
-
 // Publisher tells the other processes' caches, on Keys.KeysChangedChannel, that a key
 // or a tenant changed. It is the key and tenant services' Invalidator.
 type Publisher struct {
@@ -135,22 +129,22 @@ type Publisher struct {
 
 // InvalidateKey publishes that key kid changed.
 func (p *Publisher) InvalidateKey(ctx context.Context, kid string) error {
-	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), keyPrefix+kid).Err()
+	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), rkeys.KeyChanged(kid)).Err()
 }
 
 // InvalidateTenant publishes that tenant id changed.
 func (p *Publisher) InvalidateTenant(ctx context.Context, id string) error {
-	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), tenantPrefix+id).Err()
+	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), rkeys.TenantChanged(id)).Err()
 }
 
 // ParseChange reads a message of Keys.KeysChangedChannel: what changed and its id
 // (the kid or the tenant id), or NoChange for a message it does not know.
 func ParseChange(msg string) (Change, string) {
-	if id, ok := strings.CutPrefix(msg, keyPrefix); ok {
-		return KeyChanged, id
-	}
-	if id, ok := strings.CutPrefix(msg, tenantPrefix); ok {
-		return TenantChanged, id
+	switch kid, tenant := rkeys.ParseChanged(msg); {
+	case kid != "":
+		return KeyChanged, kid
+	case tenant != "":
+		return TenantChanged, tenant
 	}
 	return NoChange, ""
 }
