@@ -82,7 +82,7 @@ func TestJanitorRefreshesQueuedTasksLeases(t *testing.T) {
 	key := h.app.Keys.Sessions("jq")
 	soon := float64(time.Now().Add(time.Second).UnixMilli()) // about to expire
 	h.app.Redis.ZAddXX(ctx, key, redis.Z{Score: soon, Member: task.ID})
-	if _, err := h.app.Janitor.RunOnce(ctx); err != nil {
+	if _, err := h.app.Janitor().RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if sc := h.app.Redis.ZScore(ctx, key, task.ID).Val(); sc < float64(time.Now().Add(5*time.Hour).UnixMilli()) {

@@ -59,7 +59,7 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	}
 	h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 5, time.Hour) // drifted pool counter
 
-	rep, err := h.app.Janitor.RunOnce(ctx)
+	rep, err := h.app.Janitor().RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 		t.Fatal("the lost queued task was not pushed back")
 	}
 	// a second run finds nothing
-	if rep, _ := h.app.Janitor.RunOnce(ctx); rep.LeasesReleased+rep.LeasesAdded+rep.RunningAdded+rep.RunningRemoved+rep.Repushed != 0 || rep.PoolCorrected != 0 {
+	if rep, _ := h.app.Janitor().RunOnce(ctx); rep.LeasesReleased+rep.LeasesAdded+rep.RunningAdded+rep.RunningRemoved+rep.Repushed != 0 || rep.PoolCorrected != 0 {
 		t.Fatalf("second run: %+v", rep)
 	}
 }
@@ -106,7 +106,7 @@ func TestJanitorRequeuesOrAbandonsTasksWithAStaleHeartbeat(t *testing.T) {
 	set(retry.ID, 1, "1 minute")
 	set(dead.ID, 3, "1 minute")
 	set(alive.ID, 1, "2 seconds")
-	rep, err := h.app.Janitor.RunOnce(ctx)
+	rep, err := h.app.Janitor().RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestJanitorRepushesInOrderAfterRedisDataLoss(t *testing.T) {
 		ids = append(ids, task.ID)
 	}
 	testenv.DeletePrefix(ctx, h.app.Redis, h.app.Keys.Prefix())
-	rep, err := h.app.Janitor.RunOnce(ctx)
+	rep, err := h.app.Janitor().RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestJanitorLeaderFailover(t *testing.T) {
 	}
 	a := e.start(t, janitorOnly)
 	b := e.start(t, janitorOnly)
-	leaders := func() (bool, bool) { return a.app.Janitor.Leader(), b.app.Janitor.Leader() }
+	leaders := func() (bool, bool) { return a.app.Janitor().Leader(), b.app.Janitor().Leader() }
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
@@ -183,18 +183,18 @@ func TestJanitorLeaderFailover(t *testing.T) {
 	}
 	waitFor("one leader", func() bool { la, lb := leaders(); return la != lb })
 	first, second := a, b
-	if b.app.Janitor.Leader() {
+	if b.app.Janitor().Leader() {
 		first, second = b, a
 	}
 	// The leader's process dies: its loop stops where it is and its database session
 	// ends, and with the session the lock. No unlock is sent.
-	first.app.Janitor.TestHooks().Halt()
-	if first.app.Janitor.Leader() {
+	first.app.Janitor().TestHooks().Halt()
+	if first.app.Janitor().Leader() {
 		t.Fatal("a halted janitor still says it leads")
 	}
-	waitFor("the other replica takes over", func() bool { return second.app.Janitor.Leader() })
+	waitFor("the other replica takes over", func() bool { return second.app.Janitor().Leader() })
 	// a run on the new leader works
-	if _, err := second.app.Janitor.RunOnce(context.Background()); err != nil {
+	if _, err := second.app.Janitor().RunOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -278,7 +278,7 @@ func TestJanitorRescuesTasksLostToAsynq(t *testing.T) {
 	}
 	inflight := h.app.Keys.Inflight(0)
 	h.app.Redis.ZAdd(ctx, inflight, redis.Z{Score: float64(time.Now().Add(-time.Minute).UnixMilli()), Member: task.ID})
-	rep, err := h.app.Janitor.RunOnce(ctx)
+	rep, err := h.app.Janitor().RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func TestJanitorPassesAllRunWithManyTenants(t *testing.T) {
 	if err := h.app.Quotas.AddLease(ctx, last, ended.String(), false); err != nil {
 		t.Fatal(err)
 	}
-	h.app.Janitor.TestHooks().SetConfig(maintenance.JanitorConfig{TenantBatch: 6000, TenantPage: 500, PassBudget: 20 * time.Second})
+	h.app.Janitor().TestHooks().SetConfig(maintenance.JanitorConfig{TenantBatch: 6000, TenantPage: 500, PassBudget: 20 * time.Second})
 	passes := []string{"stale_heartbeats", "leases", "running_sets", "repush", "pool"}
 	covered := map[string]int{}
 	prevCursor := map[string]string{}
@@ -328,7 +328,7 @@ func TestJanitorPassesAllRunWithManyTenants(t *testing.T) {
 	began := time.Now()
 	for run := 1; run <= 4; run++ {
 		h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 7, time.Hour) // drift for the pool pass to fix
-		rep, err := h.app.Janitor.RunOnce(ctx)
+		rep, err := h.app.Janitor().RunOnce(ctx)
 		if err != nil {
 			t.Fatalf("run %d: %v", run, err)
 		}
@@ -373,9 +373,9 @@ func TestJanitorPassesAllRunWithManyTenants(t *testing.T) {
 	}
 
 	// A pass out of budget stops where it is, and the passes after it still run.
-	h.app.Janitor.TestHooks().SetConfig(maintenance.JanitorConfig{TenantBatch: 1 << 20, TenantPage: 50, PassBudget: 40 * time.Millisecond})
+	h.app.Janitor().TestHooks().SetConfig(maintenance.JanitorConfig{TenantBatch: 1 << 20, TenantPage: 50, PassBudget: 40 * time.Millisecond})
 	h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 3, time.Hour)
-	rep, err := h.app.Janitor.RunOnce(ctx)
+	rep, err := h.app.Janitor().RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestJanitorPassesAllRunWithManyTenants(t *testing.T) {
 	if rep.Passes[4].Err != "" || rep.PoolCorrected != -3 {
 		t.Fatalf("pool pass after a pass ran out of budget: %+v, corrected %d", rep.Passes[4], rep.PoolCorrected)
 	}
-	next, err := h.app.Janitor.RunOnce(ctx)
+	next, err := h.app.Janitor().RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func TestJanitorKeepsTheSlotOfATaskDispatchedAfterItsSnapshot(t *testing.T) {
 	db := h.app.Store.Pool()
 	late := uuid.Must(uuid.NewV7())
 	var once sync.Once
-	h.app.Janitor.TestHooks().AfterSnapshot(func(pass string) {
+	h.app.Janitor().TestHooks().AfterSnapshot(func(pass string) {
 		if pass != "running_sets" {
 			return
 		}
@@ -422,7 +422,7 @@ func TestJanitorKeepsTheSlotOfATaskDispatchedAfterItsSnapshot(t *testing.T) {
 			}
 		})
 	})
-	rep, err := h.app.Janitor.RunOnce(ctx)
+	rep, err := h.app.Janitor().RunOnce(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,3 +12,6 @@ import (
 func (a *App) RecoverOnce(ctx context.Context, minAge time.Duration) (int, error) {
 	return maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{MinAge: minAge}).RunOnce(ctx)
 }
+
+// Janitor is the app's janitor, for tests.
+func (a *App) Janitor() *maintenance.Janitor { return a.janitor }

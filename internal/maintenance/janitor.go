@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/riverqueue/river/rivershared/startstop"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -32,6 +33,8 @@ import (
 // row budget, so one slow pass never starves the others; the passes that walk tenants
 // or tasks keep a cursor and resume where the previous run stopped.
 type Janitor struct {
+	startstop.BaseStartStop
+
 	store     Store
 	pool      *pgxpool.Pool
 	sched     Scheduler
@@ -56,8 +59,6 @@ type Janitor struct {
 	afterSnapshot func(pass string)
 
 	mu       sync.Mutex
-	cancel   context.CancelFunc
-	done     chan struct{}
 	leader   *pgxpool.Conn
 	lockID   int64
 	isLeader bool
@@ -172,16 +173,14 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 // Start runs the janitor loop until Stop: every tick it tries to lead; the leader
 // checks the Redis generation marker every second (data loss is repaired at once) and
 // runs a full reconciliation every interval.
-func (j *Janitor) Start(ctx context.Context) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.cancel != nil {
-		return
+func (j *Janitor) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := j.StartInit(ctx)
+	if !shouldStart {
+		return nil
 	}
-	ctx, j.cancel = context.WithCancel(ctx)
-	j.done = make(chan struct{})
 	go func() {
-		defer close(j.done)
+		started()
+		defer stopped()
 		defer j.resign()
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
@@ -241,18 +240,7 @@ func (j *Janitor) Start(ctx context.Context) {
 			}
 		}
 	}()
-}
-
-// Stop ends the loop and gives up leadership.
-func (j *Janitor) Stop() {
-	j.mu.Lock()
-	cancel, done := j.cancel, j.done
-	j.cancel = nil
-	j.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
+	return nil
 }
 
 // TestHooks reach into a janitor at points a test cannot otherwise reach: crashing a
@@ -284,14 +272,9 @@ func (h TestHooks) AfterSnapshot(f func(pass string)) {
 
 func (j *Janitor) halt() {
 	j.mu.Lock()
-	cancel, done := j.cancel, j.done
-	j.cancel = nil
 	j.haltOnly = true
 	j.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
+	j.Stop()
 }
 
 // Leader reports whether this replica holds the janitor lock.

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/riverqueue/river/rivershared/startstop"
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -22,15 +22,13 @@ import (
 // twice is harmless (the queue is a set). The janitor's re-push pass runs the same
 // walk in bounded steps.
 type Recovery struct {
+	startstop.BaseStartStop
+
 	store Store
 	sched Scheduler
 	plans *quotas.Catalogue
 	log   *slog.Logger
 	cfg   RecoveryConfig
-
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
 }
 
 // DefaultRecoveryMinAge is the MinAge a process's sweep uses: the push of a task
@@ -59,16 +57,14 @@ func NewRecovery(d Deps, c RecoveryConfig) *Recovery {
 }
 
 // Start runs a sweep now and then every Interval, until Stop.
-func (r *Recovery) Start(ctx context.Context) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		return
+func (r *Recovery) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := r.StartInit(ctx)
+	if !shouldStart {
+		return nil
 	}
-	ctx, r.cancel = context.WithCancel(ctx)
-	r.done = make(chan struct{})
 	go func() {
-		defer close(r.done)
+		started()
+		defer stopped()
 		t := time.NewTimer(0)
 		defer t.Stop()
 		for {
@@ -85,18 +81,7 @@ func (r *Recovery) Start(ctx context.Context) {
 			t.Reset(r.cfg.Interval)
 		}
 	}()
-}
-
-// Stop ends the loop and waits for a running sweep to return.
-func (r *Recovery) Stop() {
-	r.mu.Lock()
-	cancel, done := r.cancel, r.done
-	r.cancel = nil
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
+	return nil
 }
 
 // RunOnce walks every queued task older than MinAge once and re-pushes the ones
