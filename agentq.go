@@ -175,7 +175,7 @@ func (a *App) services() []startstop.Service {
 		svcs = append(svcs, a.Dispatcher, a.recovery)
 	}
 	if a.cfg.Has(config.RoleJanitor) {
-		svcs = append(svcs, a.janitor)
+		svcs = append(svcs, a.janitor.Services()...)
 	}
 	if a.cfg.Has(config.RoleAPI) {
 		svcs = append(svcs, a.coalescer, a.Admission, a.API.CacheListener(), a.API)
