@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/riverqueue/river/rivershared/startstop"
@@ -55,6 +56,11 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		repush:  NewRepush(d, e, c.Repush),
 		pool:    NewPoolCounter(d, e, c.PoolCounter),
 	}
+	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
+	// and two passes acting on one task at once (the stale pass re-queueing it while
+	// the running-set pass re-adds its entry) would undo each other's work.
+	turn := new(sync.Mutex)
+	j.stale.runMu, j.leases.runMu, j.running.runMu, j.repush.runMu, j.pool.runMu = turn, turn, turn, turn, turn
 	j.generation = newGenerationCheck(d, e, j, c.Generation)
 	return j
 }

@@ -69,15 +69,15 @@ type Leases struct {
 	log    *slog.Logger
 	cfg    LeasesConfig
 
-	runMu  sync.Mutex
-	cursor string // the last tenant the previous run reviewed
+	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
+	cursor string      // the last tenant the previous run reviewed
 }
 
 // NewLeases returns a stopped pass that runs while leader leads.
 func NewLeases(d Deps, leader Leadership, c LeasesConfig) *Leases {
 	return &Leases{
 		store: d.Store, quotas: d.Quotas, rdb: d.Redis, keys: d.Keys, leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(),
+		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
 

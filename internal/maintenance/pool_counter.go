@@ -52,12 +52,12 @@ type PoolCounter struct {
 	log    *slog.Logger
 	cfg    PoolCounterConfig
 
-	runMu sync.Mutex
+	runMu *sync.Mutex // serialises runs; shared by a Janitor's passes
 }
 
 // NewPoolCounter returns a stopped pass that runs while leader leads.
 func NewPoolCounter(d Deps, leader Leadership, c PoolCounterConfig) *PoolCounter {
-	return &PoolCounter{sched: d.Scheduler, keys: d.Keys, leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults()}
+	return &PoolCounter{sched: d.Scheduler, keys: d.Keys, leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.

@@ -54,13 +54,13 @@ type Repush struct {
 	log    *slog.Logger
 	cfg    RepushConfig
 
-	runMu  sync.Mutex
-	cursor uuid.UUID // the last queued task the previous run checked
+	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
+	cursor uuid.UUID   // the last queued task the previous run checked
 }
 
 // NewRepush returns a stopped pass that runs while leader leads.
 func NewRepush(d Deps, leader Leadership, c RepushConfig) *Repush {
-	return &Repush{push: newPusher(d), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults()}
+	return &Repush{push: newPusher(d), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.

@@ -73,8 +73,8 @@ type RunningSets struct {
 	log       *slog.Logger
 	cfg       RunningSetsConfig
 
-	runMu  sync.Mutex
-	cursor string // the last tenant the previous run reviewed
+	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
+	cursor string      // the last tenant the previous run reviewed
 }
 
 // NewRunningSets returns a stopped pass that runs while leader leads.
@@ -82,7 +82,7 @@ func NewRunningSets(d Deps, leader Leadership, c RunningSetsConfig) *RunningSets
 	return &RunningSets{
 		store: d.Store, sched: d.Scheduler, push: newPusher(d), rdb: d.Redis,
 		inspector: asynq.NewInspectorFromRedisClient(d.Redis), keys: d.Keys, leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(),
+		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
 

@@ -69,14 +69,14 @@ type StaleTasks struct {
 	log    *slog.Logger
 	cfg    StaleTasksConfig
 
-	runMu sync.Mutex
+	runMu *sync.Mutex // serialises runs; shared by a Janitor's passes
 }
 
 // NewStaleTasks returns a stopped pass that runs while leader leads.
 func NewStaleTasks(d Deps, leader Leadership, c StaleTasksConfig) *StaleTasks {
 	return &StaleTasks{
 		store: d.Store, sched: d.Scheduler, quotas: d.Quotas, push: newPusher(d), leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(),
+		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
 
