@@ -5,7 +5,6 @@ package agentq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/riverqueue/river/rivershared/startstop"
 
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
@@ -70,12 +70,13 @@ type App struct {
 	API        *web.Server
 
 	services    *services.Services
+	coalescer   *quotas.Coalescer
 	recovery    *maintenance.Recovery
-	Janitor     *maintenance.Janitor
+	janitor     *maintenance.Janitor
+	svcs        []startstop.Service // the configured roles' services, in start order
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
-	addr        net.Addr
 }
 
 // New validates the configuration (refusing it with a *ConfigError that names the
@@ -122,6 +123,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	a.Keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
 	a.Quotas = quotas.New(a.Redis, a.Keys, nil)
+	a.coalescer = quotas.NewCoalescer(a.Quotas, a.cfg.RedisTimeout)
 	a.Admission = quotas.NewGuard(a.Quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log})
 	a.Scheduler = scheduler.New(a.Redis, a.Keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.Redis)
@@ -149,44 +151,72 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.RecoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
-	a.Janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
+	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
 	a.API = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Postgres: pool, Queue: a.Scheduler, Redis: a.Redis, Keys: a.Keys, Plans: a.Plans, Admission: a.Admission,
 		UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
+		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 	})
+	a.svcs = a.roleServices()
 	return a, nil
 }
 
-// Start runs the configured roles. The API listens on Config.HTTPAddr.
-func (a *App) Start(ctx context.Context) error {
+// roleServices lists the background services of the configured roles in the order they
+// start; Shutdown stops them in the reverse order. The order follows what each needs
+// of the ones before it:
+//
+//   - worker: registers its capacity and consumes the asynq queues before anything
+//     dispatches, and stops last, so running steps finish after dispatching stopped;
+//   - dispatcher, then the recovery sweep (scheduler role): tasks move into asynq only
+//     once workers may be there to take them;
+//   - janitor (janitor role): the leader elector, then its passes, which run only
+//     while it leads; the passes stop before the elector gives up its lock;
+//   - API (api role): admission coalescing, the degraded-mode guard and the cache
+//     listener, then the HTTP server last, so a request is accepted only once what it
+//     uses runs, and on the way down new requests stop before anything else does.
+func (a *App) roleServices() []startstop.Service {
+	var svcs []startstop.Service
 	if a.cfg.Has(config.RoleWorker) {
-		if err := a.Worker.Start(ctx); err != nil {
-			return err
-		}
+		svcs = append(svcs, a.Worker)
 	}
 	if a.cfg.Has(config.RoleScheduler) {
-		a.Dispatcher.Start(context.WithoutCancel(ctx))
-		a.recovery.Start(context.WithoutCancel(ctx))
+		svcs = append(svcs, a.Dispatcher, a.recovery)
 	}
 	if a.cfg.Has(config.RoleJanitor) {
-		a.Janitor.Start(context.WithoutCancel(ctx))
+		svcs = append(svcs, a.janitor.Services()...)
 	}
 	if a.cfg.Has(config.RoleAPI) {
-		a.Quotas.Start(context.WithoutCancel(ctx), a.cfg.RedisTimeout)
-		a.Admission.Start(context.WithoutCancel(ctx))
-		addr, err := a.API.Start(context.WithoutCancel(ctx), a.cfg.HTTPAddr)
-		if err != nil {
+		svcs = append(svcs, a.coalescer, a.Admission, a.API.CacheListener(), a.API)
+	}
+	return svcs
+}
+
+// Start runs the configured roles' services (see services for their order). The API
+// listens on Config.HTTPAddr. If a service fails to start, the ones started before it
+// are stopped again and its error is returned. Services outlive ctx: only Shutdown
+// stops them, in order.
+func (a *App) Start(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	for i, svc := range a.svcs {
+		if err := svc.Start(ctx); err != nil {
+			stopAll(a.svcs[:i])
 			return err
 		}
-		a.addr = addr
 	}
 	httpAddr := ""
-	if a.addr != nil {
-		httpAddr = a.addr.String()
+	if addr := a.Addr(); addr != nil {
+		httpAddr = addr.String()
 	}
 	a.log.Info("agentq started", "roles", a.cfg.Roles, "http", httpAddr)
 	return nil
+}
+
+// stopAll stops services in the reverse of their start order.
+func stopAll(svcs []startstop.Service) {
+	for i := len(svcs) - 1; i >= 0; i-- {
+		svcs[i].Stop()
+	}
 }
 
 // maintenanceDeps are what the recovery sweep and the janitor work on.
@@ -197,32 +227,32 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	}
 }
 
-// Addr is the API's bound address (nil without the api role).
-func (a *App) Addr() net.Addr { return a.addr }
+// Addr is the API's bound address (nil without the api role, or before Start).
+func (a *App) Addr() net.Addr {
+	if !a.cfg.Has(config.RoleAPI) {
+		return nil
+	}
+	return a.API.Addr()
+}
 
-// Shutdown stops accepting requests, stops dispatching, lets running steps finish up
-// to the configured shutdown timeout, and closes the connections it owns.
+// Shutdown stops the services in the reverse of their start order: the API stops
+// accepting requests and drains them, dispatching stops, and running steps finish up
+// to the configured shutdown timeout; then it closes the connections it owns. If ctx
+// ends first, Shutdown returns its error and the rest of the stop (and the closing of
+// the connections) carries on in the background.
 func (a *App) Shutdown(ctx context.Context) error {
-	var errs []error
-	if a.cfg.Has(config.RoleAPI) {
-		if err := a.API.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("api: %w", err))
-		}
-		a.Admission.Stop()
-		a.Quotas.Stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		stopAll(a.svcs)
+		a.close()
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("agentq: shutdown: %w", ctx.Err())
 	}
-	if a.cfg.Has(config.RoleJanitor) {
-		a.Janitor.Stop()
-	}
-	if a.cfg.Has(config.RoleScheduler) {
-		a.recovery.Stop()
-		a.Dispatcher.Stop()
-	}
-	if a.cfg.Has(config.RoleWorker) {
-		a.Worker.Stop(ctx)
-	}
-	a.close()
-	return errors.Join(errs...)
 }
 
 func replicaID() string {

@@ -1,14 +1,4 @@
 package agentq
 
-import (
-	"context"
-	"time"
-
-	"github.com/agentq/agentq/internal/maintenance"
-)
-
-// RecoverOnce runs one recovery sweep over the queued tasks older than minAge and
-// returns how many it pushed back to Redis. For tests.
-func (a *App) RecoverOnce(ctx context.Context, minAge time.Duration) (int, error) {
-	return maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{MinAge: minAge}).RunOnce(ctx)
-}
+// JanitorLeads reports whether this process's janitor holds the leader lock.
+func (a *App) JanitorLeads() bool { return a.janitor.Elector().Leader() }

@@ -111,9 +111,7 @@ type Quotas struct {
 	textNums   bool
 
 	mu       sync.Mutex
-	stop     context.CancelFunc
-	batchers []*batcher
-	wg       sync.WaitGroup
+	batchers []*batcher // set while a Coalescer runs
 }
 
 // New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests).
@@ -470,11 +468,15 @@ func boolArg(b bool) string {
 
 // Admit runs the admission script: in ModeAdmit it checks and takes every scope in one
 // atomic call; ModePeek reports without taking; ModeKey spends the key bucket only.
-// Once Start has run, concurrent calls are coalesced into one script call per shard.
+// While a Coalescer runs, concurrent calls are coalesced into one script call per shard.
 func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 	if b := q.batcherFor(p.TenantID); b != nil {
 		return b.admit(ctx, p)
 	}
+	return q.admitOne(ctx, p)
+}
+
+func (q *Quotas) admitOne(ctx context.Context, p AdmitParams) (Decision, error) {
 	ds, err := q.admitBatch(ctx, []AdmitParams{p})
 	if err != nil {
 		return Decision{}, err

@@ -144,9 +144,12 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	progress("full admission, every scope on, one script call per admission…")
 	alone := benchutil.Run(ctx, o.Concurrency, o.Duration, admitOne)
 	progress("full admission, every scope on, concurrent admissions coalesced…")
-	q.Start(ctx, 2*time.Second)
+	co := NewCoalescer(q, 2*time.Second)
+	if err := co.Start(ctx); err != nil {
+		return out, err
+	}
 	full := benchutil.Run(ctx, o.Concurrency, o.Duration, admitOne)
-	q.Stop()
+	co.Stop()
 	out.UncoalescedPerS = round1(alone.PerSec)
 	out.UncoalescedP50us, out.UncoalescedP99us = us(alone.P50), us(alone.P99)
 	out.RawEvalshaPerS = round1(raw.PerSec)

@@ -23,8 +23,11 @@ func BenchmarkAdmit(b *testing.B) {
 		b.Run(fmt.Sprintf("coalesced=%v", coalesced), func(b *testing.B) {
 			q := New(rdb, keys, nil)
 			if coalesced {
-				q.Start(context.Background(), time.Second)
-				defer q.Stop()
+				co := NewCoalescer(q, time.Second)
+				if err := co.Start(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				defer co.Stop()
 			}
 			b.SetParallelism(8)
 			b.RunParallel(func(pb *testing.PB) {

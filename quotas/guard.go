@@ -11,6 +11,7 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/riverqueue/river/rivershared/startstop"
 	"golang.org/x/time/rate"
 )
 
@@ -29,6 +30,8 @@ var ErrUnavailable = errors.New("quotas: limit store unavailable")
 // high failure rate (see breaker), for a cool-down, then probes it with one call. So
 // a dead Redis costs no timeout per request, and one slow reply costs one request.
 type Guard struct {
+	startstop.BaseStartStop
+
 	q        *Quotas
 	log      *slog.Logger
 	timeout  time.Duration
@@ -39,10 +42,8 @@ type Guard struct {
 	replicas atomic.Int64
 	local    *lru.Cache[string, *rate.Limiter]
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
-	later  []pendingRelease // releases to retry once Redis answers again
+	mu    sync.Mutex
+	later []pendingRelease // releases to retry once Redis answers again
 }
 
 type releaseKind int
@@ -291,18 +292,18 @@ func (g *Guard) degraded(p AdmitParams) (Decision, error) {
 
 const replicaTTL = 10 * time.Second
 
-// Start registers this API replica and keeps the live replica count fresh, until
-// Stop. The count divides rate limits in degraded mode.
-func (g *Guard) Start(ctx context.Context) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.cancel != nil {
-		return
+// Start registers this API replica and keeps the live replica count fresh, and retries
+// the releases that failed while Redis was unreachable, until Stop. The count divides
+// rate limits in degraded mode. Stop withdraws the replica.
+func (g *Guard) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := g.StartInit(ctx)
+	if !shouldStart {
+		return nil
 	}
-	ctx, g.cancel = context.WithCancel(ctx)
-	g.done = make(chan struct{})
 	go func() {
-		defer close(g.done)
+		started()
+		defer stopped()
+		defer g.withdraw()
 		t := time.NewTicker(2 * time.Second)
 		defer t.Stop()
 		for {
@@ -315,21 +316,12 @@ func (g *Guard) Start(ctx context.Context) {
 			}
 		}
 	}()
+	return nil
 }
 
-// Stop withdraws the replica and stops the heartbeat.
-func (g *Guard) Stop() {
-	g.mu.Lock()
-	cancel, done := g.cancel, g.done
-	g.cancel = nil
-	g.mu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
-	ctx, c := context.WithTimeout(context.Background(), time.Second)
-	defer c()
+func (g *Guard) withdraw() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
 	g.q.rdb.ZRem(ctx, g.q.keys.APIReplicas(), g.id)
 }
 

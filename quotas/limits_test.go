@@ -219,8 +219,11 @@ func TestQueueBacklogHoldsUnderConcurrentAdmissions(t *testing.T) {
 	f := newQ(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	f.q.Start(ctx, 2*time.Second) // coalesced, as the API runs it
-	defer f.q.Stop()
+	co := NewCoalescer(f.q, 2*time.Second) // coalesced, as the API runs it
+	if err := co.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer co.Stop()
 	l := NoLimits()
 	l.Backlog = 5
 	var wg sync.WaitGroup

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"github.com/riverqueue/river/rivershared/startstop"
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -68,8 +69,11 @@ type WorkerOptions struct {
 	Events func(taskID string) string
 }
 
-// Worker runs agent tasks handed out by asynq.
+// Worker runs agent tasks handed out by asynq. Stop withdraws it and lets running
+// steps finish up to the configured ShutdownTimeout.
 type Worker struct {
+	startstop.BaseStartStop
+
 	id        string
 	lifecycle Lifecycle
 	tenants   TenantReader
@@ -80,12 +84,8 @@ type Worker struct {
 	opts      WorkerOptions
 	log       *slog.Logger
 
-	srv *asynq.Server
-
 	mu      sync.Mutex
 	running map[uuid.UUID]context.CancelCauseFunc
-	cancel  context.CancelFunc
-	bg      sync.WaitGroup
 }
 
 // errCancelled is the cause recorded when a tenant cancels a running task.
@@ -124,12 +124,18 @@ const heartbeatEvery, heartbeatTTL = 2 * time.Second, 10 * time.Second
 // (tasks.DefaultStaleAfter).
 const taskHeartbeatEvery = 5 * time.Second
 
-// Start registers the worker's capacity and starts processing.
+// Start registers the worker's capacity and starts processing, until Stop. It
+// returns once asynq's server runs.
 func (w *Worker) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := w.StartInit(ctx)
+	if !shouldStart {
+		return nil
+	}
 	if err := w.slots.Heartbeat(ctx, w.id, w.opts.Concurrency, heartbeatTTL); err != nil {
+		stopped()
 		return err
 	}
-	w.srv = asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
+	srv := asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
 		Concurrency:       w.opts.Concurrency,
 		Queues:            w.opts.Queues,
 		ShutdownTimeout:   w.opts.ShutdownTimeout,
@@ -143,61 +149,63 @@ func (w *Worker) Start(ctx context.Context) error {
 	})
 	mux := asynq.NewServeMux()
 	mux.HandleFunc(wire.TaskType, w.ProcessTask)
-	if err := w.srv.Start(mux); err != nil {
+	if err := srv.Start(mux); err != nil {
+		stopped()
 		return fmt.Errorf("runtime: start asynq server: %w", err)
 	}
-	bgCtx, cancel := context.WithCancel(context.Background())
-	w.cancel = cancel
-	sub := w.rdb.Subscribe(bgCtx, w.opts.CancelChannel)
-	w.bg.Add(2)
+	sub := w.rdb.Subscribe(ctx, w.opts.CancelChannel)
 	go func() {
-		defer w.bg.Done()
-		defer sub.Close()
-		for {
-			select {
-			case <-bgCtx.Done():
-				return
-			case m, ok := <-sub.Channel():
-				if !ok {
+		started()
+		defer stopped()
+		var bg sync.WaitGroup
+		bg.Go(func() {
+			defer sub.Close()
+			for {
+				select {
+				case <-ctx.Done():
 					return
-				}
-				if id, err := uuid.Parse(m.Payload); err == nil {
-					w.interrupt(id)
-				}
-			}
-		}
-	}()
-	go func() {
-		defer w.bg.Done()
-		t := time.NewTicker(heartbeatEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-bgCtx.Done():
-				return
-			case <-t.C:
-				if err := w.slots.Heartbeat(bgCtx, w.id, w.opts.Concurrency, heartbeatTTL); err != nil && bgCtx.Err() == nil {
-					w.log.Warn("worker heartbeat failed", "err", err)
+				case m, ok := <-sub.Channel():
+					if !ok {
+						return
+					}
+					if id, err := uuid.Parse(m.Payload); err == nil {
+						w.interrupt(id)
+					}
 				}
 			}
-		}
+		})
+		bg.Go(func() {
+			t := time.NewTicker(heartbeatEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if err := w.slots.Heartbeat(ctx, w.id, w.opts.Concurrency, heartbeatTTL); err != nil && ctx.Err() == nil {
+						w.log.Warn("worker heartbeat failed", "err", err)
+					}
+				}
+			}
+		})
+		<-ctx.Done()
+		w.drain(srv)
+		bg.Wait()
 	}()
 	return nil
 }
 
-// Stop stops taking tasks, lets running steps finish up to ShutdownTimeout, and
-// withdraws the worker's capacity.
-func (w *Worker) Stop(ctx context.Context) {
-	if w.srv == nil {
-		return
-	}
-	w.srv.Stop() // no new tasks
+// drain stops taking tasks, withdraws the worker's capacity and lets running steps
+// finish up to ShutdownTimeout: asynq's Shutdown waits for its handlers that long,
+// then cancels them and requeues their tasks.
+func (w *Worker) drain(srv *asynq.Server) {
+	srv.Stop() // no new tasks
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
 	if err := w.slots.Deregister(ctx, w.id); err != nil {
 		w.log.Warn("worker deregister failed", "err", err)
 	}
-	w.srv.Shutdown() // waits for running handlers up to ShutdownTimeout
-	w.cancel()
-	w.bg.Wait()
+	srv.Shutdown()
 }
 
 // Interrupt cancels a task running in this process, if any (tests and in-process

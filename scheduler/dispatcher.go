@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"github.com/riverqueue/river/rivershared/startstop"
 )
 
 // Enqueuer is the part of asynq.Client the dispatcher uses.
@@ -21,6 +22,8 @@ type Enqueuer interface {
 // Dispatcher is the long-running service that moves tasks from tenant queues into
 // asynq. Several may run at once against one Redis.
 type Dispatcher struct {
+	startstop.BaseStartStop
+
 	sched     *Scheduler
 	rdb       redis.UniversalClient
 	asynq     Enqueuer
@@ -29,12 +32,9 @@ type Dispatcher struct {
 	fallback  time.Duration // timer between dispatch rounds when no wake-up arrives
 	resend    time.Duration // age after which a "dispatching" entry is re-sent
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
-	kick   chan struct{}
-	vtMu   sync.Mutex
-	vt     float64 // the largest head pass seen: the global virtual time
+	kick chan struct{}
+	vtMu sync.Mutex
+	vt   float64 // the largest head pass seen: the global virtual time
 }
 
 // DispatcherOptions configure a Dispatcher.
@@ -63,55 +63,37 @@ func NewDispatcher(sched *Scheduler, rdb redis.UniversalClient, enq Enqueuer, op
 	return d
 }
 
-// Start runs the dispatcher until Stop or ctx ends.
-func (d *Dispatcher) Start(ctx context.Context) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cancel != nil {
-		return
+// Start runs the dispatcher until Stop or ctx ends. It returns at once; the wake-up
+// subscription and the dispatch loop run in the background.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := d.StartInit(ctx)
+	if !shouldStart {
+		return nil
 	}
-	ctx, d.cancel = context.WithCancel(ctx)
-	d.done = make(chan struct{})
 	sub := d.rdb.Subscribe(ctx, d.sched.keys.WakeChannel())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { // forwards wake-ups; coalesced by the 1-slot channel
-		defer wg.Done()
-		ch := sub.Channel()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case _, ok := <-ch:
-				if !ok {
+	go func() {
+		started()
+		defer stopped()
+		defer func() { _ = sub.Close() }()
+		var wg sync.WaitGroup
+		wg.Go(func() { // forwards wake-ups; coalesced by the 1-slot channel
+			ch := sub.Channel()
+			for {
+				select {
+				case <-ctx.Done():
 					return
+				case _, ok := <-ch:
+					if !ok {
+						return
+					}
+					d.Kick()
 				}
-				d.Kick()
 			}
-		}
-	}()
-	go func() {
-		defer wg.Done()
+		})
 		d.loop(ctx)
-	}()
-	go func() {
 		wg.Wait()
-		_ = sub.Close()
-		close(d.done)
 	}()
-}
-
-// Stop ends the dispatcher and waits for it.
-func (d *Dispatcher) Stop() {
-	d.mu.Lock()
-	cancel, done := d.cancel, d.done
-	d.cancel = nil
-	d.mu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
+	return nil
 }
 
 // Kick asks for a dispatch round soon (in-process wake-up).

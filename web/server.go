@@ -15,6 +15,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
+	"github.com/riverqueue/river/rivershared/startstop"
 
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
@@ -52,19 +53,24 @@ type Deps struct {
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
+	// ListenAddr is where Start listens ("host:port"; port 0 picks a free one).
+	ListenAddr string
+	// ShutdownTimeout bounds how long Stop waits for in-flight requests (default 10s).
+	ShutdownTimeout time.Duration
 }
 
-// Server is the HTTP API.
+// Server is the HTTP API, a service: Start listens, Stop drains.
 type Server struct {
+	startstop.BaseStartStop
 	Deps
 	log *slog.Logger
 	e   *echo.Echo
 
-	closing  chan struct{} // closed when Shutdown begins: open streams end
+	listener *cacheListener
+
+	closing  chan struct{} // closed when Stop begins: open streams end
 	mu       sync.Mutex
-	httpSrv  *http.Server
-	stopSub  context.CancelFunc
-	subDone  chan struct{}
+	addr     net.Addr
 	shutdown bool
 }
 
@@ -77,6 +83,7 @@ func New(d Deps) *Server {
 	if s.Plans == nil && s.Tenants != nil {
 		s.Plans = s.Tenants.Plans()
 	}
+	s.listener = &cacheListener{s: s}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -127,37 +134,99 @@ func (s *Server) routes() {
 	admin(http.MethodPost, "/agents/:name/rotate-secret", s.rotateAgentSecret)
 }
 
-// Start serves on addr until Shutdown. It returns once the listener is bound.
-func (s *Server) Start(ctx context.Context, addr string) (net.Addr, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("web: listen %s: %w", addr, err)
+// Start listens on ListenAddr and serves until Stop. It returns once the listener is
+// bound (Addr then says where). A Server serves once: after Stop it does not start
+// again, since its open streams were told to end.
+func (s *Server) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := s.StartInit(ctx)
+	if !shouldStart {
+		return nil
 	}
-	s.StartSubscriptions(ctx)
+	s.mu.Lock()
+	done := s.shutdown
+	s.mu.Unlock()
+	if done {
+		stopped()
+		return errors.New("web: a stopped server does not start again")
+	}
+	ln, err := net.Listen("tcp", s.ListenAddr)
+	if err != nil {
+		stopped()
+		return fmt.Errorf("web: listen %s: %w", s.ListenAddr, err)
+	}
 	srv := &http.Server{Handler: s.e, ReadHeaderTimeout: 10 * time.Second}
 	s.mu.Lock()
-	s.httpSrv = srv
+	s.addr = ln.Addr()
 	s.mu.Unlock()
+	served := make(chan struct{})
 	go func() {
+		defer close(served)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("http server stopped", "err", err)
 		}
 	}()
-	return ln.Addr(), nil
+	go func() {
+		started()
+		defer stopped()
+		<-ctx.Done()
+		s.drain(srv)
+		<-served
+	}()
+	return nil
 }
 
-// StartSubscriptions listens for key and tenant changes made by other replicas.
-func (s *Server) StartSubscriptions(ctx context.Context) {
+// drain stops accepting requests, ends open event streams and waits for in-flight
+// requests up to ShutdownTimeout, then closes the connections still open.
+func (s *Server) drain(srv *http.Server) {
+	s.mu.Lock()
+	if !s.shutdown {
+		close(s.closing)
+	}
+	s.shutdown = true
+	s.mu.Unlock()
+	timeout := s.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		s.log.Warn("http server: requests still running at the shutdown timeout were cut off", "err", err)
+		_ = srv.Close()
+	}
+}
+
+// Addr is the address the server listens on, once started (nil before).
+func (s *Server) Addr() net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopSub != nil || s.Redis == nil {
-		return
+	return s.addr
+}
+
+// CacheListener is the service that drops this replica's cached keys and tenants when
+// another replica changes them (the Redis pub/sub invalidation channel). Without it a
+// change reaches this replica within the cache TTL.
+func (s *Server) CacheListener() startstop.Service { return s.listener }
+
+// cacheListener listens for key and tenant changes made by other replicas.
+type cacheListener struct {
+	startstop.BaseStartStop
+	s *Server
+}
+
+func (l *cacheListener) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := l.StartInit(ctx)
+	if !shouldStart {
+		return nil
 	}
-	ctx, s.stopSub = context.WithCancel(ctx)
-	s.subDone = make(chan struct{})
-	sub := s.Redis.Subscribe(ctx, s.Keys.KeysChangedChannel())
+	if l.s.Redis == nil {
+		stopped()
+		return nil
+	}
+	sub := l.s.Redis.Subscribe(ctx, l.s.Keys.KeysChangedChannel())
 	go func() {
-		defer close(s.subDone)
+		started()
+		defer stopped()
 		defer sub.Close()
 		ch := sub.Channel()
 		for {
@@ -168,30 +237,11 @@ func (s *Server) StartSubscriptions(ctx context.Context) {
 				if !ok {
 					return
 				}
-				s.invalidateLocal(m.Payload)
+				l.s.invalidateLocal(m.Payload)
 			}
 		}
 	}()
-}
-
-// Shutdown stops accepting requests and waits for in-flight ones until ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	srv, stop, done := s.httpSrv, s.stopSub, s.subDone
-	if !s.shutdown {
-		close(s.closing)
-	}
-	s.shutdown = true
-	s.mu.Unlock()
-	var err error
-	if srv != nil {
-		err = srv.Shutdown(ctx)
-	}
-	if stop != nil {
-		stop()
-		<-done
-	}
-	return err
+	return nil
 }
 
 // ReloadKeys drops every cached key and tenant (SIGHUP), so the next request reads

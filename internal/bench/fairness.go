@@ -477,7 +477,9 @@ func (b *fairBench) weights(ctx context.Context, shards int) (map[string]float64
 			return nil, 0, 0, err
 		}
 	}
-	e.app.Dispatcher.Start(context.WithoutCancel(ctx))
+	if err := e.app.Dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, 0, 0, err
+	}
 	// run until one tenant's backlog is empty
 	var ts []store.TaskTiming
 	deadline := time.Now().Add(5 * time.Minute)
@@ -595,7 +597,9 @@ func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float
 	if next, err = write(); err != nil {
 		return 0, 0, 0, err
 	}
-	e.app.Dispatcher.Start(context.WithoutCancel(ctx))
+	if err := e.app.Dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+		return 0, 0, 0, err
+	}
 	start := time.Now()
 	end := start.Add(b.o.Shallow)
 	for time.Now().Before(end) {

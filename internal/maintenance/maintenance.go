@@ -1,10 +1,14 @@
 // Package maintenance holds the services that keep Redis in line with Postgres, the
 // system of record: the recovery sweep, which every scheduler process runs, and the
-// janitor, whose passes run on the one replica that holds its leader lock.
+// janitor: a leader elector and one pass per kind of drift (stale tasks, leases,
+// running sets, re-push, the pool counter, the generation check), which run only on
+// the replica the elector chose.
 //
-// The package does not know the App that assembles it: New functions take Deps, the
-// services the passes work on, and a configuration whose zero fields take defaults.
-// Tests drive a pass directly through RunOnce.
+// Every service has River's startstop shape (Start, Stop, Started). The package does
+// not know the App that assembles it: New functions take Deps, the services the passes
+// work on, and a configuration whose zero fields take defaults. Each pass's runOnce
+// does one run and returns what it corrected; tests call it directly, and wait on a
+// service's TestSignals, which only tests initialise.
 package maintenance
 
 import (
@@ -27,7 +31,7 @@ import (
 // Deps are what the maintenance services read and repair.
 type Deps struct {
 	Store Store
-	// Pool is the Postgres pool the janitor takes its leader lock on.
+	// Pool is the Postgres pool the elector takes its leader lock on.
 	Pool      *pgxpool.Pool
 	Redis     redis.UniversalClient
 	Keys      rkeys.Keys

@@ -2,8 +2,6 @@ package maintenance
 
 import (
 	"context"
-	"encoding/json"
-	"slices"
 	"testing"
 	"time"
 
@@ -17,8 +15,17 @@ import (
 	"github.com/agentq/agentq/scheduler"
 )
 
-// deps builds the services on a fresh schema and Redis prefix, with one tenant.
-func deps(t *testing.T) Deps {
+// fixture is the services on a fresh schema and Redis prefix. Tests seed drift with
+// SQL and the owners' Redis calls, as a crash or a data loss leaves it.
+type fixture struct {
+	Deps
+	t     *testing.T
+	ctx   context.Context
+	sched *scheduler.Scheduler
+	q     *quotas.Quotas
+}
+
+func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	pool := testenv.Postgres(t)
 	rdb, keys := testenv.Redis(t, 1)
@@ -26,78 +33,99 @@ func deps(t *testing.T) Deps {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := store.New(pool)
-	if _, err := st.CreateTenant(context.Background(), store.CreateTenantParams{ID: "m", Name: "m", Plan: "pro"}); err != nil {
-		t.Fatal(err)
-	}
-	return Deps{
-		Store: st, Pool: pool, Redis: rdb, Keys: keys, Plans: plans,
-		Scheduler: scheduler.New(rdb, keys, scheduler.Options{}), Quotas: quotas.New(rdb, keys, nil),
+	f := &fixture{t: t, ctx: context.Background(), sched: scheduler.New(rdb, keys, scheduler.Options{}), q: quotas.New(rdb, keys, nil)}
+	f.Deps = Deps{Store: store.New(pool), Pool: pool, Redis: rdb, Keys: keys, Plans: plans, Scheduler: f.sched, Quotas: f.q}
+	return f
+}
+
+func (f *fixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.Pool.Exec(f.ctx, sql, args...); err != nil {
+		f.t.Fatal(err)
 	}
 }
 
-// queued writes a queued task to Postgres only, as if its push to Redis was lost.
-func queued(t *testing.T, d Deps) uuid.UUID {
-	t.Helper()
+func (f *fixture) tenant(id string) {
+	f.t.Helper()
+	f.exec(`INSERT INTO tenants (id, name, plan) VALUES ($1, $1, 'pro')`, id)
+}
+
+// task writes a queued task to Postgres only, as if its push to Redis was lost.
+func (f *fixture) task(tenant string) uuid.UUID {
+	f.t.Helper()
 	id := uuid.Must(uuid.NewV7())
-	_, _, err := d.Store.(*store.Store).InsertTask(context.Background(), store.InsertTaskParams{ID: id, TenantID: "m", Kid: "test",
-		Agent: "sim", Input: json.RawMessage(`{"steps":1}`), Budget: json.RawMessage(`{}`), Priority: scheduler.DefaultPriority,
-		RequestHash: []byte{0}})
-	if err != nil {
-		t.Fatal(err)
+	f.exec(`INSERT INTO tasks (id, tenant_id, kid, agent, input, request_hash) VALUES ($1, $2, 'k', 'sim', '{"steps":1}', '\x01')`, id, tenant)
+	return id
+}
+
+// submit writes a queued task as an admission does: its row, its session lease and
+// its queue entry.
+func (f *fixture) submit(tenant string) uuid.UUID {
+	f.t.Helper()
+	id := f.task(tenant)
+	if err := f.q.AddLease(f.ctx, tenant, id.String(), false); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := newPusher(f.Deps).requeue(f.ctx, tenant, id, scheduler.DefaultPriority, time.Now()); err != nil {
+		f.t.Fatal(err)
 	}
 	return id
 }
 
+func (f *fixture) state(id uuid.UUID) string {
+	f.t.Helper()
+	var s string
+	if err := f.Pool.QueryRow(f.ctx, `SELECT state FROM tasks WHERE id = $1`, id).Scan(&s); err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+func (f *fixture) queued(tenant string, id uuid.UUID) bool {
+	return f.Redis.ZScore(f.ctx, f.Keys.TenantQueue(tenant), id.String()).Err() == nil
+}
+
 func TestRecoveryRunOnceRepushesWhatRedisLost(t *testing.T) {
 	t.Parallel()
-	d := deps(t)
-	ctx := context.Background()
-	id := queued(t, d)
-	r := NewRecovery(d, RecoveryConfig{})
-	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
+	f := newFixture(t)
+	f.tenant("m")
+	id := f.task("m")
+	r := NewRecovery(f.Deps, RecoveryConfig{})
+	if n, err := r.runOnce(f.ctx); err != nil || n != 1 {
 		t.Fatalf("first sweep: %d, %v; want 1 pushed", n, err)
 	}
-	if err := d.Redis.ZScore(ctx, d.Keys.TenantQueue("m"), id.String()).Err(); err != nil {
-		t.Fatalf("the task is not back on its queue: %v", err)
+	if !f.queued("m", id) {
+		t.Fatal("the task is not back on its queue")
 	}
-	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
+	if n, err := r.runOnce(f.ctx); err != nil || n != 0 {
 		t.Fatalf("second sweep: %d, %v; want nothing to push", n, err)
 	}
-	if n, err := NewRecovery(d, RecoveryConfig{MinAge: time.Hour}).RunOnce(ctx); err != nil || n != 0 {
+	f.Redis.ZRem(f.ctx, f.Keys.TenantQueue("m"), id.String())
+	if n, err := NewRecovery(f.Deps, RecoveryConfig{MinAge: time.Hour}).runOnce(f.ctx); err != nil || n != 0 {
 		t.Fatalf("a sweep sparing young tasks: %d, %v", n, err)
 	}
 }
 
-func TestJanitorRunOnceRunsEveryPass(t *testing.T) {
+// The service sweeps at Start and then every Interval.
+func TestRecoverySweepsOnItsInterval(t *testing.T) {
 	t.Parallel()
-	d := deps(t)
-	ctx := context.Background()
-	queued(t, d)
-	d.Redis.Set(ctx, d.Keys.PoolInflight(), 4, time.Hour) // no task holds a slot
-	j := NewJanitor(d, JanitorConfig{})
-	rep, err := j.RunOnce(ctx)
-	if err != nil {
+	f := newFixture(t)
+	f.tenant("m")
+	r := NewRecovery(f.Deps, RecoveryConfig{Interval: 20 * time.Millisecond})
+	r.TestSignals.Init(t)
+	f.task("m")
+	if err := r.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, p := range rep.Passes {
-		names = append(names, p.Name)
-		if !p.Done || p.Err != "" {
-			t.Errorf("pass %s: %+v", p.Name, p)
+	defer r.Stop()
+	if n := r.TestSignals.Swept.WaitOrTimeout(); n != 1 {
+		t.Fatalf("the first sweep pushed %d, want 1", n)
+	}
+	id := f.task("m")
+	for !f.queued("m", id) {
+		r.TestSignals.Swept.WaitOrTimeout()
+		if t.Failed() {
+			t.FailNow()
 		}
-	}
-	if want := []string{passStale, passLeases, passRunning, passRepush, passPool}; !slices.Equal(names, want) {
-		t.Fatalf("passes %v, want %v", names, want)
-	}
-	if rep.Repushed != 1 || rep.PoolCorrected == 0 || rep.TenantsReviewed != 1 {
-		t.Fatalf("report %+v: want one task re-pushed, the pool corrected, one tenant reviewed", rep)
-	}
-	if j.Leader() {
-		t.Fatal("RunOnce took the leader lock")
-	}
-	rep, err = j.RunOnce(ctx)
-	if err != nil || rep.drifted() {
-		t.Fatalf("a second run found drift: %+v, %v", rep, err)
 	}
 }

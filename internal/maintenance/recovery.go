@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/riverqueue/river/rivershared/startstop"
+	"github.com/riverqueue/river/rivershared/testsignal"
+	"github.com/riverqueue/river/rivershared/util/testutil"
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -22,16 +24,22 @@ import (
 // twice is harmless (the queue is a set). The janitor's re-push pass runs the same
 // walk in bounded steps.
 type Recovery struct {
-	store Store
-	sched Scheduler
-	plans *quotas.Catalogue
-	log   *slog.Logger
-	cfg   RecoveryConfig
+	startstop.BaseStartStop
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	TestSignals RecoveryTestSignals
+
+	push pusher
+	log  *slog.Logger
+	cfg  RecoveryConfig
 }
+
+// RecoveryTestSignals are signalled after each sweep (initialised only in tests).
+type RecoveryTestSignals struct {
+	Swept testsignal.TestSignal[int] // how many tasks the sweep pushed
+}
+
+// Init makes the signals waitable.
+func (ts *RecoveryTestSignals) Init(tb testutil.TestingTB) { ts.Swept.Init(tb) }
 
 // DefaultRecoveryMinAge is the MinAge a process's sweep uses: the push of a task
 // admitted less than 5 s ago may still be on its way.
@@ -55,20 +63,18 @@ func (c RecoveryConfig) withDefaults() RecoveryConfig {
 
 // NewRecovery builds a recovery sweep. Nothing runs until Start.
 func NewRecovery(d Deps, c RecoveryConfig) *Recovery {
-	return &Recovery{store: d.Store, sched: d.Scheduler, plans: d.Plans, log: d.logger(), cfg: c.withDefaults()}
+	return &Recovery{push: newPusher(d), log: d.logger(), cfg: c.withDefaults()}
 }
 
 // Start runs a sweep now and then every Interval, until Stop.
-func (r *Recovery) Start(ctx context.Context) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		return
+func (r *Recovery) Start(ctx context.Context) error {
+	ctx, shouldStart, started, stopped := r.StartInit(ctx)
+	if !shouldStart {
+		return nil
 	}
-	ctx, r.cancel = context.WithCancel(ctx)
-	r.done = make(chan struct{})
 	go func() {
-		defer close(r.done)
+		started()
+		defer stopped()
 		t := time.NewTimer(0)
 		defer t.Stop()
 		for {
@@ -77,7 +83,7 @@ func (r *Recovery) Start(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			if n, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			if n, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
 				r.log.Warn("recovery sweep failed", "err", err)
 			} else if n > 0 {
 				r.log.Warn("recovery sweep re-pushed queued tasks missing from Redis", "tasks", n)
@@ -85,36 +91,34 @@ func (r *Recovery) Start(ctx context.Context) {
 			t.Reset(r.cfg.Interval)
 		}
 	}()
+	return nil
 }
 
-// Stop ends the loop and waits for a running sweep to return.
-func (r *Recovery) Stop() {
-	r.mu.Lock()
-	cancel, done := r.cancel, r.done
-	r.cancel = nil
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
-}
-
-// RunOnce walks every queued task older than MinAge once and re-pushes the ones
-// missing from Redis. It returns how many it pushed.
-func (r *Recovery) RunOnce(ctx context.Context) (int, error) { return r.sweep(ctx, r.cfg.MinAge) }
-
-// sweep re-pushes missing queued tasks older than minAge. Pushing a task that is
-// there already changes nothing, and a dispatched one is found in its running set, so
-// minAge only spares work on tasks whose admission is still pushing them.
-func (r *Recovery) sweep(ctx context.Context, minAge time.Duration) (int, error) {
-	pushed, _, _, err := r.sweepFrom(ctx, minAge, uuid.Nil, 0)
+// runOnce walks every queued task older than MinAge once and re-pushes the ones
+// missing from Redis. It returns how many it pushed. Pushing a task that is there
+// already changes nothing, and a dispatched one is found in its running set, so MinAge
+// only spares work on tasks whose admission is still pushing them.
+func (r *Recovery) runOnce(ctx context.Context) (int, error) {
+	pushed, _, _, err := r.push.sweepFrom(ctx, r.cfg.MinAge, uuid.Nil, 0)
+	r.TestSignals.Swept.Signal(pushed)
 	return pushed, err
 }
 
-// sweepFrom is sweep from the queued task after the cursor, stopping once it has
-// looked at maxRows tasks (0: no bound). seen counts the tasks it looked at; next is
+// pusher puts Postgres's queued tasks back on their tenants' queues: the recovery
+// sweep's walk, and the re-push of a task a pass freed.
+type pusher struct {
+	store Store
+	sched Scheduler
+	plans *quotas.Catalogue
+}
+
+func newPusher(d Deps) pusher { return pusher{store: d.Store, sched: d.Scheduler, plans: d.Plans} }
+
+// sweepFrom re-pushes the queued tasks older than minAge that Redis is missing, in
+// admission order from the task after the cursor, stopping once it has looked at
+// maxRows tasks (0: no bound). seen counts the tasks it looked at; next is
 // where the following call resumes, uuid.Nil once the walk reached the end.
-func (r *Recovery) sweepFrom(ctx context.Context, minAge time.Duration, after uuid.UUID, maxRows int) (pushed, seen int, next uuid.UUID, err error) {
+func (r pusher) sweepFrom(ctx context.Context, minAge time.Duration, after uuid.UUID, maxRows int) (pushed, seen int, next uuid.UUID, err error) {
 	const page = 500
 	tenants := map[string]scheduler.EnqueueParams{}
 	for {
@@ -166,7 +170,7 @@ func (r *Recovery) sweepFrom(ctx context.Context, minAge time.Duration, after uu
 	}
 }
 
-func (r *Recovery) tenantParams(ctx context.Context, tenantID string) (scheduler.EnqueueParams, error) {
+func (r pusher) tenantParams(ctx context.Context, tenantID string) (scheduler.EnqueueParams, error) {
 	t, err := r.store.GetTenant(ctx, tenantID)
 	if err != nil {
 		return scheduler.EnqueueParams{}, err
@@ -176,4 +180,14 @@ func (r *Recovery) tenantParams(ctx context.Context, tenantID string) (scheduler
 		return scheduler.EnqueueParams{}, fmt.Errorf("tenant %s: %w", t.ID, err)
 	}
 	return scheduler.EnqueueParams{TenantID: t.ID, Weight: p.Weight, RunningCap: p.RunningCap}, nil
+}
+
+// requeue pushes one task back on its tenant's queue.
+func (r pusher) requeue(ctx context.Context, tenantID string, id uuid.UUID, priority int, createdAt time.Time) error {
+	p, err := r.tenantParams(ctx, tenantID)
+	if err != nil {
+		return err
+	}
+	p.TaskID, p.Priority, p.CreatedAt = id, priority, createdAt
+	return r.sched.Enqueue(ctx, p)
 }

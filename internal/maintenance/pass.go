@@ -1,0 +1,143 @@
+package maintenance
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Leadership says whether this process leads the janitor (*Elector). since is when it
+// took the lead, zero while it does not; changed is closed at the next change.
+type Leadership interface {
+	Watch() (since time.Time, changed <-chan struct{})
+}
+
+// PassStats says how one run of a pass went.
+type PassStats struct {
+	Name string        `json:"name"`
+	Rows int           `json:"rows"` // tenants, tasks or shards it looked at
+	Took time.Duration `json:"took"`
+	// Done: the pass reached the end of its work; otherwise it stopped at its budget
+	// and the next run resumes from Cursor.
+	Done   bool   `json:"done"`
+	Cursor string `json:"cursor,omitempty"`
+	Err    string `json:"err,omitempty"`
+}
+
+// Pass names.
+const (
+	passStale      = "stale_heartbeats"
+	passLeases     = "leases"
+	passRunning    = "running_sets"
+	passRepush     = "repush"
+	passPool       = "pool"
+	passGeneration = "generation"
+)
+
+// Defaults every drift pass shares.
+const (
+	defaultInterval = 5 * time.Minute // between runs
+	defaultBudget   = 5 * time.Second // each run's time bound
+)
+
+func orDefault[T int | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+// withinBudget runs one pass within its time budget and fills its stats. Running out
+// of budget is no error: the pass stopped where it was and the next run resumes from
+// its cursor.
+func withinBudget(ctx context.Context, name string, budget time.Duration, run func(ctx context.Context, st *PassStats) error) (PassStats, error) {
+	pctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	st := PassStats{Name: name}
+	began := time.Now()
+	err := run(pctx, &st)
+	st.Took = time.Since(began)
+	if err != nil && pctx.Err() != nil && ctx.Err() == nil {
+		err = nil
+	}
+	if err != nil {
+		st.Err = err.Error()
+	}
+	return st, err
+}
+
+// runWhileLeading is the loop of a leader-only service: whenever this process takes
+// the lead it calls run at once, then again after the wait run returns, until ctx
+// ends. Losing the lead cancels the run in progress and waits for the next term.
+func runWhileLeading(ctx context.Context, l Leadership, run func(ctx context.Context) time.Duration) {
+	for {
+		since, changed := l.Watch()
+		if since.IsZero() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+				continue
+			}
+		}
+		lctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-changed:
+				cancel()
+			case <-lctx.Done():
+			}
+		}()
+		t := time.NewTimer(0)
+	term:
+		for {
+			select {
+			case <-lctx.Done():
+				break term
+			case <-t.C:
+				t.Reset(run(lctx))
+			}
+		}
+		t.Stop()
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// drift counts the Redis state the passes found out of line with Postgres, by kind.
+var drift, _ = otel.Meter("agentq").Int64Counter("agentq.janitor.drift",
+	metric.WithDescription("Redis state the janitor found out of line with Postgres, by kind"))
+
+// recordDrift adds what a pass corrected to the drift metric and, if it corrected
+// anything, logs it in one line. kv alternates kind names and counts.
+func recordDrift(ctx context.Context, log *slog.Logger, pass string, kv ...any) {
+	attrs := []any{"pass", pass}
+	fixed := false
+	for i := 0; i+1 < len(kv); i += 2 {
+		kind, _ := kv[i].(string)
+		var n int64
+		switch v := kv[i+1].(type) {
+		case int:
+			n = int64(v)
+		case int64:
+			n = v
+		}
+		attrs = append(attrs, kind, n)
+		if n < 0 {
+			n = -n
+		}
+		if n > 0 {
+			fixed = true
+			drift.Add(ctx, n, metric.WithAttributes(attribute.String("kind", kind)))
+		}
+	}
+	if fixed {
+		log.Warn("janitor fixed drift between Redis and Postgres", attrs...)
+	}
+}

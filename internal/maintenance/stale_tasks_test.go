@@ -1,0 +1,75 @@
+package maintenance
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+// A running task whose heartbeat went stale goes back to its queue while it has
+// attempts left and is abandoned (its lease released) once it has none; a task with a
+// fresh heartbeat is left alone.
+func TestStaleTasksRequeuesOrAbandons(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("s")
+	running := func(attempt int, age string) uuid.UUID {
+		id := f.submit("s")
+		if _, err := f.sched.Remove(f.ctx, "s", id); err != nil { // dispatched
+			t.Fatal(err)
+		}
+		f.exec(`UPDATE tasks SET state = 'running', started_at = now(), attempt = $2, steps = 1,
+			heartbeat_at = now() - $3::interval WHERE id = $1`, id, attempt, age)
+		return id
+	}
+	retry, dead, alive := running(1, "1 minute"), running(3, "1 minute"), running(1, "2 seconds")
+
+	p := NewStaleTasks(f.Deps, NewElector(f.Deps, ElectorConfig{}), StaleTasksConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requeued != 1 || res.Abandoned != 1 || res.Deferred || !res.Stats.Done || res.Stats.Rows != 2 {
+		t.Fatalf("result %+v, want 1 re-queued and 1 abandoned of 2 stale", res)
+	}
+	if st := f.state(retry); st != "queued" || !f.queued("s", retry) {
+		t.Fatalf("the stale task with attempts left: %s, on its queue %v", st, f.queued("s", retry))
+	}
+	var steps int
+	if err := f.Pool.QueryRow(f.ctx, `SELECT steps FROM tasks WHERE id = $1`, retry).Scan(&steps); err != nil || steps != 1 {
+		t.Fatalf("the re-queued task's steps: %d, %v; want its step kept", steps, err)
+	}
+	if st := f.state(dead); st != "abandoned" {
+		t.Fatalf("the stale task out of attempts: %s", st)
+	}
+	if st := f.state(alive); st != "running" {
+		t.Fatalf("a task with a fresh heartbeat was touched: %s", st)
+	}
+	if sess, _, _ := f.q.Leases(f.ctx, "s"); slices.Contains(sess, dead.String()) {
+		t.Fatal("the abandoned task still holds its lease")
+	}
+	if res, err := p.runOnce(f.ctx); err != nil || res.Requeued+res.Abandoned != 0 {
+		t.Fatalf("a second run: %+v, %v", res, err)
+	}
+}
+
+// A process that has just taken the lead leaves stale tasks alone for one staleness
+// period: after a Postgres outage the live workers must stamp their heartbeats first.
+func TestStaleTasksWaitAfterANewLeaderIsElected(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("s")
+	id := f.submit("s")
+	f.exec(`UPDATE tasks SET state = 'running', started_at = now(), attempt = 1, heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id)
+	e := newElector(t, f)
+	e.TestSignals.Elected.WaitOrTimeout()
+	p := NewStaleTasks(f.Deps, e, StaleTasksConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Deferred || !res.Stats.Done || res.Requeued != 0 || f.state(id) != "running" {
+		t.Fatalf("a new leader's run: %+v, task %s; want it deferred", res, f.state(id))
+	}
+}
