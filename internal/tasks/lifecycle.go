@@ -26,7 +26,7 @@ const (
 	ChangeStep      ChangeKind = "step"       // a step's result recorded on the running task
 	ChangeFinished  ChangeKind = "finished"   // running → a terminal state, by its attempt
 	ChangeRequeued  ChangeKind = "requeued"   // running → queued, to resume from its last step
-	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned
+	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned: its attempts keep dying
 	ChangeCancelled ChangeKind = "cancelled"  // queued or running → killed, by its tenant
 )
 
@@ -47,8 +47,8 @@ type LifecycleOptions struct {
 }
 
 // Lifecycle makes a task's state changes: start or take over, record a step, finish,
-// requeue, abandon (the worker's, under the claim Start gives), and cancel (a
-// tenant's). Each change is one Postgres transaction, so what is written with it
+// requeue, abandon (the worker's, under the claim Start gives), requeue or abandon a
+// task whose heartbeat went stale (the janitor's), and cancel (a tenant's). Each change is one Postgres transaction, so what is written with it
 // (afterChange) commits or rolls back with it.
 type Lifecycle struct {
 	store      *store.Store
@@ -172,7 +172,8 @@ func (l *Lifecycle) Finish(ctx context.Context, p FinishParams) (ok bool, err er
 }
 
 // Abandon ends the claimed running task as abandoned (its attempts keep dying), as
-// Finish does.
+// Finish does. The janitor abandons a stale task under the attempt it read, so a
+// redelivery that took the task over since keeps it (ErrLostClaim).
 func (l *Lifecycle) Abandon(ctx context.Context, c store.Claim, reason string) (ok bool, err error) {
 	return l.finish(ctx, ChangeAbandoned, FinishParams{Claim: c, To: store.StateAbandoned, Error: reason})
 }
@@ -206,6 +207,26 @@ func (l *Lifecycle) Requeue(ctx context.Context, c store.Claim) error {
 		}
 		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
 	})
+}
+
+// RequeueStale puts a running task whose heartbeat has been silent for staleAfter
+// back to queued, whatever attempt runs it (that worker is gone), keeping its recorded
+// steps and agent state. The silence is checked in the same statement as the change:
+// a worker that stamped its heartbeat since, or a redelivery that took the task over,
+// keeps it (ok=false).
+func (l *Lifecycle) RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (t store.Task, ok bool, err error) {
+	err = l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, ok, err = tx.UnscopedRequeueStale(ctx, id, staleAfter)
+		if err != nil || !ok {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
+	})
+	if err != nil {
+		return store.Task{}, false, err
+	}
+	return t, ok, nil
 }
 
 // Heartbeat stamps the claimed task alive. It is not a state change: no transaction

@@ -306,6 +306,36 @@ func TestLifecycleRequeue(t *testing.T) {
 	}
 }
 
+// The janitor re-queues a task only while its heartbeat is silent, whatever attempt
+// runs it: a worker that stamped its heartbeat since keeps its task.
+func TestLifecycleRequeueStale(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	if err := e.lc.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.took()
+	if _, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter); ok || err != nil {
+		t.Fatalf("requeue of a task with a fresh heartbeat: %v %v", ok, err)
+	}
+	e.wantChanges(t)
+	e.staleHeartbeat(t, id)
+	got, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter)
+	if err != nil || !ok || got.State != store.StateQueued || got.Usage.Steps != 1 {
+		t.Fatalf("requeue of a stale task: %v %v, %s with %d steps", ok, err, got.State, got.Usage.Steps)
+	}
+	if c := e.wantChanges(t, tasks.ChangeRequeued); c[0].Task.State != store.StateQueued || c[0].Task.ID != id {
+		t.Fatalf("requeue change %+v", c[0].Task)
+	}
+	if _, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter); ok || err != nil {
+		t.Fatalf("requeue of a queued task: %v %v", ok, err)
+	}
+	e.wantChanges(t)
+}
+
 func TestLifecycleAbandon(t *testing.T) {
 	t.Parallel()
 	e := lifecycleSetup(t)
@@ -355,7 +385,10 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 	queued := e.insert(t, "acme")
 	running := e.insert(t, "acme")
 	stale := e.insert(t, "acme")
+	silent := e.insert(t, "acme")
 	run := e.start(t, running, tasks.Started)
+	e.start(t, silent, tasks.Started)
+	e.staleHeartbeat(t, silent)
 	old := e.start(t, stale, tasks.Started)
 	e.staleHeartbeat(t, stale)
 	e.took()
@@ -388,6 +421,7 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 		}},
 		{"requeue", func() error { return e.lc.Requeue(ctx, claimOf(run)) }},
 		{"abandon", func() error { _, err := e.lc.Abandon(ctx, claimOf(old), "gone"); return err }},
+		{"requeue stale", func() error { _, _, err := e.lc.RequeueStale(ctx, silent, tasks.DefaultStaleAfter); return err }},
 		{"cancel", func() error {
 			_, _, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "acme", ID: queued})
 			return err
