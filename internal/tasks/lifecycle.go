@@ -21,6 +21,7 @@ type ChangeKind string
 
 // The state changes of a task.
 const (
+	ChangeCreated   ChangeKind = "created"    // a new task, queued
 	ChangeStarted   ChangeKind = "started"    // queued → running, under a new attempt
 	ChangeTakenOver ChangeKind = "taken_over" // running under a stale attempt → a new attempt
 	ChangeStep      ChangeKind = "step"       // a step's result recorded on the running task
@@ -46,10 +47,11 @@ type LifecycleOptions struct {
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
 }
 
-// Lifecycle makes a task's state changes: start or take over, record a step, finish,
-// requeue, abandon (the worker's, under the claim Start gives), requeue or abandon a
-// task whose heartbeat went stale (the janitor's), and cancel (a tenant's). Each change is one Postgres transaction, so what is written with it
-// (afterChange) commits or rolls back with it.
+// Lifecycle makes a task's state changes: create (a submission's); start or take
+// over, record a step, finish, requeue, abandon (the worker's, under the claim Start
+// gives); requeue or abandon a task whose heartbeat went stale (the janitor's); and
+// cancel (a tenant's). Each change is one Postgres transaction, so what is written
+// with it (afterChange) commits or rolls back with it.
 type Lifecycle struct {
 	store      *store.Store
 	staleAfter time.Duration
@@ -72,6 +74,23 @@ func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) 
 		return l.hook(ctx, tx, c)
 	}
 	return nil
+}
+
+// Create writes a new queued task (see store.InsertTask). created=false, and no
+// change, when the tenant's idempotency key names an existing task, which it returns.
+func (l *Lifecycle) Create(ctx context.Context, p store.InsertTaskParams) (t store.Task, created bool, err error) {
+	err = l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, created, err = tx.InsertTask(ctx, p)
+		if err != nil || !created {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeCreated, Task: t})
+	})
+	if err != nil {
+		return store.Task{}, false, err
+	}
+	return t, created, nil
 }
 
 // StartOutcome is what Start found.

@@ -135,6 +135,31 @@ func (e *lcEnv) wantChanges(t *testing.T, kinds ...tasks.ChangeKind) []tasks.Cha
 
 func claimOf(t store.Task) store.Claim { return store.Claim{ID: t.ID, Attempt: t.Attempt} }
 
+func TestLifecycleCreate(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	p := store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", Kid: "k", Agent: "sim",
+		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), IdempotencyKey: "order-1", RequestHash: []byte{1}}
+	task, created, err := e.lc.Create(ctx, p)
+	if err != nil || !created || task.State != store.StateQueued {
+		t.Fatalf("create: %v %v %s", created, err, task.State)
+	}
+	if c := e.wantChanges(t, tasks.ChangeCreated); c[0].Task.ID != p.ID {
+		t.Fatalf("change %+v", c[0])
+	}
+	// The same idempotency key again: the existing task, and no change.
+	again := p
+	again.ID = uuid.Must(uuid.NewV7())
+	if got, created, err := e.lc.Create(ctx, again); err != nil || created || got.ID != p.ID {
+		t.Fatalf("create with a used key: %v %v %s", created, err, got.ID)
+	}
+	e.wantChanges(t)
+	if _, _, err := e.lc.Create(ctx, store.InsertTaskParams{ID: again.ID}); !errors.Is(err, store.ErrNoTenant) {
+		t.Fatalf("create without a tenant: %v, want ErrNoTenant", err)
+	}
+}
+
 func TestLifecycleStart(t *testing.T) {
 	t.Parallel()
 	e := lifecycleSetup(t)
@@ -410,6 +435,11 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 		name string
 		call func() error
 	}{
+		{"create", func() error {
+			_, _, err := e.lc.Create(ctx, store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", Kid: "k", Agent: "sim",
+				Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}})
+			return err
+		}},
 		{"start", func() error { _, _, err := e.lc.Start(ctx, queued); return err }},
 		{"take over", func() error { _, _, err := e.lc.Start(ctx, stale); return err }},
 		{"record step", func() error {
