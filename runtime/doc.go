@@ -4,6 +4,7 @@
 // usage after every step, and performs the terminal transition in Postgres.
 //
 // The terminal transition is a conditional UPDATE (state must still be running), so
-// exactly one party ends a task — the worker, or a tenant's cancel — and that party
-// owns the side effects of the end.
+// exactly one party ends a task — the worker, a tenant's cancel, or the janitor
+// abandoning a task whose workers keep dying — and that party owns the side effects
+// of the end.
 package runtime

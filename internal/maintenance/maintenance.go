@@ -23,6 +23,7 @@ import (
 
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
@@ -31,6 +32,9 @@ import (
 // Deps are what the maintenance services read and repair.
 type Deps struct {
 	Store Store
+	// Lifecycle makes the task state changes the passes decide on; nil: a
+	// tasks.Lifecycle over Pool.
+	Lifecycle Lifecycle
 	// Pool is the Postgres pool the elector takes its leader lock on.
 	Pool      *pgxpool.Pool
 	Redis     redis.UniversalClient
@@ -50,17 +54,30 @@ func (d Deps) logger() *slog.Logger {
 	return d.Logger
 }
 
-// Store is the part of the store the passes read and write (*store.Store).
+func (d Deps) lifecycle() Lifecycle {
+	if d.Lifecycle == nil {
+		return tasks.NewLifecycle(store.New(d.Pool), tasks.LifecycleOptions{})
+	}
+	return d.Lifecycle
+}
+
+// Store is the part of the store the passes read (*store.Store). A task's state
+// changes go through Lifecycle, not here.
 type Store interface {
 	GetTenant(ctx context.Context, id string) (store.Tenant, error)
 	UnscopedTenantIDsAfter(ctx context.Context, after string, limit int) ([]string, error)
 	UnscopedAnyTask(ctx context.Context) (bool, error)
 	UnscopedListQueued(ctx context.Context, p store.ListQueuedParams) ([]store.QueuedTask, error)
 	UnscopedListStaleRunning(ctx context.Context, staleAfter time.Duration, limit int) ([]store.StaleTask, error)
-	UnscopedRequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
-	UnscopedFinishTask(ctx context.Context, p store.UnscopedFinishTaskParams) (store.Task, bool, error)
 	UnscopedLiveTasksOf(ctx context.Context, tenants []string) (map[string][]store.LiveTask, error)
 	UnscopedTaskStates(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]store.TaskState, error)
+}
+
+// Lifecycle is the part of the task lifecycle the passes use (*tasks.Lifecycle): each
+// state change is one transaction, with what must be written along with it.
+type Lifecycle interface {
+	RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
+	Abandon(ctx context.Context, c store.Claim, reason string) (bool, error)
 }
 
 // Scheduler is the part of the fair scheduler the passes use (*scheduler.Scheduler).
@@ -86,6 +103,7 @@ type Quotas interface {
 
 var (
 	_ Store     = (*store.Store)(nil)
+	_ Lifecycle = (*tasks.Lifecycle)(nil)
 	_ Scheduler = (*scheduler.Scheduler)(nil)
 	_ Quotas    = (*quotas.Quotas)(nil)
 )

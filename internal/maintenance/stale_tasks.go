@@ -62,6 +62,7 @@ type StaleTasks struct {
 	TestSignals StaleTasksTestSignals
 
 	store  Store
+	tasks  Lifecycle
 	sched  Scheduler
 	quotas Quotas
 	push   pusher
@@ -75,7 +76,7 @@ type StaleTasks struct {
 // NewStaleTasks returns a stopped pass that runs while leader leads.
 func NewStaleTasks(d Deps, leader Leadership, c StaleTasksConfig) *StaleTasks {
 	return &StaleTasks{
-		store: d.Store, sched: d.Scheduler, quotas: d.Quotas, push: newPusher(d), leader: leader,
+		store: d.Store, tasks: d.lifecycle(), sched: d.Scheduler, quotas: d.Quotas, push: newPusher(d), leader: leader,
 		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
@@ -136,8 +137,8 @@ func (p *StaleTasks) rescue(ctx context.Context, res *StaleTasksResult, st *Pass
 		if t.Attempt >= p.cfg.MaxAttempts {
 			// Fenced on the attempt read: a redelivery that took the task over since
 			// keeps it.
-			_, ok, err := p.store.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: t.ID, Attempt: t.Attempt, From: []store.TaskState{store.StateRunning},
-				To: store.StateAbandoned, Error: fmt.Sprintf("abandoned: its worker stopped heartbeating on %d attempts", t.Attempt)})
+			ok, err := p.tasks.Abandon(ctx, store.Claim{ID: t.ID, Attempt: t.Attempt},
+				fmt.Sprintf("abandoned: its worker stopped heartbeating on %d attempts", t.Attempt))
 			if errors.Is(err, store.ErrLostClaim) {
 				continue
 			}
@@ -153,7 +154,7 @@ func (p *StaleTasks) rescue(ctx context.Context, res *StaleTasksResult, st *Pass
 			}
 			continue
 		}
-		task, ok, err := p.store.UnscopedRequeueStale(ctx, t.ID, p.cfg.StaleAfter)
+		task, ok, err := p.tasks.RequeueStale(ctx, t.ID, p.cfg.StaleAfter)
 		if err != nil {
 			return err
 		}

@@ -1,11 +1,29 @@
 package maintenance
 
 import (
+	"context"
+	"errors"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
 )
+
+// staleRunning is a dispatched task running under attempt whose heartbeat is age old.
+func (f *fixture) staleRunning(tenant string, attempt int, age string) uuid.UUID {
+	f.t.Helper()
+	id := f.submit(tenant)
+	if _, err := f.sched.Remove(f.ctx, tenant, id); err != nil { // dispatched
+		f.t.Fatal(err)
+	}
+	f.exec(`UPDATE tasks SET state = 'running', started_at = now(), attempt = $2, steps = 1,
+		heartbeat_at = now() - $3::interval WHERE id = $1`, id, attempt, age)
+	return id
+}
 
 // A running task whose heartbeat went stale goes back to its queue while it has
 // attempts left and is abandoned (its lease released) once it has none; a task with a
@@ -14,16 +32,7 @@ func TestStaleTasksRequeuesOrAbandons(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.tenant("s")
-	running := func(attempt int, age string) uuid.UUID {
-		id := f.submit("s")
-		if _, err := f.sched.Remove(f.ctx, "s", id); err != nil { // dispatched
-			t.Fatal(err)
-		}
-		f.exec(`UPDATE tasks SET state = 'running', started_at = now(), attempt = $2, steps = 1,
-			heartbeat_at = now() - $3::interval WHERE id = $1`, id, attempt, age)
-		return id
-	}
-	retry, dead, alive := running(1, "1 minute"), running(3, "1 minute"), running(1, "2 seconds")
+	retry, dead, alive := f.staleRunning("s", 1, "1 minute"), f.staleRunning("s", 3, "1 minute"), f.staleRunning("s", 1, "2 seconds")
 
 	p := NewStaleTasks(f.Deps, NewElector(f.Deps, ElectorConfig{}), StaleTasksConfig{})
 	res, err := p.runOnce(f.ctx)
@@ -71,5 +80,64 @@ func TestStaleTasksWaitAfterANewLeaderIsElected(t *testing.T) {
 	}
 	if !res.Deferred || !res.Stats.Done || res.Requeued != 0 || f.state(id) != "running" {
 		t.Fatalf("a new leader's run: %+v, task %s; want it deferred", res, f.state(id))
+	}
+}
+
+// The pass's re-queue and abandonment are the task lifecycle's state changes: each
+// reaches the lifecycle's after-change step inside its transaction, and a failure
+// there rolls the change back and leaves Redis as it was (lease held, not queued).
+func TestStaleTasksChangeStateThroughTheLifecycle(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("s")
+	retry, dead := f.staleRunning("s", 1, "1 minute"), f.staleRunning("s", 3, "1 minute")
+
+	errHook := errors.New("the change's transaction fails after the change")
+	var mu sync.Mutex
+	var fail bool
+	var changes []tasks.Change
+	f.Lifecycle = tasks.NewLifecycle(store.New(f.Pool), tasks.LifecycleOptions{
+		AfterChange: func(ctx context.Context, tx *store.Store, c tasks.Change) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if fail {
+				return errHook
+			}
+			changes = append(changes, c)
+			return nil
+		},
+	})
+	p := NewStaleTasks(f.Deps, NewElector(f.Deps, ElectorConfig{}), StaleTasksConfig{})
+
+	mu.Lock()
+	fail = true
+	mu.Unlock()
+	if _, err := p.runOnce(f.ctx); !errors.Is(err, errHook) {
+		t.Fatalf("a run whose changes fail: %v, want the hook's error", err)
+	}
+	for _, id := range []uuid.UUID{retry, dead} {
+		if st := f.state(id); st != "running" || f.queued("s", id) {
+			t.Fatalf("a rolled-back change left the task %s, on its queue %v", st, f.queued("s", id))
+		}
+	}
+	if sess, _, _ := f.q.Leases(f.ctx, "s"); !slices.Contains(sess, dead.String()) {
+		t.Fatal("a rolled-back abandonment released the task's lease")
+	}
+
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	res, err := p.runOnce(f.ctx)
+	if err != nil || res.Requeued != 1 || res.Abandoned != 1 {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got := map[uuid.UUID]tasks.ChangeKind{}
+	for _, c := range changes {
+		got[c.Task.ID] = c.Kind
+	}
+	if len(changes) != 2 || got[retry] != tasks.ChangeRequeued || got[dead] != tasks.ChangeAbandoned {
+		t.Fatalf("changes %+v, want the re-queue of %s and the abandonment of %s", changes, retry, dead)
 	}
 }

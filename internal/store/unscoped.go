@@ -64,7 +64,8 @@ func (s *Store) UnscopedListStaleRunning(ctx context.Context, staleAfter time.Du
 }
 
 // UnscopedRequeueStale puts a running task whose heartbeat is older than staleAfter
-// back to queued, keeping its recorded steps; created_at is kept, so it returns to its place.
+// back to queued, keeping its recorded steps; created_at is kept, so it returns to its
+// place. The task lifecycle calls it, for the janitor.
 func (s *Store) UnscopedRequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (Task, bool, error) {
 	t, err := scanTask(s.db.QueryRow(ctx, `
 		UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval

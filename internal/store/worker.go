@@ -13,7 +13,7 @@ import (
 
 // The worker's calls: they reach a running task by its id (from a queue message) and
 // fence every write by the worker's Claim. They are unscoped; the task lifecycle
-// service and the maintenance passes call them, nothing serving a tenant does.
+// service calls them (for the worker and the janitor), nothing serving a tenant does.
 
 // UnscopedStartTask moves a queued task to running and counts the attempt. ok=false
 // when the task is not queued (already running elsewhere, or terminal).

@@ -21,12 +21,13 @@ type ChangeKind string
 
 // The state changes of a task.
 const (
+	ChangeCreated   ChangeKind = "created"    // a new task, queued
 	ChangeStarted   ChangeKind = "started"    // queued → running, under a new attempt
 	ChangeTakenOver ChangeKind = "taken_over" // running under a stale attempt → a new attempt
 	ChangeStep      ChangeKind = "step"       // a step's result recorded on the running task
 	ChangeFinished  ChangeKind = "finished"   // running → a terminal state, by its attempt
 	ChangeRequeued  ChangeKind = "requeued"   // running → queued, to resume from its last step
-	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned
+	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned: its attempts keep dying
 	ChangeCancelled ChangeKind = "cancelled"  // queued or running → killed, by its tenant
 )
 
@@ -46,10 +47,11 @@ type LifecycleOptions struct {
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
 }
 
-// Lifecycle makes a task's state changes: start or take over, record a step, finish,
-// requeue, abandon (the worker's, under the claim Start gives), and cancel (a
-// tenant's). Each change is one Postgres transaction, so what is written with it
-// (afterChange) commits or rolls back with it.
+// Lifecycle makes a task's state changes: create (a submission's); start or take
+// over, record a step, finish, requeue, abandon (the worker's, under the claim Start
+// gives); requeue or abandon a task whose heartbeat went stale (the janitor's); and
+// cancel (a tenant's). Each change is one Postgres transaction, so what is written
+// with it (afterChange) commits or rolls back with it.
 type Lifecycle struct {
 	store      *store.Store
 	staleAfter time.Duration
@@ -72,6 +74,23 @@ func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) 
 		return l.hook(ctx, tx, c)
 	}
 	return nil
+}
+
+// Create writes a new queued task (see store.InsertTask). created=false, and no
+// change, when the tenant's idempotency key names an existing task, which it returns.
+func (l *Lifecycle) Create(ctx context.Context, p store.InsertTaskParams) (t store.Task, created bool, err error) {
+	err = l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, created, err = tx.InsertTask(ctx, p)
+		if err != nil || !created {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeCreated, Task: t})
+	})
+	if err != nil {
+		return store.Task{}, false, err
+	}
+	return t, created, nil
 }
 
 // StartOutcome is what Start found.
@@ -172,7 +191,8 @@ func (l *Lifecycle) Finish(ctx context.Context, p FinishParams) (ok bool, err er
 }
 
 // Abandon ends the claimed running task as abandoned (its attempts keep dying), as
-// Finish does.
+// Finish does. The janitor abandons a stale task under the attempt it read, so a
+// redelivery that took the task over since keeps it (ErrLostClaim).
 func (l *Lifecycle) Abandon(ctx context.Context, c store.Claim, reason string) (ok bool, err error) {
 	return l.finish(ctx, ChangeAbandoned, FinishParams{Claim: c, To: store.StateAbandoned, Error: reason})
 }
@@ -206,6 +226,26 @@ func (l *Lifecycle) Requeue(ctx context.Context, c store.Claim) error {
 		}
 		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
 	})
+}
+
+// RequeueStale puts a running task whose heartbeat has been silent for staleAfter
+// back to queued, whatever attempt runs it (that worker is gone), keeping its recorded
+// steps and agent state. The silence is checked in the same statement as the change:
+// a worker that stamped its heartbeat since, or a redelivery that took the task over,
+// keeps it (ok=false).
+func (l *Lifecycle) RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (t store.Task, ok bool, err error) {
+	err = l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, ok, err = tx.UnscopedRequeueStale(ctx, id, staleAfter)
+		if err != nil || !ok {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
+	})
+	if err != nil {
+		return store.Task{}, false, err
+	}
+	return t, ok, nil
 }
 
 // Heartbeat stamps the claimed task alive. It is not a state change: no transaction

@@ -135,6 +135,31 @@ func (e *lcEnv) wantChanges(t *testing.T, kinds ...tasks.ChangeKind) []tasks.Cha
 
 func claimOf(t store.Task) store.Claim { return store.Claim{ID: t.ID, Attempt: t.Attempt} }
 
+func TestLifecycleCreate(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	p := store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", Kid: "k", Agent: "sim",
+		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), IdempotencyKey: "order-1", RequestHash: []byte{1}}
+	task, created, err := e.lc.Create(ctx, p)
+	if err != nil || !created || task.State != store.StateQueued {
+		t.Fatalf("create: %v %v %s", created, err, task.State)
+	}
+	if c := e.wantChanges(t, tasks.ChangeCreated); c[0].Task.ID != p.ID {
+		t.Fatalf("change %+v", c[0])
+	}
+	// The same idempotency key again: the existing task, and no change.
+	again := p
+	again.ID = uuid.Must(uuid.NewV7())
+	if got, created, err := e.lc.Create(ctx, again); err != nil || created || got.ID != p.ID {
+		t.Fatalf("create with a used key: %v %v %s", created, err, got.ID)
+	}
+	e.wantChanges(t)
+	if _, _, err := e.lc.Create(ctx, store.InsertTaskParams{ID: again.ID}); !errors.Is(err, store.ErrNoTenant) {
+		t.Fatalf("create without a tenant: %v, want ErrNoTenant", err)
+	}
+}
+
 func TestLifecycleStart(t *testing.T) {
 	t.Parallel()
 	e := lifecycleSetup(t)
@@ -306,6 +331,36 @@ func TestLifecycleRequeue(t *testing.T) {
 	}
 }
 
+// The janitor re-queues a task only while its heartbeat is silent, whatever attempt
+// runs it: a worker that stamped its heartbeat since keeps its task.
+func TestLifecycleRequeueStale(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	if err := e.lc.RecordStep(ctx, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.took()
+	if _, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter); ok || err != nil {
+		t.Fatalf("requeue of a task with a fresh heartbeat: %v %v", ok, err)
+	}
+	e.wantChanges(t)
+	e.staleHeartbeat(t, id)
+	got, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter)
+	if err != nil || !ok || got.State != store.StateQueued || got.Usage.Steps != 1 {
+		t.Fatalf("requeue of a stale task: %v %v, %s with %d steps", ok, err, got.State, got.Usage.Steps)
+	}
+	if c := e.wantChanges(t, tasks.ChangeRequeued); c[0].Task.State != store.StateQueued || c[0].Task.ID != id {
+		t.Fatalf("requeue change %+v", c[0].Task)
+	}
+	if _, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter); ok || err != nil {
+		t.Fatalf("requeue of a queued task: %v %v", ok, err)
+	}
+	e.wantChanges(t)
+}
+
 func TestLifecycleAbandon(t *testing.T) {
 	t.Parallel()
 	e := lifecycleSetup(t)
@@ -355,7 +410,10 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 	queued := e.insert(t, "acme")
 	running := e.insert(t, "acme")
 	stale := e.insert(t, "acme")
+	silent := e.insert(t, "acme")
 	run := e.start(t, running, tasks.Started)
+	e.start(t, silent, tasks.Started)
+	e.staleHeartbeat(t, silent)
 	old := e.start(t, stale, tasks.Started)
 	e.staleHeartbeat(t, stale)
 	e.took()
@@ -377,6 +435,11 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 		name string
 		call func() error
 	}{
+		{"create", func() error {
+			_, _, err := e.lc.Create(ctx, store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", Kid: "k", Agent: "sim",
+				Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}})
+			return err
+		}},
 		{"start", func() error { _, _, err := e.lc.Start(ctx, queued); return err }},
 		{"take over", func() error { _, _, err := e.lc.Start(ctx, stale); return err }},
 		{"record step", func() error {
@@ -388,6 +451,7 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 		}},
 		{"requeue", func() error { return e.lc.Requeue(ctx, claimOf(run)) }},
 		{"abandon", func() error { _, err := e.lc.Abandon(ctx, claimOf(old), "gone"); return err }},
+		{"requeue stale", func() error { _, _, err := e.lc.RequeueStale(ctx, silent, tasks.DefaultStaleAfter); return err }},
 		{"cancel", func() error {
 			_, _, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "acme", ID: queued})
 			return err

@@ -1,8 +1,9 @@
 // Package tasks is the tasks domain service: submitting a task (validation, budget,
 // idempotency, admission, storing, queueing), reading, listing and cancelling a
 // tenant's tasks (Service), and the task lifecycle, each state change of a task one
-// transaction (Lifecycle: the worker's start, steps and end, and the tenant's
-// cancel). The HTTP API and the worker call it; it knows nothing of HTTP.
+// transaction (Lifecycle: the submission's new task, the worker's start, steps and
+// end, the janitor's requeue or abandonment of a task whose worker died, and the
+// tenant's cancel). The HTTP API and the worker call it; it knows nothing of HTTP.
 package tasks
 
 import (
@@ -131,7 +132,8 @@ type Deps struct {
 	Keys      rkeys.Keys
 	// Tenant looks a tenant up (the API passes its cache); nil: Store.GetTenant.
 	Tenant func(ctx context.Context, id string) (tenants.Tenant, error)
-	// Lifecycle makes the cancel's state change; nil: one over Store.
+	// Lifecycle makes the submission's and the cancel's state changes; nil: one
+	// over Store.
 	Lifecycle *Lifecycle
 	Logger    *slog.Logger
 }
@@ -314,7 +316,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 		return res, &RefusedError{Decision: d, Tenant: tenant}
 	}
 
-	task, created, err := s.d.Store.InsertTask(ctx, store.InsertTaskParams{
+	task, created, err := s.d.Lifecycle.Create(ctx, store.InsertTaskParams{
 		ID: id, TenantID: tenant.ID, Kid: p.Kid, Agent: p.Agent, User: p.User, Input: input,
 		Budget: budgetJSON, Priority: priority, IdempotencyKey: idem, RequestHash: hash,
 	})

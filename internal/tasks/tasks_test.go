@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +38,7 @@ func (agents) ValidateTask(_ context.Context, agent string, _ json.RawMessage) e
 
 type env struct {
 	svc   *tasks.Service
+	deps  tasks.Deps // svc's, for a test's own variant
 	st    *store.Store
 	rdb   *redis.Client
 	rk    rkeys.Keys
@@ -58,11 +60,11 @@ func setup(t *testing.T, tenantIDs ...string) env {
 		}
 	}
 	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: time.Second})
-	svc := tasks.New(tasks.Deps{
+	deps := tasks.Deps{
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}), Admission: guard,
 		Queue: sched, Agents: agents{}, Redis: rdb, Keys: rk,
-	})
-	return env{svc: svc, st: st, rdb: rdb, rk: rk, sched: sched}
+	}
+	return env{svc: tasks.New(deps), deps: deps, st: st, rdb: rdb, rk: rk, sched: sched}
 }
 
 // keyCount is how many Redis keys the test's prefix holds: a refusal before
@@ -117,6 +119,51 @@ func TestSubmitStoresQueuesAndReplays(t *testing.T) {
 	page, err := e.svc.List(ctx, tasks.ListParams{TenantID: "acme"})
 	if err != nil || len(page.Tasks) != 1 || page.Next != nil {
 		t.Errorf("list: %+v %v; want the one task", page, err)
+	}
+}
+
+// A submission stores its task through the lifecycle: the new task is a change like
+// any other, and when that change's transaction fails nothing is stored, nothing is
+// queued and the lease admission took is given back.
+func TestSubmissionIsALifecycleChange(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	var fail atomic.Bool
+	var created atomic.Int32
+	errHook := errors.New("the change's transaction fails after the change")
+	d := e.deps
+	d.Lifecycle = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{AfterChange: func(_ context.Context, _ *store.Store, c tasks.Change) error {
+		if fail.Load() {
+			return errHook
+		}
+		if c.Kind == tasks.ChangeCreated && c.Task.State == store.StateQueued {
+			created.Add(1)
+		}
+		return nil
+	}})
+	svc := tasks.New(d)
+	p := tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim", IdempotencyKey: "order-1"}
+	fail.Store(true)
+	if _, err := svc.Submit(ctx, p); !errors.Is(err, errHook) {
+		t.Fatalf("submit whose change fails: %v, want the hook's error", err)
+	}
+	if n, err := e.st.CountTasks(ctx, store.CountTasksParams{TenantID: "acme"}); err != nil || n != 0 {
+		t.Fatalf("a rolled-back submission stored %d tasks (%v)", n, err)
+	}
+	if sess, long, err := quotas.New(e.rdb, e.rk, nil).Leases(ctx, "acme"); err != nil || len(sess)+len(long) != 0 {
+		t.Fatalf("a rolled-back submission kept its lease: %v %v %v", sess, long, err)
+	}
+	if n, err := e.rdb.ZCard(ctx, e.rk.TenantQueue("acme")).Result(); err != nil || n != 0 {
+		t.Fatalf("a rolled-back submission queued %d tasks (%v)", n, err)
+	}
+	fail.Store(false)
+	res, err := svc.Submit(ctx, p)
+	if err != nil || res.Replayed || created.Load() != 1 {
+		t.Fatalf("submit: %+v %v, %d created changes", res, err, created.Load())
+	}
+	// A replay creates nothing.
+	if again, err := svc.Submit(ctx, p); err != nil || !again.Replayed || created.Load() != 1 {
+		t.Fatalf("replay: %+v %v, %d created changes", again, err, created.Load())
 	}
 }
 

@@ -1,0 +1,449 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/wire"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/runtime"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// stepFunc is a Go handler agent.
+type stepFunc func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error)
+
+func (f stepFunc) Step(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+	return f(ctx, req)
+}
+
+// logBuffer is the worker's log, written from its goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+const tenant = "acme"
+
+// rig is a Worker over its own schema and Redis prefix, with the services around it
+// that the library assembles: tasks are submitted through the tasks service, which
+// admits them and puts them on the scheduler's queues.
+type rig struct {
+	t      *testing.T
+	ctx    context.Context
+	st     *store.Store
+	rdb    *redis.Client
+	keys   rkeys.Keys
+	sched  *scheduler.Scheduler
+	q      *quotas.Quotas
+	lc     *tasks.Lifecycle
+	svc    *tasks.Service
+	agents *runtime.Registry
+	w      *runtime.Worker
+	log    *logBuffer
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	st := store.New(testenv.Postgres(t))
+	rdb, keys := testenv.Redis(t, 1)
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys,
+		sched: scheduler.New(rdb, keys, scheduler.Options{}), q: quotas.New(rdb, keys, nil),
+		lc: tasks.NewLifecycle(st, tasks.LifecycleOptions{}), agents: runtime.NewRegistry(), log: &logBuffer{}}
+	if _, err := st.CreateTenant(r.ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r.svc = tasks.New(tasks.Deps{
+		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}),
+		Admission: quotas.NewGuard(r.q, quotas.GuardOptions{Timeout: time.Second}),
+		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Logger: logger,
+	})
+	queues := map[string]int{}
+	for band, weight := range scheduler.Bands {
+		queues[keys.AsynqQueue(band)] = weight
+	}
+	r.w = runtime.NewWorker(r.lc, st, r.agents, r.sched, r.q, rdb, runtime.WorkerOptions{
+		Concurrency: 2, Queues: queues, CancelChannel: keys.CancelChannel(),
+		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
+		Logger: logger, Plans: plans, Events: keys.TaskEvents,
+	})
+	return r
+}
+
+// start runs the worker and a dispatcher feeding it, as the worker and scheduler
+// roles do, until the test ends.
+func (r *rig) start() {
+	r.t.Helper()
+	if err := r.w.Start(r.ctx); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(r.w.Stop)
+	d := scheduler.NewDispatcher(r.sched, r.rdb, asynq.NewClientFromRedisClient(r.rdb), scheduler.DispatcherOptions{
+		FallbackEvery: 20 * time.Millisecond,
+	})
+	if err := d.Start(r.ctx); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(d.Stop)
+}
+
+func (r *rig) submit(agent, input string, b *tasks.BudgetRequest) uuid.UUID {
+	r.t.Helper()
+	res, err := r.svc.Submit(r.ctx, tasks.SubmitParams{TenantID: tenant, Kid: "k", Agent: agent,
+		Input: json.RawMessage(input), Budget: b})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return res.Task.ID
+}
+
+// take dispatches the next task as the dispatcher would and returns the asynq task
+// it would have sent, for a call of the worker's handler: no asynq server runs.
+func (r *rig) take() *asynq.Task {
+	r.t.Helper()
+	if err := r.sched.Heartbeat(r.ctx, "test-pool", 4, time.Minute); err != nil { // the pool's capacity
+		r.t.Fatal(err)
+	}
+	p, err := r.sched.Take(r.ctx)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	body, err := json.Marshal(p)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return asynq.NewTask(wire.TaskType, body)
+}
+
+// process runs the worker's handler on the next dispatched task to its end.
+func (r *rig) process() {
+	r.t.Helper()
+	if err := r.w.ProcessTask(r.ctx, r.take()); err != nil {
+		r.t.Fatalf("process: %v", err)
+	}
+}
+
+func (r *rig) task(id uuid.UUID) store.Task {
+	r.t.Helper()
+	t, err := r.st.GetTask(r.ctx, store.GetTaskParams{TenantID: tenant, ID: id})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return t
+}
+
+func (r *rig) waitState(id uuid.UUID, want store.TaskState) store.Task {
+	r.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		t := r.task(id)
+		if t.State == want {
+			return t
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("task %s is %s, want %s; log:\n%s", id, t.State, want, r.log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (r *rig) ledgerRows(id uuid.UUID) int {
+	r.t.Helper()
+	rows, err := r.st.TaskLedger(r.ctx, store.TaskLedgerParams{TenantID: tenant, TaskID: id})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return len(rows)
+}
+
+func (r *rig) leaseHeld(id uuid.UUID) bool {
+	r.t.Helper()
+	sess, long, err := r.q.Leases(r.ctx, tenant)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return slices.Contains(sess, id.String()) || slices.Contains(long, id.String())
+}
+
+func (r *rig) slotHeld(id uuid.UUID) bool {
+	r.t.Helper()
+	running, err := r.sched.RunningMembers(r.ctx, tenant)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return slices.Contains(running, id.String())
+}
+
+// wantReleased checks that the ended task holds neither its session lease nor its
+// dispatch slot: the worker's release comes right after the terminal state.
+func (r *rig) wantReleased(id uuid.UUID) {
+	r.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for r.leaseHeld(id) || r.slotHeld(id) {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the ended task still holds its lease (%v) or its slot (%v)", r.leaseHeld(id), r.slotHeld(id))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// counter counts steps in its state and is done after "steps" steps (never with
+// steps 0), reporting tokens and cost_usd per step.
+func counter(t *testing.T) stepFunc {
+	return func(_ context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		var in struct {
+			Steps  int     `json:"steps"`
+			Tokens int64   `json:"tokens"`
+			Cost   float64 `json:"cost_usd"`
+		}
+		var st struct{ N int }
+		if err := json.Unmarshal(req.Input, &in); err != nil {
+			return runtime.StepResult{}, err
+		}
+		if len(req.State) > 0 && string(req.State) != "null" {
+			if err := json.Unmarshal(req.State, &st); err != nil {
+				return runtime.StepResult{}, err
+			}
+		}
+		if st.N != req.Step-1 {
+			t.Errorf("step %d got the state of step %d", req.Step, st.N)
+		}
+		st.N = req.Step
+		state, _ := json.Marshal(st)
+		res := runtime.StepResult{State: state, Done: in.Steps > 0 && req.Step >= in.Steps,
+			Usage: runtime.StepUsage{Tokens: in.Tokens, CostUSD: in.Cost}}
+		if res.Done {
+			res.Output = json.RawMessage(fmt.Sprintf(`{"n":%d}`, st.N))
+		}
+		return res, nil
+	}
+}
+
+// A task submitted for a Go handler goes from the scheduler's queue through the
+// dispatcher and asynq to the worker, which runs its steps, handing each one the
+// state the previous one returned, records each step's usage and ends it completed,
+// giving back its lease and its slot.
+func TestWorkerRunsAGoHandlerToCompletion(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.agents.Register("counter", counter(t))
+	r.start()
+	id := r.submit("counter", `{"steps":3,"tokens":10,"cost_usd":0.001}`, nil)
+	got := r.waitState(id, store.StateCompleted)
+	if got.Usage != (store.Usage{Steps: 3, Tokens: 30, CostMicroUSD: 3000}) || got.Attempt != 1 || got.Error != nil {
+		t.Fatalf("completed task: usage %+v, attempt %d, error %v", got.Usage, got.Attempt, got.Error)
+	}
+	var out struct{ N int }
+	if err := json.Unmarshal(got.Output, &out); err != nil || out.N != 3 {
+		t.Fatalf("output %s", got.Output)
+	}
+	if n := r.ledgerRows(id); n != 9 {
+		t.Fatalf("ledger: %d rows, want 3 meters for each of 3 steps", n)
+	}
+	r.wantReleased(id)
+}
+
+// A task ends budget_exceeded when a step takes it past its budget: a step still
+// running at the wall-clock deadline is stopped and not recorded; a step that spends
+// the cost budget is recorded and is the last; no step runs beyond max_steps.
+func TestWorkerEndsATaskOverItsBudget(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		input  string
+		budget tasks.BudgetRequest
+		usage  store.Usage
+		error  string
+	}{
+		{"wall clock", `{"block":true}`, tasks.BudgetRequest{MaxWallclockS: ptr(0.2)},
+			store.Usage{}, "budget exceeded: max_wallclock_s 0.2 reached"},
+		{"cost", `{"tokens":1,"cost_usd":0.6}`, tasks.BudgetRequest{MaxCostUSD: ptr(1.0)},
+			store.Usage{Steps: 2, Tokens: 2, CostMicroUSD: 1_200_000}, "budget exceeded: max_cost_usd 1 reached"},
+		{"steps", `{"tokens":1}`, tasks.BudgetRequest{MaxSteps: ptr(2)},
+			store.Usage{Steps: 2, Tokens: 2}, "budget exceeded: max_steps 2 reached"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			count := counter(t)
+			var stopped bool
+			r.agents.Register("a", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+				if strings.Contains(string(req.Input), "block") {
+					<-ctx.Done()
+					stopped = true
+					return runtime.StepResult{}, ctx.Err()
+				}
+				return count(ctx, req)
+			}))
+			id := r.submit("a", c.input, &c.budget)
+			began := time.Now()
+			r.process()
+			got := r.task(id)
+			if got.State != store.StateBudgetExceeded || got.Error == nil || *got.Error != c.error || got.Usage != c.usage {
+				t.Fatalf("task: %s, error %v, usage %+v; want budget_exceeded, %q, %+v", got.State, deref(got.Error), got.Usage, c.error, c.usage)
+			}
+			if strings.Contains(c.input, "block") && (!stopped || time.Since(began) > 2*time.Second) {
+				t.Fatalf("the step past the deadline was not stopped at it (stopped %v after %v)", stopped, time.Since(began))
+			}
+			if n := r.ledgerRows(id); n != 3*c.usage.Steps {
+				t.Fatalf("ledger: %d rows, want %d", n, 3*c.usage.Steps)
+			}
+			r.wantReleased(id)
+		})
+	}
+}
+
+// A tenant's cancel reaches the worker running the task: the step's context ends at
+// once (long before the task's heartbeat would notice), nothing of the step is
+// recorded and the task stays killed; the worker gives its slot back.
+func TestWorkerStopsACancelledStep(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	started, stopped := make(chan struct{}), make(chan error, 1)
+	r.agents.Register("slow", stepFunc(func(ctx context.Context, _ runtime.StepRequest) (runtime.StepResult, error) {
+		close(started)
+		<-ctx.Done()
+		stopped <- ctx.Err()
+		return runtime.StepResult{Done: true, Usage: runtime.StepUsage{Tokens: 5}}, nil
+	}))
+	r.start()
+	id := r.submit("slow", `{}`, nil)
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the step never started; log:\n%s", r.log)
+	}
+	if _, err := r.svc.Cancel(r.ctx, tenant, id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the cancelled step's context did not end")
+	}
+	r.wantReleased(id)
+	got := r.task(id)
+	if got.State != store.StateKilled || got.Usage != (store.Usage{}) || got.Error == nil || *got.Error != "cancelled by the tenant" {
+		t.Fatalf("cancelled task: %s, usage %+v, error %v", got.State, got.Usage, deref(got.Error))
+	}
+	if n := r.ledgerRows(id); n != 0 {
+		t.Fatalf("the interrupted step wrote %d ledger rows", n)
+	}
+}
+
+// A worker whose task was taken over by another attempt while its step ran (it
+// stalled past its heartbeat) stops when it finds out: it records neither the step
+// nor an end, and leaves the lease and the slot to the attempt that owns them now.
+func TestWorkerThatLostItsClaimStopsWithoutWriting(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	started, proceed := make(chan struct{}), make(chan struct{})
+	r.agents.Register("stalled", stepFunc(func(context.Context, runtime.StepRequest) (runtime.StepResult, error) {
+		close(started)
+		<-proceed
+		return runtime.StepResult{Done: true, Output: json.RawMessage(`{}`), Usage: runtime.StepUsage{Tokens: 5, CostUSD: 0.01}}, nil
+	}))
+	id := r.submit("stalled", `{}`, nil)
+	done := make(chan error, 1)
+	go func() { done <- r.w.ProcessTask(r.ctx, r.take()) }()
+	<-started
+	if _, err := r.st.Pool().Exec(r.ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if next, out, err := r.lc.Start(r.ctx, id); err != nil || out != tasks.TookOver || next.Attempt != 2 {
+		t.Fatalf("take over: %v attempt %d, %v", out, next.Attempt, err)
+	}
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatalf("process: %v", err)
+	}
+	got := r.task(id)
+	if got.State != store.StateRunning || got.Attempt != 2 || got.Usage != (store.Usage{}) || r.ledgerRows(id) != 0 {
+		t.Fatalf("the stopped attempt wrote: %s, attempt %d, usage %+v, %d ledger rows", got.State, got.Attempt, got.Usage, r.ledgerRows(id))
+	}
+	if !r.leaseHeld(id) || !r.slotHeld(id) {
+		t.Fatalf("the stopped attempt released the new one's lease (%v) or slot (%v)", r.leaseHeld(id), r.slotHeld(id))
+	}
+	if !strings.Contains(r.log.String(), "another attempt took the task over") {
+		t.Fatalf("no log of the lost claim:\n%s", r.log)
+	}
+}
+
+// A failing step ends the task failed. The error the tenant reads names the agent,
+// the step and the kind of failure; neither it nor the operator's log shows the
+// agent URL's credentials.
+func TestWorkerRecordsAFailedStepWithARedactedError(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		http.Error(w, "upstream model unavailable", http.StatusBadGateway)
+	}))
+	t.Cleanup(agent.Close)
+	url := strings.Replace(agent.URL, "http://", "http://ops:pa55word@", 1) + "/step?token=tok-123"
+	r.agents.Register("remote", &runtime.HTTPAgent{Name: "remote", URL: url, Secret: []byte("aqsig_x"),
+		Headers: map[string]string{"Authorization": "Bearer hdr-secret"}, MaxAttempts: 2, Backoff: time.Millisecond})
+	id := r.submit("remote", `{}`, nil)
+	r.process()
+	got := r.task(id)
+	want := `step failed: agent "remote", step 1: answered HTTP 502 (after 2 attempts)`
+	if got.State != store.StateFailed || got.Error == nil || *got.Error != want || got.Usage != (store.Usage{}) {
+		t.Fatalf("failed task: %s, error %q, usage %+v; want failed with %q", got.State, deref(got.Error), got.Usage, want)
+	}
+	log := r.log.String()
+	if !strings.Contains(log, "agent step failed") || !strings.Contains(log, "token=REDACTED") {
+		t.Fatalf("the log does not detail the failure with the URL redacted:\n%s", log)
+	}
+	for _, secret := range []string{"pa55word", "tok-123", "hdr-secret"} {
+		if strings.Contains(*got.Error, secret) || strings.Contains(log, secret) {
+			t.Fatalf("%q shows in the task's error %q or the log:\n%s", secret, *got.Error, log)
+		}
+	}
+	r.wantReleased(id)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}
+
+func ptr[T any](v T) *T { return &v }
