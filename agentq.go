@@ -49,15 +49,15 @@ type Options struct {
 	// Agents holds the executors; nil gets a registry with the built-in sim agent.
 	// Register Go handlers on it (or on App.Agents) before Start.
 	Agents *runtime.Registry
-	// DispatchFallback is the dispatcher's timer between wake-ups (default 1s).
-	DispatchFallback time.Duration
-	// TaskCheckInterval is how often idle workers look for work (default 10ms:
-	// asynq's 1 s would add up to a second to every dispatch into an idle pool).
-	TaskCheckInterval time.Duration
-	// RecoveryEvery is the interval of the sweep that re-pushes queued tasks missing
-	// from Redis (default 30s).
-	RecoveryEvery time.Duration
+
+	// recoveryEvery, when set, replaces the 30 s interval of the sweep that re-pushes
+	// queued tasks missing from Redis (tests).
+	recoveryEvery time.Duration
 }
+
+// taskCheckInterval is how often idle workers look for work: asynq's default of 1 s
+// would add up to a second to every dispatch into an idle pool.
+const taskCheckInterval = 10 * time.Millisecond
 
 // App is one agentq process: the roles its Config names, on one Redis and one
 // Postgres. Build it with New, run it with Start, end it with Stop or Shutdown; the
@@ -135,16 +135,10 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log})
 	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
-	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{
-		Logger: a.log, FallbackEvery: o.DispatchFallback,
-	})
+	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log})
 	queues := map[string]int{}
 	for band, w := range scheduler.Bands {
 		queues[a.keys.AsynqQueue(band)] = w
-	}
-	tci := o.TaskCheckInterval
-	if tci <= 0 {
-		tci = 10 * time.Millisecond
 	}
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
@@ -153,11 +147,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(tasks.NewLifecycle(a.store, tasks.LifecycleOptions{}), a.store, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
-		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
+		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
 		Plans: a.plans, Events: a.keys.TaskEvents,
 	})
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
-		Interval: o.RecoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
+		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
 	a.api = web.New(web.Deps{

@@ -46,7 +46,7 @@ func TestQueuedTasksMissingFromRedisAreRecovered(t *testing.T) {
 	// period (5 s: a push may still be on its way).
 	up := e.start(t, func(o *agentq.Options) {
 		o.Config.Roles = []string{config.RoleAPI, config.RoleScheduler, config.RoleWorker}
-		o.RecoveryEvery = 500 * time.Millisecond
+		o.SetRecoveryEvery(500 * time.Millisecond)
 	})
 	c := client.New(up.base, key)
 	for _, id := range ids {

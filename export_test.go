@@ -1,6 +1,8 @@
 package agentq
 
 import (
+	"time"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/rkeys"
@@ -22,6 +24,10 @@ func (a *App) Admission() *quotas.Guard        { return a.admission }
 func (a *App) Scheduler() *scheduler.Scheduler { return a.sched }
 func (a *App) Worker() *runtime.Worker         { return a.worker }
 func (a *App) API() *web.Server                { return a.api }
+
+// SetRecoveryEvery replaces the 30 s interval of the recovery sweep, so that a test
+// sees it run without waiting that long.
+func (o *Options) SetRecoveryEvery(d time.Duration) { o.recoveryEvery = d }
 
 // JanitorLeads reports whether this process's janitor holds the leader lock.
 func (a *App) JanitorLeads() bool { return a.janitor.Elector().Leader() }
