@@ -1,6 +1,11 @@
-// Package agentq is the multi-tenant runtime for AI-agent tasks, usable as a library:
-// New wires the API, the fair scheduler and the workers on one Redis and one Postgres,
-// and Start runs the roles the configuration names. cmd/agentq is a thin CLI over it.
+// Package agentq is the multi-tenant runtime for AI-agent tasks, usable as a library.
+//
+// New builds an App from a Config, on one Redis and one Postgres; Start runs the roles
+// the configuration names (the HTTP API, the fair scheduler, the workers, the janitor)
+// and Stop ends them. The App's tenant, API key and task operations hold a Go program
+// to the rules of the HTTP API, with the same refusals. Agents written in Go are
+// registered on the App's runtime.Registry (Options.Agents, or App.Agents) before
+// Start. cmd/agentq is a thin CLI over this package.
 package agentq
 
 import (
