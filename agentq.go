@@ -1,6 +1,11 @@
-// Package agentq is the multi-tenant runtime for AI-agent tasks, usable as a library:
-// New wires the API, the fair scheduler and the workers on one Redis and one Postgres,
-// and Start runs the roles the configuration names. cmd/agentq is a thin CLI over it.
+// Package agentq is the multi-tenant runtime for AI-agent tasks, usable as a library.
+//
+// New builds an App from a Config, on one Redis and one Postgres; Start runs the roles
+// the configuration names (the HTTP API, the fair scheduler, the workers, the janitor)
+// and Stop ends them. The App's tenant, API key and task operations hold a Go program
+// to the rules of the HTTP API, with the same refusals. Agents written in Go are
+// registered on the App's runtime.Registry (Options.Agents, or App.Agents) before
+// Start. cmd/agentq is a thin CLI over this package.
 package agentq
 
 import (
@@ -33,41 +38,49 @@ import (
 	"github.com/agentq/agentq/web"
 )
 
-// Options configure an App. Redis and Pool may be given (tests, embedding); otherwise
-// New connects with Config's URLs and owns the connections.
+// Options configure an App.
 type Options struct {
+	// Config is the process's configuration; New refuses one Validate refuses.
 	Config Config
+	// Logger receives the process's logs; nil is slog.Default().
 	Logger *slog.Logger
-	Redis  redis.UniversalClient
-	Pool   *pgxpool.Pool
+	// Redis, when set, is the Redis the App uses instead of connecting to
+	// Config.RedisURL; the caller keeps it and closes it after Stop.
+	Redis redis.UniversalClient
+	// Pool, when set, is the Postgres the App uses instead of connecting to
+	// Config.DatabaseURL; its schema is migrated by New all the same. The caller
+	// keeps it and closes it after Stop.
+	Pool *pgxpool.Pool
 	// Agents holds the executors; nil gets a registry with the built-in sim agent.
-	// Register Go handlers on it before Start.
+	// Register Go handlers on it (or on App.Agents) before Start.
 	Agents *runtime.Registry
-	// DispatchFallback is the dispatcher's timer between wake-ups (default 1s).
-	DispatchFallback time.Duration
-	// TaskCheckInterval is how often idle asynq workers look for work (default 10ms:
-	// asynq's 1 s would add up to a second to every dispatch into an idle pool).
-	TaskCheckInterval time.Duration
-	// RecoveryEvery is the interval of the sweep that re-pushes queued tasks missing
-	// from Redis (default 30s).
-	RecoveryEvery time.Duration
+
+	// recoveryEvery, when set, replaces the 30 s interval of the sweep that re-pushes
+	// queued tasks missing from Redis (tests).
+	recoveryEvery time.Duration
 }
 
-// App is one agentq process.
+// taskCheckInterval is how often idle workers look for work: asynq's default of 1 s
+// would add up to a second to every dispatch into an idle pool.
+const taskCheckInterval = 10 * time.Millisecond
+
+// App is one agentq process: the roles its Config names, on one Redis and one
+// Postgres. Build it with New, run it with Start, end it with Stop or Shutdown; the
+// tenant, key and task operations work from New on.
 type App struct {
 	cfg        config.Config
 	log        *slog.Logger
-	Store      *store.Store
-	Redis      redis.UniversalClient
-	Keys       rkeys.Keys
-	Plans      *quotas.Catalogue
-	Quotas     *quotas.Quotas
-	Admission  *quotas.Guard
-	Agents     *runtime.Registry
-	Scheduler  *scheduler.Scheduler
-	Dispatcher *scheduler.Dispatcher
-	Worker     *runtime.Worker
-	API        *web.Server
+	store      *store.Store
+	rdb        redis.UniversalClient
+	keys       rkeys.Keys
+	plans      *quotas.Catalogue
+	quotas     *quotas.Quotas
+	admission  *quotas.Guard
+	agents     *runtime.Registry
+	sched      *scheduler.Scheduler
+	dispatcher *scheduler.Dispatcher
+	worker     *runtime.Worker
+	api        *web.Server
 
 	services    *services.Services
 	coalescer   *quotas.Coalescer
@@ -85,12 +98,12 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if err := o.Config.validate(o.Redis != nil, o.Pool != nil); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: config.Config(o.Config), log: o.Logger, Redis: o.Redis, Agents: o.Agents}
+	a := &App{cfg: config.Config(o.Config), log: o.Logger, rdb: o.Redis, agents: o.Agents}
 	if a.log == nil {
 		a.log = slog.Default()
 	}
-	if a.Agents == nil {
-		a.Agents = runtime.NewRegistry()
+	if a.agents == nil {
+		a.agents = runtime.NewRegistry()
 	}
 	if a.cfg.Has(config.RoleAPI) && a.cfg.AdminToken == "" {
 		a.log.Warn("AGENTQ_ADMIN_TOKEN is not set: the admin API refuses every request")
@@ -99,7 +112,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.Plans = plans
+	a.plans = plans
 
 	pool := o.Pool
 	if pool == nil {
@@ -108,53 +121,47 @@ func New(ctx context.Context, o Options) (*App, error) {
 		}
 		a.ownPool = true
 	}
-	a.Store = store.New(pool)
+	a.store = store.New(pool)
 	if _, err := migrations.Up(ctx, pool); err != nil {
 		a.close()
 		return nil, err
 	}
-	if a.Redis == nil {
+	if a.rdb == nil {
 		c, err := redisx.Connect(ctx, a.cfg.RedisURL)
 		if err != nil {
 			a.close()
 			return nil, err
 		}
-		a.Redis, a.ownRedis = c, true
+		a.rdb, a.ownRedis = c, true
 	}
-	a.Keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
-	a.Quotas = quotas.New(a.Redis, a.Keys, nil)
-	a.coalescer = quotas.NewCoalescer(a.Quotas, a.cfg.RedisTimeout)
-	a.Admission = quotas.NewGuard(a.Quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log})
-	a.Scheduler = scheduler.New(a.Redis, a.Keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
-	a.asynqClient = asynq.NewClientFromRedisClient(a.Redis)
-	a.Dispatcher = scheduler.NewDispatcher(a.Scheduler, a.Redis, a.asynqClient, scheduler.DispatcherOptions{
-		Logger: a.log, FallbackEvery: o.DispatchFallback,
-	})
+	a.keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
+	a.quotas = quotas.New(a.rdb, a.keys, nil)
+	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
+	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log})
+	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
+	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
+	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log})
 	queues := map[string]int{}
 	for band, w := range scheduler.Bands {
-		queues[a.Keys.AsynqQueue(band)] = w
-	}
-	tci := o.TaskCheckInterval
-	if tci <= 0 {
-		tci = 10 * time.Millisecond
+		queues[a.keys.AsynqQueue(band)] = w
 	}
 	a.services = services.New(services.Deps{
-		Pool: pool, Plans: a.Plans, Redis: a.Redis, Keys: a.Keys, Scheduler: a.Scheduler,
-		Admission: a.Admission, Agents: a.Agents, Logger: a.log,
+		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
+		Admission: a.admission, Agents: a.agents, Logger: a.log,
 	})
-	a.Agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
-	a.Worker = runtime.NewWorker(tasks.NewLifecycle(a.Store, tasks.LifecycleOptions{}), a.Store, a.Agents, a.Scheduler, a.Quotas, a.Redis, runtime.WorkerOptions{
-		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.Keys.CancelChannel(),
-		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: tci, Logger: a.log,
-		Plans: a.Plans, Events: a.Keys.TaskEvents,
+	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
+	a.worker = runtime.NewWorker(tasks.NewLifecycle(a.store, tasks.LifecycleOptions{}), a.store, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
+		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
+		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
+		Plans: a.plans, Events: a.keys.TaskEvents,
 	})
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
-		Interval: o.RecoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
+		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
-	a.API = web.New(web.Deps{
+	a.api = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
-		Postgres: pool, Queue: a.Scheduler, Redis: a.Redis, Keys: a.Keys, Plans: a.Plans, Admission: a.Admission,
+		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 	})
@@ -162,40 +169,44 @@ func New(ctx context.Context, o Options) (*App, error) {
 	return a, nil
 }
 
-// roleServices lists the background services of the configured roles in the order they
-// start; Shutdown stops them in the reverse order. The order follows what each needs
-// of the ones before it:
-//
-//   - worker: registers its capacity and consumes the asynq queues before anything
-//     dispatches, and stops last, so running steps finish after dispatching stopped;
-//   - dispatcher, then the recovery sweep (scheduler role): tasks move into asynq only
-//     once workers may be there to take them;
-//   - janitor (janitor role): the leader elector, then its passes, which run only
-//     while it leads; the passes stop before the elector gives up its lock;
-//   - API (api role): admission coalescing, the degraded-mode guard and the cache
-//     listener, then the HTTP server last, so a request is accepted only once what it
-//     uses runs, and on the way down new requests stop before anything else does.
+// roleServices lists the background services of the configured roles in the order
+// Start documents.
 func (a *App) roleServices() []startstop.Service {
 	var svcs []startstop.Service
 	if a.cfg.Has(config.RoleWorker) {
-		svcs = append(svcs, a.Worker)
+		svcs = append(svcs, a.worker)
 	}
 	if a.cfg.Has(config.RoleScheduler) {
-		svcs = append(svcs, a.Dispatcher, a.recovery)
+		svcs = append(svcs, a.dispatcher, a.recovery)
 	}
 	if a.cfg.Has(config.RoleJanitor) {
 		svcs = append(svcs, a.janitor.Services()...)
 	}
 	if a.cfg.Has(config.RoleAPI) {
-		svcs = append(svcs, a.coalescer, a.Admission, a.API.CacheListener(), a.API)
+		svcs = append(svcs, a.coalescer, a.admission, a.api.CacheListener(), a.api)
 	}
 	return svcs
 }
 
-// Start runs the configured roles' services (see services for their order). The API
-// listens on Config.HTTPAddr. If a service fails to start, the ones started before it
-// are stopped again and its error is returned. Services outlive ctx: only Shutdown
-// stops them, in order.
+// Start runs the background services of the configured roles, in an order that
+// follows what each needs of the ones before it; Stop and Shutdown stop them in the
+// reverse order.
+//
+//   - worker: registers its capacity and consumes the task queues before anything
+//     dispatches, and stops last, so running steps finish after dispatching stopped;
+//   - scheduler: the dispatcher, then the sweep that re-pushes queued tasks missing
+//     from Redis; tasks are dispatched only once workers may be there to take them;
+//   - janitor: the leader election, then the repairs of drift between Postgres and
+//     Redis, which run only while this process leads; they stop before it gives up
+//     the lead;
+//   - api: admission's batching, the degraded-mode guard and the listener that keeps
+//     the key and tenant caches current, then the HTTP server last, so that a request
+//     is accepted only once what it uses runs, and on the way down new requests stop
+//     before anything else does.
+//
+// The API listens on Config.HTTPAddr (see Addr). If a service fails to start, the
+// ones started before it are stopped again and its error is returned. The services
+// outlive ctx: only Stop or Shutdown ends them.
 func (a *App) Start(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	for i, svc := range a.svcs {
@@ -222,24 +233,44 @@ func stopAll(svcs []startstop.Service) {
 // maintenanceDeps are what the recovery sweep and the janitor work on.
 func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
-		Store: a.Store, Pool: a.Store.Pool(), Redis: a.Redis, Keys: a.Keys,
-		Scheduler: a.Scheduler, Quotas: a.Quotas, Plans: a.Plans, Logger: a.log,
+		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
+		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Logger: a.log,
 	}
 }
+
+// Agents is the registry of the agents this process runs: the one Options.Agents
+// gave, or the one New made with the built-in sim agent. Register Go handlers on it
+// before Start.
+func (a *App) Agents() *runtime.Registry { return a.agents }
 
 // Addr is the API's bound address (nil without the api role, or before Start).
 func (a *App) Addr() net.Addr {
 	if !a.cfg.Has(config.RoleAPI) {
 		return nil
 	}
-	return a.API.Addr()
+	return a.api.Addr()
 }
+
+// ReloadKeys drops the API's cached API keys and tenants, so that the next request
+// reads them from Postgres (agentq serve does it on SIGHUP). Changes made through
+// the App, the admin API or `agentq admin` need no reload: every replica hears of
+// them. Without the api role it does nothing.
+func (a *App) ReloadKeys() {
+	if a.cfg.Has(config.RoleAPI) {
+		a.api.ReloadKeys()
+	}
+}
+
+// Stop is Shutdown without a deadline: it returns once every service stopped and the
+// connections the App owns are closed. Running steps get up to
+// Config.ShutdownTimeout to finish.
+func (a *App) Stop() { _ = a.Shutdown(context.Background()) }
 
 // Shutdown stops the services in the reverse of their start order: the API stops
 // accepting requests and drains them, dispatching stops, and running steps finish up
-// to the configured shutdown timeout; then it closes the connections it owns. If ctx
-// ends first, Shutdown returns its error and the rest of the stop (and the closing of
-// the connections) carries on in the background.
+// to Config.ShutdownTimeout; then it closes the connections it owns. If ctx ends
+// first, Shutdown returns its error and the rest of the stop (and the closing of the
+// connections) carries on in the background.
 func (a *App) Shutdown(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
@@ -261,10 +292,10 @@ func replicaID() string {
 }
 
 func (a *App) close() {
-	if a.ownRedis && a.Redis != nil {
-		_ = a.Redis.Close()
+	if a.ownRedis && a.rdb != nil {
+		_ = a.rdb.Close()
 	}
-	if a.ownPool && a.Store != nil {
-		a.Store.Pool().Close()
+	if a.ownPool && a.store != nil {
+		a.store.Pool().Close()
 	}
 }

@@ -83,12 +83,18 @@ type Config struct {
 	TenantMaxInflight *float64
 }
 
-// Roles a process can run.
+// Roles a process can run (Config.Roles), the names `agentq serve --roles` takes.
 const (
-	RoleAPI       = config.RoleAPI
+	// RoleAPI ("api") serves the HTTP API and admits tasks.
+	RoleAPI = config.RoleAPI
+	// RoleScheduler ("scheduler") dispatches queued tasks to the workers, each
+	// tenant's share by its weight, and re-pushes queued tasks missing from Redis.
 	RoleScheduler = config.RoleScheduler
-	RoleWorker    = config.RoleWorker
-	RoleJanitor   = config.RoleJanitor
+	// RoleWorker ("worker") runs the agents' steps.
+	RoleWorker = config.RoleWorker
+	// RoleJanitor ("janitor") repairs drift between Postgres and Redis while it
+	// leads the deployment's janitors.
+	RoleJanitor = config.RoleJanitor
 )
 
 // DefaultConfig is the configuration used when nothing is set: every role, local
@@ -108,6 +114,7 @@ type ConfigError struct {
 	Message string
 }
 
+// Error names the field and says what is wrong with it.
 func (e *ConfigError) Error() string { return "agentq: config: " + e.Field + " " + e.Message }
 
 // Validate reports the first field New would refuse, as a *ConfigError.

@@ -97,7 +97,7 @@ func TestRateLimitContract(t *testing.T) {
 	if hd.Get("X-RateLimit-Remaining") != "0" || !strings.Contains(hd.Get("RateLimit"), `"tenant";r=0;`) {
 		t.Fatalf("binding limit on 429: remaining %s, RateLimit %q; want the tenant's bucket at 0", hd.Get("X-RateLimit-Remaining"), hd.Get("RateLimit"))
 	}
-	if n, _ := h.app.Store.CountTasks(context.Background(), store.CountTasksParams{TenantID: "rl"}); n != 5 {
+	if n, _ := h.app.Store().CountTasks(context.Background(), store.CountTasksParams{TenantID: "rl"}); n != 5 {
 		t.Fatalf("%d tasks written, want 5", n)
 	}
 	// reads carry the headers too (the key bucket)
@@ -289,7 +289,7 @@ func TestScopeCheckedBeforeTenantLimits(t *testing.T) {
 		}
 	}
 	// no Redis key name holds a plaintext secret
-	keys, err := h.app.Redis.Keys(ctx, "*").Result()
+	keys, err := h.app.Redis().Keys(ctx, "*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestReloadKeepsWindowsAndRevokeDropsKeyState(t *testing.T) {
 	}
 	_, hd := h.do("GET", "/v1/tasks", keep, nil, nil)
 	before := hd.Get("X-RateLimit-Remaining")
-	h.app.API.ReloadKeys()
+	h.app.API().ReloadKeys()
 	_, hd = h.do("GET", "/v1/tasks", keep, nil, nil)
 	if after := hd.Get("X-RateLimit-Remaining"); after != before && after != fmt.Sprint(atoi(before)-1) {
 		t.Fatalf("key bucket remaining %s before reload, %s after: the window was reset", before, after)
@@ -321,17 +321,17 @@ func TestReloadKeepsWindowsAndRevokeDropsKeyState(t *testing.T) {
 	var k struct{ Kid, Key string }
 	h.do("POST", "/v1/admin/tenants/rk/keys", h.admin, map[string]any{}, &k)
 	h.do("GET", "/v1/tasks", k.Key, nil, nil)
-	state := h.app.Keys.AdmissionState("rk")
-	if !h.app.Redis.HExists(ctx, state, "k:"+k.Kid).Val() {
+	state := h.app.Keys().AdmissionState("rk")
+	if !h.app.Redis().HExists(ctx, state, "k:"+k.Kid).Val() {
 		t.Fatal("no key bucket after a request")
 	}
 	if st, _ := h.do("DELETE", "/v1/admin/keys/"+k.Kid, h.admin, nil, nil); st != 204 {
 		t.Fatalf("revoke: %d", st)
 	}
-	if h.app.Redis.HExists(ctx, state, "k:"+k.Kid).Val() {
+	if h.app.Redis().HExists(ctx, state, "k:"+k.Kid).Val() {
 		t.Fatal("the revoked key's bucket survived")
 	}
-	if !h.app.Redis.HExists(ctx, state, "k:"+keyKid(keep)).Val() {
+	if !h.app.Redis().HExists(ctx, state, "k:"+keyKid(keep)).Val() {
 		t.Fatal("revoking one key dropped another key's bucket")
 	}
 }
@@ -421,7 +421,7 @@ func TestDegradedModeWhenRedisIsDown(t *testing.T) {
 		t.Fatalf("13 requests took %v with Redis down: the API waited on Redis", d)
 	}
 	// accepted tasks are in Postgres, queued, for the recovery sweep to push
-	if n, _ := h.app.Store.CountTasks(context.Background(), store.CountTasksParams{TenantID: "free"}); n != n202 {
+	if n, _ := h.app.Store().CountTasks(context.Background(), store.CountTasksParams{TenantID: "free"}); n != n202 {
 		t.Fatalf("%d tasks stored, %d accepted", n, n202)
 	}
 }

@@ -168,7 +168,7 @@ func TestBadUsageFromAnAgentFailsTheStep(t *testing.T) {
 		if task.Usage.Steps != 0 || task.Usage.Tokens != 0 || task.Usage.CostUSD != 0 {
 			t.Errorf("%s: the bad step was counted: %+v", tc.name, task.Usage)
 		}
-		rows, err := h.app.Store.TaskLedger(context.Background(), store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)})
+		rows, err := h.app.Store().TaskLedger(context.Background(), store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)})
 		if err != nil || len(rows) != 0 {
 			t.Errorf("%s: %d ledger rows (%v)", tc.name, len(rows), err)
 		}
@@ -339,7 +339,7 @@ func TestAgentsWithoutTheirOwnSecretFallBackToTheSharedOne(t *testing.T) {
 	h.putAgent("old", map[string]any{"url": a.srv.URL + "/step"}, 201)
 	ctx := context.Background()
 	// As the migration leaves an agent registered before it.
-	if _, err := h.app.Store.Pool().Exec(ctx, `UPDATE agents SET signing_secret = NULL, signing_secret_created_at = NULL WHERE name = 'old'`); err != nil {
+	if _, err := h.app.Store().Pool().Exec(ctx, `UPDATE agents SET signing_secret = NULL, signing_secret_created_at = NULL WHERE name = 'old'`); err != nil {
 		t.Fatal(err)
 	}
 	var got map[string]any
@@ -369,7 +369,7 @@ func TestAgentsWithoutTheirOwnSecretFallBackToTheSharedOne(t *testing.T) {
 	h2 := start(t)
 	b := newRawAgent(t)
 	h2.putAgent("old", map[string]any{"url": b.srv.URL + "/step"}, 201)
-	if _, err := h2.app.Store.Pool().Exec(ctx, `UPDATE agents SET signing_secret = NULL, signing_secret_created_at = NULL WHERE name = 'old'`); err != nil {
+	if _, err := h2.app.Store().Pool().Exec(ctx, `UPDATE agents SET signing_secret = NULL, signing_secret_created_at = NULL WHERE name = 'old'`); err != nil {
 		t.Fatal(err)
 	}
 	c2, _ := h2.tenantClient("legacy2", "pro", nil)

@@ -273,7 +273,7 @@ func volatileKey(name string) bool {
 func (h *harness) snapshot(ctx context.Context) snapshot {
 	h.t.Helper()
 	snap := snapshot{}
-	rows, err := h.app.Store.Pool().Query(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'`)
+	rows, err := h.app.Store().Pool().Query(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'`)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -288,14 +288,14 @@ func (h *harness) snapshot(ctx context.Context) snapshot {
 		var n int64
 		var sum string
 		q := fmt.Sprintf(`SELECT count(*), coalesce(md5(string_agg(t::text, ',' ORDER BY t::text)), '') FROM %s t`, pgx.Identifier{tb}.Sanitize())
-		if err := h.app.Store.Pool().QueryRow(ctx, q).Scan(&n, &sum); err != nil {
+		if err := h.app.Store().Pool().QueryRow(ctx, q).Scan(&n, &sum); err != nil {
 			h.t.Fatal(err)
 		}
 		snap["pg:"+tb] = fmt.Sprintf("%d rows, md5 %s", n, sum)
 	}
 	var cursor uint64
 	for {
-		keys, next, err := h.app.Redis.Scan(ctx, cursor, h.app.Keys.Prefix()+"*", 1000).Result()
+		keys, next, err := h.app.Redis().Scan(ctx, cursor, h.app.Keys().Prefix()+"*", 1000).Result()
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -317,12 +317,12 @@ func (h *harness) snapshot(ctx context.Context) snapshot {
 // authenticated request spends one token of its key's bucket (the contract counts
 // rejected requests too), and nothing else.
 func (h *harness) redisDigest(ctx context.Context, k string) string {
-	typ, err := h.app.Redis.Type(ctx, k).Result()
+	typ, err := h.app.Redis().Type(ctx, k).Result()
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	if typ == "hash" && strings.Contains(k, ":adm:") {
-		m, err := h.app.Redis.HGetAll(ctx, k).Result()
+		m, err := h.app.Redis().HGetAll(ctx, k).Result()
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -336,7 +336,7 @@ func (h *harness) redisDigest(ctx context.Context, k string) string {
 		sort.Strings(fields)
 		return "hash " + strings.Join(fields, ",")
 	}
-	d, err := h.app.Redis.Dump(ctx, k).Result()
+	d, err := h.app.Redis().Dump(ctx, k).Result()
 	if err != nil {
 		return typ + " gone"
 	}
@@ -485,7 +485,7 @@ func TestHostileRequestCorpus(t *testing.T) {
 			covered[route] = true
 		}
 	}
-	for _, r := range h.app.API.Echo().Routes() {
+	for _, r := range h.app.API().Echo().Routes() {
 		if !covered[r.Method+" "+r.Path] {
 			t.Errorf("no hostile request for %s %s", r.Method, r.Path)
 		}
@@ -497,7 +497,7 @@ func TestHostileRequestCorpus(t *testing.T) {
 func (h *harness) routeOf(method, path string) string {
 	path, _, _ = strings.Cut(path, "?")
 	segs := strings.Split(path, "/")
-	for _, r := range h.app.API.Echo().Routes() {
+	for _, r := range h.app.API().Echo().Routes() {
 		if r.Method != method {
 			continue
 		}

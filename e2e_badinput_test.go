@@ -82,14 +82,14 @@ func TestBadInputIsRejectedAndWritesNothing(t *testing.T) {
 			t.Errorf("%s: error message contains the API key", c.name)
 		}
 	}
-	n, err := h.app.Store.UnscopedCountTasks(context.Background())
+	n, err := h.app.Store().UnscopedCountTasks(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
 		t.Fatalf("rejected requests wrote %d tasks", n)
 	}
-	keys, _ := h.app.Redis.Keys(context.Background(), h.app.Keys.Prefix()+"*q:*").Result()
+	keys, _ := h.app.Redis().Keys(context.Background(), h.app.Keys().Prefix()+"*q:*").Result()
 	if len(keys) != 0 {
 		t.Fatalf("rejected requests queued work in Redis: %v", keys)
 	}

@@ -68,7 +68,7 @@ func TestBudgetFieldsCannotBeSwitchedOffOrRaised(t *testing.T) {
 		if st, _ := h.do("POST", "/v1/tasks", key, body, &task); st != 202 {
 			t.Fatalf("budget %s: %d", tc.budget, st)
 		}
-		got, err := h.app.Store.GetTask(context.Background(), storeParams(task.TenantID, task.ID))
+		got, err := h.app.Store().GetTask(context.Background(), storeParams(task.TenantID, task.ID))
 		if err != nil {
 			t.Fatal(err)
 		}

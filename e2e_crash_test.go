@@ -46,7 +46,7 @@ func TestQueuedTasksMissingFromRedisAreRecovered(t *testing.T) {
 	// period (5 s: a push may still be on its way).
 	up := e.start(t, func(o *agentq.Options) {
 		o.Config.Roles = []string{config.RoleAPI, config.RoleScheduler, config.RoleWorker}
-		o.RecoveryEvery = 500 * time.Millisecond
+		o.SetRecoveryEvery(500 * time.Millisecond)
 	})
 	c := client.New(up.base, key)
 	for _, id := range ids {
@@ -65,7 +65,7 @@ func TestRecoveryAfterRedisDataLoss(t *testing.T) {
 	queued, _ := c.SubmitTask(ctx, sim(1, 1))
 	// The tenant queues are gone, and the janitor's generation marker with them: the
 	// leader notices within a second and pushes the queued task back.
-	testenv.DeletePrefix(ctx, h.app.Redis, h.app.Keys.Prefix()+"{")
+	testenv.DeletePrefix(ctx, h.app.Redis(), h.app.Keys().Prefix()+"{")
 	waitState(t, c, queued.ID, "completed", 20*time.Second)
 }
 
@@ -82,21 +82,21 @@ func TestRedeliveredTaskOfADeadWorkerIsTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The dead worker had started the task and finished one step.
-	if _, err := h.app.Store.Pool().Exec(ctx, `UPDATE tasks SET state = 'running', attempt = 1, steps = 1,
+	if _, err := h.app.Store().Pool().Exec(ctx, `UPDATE tasks SET state = 'running', attempt = 1, steps = 1,
 		agent_state = '{"done":1}', started_at = now(), heartbeat_at = now() - interval '5 seconds' WHERE id = $1`, task.ID); err != nil {
 		t.Fatal(err)
 	}
 	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"crash","priority":5}`)
-	if err := h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
+	if err := h.app.Worker().ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := c.GetTask(ctx, task.ID); got.State != "running" || got.Usage.Steps != 1 {
 		t.Fatalf("a redelivery took over a task whose worker is alive: %s, %d steps", got.State, got.Usage.Steps)
 	}
-	if _, err := h.app.Store.Pool().Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, task.ID); err != nil {
+	if _, err := h.app.Store().Pool().Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, task.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
+	if err := h.app.Worker().ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := c.GetTask(ctx, task.ID)
@@ -119,15 +119,15 @@ func TestStalledWorkerStopsWhenItsTaskWasTakenOver(t *testing.T) {
 	}
 	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"fence","priority":5}`)
 	done := make(chan error, 1)
-	go func() { done <- h.app.Worker.ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)) }()
+	go func() { done <- h.app.Worker().ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)) }()
 	waitState(t, c, task.ID, "running", 5*time.Second)
 	// Attempt 1 is in its first step. Another worker takes the task over, as
 	// TakeOverTask does, and holds its running slot.
-	db := h.app.Store.Pool()
+	db := h.app.Store().Pool()
 	if _, err := db.Exec(ctx, `UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now() WHERE id = $1 AND attempt = 1`, task.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.app.Scheduler.AddRunning(ctx, "fence", task.ID); err != nil {
+	if err := h.app.Scheduler().AddRunning(ctx, "fence", task.ID); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -142,16 +142,16 @@ func TestStalledWorkerStopsWhenItsTaskWasTakenOver(t *testing.T) {
 	if got.State != "running" || got.Attempt != 2 || got.Usage.Steps != 0 {
 		t.Fatalf("task after the stalled attempt stopped: %s, attempt %d, %d steps; want running, attempt 2, 0 steps", got.State, got.Attempt, got.Usage.Steps)
 	}
-	if rows, _ := h.app.Store.TaskLedger(ctx, store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)}); len(rows) != 0 {
+	if rows, _ := h.app.Store().TaskLedger(ctx, store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)}); len(rows) != 0 {
 		t.Fatalf("the stalled attempt's step is in the ledger: %v", rows)
 	}
 	if used := h.usage(k.Key)["agent_steps_daily"]["used"]; used != 0.0 {
 		t.Fatalf("agent_steps_daily used %v, want the stalled step's reservation refunded", used)
 	}
-	if sess, _, _ := h.app.Quotas.Leases(ctx, "fence"); !slices.Contains(sess, task.ID) {
+	if sess, _, _ := h.app.Quotas().Leases(ctx, "fence"); !slices.Contains(sess, task.ID) {
 		t.Fatalf("the new owner's lease was released: %v", sess)
 	}
-	if members, _ := h.app.Scheduler.RunningMembers(ctx, "fence"); !slices.Contains(members, task.ID) {
+	if members, _ := h.app.Scheduler().RunningMembers(ctx, "fence"); !slices.Contains(members, task.ID) {
 		t.Fatalf("the new owner's running slot was freed: %v", members)
 	}
 }

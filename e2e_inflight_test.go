@@ -37,7 +37,7 @@ func (h *harness) openStream(ctx context.Context, key, id string) (*http.Respons
 // inflightHeld is the number of live inflight_requests leases of a tenant.
 func (h *harness) inflightHeld(tenant string) int64 {
 	h.t.Helper()
-	n, err := h.app.Redis.ZCard(context.Background(), h.app.Keys.InflightRequests(tenant)).Result()
+	n, err := h.app.Redis().ZCard(context.Background(), h.app.Keys().InflightRequests(tenant)).Result()
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestReadsSpendOnlyTheKeyBucket(t *testing.T) {
 		}
 	}
 	// nothing but the key bucket was touched: no tenant bucket, no user bucket, no lease
-	fields, err := h.app.Redis.HKeys(context.Background(), h.app.Keys.AdmissionState("rk")).Result()
+	fields, err := h.app.Redis().HKeys(context.Background(), h.app.Keys().AdmissionState("rk")).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestReadsSpendOnlyTheKeyBucket(t *testing.T) {
 			t.Fatalf("reads touched the tenant's state field %q (fields %v)", f, fields)
 		}
 	}
-	if n, _ := h.app.Redis.ZCard(context.Background(), h.app.Keys.Sessions("rk")).Result(); n != 0 {
+	if n, _ := h.app.Redis().ZCard(context.Background(), h.app.Keys().Sessions("rk")).Result(); n != 0 {
 		t.Fatalf("reads hold %d session leases", n)
 	}
 }
@@ -359,13 +359,13 @@ func TestOneSlowAdmissionDoesNotDegradeTheReplica(t *testing.T) {
 	if st := submit(); st != 202 {
 		t.Fatalf("submission right after one timed-out admission: %d, want 202 (one timeout must not degrade the replica)", st)
 	}
-	if h.app.Admission.Degraded() {
+	if h.app.Admission().Degraded() {
 		t.Fatal("the replica is in degraded mode after one timeout")
 	}
 	// the late call's lease goes back; the two tasks' leases go at completion
 	deadline := time.Now().Add(8 * time.Second)
 	for {
-		n, err := e.rdb.ZCard(context.Background(), h.app.Keys.Sessions("sl")).Result()
+		n, err := e.rdb.ZCard(context.Background(), h.app.Keys().Sessions("sl")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -373,7 +373,7 @@ func TestOneSlowAdmissionDoesNotDegradeTheReplica(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			m, _ := e.rdb.ZRange(context.Background(), h.app.Keys.Sessions("sl"), 0, -1).Result()
+			m, _ := e.rdb.ZRange(context.Background(), h.app.Keys().Sessions("sl"), 0, -1).Result()
 			t.Fatalf("session leases %v remain: the timed-out admission's lease was not given back", m)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -80,12 +80,12 @@ func TestJanitorRefreshesQueuedTasksLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := h.app.Keys.Sessions("jq")
+	key := h.app.Keys().Sessions("jq")
 	soon := float64(time.Now().Add(time.Minute).UnixMilli()) // about to expire
-	h.app.Redis.ZAddXX(ctx, key, redis.Z{Score: soon, Member: task.ID})
+	h.app.Redis().ZAddXX(ctx, key, redis.Z{Score: soon, Member: task.ID})
 	startJanitor(t, e)
 	eventually(t, 10*time.Second, "the queued task's lease pushed forward", func() bool {
-		return h.app.Redis.ZScore(ctx, key, task.ID).Val() > float64(time.Now().Add(5*time.Hour).UnixMilli())
+		return h.app.Redis().ZScore(ctx, key, task.ID).Val() > float64(time.Now().Add(5*time.Hour).UnixMilli())
 	})
 }
 
@@ -110,7 +110,7 @@ func TestQueueBacklogHoldsUnderConcurrentSubmissions(t *testing.T) {
 	if n := admitted.Load(); n != 5 {
 		t.Fatalf("%d of 40 concurrent submissions admitted with queue_backlog 5", n)
 	}
-	if n := h.app.Redis.ZCard(context.Background(), h.app.Keys.PendingQueue("qb")).Val(); n != 0 {
+	if n := h.app.Redis().ZCard(context.Background(), h.app.Keys().PendingQueue("qb")).Val(); n != 0 {
 		t.Fatalf("%d admitted tasks still marked not yet queued after their push", n)
 	}
 }

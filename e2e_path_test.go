@@ -253,7 +253,7 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("second cancel: %v", err)
 	}
 	// Nothing is left holding a slot.
-	if n := h.app.Redis.SCard(ctx, h.app.Keys.TenantRunning("acme")).Val(); n != 0 {
+	if n := h.app.Redis().SCard(ctx, h.app.Keys().TenantRunning("acme")).Val(); n != 0 {
 		t.Fatalf("running set holds %d after every task ended", n)
 	}
 }
@@ -321,7 +321,7 @@ func TestIdempotentResubmission(t *testing.T) {
 	if len(distinct) != 1 {
 		t.Fatalf("10 concurrent submissions with one key made %d tasks", len(distinct))
 	}
-	n, _ := h.app.Store.CountTasks(ctx, store.CountTasksParams{TenantID: "acme"})
+	n, _ := h.app.Store().CountTasks(ctx, store.CountTasksParams{TenantID: "acme"})
 	if n != 2 {
 		t.Fatalf("acme has %d tasks, want 2", n)
 	}
@@ -416,7 +416,7 @@ func TestGracefulShutdownFinishesRunningSteps(t *testing.T) {
 	}
 	waitState(t, c, task.ID, client.StateRunning, 10*time.Second)
 	h.stop()
-	got, err := h.app.Store.GetTask(ctx, storeParams(task.TenantID, task.ID))
+	got, err := h.app.Store().GetTask(ctx, storeParams(task.TenantID, task.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,12 +535,12 @@ func TestAsynqStaysShort(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	insp := asynq.NewInspectorFromRedisClient(h.app.Redis)
+	insp := asynq.NewInspectorFromRedisClient(h.app.Redis())
 	maxHeld := 0
 	for {
 		held := 0
 		for band := range scheduler.Bands {
-			if qi, err := insp.GetQueueInfo(h.app.Keys.AsynqQueue(band)); err == nil {
+			if qi, err := insp.GetQueueInfo(h.app.Keys().AsynqQueue(band)); err == nil {
 				held += qi.Pending + qi.Active + qi.Scheduled + qi.Retry
 			}
 		}

@@ -67,38 +67,38 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	}
 	// 2. a queued task whose lease and queue entry Redis lost
 	lost := sub()
-	h.app.Quotas.Release(ctx, "jr", lost)
-	h.app.Scheduler.Remove(ctx, "jr", uuid.MustParse(lost))
+	h.app.Quotas().Release(ctx, "jr", lost)
+	h.app.Scheduler().Remove(ctx, "jr", uuid.MustParse(lost))
 	// 3. a running task missing from the running set; 4. a running-set entry of an
 	// ended task holding a pool slot
 	running := sub()
-	h.app.Scheduler.Remove(ctx, "jr", uuid.MustParse(running))
+	h.app.Scheduler().Remove(ctx, "jr", uuid.MustParse(running))
 	if _, err := db.Exec(ctx, `UPDATE tasks SET state = 'running', started_at = now(), heartbeat_at = now(), attempt = 1 WHERE id = $1`, running); err != nil {
 		t.Fatal(err)
 	}
 	ghost := uuid.Must(uuid.NewV7()).String()
-	if err := h.app.Scheduler.AddRunning(ctx, "jr", ghost); err != nil {
+	if err := h.app.Scheduler().AddRunning(ctx, "jr", ghost); err != nil {
 		t.Fatal(err)
 	}
-	h.app.Redis.Set(ctx, h.app.Keys.PoolInflight(), 5, time.Hour) // drifted pool counter
+	h.app.Redis().Set(ctx, h.app.Keys().PoolInflight(), 5, time.Hour) // drifted pool counter
 
 	startJanitor(t, e)
 	want := []string{lost, running}
 	slices.Sort(want)
 	eventually(t, 10*time.Second, "leases of the live tasks only", func() bool {
-		sess, _, _ := h.app.Quotas.Leases(ctx, "jr")
+		sess, _, _ := h.app.Quotas().Leases(ctx, "jr")
 		slices.Sort(sess)
 		return slices.Equal(sess, want)
 	})
 	eventually(t, 10*time.Second, "the running task alone in the running set", func() bool {
-		members, _ := h.app.Scheduler.RunningMembers(ctx, "jr")
+		members, _ := h.app.Scheduler().RunningMembers(ctx, "jr")
 		return slices.Equal(members, []string{running})
 	})
 	eventually(t, 10*time.Second, "the lost queued task back on its queue", func() bool {
-		return h.app.Redis.ZScore(ctx, h.app.Keys.TenantQueue("jr"), lost).Err() == nil
+		return h.app.Redis().ZScore(ctx, h.app.Keys().TenantQueue("jr"), lost).Err() == nil
 	})
 	eventually(t, 10*time.Second, "the pool counter recounted", func() bool {
-		n, _ := h.app.Redis.Get(ctx, h.app.Keys.PoolInflight()).Int()
+		n, _ := h.app.Redis().Get(ctx, h.app.Keys().PoolInflight()).Int()
 		return n == 0
 	})
 }
@@ -124,15 +124,15 @@ func TestJanitorRepushesInOrderAfterRedisDataLoss(t *testing.T) {
 		o.Config.JanitorInterval = time.Hour // only the generation check repairs
 	})
 	eventually(t, 10*time.Second, "a janitor leader", j.app.JanitorLeads)
-	testenv.DeletePrefix(ctx, h.app.Redis, h.app.Keys.Prefix())
+	testenv.DeletePrefix(ctx, h.app.Redis(), h.app.Keys().Prefix())
 	eventually(t, 10*time.Second, "the backlog back in admission order", func() bool {
-		got, _ := h.app.Redis.ZRange(ctx, h.app.Keys.TenantQueue("jo"), 0, -1).Result()
+		got, _ := h.app.Redis().ZRange(ctx, h.app.Keys().TenantQueue("jo"), 0, -1).Result()
 		return slices.Equal(got, ids)
 	})
 	// (The queue can come back before the leases: a repair that was under way when
 	// Redis lost its data re-pushes first, and the next check repairs again.)
 	eventually(t, 10*time.Second, "the 6 queued tasks' leases back", func() bool {
-		sess, _, _ := h.app.Quotas.Leases(ctx, "jo")
+		sess, _, _ := h.app.Quotas().Leases(ctx, "jo")
 		return len(sess) == 6
 	})
 }
@@ -231,23 +231,23 @@ func TestJanitorRescuesTasksLostToAsynq(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.app.Scheduler.Heartbeat(ctx, "fake-worker", 4, time.Hour); err != nil {
+	if err := h.app.Scheduler().Heartbeat(ctx, "fake-worker", 4, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.app.Scheduler.Take(ctx); err != nil { // dispatched; asynq never got it
+	if _, err := h.app.Scheduler().Take(ctx); err != nil { // dispatched; asynq never got it
 		t.Fatal(err)
 	}
-	inflight := h.app.Keys.Inflight(0)
-	h.app.Redis.ZAdd(ctx, inflight, redis.Z{Score: float64(time.Now().Add(-time.Minute).UnixMilli()), Member: task.ID})
+	inflight := h.app.Keys().Inflight(0)
+	h.app.Redis().ZAdd(ctx, inflight, redis.Z{Score: float64(time.Now().Add(-time.Minute).UnixMilli()), Member: task.ID})
 	startJanitor(t, e)
 	eventually(t, 10*time.Second, "the stranded task back in its queue", func() bool {
-		return h.app.Redis.ZScore(ctx, h.app.Keys.TenantQueue("ja"), task.ID).Err() == nil
+		return h.app.Redis().ZScore(ctx, h.app.Keys().TenantQueue("ja"), task.ID).Err() == nil
 	})
-	if members, _ := h.app.Scheduler.RunningMembers(ctx, "ja"); len(members) != 0 {
+	if members, _ := h.app.Scheduler().RunningMembers(ctx, "ja"); len(members) != 0 {
 		t.Fatalf("running set still holds %v", members)
 	}
 	eventually(t, 10*time.Second, "the pool counter back to 0", func() bool {
-		n, _ := h.app.Redis.Get(ctx, h.app.Keys.PoolInflight()).Int()
+		n, _ := h.app.Redis().Get(ctx, h.app.Keys().PoolInflight()).Int()
 		return n == 0
 	})
 }
@@ -289,7 +289,7 @@ func TestJanitorFirstStartIsNotDataLoss(t *testing.T) {
 	if _, err := c.SubmitTask(ctx, sim(1, 1)); err != nil {
 		t.Fatal(err)
 	}
-	testenv.DeletePrefix(ctx, h.app.Redis, h.app.Keys.Prefix())
+	testenv.DeletePrefix(ctx, h.app.Redis(), h.app.Keys().Prefix())
 	if loss := waitLog("Redis lost its data"); !strings.Contains(loss, "level=WARN") {
 		t.Fatalf("data loss logged as %q", loss)
 	}

@@ -156,7 +156,7 @@ func TestHTTPAgentRunsStepsWithUsageAndLedger(t *testing.T) {
 	if hd.Get("Authorization") != "Bearer agent-token" || !strings.HasPrefix(hd.Get("Traceparent"), "00-"+strings.ReplaceAll(task.ID, "-", "")) {
 		t.Fatalf("step request headers: %v", hd)
 	}
-	rows, err := h.app.Store.TaskLedger(context.Background(), store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)})
+	rows, err := h.app.Store().TaskLedger(context.Background(), store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)})
 	if err != nil || len(rows) != 9 {
 		t.Fatalf("ledger: %d rows (%v), want 3 steps x 3 meters", len(rows), err)
 	}

@@ -8,10 +8,12 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/internal/testenv"
+	agentrt "github.com/agentq/agentq/runtime" // renamed: it would shadow the standard runtime
 )
 
 // exampleOptions gives an Example its own Postgres schema and Redis key prefix on the
@@ -49,7 +51,7 @@ func Example() {
 	if err := app.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	defer func() { _ = app.Shutdown(context.Background()) }()
+	defer app.Stop()
 
 	if _, err := app.CreateTenant(ctx, agentq.NewTenant{ID: "acme", Plan: "pro"}); err != nil {
 		log.Fatal(err)
@@ -68,6 +70,55 @@ func Example() {
 	}
 	fmt.Println(task.State, task.Usage.Steps, "steps", task.Usage.Tokens, "tokens")
 	// Output: completed 2 steps 100 tokens
+}
+
+// upper is an agent written in Go: it upper-cases input.text in one step.
+type upper struct{}
+
+func (upper) Step(_ context.Context, req agentrt.StepRequest) (agentrt.StepResult, error) {
+	var in struct {
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(req.Input, &in); err != nil {
+		return agentrt.StepResult{}, fmt.Errorf("%w: bad input: %v", agentrt.ErrStepFailed, err)
+	}
+	out, _ := json.Marshal(map[string]string{"text": strings.ToUpper(in.Text)})
+	return agentrt.StepResult{Output: out, Done: true, Usage: agentrt.StepUsage{Tokens: int64(len(in.Text))}}, nil
+}
+
+// Agents written in Go run in the process's workers: register them before Start, and
+// tasks name them as they name any agent.
+func ExampleApp_Agents() {
+	ctx := context.Background()
+	cfg := agentq.DefaultConfig()
+	cfg.Roles = []string{agentq.RoleScheduler, agentq.RoleWorker} // no HTTP API
+	opts, cleanup := exampleOptions(cfg)
+	defer cleanup()
+	app, err := agentq.New(ctx, opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	app.Agents().Register("upper", upper{})
+	if err := app.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer app.Stop()
+
+	if _, err := app.CreateTenant(ctx, agentq.NewTenant{ID: "acme", Plan: "pro"}); err != nil {
+		log.Fatal(err)
+	}
+	task, err := app.SubmitTask(ctx, agentq.NewTask{TenantID: "acme", Agent: "upper", Input: json.RawMessage(`{"text":"hello agentq"}`)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !task.Ended() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		if task, err = app.GetTask(ctx, "acme", task.ID); err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println(task.State, string(task.Output), task.Usage.Tokens, "tokens")
+	// Output: completed {"text": "HELLO AGENTQ"} 12 tokens
 }
 
 // Tenants are held to the rules of the admin API, and refused with its sentences.

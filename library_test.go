@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -194,5 +196,47 @@ func TestLibraryTaskStates(t *testing.T) {
 		if got := (agentq.Task{State: st}).Ended(); got != want {
 			t.Errorf("Task{State: %q}.Ended() = %v", st, got)
 		}
+	}
+}
+
+// A submission refused by a limit, by a suspension or by an idempotency conflict is
+// refused with the library's own error, which carries what the caller needs.
+func TestLibrarySubmissionRefusals(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.Roles = []string{agentq.RoleAPI} })
+	ctx := context.Background()
+	if _, err := h.app.CreateTenant(ctx, agentq.NewTenant{ID: "acme", Plan: "pro",
+		Overrides: map[string]quotas.Limit{quotas.UserTasksHourly: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	submit := func(tenant, user, idem string, steps int) error {
+		_, err := h.app.SubmitTask(ctx, agentq.NewTask{TenantID: tenant, Agent: "sim", User: user, IdempotencyKey: idem,
+			Input: json.RawMessage(fmt.Sprintf(`{"steps":%d}`, steps))})
+		return err
+	}
+	if err := submit("acme", "u1", "", 1); err != nil {
+		t.Fatal(err)
+	}
+	var limit *agentq.LimitError
+	if err := submit("acme", "u1", "", 1); !errors.As(err, &limit) || !slices.Contains(limit.Decision.Violated, quotas.UserTasksHourly) {
+		t.Errorf("u1's second task in the hour: %v, want a *LimitError naming %s", err, quotas.UserTasksHourly)
+	} else if sc := limit.Decision.Scopes; !slices.ContainsFunc(sc, func(s quotas.Scope) bool { return s.Violated && s.RetryAfter > 0 }) {
+		t.Errorf("the refusal says no retry time: %+v", sc)
+	}
+
+	if err := submit("acme", "", "order-1", 1); err != nil {
+		t.Fatal(err)
+	}
+	var conflict *agentq.IdempotencyConflictError
+	if err := submit("acme", "", "order-1", 2); !errors.As(err, &conflict) || conflict.Key != "order-1" {
+		t.Errorf("order-1 with another input: %v, want an *IdempotencyConflictError", err)
+	}
+
+	if _, err := h.app.UpdateTenant(ctx, "acme", agentq.TenantUpdate{Status: ptr("suspended")}); err != nil {
+		t.Fatal(err)
+	}
+	var suspended *agentq.SuspendedError
+	if err := submit("acme", "", "", 1); !errors.As(err, &suspended) || suspended.TenantID != "acme" {
+		t.Errorf("a task of a suspended tenant: %v, want a *SuspendedError", err)
 	}
 }

@@ -3,6 +3,8 @@ package agentq
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -11,20 +13,71 @@ import (
 	"github.com/agentq/agentq/quotas"
 )
 
-// Refusals of a task submission or cancellation, matched with errors.As.
-type (
-	// UnknownAgentError: no agent of that name runs in process or is registered.
-	UnknownAgentError = tasks.UnknownAgentError
-	// SuspendedError: the tenant is suspended.
-	SuspendedError = tasks.SuspendedError
-	// IdempotencyConflictError: the idempotency key was used with a different request.
-	IdempotencyConflictError = tasks.ConflictError
-	// LimitError: a limit of the tenant's refused the task; its Decision names which,
-	// and when to retry.
-	LimitError = tasks.RefusedError
-	// TaskEndedError: the task to cancel already ended.
-	TaskEndedError = tasks.FinishedError
-)
+// UnknownAgentError refuses a task for an agent that neither runs in process nor is
+// registered as an HTTP agent.
+type UnknownAgentError struct{ Agent string }
+
+// Error says which agent is unknown.
+func (e *UnknownAgentError) Error() string { return fmt.Sprintf("unknown agent %q", e.Agent) }
+
+// SuspendedError refuses a task of a suspended tenant.
+type SuspendedError struct{ TenantID string }
+
+// Error says which tenant is suspended.
+func (e *SuspendedError) Error() string { return fmt.Sprintf("tenant %s is suspended", e.TenantID) }
+
+// IdempotencyConflictError refuses a task whose idempotency key was used with a
+// different request.
+type IdempotencyConflictError struct{ Key string }
+
+// Error says which key was used.
+func (e *IdempotencyConflictError) Error() string {
+	return fmt.Sprintf("idempotency key %q was already used with a different request", e.Key)
+}
+
+// LimitError refuses a task that a limit of the tenant's does not allow now.
+// Decision.Violated names the limits; the RetryAfter of each violated scope of
+// Decision.Scopes says when a retry can pass.
+type LimitError struct{ Decision quotas.Decision }
+
+// Error names the limits that refused the task.
+func (e *LimitError) Error() string { return fmt.Sprintf("refused by limits %v", e.Decision.Violated) }
+
+// TaskEndedError refuses to cancel a task that already ended; State is how it ended.
+type TaskEndedError struct {
+	ID    uuid.UUID
+	State string
+}
+
+// Error says how the task ended.
+func (e *TaskEndedError) Error() string {
+	return fmt.Sprintf("task %s already ended %s", e.ID, e.State)
+}
+
+// taskErr turns the task service's refusals into the library's, and returns any
+// other error as invalidOf does.
+func taskErr(err error) error {
+	var (
+		unknown   *tasks.UnknownAgentError
+		suspended *tasks.SuspendedError
+		conflict  *tasks.ConflictError
+		refused   *tasks.RefusedError
+		finished  *tasks.FinishedError
+	)
+	switch {
+	case errors.As(err, &unknown):
+		return &UnknownAgentError{Agent: unknown.Agent}
+	case errors.As(err, &suspended):
+		return &SuspendedError{TenantID: suspended.TenantID}
+	case errors.As(err, &conflict):
+		return &IdempotencyConflictError{Key: conflict.Key}
+	case errors.As(err, &refused):
+		return &LimitError{Decision: refused.Decision}
+	case errors.As(err, &finished):
+		return &TaskEndedError{ID: finished.ID, State: finished.State}
+	}
+	return invalidOf(err)
+}
 
 // Task states.
 const (
@@ -44,19 +97,24 @@ type Task struct {
 	Agent    string
 	User     string // "" when the submission named none
 	State    string // one of the Task* states
-	Priority int
+	Priority int    // 0 (lowest) to 9
 	Input    json.RawMessage
 	Output   json.RawMessage // the agent's output once it completed; nil before
 	Error    string          // why it ended, when it did not complete
-	Budget   quotas.TaskBudget
-	Usage    TaskUsage
+	// Budget is what the task may spend: the submission's budget, with the plan's
+	// defaults for what it left out.
+	Budget quotas.TaskBudget
+	// Usage is what it spent so far.
+	Usage TaskUsage
 	// WaitReason says why a queued task waits (as the HTTP API's wait_reason); ""
 	// when it is not queued or that could not be told.
 	WaitReason string
+	// Attempt counts the times a worker started or took over the task, from 1 once
+	// it started.
 	Attempt    int
 	CreatedAt  time.Time
-	StartedAt  *time.Time
-	FinishedAt *time.Time
+	StartedAt  *time.Time // when a worker first started it; nil while queued
+	FinishedAt *time.Time // when it ended; nil before
 }
 
 // Ended reports whether the task reached a final state.
@@ -126,7 +184,7 @@ func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
 		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey,
 	})
 	if err != nil {
-		return Task{}, invalidOf(err)
+		return Task{}, taskErr(err)
 	}
 	return taskOf(res.Task), nil
 }
@@ -135,7 +193,7 @@ func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
 func (a *App) GetTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	t, err := a.services.Tasks.Get(ctx, tenantID, id)
 	if err != nil {
-		return Task{}, invalidOf(err)
+		return Task{}, taskErr(err)
 	}
 	return taskOf(t), nil
 }
@@ -159,7 +217,7 @@ type TaskPage struct {
 func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	page, err := a.services.Tasks.List(ctx, tasks.ListParams{TenantID: q.TenantID, State: q.State, Limit: q.Limit, Before: q.Before})
 	if err != nil {
-		return TaskPage{}, invalidOf(err)
+		return TaskPage{}, taskErr(err)
 	}
 	out := TaskPage{Tasks: make([]Task, 0, len(page.Tasks)), Next: page.Next}
 	for _, t := range page.Tasks {
@@ -174,7 +232,7 @@ func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 func (a *App) CancelTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	t, err := a.services.Tasks.Cancel(ctx, tenantID, id)
 	if err != nil {
-		return Task{}, invalidOf(err)
+		return Task{}, taskErr(err)
 	}
 	return taskOf(t), nil
 }

@@ -33,6 +33,7 @@ type InvalidError struct {
 	Message string
 }
 
+// Error is Message.
 func (e *InvalidError) Error() string { return e.Message }
 
 // invalidOf turns a domain service's refused field into an *InvalidError, and returns
@@ -165,9 +166,12 @@ type NewAPIKey struct {
 // APIKey is a new API key. Token is what HTTP clients send (Authorization: Bearer
 // <Token>); it is shown this once and never stored.
 type APIKey struct {
-	Kid        string
-	TenantID   string
-	Token      string
+	// Kid identifies the key (in the admin API and the logs); it is not a secret.
+	Kid      string
+	TenantID string
+	// Token is the secret the key's holder presents.
+	Token string
+	// Agents and Principals are the key's scopes; empty allows all.
 	Agents     []string
 	Principals []string
 	CreatedAt  time.Time

@@ -14,14 +14,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 )
 
 // adminHarness is a server (API role) and the admin CLI on one database and Redis, the
 // CLI with the server's plan catalogue.
 type adminHarness struct {
-	app   *agentq.App
+	store *store.Store // the database both write to, to see what they left
 	base  string
 	token string // the admin token
 	// api sends an admin request and returns the status and the error message, if any.
@@ -73,12 +75,16 @@ func newAdminHarness(t *testing.T) adminHarness {
 	}
 
 	// The CLI on the same database and Redis, with the server's catalogue.
+	plans, err := tenants.LoadCatalogue(config.Config(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
 	open := func(ctx context.Context, withRedis bool) (adminEnv, func(), error) {
 		var r redis.UniversalClient
 		if withRedis {
 			r = rdb
 		}
-		return adminServices(pool, app.Plans, r, keys), func() {}, nil
+		return adminServices(pool, plans, r, keys), func() {}, nil
 	}
 	cli := func(args ...string) (string, error) {
 		t.Helper()
@@ -92,7 +98,7 @@ func newAdminHarness(t *testing.T) adminHarness {
 		return out.String(), err
 	}
 
-	return adminHarness{app: app, base: base, token: cfg.AdminToken, api: api, cli: cli}
+	return adminHarness{store: store.New(pool), base: base, token: cfg.AdminToken, api: api, cli: cli}
 }
 
 // TestCLIRefusesWhatTheAPIRefuses feeds the same invalid tenants to the admin API and
@@ -101,7 +107,7 @@ func newAdminHarness(t *testing.T) adminHarness {
 func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	ctx := context.Background()
 	h := newAdminHarness(t)
-	app, base, api, cli := h.app, h.base, h.api, h.cli
+	base, api, cli := h.base, h.api, h.cli
 
 	if st, msg := api("POST", "/v1/admin/tenants", `{"id":"acme","plan":"pro"}`); st != 201 {
 		t.Fatalf("create acme: %d %s", st, msg)
@@ -169,7 +175,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	}
 
 	// Nothing refused was written, by either path.
-	ts, err := app.Store.UnscopedListTenants(ctx)
+	ts, err := h.store.UnscopedListTenants(ctx)
 	if err != nil || len(ts) != 1 || ts[0].ID != "acme" || ts[0].Plan != "pro" || ts[0].Weight != nil || len(ts[0].Overrides) != 0 || ts[0].Status != "active" {
 		t.Fatalf("tenants after the refusals: %+v %v", ts, err)
 	}
@@ -281,10 +287,10 @@ func TestCLIKeysRefuseWhatTheAPIRefuses(t *testing.T) {
 			t.Errorf("%s: CLI %v (output %q), want the API's refusal %q", tc.name, err, out, apiMsg)
 		}
 	}
-	if ks, err := h.app.Store.ListKeys(ctx, store.ListKeysParams{TenantID: "acme"}); err != nil || len(ks) != 1 || ks[0].Kid != gone.Kid {
+	if ks, err := h.store.ListKeys(ctx, store.ListKeysParams{TenantID: "acme"}); err != nil || len(ks) != 1 || ks[0].Kid != gone.Kid {
 		t.Fatalf("keys after the refusals: %+v %v, want only %s", ks, err, gone.Kid)
 	}
-	if ks, err := h.app.Store.ListKeys(ctx, store.ListKeysParams{TenantID: "ghost"}); err != nil || len(ks) != 0 {
+	if ks, err := h.store.ListKeys(ctx, store.ListKeysParams{TenantID: "ghost"}); err != nil || len(ks) != 0 {
 		t.Fatalf("keys of ghost: %+v %v", ks, err)
 	}
 

@@ -94,7 +94,7 @@ func run(ctx context.Context, o agentq.Options, started func(*agentq.App) error)
 		case <-ctx.Done():
 			done = true
 		case <-hup:
-			app.API.ReloadKeys()
+			app.ReloadKeys()
 			o.Logger.Info("SIGHUP: key and tenant caches reloaded")
 		}
 	}

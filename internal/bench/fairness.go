@@ -150,15 +150,20 @@ func RunFairness(ctx context.Context, o FairnessOptions) (Fairness, error) {
 	return out, nil
 }
 
-// env is one scenario's schema, Redis prefix and running agentq process.
+// benchEnv is one scenario's schema, Redis prefix and running agentq process. The
+// process runs the worker role; the benchmark dispatches itself, over the same Redis
+// and Postgres, so that it can hold dispatch off while it seeds a backlog.
 type benchEnv struct {
-	mu       sync.Mutex
-	admitted map[uuid.UUID]time.Time // single submissions: when the push returned
-	app      *agentq.App
-	pool     *pgxpool.Pool
-	keys     rkeys.Keys
-	schema   string
-	b        *fairBench
+	mu         sync.Mutex
+	admitted   map[uuid.UUID]time.Time // single submissions: when the push returned
+	app        *agentq.App
+	store      *store.Store
+	sched      *scheduler.Scheduler
+	dispatcher *scheduler.Dispatcher
+	pool       *pgxpool.Pool
+	keys       rkeys.Keys
+	schema     string
+	b          *fairBench
 }
 
 func (b *fairBench) start(ctx context.Context, shards int) (*benchEnv, error) {
@@ -176,28 +181,39 @@ func (b *fairBench) start(ctx context.Context, shards int) (*benchEnv, error) {
 		return nil, err
 	}
 	cfg := agentq.DefaultConfig()
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.Roles = []string{agentq.RoleScheduler, agentq.RoleWorker}
+	cfg.Roles = []string{agentq.RoleWorker}
 	cfg.RedisPrefix = "bench" + id + ":"
 	cfg.Shards = shards
 	cfg.WorkerConcurrency = b.o.Concurrency
 	cfg.ShutdownTimeout = 2 * time.Second
 	e.keys = rkeys.New(cfg.RedisPrefix, shards)
-	// The product's defaults (prefetch, asynq's check interval) except the worker count.
-	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: b.rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e.store = store.New(pool)
+	// The product's defaults (prefetch, dispatch timer, asynq's check interval) except
+	// the worker count, and the dispatcher the scheduler role would run.
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e.sched = scheduler.New(b.rdb, e.keys, scheduler.Options{Prefetch: cfg.Prefetch})
+	e.dispatcher = scheduler.NewDispatcher(e.sched, b.rdb, asynq.NewClientFromRedisClient(b.rdb), scheduler.DispatcherOptions{Logger: quiet})
+	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: b.rdb, Pool: pool, Logger: quiet})
 	if err != nil {
 		return nil, err
 	}
+	e.app = app
 	if err := app.Start(ctx); err != nil {
 		return nil, err
 	}
-	e.app = app
+	// After the worker, as the scheduler role's services start after the worker role's.
+	if err := e.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
 func (e *benchEnv) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if e.dispatcher != nil {
+		e.dispatcher.Stop() // before the worker, as an App stops its roles
+	}
 	if e.app != nil {
 		_ = e.app.Shutdown(ctx)
 	}
@@ -212,7 +228,7 @@ func (e *benchEnv) close() {
 
 func (e *benchEnv) tenant(ctx context.Context, id string, weight, running int) error {
 	w := weight
-	_, err := e.app.Store.CreateTenant(ctx, store.CreateTenantParams{ID: id, Name: id, Plan: "enterprise", Weight: &w,
+	_, err := e.store.CreateTenant(ctx, store.CreateTenantParams{ID: id, Name: id, Plan: "enterprise", Weight: &w,
 		Overrides: map[string]quotas.Limit{"running": quotas.Limit(running)}})
 	return err
 }
@@ -228,15 +244,15 @@ func (e *benchEnv) submit(ctx context.Context, tenant string, weight, running, n
 			Input: input, Budget: json.RawMessage(`{}`), Priority: scheduler.DefaultPriority, RequestHash: []byte{0}}
 	}
 	if n == 1 {
-		if _, _, err := e.app.Store.InsertTask(ctx, ps[0]); err != nil {
+		if _, _, err := e.store.InsertTask(ctx, ps[0]); err != nil {
 			return err
 		}
-	} else if _, err := e.app.Store.BulkInsertQueued(ctx, ps); err != nil {
+	} else if _, err := e.store.BulkInsertQueued(ctx, ps); err != nil {
 		return err
 	}
 	now := time.Now()
 	for i, p := range ps {
-		err := e.app.Scheduler.Enqueue(ctx, scheduler.EnqueueParams{TenantID: tenant, TaskID: p.ID,
+		err := e.sched.Enqueue(ctx, scheduler.EnqueueParams{TenantID: tenant, TaskID: p.ID,
 			Priority: p.Priority, CreatedAt: now.Add(time.Duration(i) * time.Microsecond), Weight: weight, RunningCap: running})
 		if err != nil {
 			return err
@@ -330,7 +346,7 @@ func (b *fairBench) noisy(ctx context.Context, out *Fairness, contended bool) er
 	var waits []float64
 	heavyRan := 0
 	for {
-		ts, err := e.app.Store.UnscopedTaskTimings(ctx, append(slices.Clone(lightTenants), "heavy"))
+		ts, err := e.store.UnscopedTaskTimings(ctx, append(slices.Clone(lightTenants), "heavy"))
 		if err != nil {
 			return err
 		}
@@ -471,13 +487,13 @@ func (b *fairBench) weights(ctx context.Context, shards int) (map[string]float64
 	}
 	// Submit all three backlogs before dispatch can favour whichever came first: hold
 	// the workers off by submitting from a paused dispatcher.
-	e.app.Dispatcher.Stop()
+	e.dispatcher.Stop()
 	for _, s := range specs {
 		if err := e.submit(ctx, s.name, s.weight, b.o.Concurrency, b.o.WeightTasks, s.ms); err != nil {
 			return nil, 0, 0, err
 		}
 	}
-	if err := e.app.Dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+	if err := e.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
 		return nil, 0, 0, err
 	}
 	// run until one tenant's backlog is empty
@@ -485,7 +501,7 @@ func (b *fairBench) weights(ctx context.Context, shards int) (map[string]float64
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		time.Sleep(250 * time.Millisecond)
-		if ts, err = e.app.Store.UnscopedTaskTimings(ctx, names); err != nil {
+		if ts, err = e.store.UnscopedTaskTimings(ctx, names); err != nil {
 			return nil, 0, 0, err
 		}
 		left := map[string]int{}
@@ -572,19 +588,19 @@ func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float
 	}
 	// enough backlog that the deep tenant never runs dry, even with every worker
 	deep := int(b.o.Shallow.Seconds()*1000/deepMs)*b.o.Concurrency + 500
-	e.app.Dispatcher.Stop()
+	e.dispatcher.Stop()
 	if err := e.submit(ctx, "deep", deepWeight, b.o.Concurrency, deep, deepMs); err != nil {
 		return 0, 0, 0, err
 	}
 	input := json.RawMessage(fmt.Sprintf(`{"steps":1,"step_ms":%d}`, shallowMs))
 	write := func() (store.Task, error) {
-		t, _, err := e.app.Store.InsertTask(ctx, store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "shallow",
+		t, _, err := e.store.InsertTask(ctx, store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "shallow",
 			Kid: "bench", Agent: "sim", Input: input, Budget: json.RawMessage(`{}`), Priority: scheduler.DefaultPriority,
 			RequestHash: []byte{0}})
 		return t, err
 	}
 	push := func(t store.Task) error {
-		return e.app.Scheduler.Enqueue(ctx, scheduler.EnqueueParams{TenantID: "shallow", TaskID: t.ID, Priority: t.Priority,
+		return e.sched.Enqueue(ctx, scheduler.EnqueueParams{TenantID: "shallow", TaskID: t.ID, Priority: t.Priority,
 			CreatedAt: time.Now(), Weight: 1, RunningCap: b.o.Concurrency})
 	}
 	next, err := write()
@@ -597,13 +613,13 @@ func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float
 	if next, err = write(); err != nil {
 		return 0, 0, 0, err
 	}
-	if err := e.app.Dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
+	if err := e.dispatcher.Start(context.WithoutCancel(ctx)); err != nil {
 		return 0, 0, 0, err
 	}
 	start := time.Now()
 	end := start.Add(b.o.Shallow)
 	for time.Now().Before(end) {
-		n, err := e.app.Scheduler.QueueLen(ctx, "shallow")
+		n, err := e.sched.QueueLen(ctx, "shallow")
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -621,7 +637,7 @@ func (b *fairBench) shallow(ctx context.Context, deepWeight int) (float64, float
 	// Worker time in [start+1 s, end]: the first second fills the pool and settles
 	// the shallow tenant's cost estimate.
 	from := start.Add(time.Second)
-	ts, err := e.app.Store.UnscopedTaskTimings(ctx, []string{"shallow", "deep"})
+	ts, err := e.store.UnscopedTaskTimings(ctx, []string{"shallow", "deep"})
 	if err != nil {
 		return 0, 0, 0, err
 	}
