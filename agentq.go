@@ -83,6 +83,7 @@ type App struct {
 	api        *web.Server
 
 	services    *services.Services
+	lifecycle   *tasks.Lifecycle
 	coalescer   *quotas.Coalescer
 	recovery    *maintenance.Recovery
 	janitor     *maintenance.Janitor
@@ -145,12 +146,15 @@ func New(ctx context.Context, o Options) (*App, error) {
 	for band, w := range scheduler.Bands {
 		queues[a.keys.AsynqQueue(band)] = w
 	}
+	// One lifecycle for every task state change this process makes: submissions and
+	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
+	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
-		Admission: a.admission, Agents: a.agents, Logger: a.log,
+		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log,
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
-	a.worker = runtime.NewWorker(tasks.NewLifecycle(a.store, tasks.LifecycleOptions{}), a.store, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
+	a.worker = runtime.NewWorker(a.lifecycle, a.store, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
 		Plans: a.plans, Events: a.keys.TaskEvents,
@@ -234,7 +238,7 @@ func stopAll(svcs []startstop.Service) {
 func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
-		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Logger: a.log,
+		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle, Logger: a.log,
 	}
 }
 

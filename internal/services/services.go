@@ -52,6 +52,9 @@ type Deps struct {
 	// Admission and Agents are needed for Tasks; without either, Tasks is nil.
 	Admission *quotas.Guard
 	Agents    Agents
+	// Lifecycle makes the tasks' state changes; nil: one over the pool. A process
+	// gives every part the same one, so each change is written the same way.
+	Lifecycle *tasks.Lifecycle
 	Logger    *slog.Logger
 }
 
@@ -104,7 +107,7 @@ func New(d Deps) *Services {
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
-			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Logger: log,
+			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle, Logger: log,
 		})
 	}
 	return s
