@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strconv"
@@ -112,6 +113,11 @@ type Quotas struct {
 
 	mu       sync.Mutex
 	batchers []*batcher // set while a Coalescer runs
+
+	usage  UsageSource // what lost counters are rebuilt from (seed.go); nil: zero
+	log    *slog.Logger
+	seedMu sync.Mutex
+	seeds  map[string]*seedCall // rebuilds in progress, by tenant
 }
 
 // New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests).
@@ -158,6 +164,8 @@ type Decision struct {
 	Scopes     []Scope
 	Violated   []string
 	Degraded   bool // decided in process because Redis was unreachable
+
+	unseeded bool // the script did not decide: the period counters need rebuilding first
 }
 
 // AdmitParams describe one request.
@@ -210,13 +218,14 @@ type AdmitParams struct {
 // task may cost nothing: its steps are refused once they would cost (ReserveStep).
 // Answers one string per admission: 14 little-endian doubles,
 //
-//	status (0 ok, 1 denied, 2 out of scope), now, violated-scope bitmask, key tat,
+//	status (0 ok, 1 denied, 2 out of scope, 3 unseeded), now, violated-scope bitmask, key tat,
 //	tenant tat, key-agent tat, user tat (0 if none), sessions, long-running, backlog
 //	(queued plus admitted-not-yet-queued), steps in the last 24 h, oldest counted hour,
 //	tokens, usd (micro)
 //
 // "denied" takes nothing but the key's token: the key bucket comes first and counts
-// every request; "out of scope" takes the key's token only.
+// every request; "out of scope" takes the key's token only; "unseeded" (the period
+// counters lack their rebuilt-from-the-ledger mark, see seed.go) takes nothing.
 var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl, pending_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local user_match, overflow = ARGV[6] .. '*', ARGV[7]
@@ -271,14 +280,20 @@ for r = 0, (#KEYS / 6) - 1 do
     kt = tonumber(call('HGET', H, kf)) or 0
   else
     local v = call('HMGET', H, kf, 't', af == '' and 't' or af, uf == '' and 't' or uf, 'nu', 'x',
-      ARGV[a + 6], ARGV[a + 7], overflow, 'uc')
+      ARGV[a + 6], ARGV[a + 7], overflow, 'uc', 'sd')
     kt, tt, x = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[6]) or 0
     if af ~= '' then at = tonumber(v[3]) or 0 end
     if uf ~= '' then ut = tonumber(v[4]) end
     nu, tok, usd, ot, uc = tonumber(v[5]) or 0, tonumber(v[7]) or 0, tonumber(v[8]) or 0, tonumber(v[9]), v[10] or '0'
+    -- Period counters without the "sd" mark were not rebuilt from the ledger since
+    -- Redis lost them (or never held them): deciding on them would hand a tenant its
+    -- used-up quotas back. Answer "unseeded", take nothing; the caller rebuilds them.
+    if not v[11] and (peek or (admit and in_scope == 1 and (steps_max >= 0 or tokens_max >= 0 or usd_max >= 0))) then
+      status = 3
+    end
   end
   -- 1. the key bucket: every authenticated request spends it
-  if key_rate >= 0 and not peek then
+  if status == 0 and key_rate >= 0 and not peek then
     local new = gcra(kt, key_rate, key_burst, 1000)
     if new then w[#w+1] = kf; w[#w+1] = new else mask = 1; status = 1 end
   end
@@ -414,6 +429,9 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
+// statusUnseeded is the admission script's answer for counters that lack their mark.
+const statusUnseeded = 3
+
 // admitKeysPerCall and admitArgsPerCall are the script's strides; admitGlobalArgs
 // its leading ARGV shared by every admission of a call.
 const admitKeysPerCall, admitArgsPerCall, admitGlobalArgs = 6, 8, 7
@@ -469,7 +487,22 @@ func boolArg(b bool) string {
 // Admit runs the admission script: in ModeAdmit it checks and takes every scope in one
 // atomic call; ModePeek reports without taking; ModeKey spends the key bucket only.
 // While a Coalescer runs, concurrent calls are coalesced into one script call per shard.
+// Counters Redis lost are rebuilt from the ledger before anything is decided on them.
 func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
+	var d Decision
+	err := q.untilSeeded(ctx, p.TenantID, p.Period, func() (bool, error) {
+		var err error
+		d, err = q.admitRaw(ctx, p)
+		return d.unseeded, err
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+// admitRaw is one admission call, which may answer unseeded.
+func (q *Quotas) admitRaw(ctx context.Context, p AdmitParams) (Decision, error) {
 	if b := q.batcherFor(p.TenantID); b != nil {
 		return b.admit(ctx, p)
 	}
@@ -511,6 +544,10 @@ func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, 
 		st, err := q.parseState(res[i])
 		if err != nil {
 			return nil, err
+		}
+		if st.status == statusUnseeded {
+			ds[i] = Decision{unseeded: true}
+			continue
 		}
 		ds[i] = decide(p, st)
 	}
@@ -557,9 +594,12 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 // ARGV[4] usd monthly limit (micro)   ARGV[5] estimated tokens   ARGV[6] estimated usd
 // ARGV[7] period id   ARGV[8] state ttl ms   ARGV[9] tokens field prefix "tok:"
 // ARGV[10] usd field prefix "usd:" (a field is prefix .. period id)
-// Returns {0} when reserved, or {1, limit type, used, limit} when a quota refuses.
+// Returns {0} when reserved, {1, limit type, used, limit} when a quota refuses, or {2}
+// when the counters lack their "sd" mark (unseeded, see seed.go): nothing is taken.
 var reserveStepScript = redis.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
+local m = redis.call('HMGET', H, 'per', 'sd')
+if not m[2] then return {2} end -- unseeded: the caller rebuilds the counters first
 local hour = math.floor(now / 3600000)
 local steps_max, tok_max, usd_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local est_tok, est_usd = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -571,7 +611,7 @@ if steps_max >= 0 then
   end
   if used >= steps_max then return {1, 'agent_steps_daily', used, steps_max} end
 end
-local per = redis.call('HGET', H, 'per')
+local per = m[1]
 local newer = not per or (tonumber(ARGV[7]) or 0) > tonumber(per)
 if newer then per = ARGV[7] end
 local tp, up = ARGV[9], ARGV[10]
@@ -638,22 +678,33 @@ func (e *QuotaExceeded) Error() string {
 
 // ReserveStep checks agent_steps_daily, ai_tokens_monthly and usd_monthly before a
 // step and reserves one step and the estimated tokens and cost. A refusal is a
-// *QuotaExceeded. The admission check reads the same counters.
+// *QuotaExceeded. The admission check reads the same counters; counters Redis lost
+// are rebuilt from the ledger first.
 func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
 	l := p.Limits
-	res, err := reserveStepScript.Run(ctx, q.rdb,
-		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix).Slice()
+	var refused error
+	err := q.untilSeeded(ctx, p.TenantID, p.Period, func() (bool, error) {
+		res, err := reserveStepScript.Run(ctx, q.rdb,
+			[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+			q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
+			p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix).Slice()
+		if err != nil {
+			return false, fmt.Errorf("quotas: reserve step: %w", err)
+		}
+		switch n, _ := res[0].(int64); {
+		case n == 2:
+			return true, nil
+		case n == 1 && len(res) == 4:
+			used, _ := res[2].(int64)
+			limit, _ := res[3].(int64)
+			refused = &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit)}
+		}
+		return false, nil
+	})
 	if err != nil {
-		return fmt.Errorf("quotas: reserve step: %w", err)
+		return err
 	}
-	if n, _ := res[0].(int64); n == 1 && len(res) == 4 {
-		used, _ := res[2].(int64)
-		limit, _ := res[3].(int64)
-		return &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit)}
-	}
-	return nil
+	return refused
 }
 
 func str(v any) string { s, _ := v.(string); return s }
@@ -661,14 +712,18 @@ func str(v any) string { s, _ := v.(string); return s }
 // settleScript books the difference between a step's reservation and its actual use,
 // into the period the reservation went to: the newest one seen, unless the step's own
 // period is newer. A counter never goes below zero (a refund of a reservation made
-// before the period rolled over).
+// before the period rolled over). Counters without their "sd" mark are left alone: Redis
+// lost them, the step is in the ledger already, and the seed that rebuilds them reads it
+// there (a settle must not create counters a seed would then overwrite or add to).
 //
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] tokens delta   ARGV[3] usd delta   ARGV[4] steps delta
 // ARGV[5] period id   ARGV[6] tokens field prefix   ARGV[7] usd field prefix
 var settleScript = redis.NewScript(luaNow + `
 local H = KEYS[1]
-local per, p = redis.call('HGET', H, 'per'), ARGV[5]
+local m = redis.call('HMGET', H, 'per', 'sd')
+if not m[2] then return 0 end -- unseeded: the ledger has the step, the seed will read it
+local per, p = m[1], ARGV[5]
 if per and (tonumber(p) or 0) < tonumber(per) then p = per end
 local function add(f, d)
   if tonumber(d) ~= 0 and redis.call('HINCRBY', H, f, d) < 0 then redis.call('HSET', H, f, 0) end

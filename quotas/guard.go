@@ -144,14 +144,30 @@ func (g *Guard) Quotas() *Quotas { return g.q }
 func (g *Guard) Degraded() bool { return g.br.openUntil.Load() != 0 }
 
 // Admit runs p against Redis, or in degraded mode when Redis is unreachable.
-// Decision.Degraded tells which.
+// Decision.Degraded tells which. Counters Redis lost are rebuilt from the ledger
+// before anything is decided on them; the rebuild reads Postgres, so it is bounded by
+// its own timeout rather than the Redis one, and its failure is no Redis failure: it
+// does not open the breaker, and the admission fails closed (ErrUnavailable).
 func (g *Guard) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
+	var d Decision
+	err := g.q.untilSeeded(ctx, p.TenantID, p.Period, func() (bool, error) {
+		var err error
+		d, err = g.admitOnce(ctx, p)
+		return d.unseeded, err
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+func (g *Guard) admitOnce(ctx context.Context, p AdmitParams) (Decision, error) {
 	try, probe := g.br.allow()
 	if !try {
 		return g.degraded(p)
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.timeout)
-	d, err := g.q.Admit(cctx, p)
+	d, err := g.q.admitRaw(cctx, p)
 	cancel()
 	if err == nil {
 		g.br.record(true, probe)

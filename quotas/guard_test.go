@@ -228,6 +228,9 @@ func TestGuardReleasesTheLeaseOfATimedOutAdmission(t *testing.T) {
 	// 2. a quota tenant fails closed (503): its lease goes back too
 	q := f.params(ModeAdmit, "closed")
 	q.Limits = limitsOn(func(l *Limits) { l.KeyRate = 1000; l.KeyBurst = 1000; l.Sessions = 10; l.TokensMonthly = 1000 })
+	if _, err := f.g.q.Seed(ctx, q.TenantID, q.Period); err != nil { // so the late script decides, and takes
+		t.Fatal(err)
+	}
 	f.hook.late.Store(1)
 	if _, err := f.g.Admit(ctx, q); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("timed-out admission of a quota tenant: %v, want ErrUnavailable", err)

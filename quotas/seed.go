@@ -1,0 +1,208 @@
+package quotas
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/agentq/agentq/internal/rkeys"
+)
+
+// Seeding: the period counters (the steps of the sliding day, the period's tokens and
+// micro-dollars) live in Redis, and Redis can lose them (FLUSHDB, a restart without
+// persistence, an expired or evicted key). The usage ledger in Postgres holds the
+// truth. A tenant's admission state carries a mark, field "sd", set only by the seed
+// script below, which writes the counters rebuilt from the ledger and the mark in one
+// step; every script that reads or writes the counters checks the mark first:
+//
+//   - admission (admit with a period quota on, and peek) answers "unseeded" without
+//     deciding or taking anything;
+//   - the worker's step reservation answers "unseeded" without reserving;
+//   - a settlement leaves unmarked counters alone (its step is in the ledger, which
+//     the seed reads), so no partial counter exists for a seed to overwrite or add to.
+//
+// On "unseeded" the caller reads the tenant's use from its UsageSource (one query),
+// runs the seed script, which writes only if the mark is still missing (two replicas
+// seeding at once write once), and asks again. A marked tenant pays nothing for this
+// but one more field in a read the script makes anyway. The mark lives and dies with
+// the hash that holds the counters, so a restart with Redis intact rebuilds nothing.
+// Limits of the scheme, and the recount that corrects what it misses: billing/doc.go.
+
+// UsageSource reads what a tenant used from the system of record, the usage ledger.
+type UsageSource interface {
+	// PeriodUsage returns the tenant's steps per hour over the 24 hours before now, and
+	// its tokens and micro-dollars recorded in period.
+	PeriodUsage(ctx context.Context, tenantID string, period Period, now time.Time) (Usage, error)
+}
+
+// Usage is a tenant's use as the ledger has it.
+type Usage struct {
+	// StepsByHour maps an hour (hours since the Unix epoch) to the steps recorded in
+	// it. Hours outside the sliding day are ignored.
+	StepsByHour map[int64]int64
+	Tokens      int64 // in the billing period
+	CostMicro   int64 // in the billing period, micro-dollars
+}
+
+// SetUsageSource makes the period counters rebuild from src when Redis lost them.
+// Without one (tests, a Quotas without a ledger) missing counters start at zero. Call
+// it before the Quotas is used.
+func (q *Quotas) SetUsageSource(src UsageSource, log *slog.Logger) {
+	q.usage, q.log = src, log
+}
+
+// seedTimeout bounds one rebuild: a ledger query and a script call. It is not the
+// admission's Redis timeout: a rebuild reads Postgres, and giving up on it refuses
+// the tenant's work (quotas fail closed).
+const seedTimeout = 5 * time.Second
+
+// seedTries bounds how often an admission or a reservation seeds and asks again: more
+// than once only if Redis loses the counters again meanwhile.
+const seedTries = 3
+
+var rebuilt, _ = otel.Meter("agentq").Int64Counter("agentq.quotas.counters_rebuilt",
+	metric.WithDescription("tenants whose period quota counters were rebuilt from the usage ledger"))
+
+// seedScript writes a tenant's period counters rebuilt from the ledger, and the "sd"
+// mark, unless the mark is there already: then another caller seeded first (or the
+// counters were never lost) and nothing is written. It replaces whatever unmarked
+// counters the hash and the steps hash hold (left by an earlier version, or by a
+// partial loss).
+//
+// KEYS[1] state hash   KEYS[2] steps hash
+// ARGV[1] now ms or ""   ARGV[2] period id   ARGV[3] tokens   ARGV[4] usd (micro)
+// ARGV[5] state ttl ms   ARGV[6] tokens field prefix   ARGV[7] usd field prefix
+// ARGV[8...] pairs of hour (since the epoch) and steps recorded in it
+// Returns 1 when it wrote the counters, 0 when they were marked already.
+var seedScript = redis.NewScript(luaNow + `
+local H, S = KEYS[1], KEYS[2]
+if redis.call('HEXISTS', H, 'sd') == 1 then return 0 end
+local hour = math.floor(now / 3600000)
+local ttl = tonumber(ARGV[5])
+redis.call('DEL', S)
+local any = false
+for i = 8, #ARGV - 1, 2 do
+  local h, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if h > hour - 24 and n > 0 then
+    if h > hour then h = hour end -- the ledger's clock a little ahead of Redis's
+    redis.call('HINCRBY', S, h, n)
+    any = true
+  end
+end
+if any then redis.call('PEXPIRE', S, 25 * 3600000) end
+local tp, up = ARGV[6], ARGV[7]
+for _, f in ipairs(redis.call('HKEYS', H)) do
+  if f:sub(1, #tp) == tp or f:sub(1, #up) == up then redis.call('HDEL', H, f) end
+end
+local per = ARGV[2]
+local w = {'sd', now, 'per', per, 'x', now + ttl}
+if tonumber(ARGV[3]) ~= 0 then w[#w+1] = tp .. per; w[#w+1] = ARGV[3] end
+if tonumber(ARGV[4]) ~= 0 then w[#w+1] = up .. per; w[#w+1] = ARGV[4] end
+redis.call('HSET', H, unpack(w))
+redis.call('PEXPIRE', H, ttl)
+return 1
+`)
+
+type seedCall struct {
+	done chan struct{}
+	err  error
+}
+
+// untilSeeded runs attempt, which answers whether the script found the tenant's
+// counters unseeded; if it did, it rebuilds them and runs attempt again.
+func (q *Quotas) untilSeeded(ctx context.Context, tenantID string, period Period, attempt func() (unseeded bool, err error)) error {
+	for try := 1; ; try++ {
+		unseeded, err := attempt()
+		if err != nil || !unseeded {
+			return err
+		}
+		if try == seedTries {
+			return fmt.Errorf("%w: the quota counters of tenant %s were lost again while being rebuilt", ErrUnavailable, tenantID)
+		}
+		if err := q.seed(ctx, tenantID, period); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w: rebuilding the quota counters of tenant %s from the ledger: %v", ErrUnavailable, tenantID, err)
+		}
+	}
+}
+
+// seed rebuilds a tenant's counters. Concurrent callers in this process for one tenant
+// share one rebuild, which runs to its own timeout even if the caller that started it
+// leaves; across processes the script's mark check makes the first write the only one.
+func (q *Quotas) seed(ctx context.Context, tenantID string, period Period) error {
+	q.seedMu.Lock()
+	c, ok := q.seeds[tenantID]
+	if !ok {
+		c = &seedCall{done: make(chan struct{})}
+		if q.seeds == nil {
+			q.seeds = map[string]*seedCall{}
+		}
+		q.seeds[tenantID] = c
+		go func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seedTimeout)
+			_, c.err = q.Seed(sctx, tenantID, period)
+			cancel()
+			q.seedMu.Lock()
+			delete(q.seeds, tenantID)
+			q.seedMu.Unlock()
+			close(c.done)
+		}()
+	}
+	q.seedMu.Unlock()
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Seed rebuilds a tenant's period counters from its UsageSource (zero without one)
+// unless they carry their mark already. It reports whether it wrote them. Admission
+// and step reservations call it when they find the counters unseeded.
+func (q *Quotas) Seed(ctx context.Context, tenantID string, period Period) (bool, error) {
+	var u Usage
+	if q.usage != nil {
+		var err error
+		if u, err = q.usage.PeriodUsage(ctx, tenantID, period, q.now()); err != nil {
+			return false, err
+		}
+	}
+	args := make([]any, 0, 7+2*len(u.StepsByHour))
+	args = append(args, q.nowArg(), period.ID, u.Tokens, u.CostMicro, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix)
+	for h, n := range u.StepsByHour {
+		args = append(args, strconv.FormatInt(h, 10), n)
+	}
+	n, err := seedScript.Run(ctx, q.rdb, []string{q.keys.AdmissionState(tenantID), q.keys.StepsDaily(tenantID)}, args...).Int()
+	if err != nil {
+		return false, fmt.Errorf("quotas: seed counters: %w", err)
+	}
+	if n == 1 {
+		rebuilt.Add(ctx, 1)
+		if q.log != nil {
+			var steps int64
+			for _, s := range u.StepsByHour {
+				steps += s
+			}
+			q.log.Info("quota counters rebuilt from the usage ledger", "tenant_id", tenantID, "period", period.ID,
+				"steps_24h", steps, "tokens", u.Tokens, "cost_micro_usd", u.CostMicro)
+		}
+	}
+	return n == 1, nil
+}
+
+// now is the clock the scripts use, read in Go: the test clock, or this host's.
+func (q *Quotas) now() time.Time {
+	if q.nowMs != nil {
+		return time.UnixMilli(q.nowMs())
+	}
+	return time.Now()
+}
