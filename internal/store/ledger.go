@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -36,4 +37,126 @@ func (s *Store) TaskLedger(ctx context.Context, p TaskLedgerParams) ([]LedgerRow
 		err := row.Scan(&r.TaskID, &r.Step, &r.Meter, &r.TenantID, &r.Quantity)
 		return r, err
 	})
+}
+
+// LedgerUsage is use summed from the ledger.
+type LedgerUsage struct {
+	StepsByHour map[int64]int64 // hours since the Unix epoch → steps recorded in that hour
+	Tokens      int64
+	CostMicro   int64
+}
+
+// LedgerUsageParams select a tenant's use: its steps recorded since StepsSince, by the
+// hour, and its tokens and cost recorded in [PeriodStart, PeriodEnd).
+type LedgerUsageParams struct {
+	TenantID    string
+	StepsSince  time.Time
+	PeriodStart time.Time
+	PeriodEnd   time.Time
+}
+
+// LedgerUsage sums one tenant's ledger rows: what its quota counters are rebuilt from.
+func (s *Store) LedgerUsage(ctx context.Context, p LedgerUsageParams) (LedgerUsage, error) {
+	if p.TenantID == "" {
+		return LedgerUsage{}, ErrNoTenant
+	}
+	m, err := s.ledgerUsage(ctx, []UsageWindow{{TenantID: p.TenantID, PeriodStart: p.PeriodStart, PeriodEnd: p.PeriodEnd}}, p.StepsSince)
+	return m[p.TenantID], err
+}
+
+// UsageWindow is one tenant's billing period, for UnscopedLedgerUsageOf.
+type UsageWindow struct {
+	TenantID    string
+	PeriodStart time.Time
+	PeriodEnd   time.Time
+}
+
+// UnscopedLedgerUsageOf sums the ledger rows of a page of tenants in one query, as
+// LedgerUsage does for one: the quota recount's reading.
+func (s *Store) UnscopedLedgerUsageOf(ctx context.Context, windows []UsageWindow, stepsSince time.Time) (map[string]LedgerUsage, error) {
+	return s.ledgerUsage(ctx, windows, stepsSince)
+}
+
+func (s *Store) ledgerUsage(ctx context.Context, windows []UsageWindow, stepsSince time.Time) (map[string]LedgerUsage, error) {
+	ids := make([]string, len(windows))
+	starts := make([]time.Time, len(windows))
+	ends := make([]time.Time, len(windows))
+	for i, w := range windows {
+		ids[i], starts[i], ends[i] = w.TenantID, w.PeriodStart, w.PeriodEnd
+	}
+	// One range scan of (tenant_id, recorded_at) per tenant, from the earlier of the
+	// period's start and the steps window's.
+	rows, err := s.db.Query(ctx, `
+		SELECT l.tenant_id, l.meter,
+			CASE WHEN l.meter = 'steps' THEN floor(extract(epoch FROM l.recorded_at) / 3600)::bigint ELSE 0 END,
+			sum(l.quantity)::bigint
+		FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS w(tenant_id, start_at, end_at)
+		JOIN usage_ledger l ON l.tenant_id = w.tenant_id AND l.recorded_at >= LEAST(w.start_at, $4::timestamptz)
+		WHERE (l.meter = 'steps' AND l.recorded_at >= $4::timestamptz)
+		   OR (l.meter <> 'steps' AND l.recorded_at >= w.start_at AND l.recorded_at < w.end_at)
+		GROUP BY 1, 2, 3`, ids, starts, ends, stepsSince)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]LedgerUsage, len(windows))
+	for _, id := range ids {
+		out[id] = LedgerUsage{StepsByHour: map[int64]int64{}}
+	}
+	for rows.Next() {
+		var tenant, meter string
+		var hour, n int64
+		if err := rows.Scan(&tenant, &meter, &hour, &n); err != nil {
+			return nil, err
+		}
+		u := out[tenant]
+		switch meter {
+		case "steps":
+			u.StepsByHour[hour] += n
+		case "tokens":
+			u.Tokens += n
+		case "cost_micro_usd":
+			u.CostMicro += n
+		}
+		out[tenant] = u
+	}
+	return out, rows.Err()
+}
+
+// RunningSteps is what a tenant's running tasks may hold reserved in its quota counters
+// and not yet recorded here, with the tenant's billing anchor.
+type RunningSteps struct {
+	CreatedAt time.Time // the tenant's creation: its billing anchor
+	Running   int64     // its tasks running now
+	// Tokens and CostMicro sum what the last recorded step of each running task used:
+	// what the worker reserves for that task's next step.
+	Tokens    int64
+	CostMicro int64
+}
+
+// UnscopedRunningStepsOf returns RunningSteps of a page of tenants in one query; a tenant
+// that does not exist is absent.
+func (s *Store) UnscopedRunningStepsOf(ctx context.Context, tenants []string) (map[string]RunningSteps, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT t.id, t.created_at, count(k.id), COALESCE(sum(tok.quantity), 0)::bigint, COALESCE(sum(c.quantity), 0)::bigint
+		FROM tenants t
+		LEFT JOIN tasks k ON k.tenant_id = t.id AND k.state = 'running'
+		LEFT JOIN usage_ledger tok ON tok.task_id = k.id AND tok.step = k.steps AND tok.meter = 'tokens'
+		LEFT JOIN usage_ledger c ON c.task_id = k.id AND c.step = k.steps AND c.meter = 'cost_micro_usd'
+		WHERE t.id = ANY($1)
+		GROUP BY t.id, t.created_at`, tenants)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]RunningSteps, len(tenants))
+	for rows.Next() {
+		var id string
+		var r RunningSteps
+		if err := rows.Scan(&id, &r.CreatedAt, &r.Running, &r.Tokens, &r.CostMicro); err != nil {
+			return nil, err
+		}
+		out[id] = r
+	}
+	return out, rows.Err()
 }

@@ -1,0 +1,75 @@
+package billing
+
+import (
+	"context"
+	"time"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// StepsWindow is how far back a rebuild reads the ledger's steps: the sliding day, and
+// an hour more, since the day is counted by whole hours on Redis's clock.
+const StepsWindow = 25 * time.Hour
+
+// Ledger reads tenants' use from the usage ledger: what their quota counters are
+// rebuilt from (it is the quotas.UsageSource the wiring gives the limits) and recounted
+// against (the janitor's quota recount).
+type Ledger struct {
+	st *store.Store
+}
+
+// NewLedger returns a Ledger reading st.
+func NewLedger(st *store.Store) *Ledger { return &Ledger{st: st} }
+
+var _ quotas.UsageSource = (*Ledger)(nil)
+
+// PeriodUsage returns the tenant's steps per hour over the day before now and its
+// tokens and micro-dollars recorded in period: one query.
+func (l *Ledger) PeriodUsage(ctx context.Context, tenantID string, period quotas.Period, now time.Time) (quotas.Usage, error) {
+	u, err := l.st.LedgerUsage(ctx, store.LedgerUsageParams{
+		TenantID: tenantID, StepsSince: now.Add(-StepsWindow), PeriodStart: period.Start, PeriodEnd: period.End,
+	})
+	if err != nil {
+		return quotas.Usage{}, err
+	}
+	return quotas.Usage{StepsByHour: u.StepsByHour, Tokens: u.Tokens, CostMicro: u.CostMicro}, nil
+}
+
+// RecountBasis returns, for a page of tenants, what the ledger says their counters
+// should hold in their current billing period, and what their running tasks may hold
+// reserved besides: two queries for the page. Tenants that do not exist are absent.
+func (l *Ledger) RecountBasis(ctx context.Context, tenants []string, now time.Time) (map[string]quotas.LedgerCounts, error) {
+	running, err := l.st.UnscopedRunningStepsOf(ctx, tenants)
+	if err != nil {
+		return nil, err
+	}
+	windows := make([]store.UsageWindow, 0, len(running))
+	periods := make(map[string]quotas.Period, len(running))
+	for _, t := range tenants {
+		r, ok := running[t]
+		if !ok {
+			continue
+		}
+		p := quotas.PeriodAt(r.CreatedAt, now)
+		periods[t] = p
+		windows = append(windows, store.UsageWindow{TenantID: t, PeriodStart: p.Start, PeriodEnd: p.End})
+	}
+	if len(windows) == 0 {
+		return map[string]quotas.LedgerCounts{}, nil
+	}
+	used, err := l.st.UnscopedLedgerUsageOf(ctx, windows, now.Add(-StepsWindow))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]quotas.LedgerCounts, len(windows))
+	for _, w := range windows {
+		u, r := used[w.TenantID], running[w.TenantID]
+		out[w.TenantID] = quotas.LedgerCounts{
+			Period:   periods[w.TenantID],
+			Usage:    quotas.Usage{StepsByHour: u.StepsByHour, Tokens: u.Tokens, CostMicro: u.CostMicro},
+			InFlight: quotas.InFlight{Steps: r.Running, Tokens: r.Tokens, CostMicro: r.CostMicro},
+		}
+	}
+	return out, nil
+}
