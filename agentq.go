@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
 
+	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
 	"github.com/agentq/agentq/internal/pg"
@@ -137,6 +138,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	a.keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
 	a.quotas = quotas.New(a.rdb, a.keys, nil)
+	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log)
 	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
 	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log})
 	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
@@ -238,7 +240,8 @@ func stopAll(svcs []startstop.Service) {
 func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
-		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle, Logger: a.log,
+		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
+		Usage: billing.NewLedger(a.store), Logger: a.log,
 	}
 }
 

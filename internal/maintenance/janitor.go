@@ -20,6 +20,7 @@ type JanitorConfig struct {
 	RunningSets RunningSetsConfig
 	Repush      RepushConfig
 	PoolCounter PoolCounterConfig
+	Recount     QuotaRecountConfig
 	Generation  GenerationCheckConfig
 }
 
@@ -36,6 +37,7 @@ type Janitor struct {
 	running    *RunningSets
 	repush     *Repush
 	pool       *PoolCounter
+	recount    *QuotaRecount
 	generation *GenerationCheck
 }
 
@@ -47,6 +49,7 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 	c.RunningSets.Interval = iv(c.RunningSets.Interval)
 	c.Repush.Interval = iv(c.Repush.Interval)
 	c.PoolCounter.Interval = iv(c.PoolCounter.Interval)
+	c.Recount.Interval = iv(c.Recount.Interval)
 	e := NewElector(d, c.Elector)
 	j := &Janitor{
 		elector: e,
@@ -55,12 +58,14 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		running: NewRunningSets(d, e, c.RunningSets),
 		repush:  NewRepush(d, e, c.Repush),
 		pool:    NewPoolCounter(d, e, c.PoolCounter),
+		recount: NewQuotaRecount(d, e, c.Recount),
 	}
 	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
 	// and two passes acting on one task at once (the stale pass re-queueing it while
 	// the running-set pass re-adds its entry) would undo each other's work.
 	turn := new(sync.Mutex)
 	j.stale.runMu, j.leases.runMu, j.running.runMu, j.repush.runMu, j.pool.runMu = turn, turn, turn, turn, turn
+	j.recount.runMu = turn
 	j.generation = newGenerationCheck(d, e, j, c.Generation)
 	return j
 }
@@ -71,7 +76,7 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // Services are the elector and the passes, in the order they start: the elector
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
-	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.generation}
+	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation}
 }
 
 // Report says what one run of every drift pass found and fixed, per kind of drift,
@@ -102,7 +107,9 @@ func (r Report) complete() bool {
 }
 
 // runOnce runs every drift pass once, one after the other (a pass that fails does not
-// stop the others), and returns their errors together.
+// stop the others), and returns their errors together. The quota recount is not among
+// them: it is what a repair after data loss runs, and then the counters are unseeded,
+// which the recount leaves to admission to rebuild.
 func (j *Janitor) runOnce(ctx context.Context) (Report, error) {
 	var rep Report
 	var errs []error

@@ -1,8 +1,8 @@
 // Package maintenance holds the services that keep Redis in line with Postgres, the
 // system of record: the recovery sweep, which every scheduler process runs, and the
 // janitor: a leader elector and one pass per kind of drift (stale tasks, leases,
-// running sets, re-push, the pool counter, the generation check), which run only on
-// the replica the elector chose.
+// running sets, re-push, the pool counter, the quota recount, the generation check),
+// which run only on the replica the elector chose.
 //
 // Every service has River's startstop shape (Start, Stop, Started). The package does
 // not know the App that assembles it: New functions take Deps, the services the passes
@@ -43,7 +43,9 @@ type Deps struct {
 	Quotas    Quotas
 	// Plans resolves a tenant's effective weight and running cap when a task is
 	// pushed back onto its queue.
-	Plans  *quotas.Catalogue
+	Plans *quotas.Catalogue
+	// Usage reads the usage ledger for the quota recount; nil turns the recount off.
+	Usage  UsageLedger
 	Logger *slog.Logger
 }
 
@@ -92,13 +94,23 @@ type Scheduler interface {
 	Stranded(ctx context.Context, insp *asynq.Inspector, tenantID, taskID string, priority int, minAge time.Duration) (bool, error)
 }
 
-// Quotas is the part of the limits the lease pass uses (*quotas.Quotas).
+// Quotas is the part of the limits the lease pass and the quota recount use
+// (*quotas.Quotas).
 type Quotas interface {
 	Release(ctx context.Context, tenantID, taskID string) (int, error)
 	TouchLeases(ctx context.Context, tenantID string, taskIDs []string) (int, error)
 	LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error)
 	LeaseMembers(ctx context.Context, tenants []string) (sessions, long [][]string, err error)
 	AddLease(ctx context.Context, tenantID, taskID string, long bool) error
+	SnapshotCounters(ctx context.Context, tenants []string) ([]quotas.CounterSnapshot, error)
+	CorrectCounters(ctx context.Context, cs []quotas.Correction) ([]quotas.RecountResult, error)
+}
+
+// UsageLedger is what the quota recount reads of the usage ledger (*billing.Ledger):
+// for a page of tenants, what their counters should hold and what their running tasks
+// may hold reserved besides.
+type UsageLedger interface {
+	RecountBasis(ctx context.Context, tenants []string, now time.Time) (map[string]quotas.LedgerCounts, error)
 }
 
 var (

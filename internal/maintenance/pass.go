@@ -36,6 +36,7 @@ const (
 	passRepush     = "repush"
 	passPool       = "pool"
 	passGeneration = "generation"
+	passRecount    = "quota_recount"
 )
 
 // Defaults every drift pass shares.

@@ -27,6 +27,17 @@ type reviewPage func(ctx context.Context, tenants []string, live map[string][]st
 // has reviewed Batch tenants, ctx ends (the budget) or it reaches the last tenant (the
 // cursor then wraps to the start for the next run).
 func walkTenants(ctx context.Context, st Store, w TenantWalk, cursor *string, stats *PassStats, review reviewPage) error {
+	return walkTenantIDs(ctx, st, w, cursor, stats, func(ctx context.Context, ids []string) error {
+		live, err := st.UnscopedLiveTasksOf(ctx, ids)
+		if err != nil {
+			return err
+		}
+		return review(ctx, ids, live)
+	})
+}
+
+// walkTenantIDs is walkTenants for a pass that reads what it needs of each page itself.
+func walkTenantIDs(ctx context.Context, st Store, w TenantWalk, cursor *string, stats *PassStats, review func(ctx context.Context, tenants []string) error) error {
 	defer func() { stats.Cursor = *cursor }()
 	for stats.Rows < w.Batch {
 		if err := ctx.Err(); err != nil {
@@ -38,11 +49,7 @@ func walkTenants(ctx context.Context, st Store, w TenantWalk, cursor *string, st
 			return err
 		}
 		if len(ids) > 0 {
-			live, err := st.UnscopedLiveTasksOf(ctx, ids)
-			if err != nil {
-				return err
-			}
-			if err := review(ctx, ids, live); err != nil {
+			if err := review(ctx, ids); err != nil {
 				return err
 			}
 			stats.Rows += len(ids)

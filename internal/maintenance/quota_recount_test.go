@@ -1,0 +1,214 @@
+package maintenance
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// recountFixture is a fixture whose limits rebuild from, and whose recount reads, the
+// real ledger.
+func recountFixture(t *testing.T) (*fixture, *QuotaRecount) {
+	t.Helper()
+	f := newFixture(t)
+	ledger := billing.NewLedger(store.New(f.Pool))
+	f.q.SetUsageSource(ledger, nil)
+	f.Usage = ledger
+	return f, NewQuotaRecount(f.Deps, NewElector(f.Deps, ElectorConfig{}), QuotaRecountConfig{})
+}
+
+// running writes a running task of tenant under attempt 1.
+func (f *fixture) running(tenant string) uuid.UUID {
+	f.t.Helper()
+	id := f.task(tenant)
+	f.exec(`UPDATE tasks SET state = 'running', attempt = 1, started_at = now(), heartbeat_at = now() WHERE id = $1`, id)
+	return id
+}
+
+// record writes step n of a running task to the ledger, as the worker does.
+func (f *fixture) record(task uuid.UUID, n int, tokens, costMicro int64) {
+	f.t.Helper()
+	if _, _, err := store.New(f.Pool).UnscopedRecordStep(f.ctx, store.RecordStepParams{ID: task, Attempt: 1, Step: n, Tokens: tokens, CostMicro: costMicro}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) period(tenant string) quotas.Period {
+	f.t.Helper()
+	tn, err := f.Store.GetTenant(f.ctx, tenant)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return quotas.PeriodAt(tn.CreatedAt, time.Now())
+}
+
+// counters reads a tenant's period counters as /v1/usage does.
+func (f *fixture) counters(tenant string) (steps, tokens, usd float64) {
+	f.t.Helper()
+	l := quotas.NoLimits()
+	d, err := f.q.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModePeek, TenantID: tenant, Kid: "k", Limits: l, Period: f.period(tenant)})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, s := range d.Scopes {
+		switch s.Name {
+		case quotas.AgentStepsDaily:
+			steps = s.Used
+		case quotas.AITokensMonthly:
+			tokens = s.Used
+		case quotas.USDMonthly:
+			usd = s.Used
+		}
+	}
+	return steps, tokens, usd
+}
+
+func (f *fixture) step(tenant string, p quotas.StepParams) {
+	f.t.Helper()
+	p.TenantID, p.Period, p.Limits = tenant, f.period(tenant), quotas.NoLimits()
+	if err := f.q.ReserveStep(f.ctx, p); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) settle(tenant string, p quotas.StepParams) {
+	f.t.Helper()
+	p.TenantID, p.Period = tenant, f.period(tenant)
+	if err := f.q.SettleStep(f.ctx, p); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// The recount brings inflated counters (reservations a dead worker never settled)
+// down to the ledger, and deflated ones (a refund of a reservation Redis had lost)
+// up to it; counters in line are left alone.
+func TestQuotaRecountCorrectsInflatedAndDeflatedCounters(t *testing.T) {
+	t.Parallel()
+	f, p := recountFixture(t)
+	f.tenant("m")
+	task := f.running("m")
+	f.record(task, 1, 10, 100)
+	f.record(task, 2, 20, 200)
+	f.exec(`UPDATE tasks SET state = 'completed' WHERE id = $1`, task)
+	if s, tok, usd := f.counters("m"); s != 2 || tok != 30 || usd != 300 { // rebuilt from the ledger
+		t.Fatalf("counters before any drift: %v %v %v", s, tok, usd)
+	}
+	if res, err := p.runOnce(f.ctx); err != nil || res.Corrected != 0 || !res.Stats.Done {
+		t.Fatalf("a run over counters in line: %+v %v", res, err)
+	}
+
+	// inflated: two steps reserved, their worker died
+	f.step("m", quotas.StepParams{Tokens: 20, CostMicro: 200})
+	f.step("m", quotas.StepParams{Tokens: 20, CostMicro: 200})
+	res, err := p.runOnce(f.ctx)
+	if err != nil || res.Corrected != 1 || res.Steps != 2 || res.Tokens != 40 || res.CostMicro != 400 {
+		t.Fatalf("recount of inflated counters: %+v %v", res, err)
+	}
+	if s, tok, usd := f.counters("m"); s != 2 || tok != 30 || usd != 300 {
+		t.Fatalf("inflated counters after the recount: %v %v %v, want the ledger's 2, 30, 300", s, tok, usd)
+	}
+
+	// deflated: a refund of more than the counters hold
+	f.settle("m", quotas.StepParams{Steps: -1, Tokens: -25, CostMicro: -250})
+	if s, tok, _ := f.counters("m"); s != 1 || tok != 5 {
+		t.Fatalf("the refund did not deflate the counters: %v %v", s, tok)
+	}
+	res, err = p.runOnce(f.ctx)
+	if err != nil || res.Corrected != 1 || res.Steps != 1 || res.Tokens != 25 || res.CostMicro != 250 {
+		t.Fatalf("recount of deflated counters: %+v %v", res, err)
+	}
+	if s, tok, usd := f.counters("m"); s != 2 || tok != 30 || usd != 300 {
+		t.Fatalf("deflated counters after the recount: %v %v %v, want 2, 30, 300", s, tok, usd)
+	}
+	if res, err := p.runOnce(f.ctx); err != nil || res.Corrected != 0 {
+		t.Fatalf("a run after the corrections: %+v %v", res, err)
+	}
+}
+
+// A running task's reservation is in the counters and not yet in the ledger: the
+// recount leaves it (one step, at most the task's last step's use), and lowers only
+// what is beyond it.
+func TestQuotaRecountLeavesInFlightReservations(t *testing.T) {
+	t.Parallel()
+	f, p := recountFixture(t)
+	f.tenant("m")
+	task := f.running("m")
+	f.record(task, 1, 10, 100)
+	f.step("m", quotas.StepParams{Tokens: 10, CostMicro: 100}) // step 2 runs
+	if res, err := p.runOnce(f.ctx); err != nil || res.Corrected != 0 {
+		t.Fatalf("a run with a step in flight: %+v %v", res, err)
+	}
+	if s, tok, usd := f.counters("m"); s != 2 || tok != 20 || usd != 200 {
+		t.Fatalf("counters with a step in flight: %v %v %v, want 2, 20, 200", s, tok, usd)
+	}
+	// a reservation leaked by an earlier attempt of the task comes on top
+	f.step("m", quotas.StepParams{Tokens: 50, CostMicro: 500})
+	res, err := p.runOnce(f.ctx)
+	if err != nil || res.Corrected != 1 {
+		t.Fatalf("a run with more reserved than the running task may hold: %+v %v", res, err)
+	}
+	if s, tok, usd := f.counters("m"); s != 2 || tok != 20 || usd != 200 {
+		t.Fatalf("counters after the recount: %v %v %v, want the ledger plus one step in flight: 2, 20, 200", s, tok, usd)
+	}
+	// the step ends and is settled: in line with the ledger
+	f.record(task, 2, 10, 100)
+	if res, err := p.runOnce(f.ctx); err != nil || res.Corrected != 0 {
+		t.Fatalf("a run after the step was recorded: %+v %v", res, err)
+	}
+}
+
+// Tenants whose counters Redis lost are left to admission: the recount creates no
+// state for them.
+func TestQuotaRecountSkipsUnseededTenants(t *testing.T) {
+	t.Parallel()
+	f, p := recountFixture(t)
+	f.tenant("idle")
+	task := f.running("idle")
+	f.record(task, 1, 10, 100)
+	res, err := p.runOnce(f.ctx)
+	if err != nil || res.Corrected != 0 || res.Stats.Rows != 1 || !res.Stats.Done {
+		t.Fatalf("a run over an unseeded tenant: %+v %v", res, err)
+	}
+	if n, _ := f.Redis.Exists(f.ctx, f.Keys.AdmissionState("idle"), f.Keys.StepsDaily("idle")).Result(); n != 0 {
+		t.Fatalf("the recount created %d keys for an unseeded tenant", n)
+	}
+}
+
+// The pass runs on its interval while its elector leads.
+func TestQuotaRecountRunsOnItsInterval(t *testing.T) {
+	t.Parallel()
+	f, _ := recountFixture(t)
+	e := NewElector(f.Deps, ElectorConfig{})
+	p := NewQuotaRecount(f.Deps, e, QuotaRecountConfig{Interval: 20 * time.Millisecond})
+	p.TestSignals.Init(t)
+	f.tenant("m")
+	task := f.running("m")
+	f.record(task, 1, 10, 100)
+	f.exec(`UPDATE tasks SET state = 'completed' WHERE id = $1`, task)
+	f.counters("m")
+	f.step("m", quotas.StepParams{Tokens: 5})
+	if err := e.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Stop()
+	if err := p.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	for {
+		if res := p.TestSignals.Ran.WaitOrTimeout(); res.Corrected == 1 {
+			break
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	if s, tok, _ := f.counters("m"); s != 1 || tok != 10 {
+		t.Fatalf("counters after the pass ran: %v %v", s, tok)
+	}
+}

@@ -1,0 +1,38 @@
+package quotas
+
+import (
+	"context"
+	"testing"
+)
+
+// A correction is applied only to counters that did not move since the snapshot it
+// pairs with: a step reserved while the ledger was read is no drift.
+func TestRecountLeavesCountersThatMovedSinceTheSnapshot(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	step := StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits(), Tokens: 10}
+	if err := f.q.ReserveStep(ctx, step); err != nil {
+		t.Fatal(err)
+	}
+	ledger := LedgerCounts{Period: f.period()} // the ledger has nothing: the step was never recorded
+	snap, err := f.q.SnapshotCounters(ctx, []string{"acme", "nobody"})
+	if err != nil || !snap[0].Seeded || snap[1].Seeded {
+		t.Fatalf("snapshots %+v %v", snap, err)
+	}
+	if err := f.q.ReserveStep(ctx, step); err != nil { // moves after the snapshot
+		t.Fatal(err)
+	}
+	res, err := f.q.CorrectCounters(ctx, []Correction{{Snapshot: snap[0], Ledger: ledger}})
+	if err != nil || res[0].Outcome != RecountBusy {
+		t.Fatalf("correction of counters that moved: %+v %v", res, err)
+	}
+	snap, _ = f.q.SnapshotCounters(ctx, []string{"acme"})
+	res, err = f.q.CorrectCounters(ctx, []Correction{{Snapshot: snap[0], Ledger: ledger}})
+	if err != nil || res[0].Outcome != RecountCorrected || res[0].Steps != -2 || res[0].Tokens != -20 {
+		t.Fatalf("correction from a fresh snapshot: %+v %v", res, err)
+	}
+	peek := f.admit(Limits{}, func(p *AdmitParams) { p.Mode = ModePeek })
+	if peek.scope(AgentStepsDaily).Used != 0 || peek.scope(AITokensMonthly).Used != 0 {
+		t.Fatalf("after the correction: steps %v tokens %v", peek.scope(AgentStepsDaily).Used, peek.scope(AITokensMonthly).Used)
+	}
+}
