@@ -15,7 +15,8 @@
 //     a task by the id a queue message carries, the maintenance passes sweep every
 //     tenant, authentication finds a key by its kid before any tenant is known, and
 //     the operator lists every tenant. Only the worker's task lifecycle, the
-//     maintenance passes, authentication, operator listings and benchmarks call them;
+//     maintenance passes (some through billing's ledger reads), authentication,
+//     operator listings and benchmarks call them;
 //     a handler serving a tenant never does.
 //   - Calls on the deployment's own configuration (HTTP agents) and on the
 //     connection (Ping, Pool, InTx) hold no tenant's data and carry no prefix.

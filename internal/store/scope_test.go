@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -89,6 +90,11 @@ func scopedCalls(fx fixture) []scopedCall {
 		}},
 		{"TaskLedger", func(ctx context.Context, st *store.Store) error {
 			_, err := st.TaskLedger(ctx, store.TaskLedgerParams{TaskID: fx.task})
+			return err
+		}},
+		{"LedgerUsage", func(ctx context.Context, st *store.Store) error {
+			_, err := st.LedgerUsage(ctx, store.LedgerUsageParams{StepsSince: time.Now().Add(-time.Hour),
+				PeriodStart: time.Now().Add(-time.Hour), PeriodEnd: time.Now().Add(time.Hour)})
 			return err
 		}},
 	}
@@ -208,6 +214,15 @@ func TestScopedCallsKeepToTheirTenant(t *testing.T) {
 	}
 	if rows, err := st.TaskLedger(ctx, store.TaskLedgerParams{TenantID: other, TaskID: fx.task}); err != nil || len(rows) != 0 {
 		t.Errorf("TaskLedger of another tenant's task: %d rows, %v", len(rows), err)
+	}
+	window := store.LedgerUsageParams{StepsSince: time.Now().Add(-time.Hour), PeriodStart: time.Now().Add(-time.Hour), PeriodEnd: time.Now().Add(time.Hour)}
+	theirs, mine := window, window
+	theirs.TenantID, mine.TenantID = other, "acme"
+	if u, err := st.LedgerUsage(ctx, theirs); err != nil || len(u.StepsByHour) != 0 || u.Tokens != 0 || u.CostMicro != 0 {
+		t.Errorf("LedgerUsage of the other tenant: %+v, %v", u, err)
+	}
+	if u, err := st.LedgerUsage(ctx, mine); err != nil || len(u.StepsByHour) != 1 || u.Tokens != 3 {
+		t.Errorf("LedgerUsage of acme: %+v, %v", u, err)
 	}
 	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{TenantID: other, ID: fx.task,
 		From: []store.TaskState{store.StateQueued}, To: store.StateKilled}); ok || err != nil {
