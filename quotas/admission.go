@@ -596,6 +596,8 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 // ARGV[10] usd field prefix "usd:" (a field is prefix .. period id)
 // Returns {0} when reserved, {1, limit type, used, limit} when a quota refuses, or {2}
 // when the counters lack their "sd" mark (unseeded, see seed.go): nothing is taken.
+// That holds even when every quota is off: a reservation writes the counters, and one
+// written before the seed would be wiped by it.
 var reserveStepScript = redis.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', H, 'per', 'sd')
