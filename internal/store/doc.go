@@ -24,7 +24,7 @@
 // # Transactions
 //
 // A Store runs its calls on its pool, or, inside InTx, on one transaction: a domain
-// service makes a state change and what belongs with it (later, an outbox row) one
+// service makes a state change and what belongs with it (its events outbox row) one
 // commit.
 //
 // # Claims

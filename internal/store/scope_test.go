@@ -97,6 +97,14 @@ func scopedCalls(fx fixture) []scopedCall {
 				PeriodStart: time.Now().Add(-time.Hour), PeriodEnd: time.Now().Add(time.Hour)})
 			return err
 		}},
+		{"InsertEvent", func(ctx context.Context, st *store.Store) error {
+			_, err := st.InsertEvent(ctx, store.InsertEventParams{ID: "new", Type: "usage.limit_hit", DedupeKey: "new", Payload: []byte("{}")})
+			return err
+		}},
+		{"ListEvents", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ListEvents(ctx, store.ListEventsParams{})
+			return err
+		}},
 	}
 }
 
@@ -132,6 +140,10 @@ func newFixture(t *testing.T, ctx context.Context, st *store.Store) fixture {
 	if _, err := st.UnscopedRequeueTask(ctx, store.Claim{ID: fx.task, Attempt: task.Attempt}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := st.InsertEvent(ctx, store.InsertEventParams{ID: "ev-acme", TenantID: "acme", Type: "usage.limit_hit",
+		DedupeKey: "acme|x", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
 	return fx
 }
 
@@ -139,7 +151,7 @@ func newFixture(t *testing.T, ctx context.Context, st *store.Store) fixture {
 func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, table := range []string{"tenants", "api_keys", "tasks", "usage_ledger", "agents"} {
+	for _, table := range []string{"tenants", "api_keys", "tasks", "usage_ledger", "agents", "events"} {
 		var rows string
 		if err := pool.QueryRow(ctx, `SELECT COALESCE(string_agg(x::text, E'\n' ORDER BY x::text), '') FROM `+table+` x`).Scan(&rows); err != nil {
 			t.Fatal(err)
@@ -228,6 +240,9 @@ func TestScopedCallsKeepToTheirTenant(t *testing.T) {
 		From: []store.TaskState{store.StateQueued}, To: store.StateKilled}); ok || err != nil {
 		t.Errorf("FinishTask of another tenant's task: ok %v, %v", ok, err)
 	}
+	if evs, err := st.ListEvents(ctx, store.ListEventsParams{TenantID: other}); err != nil || len(evs) != 0 {
+		t.Errorf("ListEvents of the other tenant: %d events, %v", len(evs), err)
+	}
 	if ks, err := st.ListKeys(ctx, store.ListKeysParams{TenantID: other}); err != nil || len(ks) != 0 {
 		t.Errorf("ListKeys of the other tenant: %d keys, %v", len(ks), err)
 	}
@@ -246,5 +261,8 @@ func TestScopedCallsKeepToTheirTenant(t *testing.T) {
 	}
 	if rows, err := st.TaskLedger(ctx, store.TaskLedgerParams{TenantID: "acme", TaskID: fx.task}); err != nil || len(rows) != 3 {
 		t.Fatalf("TaskLedger by its tenant: %d rows, %v", len(rows), err)
+	}
+	if evs, err := st.ListEvents(ctx, store.ListEventsParams{TenantID: "acme"}); err != nil || len(evs) != 1 || evs[0].ID != "ev-acme" {
+		t.Fatalf("ListEvents by its tenant: %+v, %v", evs, err)
 	}
 }
