@@ -1,6 +1,8 @@
 // Package billing reads the usage ledger: the per-(task, step, meter) rows in
 // Postgres, written in the transaction that records a step, which are the truth of
-// what every tenant used. It knows no HTTP, no scheduler and no library wiring.
+// what every tenant used. It builds the usage events and writes them into the events
+// outbox, and reads the outbox for the pull feeds. It knows no HTTP, no scheduler and
+// no library wiring.
 //
 // # Quota counters that survive a Redis data loss
 //
@@ -71,4 +73,65 @@
 // rewritten from the ledger's hours (the in-flight share in the current hour); tokens
 // and micro-dollars only when Redis's newest billing period is the ledger's, so the
 // recount never acts across a period boundary.
+//
+// # The events outbox
+//
+// An event is a row of the events table, written (WriteEvent) on the transaction of
+// the change that caused it, so a change that rolls back leaves no event and one that
+// commits always has its own. The row holds the event's exact bytes: delivery and the
+// feeds send them as they are, so a resend is byte-identical, and no row is ever
+// updated (the table refuses it). Delivery state lives in tables of its own.
+//
+// Once per dedupe key. Every event has a dedupe key, unique in the table; writing an
+// event whose key is there writes nothing (written=false) and keeps the first bytes.
+// Replicas and retries that build the same event again therefore need no
+// coordination, and the event's id, a UUIDv5 of the key in a fixed namespace, is the
+// same wherever it is built: it is the consumers' idempotency key. The keys:
+//
+//   - a period quota (agent_steps_daily, ai_tokens_monthly, usd_monthly) at a
+//     threshold: "tenant|limit_type|period start|threshold", one event per threshold
+//     per period. A refusal by a period quota uses the 100 key, so the quota reaching
+//     100 % and every refusal after it in the period are one limit_hit. The daily steps
+//     are a sliding day; their events dedupe per UTC day (DaySpan).
+//   - every other limit (rates, concurrency, backlog, a task's budget, the platform's
+//     limits): "tenant|limit_type|minute start", one limit_hit per limit per minute.
+//     Refusals after it in the minute are to be counted elsewhere, not written.
+//
+// Feed order. seq, an identity, numbers the rows, but it is taken at insert and its
+// transaction may commit after one holding a later seq; a reader that had read past
+// the later one would never see the earlier. Each row therefore keeps the id of its
+// transaction (xid8, pg_current_xact_id()), and the feeds read only rows whose
+// transaction is older than the oldest one still running on the server
+// (xid < pg_snapshot_xmin(pg_current_snapshot())), in (xid, seq) order. Behind that
+// horizon every transaction has ended and no new one can start, so the order there
+// never changes and only grows at its end: a reader resuming from its last cursor
+// misses nothing and reads nothing twice while events arrive. The cost is latency: an
+// event shows once every transaction older than its own has ended, so a long
+// transaction anywhere on the server (or a session idle in one) holds the feeds back,
+// though nothing is lost. The cursor is (xid, seq), opaque to readers (EncodeCursor).
+//
+// # The event format
+//
+// Events are CloudEvents 1.0 in structured JSON mode, built with the CloudEvents Go
+// SDK: specversion "1.0", id, source (DefaultSource unless the deployment sets one),
+// type, subject (the tenant id), time, datacontenttype application/json, and data
+// (LimitData): tenant_id, plan, limit_type, limit_value, current_usage, threshold,
+// period (period quotas) or window (the others: the refusal's minute), enforcement
+// (none, refused, stopped), upgrade_url and sla_classification. Counts are JSON
+// numbers; USD amounts, held as integer micro-dollars, are decimal strings of dollars
+// with six decimals, so no float rounds them. The bytes of each type are fixed by a
+// golden test: a change to them is a change of the contract.
+//
+// Types and thresholds. usage.approaching_limit when a period quota's use reaches 80
+// and 90 % of its limit; usage.limit_hit when it reaches 100 %, and when any limit
+// refuses work or a task ends budget_exceeded. The crossing rule is >=: threshold t of
+// limit L is reached when use >= L·t/100 (800 of 1000 reaches 80 %; with fractions the
+// threshold is the next whole unit), and a change from before to after crosses it when
+// before was below and after is at or above it (Crossed). One change may cross several
+// thresholds; each is its own event. A limit of 0 or off has no thresholds.
+//
+// sla_classification: informational at 80 %, at_risk at 90 %, enforced_limit when the
+// tenant's own plan limit refused work (its quota at 100 %, its rates, its
+// concurrency), eligible_breach when the platform refused it rather than the plan:
+// degraded mode, a shared pool, a global limit.
 package billing
