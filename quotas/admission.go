@@ -229,6 +229,10 @@ type AdmitParams struct {
 var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl, pending_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local user_match, overflow = ARGV[6] .. '*', ARGV[7]
+-- Numbers passed to redis.call are formatted to text on every call; the lease scores
+-- and TTLs are the same for every admission of a call, so they go as text made once.
+local lease_ms, pending_ms = ARGV[2], ARGV[5]
+local lease_at, pending_at = string.format('%.17g', now + lease_ttl), string.format('%.17g', now + pending_ttl)
 local floor, call = math.floor, redis.call
 -- Redis has the struct library; an embedded test Redis (miniredis) may not, and then
 -- the numbers travel as comma-separated text instead.
@@ -385,16 +389,16 @@ for r = 0, (#KEYS / 6) - 1 do
       for i = #w, nw + 1, -1 do w[i] = nil end -- keep only the key's token
     elseif admit then
       if sessions >= 0 then
-        call('ZADD', SL, now + lease_ttl, task)
-        call('PEXPIRE', SL, lease_ttl)
+        call('ZADD', SL, lease_at, task)
+        call('PEXPIRE', SL, lease_ms)
       end
       if long_on then
-        call('ZADD', LL, now + lease_ttl, task)
-        call('PEXPIRE', LL, lease_ttl)
+        call('ZADD', LL, lease_at, task)
+        call('PEXPIRE', LL, lease_ms)
       end
       if backlog_max >= 0 then
-        call('ZADD', P, now + pending_ttl, task)
-        call('PEXPIRE', P, pending_ttl)
+        call('ZADD', P, pending_at, task)
+        call('PEXPIRE', P, pending_ms)
       end
     end
   elseif mode ~= 2 and status == 0 then
