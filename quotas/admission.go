@@ -203,7 +203,8 @@ type AdmitParams struct {
 // tasks (zset)
 // ARGV[1] now ms or ""   ARGV[2] lease ttl ms   ARGV[3] max users per tenant
 // ARGV[4] state ttl ms   ARGV[5] pending ttl ms   ARGV[6] user field prefix "u:"
-// ARGV[7] the shared overflow user field, then 8 per admission:
+// ARGV[7] the shared overflow user field   ARGV[8] lease set keep ms (lease ttl plus
+// leaseSlack), then 8 per admission:
 //
 //	1 numbers, 17 little-endian doubles: mode (0 admit, 1 peek, 2 key), in scope,
 //	  long-running, key rate, key burst, tenant rate, tenant burst, key-agent rate,
@@ -229,6 +230,11 @@ type AdmitParams struct {
 var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl, pending_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local user_match, overflow = ARGV[6] .. '*', ARGV[7]
+-- Numbers passed to redis.call are formatted to text on every call; the lease scores
+-- and TTLs are the same for every admission of a call, so they go as text made once.
+local pending_ms, lease_keep_ms = ARGV[5], ARGV[8]
+local lease_keep = tonumber(lease_keep_ms)
+local lease_at, pending_at = string.format('%.17g', now + lease_ttl), string.format('%.17g', now + pending_ttl)
 local floor, call = math.floor, redis.call
 -- Redis has the struct library; an embedded test Redis (miniredis) may not, and then
 -- the numbers travel as comma-separated text instead.
@@ -248,7 +254,7 @@ end
 local hour = floor(now / 3600000)
 local reply = {}
 local user_sweep = 32 -- user fields a new user's admission at the cap may sweep
-local admit_globals = 7
+local admit_globals = 8
 
 -- GCRA (as go-redis/redis_rate); tat in ms. Returns the new tat, or nil if refused.
 -- A tat beyond what the current rate and burst can produce means the limit changed
@@ -274,17 +280,18 @@ for r = 0, (#KEYS / 6) - 1 do
   local peek, admit = mode == 1, mode == 0
   local status, mask = 0, 0
   local w = {}
-  local kt, tt, at, ut, x, ot, nu, uc = 0, 0, 0, nil, 0, nil, 0, '0'
+  local kt, tt, at, ut, x, ot, nu, uc, lx = 0, 0, 0, nil, 0, nil, 0, '0', 0
   local s, l, backlog, steps, oldest, tok, usd = 0, 0, 0, 0, hour, 0, 0
   if mode == 2 then
     kt = tonumber(call('HGET', H, kf)) or 0
   else
     local v = call('HMGET', H, kf, 't', af == '' and 't' or af, uf == '' and 't' or uf, 'nu', 'x',
-      ARGV[a + 6], ARGV[a + 7], overflow, 'uc', 'sd')
+      ARGV[a + 6], ARGV[a + 7], overflow, 'uc', 'sd', 'lx')
     kt, tt, x = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[6]) or 0
     if af ~= '' then at = tonumber(v[3]) or 0 end
     if uf ~= '' then ut = tonumber(v[4]) end
     nu, tok, usd, ot, uc = tonumber(v[5]) or 0, tonumber(v[7]) or 0, tonumber(v[8]) or 0, tonumber(v[9]), v[10] or '0'
+    lx = tonumber(v[12]) or 0
     -- Period counters without the "sd" mark were not rebuilt from the ledger since
     -- Redis lost them (or never held them): deciding on them would hand a tenant its
     -- used-up quotas back. Answer "unseeded", take nothing; the caller rebuilds them.
@@ -384,17 +391,28 @@ for r = 0, (#KEYS / 6) - 1 do
       status = 1
       for i = #w, nw + 1, -1 do w[i] = nil end -- keep only the key's token
     elseif admit then
+      -- The lease sets must outlive their newest lease. Both are given lease_keep (a
+      -- lease TTL plus slack) at once and "lx" notes until when, so while lx is a lease
+      -- TTL or more away an existing set needs no PEXPIRE; a set this admission
+      -- creates (it counted 0) always gets one. Every writer that creates or extends a
+      -- set gives it at least that long (AddLease, touch), so lx never overstates.
+      local keep = lx >= now + lease_ttl
       if sessions >= 0 then
-        call('ZADD', SL, now + lease_ttl, task)
-        call('PEXPIRE', SL, lease_ttl)
+        call('ZADD', SL, lease_at, task)
+        if keep and s == 0 then call('PEXPIRE', SL, lease_keep_ms) end
       end
       if long_on then
-        call('ZADD', LL, now + lease_ttl, task)
-        call('PEXPIRE', LL, lease_ttl)
+        call('ZADD', LL, lease_at, task)
+        if keep and l == 0 then call('PEXPIRE', LL, lease_keep_ms) end
+      end
+      if not keep and (sessions >= 0 or long_on) then
+        call('PEXPIRE', SL, lease_keep_ms)
+        call('PEXPIRE', LL, lease_keep_ms)
+        w[#w+1] = 'lx'; w[#w+1] = now + lease_keep
       end
       if backlog_max >= 0 then
-        call('ZADD', P, now + pending_ttl, task)
-        call('PEXPIRE', P, pending_ttl)
+        call('ZADD', P, pending_at, task)
+        call('PEXPIRE', P, pending_ms)
       end
     end
   elseif mode ~= 2 and status == 0 then
@@ -434,7 +452,11 @@ const statusUnseeded = 3
 
 // admitKeysPerCall and admitArgsPerCall are the script's strides; admitGlobalArgs
 // its leading ARGV shared by every admission of a call.
-const admitKeysPerCall, admitArgsPerCall, admitGlobalArgs = 6, 8, 7
+const admitKeysPerCall, admitArgsPerCall, admitGlobalArgs = 6, 8, 8
+
+// leaseSlack is how much longer than a lease TTL the lease sets are kept alive, so
+// that admissions need to push their expiry forward only once per slack, not each time.
+const leaseSlack = time.Hour
 
 // PendingTTL bounds how long an admitted task counts against queue_backlog before it
 // is in its queue: the scheduler's enqueue clears its mark; a process that dies
@@ -525,7 +547,7 @@ func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, 
 	keys := make([]string, 0, admitKeysPerCall*len(ps))
 	args := make([]any, 0, admitGlobalArgs+admitArgsPerCall*len(ps))
 	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds(), PendingTTL.Milliseconds(),
-		rkeys.UserPrefix, rkeys.UserOverflowField)
+		rkeys.UserPrefix, rkeys.UserOverflowField, (leaseTTL + leaseSlack).Milliseconds())
 	for i := range ps {
 		if ps[i].Mode == "" {
 			ps[i].Mode = ModeAdmit
@@ -890,12 +912,13 @@ func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long
 //
 // KEYS[1] session leases   KEYS[2] long-running leases   ARGV[1] now ms or ""
 // ARGV[2] task id   ARGV[3] lease ttl ms   ARGV[4] "1" if long-running
+// ARGV[5] lease set keep ms: a set it extends lives as long as admission keeps them
 var addLeaseScript = redis.NewScript(luaNow + `
 local ttl = tonumber(ARGV[3])
 local last = ARGV[4] == '1' and 2 or 1
 for k = 1, last do
   redis.call('ZADD', KEYS[k], now + ttl, ARGV[2])
-  if redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ttl) end
+  if redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ARGV[5]) end
 end
 return 1
 `)
@@ -904,7 +927,7 @@ return 1
 // Redis lost.
 func (q *Quotas) AddLease(ctx context.Context, tenantID, taskID string, long bool) error {
 	err := addLeaseScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
-		q.nowArg(), taskID, leaseTTL.Milliseconds(), boolArg(long)).Err()
+		q.nowArg(), taskID, leaseTTL.Milliseconds(), boolArg(long), (leaseTTL + leaseSlack).Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("quotas: add lease: %w", err)
 	}

@@ -455,3 +455,46 @@ func userFields(t testing.TB, f *qfix) int {
 	}
 	return n
 }
+
+// The lease sets must outlive their newest lease, though admissions push their expiry
+// forward only once per leaseSlack: a set an admission recreates, one whose noted
+// expiry is near, and one AddLease recreates all get a full life.
+func TestLeaseSetsOutliveTheirNewestLease(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := Limits{Sessions: 10, LongRunning: 10}
+	sets := []string{f.keys.Sessions("acme"), f.keys.LongRunning("acme")}
+	check := func(when string, atLeast time.Duration) {
+		t.Helper()
+		for _, k := range sets {
+			if ttl := f.rdb.PTTL(ctx, k).Val(); ttl < atLeast-time.Minute {
+				t.Errorf("%s: %s lives %v, want at least %v", when, k, ttl, atLeast)
+			}
+		}
+	}
+	long := func(p *AdmitParams) { p.LongRunning = true }
+	if d := f.admit(l, long); !d.Allowed {
+		t.Fatalf("first admission refused: %v", d.Violated)
+	}
+	check("first admission", leaseTTL)
+	if _, err := f.q.Release(ctx, "acme", "task-1"); err != nil {
+		t.Fatal(err)
+	}
+	f.admit(l, long) // recreates both sets while the noted expiry is far
+	check("recreated", leaseTTL)
+	for _, k := range sets {
+		f.rdb.PExpire(ctx, k, time.Minute)
+	}
+	f.advance(leaseSlack + time.Minute) // the noted expiry is now less than a lease TTL away
+	f.admit(l, long)
+	check("noted expiry near", leaseTTL)
+	for _, task := range []string{"task-2", "task-3"} {
+		if _, err := f.q.Release(ctx, "acme", task); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.q.AddLease(ctx, "acme", "lost", true); err != nil {
+		t.Fatal(err)
+	}
+	check("re-added lease", leaseTTL+leaseSlack)
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,6 +20,7 @@ func benchCmd() *cobra.Command {
 	var asJSON bool
 	var concurrency, tenants int
 	var duration time.Duration
+	var profile string
 	admission := &cobra.Command{
 		Use:   "admission",
 		Short: "Decisions per second of the full admission script vs a single-key GCRA limiter",
@@ -32,6 +34,13 @@ func benchCmd() *cobra.Command {
 				return err
 			}
 			defer rdb.Close()
+			if profile != "" {
+				stop, err := startCPUProfile(profile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			res, err := quotas.RunAdmissionBench(cmd.Context(), rdb, quotas.AdmissionBenchOptions{
 				Concurrency: concurrency, Duration: duration, Tenants: tenants, Progress: os.Stderr,
 			})
@@ -46,6 +55,7 @@ func benchCmd() *cobra.Command {
 	admission.Flags().IntVar(&concurrency, "concurrency", 32, "concurrent clients")
 	admission.Flags().DurationVar(&duration, "duration", 4*time.Second, "length of each measured phase")
 	admission.Flags().IntVar(&tenants, "tenants", 100, "tenants the load spreads over")
+	admission.Flags().StringVar(&profile, "profile", "", "write a Go CPU profile of the run to this file")
 	var light, shallow time.Duration
 	var heavy, weightTasks, workers int
 	fairness := &cobra.Command{
@@ -85,4 +95,20 @@ func printBench(asJSON bool, v any, summary string) error {
 	}
 	fmt.Println(summary)
 	return nil
+}
+
+// startCPUProfile writes a CPU profile of this process to path until the returned stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }

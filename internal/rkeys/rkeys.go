@@ -182,10 +182,11 @@ func (k Keys) AsynqKeyPrefix() string { return "asynq:{" + k.prefix }
 //	tok:<period>   AI tokens in a billing period (TokensField); usd:<period>
 //	               micro-dollars (USDField)
 //	x, per         expiry and newest-period marks
+//	lx             until when the lease sets (Sessions, LongRunning) live at least
 //	sd             the period counters (these and StepsDaily) were rebuilt from the
 //	               usage ledger since Redis last lost them (quotas/seed.go)
 //
-// The single-name fields (t, nu, uc, x, per, sd) are spelled by the scripts; every
+// The single-name fields (t, nu, uc, x, per, sd, lx) are spelled by the scripts; every
 // combined one is built here, or by a script from the prefix it is given.
 func (k Keys) AdmissionState(tenant string) string { return k.tenantTag(tenant) + ":adm:" + tenant }
 
