@@ -150,7 +150,9 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	// One lifecycle for every task state change this process makes: submissions and
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
-	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{})
+	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
+		BudgetExceeded: billing.Events{UpgradeURL: a.cfg.UpgradeURL}.BudgetStop,
+	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
 		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log,
