@@ -20,6 +20,9 @@ const (
 	TypeLimitHit         = "usage.limit_hit"
 )
 
+// KnownType reports whether typ is one of the event types (a feed's type filter).
+func KnownType(typ string) bool { return typ == TypeApproachingLimit || typ == TypeLimitHit }
+
 // The limit_types of a task ended budget_exceeded by its own budget, not one of the
 // tenant's quotas: each names the budget field that ended it, so finance tells a task
 // stopped at its step cap from one stopped at its cost cap. LimitTaskBudget is a
