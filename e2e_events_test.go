@@ -255,3 +255,39 @@ func TestAdminEventsFeedFilters(t *testing.T) {
 		t.Error("the tenant feed answered without a valid key")
 	}
 }
+
+// A task the worker stops at its budget leaves one usage.limit_hit naming the budget
+// field, readable in the tenant's feed.
+func TestBudgetStopShowsInTheFeed(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	acme, _ := h.tenantClient("acme", "pro", nil)
+	ctx := context.Background()
+	steps, cost := 2, 0.0025
+	for _, b := range []*client.BudgetRequest{{MaxSteps: &steps}, {MaxCostUSD: &cost}} {
+		req := client.SubmitTaskRequest{Agent: "sim", Budget: b,
+			Input: map[string]any{"steps": 5, "step_ms": 1, "cost_usd_per_step": 0.001}}
+		task, err := acme.SubmitTask(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, acme, task.ID, client.StateBudgetExceeded, 20*time.Second)
+	}
+	var got []client.Event
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		got, _ = drain(t, "", func(after string) (*client.EventPage, error) {
+			return acme.Events(ctx, client.EventsQuery{After: after, Type: client.EventLimitHit})
+		})
+	}
+	byType := map[string]client.EventData{}
+	for _, ev := range got {
+		byType[ev.Data.LimitType] = ev.Data
+	}
+	if d := byType[billing.LimitTaskMaxSteps]; len(got) != 2 || d.LimitValue != "2" || d.CurrentUsage != "2" ||
+		d.Enforcement != "stopped" || d.SLAClassification != "enforced_limit" || d.Window == nil {
+		t.Fatalf("limit_hit events %+v", got)
+	}
+	if d := byType[billing.LimitTaskMaxCostUSD]; d.LimitValue != "0.002500" || d.CurrentUsage != "0.003000" {
+		t.Fatalf("cost limit_hit %+v", d)
+	}
+}
