@@ -150,7 +150,9 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	// One lifecycle for every task state change this process makes: submissions and
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
-	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{})
+	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
+		BudgetExceeded: billing.Events{UpgradeURL: a.cfg.UpgradeURL}.BudgetStop,
+	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
 		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log,
@@ -168,7 +170,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.api = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
-		UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
+		Events: billing.NewFeed(a.store), UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 	})
 	a.svcs = a.roleServices()

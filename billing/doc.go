@@ -97,6 +97,12 @@
 //     limits): "tenant|limit_type|minute start", one limit_hit per limit per minute.
 //     Refusals after it in the minute are to be counted elsewhere, not written.
 //
+// A task ended budget_exceeded writes its limit_hit on the transaction of that end
+// (Events.BudgetStop, run by the task lifecycle), enforcement "stopped", with the
+// limit_type of the budget field that ended it (task_max_steps, task_max_cost_usd,
+// task_max_wallclock_s: one per tenant and field per minute) or, when a period quota
+// stopped it, that quota's, sharing the period's 100 % event.
+//
 // Feed order. seq, an identity, numbers the rows, but it is taken at insert and its
 // transaction may commit after one holding a later seq; a reader that had read past
 // the later one would never see the earlier. Each row therefore keeps the id of its

@@ -20,9 +20,19 @@ const (
 	TypeLimitHit         = "usage.limit_hit"
 )
 
-// LimitTaskBudget is the limit_type of a task ended budget_exceeded: its own budget,
-// not one of the tenant's quotas.
-const LimitTaskBudget = "task_budget"
+// KnownType reports whether typ is one of the event types (a feed's type filter).
+func KnownType(typ string) bool { return typ == TypeApproachingLimit || typ == TypeLimitHit }
+
+// The limit_types of a task ended budget_exceeded by its own budget, not one of the
+// tenant's quotas: each names the budget field that ended it, so finance tells a task
+// stopped at its step cap from one stopped at its cost cap. LimitTaskBudget is a
+// budget end whose field is not known.
+const (
+	LimitTaskBudget       = "task_budget"
+	LimitTaskMaxSteps     = "task_max_steps"
+	LimitTaskMaxCostUSD   = "task_max_cost_usd"    // micro-dollars, a USD amount in JSON
+	LimitTaskMaxWallclock = "task_max_wallclock_s" // whole seconds
+)
 
 // Classification is an event's sla_classification.
 type Classification string
@@ -324,7 +334,7 @@ func (e Events) LimitHit(r Refusal) (Event, error) {
 }
 
 func amount(limitType string, n int64) Amount {
-	return Amount{N: n, USD: limitType == quotas.USDMonthly}
+	return Amount{N: n, USD: limitType == quotas.USDMonthly || limitType == LimitTaskMaxCostUSD}
 }
 
 // build makes the CloudEvent with the CloudEvents SDK and writes its structured JSON.

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"fmt"
 
 	"github.com/agentq/agentq/internal/store"
 )
@@ -20,6 +21,9 @@ func WriteEvent(ctx context.Context, tx *store.Store, ev Event) (written bool, e
 
 // ErrBadCursor: a feed's after cursor is not one the feed gave.
 var ErrBadCursor = errors.New("billing: not an events cursor")
+
+// ErrNoTenant: the tenant feed was asked for no tenant. It is also store.ErrNoTenant.
+var ErrNoTenant = fmt.Errorf("billing: no tenant given: %w", store.ErrNoTenant)
 
 // The feeds' page sizes.
 const (
@@ -88,7 +92,7 @@ type FeedEvent struct {
 // Tenant returns a page of one tenant's own events (GET /v1/events).
 func (f *Feed) Tenant(ctx context.Context, tenantID string, p FeedParams) (FeedPage, error) {
 	if tenantID == "" {
-		return FeedPage{}, store.ErrNoTenant
+		return FeedPage{}, ErrNoTenant
 	}
 	return f.page(ctx, tenantID, p, f.st.ListEvents)
 }

@@ -655,3 +655,137 @@ type redactedError struct {
 
 func (r *redactedError) Error() string        { return r.msg }
 func (r *redactedError) Is(target error) bool { return errors.Is(r.err, target) }
+
+// Usage event types.
+const (
+	EventLimitHit         = "usage.limit_hit"
+	EventApproachingLimit = "usage.approaching_limit"
+)
+
+// Event is one usage event: a CloudEvent 1.0 in structured JSON, as the server
+// stored it. Raw holds its exact bytes (to verify, store or forward them); ID is the
+// idempotency key.
+type Event struct {
+	SpecVersion     string    `json:"specversion"`
+	ID              string    `json:"id"`
+	Source          string    `json:"source"`
+	Type            string    `json:"type"`
+	Subject         string    `json:"subject"` // the tenant id
+	Time            time.Time `json:"time"`
+	DataContentType string    `json:"datacontenttype"`
+	Data            EventData `json:"data"`
+
+	Raw json.RawMessage `json:"-"`
+}
+
+// UnmarshalJSON decodes the event and keeps its bytes in Raw.
+func (e *Event) UnmarshalJSON(b []byte) error {
+	type plain Event
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	*e = Event(p)
+	e.Raw = append(json.RawMessage(nil), b...)
+	return nil
+}
+
+// EventData is the data of a usage event.
+type EventData struct {
+	TenantID     string `json:"tenant_id"`
+	Plan         string `json:"plan"`
+	LimitType    string `json:"limit_type"`
+	LimitValue   Amount `json:"limit_value"`
+	CurrentUsage Amount `json:"current_usage"`
+	// Threshold is the percentage of a period quota reached (80, 90, 100); 0 for the
+	// other limits.
+	Threshold         int        `json:"threshold"`
+	Period            *EventSpan `json:"period"` // period quotas
+	Window            *EventSpan `json:"window"` // the other limits: the minute of the refusal
+	Enforcement       string     `json:"enforcement"`
+	UpgradeURL        string     `json:"upgrade_url"`
+	SLAClassification string     `json:"sla_classification"`
+}
+
+// EventSpan is a period or window: [Start, End).
+type EventSpan struct {
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+}
+
+// Amount is a limit or usage as the event carries it, as text: a count ("500"), or
+// for USD a decimal string of dollars ("12.500000"), which no float has rounded.
+type Amount string
+
+// UnmarshalJSON reads a JSON number or string.
+func (a *Amount) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*a = Amount(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return err
+	}
+	*a = Amount(n)
+	return nil
+}
+
+// EventsQuery selects a page of a usage events feed.
+type EventsQuery struct {
+	Type  string // EventLimitHit, EventApproachingLimit; "" for both
+	After string // a NextCursor of an earlier page; "" from the start
+	Limit int    // 1..1000; 0 for the server's default (100)
+}
+
+func (q EventsQuery) values() url.Values {
+	v := url.Values{}
+	if q.Type != "" {
+		v.Set("type", q.Type)
+	}
+	if q.After != "" {
+		v.Set("after", q.After)
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	return v
+}
+
+// EventPage is a page of a usage events feed, oldest first. Pass NextCursor as After
+// for the next page: reading from each page's NextCursor sees every event once, in
+// order, while new ones arrive. On an empty page NextCursor is the After given.
+type EventPage struct {
+	Events     []Event `json:"events"`
+	NextCursor string  `json:"next_cursor"`
+}
+
+// Events returns a page of the caller tenant's usage events (GET /v1/events).
+func (c *Client) Events(ctx context.Context, q EventsQuery) (*EventPage, error) {
+	var p EventPage
+	if err := c.t.do(ctx, http.MethodGet, "/v1/events", q.values(), nil, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// AdminEventsQuery selects a page of the cross-tenant feed.
+type AdminEventsQuery struct {
+	EventsQuery
+	Tenant string // only this tenant's events; "" for every tenant
+}
+
+// Events returns a page of every tenant's usage events, or one tenant's
+// (GET /v1/admin/events).
+func (a *Admin) Events(ctx context.Context, q AdminEventsQuery) (*EventPage, error) {
+	v := q.values()
+	if q.Tenant != "" {
+		v.Set("tenant", q.Tenant)
+	}
+	var p EventPage
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/events", v, nil, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
 
+	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/keys"
@@ -50,6 +51,7 @@ type Deps struct {
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue // nil: the tenant service's
 	Admission  *quotas.Guard
+	Events     *billing.Feed // the usage events feeds
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
@@ -116,9 +118,11 @@ func (s *Server) routes() {
 	read(http.MethodGet, "/v1/tasks/:id", s.getTask)
 	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
 	read(http.MethodGet, "/v1/tasks/:id/events", s.taskEvents)
+	read(http.MethodGet, "/v1/events", s.tenantEvents)
 
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
 	admin(http.MethodGet, "/plans", s.listPlans)
+	admin(http.MethodGet, "/events", s.adminEvents)
 	admin(http.MethodPost, "/tenants", s.createTenant)
 	admin(http.MethodGet, "/tenants", s.listTenants)
 	admin(http.MethodGet, "/tenants/:id", s.getTenant)

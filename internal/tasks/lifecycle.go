@@ -42,6 +42,11 @@ type Change struct {
 type LifecycleOptions struct {
 	// StaleAfter: see DefaultStaleAfter, the value when 0.
 	StaleAfter time.Duration
+	// BudgetExceeded, when set, runs inside the transaction of a change that ended a
+	// task budget_exceeded, with the task as it ended: it writes the end's
+	// usage.limit_hit into the events outbox (billing.Events.BudgetStop), so the
+	// event exists exactly when the end committed. An error rolls the end back.
+	BudgetExceeded func(ctx context.Context, tx *store.Store, t store.Task) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
@@ -56,6 +61,7 @@ type Lifecycle struct {
 	store      *store.Store
 	staleAfter time.Duration
 	hook       func(ctx context.Context, tx *store.Store, c Change) error
+	budget     func(ctx context.Context, tx *store.Store, t store.Task) error
 }
 
 // NewLifecycle returns a Lifecycle over st.
@@ -63,13 +69,17 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	if o.StaleAfter <= 0 {
 		o.StaleAfter = DefaultStaleAfter
 	}
-	return &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange}
+	return &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded}
 }
 
 // afterChange runs inside the transaction of every state change, after the change.
 // Whatever must exist exactly when the change committed is written here, on tx.
 func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) error {
-	// The events outbox row of c is to be written here, on tx.
+	if l.budget != nil && c.Kind == ChangeFinished && c.Task.State == store.StateBudgetExceeded {
+		if err := l.budget(ctx, tx, c.Task); err != nil {
+			return err
+		}
+	}
 	if l.hook != nil {
 		return l.hook(ctx, tx, c)
 	}
