@@ -78,21 +78,10 @@ func newGenerationCheck(d Deps, leader Leadership, runner *Janitor, c Generation
 
 // Start checks the marker every Interval while this process leads, until Stop.
 func (g *GenerationCheck) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := g.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		runWhileLeading(ctx, g.leader, func(ctx context.Context) time.Duration {
-			if _, err := g.runOnce(ctx); err != nil && ctx.Err() == nil {
-				g.log.Warn("generation check failed", "err", err)
-			}
-			return g.cfg.Interval
-		})
-	}()
-	return nil
+	return startLeaderOnly(ctx, &g.BaseStartStop, g.leader, g.log, "generation check failed", passGeneration, func(ctx context.Context) (time.Duration, error) {
+		_, err := g.runOnce(ctx)
+		return g.cfg.Interval, err
+	})
 }
 
 // runOnce checks the marker and, if it was missing, repairs: every pass from the

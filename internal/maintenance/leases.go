@@ -79,21 +79,10 @@ func NewLeases(d Deps, leader Leadership, c LeasesConfig) *Leases {
 
 // Start runs the pass every Interval while this process leads, until Stop.
 func (p *Leases) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := p.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		runWhileLeading(ctx, p.leader, func(ctx context.Context) time.Duration {
-			if _, err := p.runOnce(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn("janitor pass failed", "pass", passLeases, "err", err)
-			}
-			return p.cfg.Interval
-		})
-	}()
-	return nil
+	return startLeaderOnly(ctx, &p.BaseStartStop, p.leader, p.log, "janitor pass failed", passLeases, func(ctx context.Context) (time.Duration, error) {
+		_, err := p.runOnce(ctx)
+		return p.cfg.Interval, err
+	})
 }
 
 // resetCursor makes the next run start from the first tenant.

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/riverqueue/river/rivershared/startstop"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -141,4 +143,27 @@ func recordDrift(ctx context.Context, log *slog.Logger, pass string, kv ...any) 
 	if fixed {
 		log.Warn("janitor fixed drift between Redis and Postgres", attrs...)
 	}
+}
+
+// startLeaderOnly is a pass's Start: a goroutine, owned by the service b and ended by
+// its Stop, that runs run whenever this process leads and again after the wait run
+// returns. A failed run is logged under msg and the pass's name; the next comes on
+// schedule.
+func startLeaderOnly(ctx context.Context, b *startstop.BaseStartStop, leader Leadership, log *slog.Logger, msg, name string, run func(ctx context.Context) (time.Duration, error)) error {
+	ctx, shouldStart, started, stopped := b.StartInit(ctx)
+	if !shouldStart {
+		return nil
+	}
+	go func() {
+		started()
+		defer stopped()
+		runWhileLeading(ctx, leader, func(ctx context.Context) time.Duration {
+			wait, err := run(ctx)
+			if err != nil && ctx.Err() == nil {
+				log.Warn(msg, "pass", name, "err", err)
+			}
+			return wait
+		})
+	}()
+	return nil
 }

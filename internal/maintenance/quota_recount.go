@@ -79,21 +79,10 @@ func NewQuotaRecount(d Deps, leader Leadership, c QuotaRecountConfig) *QuotaReco
 
 // Start runs the pass every Interval while this process leads, until Stop.
 func (p *QuotaRecount) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := p.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		runWhileLeading(ctx, p.leader, func(ctx context.Context) time.Duration {
-			if _, err := p.runOnce(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn("janitor pass failed", "pass", passRecount, "err", err)
-			}
-			return p.cfg.Interval
-		})
-	}()
-	return nil
+	return startLeaderOnly(ctx, &p.BaseStartStop, p.leader, p.log, "janitor pass failed", passRecount, func(ctx context.Context) (time.Duration, error) {
+		_, err := p.runOnce(ctx)
+		return p.cfg.Interval, err
+	})
 }
 
 func (p *QuotaRecount) runOnce(ctx context.Context) (QuotaRecountResult, error) {

@@ -65,21 +65,10 @@ func NewRepush(d Deps, leader Leadership, c RepushConfig) *Repush {
 
 // Start runs the pass every Interval while this process leads, until Stop.
 func (p *Repush) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := p.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		runWhileLeading(ctx, p.leader, func(ctx context.Context) time.Duration {
-			if _, err := p.runOnce(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn("janitor pass failed", "pass", passRepush, "err", err)
-			}
-			return p.cfg.Interval
-		})
-	}()
-	return nil
+	return startLeaderOnly(ctx, &p.BaseStartStop, p.leader, p.log, "janitor pass failed", passRepush, func(ctx context.Context) (time.Duration, error) {
+		_, err := p.runOnce(ctx)
+		return p.cfg.Interval, err
+	})
 }
 
 // resetCursor makes the next run start from the oldest queued task.

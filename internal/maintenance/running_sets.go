@@ -84,21 +84,10 @@ func NewRunningSets(d Deps, leader Leadership, c RunningSetsConfig) *RunningSets
 
 // Start runs the pass every Interval while this process leads, until Stop.
 func (p *RunningSets) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := p.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		runWhileLeading(ctx, p.leader, func(ctx context.Context) time.Duration {
-			if _, err := p.runOnce(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn("janitor pass failed", "pass", passRunning, "err", err)
-			}
-			return p.cfg.Interval
-		})
-	}()
-	return nil
+	return startLeaderOnly(ctx, &p.BaseStartStop, p.leader, p.log, "janitor pass failed", passRunning, func(ctx context.Context) (time.Duration, error) {
+		_, err := p.runOnce(ctx)
+		return p.cfg.Interval, err
+	})
 }
 
 // resetCursor makes the next run start from the first tenant.

@@ -83,28 +83,16 @@ func NewStaleTasks(d Deps, leader Leadership, c StaleTasksConfig) *StaleTasks {
 
 // Start runs the pass every Interval while this process leads, until Stop.
 func (p *StaleTasks) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := p.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		runWhileLeading(ctx, p.leader, func(ctx context.Context) time.Duration {
-			res, err := p.runOnce(ctx)
-			if err != nil && ctx.Err() == nil {
-				p.log.Warn("janitor pass failed", "pass", passStale, "err", err)
+	return startLeaderOnly(ctx, &p.BaseStartStop, p.leader, p.log, "janitor pass failed", passStale, func(ctx context.Context) (time.Duration, error) {
+		res, err := p.runOnce(ctx)
+		if res.Deferred {
+			// back as soon as stale tasks may be handled
+			if since, _ := p.leader.Watch(); !since.IsZero() {
+				return min(p.cfg.Interval, time.Until(since.Add(p.cfg.StaleAfter+time.Second))), err
 			}
-			if res.Deferred {
-				// back as soon as stale tasks may be handled
-				if since, _ := p.leader.Watch(); !since.IsZero() {
-					return min(p.cfg.Interval, time.Until(since.Add(p.cfg.StaleAfter+time.Second)))
-				}
-			}
-			return p.cfg.Interval
-		})
-	}()
-	return nil
+		}
+		return p.cfg.Interval, err
+	})
 }
 
 func (p *StaleTasks) runOnce(ctx context.Context) (StaleTasksResult, error) {
