@@ -157,7 +157,8 @@ type KeyJSON struct {
 	RevokedAt *time.Time `json:"revoked_at"`
 }
 
-func keyJSON(k keys.Key) KeyJSON {
+// NewKeyJSON is k as the API lists it (the CLI prints the same shape).
+func NewKeyJSON(k keys.Key) KeyJSON {
 	return KeyJSON{Kid: k.Kid, TenantID: k.TenantID, Scopes: scopesJSON(k.Scopes), CreatedAt: k.CreatedAt,
 		RotatedAt: k.RotatedAt, RevokedAt: k.RevokedAt}
 }
@@ -206,7 +207,7 @@ func (s *Server) listKeys(c echo.Context) error {
 	}
 	out := make([]KeyJSON, 0, len(ks))
 	for _, k := range ks {
-		out = append(out, keyJSON(k))
+		out = append(out, NewKeyJSON(k))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"keys": out})
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/web"
 )
 
 func connectPG(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -242,9 +243,9 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				out := make([]keyJSON, 0, len(ks))
+				out := make([]web.KeyJSON, 0, len(ks))
 				for _, k := range ks {
-					out = append(out, keyOut(k))
+					out = append(out, web.NewKeyJSON(k))
 				}
 				return printJSON(cmd, out)
 			})
@@ -298,27 +299,6 @@ type tenantJSON struct {
 func tenantOut(t tenants.Tenant) tenantJSON {
 	return tenantJSON{ID: t.ID, Name: t.Name, Plan: t.Plan, Weight: t.Weight, Overrides: t.Overrides,
 		Status: t.Status, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
-}
-
-// scopesJSON are a key's scopes as the CLI prints them; an absent list allows all.
-type scopesJSON struct {
-	Agents     []string `json:"agents,omitempty"`
-	Principals []string `json:"principals,omitempty"`
-}
-
-// keyJSON is a key as key-list prints it: never its secret.
-type keyJSON struct {
-	Kid       string     `json:"kid"`
-	TenantID  string     `json:"tenant_id"`
-	Scopes    scopesJSON `json:"scopes"`
-	CreatedAt time.Time  `json:"created_at"`
-	RotatedAt *time.Time `json:"rotated_at"`
-	RevokedAt *time.Time `json:"revoked_at"`
-}
-
-func keyOut(k keys.Key) keyJSON {
-	return keyJSON{Kid: k.Kid, TenantID: k.TenantID, Scopes: scopesJSON{Agents: k.Scopes.Agents, Principals: k.Scopes.Principals},
-		CreatedAt: k.CreatedAt, RotatedAt: k.RotatedAt, RevokedAt: k.RevokedAt}
 }
 
 func splitList(s string) []string {

@@ -18,6 +18,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/web"
 )
 
 // adminHarness is a server (API role) and the admin CLI on one database and Redis, the
@@ -332,7 +333,7 @@ func TestCLIKeysRefuseWhatTheAPIRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CLI key-list: %v", err)
 	}
-	var listed []keyJSON
+	var listed []web.KeyJSON
 	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 2 || listed[1].Kid != k.Kid ||
 		strings.Join(listed[1].Scopes.Agents, ",") != "sim,echo" || strings.Join(listed[1].Scopes.Principals, ",") != "u1" {
 		t.Fatalf("key-list printed %q (%v)", out, err)
