@@ -101,7 +101,9 @@
 // (Events.BudgetStop, run by the task lifecycle), enforcement "stopped", with the
 // limit_type of the budget field that ended it (task_max_steps, task_max_cost_usd,
 // task_max_wallclock_s: one per tenant and field per minute) or, when a period quota
-// stopped it, that quota's, sharing the period's 100 % event.
+// stopped it, that quota's, sharing the period's 100 % event. The worker names the
+// limit, its value and the usage that met it (quotas.Stop) when it ends the task, so
+// the event never reads them back out of the task's error text.
 //
 // Feed order. seq, an identity, numbers the rows, but it is taken at insert and its
 // transaction may commit after one holding a later seq; a reader that had read past

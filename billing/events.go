@@ -29,9 +29,9 @@ func KnownType(typ string) bool { return typ == TypeApproachingLimit || typ == T
 // budget end whose field is not known.
 const (
 	LimitTaskBudget       = "task_budget"
-	LimitTaskMaxSteps     = "task_max_steps"
-	LimitTaskMaxCostUSD   = "task_max_cost_usd"    // micro-dollars, a USD amount in JSON
-	LimitTaskMaxWallclock = "task_max_wallclock_s" // whole seconds
+	LimitTaskMaxSteps     = quotas.TaskMaxSteps
+	LimitTaskMaxCostUSD   = quotas.TaskMaxCostUSD   // micro-dollars, a USD amount in JSON
+	LimitTaskMaxWallclock = quotas.TaskMaxWallclock // whole seconds
 )
 
 // Classification is an event's sla_classification.

@@ -693,6 +693,27 @@ type QuotaExceeded struct {
 	Used, Limit float64
 }
 
+// Stop is e as the limit that ended a task.
+func (e *QuotaExceeded) Stop() Stop {
+	return Stop{LimitType: e.LimitType, Limit: int64(math.Round(e.Limit)), Used: int64(math.Round(e.Used))}
+}
+
+// Stop is the limit that ended a task budget_exceeded: its type, its value and the
+// usage that met it, in the limit's unit (micro-dollars for money, whole seconds for
+// wall clock). The worker hands it to the task's end, so what reports the stop (the
+// usage.limit_hit event) never has to read it back out of the task's error text.
+type Stop struct {
+	LimitType   string
+	Limit, Used int64
+}
+
+// The limit types of a task's own budget, as a Stop names them.
+const (
+	TaskMaxSteps     = "task_max_steps"
+	TaskMaxCostUSD   = "task_max_cost_usd"
+	TaskMaxWallclock = "task_max_wallclock_s"
+)
+
 func (e *QuotaExceeded) Error() string {
 	if e.LimitType == USDMonthly { // micro-dollars inside, dollars outside
 		return fmt.Sprintf("%s limit of $%.2f reached (used $%.6f)", e.LimitType, e.Limit/1e6, e.Used/1e6)

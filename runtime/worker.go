@@ -314,7 +314,9 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		*lost = true
 		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
 	}
-	var finish func(state store.TaskState, errText string, output json.RawMessage)
+	// finishBy ends the task; stop names the limit when a budget or quota ended it.
+	var finishBy func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop)
+	finish := func(state store.TaskState, errText string, output json.RawMessage) { finishBy(state, errText, output, nil) }
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
 	defer func() {
@@ -324,11 +326,11 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			requeued = false
 		}
 	}()
-	finish = func(state store.TaskState, errText string, output json.RawMessage) {
+	finishBy = func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
 		var ok bool
 		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
 			var err error
-			ok, err = w.lifecycle.Finish(ctx, tasks.FinishParams{Claim: claim, To: state, Output: output, Error: errText})
+			ok, err = w.lifecycle.Finish(ctx, tasks.FinishParams{Claim: claim, To: state, Output: output, Error: errText, Stop: stop})
 			return err
 		})
 		if errors.Is(err, store.ErrLostClaim) {
@@ -401,6 +403,10 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	}
 	deadline := began.Add(time.Duration(b.MaxWallclockS * float64(time.Second)))
 	maxCostMicro := int64(math.Round(b.MaxCostUSD * 1e6))
+	wallclockStop := func() *quotas.Stop {
+		return &quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(b.MaxWallclockS)),
+			Used: int64(math.Round(time.Since(began).Seconds()))}
+	}
 
 	taskCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -462,13 +468,15 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		step := task.Usage.Steps + 1
 		switch {
 		case b.MaxSteps > 0 && step > b.MaxSteps:
-			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), nil)
+			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), nil,
+				&quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: int64(b.MaxSteps), Used: int64(task.Usage.Steps)})
 			return false
 		case maxCostMicro > 0 && task.Usage.CostMicroUSD >= maxCostMicro:
-			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), nil)
+			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), nil,
+				&quotas.Stop{LimitType: quotas.TaskMaxCostUSD, Limit: maxCostMicro, Used: task.Usage.CostMicroUSD})
 			return false
 		case !deadline.IsZero() && !time.Now().Before(deadline):
-			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
+			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil, wallclockStop())
 			return false
 		}
 		period = quotas.PeriodAt(tenant.CreatedAt, time.Now())
@@ -477,7 +485,8 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		var qe *quotas.QuotaExceeded
 		switch {
 		case errors.As(err, &qe):
-			finish(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil)
+			stop := qe.Stop()
+			finishBy(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil, &stop)
 			return false
 		case err != nil:
 			// Money and token quotas fail closed: no step runs unchecked.
@@ -507,7 +516,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			// Shutdown outlasted the step: hand the task back so it resumes elsewhere.
 			return requeue("worker shutdown", ctx.Err())
 		case err != nil && !deadline.IsZero() && !time.Now().Before(deadline):
-			finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil)
+			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil, wallclockStop())
 			return false
 		case err != nil:
 			// The tenant sees the agent, the step and the kind of failure; the

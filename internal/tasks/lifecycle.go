@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
 )
 
 // DefaultStaleAfter is how long a running task's heartbeat must have been silent
@@ -36,6 +37,9 @@ type Change struct {
 	Kind ChangeKind
 	Task store.Task // the task as the change left it
 	Step int        // the step recorded (ChangeStep)
+	// Stop is the limit that ended the task, for an end as budget_exceeded whose
+	// finisher named it (nil otherwise).
+	Stop *quotas.Stop
 }
 
 // LifecycleOptions configure a Lifecycle.
@@ -46,7 +50,7 @@ type LifecycleOptions struct {
 	// task budget_exceeded, with the task as it ended: it writes the end's
 	// usage.limit_hit into the events outbox (billing.Events.BudgetStop), so the
 	// event exists exactly when the end committed. An error rolls the end back.
-	BudgetExceeded func(ctx context.Context, tx *store.Store, t store.Task) error
+	BudgetExceeded func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
@@ -61,7 +65,7 @@ type Lifecycle struct {
 	store      *store.Store
 	staleAfter time.Duration
 	hook       func(ctx context.Context, tx *store.Store, c Change) error
-	budget     func(ctx context.Context, tx *store.Store, t store.Task) error
+	budget     func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 }
 
 // NewLifecycle returns a Lifecycle over st.
@@ -76,7 +80,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 // Whatever must exist exactly when the change committed is written here, on tx.
 func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) error {
 	if l.budget != nil && c.Kind == ChangeFinished && c.Task.State == store.StateBudgetExceeded {
-		if err := l.budget(ctx, tx, c.Task); err != nil {
+		if err := l.budget(ctx, tx, c.Task, c.Stop); err != nil {
 			return err
 		}
 	}
@@ -191,6 +195,8 @@ type FinishParams struct {
 	To     store.TaskState // a terminal state
 	Output json.RawMessage
 	Error  string
+	// Stop names the limit that ended a task budget_exceeded (see quotas.Stop).
+	Stop *quotas.Stop
 }
 
 // Finish moves the claimed running task to p.To. ok=true when this call made the
@@ -217,7 +223,7 @@ func (l *Lifecycle) finish(ctx context.Context, kind ChangeKind, p FinishParams)
 			return err
 		}
 		ok = true
-		return l.afterChange(ctx, tx, Change{Kind: kind, Task: t})
+		return l.afterChange(ctx, tx, Change{Kind: kind, Task: t, Stop: p.Stop})
 	})
 	if err != nil {
 		return false, err

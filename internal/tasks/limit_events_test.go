@@ -13,6 +13,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
 )
 
 type limitEnv struct {
@@ -42,8 +43,8 @@ func limitSetup(t *testing.T) *limitEnv {
 }
 
 // run starts a task with budget, records steps of 1 token and 1000 micro-dollars each,
-// and ends it as the worker does with errMsg in state to.
-func (e *limitEnv) run(t *testing.T, tenant, budget string, steps int, to store.TaskState, errMsg string) error {
+// and ends it as the worker does with errMsg in state to, naming the limit stop.
+func (e *limitEnv) run(t *testing.T, tenant, budget string, steps int, to store.TaskState, errMsg string, stop *quotas.Stop) error {
 	t.Helper()
 	ctx := context.Background()
 	id := uuid.Must(uuid.NewV7())
@@ -60,7 +61,7 @@ func (e *limitEnv) run(t *testing.T, tenant, budget string, steps int, to store.
 			t.Fatal(err)
 		}
 	}
-	_, err = e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: to, Error: errMsg})
+	_, err = e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: to, Error: errMsg, Stop: stop})
 	return err
 }
 
@@ -122,11 +123,11 @@ func decodeEvent(t *testing.T, b []byte) (budgetEvent, map[string]any) {
 func TestBudgetExceededWritesLimitHit(t *testing.T) {
 	t.Parallel()
 	e := limitSetup(t)
-	if err := e.run(t, "acme", `{"max_steps":2,"max_wallclock_s":60,"max_cost_usd":1}`, 2, store.StateCompleted, ""); err != nil {
+	if err := e.run(t, "acme", `{"max_steps":2,"max_wallclock_s":60,"max_cost_usd":1}`, 2, store.StateCompleted, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.run(t, "acme", `{"max_steps":2,"max_wallclock_s":60,"max_cost_usd":1}`, 2,
-		store.StateBudgetExceeded, "budget exceeded: max_steps 2 reached"); err != nil {
+		store.StateBudgetExceeded, "budget exceeded: max_steps 2 reached", &quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: 2, Used: 2}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually(t, 1)
@@ -159,13 +160,13 @@ func TestBudgetExceededLimitTypes(t *testing.T) {
 	t.Parallel()
 	e := limitSetup(t)
 	budget := `{"max_steps":10,"max_wallclock_s":60,"max_cost_usd":0.002}`
-	for _, msg := range []string{
-		"budget exceeded: max_cost_usd 0.002 reached",
-		"budget exceeded: max_wallclock_s 60 reached",
-		"budget exceeded: tenant agent_steps_daily limit of 2 reached (used 2)",
-		"budget exceeded: tenant usd_monthly limit of $0.50 reached (used $0.500000)",
+	for msg, stop := range map[string]quotas.Stop{
+		"budget exceeded: max_cost_usd 0.002 reached":                                 {LimitType: quotas.TaskMaxCostUSD, Limit: 2000, Used: 2000},
+		"budget exceeded: max_wallclock_s 60 reached":                                 {LimitType: quotas.TaskMaxWallclock, Limit: 60, Used: 60},
+		"budget exceeded: tenant agent_steps_daily limit of 2 reached (used 2)":       {LimitType: quotas.AgentStepsDaily, Limit: 2, Used: 2},
+		"budget exceeded: tenant usd_monthly limit of $0.50 reached (used $0.500000)": {LimitType: quotas.USDMonthly, Limit: 500_000, Used: 500_000},
 	} {
-		if err := e.run(t, "globex", budget, 2, store.StateBudgetExceeded, msg); err != nil {
+		if err := e.run(t, "globex", budget, 2, store.StateBudgetExceeded, msg, &stop); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -203,8 +204,9 @@ func TestBudgetExceededLimitHitIsAtomicAndDeduplicated(t *testing.T) {
 		time.Sleep(time.Duration(61-s) * time.Second)
 	}
 	budget := `{"max_steps":1,"max_wallclock_s":60,"max_cost_usd":1}`
+	steps1 := &quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: 1, Used: 1}
 	e.fail = true
-	if err := e.run(t, "acme", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached"); !errors.Is(err, errHook) {
+	if err := e.run(t, "acme", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); !errors.Is(err, errHook) {
 		t.Fatalf("finish: %v, want the hook's error", err)
 	}
 	e.fail = false
@@ -213,12 +215,12 @@ func TestBudgetExceededLimitHitIsAtomicAndDeduplicated(t *testing.T) {
 		t.Fatalf("a rolled-back end left events %+v", evs)
 	}
 	for range 2 {
-		if err := e.run(t, "acme", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached"); err != nil {
+		if err := e.run(t, "acme", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Another tenant's end in the same minute is its own event.
-	if err := e.run(t, "globex", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached"); err != nil {
+	if err := e.run(t, "globex", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually(t, 2)
