@@ -316,7 +316,9 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	}
 	// finishBy ends the task; stop names the limit when a budget or quota ended it.
 	var finishBy func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop)
-	finish := func(state store.TaskState, errText string, output json.RawMessage) { finishBy(state, errText, output, nil) }
+	finish := func(state store.TaskState, errText string, output json.RawMessage) {
+		finishBy(state, errText, output, nil)
+	}
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
 	defer func() {
