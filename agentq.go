@@ -88,6 +88,7 @@ type App struct {
 	coalescer   *quotas.Coalescer
 	recovery    *maintenance.Recovery
 	janitor     *maintenance.Janitor
+	rejections  *billing.Rejections
 	svcs        []startstop.Service // the configured roles' services, in start order
 	asynqClient *asynq.Client
 	ownRedis    bool
@@ -163,6 +164,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
 		Plans: a.plans, Events: a.keys.TaskEvents,
 	})
+	// Refusals are counted in Redis by admission; this copies them to Postgres.
+	a.rejections = &billing.Rejections{
+		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
+		Events: billing.Events{UpgradeURL: a.cfg.UpgradeURL},
+	}
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
@@ -170,7 +176,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.api = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
-		Events: billing.NewFeed(a.store), UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
+		Events: billing.NewFeed(a.store), Rejections: a.rejections, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 	})
 	a.svcs = a.roleServices()
@@ -243,7 +249,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: billing.NewLedger(a.store), Logger: a.log,
+		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Logger: a.log,
 	}
 }
 

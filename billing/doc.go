@@ -97,6 +97,18 @@
 //     limits): "tenant|limit_type|minute start", one limit_hit per limit per minute.
 //     Refusals after it in the minute are to be counted elsewhere, not written.
 //
+// Refusals. Admission writes nothing to Postgres when it refuses: the admission script
+// counts each refusal in Redis in the call that refused it (quotas/rejections.go), per
+// tenant, minute and set of limits that refused. Rejections.Flush, a janitor pass
+// every second, copies the counts per (tenant, limit, minute) into Postgres, keeping
+// the larger of the stored and the read count (a minute's count only grows, so a copy
+// made twice or by two flushers at once adds nothing twice), writes the limit_hit of
+// every (tenant, limit, minute) it sees first, which the dedupe key collapses to one
+// per window, and only then lets Redis forget counts of minutes that ended. A period
+// quota's refusal uses its period's 100 % key, so it adds nothing when the quota's
+// crossing wrote the event. Rejections.Current reports a tenant's refusals in each
+// limit's current window from both stores.
+//
 // A task ended budget_exceeded writes its limit_hit on the transaction of that end
 // (Events.BudgetStop, run by the task lifecycle), enforcement "stopped", with the
 // limit_type of the budget field that ended it (task_max_steps, task_max_cost_usd,

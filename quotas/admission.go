@@ -118,6 +118,7 @@ type Quotas struct {
 	log    *slog.Logger
 	seedMu sync.Mutex
 	seeds  map[string]*seedCall // rebuilds in progress, by tenant
+	seeded map[string]uint64    // rebuilds finished, by tenant (seed.go)
 }
 
 // New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests).
@@ -198,13 +199,13 @@ type AdmitParams struct {
 // bounded slice of them (HSCAN with a cursor kept in "uc") for buckets full again, and
 // users still beyond the cap share one overflow bucket.
 //
-// KEYS, 6 per admission, on one shard: state hash, session leases (zset), long-running
+// KEYS, 8 per admission, on one shard: state hash, session leases (zset), long-running
 // leases (zset), tenant queue (zset), steps per hour (hash), admitted-not-yet-queued
-// tasks (zset)
+// tasks (zset), refusal counts (hash), the shard's tenants with refusal counts (set)
 // ARGV[1] now ms or ""   ARGV[2] lease ttl ms   ARGV[3] max users per tenant
 // ARGV[4] state ttl ms   ARGV[5] pending ttl ms   ARGV[6] user field prefix "u:"
 // ARGV[7] the shared overflow user field   ARGV[8] lease set keep ms (lease ttl plus
-// leaseSlack), then 8 per admission:
+// leaseSlack)   ARGV[9] refusal counts ttl ms, then 8 per admission:
 //
 //	1 numbers, 17 little-endian doubles: mode (0 admit, 1 peek, 2 key), in scope,
 //	  long-running, key rate, key burst, tenant rate, tenant burst, key-agent rate,
@@ -212,7 +213,7 @@ type AdmitParams struct {
 //	  long-running, backlog, steps daily, tokens monthly, usd monthly (micro)
 //	2 task id   3 key field "k:<kid>"   4 key-agent field "a:<kid>:<agent>" or ""
 //	5 user field "u:<user>" or ""   6 tokens field "tok:<period>"   7 usd field "usd:<period>"
-//	8 unused ("")
+//	8 tenant id
 //
 // A limit >= 0 is on (0 allows nothing), -1 is off. Monthly tokens and money refuse a
 // task once a positive quota is used up; a quota of 0 does not refuse tasks, since a
@@ -227,6 +228,12 @@ type AdmitParams struct {
 // "denied" takes nothing but the key's token: the key bucket comes first and counts
 // every request; "out of scope" takes the key's token only; "unseeded" (the period
 // counters lack their rebuilt-from-the-ledger mark, see seed.go) takes nothing.
+//
+// A denied admission (mode admit) is counted: one HINCRBY of the field
+// "<violated-scope bitmask>:<minute since the epoch>" of the tenant's refusal counts
+// (rkeys.RejectionField), so a refusal costs one command however many limits refused
+// it. The first count of a field adds the tenant to its shard's set of tenants with
+// counts, for the flush to Postgres (rejections.go), and gives the hash its TTL.
 var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl, pending_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local user_match, overflow = ARGV[6] .. '*', ARGV[7]
@@ -254,7 +261,8 @@ end
 local hour = floor(now / 3600000)
 local reply = {}
 local user_sweep = 32 -- user fields a new user's admission at the cap may sweep
-local admit_globals = 8
+local admit_globals = 9
+local rej_ttl = ARGV[9]
 
 -- GCRA (as go-redis/redis_rate); tat in ms. Returns the new tat, or nil if refused.
 -- A tat beyond what the current rate and burst can produce means the limit changed
@@ -269,8 +277,8 @@ local function gcra(t, rate, burst, period)
   return t + T
 end
 
-for r = 0, (#KEYS / 6) - 1 do
-  local b = r * 6
+for r = 0, (#KEYS / 8) - 1 do
+  local b = r * 8
   local H, SL, LL, Q, S, P = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]
   local a = r * 8 + admit_globals
   local mode, in_scope, is_long, key_rate, key_burst, t_rate, t_burst, ka_rate, ka_burst,
@@ -418,6 +426,13 @@ for r = 0, (#KEYS / 6) - 1 do
   elseif mode ~= 2 and status == 0 then
     status = 2
   end
+  if admit and status == 1 then
+    local RJ = KEYS[b + 7]
+    if call('HINCRBY', RJ, mask .. ':' .. floor(now / 60000), 1) == 1 then
+      call('SADD', KEYS[b + 8], ARGV[a + 8])
+      call('PEXPIRE', RJ, rej_ttl)
+    end
+  end
   if #w > 0 then
     call('HSET', H, unpack(w))
     -- the state hash lives state_ttl after its last refresh (at most daily); x says when
@@ -452,7 +467,7 @@ const statusUnseeded = 3
 
 // admitKeysPerCall and admitArgsPerCall are the script's strides; admitGlobalArgs
 // its leading ARGV shared by every admission of a call.
-const admitKeysPerCall, admitArgsPerCall, admitGlobalArgs = 6, 8, 8
+const admitKeysPerCall, admitArgsPerCall, admitGlobalArgs = 8, 8, 9
 
 // leaseSlack is how much longer than a lease TTL the lease sets are kept alive, so
 // that admissions need to push their expiry forward only once per slack, not each time.
@@ -479,7 +494,8 @@ func b2f(b bool) float64 {
 func (q *Quotas) appendAdmit(keys []string, args []any, p AdmitParams) ([]string, []any) {
 	k := q.keys
 	keys = append(keys, k.AdmissionState(p.TenantID), k.Sessions(p.TenantID), k.LongRunning(p.TenantID),
-		k.TenantQueue(p.TenantID), k.StepsDaily(p.TenantID), k.PendingQueue(p.TenantID))
+		k.TenantQueue(p.TenantID), k.StepsDaily(p.TenantID), k.PendingQueue(p.TenantID),
+		k.Rejections(p.TenantID), k.RejectingTenants(k.Shard(p.TenantID)))
 	l := p.Limits
 	nums := [17]float64{
 		modeCode[p.Mode], b2f(p.InScope), b2f(p.LongRunning), l.KeyRate, l.KeyBurst, l.TenantRate, l.TenantBurst,
@@ -495,7 +511,7 @@ func (q *Quotas) appendAdmit(keys []string, args []any, p AdmitParams) ([]string
 		uf = rkeys.UserField(p.User)
 	}
 	args = append(args, packed, p.TaskID, rkeys.KeyBucketField(p.Kid), af, uf,
-		rkeys.TokensField(p.Period.ID), rkeys.USDField(p.Period.ID), "")
+		rkeys.TokensField(p.Period.ID), rkeys.USDField(p.Period.ID), p.TenantID)
 	return keys, args
 }
 
@@ -547,7 +563,7 @@ func (q *Quotas) admitBatch(ctx context.Context, ps []AdmitParams) ([]Decision, 
 	keys := make([]string, 0, admitKeysPerCall*len(ps))
 	args := make([]any, 0, admitGlobalArgs+admitArgsPerCall*len(ps))
 	args = append(args, q.nowArg(), leaseTTL.Milliseconds(), MaxUsersPerTenant, stateTTL.Milliseconds(), PendingTTL.Milliseconds(),
-		rkeys.UserPrefix, rkeys.UserOverflowField, (leaseTTL + leaseSlack).Milliseconds())
+		rkeys.UserPrefix, rkeys.UserOverflowField, (leaseTTL + leaseSlack).Milliseconds(), RejectionsTTL.Milliseconds())
 	for i := range ps {
 		if ps[i].Mode == "" {
 			ps[i].Mode = ModeAdmit

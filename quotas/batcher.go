@@ -14,7 +14,7 @@ import (
 // under load it turns N round trips and N script invocations into one, which is where
 // most of an admission's cost went.
 
-// maxBatch bounds one call: its KEYS (5 per admission) and its run time, since Redis
+// maxBatch bounds one call: its KEYS (admitKeysPerCall per admission) and its run time, since Redis
 // serves nothing else while a script runs.
 const maxBatch = 32
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,21 +56,28 @@ var emptyScript = redis.NewScript(`return 1`)
 
 // AdmissionBench is the result of `agentq bench admission`.
 type AdmissionBench struct {
-	AdmissionsPerS        float64 `json:"admissions_per_s"`
-	SingleBucketPerS      float64 `json:"single_bucket_per_s"`
-	RawEvalshaPerS        float64 `json:"raw_evalsha_per_s"`
-	Ratio                 float64 `json:"ratio_vs_single_bucket"`
-	P50us                 float64 `json:"p50_us"`
-	P99us                 float64 `json:"p99_us"`
-	UncoalescedPerS       float64 `json:"admissions_uncoalesced_per_s"`
-	UncoalescedP50us      float64 `json:"uncoalesced_p50_us"`
-	UncoalescedP99us      float64 `json:"uncoalesced_p99_us"`
-	SingleBucketP50us     float64 `json:"single_bucket_p50_us"`
-	SingleBucketP99us     float64 `json:"single_bucket_p99_us"`
-	Concurrency           int     `json:"concurrency"`
-	DurationS             float64 `json:"duration_s"`
-	Tenants               int     `json:"tenants"`
-	ScopesPerAdmission    int     `json:"scopes_per_admission"`
+	AdmissionsPerS     float64 `json:"admissions_per_s"`
+	SingleBucketPerS   float64 `json:"single_bucket_per_s"`
+	RawEvalshaPerS     float64 `json:"raw_evalsha_per_s"`
+	Ratio              float64 `json:"ratio_vs_single_bucket"`
+	P50us              float64 `json:"p50_us"`
+	P99us              float64 `json:"p99_us"`
+	UncoalescedPerS    float64 `json:"admissions_uncoalesced_per_s"`
+	UncoalescedP50us   float64 `json:"uncoalesced_p50_us"`
+	UncoalescedP99us   float64 `json:"uncoalesced_p99_us"`
+	SingleBucketP50us  float64 `json:"single_bucket_p50_us"`
+	SingleBucketP99us  float64 `json:"single_bucket_p99_us"`
+	Concurrency        int     `json:"concurrency"`
+	DurationS          float64 `json:"duration_s"`
+	Tenants            int     `json:"tenants"`
+	ScopesPerAdmission int     `json:"scopes_per_admission"`
+	// RefusingPerS is the full admission with every limit refusing (a tenant at all its
+	// limits), coalesced like AdmissionsPerS; RefusingRatio is it over AdmissionsPerS.
+	// A refusal writes no Postgres row and costs one Redis command more than reading:
+	// its count.
+	RefusingPerS          float64 `json:"refusing_admissions_per_s"`
+	RefusingRatio         float64 `json:"refusing_ratio_vs_passing"`
+	RefusingP99us         float64 `json:"refusing_p99_us"`
 	Errors                int64   `json:"errors"`
 	RedisBytesPerTenant   float64 `json:"redis_bytes_per_active_tenant"`
 	RedisBytesPerTenantKs int     `json:"redis_bytes_measured_over_tenants"`
@@ -149,7 +157,36 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 		return out, err
 	}
 	full := benchutil.Run(ctx, o.Concurrency, o.Duration, admitOne)
+	progress("full admission, every limit refusing, coalesced…")
+	// Every limit at its value refusing the tenants' use: rates of 0, counts of 0, and
+	// monthly quotas of 1 below the 10 tokens and micro-dollars each tenant used. Only
+	// the key bucket passes, so each admission checks every other scope.
+	refusing := Limits{
+		KeyRate: 1e6, KeyBurst: 1e6, TenantRate: 0, TenantBurst: 1, KeyAgentRate: 0, KeyAgentBurst: 1,
+		UserHourly: 0, UserBurst: 1, Sessions: 0, LongRunning: 0, Backlog: 0,
+		StepsDaily: 0, TokensMonthly: 1, USDMonthlyMicro: 1,
+	}
+	var notRefused atomic.Int64
+	refused := benchutil.Run(ctx, o.Concurrency, o.Duration, func(ctx context.Context, w int, seq int64) error {
+		n := int64(w)*7919 + seq
+		tenant := fmt.Sprintf("t%d", n%int64(o.Tenants))
+		d, err := q.Admit(ctx, AdmitParams{
+			Mode: ModeAdmit, TenantID: tenant, Kid: tenant + "-k" + fmt.Sprint(n%3), Agent: "sim",
+			User: fmt.Sprintf("u%d", n%50), TaskID: fmt.Sprintf("r%d-%d", w, seq), InScope: true, LongRunning: true,
+			Limits: refusing, Period: period,
+		})
+		if err == nil && (d.Allowed || len(d.Violated) != out.ScopesPerAdmission-1) {
+			notRefused.Add(1)
+		}
+		return err
+	})
 	co.Stop()
+	if n := notRefused.Load(); n > 0 {
+		return out, fmt.Errorf("quotas: bench: %d admissions of the refusing phase were not refused by every limit but the key's", n)
+	}
+	out.RefusingPerS = round1(refused.PerSec)
+	out.RefusingRatio = math.Round(refused.PerSec/full.PerSec*1000) / 1000
+	out.RefusingP99us = us(refused.P99)
 	out.UncoalescedPerS = round1(alone.PerSec)
 	out.UncoalescedP50us, out.UncoalescedP99us = us(alone.P50), us(alone.P99)
 	out.RawEvalshaPerS = round1(raw.PerSec)
@@ -158,7 +195,7 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	out.Ratio = math.Round(full.PerSec/single.PerSec*1000) / 1000
 	out.P50us, out.P99us = us(full.P50), us(full.P99)
 	out.SingleBucketP50us, out.SingleBucketP99us = us(single.P50), us(single.P99)
-	out.Errors = raw.Errors + single.Errors + full.Errors + alone.Errors
+	out.Errors = raw.Errors + single.Errors + full.Errors + alone.Errors + refused.Errors
 
 	// Memory per active tenant: admission state of fresh tenants, each with a key, two
 	// agents' buckets, a few users, a lease and a day's and a period's counters.

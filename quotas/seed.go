@@ -118,12 +118,19 @@ type seedCall struct {
 // counters unseeded; if it did, it rebuilds them and runs attempt again.
 func (q *Quotas) untilSeeded(ctx context.Context, tenantID string, period Period, attempt func() (unseeded bool, err error)) error {
 	for try := 1; ; try++ {
+		before := q.seededCount(tenantID)
 		unseeded, err := attempt()
 		if err != nil || !unseeded {
 			return err
 		}
 		if try == seedTries {
 			return fmt.Errorf("%w: the quota counters of tenant %s were lost again while being rebuilt", ErrUnavailable, tenantID)
+		}
+		// A rebuild that finished since the attempt began is the one this attempt
+		// needed: it answered unseeded while that rebuild was writing. Ask again rather
+		// than read the ledger once more.
+		if q.seededCount(tenantID) != before {
+			continue
 		}
 		if err := q.seed(ctx, tenantID, period); err != nil {
 			if ctx.Err() != nil {
@@ -152,6 +159,12 @@ func (q *Quotas) seed(ctx context.Context, tenantID string, period Period) error
 			cancel()
 			q.seedMu.Lock()
 			delete(q.seeds, tenantID)
+			if c.err == nil {
+				if q.seeded == nil {
+					q.seeded = map[string]uint64{}
+				}
+				q.seeded[tenantID]++
+			}
 			q.seedMu.Unlock()
 			close(c.done)
 		}()
@@ -163,6 +176,13 @@ func (q *Quotas) seed(ctx context.Context, tenantID string, period Period) error
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// seededCount is how many rebuilds of the tenant's counters this process finished.
+func (q *Quotas) seededCount(tenantID string) uint64 {
+	q.seedMu.Lock()
+	defer q.seedMu.Unlock()
+	return q.seeded[tenantID]
 }
 
 // Seed rebuilds a tenant's period counters from its UsageSource (zero without one)

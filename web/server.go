@@ -52,6 +52,9 @@ type Deps struct {
 	Plans      *quotas.Catalogue // nil: the tenant service's
 	Admission  *quotas.Guard
 	Events     *billing.Feed // the usage events feeds
+	// Rejections reports a tenant's refused admissions per limit (the usage report);
+	// nil reports none.
+	Rejections *billing.Rejections
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger

@@ -19,6 +19,10 @@ type LimitUsage struct {
 	ResetAt   *time.Time `json:"reset_at"`
 	WindowS   *int64     `json:"window_s"`
 	Unit      string     `json:"unit"`
+	// Rejected counts the admissions this limit refused in its current window, the
+	// one its usage.limit_hit covers: the minute, the UTC day of the daily steps, or
+	// the billing period of a monthly quota.
+	Rejected int64 `json:"rejected"`
 }
 
 // UsageReport is GET /v1/usage, modelled on GitHub's GET /rate_limit.
@@ -69,6 +73,12 @@ func (s *Server) usage(c echo.Context) error {
 	if err != nil {
 		return admissionFailure(err)
 	}
+	var rejected map[string]int64
+	if s.Rejections != nil {
+		if rejected, err = s.Rejections.Current(ctx, t.ID, now); err != nil {
+			return err
+		}
+	}
 	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}}
 	limitOf := map[string]quotas.Limit{}
 	for _, name := range quotas.LimitTypes {
@@ -83,7 +93,7 @@ func (s *Server) usage(c echo.Context) error {
 		if sc.Name == quotas.USDMonthly {
 			used /= 1e6
 		}
-		lu := LimitUsage{Used: round(used), Unit: units[sc.Name]}
+		lu := LimitUsage{Used: round(used), Unit: units[sc.Name], Rejected: rejected[sc.Name]}
 		if l := limitOf[sc.Name]; !l.Off() {
 			lu.Limit = ptr(float64(l))
 			rem := float64(sc.Remaining)
@@ -111,7 +121,7 @@ func (s *Server) usage(c echo.Context) error {
 		if _, ok := rep.Limits[name]; ok {
 			continue
 		}
-		lu := LimitUsage{Unit: units[name]}
+		lu := LimitUsage{Unit: units[name], Rejected: rejected[name]}
 		if name == quotas.Running {
 			lu.Used = float64(running)
 		}

@@ -22,6 +22,7 @@ type JanitorConfig struct {
 	PoolCounter PoolCounterConfig
 	Recount     QuotaRecountConfig
 	Generation  GenerationCheckConfig
+	Rejections  RejectionFlushConfig
 }
 
 // Janitor reconciles Redis with Postgres, the system of record, so that crashes and
@@ -39,6 +40,7 @@ type Janitor struct {
 	pool       *PoolCounter
 	recount    *QuotaRecount
 	generation *GenerationCheck
+	rejections *RejectionFlush
 }
 
 // NewJanitor builds the elector and the passes. Nothing runs until their Start.
@@ -59,6 +61,8 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		repush:  NewRepush(d, e, c.Repush),
 		pool:    NewPoolCounter(d, e, c.PoolCounter),
 		recount: NewQuotaRecount(d, e, c.Recount),
+		// The refusal-count flush takes no turn: it repairs nothing the others touch.
+		rejections: NewRejectionFlush(d, e, c.Rejections),
 	}
 	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
 	// and two passes acting on one task at once (the stale pass re-queueing it while
@@ -76,7 +80,7 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // Services are the elector and the passes, in the order they start: the elector
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
-	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation}
+	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections}
 }
 
 // Report says what one run of every drift pass found and fixed, per kind of drift,

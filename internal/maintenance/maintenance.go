@@ -45,8 +45,10 @@ type Deps struct {
 	// pushed back onto its queue.
 	Plans *quotas.Catalogue
 	// Usage reads the usage ledger for the quota recount; nil turns the recount off.
-	Usage  UsageLedger
-	Logger *slog.Logger
+	Usage UsageLedger
+	// Rejections flushes admission's refusal counts to Postgres; nil turns it off.
+	Rejections RejectionFlusher
+	Logger     *slog.Logger
 }
 
 func (d Deps) logger() *slog.Logger {

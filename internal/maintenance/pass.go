@@ -39,6 +39,7 @@ const (
 	passPool       = "pool"
 	passGeneration = "generation"
 	passRecount    = "quota_recount"
+	passRejections = "rejection_flush"
 )
 
 // Defaults every drift pass shares.

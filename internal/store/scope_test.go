@@ -101,6 +101,14 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.InsertEvent(ctx, store.InsertEventParams{ID: "new", Type: "usage.limit_hit", DedupeKey: "new", Payload: []byte("{}")})
 			return err
 		}},
+		{"RejectionTotals", func(ctx context.Context, st *store.Store) error {
+			_, err := st.RejectionTotals(ctx, store.RejectionsParams{Until: time.Now()})
+			return err
+		}},
+		{"Rejections", func(ctx context.Context, st *store.Store) error {
+			_, err := st.Rejections(ctx, store.RejectionsParams{Until: time.Now()})
+			return err
+		}},
 		{"ListEvents", func(ctx context.Context, st *store.Store) error {
 			_, err := st.ListEvents(ctx, store.ListEventsParams{})
 			return err

@@ -1,0 +1,256 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// RejectionCounts is where admission counts its refusals (*quotas.Quotas).
+type RejectionCounts interface {
+	RejectingTenants(ctx context.Context, shard int) ([]string, error)
+	Rejections(ctx context.Context, tenants []string) ([]quotas.TenantRejections, error)
+	PruneRejections(ctx context.Context, tenantID string, fields map[string]int64) (int, error)
+}
+
+// Rejections copies the refusal counts admission keeps in Redis into Postgres, writes
+// the limit_hit of each limit's first refusal in its window, and reports a tenant's
+// refusals per window. Admission itself writes nothing to Postgres when it refuses
+// (quotas/rejections.go): however often a tenant is refused, the flush writes one
+// row per limit per minute and at most one event per limit per dedupe window.
+type Rejections struct {
+	Store  *store.Store
+	Counts RejectionCounts
+	Shards int                                         // the key builder's shard count
+	Plans  *quotas.Catalogue                           // the limit values the events report
+	Events Events                                      // builds the events
+	Now    func() time.Time                            // the flush's clock; time.Now when nil
+	Page   int                                         // tenants read from Redis per round trip; 100 when 0
+	Period func(store.Tenant, time.Time) quotas.Period // a tenant's billing period; quotas.PeriodAt on its creation when nil
+}
+
+// FlushResult is what one flush did.
+type FlushResult struct {
+	Tenants int // tenants with counts in Redis
+	Rows    int // (tenant, limit, minute) counts copied
+	Events  int // limit_hit events written
+	Pruned  int // Redis counts deleted once copied
+}
+
+// Flush copies every shard's refusal counts into Postgres, writes the limit_hit of
+// each limit's first refusal in its dedupe window, and deletes from Redis the counts
+// of minutes that have ended and were copied as they still are.
+//
+// A minute's count only grows, so the copy keeps the larger of the stored count and
+// Redis's (store.UnscopedAddRejections): flushing twice, or two flushes at once, add
+// nothing twice. A minute is pruned only once it is over by a minute (Redis's clock
+// and this one's may differ) and only if its count did not move since it was read.
+// What Redis loses before a flush (at most the counts since the last one) is lost.
+func (r *Rejections) Flush(ctx context.Context) (FlushResult, error) {
+	var res FlushResult
+	now := r.now()
+	pruneBefore := now.Truncate(time.Minute).Add(-time.Minute)
+	page := r.Page
+	if page <= 0 {
+		page = 100
+	}
+	for shard := range max(r.Shards, 1) {
+		ids, err := r.Counts.RejectingTenants(ctx, shard)
+		if err != nil {
+			return res, err
+		}
+		for start := 0; start < len(ids); start += page {
+			trs, err := r.Counts.Rejections(ctx, ids[start:min(start+page, len(ids))])
+			if err != nil {
+				return res, err
+			}
+			if err := r.flushPage(ctx, trs, pruneBefore, &res); err != nil {
+				return res, err
+			}
+		}
+	}
+	return res, nil
+}
+
+func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejections, pruneBefore time.Time, res *FlushResult) error {
+	var rows []store.RejectionRow
+	for _, tr := range trs {
+		res.Tenants++
+		for _, c := range tr.Counts() {
+			rows = append(rows, store.RejectionRow{TenantID: tr.TenantID, LimitType: c.LimitType, Minute: c.Minute, Count: c.Count})
+		}
+	}
+	first, err := r.Store.UnscopedAddRejections(ctx, rows)
+	if err != nil {
+		return fmt.Errorf("billing: copy refusal counts: %w", err)
+	}
+	res.Rows += len(rows)
+	tenants := map[string]store.Tenant{}
+	for _, row := range first {
+		t, ok := tenants[row.TenantID]
+		if !ok {
+			if t, err = r.Store.GetTenant(ctx, row.TenantID); errors.Is(err, store.ErrNotFound) {
+				continue // deleted since: nothing to tell
+			} else if err != nil {
+				return err
+			}
+			tenants[row.TenantID] = t
+		}
+		ev, err := r.Events.LimitHit(r.refusal(t, row))
+		if err != nil {
+			return err
+		}
+		written, err := WriteEvent(ctx, r.Store, ev)
+		if err != nil {
+			return err
+		}
+		if written {
+			res.Events++
+		}
+	}
+	// Only now, with the counts and their events in Postgres, may Redis forget them.
+	for _, tr := range trs {
+		done := map[string]int64{}
+		for f, n := range tr.Fields {
+			if _, minute, err := rkeys.ParseRejectionField(f); err == nil && minute*60 < pruneBefore.Unix() {
+				done[f] = n
+			}
+		}
+		if len(done) == 0 {
+			continue
+		}
+		n, err := r.Counts.PruneRejections(ctx, tr.TenantID, done)
+		if err != nil {
+			return err
+		}
+		res.Pruned += n
+	}
+	return nil
+}
+
+// refusal is the limit_hit of a limit's first refusals in a minute. It reports the
+// tenant's plan value of the limit (an API key's own lower key_rate is not known
+// here) and, as the usage, that value: the limit was reached. A period quota's refusal
+// shares its period's 100 % event, which the step that used the quota up has usually
+// written already.
+func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow) Refusal {
+	ref := Refusal{TenantID: t.ID, Plan: t.Plan, LimitType: row.LimitType, At: row.Minute, Enforcement: EnforcementRefused}
+	if eff, err := r.Plans.Effective(t.Plan, t.Overrides); err == nil {
+		if v, ok := eff[row.LimitType]; ok && !v.Off() {
+			n := float64(v)
+			if row.LimitType == quotas.USDMonthly {
+				n *= 1e6
+			}
+			ref.Limit = int64(math.Round(n))
+			ref.Used = ref.Limit
+		}
+	}
+	if IsPeriodQuota(row.LimitType) {
+		span := r.window(t, row.LimitType, row.Minute)
+		ref.Period = &span
+	}
+	return ref
+}
+
+// window is the dedupe window holding at of a limit: the UTC day for the daily steps,
+// the billing period for the monthly quotas, the minute for the others.
+func (r *Rejections) window(t store.Tenant, limitType string, at time.Time) Span {
+	switch limitType {
+	case quotas.AgentStepsDaily:
+		return DaySpan(at)
+	case quotas.AITokensMonthly, quotas.USDMonthly:
+		p := r.period(t, at)
+		return Span{Start: p.Start, End: p.End}
+	}
+	start := WindowStart(at)
+	return Span{Start: start, End: start.Add(DedupeWindow)}
+}
+
+func (r *Rejections) period(t store.Tenant, at time.Time) quotas.Period {
+	if r.Period != nil {
+		return r.Period(t, at)
+	}
+	return quotas.PeriodAt(t.CreatedAt, at)
+}
+
+func (r *Rejections) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Current returns how many of the tenant's admissions each limit refused in the
+// limit's current window, the one its limit_hit is deduplicated over: the minute for
+// rates, concurrency and the backlog, the UTC day for the daily steps, the billing
+// period for the monthly quotas. It adds the counts already in Postgres to those
+// still only in Redis; a minute in both counts once, as the larger.
+func (r *Rejections) Current(ctx context.Context, tenantID string, now time.Time) (map[string]int64, error) {
+	t, err := r.Store.GetTenant(ctx, tenantID)
+	if err != nil {
+		return nil, err
+	}
+	trs, err := r.Counts.Rejections(ctx, []string{tenantID})
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		limit  string
+		minute int64
+	}
+	counts := map[key]int64{}
+	cutoff := now.UTC().Truncate(time.Minute)
+	for _, c := range trs[0].Counts() {
+		counts[key{c.LimitType, c.Minute.Unix()}] = c.Count
+		if c.Minute.Before(cutoff) {
+			cutoff = c.Minute
+		}
+	}
+	// Minutes from the cutoff on may be in Redis: read them one by one. Before it,
+	// Postgres alone has them: sum them there.
+	rows, err := r.Store.Rejections(ctx, store.RejectionsParams{TenantID: tenantID, Since: cutoff, Until: now.Add(time.Hour)})
+	if err != nil {
+		return nil, err
+	}
+	for _, row := range rows {
+		k := key{row.LimitType, row.Minute.Unix()}
+		counts[k] = max(counts[k], row.Count)
+	}
+	day, period := DaySpan(now), r.window(t, quotas.AITokensMonthly, now)
+	before := map[Span]map[string]int64{}
+	for _, w := range []Span{day, period} {
+		if w.Start.Before(cutoff) {
+			if before[w], err = r.Store.RejectionTotals(ctx, store.RejectionsParams{TenantID: tenantID, Since: w.Start, Until: cutoff}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	out := map[string]int64{}
+	for k, n := range counts {
+		w := r.window(t, k.limit, now)
+		if m := time.Unix(k.minute, 0); !m.Before(w.Start) && m.Before(w.End) {
+			out[k.limit] += n
+		}
+	}
+	for _, limit := range []string{quotas.AgentStepsDaily, quotas.AITokensMonthly, quotas.USDMonthly} {
+		out[limit] += before[r.window(t, limit, now)][limit]
+	}
+	for limit, n := range out {
+		if n == 0 {
+			delete(out, limit)
+		}
+	}
+	return out, nil
+}
+
+// FlushRejections is Flush for the janitor's pass.
+func (r *Rejections) FlushRejections(ctx context.Context) (rows, events int, err error) {
+	res, err := r.Flush(ctx)
+	return res.Rows, res.Events, err
+}

@@ -1,0 +1,209 @@
+package billing_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// rejecting is a fixture of refused admissions under a clock the test moves: one
+// tenant (acme, on pro), its limits in Redis, and the flush to Postgres.
+type rejecting struct {
+	*fixture
+	mu  sync.Mutex
+	now time.Time
+	q   *quotas.Quotas
+	rej *billing.Rejections
+	n   int
+}
+
+func newRejecting(t *testing.T) *rejecting {
+	f := &rejecting{fixture: newFixture(t), now: time.Date(2026, 12, 1, 10, 30, 5, 0, time.UTC)}
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at) VALUES ('acme', 'Acme', 'pro', '2026-11-15')`)
+	f.q = quotas.New(f.rdb, f.keys, func() int64 { return f.clock().UnixMilli() })
+	f.q.SetUsageSource(f.ledger, nil)
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.rej = &billing.Rejections{Store: f.st, Counts: f.q, Shards: f.keys.Shards(), Plans: plans,
+		Events: billing.Events{UpgradeURL: "https://example.com/upgrade"}, Now: f.clock}
+	return f
+}
+
+func (f *rejecting) clock() time.Time { f.mu.Lock(); defer f.mu.Unlock(); return f.now }
+func (f *rejecting) advance(d time.Duration) {
+	f.mu.Lock()
+	f.now = f.now.Add(d)
+	f.mu.Unlock()
+}
+
+// refuse runs n admissions that the limits l refuse.
+func (f *rejecting) refuse(n int, l quotas.Limits) {
+	f.t.Helper()
+	for range n {
+		f.n++
+		d, err := f.q.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModeAdmit, TenantID: "acme", Kid: "k1", TaskID: string(rune('a' + f.n)),
+			InScope: true, Limits: l, Period: quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), f.clock())})
+		if err != nil || d.Allowed {
+			f.t.Fatalf("admission %+v %v, want refused", d, err)
+		}
+	}
+}
+
+func (f *rejecting) flush() billing.FlushResult {
+	f.t.Helper()
+	res, err := f.rej.Flush(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return res
+}
+
+func (f *rejecting) current() map[string]int64 {
+	f.t.Helper()
+	c, err := f.rej.Current(f.ctx, "acme", f.clock())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+// limitHits reads acme's limit_hit events from the table: the feeds hold back what
+// other tests' open transactions might still precede.
+func (f *rejecting) limitHits() []store.Event {
+	f.t.Helper()
+	rows, err := f.st.Pool().Query(f.ctx, `SELECT id, payload FROM events WHERE tenant_id = 'acme' AND type = $1 ORDER BY seq`, billing.TypeLimitHit)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer rows.Close()
+	var evs []store.Event
+	for rows.Next() {
+		var ev store.Event
+		if err := rows.Scan(&ev.ID, &ev.Payload); err != nil {
+			f.t.Fatal(err)
+		}
+		evs = append(evs, ev)
+	}
+	if err := rows.Err(); err != nil {
+		f.t.Fatal(err)
+	}
+	return evs
+}
+
+func backlogZero() quotas.Limits {
+	l := quotas.NoLimits()
+	l.Backlog = 0
+	return l
+}
+
+// Refusals in one minute write one limit_hit and are counted; a later minute of a
+// rate-like limit is a new window with its own event; counts of ended minutes leave
+// Redis once they are in Postgres, and the flush is idempotent.
+func TestRefusalsFlushOneEventPerWindowWithCounts(t *testing.T) {
+	f := newRejecting(t)
+	f.refuse(3, backlogZero())
+	if res := f.flush(); res.Rows != 1 || res.Events != 1 {
+		t.Fatalf("first flush %+v, want 1 row, 1 event", res)
+	}
+	f.refuse(2, backlogZero())
+	if res := f.flush(); res.Events != 0 {
+		t.Fatalf("second flush in the minute wrote %d events", res.Events)
+	}
+	if res := f.flush(); res.Events != 0 || res.Pruned != 0 {
+		t.Fatalf("a flush of nothing new %+v", res)
+	}
+	if c := f.current(); c[quotas.QueueBacklog] != 5 || len(c) != 1 {
+		t.Fatalf("current refusals %v, want queue_backlog 5", c)
+	}
+	hits := f.limitHits()
+	if len(hits) != 1 {
+		t.Fatalf("%d limit_hit events, want 1", len(hits))
+	}
+	_, d := decoded(t, billing.Event{Payload: hits[0].Payload})
+	if d.LimitType != quotas.QueueBacklog || d.LimitValue.N != 1000 || d.Enforcement != billing.EnforcementRefused ||
+		d.SLAClassification != billing.EnforcedLimit || d.Window == nil || !d.Window.Start.Equal(f.clock().Truncate(time.Minute)) {
+		t.Fatalf("limit_hit data %+v", d)
+	}
+
+	f.advance(2 * time.Minute)
+	f.refuse(1, backlogZero())
+	res := f.flush()
+	if res.Events != 1 || res.Pruned != 1 {
+		t.Fatalf("flush two minutes on %+v, want the new minute's event and the old minute pruned", res)
+	}
+	if c := f.current(); c[quotas.QueueBacklog] != 1 {
+		t.Fatalf("current refusals %v, want this minute's 1", c)
+	}
+	var total int64
+	if err := f.st.Pool().QueryRow(f.ctx, `SELECT sum(count) FROM limit_rejections WHERE tenant_id = 'acme'`).Scan(&total); err != nil || total != 6 {
+		t.Fatalf("stored refusals %d %v, want 6", total, err)
+	}
+}
+
+// A period quota's refusals share the quota's 100 % limit_hit: the step that used the
+// quota up wrote it, and the three refusals after it write nothing more, but are
+// counted for the whole day, in Redis and, once pruned there, in Postgres.
+func TestQuotaRefusalsShareTheHundredPercentEvent(t *testing.T) {
+	f := newRejecting(t)
+	day := billing.DaySpan(f.clock())
+	crossed, err := billing.Events{}.Crossings(billing.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.AgentStepsDaily,
+		Limit: 10, Period: day}, 9, 10, f.clock())
+	if err != nil || len(crossed) != 1 {
+		t.Fatal(crossed, err)
+	}
+	if _, err := billing.WriteEvent(f.ctx, f.st, crossed[0]); err != nil {
+		t.Fatal(err)
+	}
+	l := quotas.NoLimits()
+	l.StepsDaily = 0
+	f.refuse(3, l)
+	if res := f.flush(); res.Events != 0 || res.Rows != 1 {
+		t.Fatalf("flush %+v, want the count and no new event", res)
+	}
+	if hits := f.limitHits(); len(hits) != 1 || hits[0].ID != crossed[0].ID {
+		t.Fatalf("limit_hit events %+v, want only the 100 %% one", hits)
+	}
+	f.advance(5 * time.Minute)
+	f.refuse(1, l)
+	f.flush()
+	if c := f.current(); c[quotas.AgentStepsDaily] != 4 {
+		t.Fatalf("current refusals %v, want 4 over the day", c)
+	}
+	f.advance(24 * time.Hour)
+	if c := f.current(); c[quotas.AgentStepsDaily] != 0 {
+		t.Fatalf("the next day's refusals %v, want none", c)
+	}
+}
+
+// Two flushes at once copy each count once and write each event once.
+func TestConcurrentFlushesAddNothingTwice(t *testing.T) {
+	f := newRejecting(t)
+	l := quotas.NoLimits()
+	l.TenantRate = 0
+	f.refuse(7, l)
+	var wg sync.WaitGroup
+	events := make([]int, 4)
+	for i := range events {
+		wg.Go(func() {
+			res, err := f.rej.Flush(context.Background())
+			if err != nil {
+				t.Error(err)
+			}
+			events[i] = res.Events
+		})
+	}
+	wg.Wait()
+	if sum := events[0] + events[1] + events[2] + events[3]; sum != 1 {
+		t.Fatalf("%d events written by concurrent flushes, want 1", sum)
+	}
+	if c := f.current(); c[quotas.TenantRate] != 7 {
+		t.Fatalf("current %v, want tenant_rate 7", c)
+	}
+}

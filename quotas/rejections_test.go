@@ -1,0 +1,120 @@
+package quotas
+
+import (
+	"context"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq/internal/rkeys"
+)
+
+// Refused admissions are counted in Redis per minute and combination of limits, by the
+// admission script; admitted ones, peeks and out-of-scope requests are not.
+func TestRefusalsAreCountedPerMinuteAndLimits(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	minute := f.clock() / 60000
+	steps := only(Limits{})
+	steps.StepsDaily = 0 // a limit of 0 refuses every admission
+	both := steps
+	both.Sessions = 0
+
+	if d := f.admit(Limits{Sessions: 5}); !d.Allowed { // admitted: not counted
+		t.Fatalf("admission refused: %+v", d)
+	}
+	for range 3 {
+		if d := f.admitExact(steps); d.Allowed {
+			t.Fatal("a steps limit of 0 admitted")
+		}
+	}
+	f.admitExact(both)
+	f.admitExact(steps, func(p *AdmitParams) { p.Mode = ModePeek })
+	f.admitExact(steps, func(p *AdmitParams) { p.InScope = false })
+	f.advance(time.Minute)
+	f.admitExact(steps)
+
+	trs, err := f.q.Rejections(ctx, []string{"acme", "globex"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stepsBit, sessBit := scopeBits[AgentStepsDaily], scopeBits[ConcurrentSessions]
+	want := map[string]int64{
+		rkeys.RejectionField(stepsBit, minute):         3,
+		rkeys.RejectionField(stepsBit|sessBit, minute): 1,
+		rkeys.RejectionField(stepsBit, minute+1):       1,
+	}
+	if !maps.Equal(trs[0].Fields, want) {
+		t.Fatalf("acme's counts %v, want %v", trs[0].Fields, want)
+	}
+	if len(trs[1].Fields) != 0 {
+		t.Fatalf("globex has counts %v", trs[1].Fields)
+	}
+	at := time.UnixMilli(minute * 60000).UTC()
+	wantCounts := []RejectionCount{
+		{AgentStepsDaily, at, 4}, {ConcurrentSessions, at, 1}, {AgentStepsDaily, at.Add(time.Minute), 1},
+	}
+	got := trs[0].Counts()
+	if len(got) != len(wantCounts) {
+		t.Fatalf("counts %+v, want %+v", got, wantCounts)
+	}
+	for i := range got {
+		if got[i] != wantCounts[i] {
+			t.Fatalf("counts %+v, want %+v", got, wantCounts)
+		}
+	}
+	ids, err := f.q.RejectingTenants(ctx, 0)
+	if err != nil || len(ids) != 1 || ids[0] != "acme" {
+		t.Fatalf("rejecting tenants %v %v, want [acme]", ids, err)
+	}
+	if ttl := f.rdb.PTTL(ctx, f.keys.Rejections("acme")).Val(); ttl <= 0 || ttl > RejectionsTTL {
+		t.Fatalf("counts TTL %v, want within %v", ttl, RejectionsTTL)
+	}
+}
+
+// The key bucket refuses before anything else is checked: the refusal counts for it.
+func TestKeyBucketRefusalIsCounted(t *testing.T) {
+	f := newQ(t)
+	l := Limits{KeyRate: 1, KeyBurst: 1}
+	f.admit(l)
+	if d := f.admit(l); d.Allowed {
+		t.Fatal("the key bucket's second request admitted")
+	}
+	trs, err := f.q.Rejections(context.Background(), []string{"acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := trs[0].Counts(); len(c) != 1 || c[0].LimitType != KeyRate || c[0].Count != 1 {
+		t.Fatalf("counts %+v, want one key_rate refusal", c)
+	}
+}
+
+// Prune deletes only counts that still hold what was flushed, and forgets the tenant
+// once none are left.
+func TestPruneRejectionsKeepsCountsThatMoved(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := only(Limits{})
+	l.Backlog = 0
+	f.admitExact(l)
+	f.admitExact(l)
+	trs, _ := f.q.Rejections(ctx, []string{"acme"})
+	flushed := trs[0].Fields
+	f.admitExact(l) // counted after the read
+	if n, err := f.q.PruneRejections(ctx, "acme", flushed); err != nil || n != 0 {
+		t.Fatalf("pruned %d %v, want 0: the count moved", n, err)
+	}
+	if ids, _ := f.q.RejectingTenants(ctx, 0); len(ids) != 1 {
+		t.Fatalf("rejecting tenants %v, want acme still", ids)
+	}
+	trs, _ = f.q.Rejections(ctx, []string{"acme"})
+	if n, err := f.q.PruneRejections(ctx, "acme", trs[0].Fields); err != nil || n != 1 {
+		t.Fatalf("pruned %d %v, want 1", n, err)
+	}
+	if ids, _ := f.q.RejectingTenants(ctx, 0); len(ids) != 0 {
+		t.Fatalf("rejecting tenants %v after the last count went", ids)
+	}
+	if f.rdb.Exists(ctx, f.keys.Rejections("acme")).Val() != 0 {
+		t.Fatal("the counts hash is still there")
+	}
+}
