@@ -64,6 +64,12 @@ func writeEvents(c echo.Context, page billing.FeedPage, err error) error {
 	if err != nil {
 		return err
 	}
+	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, EventsBody(page))
+}
+
+// EventsBody is the JSON of a feed page, {"events":[…],"next_cursor":"…"}, each event
+// its stored bytes; the CLI prints the same.
+func EventsBody(page billing.FeedPage) []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"events":[`)
 	for i, e := range page.Events {
@@ -72,14 +78,11 @@ func writeEvents(c echo.Context, page billing.FeedPage, err error) error {
 		}
 		b.Write(e.Payload)
 	}
-	next, err := json.Marshal(page.Next)
-	if err != nil {
-		return err
-	}
+	next, _ := json.Marshal(page.Next) // a string always encodes
 	b.WriteString(`],"next_cursor":`)
 	b.Write(next)
 	b.WriteString("}\n")
-	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, b.Bytes())
+	return b.Bytes()
 }
 
 // tenantEvents is GET /v1/events: the caller tenant's own usage events.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pg"
@@ -37,6 +39,7 @@ func migrationsUp(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 type adminEnv struct {
 	tenants *tenants.Service
 	apiKeys *keys.Service
+	events  *billing.Feed
 }
 
 // adminServices builds the admin commands' services. With Redis, a changed key or
@@ -45,7 +48,7 @@ type adminEnv struct {
 // and the limit state expires on its own.
 func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys) adminEnv {
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk})
-	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys}
+	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events}
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -280,7 +283,40 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke)
+	var evType, evTenant, evAfter string
+	var evLimit int
+	events := &cobra.Command{
+		Use:   "events",
+		Short: "Print a page of the usage events feed (every tenant's, or --tenant's), as GET /v1/admin/events",
+		Long: "Prints {\"events\":[…],\"next_cursor\":\"…\"}, each event the stored CloudEvent. " +
+			"Pass next_cursor as --after for the next page; from it, every event shows once, in order.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if evType != "" && !billing.KnownType(evType) {
+				return fmt.Errorf("--type: unknown event type %q: use %s or %s", evType, billing.TypeLimitHit, billing.TypeApproachingLimit)
+			}
+			if evLimit < 1 || evLimit > billing.MaxFeedLimit {
+				return fmt.Errorf("--limit must be between 1 and %d", billing.MaxFeedLimit)
+			}
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				page, err := env.events.All(cmd.Context(), evTenant, billing.FeedParams{Type: evType, After: evAfter, Limit: evLimit})
+				if errors.Is(err, billing.ErrBadCursor) {
+					return errors.New("--after: malformed cursor: pass a next_cursor this feed gave")
+				}
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(web.EventsBody(page))
+				return err
+			})
+		},
+	}
+	events.Flags().StringVar(&evType, "type", "", "only events of this type ("+billing.TypeLimitHit+" or "+billing.TypeApproachingLimit+")")
+	events.Flags().StringVar(&evTenant, "tenant", "", "only this tenant's events")
+	events.Flags().StringVar(&evAfter, "after", "", "the next_cursor of the previous page")
+	events.Flags().IntVar(&evLimit, "limit", billing.DefaultFeedLimit, "events per page")
+
+	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, events)
 	return cmd
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -64,6 +65,7 @@ type Services struct {
 	Keys    *keys.Service
 	Tasks   *tasks.Service // nil without Deps.Admission or Deps.Agents
 	Agents  *agents.Service
+	Events  *billing.Feed // the usage events feeds
 }
 
 // New builds the services on d.
@@ -73,6 +75,7 @@ func New(d Deps) *Services {
 		log = slog.Default()
 	}
 	st := store.New(d.Pool)
+	events := billing.NewFeed(st)
 	sched := d.Scheduler
 	if sched == nil && d.Redis != nil {
 		sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
@@ -98,6 +101,7 @@ func New(d Deps) *Services {
 	s := &Services{
 		Tenants: tenants.New(st, d.Plans, to),
 		Keys:    keys.New(st, ko),
+		Events:  events,
 	}
 	var local agents.Local
 	if d.Agents != nil {
