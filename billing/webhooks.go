@@ -170,7 +170,7 @@ func hideSecrets(ep Webhook) Webhook {
 	return ep
 }
 
-// ParseWebhookID reads an endpoint id, a UUID in its canonical form; anything else
+// ParseWebhookID reads an endpoint id, a UUID in its 36-character form; anything else
 // names no endpoint (a *WebhookNotFoundError), as does a UUID no endpoint has.
 func ParseWebhookID(id string) (uuid.UUID, error) {
 	u, err := uuid.Parse(id)
