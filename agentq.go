@@ -1,8 +1,8 @@
 // Package agentq is the multi-tenant runtime for AI-agent tasks, usable as a library.
 //
 // New builds an App from a Config, on one Redis and one Postgres; Start runs the roles
-// the configuration names (the HTTP API, the fair scheduler, the workers, the janitor)
-// and Stop ends them. The App's tenant, API key and task operations hold a Go program
+// the configuration names (the HTTP API, the fair scheduler, the workers, the janitor,
+// the webhook relay) and Stop ends them. The App's tenant, API key and task operations hold a Go program
 // to the rules of the HTTP API, with the same refusals. Agents written in Go are
 // registered on the App's runtime.Registry (Options.Agents, or App.Agents) before
 // Start. cmd/agentq is a thin CLI over this package.
@@ -89,6 +89,7 @@ type App struct {
 	recovery    *maintenance.Recovery
 	janitor     *maintenance.Janitor
 	rejections  *billing.Rejections
+	relay       *billing.Relay
 	svcs        []startstop.Service // the configured roles' services, in start order
 	asynqClient *asynq.Client
 	ownRedis    bool
@@ -172,9 +173,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
+	a.relay = billing.NewRelay(a.store, billing.RelayConfig{Logger: a.log})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
 	a.api = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
+		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Events: billing.NewFeed(a.store), Rejections: a.rejections, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
@@ -196,6 +199,9 @@ func (a *App) roleServices() []startstop.Service {
 	if a.cfg.Has(config.RoleJanitor) {
 		svcs = append(svcs, a.janitor.Services()...)
 	}
+	if a.cfg.Has(config.RoleRelay) {
+		svcs = append(svcs, a.relay)
+	}
 	if a.cfg.Has(config.RoleAPI) {
 		svcs = append(svcs, a.coalescer, a.admission, a.api.CacheListener(), a.api)
 	}
@@ -213,6 +219,10 @@ func (a *App) roleServices() []startstop.Service {
 //   - janitor: the leader election, then the repairs of drift between Postgres and
 //     Redis, which run only while this process leads; they stop before it gives up
 //     the lead;
+//   - relay: the webhook delivery of the usage events, which needs only Postgres;
+//     it starts before the API so an endpoint created through it is served at
+//     once, and on the way down it stops after the API, its sends in flight cut
+//     short (their leases lapse and they are sent again);
 //   - api: admission's batching, the degraded-mode guard and the listener that keeps
 //     the key and tenant caches current, then the HTTP server last, so that a request
 //     is accepted only once what it uses runs, and on the way down new requests stop

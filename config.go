@@ -53,7 +53,7 @@ type Config struct {
 	// AGENTQ_UPGRADE_URL, default "https://agentq.example/upgrade".
 	UpgradeURL string
 	// Roles are the roles the process runs: RoleAPI, RoleScheduler, RoleWorker,
-	// RoleJanitor. `agentq serve --roles`, default all four.
+	// RoleJanitor, RoleRelay. `agentq serve --roles`, default all five.
 	Roles []string
 	// RedisTimeout bounds each admission call to Redis; a call past it is answered
 	// by the degraded-mode rules. AGENTQ_REDIS_TIMEOUT, default 80ms.
@@ -95,6 +95,9 @@ const (
 	// RoleJanitor ("janitor") repairs drift between Postgres and Redis while it
 	// leads the deployment's janitors.
 	RoleJanitor = config.RoleJanitor
+	// RoleRelay ("relay") delivers the usage events to the webhook endpoints; any
+	// number of relays share the work, and none sends a delivery another is sending.
+	RoleRelay = config.RoleRelay
 )
 
 // DefaultConfig is the configuration used when nothing is set: every role, local

@@ -105,9 +105,9 @@ func TestConfigDocumentsEveryDefault(t *testing.T) {
 				want = strings.TrimSuffix(want, "0s")
 			}
 		case []string:
-			want = "all four"
-			if len(v) != 4 {
-				t.Errorf("Config.%s: default %v, the doc says all four roles", f.Name, v)
+			want = "all five"
+			if len(v) != 5 {
+				t.Errorf("Config.%s: default %v, the doc says all five roles", f.Name, v)
 			}
 		case *float64:
 			want = "nil"

@@ -1,8 +1,8 @@
 // Package billing reads the usage ledger: the per-(task, step, meter) rows in
 // Postgres, written in the transaction that records a step, which are the truth of
 // what every tenant used. It builds the usage events and writes them into the events
-// outbox, and reads the outbox for the pull feeds. It knows no HTTP, no scheduler and
-// no library wiring.
+// outbox, reads the outbox for the pull feeds, and delivers it to the webhook endpoints
+// (Webhooks, Relay). It knows no HTTP API, no scheduler and no library wiring.
 //
 // # Quota counters that survive a Redis data loss
 //
@@ -129,6 +129,27 @@
 // event shows once every transaction older than its own has ended, so a long
 // transaction anywhere on the server (or a session idle in one) holds the feeds back,
 // though nothing is lost. The cursor is (xid, seq), opaque to readers (EncodeCursor).
+//
+// # Webhook delivery
+//
+// The relay (the relay role) pushes the outbox to the endpoints Webhooks manages, in
+// two steps that any number of relays share. Fan-out: the relays have one position in
+// the feed order; the relay that locks it (the others skip, they do not wait) reads
+// the events after it, writes a pending delivery for each endpoint an event is for
+// (enabled, of its type, of its tenant or of all, created before it: the event's xid
+// above the endpoint's) and moves the position, in one transaction, so each event is
+// fanned out once and, being read behind the feed's horizon, none is passed over.
+// Sending: a relay claims due deliveries (FOR UPDATE SKIP LOCKED) and leases each,
+// the request timeout plus a minute; no other relay claims it while the lease runs,
+// and an outcome is written only while the delivery still carries the claim that
+// sent it. A relay that dies mid-send leaves the delivery to the next claim once the
+// lease lapses: at least once, with the event id as webhook-id for the receiver to
+// deduplicate. Each request is the stored bytes, signed with the Standard Webhooks
+// library (with the replaced secret too during a rotation's grace); 2xx delivers,
+// 410 disables the endpoint and cancels its pending deliveries, anything else is
+// retried on StandardSchedule with jitter and given up after its last attempt. Every
+// attempt is recorded. The clock and the schedule are RelayConfig's, so the tests run
+// the whole schedule without waiting for it.
 //
 // # The event format
 //

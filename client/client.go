@@ -789,3 +789,119 @@ func (a *Admin) Events(ctx context.Context, q AdminEventsQuery) (*EventPage, err
 	}
 	return &p, nil
 }
+
+// CreateWebhookRequest is a new webhook endpoint.
+type CreateWebhookRequest struct {
+	URL   string   `json:"url"`   // absolute http or https
+	Types []string `json:"types"` // EventLimitHit, EventApproachingLimit
+	// Tenant limits the endpoint to one tenant's events; "" takes every tenant's.
+	Tenant string `json:"tenant,omitempty"`
+}
+
+// Webhook is a webhook endpoint; its secret is shown only by CreateWebhook and
+// RotateWebhookSecret.
+type Webhook struct {
+	ID     string   `json:"id"`
+	URL    string   `json:"url"`
+	Types  []string `json:"types"`
+	Tenant *string  `json:"tenant"` // nil: every tenant
+	// DisabledAt is set once the endpoint answered 410 Gone: it receives nothing more.
+	DisabledAt     *time.Time `json:"disabled_at"`
+	DisabledReason *string    `json:"disabled_reason"`
+	// PreviousSecretExpiresAt is, after a rotation, until when the replaced secret
+	// signs too.
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	CreatedAt               time.Time  `json:"created_at"`
+	UpdatedAt               time.Time  `json:"updated_at"`
+}
+
+// WebhookWithSecret is an endpoint with its new secret ("whsec_..."), which no other
+// answer shows.
+type WebhookWithSecret struct {
+	Webhook
+	Secret string `json:"secret"`
+}
+
+// WebhookAttempt is one request the relays sent to an endpoint.
+type WebhookAttempt struct {
+	ID          string    `json:"id"`
+	EventID     string    `json:"event_id"`
+	Attempt     int       `json:"attempt"`
+	AttemptedAt time.Time `json:"attempted_at"`
+	StatusCode  *int      `json:"status_code"` // nil: no answer
+	Error       *string   `json:"error"`       // why there was no answer
+	DurationMS  int64     `json:"duration_ms"`
+	Result      string    `json:"result"` // succeeded, retrying, failed, gone
+}
+
+// WebhookAttemptsQuery selects a page of an endpoint's attempts, newest first.
+type WebhookAttemptsQuery struct {
+	After string // a NextCursor of an earlier page; "" from the newest
+	Limit int    // 1..1000; 0 for the server's default (100)
+}
+
+// WebhookAttemptPage is a page of attempts; NextCursor is nil on the last page.
+type WebhookAttemptPage struct {
+	Attempts   []WebhookAttempt `json:"attempts"`
+	NextCursor *string          `json:"next_cursor"`
+}
+
+// CreateWebhook creates a webhook endpoint (201) and returns it with its secret.
+func (a *Admin) CreateWebhook(ctx context.Context, req CreateWebhookRequest) (*WebhookWithSecret, error) {
+	var w WebhookWithSecret
+	if err := a.t.do(ctx, http.MethodPost, "/v1/admin/webhooks", nil, nil, req, &w); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// ListWebhooks returns every webhook endpoint, disabled ones included.
+func (a *Admin) ListWebhooks(ctx context.Context) ([]Webhook, error) {
+	var out struct {
+		Webhooks []Webhook `json:"webhooks"`
+	}
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/webhooks", nil, nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Webhooks, nil
+}
+
+// GetWebhook returns a webhook endpoint.
+func (a *Admin) GetWebhook(ctx context.Context, id string) (*Webhook, error) {
+	var w Webhook
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/webhooks/"+url.PathEscape(id), nil, nil, nil, &w); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// DeleteWebhook deletes a webhook endpoint (204) with its pending deliveries.
+func (a *Admin) DeleteWebhook(ctx context.Context, id string) error {
+	return a.t.do(ctx, http.MethodDelete, "/v1/admin/webhooks/"+url.PathEscape(id), nil, nil, nil, nil)
+}
+
+// RotateWebhookSecret gives an endpoint a new secret and returns it; the replaced
+// one signs too until PreviousSecretExpiresAt.
+func (a *Admin) RotateWebhookSecret(ctx context.Context, id string) (*WebhookWithSecret, error) {
+	var w WebhookWithSecret
+	if err := a.t.do(ctx, http.MethodPost, "/v1/admin/webhooks/"+url.PathEscape(id)+"/rotate", nil, nil, nil, &w); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// ListWebhookAttempts returns a page of an endpoint's delivery attempts, newest first.
+func (a *Admin) ListWebhookAttempts(ctx context.Context, id string, q WebhookAttemptsQuery) (*WebhookAttemptPage, error) {
+	v := url.Values{}
+	if q.After != "" {
+		v.Set("after", q.After)
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	var p WebhookAttemptPage
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/webhooks/"+url.PathEscape(id)+"/attempts", v, nil, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}

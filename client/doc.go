@@ -28,6 +28,14 @@
 //	k, err := a.CreateKey(ctx, t.ID, &client.Scopes{Agents: []string{"sim"}})
 //	// k.Key is the plaintext key; it is shown once.
 //
+// and the webhook endpoints the usage events are delivered to, each request signed
+// per Standard Webhooks with the endpoint's secret (shown once, like a key):
+//
+//	w, err := a.CreateWebhook(ctx, client.CreateWebhookRequest{
+//		URL: "https://billing.example.com/agentq", Types: []string{client.EventLimitHit},
+//	})
+//	page, err := a.ListWebhookAttempts(ctx, w.ID, client.WebhookAttemptsQuery{})
+//
 // Every answer outside 2xx is returned as a *Error carrying the HTTP status, the
 // error code and message of the API's error body, the raw error object, the
 // response headers (rate-limit headers included) and Retry-After. No error this

@@ -186,11 +186,13 @@ func FuzzDecodeAdminBodies(f *testing.F) {
 		`{"id":"acme","name":"Acme","plan":"pro","weight":2,"overrides":{"tenant_rate":5}}`,
 		`{"scopes":{"agents":["sim"],"principals":["u1"]}}`, `{"url":"http://x/","headers":{"A":"b"},"step_timeout_s":3}`,
 		`{"name":"\u0000"}`, `{"scopes":{"agents":["\udfff"]}}`, `{"headers":{"A":"` + "\xff" + `"}}`, `{"weight":1e999}`,
+		`{"url":"http://127.0.0.1:9/hook","types":["usage.limit_hit"],"tenant":"acme"}`, `{"types":"usage.limit_hit"}`,
+		`{"types":["\ud800"]}`, `{"tenant":"\u0000"}`, `{"url":"http://x/","types":[1]}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, dst := range []any{&TenantRequest{}, &KeyRequest{}, &AgentRequest{}} {
+		for _, dst := range []any{&TenantRequest{}, &KeyRequest{}, &AgentRequest{}, &WebhookRequest{}} {
 			err := decodeStrict(body, dst, true)
 			if err == nil {
 				cleanText(t, body, dst)

@@ -55,6 +55,7 @@ type Deps struct {
 	// Rejections reports a tenant's refused admissions per limit (the usage report);
 	// nil reports none.
 	Rejections *billing.Rejections
+	Webhooks   *billing.Webhooks
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
@@ -126,6 +127,12 @@ func (s *Server) routes() {
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
 	admin(http.MethodGet, "/plans", s.listPlans)
 	admin(http.MethodGet, "/events", s.adminEvents)
+	admin(http.MethodPost, "/webhooks", s.createWebhook)
+	admin(http.MethodGet, "/webhooks", s.listWebhooks)
+	admin(http.MethodGet, "/webhooks/:id", s.getWebhook)
+	admin(http.MethodDelete, "/webhooks/:id", s.deleteWebhook)
+	admin(http.MethodPost, "/webhooks/:id/rotate", s.rotateWebhookSecret)
+	admin(http.MethodGet, "/webhooks/:id/attempts", s.listWebhookAttempts)
 	admin(http.MethodPost, "/tenants", s.createTenant)
 	admin(http.MethodGet, "/tenants", s.listTenants)
 	admin(http.MethodGet, "/tenants/:id", s.getTenant)

@@ -37,9 +37,10 @@ func migrationsUp(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 // adminEnv is what the admin commands work on: the domain services the admin API
 // uses, so the CLI refuses exactly what the API refuses.
 type adminEnv struct {
-	tenants *tenants.Service
-	apiKeys *keys.Service
-	events  *billing.Feed
+	tenants  *tenants.Service
+	apiKeys  *keys.Service
+	events   *billing.Feed
+	webhooks *billing.Webhooks
 }
 
 // adminServices builds the admin commands' services. With Redis, a changed key or
@@ -48,7 +49,7 @@ type adminEnv struct {
 // and the limit state expires on its own.
 func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys) adminEnv {
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk})
-	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events}
+	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks}
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -97,7 +98,7 @@ func adminCmd() *cobra.Command { return newAdminCmd(openAdminEnv) }
 // Tenants and keys are created and changed through the tenant and key services, so the
 // CLI refuses exactly what the admin API refuses.
 func newAdminCmd(open adminOpener) *cobra.Command {
-	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants and API keys in Postgres"}
+	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants, API keys and webhook endpoints in Postgres"}
 	withEnv := func(ctx context.Context, withRedis bool, f func(adminEnv) error) error {
 		env, closeEnv, err := open(ctx, withRedis)
 		if err != nil {
@@ -317,7 +318,81 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	events.Flags().IntVar(&evLimit, "limit", billing.DefaultFeedLimit, "events per page")
 
 	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, events)
+	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	return cmd
+}
+
+// webhookCommands are webhook-create, webhook-list, webhook-delete and
+// webhook-rotate, through the endpoint service the admin API uses.
+func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) error,
+	printJSON func(*cobra.Command, any) error) []*cobra.Command {
+	var hookURL, types, tenant string
+	create := &cobra.Command{
+		Use:   "webhook-create",
+		Short: "Create a webhook endpoint for usage events; its secret is printed once",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				w, err := env.webhooks.Create(cmd.Context(), billing.CreateWebhookParams{
+					URL: hookURL, Types: splitList(types), TenantID: tenant,
+				})
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd, web.WebhookWithSecret{WebhookJSON: web.NewWebhookJSON(w.Webhook), Secret: w.Secret})
+			})
+		},
+	}
+	create.Flags().StringVar(&hookURL, "url", "", "absolute http or https URL the events are POSTed to (required)")
+	create.Flags().StringVar(&types, "types", billing.TypeLimitHit+","+billing.TypeApproachingLimit, "comma-separated event types")
+	create.Flags().StringVar(&tenant, "tenant", "", "only this tenant's events (default every tenant's)")
+	_ = create.MarkFlagRequired("url")
+
+	list := &cobra.Command{
+		Use:   "webhook-list",
+		Short: "List webhook endpoints, disabled ones included (never their secrets)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				ws, err := env.webhooks.List(cmd.Context())
+				if err != nil {
+					return err
+				}
+				out := make([]web.WebhookJSON, 0, len(ws))
+				for _, w := range ws {
+					out = append(out, web.NewWebhookJSON(w))
+				}
+				return printJSON(cmd, out)
+			})
+		},
+	}
+	del := &cobra.Command{
+		Use:   "webhook-delete ID",
+		Short: "Delete a webhook endpoint and its pending deliveries",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				if err := env.webhooks.Delete(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "deleted", args[0])
+				return nil
+			})
+		},
+	}
+	rotate := &cobra.Command{
+		Use:   "webhook-rotate ID",
+		Short: "Give a webhook endpoint a new secret; the old one also signs for 24 h",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				w, err := env.webhooks.RotateSecret(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd, web.WebhookWithSecret{WebhookJSON: web.NewWebhookJSON(w.Webhook), Secret: w.Secret})
+			})
+		},
+	}
+	return []*cobra.Command{create, list, del, rotate}
 }
 
 // tenantJSON is a tenant as the CLI prints it.

@@ -362,3 +362,58 @@ func TestCLIKeysRefuseWhatTheAPIRefuses(t *testing.T) {
 		t.Errorf("revoking twice through the CLI: %v", err)
 	}
 }
+
+// The webhook commands go through the service the API uses: the same refusals, the
+// same endpoints, a secret printed only by create and rotate.
+func TestCLIWebhooksMatchTheAPI(t *testing.T) {
+	h := newAdminHarness(t)
+	if st, msg := h.api("POST", "/v1/admin/tenants", `{"id":"acme","plan":"pro"}`); st != 201 {
+		t.Fatalf("create acme: %d %s", st, msg)
+	}
+	for _, tc := range []struct {
+		name, body string
+		args       []string
+	}{
+		{"relative url", `{"url":"/x","types":["usage.limit_hit"]}`, []string{"webhook-create", "--url", "/x", "--types", "usage.limit_hit"}},
+		{"unknown type", `{"url":"http://x/","types":["usage.other"]}`, []string{"webhook-create", "--url", "http://x/", "--types", "usage.other"}},
+		{"unknown tenant", `{"url":"http://x/","types":["usage.limit_hit"],"tenant":"nope"}`, []string{"webhook-create", "--url", "http://x/", "--tenant", "nope"}},
+	} {
+		st, apiMsg := h.api("POST", "/v1/admin/webhooks", tc.body)
+		if st != 400 || apiMsg == "" {
+			t.Errorf("%s: API %d %q, want 400", tc.name, st, apiMsg)
+		}
+		if out, err := h.cli(tc.args...); err == nil || err.Error() != apiMsg {
+			t.Errorf("%s: CLI %v (output %q), want the API's refusal %q", tc.name, err, out, apiMsg)
+		}
+	}
+	out, err := h.cli("webhook-create", "--url", "https://hooks.example/in", "--tenant", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created web.WebhookWithSecret
+	if err := json.Unmarshal([]byte(out), &created); err != nil || !strings.HasPrefix(created.Secret, "whsec_") ||
+		len(created.Types) != 2 || created.Tenant == nil || *created.Tenant != "acme" {
+		t.Fatalf("CLI create printed %q (%v)", out, err)
+	}
+	if st, msg := h.api("GET", "/v1/admin/webhooks/"+created.ID, ""); st != 200 {
+		t.Fatalf("API get of the CLI's endpoint: %d %s", st, msg)
+	}
+	out, err = h.cli("webhook-list")
+	if err != nil || !strings.Contains(out, created.ID) || strings.Contains(out, "whsec_") || strings.Contains(out, `"secret"`) {
+		t.Fatalf("CLI list %q %v: want the endpoint, no secret", out, err)
+	}
+	out, err = h.cli("webhook-rotate", created.ID)
+	var rotated web.WebhookWithSecret
+	if err != nil || json.Unmarshal([]byte(out), &rotated) != nil || rotated.Secret == created.Secret || rotated.PreviousSecretExpiresAt == nil {
+		t.Fatalf("CLI rotate %q %v", out, err)
+	}
+	if _, err := h.cli("webhook-delete", created.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := h.api("GET", "/v1/admin/webhooks/"+created.ID, ""); st != 404 {
+		t.Errorf("API get after the CLI's delete: %d, want 404", st)
+	}
+	if _, err := h.cli("webhook-delete", created.ID); err == nil || !strings.Contains(err.Error(), "No webhook endpoint") {
+		t.Errorf("CLI second delete: %v", err)
+	}
+}

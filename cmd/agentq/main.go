@@ -47,7 +47,7 @@ func serveCmd() *cobra.Command {
 	var roles string
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run agentq roles (api, scheduler, worker); all of them by default",
+		Short: "Run agentq roles (api, scheduler, worker, janitor, relay); all of them by default",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := agentq.ConfigFromEnv()
 			if err != nil {
@@ -63,7 +63,7 @@ func serveCmd() *cobra.Command {
 			return run(cmd.Context(), agentq.Options{Config: cfg, Logger: log}, nil)
 		},
 	}
-	cmd.Flags().StringVar(&roles, "roles", "", "comma-separated roles to run: api,scheduler,worker,janitor (default all)")
+	cmd.Flags().StringVar(&roles, "roles", "", "comma-separated roles to run: api,scheduler,worker,janitor,relay (default all)")
 	return cmd
 }
 

@@ -16,10 +16,11 @@ const (
 	RoleScheduler = "scheduler"
 	RoleWorker    = "worker"
 	RoleJanitor   = "janitor"
+	RoleRelay     = "relay"
 )
 
 // AllRoles is what `agentq serve` runs without --roles.
-var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker, RoleJanitor}
+var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker, RoleJanitor, RoleRelay}
 
 // Config is the process configuration as read from the environment. The library
 // exports it as agentq.Config, which documents each field: the two must keep the

@@ -1,5 +1,5 @@
 // Package services assembles the domain services (tenants, API keys, tasks, HTTP
-// agents) over one Postgres pool and, when given, one Redis, the same way for every
+// agents, webhook endpoints) over one Postgres pool and, when given, one Redis, the same way for every
 // caller: the library, the HTTP API and the CLI. It also owns the change messages
 // through which a process that changed a key or a tenant tells the others' caches.
 package services
@@ -56,7 +56,10 @@ type Deps struct {
 	// Lifecycle makes the tasks' state changes; nil: one over the pool. A process
 	// gives every part the same one, so each change is written the same way.
 	Lifecycle *tasks.Lifecycle
-	Logger    *slog.Logger
+	// Webhooks configures the webhook endpoint service (the rotation grace, the
+	// clock).
+	Webhooks billing.WebhooksOptions
+	Logger   *slog.Logger
 }
 
 // Services are the domain services of one process.
@@ -66,6 +69,8 @@ type Services struct {
 	Tasks   *tasks.Service // nil without Deps.Admission or Deps.Agents
 	Agents  *agents.Service
 	Events  *billing.Feed // the usage events feeds
+	// Webhooks manages the endpoints the relays deliver the usage events to.
+	Webhooks *billing.Webhooks
 }
 
 // New builds the services on d.
@@ -99,9 +104,10 @@ func New(d Deps) *Services {
 		ko.Limits = quotas.New(d.Redis, d.Keys, nil)
 	}
 	s := &Services{
-		Tenants: tenants.New(st, d.Plans, to),
-		Keys:    keys.New(st, ko),
-		Events:  events,
+		Tenants:  tenants.New(st, d.Plans, to),
+		Keys:     keys.New(st, ko),
+		Events:   events,
+		Webhooks: billing.NewWebhooks(st, d.Webhooks),
 	}
 	var local agents.Local
 	if d.Agents != nil {

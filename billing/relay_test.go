@@ -1,0 +1,705 @@
+package billing_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
+)
+
+// fakeClock is the relay's and the endpoint service's clock in these tests.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// hook is one request the receiver got.
+type hook struct {
+	header http.Header
+	body   []byte
+}
+
+// receiver is a real local webhook endpoint: it keeps every request and answers
+// what answer says (204 when nil).
+type receiver struct {
+	srv    *httptest.Server
+	mu     sync.Mutex
+	hooks  []hook
+	answer func(n int, h hook) int // n: this request's number, from 1
+}
+
+func newReceiver(t *testing.T, answer func(n int, h hook) int) *receiver {
+	t.Helper()
+	r := &receiver{answer: answer}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		h := hook{header: req.Header.Clone(), body: body}
+		r.mu.Lock()
+		r.hooks = append(r.hooks, h)
+		n := len(r.hooks)
+		r.mu.Unlock()
+		status := http.StatusNoContent
+		if r.answer != nil {
+			status = r.answer(n, h)
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *receiver) got() []hook {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]hook(nil), r.hooks...)
+}
+
+// relayEnv is a schema of its own with the endpoint service and a relay on a fake
+// clock.
+type relayEnv struct {
+	ctx   context.Context
+	st    *store.Store
+	clock *fakeClock
+	hooks *billing.Webhooks
+	evs   billing.Events
+}
+
+func newRelayEnv(t *testing.T) *relayEnv {
+	t.Helper()
+	t.Parallel()
+	st := store.New(testenv.Postgres(t))
+	clock := &fakeClock{t: time.Now().Truncate(time.Second)}
+	e := &relayEnv{ctx: context.Background(), st: st, clock: clock,
+		hooks: billing.NewWebhooks(st, billing.WebhooksOptions{RotationGrace: time.Hour, Now: clock.Now}),
+		evs:   billing.Events{UpgradeURL: "https://agentq.example/upgrade"}}
+	for _, id := range []string{"acme", "globex"} {
+		if _, err := st.CreateTenant(e.ctx, store.CreateTenantParams{ID: id, Name: id, Plan: "pro"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+// relay is a relay of the env with schedule (no jitter) and batch.
+func (e *relayEnv) relay(schedule []time.Duration, batch int) *billing.Relay {
+	return billing.NewRelay(e.st, billing.RelayConfig{
+		Schedule: schedule, Jitter: func(d time.Duration) time.Duration { return d }, Now: e.clock.Now,
+		Timeout: 5 * time.Second, Batch: batch, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+}
+
+var relayEpoch = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+
+// hit is tenant's limit_hit number i, a minute of its own.
+func (e *relayEnv) hit(t *testing.T, tenant string, i int) billing.Event {
+	t.Helper()
+	ev, err := e.evs.LimitHit(billing.Refusal{TenantID: tenant, Plan: "pro", LimitType: quotas.TenantRate,
+		Limit: 5, Used: 5, At: relayEpoch.Add(time.Duration(i) * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+// approaching is tenant's approaching_limit at 80 % of a daily steps quota on day i.
+func (e *relayEnv) approaching(t *testing.T, tenant string, i int) billing.Event {
+	t.Helper()
+	day := relayEpoch.AddDate(0, 0, i)
+	evs, err := e.evs.Crossings(billing.Quota{TenantID: tenant, Plan: "pro", LimitType: quotas.AgentStepsDaily,
+		Limit: 100, Period: billing.Span{Start: day, End: day.AddDate(0, 0, 1)}}, 0, 85, day)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("%v %v", evs, err)
+	}
+	return evs[0]
+}
+
+func (e *relayEnv) write(t *testing.T, evs ...billing.Event) {
+	t.Helper()
+	err := e.st.InTx(e.ctx, func(tx *store.Store) error {
+		for _, ev := range evs {
+			if ok, err := billing.WriteEvent(e.ctx, tx, ev); err != nil || !ok {
+				return fmt.Errorf("write %s: %v %v", ev.ID, ok, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *relayEnv) create(t *testing.T, url, tenant string, types ...string) billing.WebhookWithSecret {
+	t.Helper()
+	w, err := e.hooks.Create(e.ctx, billing.CreateWebhookParams{URL: url, Types: types, TenantID: tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// runUntil runs relay rounds until cond holds: the feed shows an event only once every
+// older transaction on the server ended, and other tests' may be running.
+func runUntil(t *testing.T, ctx context.Context, r *billing.Relay, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay did not get there within 20 s")
+		}
+		if _, err := r.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// verify checks a request's signature the way a receiver would, without the
+// Standard Webhooks library: HMAC-SHA256 over "id.timestamp.body" keyed with the
+// base64-decoded secret after whsec_, as "v1,<base64>" in the space-separated list.
+func verify(h hook, secret string) bool {
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil || !strings.HasPrefix(secret, "whsec_") {
+		return false
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(h.header.Get("webhook-id") + "." + h.header.Get("webhook-timestamp") + "."))
+	mac.Write(h.body)
+	want := "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	for _, s := range strings.Split(h.header.Get("webhook-signature"), " ") {
+		if hmac.Equal([]byte(s), []byte(want)) {
+			return true
+		}
+	}
+	return false
+}
+
+// An endpoint gets the events written after it, each as the stored bytes, signed per
+// Standard Webhooks with the event id as webhook-id, and every attempt is listed.
+func TestRelaySignsAndDeliversTheStoredBytes(t *testing.T) {
+	e := newRelayEnv(t)
+	rcv := newReceiver(t, nil)
+	before := e.hit(t, "acme", 1)
+	e.write(t, before)
+	// The endpoint comes after the first event: only the second is for it.
+	w := e.create(t, rcv.srv.URL+"/hook", "", billing.TypeLimitHit, billing.TypeApproachingLimit)
+	if !strings.HasPrefix(w.Secret, "whsec_") || w.Webhook.Secret != "" {
+		t.Fatalf("secret %q, endpoint carries %q", w.Secret, w.Webhook.Secret)
+	}
+	after := e.hit(t, "acme", 2)
+	e.write(t, after)
+	r := e.relay(nil, 0)
+	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) >= 1 })
+	// More rounds send nothing more.
+	for range 5 {
+		if _, err := r.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := rcv.got()
+	if len(got) != 1 {
+		t.Fatalf("%d requests, want 1 (the event before the endpoint is not for it)", len(got))
+	}
+	h := got[0]
+	if string(h.body) != string(after.Payload) {
+		t.Errorf("body %s, want the stored bytes %s", h.body, after.Payload)
+	}
+	if h.header.Get("webhook-id") != after.ID {
+		t.Errorf("webhook-id %q, want the event id %q", h.header.Get("webhook-id"), after.ID)
+	}
+	if ts := h.header.Get("webhook-timestamp"); ts != fmt.Sprint(e.clock.Now().Unix()) {
+		t.Errorf("webhook-timestamp %q, want the relay's clock %d", ts, e.clock.Now().Unix())
+	}
+	if !verify(h, w.Secret) {
+		t.Errorf("signature %q does not verify", h.header.Get("webhook-signature"))
+	}
+	if verify(h, "whsec_"+base64.StdEncoding.EncodeToString([]byte("another secret of 32 bytes......"))) {
+		t.Error("the signature verifies with another secret: the check is broken")
+	}
+	if n := len(strings.Split(h.header.Get("webhook-signature"), " ")); n != 1 {
+		t.Errorf("%d signatures before any rotation", n)
+	}
+	page, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	if err != nil || len(page.Attempts) != 1 {
+		t.Fatalf("attempts %+v %v", page, err)
+	}
+	if a := page.Attempts[0]; a.Result != store.AttemptSucceeded || a.StatusCode != 204 || a.EventID != after.ID || a.Attempt != 1 {
+		t.Errorf("attempt %+v", a)
+	}
+}
+
+// 500s are retried on the schedule, each attempt recorded; a delivery that fails its
+// last attempt is given up and not sent again.
+func TestRelayRetriesOnTheSchedule(t *testing.T) {
+	e := newRelayEnv(t)
+	flaky := newReceiver(t, func(n int, _ hook) int {
+		if n <= 3 {
+			return 500
+		}
+		return 200
+	})
+	down := newReceiver(t, func(int, hook) int { return 503 })
+	wf := e.create(t, flaky.srv.URL, "", billing.TypeLimitHit)
+	wd := e.create(t, down.srv.URL, "", billing.TypeLimitHit)
+	schedule := []time.Duration{0, time.Minute, 2 * time.Minute, 4 * time.Minute}
+	r := e.relay(schedule, 0)
+	e.write(t, e.hit(t, "acme", 1))
+	runUntil(t, e.ctx, r, func() bool { return len(flaky.got()) == 1 && len(down.got()) == 1 })
+	t0 := e.clock.Now()
+	for i, wait := range schedule[1:] {
+		// Not due yet: nothing is sent before its time.
+		e.clock.Add(wait - time.Second)
+		if _, err := r.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(flaky.got()); n != i+1 {
+			t.Fatalf("attempt %d sent %v early", i+2, time.Second)
+		}
+		e.clock.Add(time.Second)
+		runUntil(t, e.ctx, r, func() bool { return len(flaky.got()) == i+2 && len(down.got()) == i+2 })
+	}
+	e.clock.Add(time.Hour)
+	for range 3 {
+		if _, err := r.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(flaky.got()) != 4 || len(down.got()) != 4 {
+		t.Fatalf("requests %d and %d, want 4 each", len(flaky.got()), len(down.got()))
+	}
+	check := func(w billing.WebhookWithSecret, statuses []int, results []string, final string) {
+		t.Helper()
+		page, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+		if err != nil || len(page.Attempts) != 4 {
+			t.Fatalf("attempts %+v %v", page, err)
+		}
+		at := t0
+		for i := range 4 {
+			a := page.Attempts[3-i] // newest first
+			if a.Attempt != i+1 || a.StatusCode != statuses[i] || a.Result != results[i] {
+				t.Errorf("attempt %d: %+v, want status %d result %s", i+1, a, statuses[i], results[i])
+			}
+			at = at.Add(schedule[i])
+			if !a.AttemptedAt.Equal(at) {
+				t.Errorf("attempt %d at +%v, want +%v", i+1, a.AttemptedAt.Sub(t0), at.Sub(t0))
+			}
+		}
+		ds, err := e.st.UnscopedListWebhookDeliveries(e.ctx, w.Webhook.ID)
+		if err != nil || len(ds) != 1 || ds[0].State != final || ds[0].Attempts != 4 {
+			t.Fatalf("deliveries %+v %v, want one %s", ds, err, final)
+		}
+	}
+	r1, r2 := store.AttemptRetrying, store.AttemptSucceeded
+	check(wf, []int{500, 500, 500, 200}, []string{r1, r1, r1, r2}, "succeeded")
+	check(wd, []int{503, 503, 503, 503}, []string{r1, r1, r1, store.AttemptFailed}, "failed")
+}
+
+// The default jitter spreads a delay over ±10 %, and the standard schedule is the
+// Standard Webhooks one.
+func TestStandardScheduleAndJitter(t *testing.T) {
+	want := []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
+	if fmt.Sprint(billing.StandardSchedule) != fmt.Sprint(want) {
+		t.Errorf("schedule %v", billing.StandardSchedule)
+	}
+	e := newRelayEnv(t)
+	rcv := newReceiver(t, func(int, hook) int { return 500 })
+	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	r := billing.NewRelay(e.st, billing.RelayConfig{Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	for i := range 20 {
+		e.write(t, e.hit(t, "acme", i))
+	}
+	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 20 })
+	ds, err := e.st.UnscopedListWebhookDeliveries(e.ctx, w.Webhook.ID)
+	if err != nil || len(ds) != 20 {
+		t.Fatal(ds, err)
+	}
+	spread := map[time.Duration]bool{}
+	for _, d := range ds {
+		wait := d.NextAttemptAt.Sub(e.clock.Now())
+		if wait < 4500*time.Millisecond || wait > 5500*time.Millisecond {
+			t.Errorf("second attempt in %v, want 5 s ± 10 %%", wait)
+		}
+		spread[wait] = true
+	}
+	if len(spread) < 5 {
+		t.Errorf("20 retries fell on %d times: no jitter", len(spread))
+	}
+}
+
+// A 410 disables the endpoint: its pending deliveries are cancelled and it gets no
+// new ones.
+func TestRelayGoneDisablesTheEndpoint(t *testing.T) {
+	e := newRelayEnv(t)
+	rcv := newReceiver(t, func(int, hook) int { return http.StatusGone })
+	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	r := e.relay([]time.Duration{0, time.Second}, 1) // one at a time
+	e.write(t, e.hit(t, "acme", 1), e.hit(t, "acme", 2))
+	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 1 })
+	got, err := e.hooks.Get(e.ctx, w.Webhook.ID.String())
+	if err != nil || got.DisabledAt == nil || got.DisabledReason == "" {
+		t.Fatalf("endpoint after a 410: %+v %v", got, err)
+	}
+	e.write(t, e.hit(t, "acme", 3))
+	other := newReceiver(t, nil)
+	e.create(t, other.srv.URL, "", billing.TypeLimitHit) // shows when the later event was fanned out
+	e.write(t, e.hit(t, "acme", 4))
+	runUntil(t, e.ctx, r, func() bool { return len(other.got()) == 1 })
+	e.clock.Add(time.Hour)
+	for range 3 {
+		if _, err := r.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(rcv.got()); n != 1 {
+		t.Errorf("the disabled endpoint got %d requests, want 1", n)
+	}
+	ds, err := e.st.UnscopedListWebhookDeliveries(e.ctx, w.Webhook.ID)
+	if err != nil || len(ds) != 2 || ds[0].State != "failed" || ds[0].LastStatus != 410 || ds[1].State != "cancelled" {
+		t.Fatalf("deliveries %+v %v: want the sent one failed with 410, the other cancelled, none for later events", ds, err)
+	}
+	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	if len(page.Attempts) != 1 || page.Attempts[0].Result != store.AttemptGone {
+		t.Errorf("attempts %+v", page.Attempts)
+	}
+}
+
+// After a rotation both secrets sign until the grace ends; then only the new one.
+func TestRelayRotationSignsWithBothSecretsDuringTheGrace(t *testing.T) {
+	e := newRelayEnv(t)
+	rcv := newReceiver(t, nil)
+	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	rot, err := e.hooks.RotateSecret(e.ctx, w.Webhook.ID.String())
+	if err != nil || rot.Secret == w.Secret || !strings.HasPrefix(rot.Secret, "whsec_") {
+		t.Fatalf("rotate: %q %v", rot.Secret, err)
+	}
+	if rot.Webhook.PreviousSecretExpiresAt == nil || !rot.Webhook.PreviousSecretExpiresAt.Equal(e.clock.Now().Add(time.Hour)) {
+		t.Errorf("grace ends %v, want an hour from now", rot.Webhook.PreviousSecretExpiresAt)
+	}
+	r := e.relay(nil, 0)
+	e.write(t, e.hit(t, "acme", 1))
+	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 1 })
+	h := rcv.got()[0]
+	if !verify(h, rot.Secret) || !verify(h, w.Secret) {
+		t.Errorf("during the grace: new verifies %v, old verifies %v (%q)", verify(h, rot.Secret), verify(h, w.Secret), h.header.Get("webhook-signature"))
+	}
+	e.clock.Add(time.Hour)
+	e.write(t, e.hit(t, "acme", 2))
+	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 2 })
+	h = rcv.got()[1]
+	if !verify(h, rot.Secret) || verify(h, w.Secret) {
+		t.Errorf("after the grace: new verifies %v, old verifies %v", verify(h, rot.Secret), verify(h, w.Secret))
+	}
+}
+
+// An endpoint gets only its types, and only its tenant's events when it names one.
+func TestRelayFiltersByTypeAndTenant(t *testing.T) {
+	e := newRelayEnv(t)
+	acmeHits := newReceiver(t, nil)
+	allApproaching := newReceiver(t, nil)
+	e.create(t, acmeHits.srv.URL, "acme", billing.TypeLimitHit)
+	e.create(t, allApproaching.srv.URL, "", billing.TypeApproachingLimit)
+	ah, gh, aa, ga := e.hit(t, "acme", 1), e.hit(t, "globex", 1), e.approaching(t, "acme", 1), e.approaching(t, "globex", 1)
+	e.write(t, ah, gh, aa, ga)
+	last := e.hit(t, "acme", 2)
+	e.write(t, last)
+	r := e.relay(nil, 0)
+	runUntil(t, e.ctx, r, func() bool { return len(acmeHits.got()) == 2 && len(allApproaching.got()) == 2 })
+	ids := func(rc *receiver) map[string]bool {
+		out := map[string]bool{}
+		for _, h := range rc.got() {
+			out[h.header.Get("webhook-id")] = true
+		}
+		return out
+	}
+	if got := ids(acmeHits); !got[ah.ID] || !got[last.ID] {
+		t.Errorf("acme's limit_hit endpoint got %v", got)
+	}
+	if got := ids(allApproaching); !got[aa.ID] || !got[ga.ID] {
+		t.Errorf("every tenant's approaching_limit endpoint got %v", got)
+	}
+}
+
+// Deleting an endpoint stops its deliveries, retries included.
+func TestRelayDeletedEndpointGetsNothingMore(t *testing.T) {
+	e := newRelayEnv(t)
+	rcv := newReceiver(t, func(int, hook) int { return 500 })
+	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	r := e.relay([]time.Duration{0, time.Minute, time.Minute}, 0)
+	e.write(t, e.hit(t, "acme", 1))
+	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 1 })
+	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); !errors.Is(err, billing.ErrWebhookNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+	e.write(t, e.hit(t, "acme", 2))
+	other := newReceiver(t, nil)
+	e.create(t, other.srv.URL, "", billing.TypeLimitHit)
+	e.write(t, e.hit(t, "acme", 3))
+	runUntil(t, e.ctx, r, func() bool { return len(other.got()) == 1 })
+	e.clock.Add(time.Hour)
+	for range 3 {
+		if _, err := r.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(rcv.got()); n != 1 {
+		t.Errorf("the deleted endpoint got %d requests, want 1", n)
+	}
+}
+
+// A relay that dies after claiming a delivery leaves it to be sent again once its
+// lease lapses: at least once.
+func TestRelayResendsWhatADeadRelayHeld(t *testing.T) {
+	e := newRelayEnv(t)
+	rcv := newReceiver(t, nil)
+	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	r := e.relay(nil, 0)
+	ev := e.hit(t, "acme", 1)
+	e.write(t, ev)
+	// Fan the event out without sending it: a "dead" relay claims it, leased for a
+	// minute, and never records anything.
+	var claims []store.DeliveryClaim
+	runUntil(t, e.ctx, r, func() bool {
+		var err error
+		claims, err = e.st.UnscopedClaimWebhookDeliveries(e.ctx, store.ClaimDeliveriesParams{Now: e.clock.Now(), Lease: time.Minute, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(claims) == 1 || len(rcv.got()) > 0
+	})
+	if len(rcv.got()) != 0 {
+		t.Skip("the relay sent the delivery before the dead relay could claim it")
+	}
+	for range 3 {
+		if _, err := r.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(rcv.got()) != 0 {
+		t.Fatal("a delivery under another relay's lease was sent")
+	}
+	e.clock.Add(time.Minute)
+	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 1 })
+	if got := rcv.got()[0].header.Get("webhook-id"); got != ev.ID {
+		t.Errorf("webhook-id %q", got)
+	}
+	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	if len(page.Attempts) != 1 || page.Attempts[0].Attempt != 2 {
+		t.Errorf("attempts %+v: want one, numbered 2 (the dead relay's claim counts)", page.Attempts)
+	}
+	// The dead relay's late outcome decides nothing.
+	owned, err := e.st.UnscopedRecordWebhookAttempt(e.ctx, store.RecordAttemptParams{Claim: claims[0], At: e.clock.Now(),
+		StatusCode: 500, Result: store.AttemptRetrying, NextAttemptAt: e.clock.Now()})
+	if err != nil || owned {
+		t.Errorf("late outcome: owned %v, %v", owned, err)
+	}
+	ds, _ := e.st.UnscopedListWebhookDeliveries(e.ctx, w.Webhook.ID)
+	if len(ds) != 1 || ds[0].State != "succeeded" {
+		t.Errorf("deliveries %+v", ds)
+	}
+}
+
+// Several relays over many events send each event to each endpoint once, never two
+// sends of one delivery at once; a retried one twice.
+func TestRelaysShareTheWork(t *testing.T) {
+	t.Parallel()
+	st := store.New(testenv.Postgres(t))
+	ctx := context.Background()
+	evs := billing.Events{}
+	var mu sync.Mutex
+	inFlight, count := map[string]int{}, map[string]int{}
+	overlap := false
+	answer := func(id string) int {
+		mu.Lock()
+		inFlight[id]++
+		if inFlight[id] > 1 {
+			overlap = true
+		}
+		count[id]++
+		n := count[id]
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		mu.Lock()
+		inFlight[id]--
+		mu.Unlock()
+		if n == 1 && strings.HasSuffix(id, "7") { // about one in 16 fails once
+			return 500
+		}
+		return 200
+	}
+	recvs := make([]*httptest.Server, 2)
+	for i := range recvs {
+		recvs[i] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.WriteHeader(answer(fmt.Sprint(i) + "/" + r.Header.Get("webhook-id")))
+		}))
+		t.Cleanup(recvs[i].Close)
+	}
+	hooks := billing.NewWebhooks(st, billing.WebhooksOptions{})
+	for _, s := range recvs {
+		if _, err := hooks.Create(ctx, billing.CreateWebhookParams{URL: s.URL, Types: []string{billing.TypeLimitHit}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		r := billing.NewRelay(st, billing.RelayConfig{
+			Schedule: []time.Duration{0, 20 * time.Millisecond, 20 * time.Millisecond}, PollInterval: 10 * time.Millisecond,
+			Batch: 8 + i, FanOutBatch: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		if err := r.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Stop)
+	}
+	const n = 150
+	var ids []string
+	for i := 0; i < n; i += 3 {
+		var batch []billing.Event
+		for j := i; j < i+3; j++ {
+			ev, err := evs.LimitHit(billing.Refusal{TenantID: "t" + fmt.Sprint(j%4), LimitType: quotas.TenantRate,
+				Limit: 1, Used: 1, At: relayEpoch.Add(time.Duration(j) * time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			batch = append(batch, ev)
+			ids = append(ids, ev.ID)
+		}
+		if err := st.InTx(ctx, func(tx *store.Store) error {
+			for _, ev := range batch {
+				if _, err := billing.WriteEvent(ctx, tx, ev); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(id string) int {
+		if strings.HasSuffix(id, "7") {
+			return 2
+		}
+		return 1
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		done := true
+		for _, id := range ids {
+			for i := range recvs {
+				k := fmt.Sprint(i) + "/" + id
+				if count[k] < want(k) {
+					done = false
+				}
+			}
+		}
+		mu.Unlock()
+		if done || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // a duplicate would show by now
+	mu.Lock()
+	defer mu.Unlock()
+	if overlap {
+		t.Error("one delivery was sent twice at once")
+	}
+	for _, id := range ids {
+		for i := range recvs {
+			k := fmt.Sprint(i) + "/" + id
+			if count[k] != want(k) {
+				t.Errorf("%s received %d times, want %d", k, count[k], want(k))
+			}
+		}
+	}
+}
+
+// The endpoint service refuses what cannot be delivered, never shows a secret after
+// create, and pages attempts.
+func TestWebhookServiceRules(t *testing.T) {
+	e := newRelayEnv(t)
+	for _, tc := range []struct {
+		name  string
+		p     billing.CreateWebhookParams
+		field string
+	}{
+		{"no url", billing.CreateWebhookParams{Types: []string{billing.TypeLimitHit}}, "url"},
+		{"relative url", billing.CreateWebhookParams{URL: "/hook", Types: []string{billing.TypeLimitHit}}, "url"},
+		{"ftp", billing.CreateWebhookParams{URL: "ftp://x/", Types: []string{billing.TypeLimitHit}}, "url"},
+		{"space", billing.CreateWebhookParams{URL: "http://x/ y", Types: []string{billing.TypeLimitHit}}, "url"},
+		{"no types", billing.CreateWebhookParams{URL: "http://x/"}, "types"},
+		{"unknown type", billing.CreateWebhookParams{URL: "http://x/", Types: []string{"usage.other"}}, "types"},
+		{"unknown tenant", billing.CreateWebhookParams{URL: "http://x/", Types: []string{billing.TypeLimitHit}, TenantID: "nope"}, "tenant"},
+	} {
+		var inv *billing.InvalidWebhookError
+		if _, err := e.hooks.Create(e.ctx, tc.p); !errors.As(err, &inv) || inv.Field != tc.field {
+			t.Errorf("%s: %v, want an *InvalidWebhookError of %s", tc.name, err, tc.field)
+		}
+	}
+	w := e.create(t, "https://hooks.example/x", "acme", billing.TypeLimitHit, billing.TypeLimitHit)
+	if len(w.Webhook.Types) != 1 {
+		t.Errorf("types %v: a repeated type is kept once", w.Webhook.Types)
+	}
+	list, err := e.hooks.List(e.ctx)
+	if err != nil || len(list) != 1 || list[0].Secret != "" || list[0].PreviousSecret != "" || list[0].TenantID != "acme" {
+		t.Fatalf("list %+v %v", list, err)
+	}
+	for _, id := range []string{"nope", "00000000-0000-0000-0000-000000000000", "{" + w.Webhook.ID.String() + "}"} {
+		if _, err := e.hooks.Get(e.ctx, id); !errors.Is(err, billing.ErrWebhookNotFound) {
+			t.Errorf("get %q: %v", id, err)
+		}
+	}
+	var inv *billing.InvalidWebhookError
+	if _, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{After: "x"}); !errors.As(err, &inv) {
+		t.Errorf("bad cursor: %v", err)
+	}
+
+	// Pages of attempts, newest first.
+	rcv := newReceiver(t, func(int, hook) int { return 500 })
+	w2 := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	r := e.relay([]time.Duration{0, time.Second, time.Second, time.Second, time.Second}, 0)
+	e.write(t, e.hit(t, "acme", 1))
+	runUntil(t, e.ctx, r, func() bool { e.clock.Add(time.Second); return len(rcv.got()) == 5 })
+	var seen []int
+	after := ""
+	for {
+		page, err := e.hooks.Attempts(e.ctx, w2.Webhook.ID.String(), billing.AttemptsParams{After: after, Limit: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range page.Attempts {
+			seen = append(seen, a.Attempt)
+		}
+		if page.Next == "" {
+			break
+		}
+		after = page.Next
+	}
+	if fmt.Sprint(seen) != "[5 4 3 2 1]" {
+		t.Errorf("attempts paged %v, want [5 4 3 2 1]", seen)
+	}
+}

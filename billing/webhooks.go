@@ -1,0 +1,294 @@
+package billing
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/internal/store"
+)
+
+// Webhook is a webhook endpoint. Its secrets are for the relay alone: the service's
+// reads leave them empty, and only Create and RotateSecret return the new one.
+type Webhook = store.WebhookEndpoint
+
+// WebhookAttempt is one recorded attempt to deliver an event to an endpoint.
+type WebhookAttempt = store.WebhookAttempt
+
+// ErrWebhookNotFound matches (errors.Is) the *WebhookNotFoundError of an id that
+// names no endpoint.
+var ErrWebhookNotFound = store.ErrNotFound
+
+// WebhookNotFoundError is an id naming no endpoint. Message is the API's sentence.
+type WebhookNotFoundError struct{ Message string }
+
+func (e *WebhookNotFoundError) Error() string { return e.Message }
+
+// Is makes errors.Is(err, ErrWebhookNotFound) true.
+func (e *WebhookNotFoundError) Is(target error) bool { return target == ErrWebhookNotFound }
+
+// InvalidWebhookError is a refused field of a webhook request. Message is a sentence
+// for the person who sent it.
+type InvalidWebhookError struct {
+	Field   string // url, types, tenant, limit, after
+	Message string
+}
+
+func (e *InvalidWebhookError) Error() string { return e.Message }
+
+func invalidWebhook(field, format string, args ...any) *InvalidWebhookError {
+	return &InvalidWebhookError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Bounds of an endpoint.
+const (
+	MaxWebhookURL = 2048 // bytes
+	// DefaultRotationGrace is how long the secret an endpoint had before a rotation
+	// keeps signing its deliveries (next to the new one).
+	DefaultRotationGrace = 24 * time.Hour
+	// The pages of attempts.
+	DefaultAttemptsLimit = 100
+	MaxAttemptsLimit     = store.MaxWebhookAttemptsPage
+)
+
+// secretPrefix starts every webhook secret, as the Standard Webhooks spec has it.
+const secretPrefix = "whsec_"
+
+// WebhooksOptions configure the webhook endpoint service.
+type WebhooksOptions struct {
+	// RotationGrace is how long a replaced secret keeps signing (DefaultRotationGrace
+	// when 0).
+	RotationGrace time.Duration
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// Webhooks manages the webhook endpoints the relay delivers the events to: the rules
+// of an endpoint, its secret and its rotation, and its attempts. The admin API and
+// the CLI go through it.
+type Webhooks struct {
+	st    *store.Store
+	grace time.Duration
+	now   func() time.Time
+}
+
+// NewWebhooks returns the endpoint service on st.
+func NewWebhooks(st *store.Store, o WebhooksOptions) *Webhooks {
+	w := &Webhooks{st: st, grace: o.RotationGrace, now: o.Now}
+	if w.grace <= 0 {
+		w.grace = DefaultRotationGrace
+	}
+	if w.now == nil {
+		w.now = time.Now
+	}
+	return w
+}
+
+// CreateWebhookParams are a new endpoint.
+type CreateWebhookParams struct {
+	URL   string   // absolute http or https
+	Types []string // event types, at least one (KnownType)
+	// TenantID limits the endpoint to one tenant's events; "" takes every tenant's.
+	TenantID string
+}
+
+// WebhookWithSecret is an endpoint with its newly made secret: the answer of Create
+// and RotateSecret, the only ones that carry it.
+type WebhookWithSecret struct {
+	Webhook Webhook
+	Secret  string
+}
+
+// Create checks and stores an endpoint with a fresh secret. It receives the events
+// written after it, of its types and tenant.
+func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWithSecret, error) {
+	if len(p.URL) > MaxWebhookURL || strings.ContainsFunc(p.URL, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return WebhookWithSecret{}, invalidWebhook("url", "url must be printable ASCII of at most %d bytes.", MaxWebhookURL)
+	}
+	u, err := url.Parse(p.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return WebhookWithSecret{}, invalidWebhook("url", "url must be an absolute http or https URL.")
+	}
+	if len(p.Types) == 0 {
+		return WebhookWithSecret{}, invalidWebhook("types", "types must name at least one event type (%s, %s).",
+			TypeLimitHit, TypeApproachingLimit)
+	}
+	var types []string
+	for _, t := range p.Types {
+		if !KnownType(t) {
+			return WebhookWithSecret{}, invalidWebhook("types", "Unknown event type %s: use %s or %s.",
+				strconv.Quote(t), TypeLimitHit, TypeApproachingLimit)
+		}
+		if !slices.Contains(types, t) {
+			types = append(types, t)
+		}
+	}
+	secret, err := newWebhookSecret()
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	if p.TenantID != "" {
+		if _, err := w.st.GetTenant(ctx, p.TenantID); errors.Is(err, store.ErrNotFound) {
+			return WebhookWithSecret{}, invalidWebhook("tenant", "No tenant %s.", strconv.Quote(p.TenantID))
+		} else if err != nil {
+			return WebhookWithSecret{}, err
+		}
+	}
+	ep, err := w.st.UnscopedCreateWebhook(ctx, store.CreateWebhookParams{
+		ID: uuid.New(), URL: p.URL, Types: types, TenantID: p.TenantID, Secret: secret,
+	})
+	if errors.Is(err, store.ErrNotFound) { // the tenant went meanwhile
+		return WebhookWithSecret{}, invalidWebhook("tenant", "No tenant %s.", strconv.Quote(p.TenantID))
+	}
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	return WebhookWithSecret{Webhook: hideSecrets(ep), Secret: secret}, nil
+}
+
+// newWebhookSecret is "whsec_" and the base64 of 32 random bytes, the form the
+// Standard Webhooks libraries take.
+func newWebhookSecret() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return secretPrefix + base64.StdEncoding.EncodeToString(b), nil
+}
+
+func hideSecrets(ep Webhook) Webhook {
+	ep.Secret, ep.PreviousSecret = "", ""
+	return ep
+}
+
+// ParseWebhookID reads an endpoint id, a UUID in its 36-character form; anything else
+// names no endpoint (a *WebhookNotFoundError), as does a UUID no endpoint has.
+func ParseWebhookID(id string) (uuid.UUID, error) {
+	u, err := uuid.Parse(id)
+	if err != nil || len(id) != 36 {
+		return uuid.Nil, &WebhookNotFoundError{Message: fmt.Sprintf("No webhook endpoint %s.", strconv.Quote(id))}
+	}
+	return u, nil
+}
+
+func (w *Webhooks) notFound(err error, id string) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return &WebhookNotFoundError{Message: fmt.Sprintf("No webhook endpoint %s.", strconv.Quote(id))}
+	}
+	return err
+}
+
+// Get returns an endpoint, without its secrets.
+func (w *Webhooks) Get(ctx context.Context, id string) (Webhook, error) {
+	u, err := ParseWebhookID(id)
+	if err != nil {
+		return Webhook{}, err
+	}
+	ep, err := w.st.UnscopedGetWebhook(ctx, u)
+	if err != nil {
+		return Webhook{}, w.notFound(err, id)
+	}
+	return hideSecrets(ep), nil
+}
+
+// List returns every endpoint, disabled ones included, oldest first, without their
+// secrets.
+func (w *Webhooks) List(ctx context.Context) ([]Webhook, error) {
+	eps, err := w.st.UnscopedListWebhooks(ctx)
+	for i := range eps {
+		eps[i] = hideSecrets(eps[i])
+	}
+	return eps, err
+}
+
+// Delete removes an endpoint, its pending deliveries and its attempts. A send in
+// flight to it finishes; nothing is sent to it after that.
+func (w *Webhooks) Delete(ctx context.Context, id string) error {
+	u, err := ParseWebhookID(id)
+	if err != nil {
+		return err
+	}
+	return w.notFound(w.st.UnscopedDeleteWebhook(ctx, u), id)
+}
+
+// RotateSecret gives an endpoint a new secret and returns it. For the rotation grace
+// every delivery carries a signature with the new secret and one with the replaced
+// one, so the receiver can switch at its own pace; after it, only the new one. A
+// second rotation within the grace ends the first one's: the secret before it no
+// longer signs.
+func (w *Webhooks) RotateSecret(ctx context.Context, id string) (WebhookWithSecret, error) {
+	u, err := ParseWebhookID(id)
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	secret, err := newWebhookSecret()
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	ep, err := w.st.UnscopedRotateWebhookSecret(ctx, store.RotateWebhookParams{
+		ID: u, Secret: secret, PreviousExpiresAt: w.now().Add(w.grace),
+	})
+	if err != nil {
+		return WebhookWithSecret{}, w.notFound(err, id)
+	}
+	return WebhookWithSecret{Webhook: hideSecrets(ep), Secret: secret}, nil
+}
+
+// AttemptsParams select a page of an endpoint's attempts, newest first: after the
+// cursor After ("" from the newest), at most Limit (DefaultAttemptsLimit when 0).
+type AttemptsParams struct {
+	After string
+	Limit int
+}
+
+// AttemptsPage is a page of attempts. Next is the cursor of the page after it, ""
+// when this one is the last.
+type AttemptsPage struct {
+	Attempts []WebhookAttempt
+	Next     string
+}
+
+// Attempts returns a page of an endpoint's delivery attempts, newest first.
+func (w *Webhooks) Attempts(ctx context.Context, id string, p AttemptsParams) (AttemptsPage, error) {
+	u, err := ParseWebhookID(id)
+	if err != nil {
+		return AttemptsPage{}, err
+	}
+	limit := p.Limit
+	if limit == 0 {
+		limit = DefaultAttemptsLimit
+	}
+	if limit < 0 || limit > MaxAttemptsLimit {
+		return AttemptsPage{}, invalidWebhook("limit", "limit must be between 1 and %d.", MaxAttemptsLimit)
+	}
+	var before int64
+	if p.After != "" {
+		n, err := strconv.ParseInt(p.After, 10, 64)
+		if err != nil || n <= 0 || strconv.FormatInt(n, 10) != p.After {
+			return AttemptsPage{}, invalidWebhook("after", "Malformed cursor: pass after= a next_cursor this list gave.")
+		}
+		before = n
+	}
+	if _, err := w.st.UnscopedGetWebhook(ctx, u); err != nil {
+		return AttemptsPage{}, w.notFound(err, id)
+	}
+	as, err := w.st.UnscopedListWebhookAttempts(ctx, store.ListWebhookAttemptsParams{EndpointID: u, Before: before, Limit: limit + 1})
+	if err != nil {
+		return AttemptsPage{}, err
+	}
+	page := AttemptsPage{Attempts: as}
+	if len(as) > limit {
+		page.Attempts = as[:limit]
+		page.Next = strconv.FormatInt(as[limit-1].ID, 10)
+	}
+	return page, nil
+}

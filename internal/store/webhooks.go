@@ -1,0 +1,381 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Webhook endpoints, deliveries and attempts are the operator's: every call here is
+// unscoped (an endpoint may take every tenant's events) and serves the admin API, the
+// CLI and the relays only.
+
+// WebhookEndpoint is a webhook endpoint as stored.
+type WebhookEndpoint struct {
+	ID             uuid.UUID
+	URL            string
+	Types          []string
+	TenantID       string // "" = every tenant
+	DisabledAt     *time.Time
+	DisabledReason string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	// PreviousSecretExpiresAt is when the secret before the last rotation stops
+	// signing; nil when there is none.
+	PreviousSecretExpiresAt *time.Time
+	// Secret and PreviousSecret sign the deliveries. For the relay and the create
+	// and rotate answers only: never shown by reads, never logged.
+	Secret         string
+	PreviousSecret string
+}
+
+const webhookCols = `id, url, types, COALESCE(tenant_id, ''), disabled_at, COALESCE(disabled_reason, ''),
+	created_at, updated_at, previous_secret_expires_at, secret, COALESCE(previous_secret, '')`
+
+func scanWebhook(row pgx.Row) (WebhookEndpoint, error) {
+	var w WebhookEndpoint
+	err := row.Scan(&w.ID, &w.URL, &w.Types, &w.TenantID, &w.DisabledAt, &w.DisabledReason,
+		&w.CreatedAt, &w.UpdatedAt, &w.PreviousSecretExpiresAt, &w.Secret, &w.PreviousSecret)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return w, ErrNotFound
+	}
+	return w, err
+}
+
+// CreateWebhookParams are a new endpoint.
+type CreateWebhookParams struct {
+	ID       uuid.UUID
+	URL      string
+	Types    []string
+	TenantID string // "" = every tenant
+	Secret   string
+}
+
+// UnscopedCreateWebhook stores an endpoint. It receives the events whose transaction
+// got its id after this call's. ErrNotFound when TenantID names no tenant.
+func (s *Store) UnscopedCreateWebhook(ctx context.Context, p CreateWebhookParams) (WebhookEndpoint, error) {
+	var tenant *string
+	if p.TenantID != "" {
+		tenant = &p.TenantID
+	}
+	w, err := scanWebhook(s.db.QueryRow(ctx, `
+		INSERT INTO webhook_endpoints (id, url, types, tenant_id, secret) VALUES ($1, $2, $3, $4, $5)
+		RETURNING `+webhookCols, p.ID, p.URL, p.Types, tenant, p.Secret))
+	if isForeignKeyViolation(err) {
+		return w, ErrNotFound
+	}
+	return w, err
+}
+
+// UnscopedGetWebhook reads an endpoint; ErrNotFound if there is none.
+func (s *Store) UnscopedGetWebhook(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
+	return scanWebhook(s.db.QueryRow(ctx, `SELECT `+webhookCols+` FROM webhook_endpoints WHERE id = $1`, id))
+}
+
+// UnscopedListWebhooks lists every endpoint, oldest first.
+func (s *Store) UnscopedListWebhooks(ctx context.Context) ([]WebhookEndpoint, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+webhookCols+` FROM webhook_endpoints ORDER BY created_at, id`)
+	return collect(rows, err, scanWebhook)
+}
+
+// UnscopedDeleteWebhook deletes an endpoint with its deliveries and attempts;
+// ErrNotFound if there is none. A send in flight finishes, and its outcome is dropped.
+func (s *Store) UnscopedDeleteWebhook(ctx context.Context, id uuid.UUID) error {
+	tag, err := s.db.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, id)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// RotateWebhookParams replace an endpoint's secret.
+type RotateWebhookParams struct {
+	ID     uuid.UUID
+	Secret string
+	// PreviousExpiresAt is until when the replaced secret keeps signing.
+	PreviousExpiresAt time.Time
+}
+
+// UnscopedRotateWebhookSecret makes Secret the endpoint's secret and the one it had
+// the previous one, until PreviousExpiresAt; ErrNotFound if there is no endpoint.
+func (s *Store) UnscopedRotateWebhookSecret(ctx context.Context, p RotateWebhookParams) (WebhookEndpoint, error) {
+	return scanWebhook(s.db.QueryRow(ctx, `
+		UPDATE webhook_endpoints SET previous_secret = secret, previous_secret_expires_at = $3, secret = $2,
+			updated_at = now()
+		WHERE id = $1 RETURNING `+webhookCols, p.ID, p.Secret, p.PreviousExpiresAt))
+}
+
+// FanOutParams bound one fan-out.
+type FanOutParams struct {
+	Now   time.Time // the deliveries are due from then
+	Limit int       // events read at most
+}
+
+// FanOut is what one fan-out did.
+type FanOut struct {
+	Events     int  // events read past the cursor
+	Deliveries int  // deliveries written
+	Busy       bool // another relay held the cursor: nothing was done
+}
+
+// UnscopedFanOutWebhooks reads up to Limit events after the relays' shared cursor,
+// in feed order behind the oldest running transaction, writes a pending delivery for
+// each endpoint each one is for (enabled, of its type, of its tenant or of every
+// tenant, created before the event), and moves the cursor past them, in one
+// transaction. The cursor row is locked for it; a relay that finds it locked does
+// nothing (Busy), so an event is fanned out once however many relays run.
+func (s *Store) UnscopedFanOutWebhooks(ctx context.Context, p FanOutParams) (FanOut, error) {
+	if p.Limit <= 0 || p.Limit > MaxEventsPage {
+		p.Limit = MaxEventsPage
+	}
+	var out FanOut
+	err := s.InTx(ctx, func(tx *Store) error {
+		var xid string
+		var seq int64
+		err := tx.db.QueryRow(ctx, `SELECT xid::text, seq FROM webhook_fanout_cursor FOR UPDATE SKIP LOCKED`).Scan(&xid, &seq)
+		if errors.Is(err, pgx.ErrNoRows) {
+			out.Busy = true
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var lastXID *string
+		var lastSeq *int64
+		err = tx.db.QueryRow(ctx, `
+			WITH batch AS (
+				SELECT xid, seq, id, tenant_id, type FROM events
+				WHERE (xid, seq) > ($1::text::xid8, $2) AND xid < pg_snapshot_xmin(pg_current_snapshot())
+				ORDER BY xid, seq LIMIT $3
+			), ins AS (
+				INSERT INTO webhook_deliveries (endpoint_id, event_seq, event_id, next_attempt_at)
+				SELECT w.id, b.seq, b.id, $4 FROM batch b JOIN webhook_endpoints w
+					ON b.type = ANY (w.types) AND (w.tenant_id IS NULL OR w.tenant_id = b.tenant_id)
+					AND w.disabled_at IS NULL AND b.xid > w.start_xid
+				ORDER BY b.xid, b.seq
+				ON CONFLICT (endpoint_id, event_seq) DO NOTHING
+				RETURNING 1
+			), last AS (
+				SELECT xid::text AS xid, seq FROM batch ORDER BY xid DESC, seq DESC LIMIT 1
+			)
+			SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM ins), (SELECT xid FROM last), (SELECT seq FROM last)`,
+			xid, seq, p.Limit, p.Now).Scan(&out.Events, &out.Deliveries, &lastXID, &lastSeq)
+		if err != nil || lastXID == nil {
+			return err
+		}
+		_, err = tx.db.Exec(ctx, `UPDATE webhook_fanout_cursor SET xid = $1::text::xid8, seq = $2`, *lastXID, *lastSeq)
+		return err
+	})
+	return out, err
+}
+
+// ClaimDeliveriesParams select the deliveries a relay sends next.
+type ClaimDeliveriesParams struct {
+	Now   time.Time
+	Lease time.Duration // how long the claim keeps other relays off
+	Limit int
+}
+
+// DeliveryClaim is a delivery a relay holds until Now + Lease, with what it sends.
+type DeliveryClaim struct {
+	ID         int64
+	LeaseID    uuid.UUID // the claim: its outcome is written only while the delivery still carries it
+	Attempt    int       // this attempt's number, from 1
+	EndpointID uuid.UUID
+	URL        string
+	EventID    string
+	Payload    []byte // the event's bytes as stored
+	// Secret and PreviousSecret sign the request; PreviousSecret only until
+	// PreviousSecretExpiresAt.
+	Secret                  string
+	PreviousSecret          string
+	PreviousSecretExpiresAt *time.Time
+}
+
+// UnscopedClaimWebhookDeliveries claims up to Limit pending deliveries that are due
+// at Now and not claimed by a live lease, of enabled endpoints, oldest due first.
+// Rows another relay is claiming are skipped, not waited for, and the lease keeps
+// them off every other relay until it lapses: no delivery is sent twice at once.
+func (s *Store) UnscopedClaimWebhookDeliveries(ctx context.Context, p ClaimDeliveriesParams) ([]DeliveryClaim, error) {
+	lease := uuid.New()
+	rows, err := s.db.Query(ctx, `
+		WITH due AS (
+			SELECT d.id FROM webhook_deliveries d JOIN webhook_endpoints w ON w.id = d.endpoint_id
+			WHERE d.state = 'pending' AND d.next_attempt_at <= $1 AND (d.locked_until IS NULL OR d.locked_until <= $1)
+				AND w.disabled_at IS NULL
+			ORDER BY d.next_attempt_at, d.id LIMIT $3
+			FOR UPDATE OF d SKIP LOCKED
+		), claimed AS (
+			UPDATE webhook_deliveries d SET lease_id = $4, locked_until = $2, attempts = d.attempts + 1
+			FROM due WHERE d.id = due.id
+			RETURNING d.id, d.attempts, d.endpoint_id, d.event_seq, d.event_id
+		)
+		SELECT c.id, c.attempts, c.endpoint_id, w.url, c.event_id, e.payload, w.secret,
+			COALESCE(w.previous_secret, ''), w.previous_secret_expires_at
+		FROM claimed c JOIN webhook_endpoints w ON w.id = c.endpoint_id JOIN events e ON e.seq = c.event_seq
+		ORDER BY c.id`, p.Now, p.Now.Add(p.Lease), p.Limit, lease)
+	return collect(rows, err, func(row pgx.Row) (DeliveryClaim, error) {
+		c := DeliveryClaim{LeaseID: lease}
+		err := row.Scan(&c.ID, &c.Attempt, &c.EndpointID, &c.URL, &c.EventID, &c.Payload, &c.Secret,
+			&c.PreviousSecret, &c.PreviousSecretExpiresAt)
+		return c, err
+	})
+}
+
+// Attempt results.
+const (
+	AttemptSucceeded = "succeeded" // a 2xx: the delivery is done
+	AttemptRetrying  = "retrying"  // a failure with attempts left: the delivery is due again at NextAttemptAt
+	AttemptFailed    = "failed"    // a failure without attempts left: the delivery is given up
+	AttemptGone      = "gone"      // a 410: the endpoint is disabled and its pending deliveries cancelled
+)
+
+// RecordAttemptParams are the outcome of one send of a claimed delivery.
+type RecordAttemptParams struct {
+	Claim         DeliveryClaim
+	At            time.Time // when the request was sent
+	Duration      time.Duration
+	StatusCode    int    // 0: no answer
+	Error         string // why there was no answer, or none
+	Result        string // one of the Attempt results
+	NextAttemptAt time.Time
+}
+
+// UnscopedRecordWebhookAttempt records an attempt and, while the delivery still
+// carries the attempt's claim, its outcome: done, due again at NextAttemptAt, or
+// given up; AttemptGone also disables the endpoint and cancels its pending
+// deliveries. An attempt whose claim lapsed (another relay claimed the delivery since)
+// is still recorded but decides nothing (owned=false); one whose endpoint was deleted
+// is dropped.
+func (s *Store) UnscopedRecordWebhookAttempt(ctx context.Context, p RecordAttemptParams) (owned bool, err error) {
+	var status *int
+	if p.StatusCode != 0 {
+		status = &p.StatusCode
+	}
+	var errText *string
+	if p.Error != "" {
+		errText = &p.Error
+	}
+	err = s.InTx(ctx, func(tx *Store) error {
+		_, err := tx.db.Exec(ctx, `
+			INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, attempt, attempted_at, status_code, error, duration_ms, result)
+			SELECT d.id, d.endpoint_id, d.event_id, $2, $3, $4, $5, $6, $7 FROM webhook_deliveries d WHERE d.id = $1`,
+			p.Claim.ID, p.Claim.Attempt, p.At, status, errText, p.Duration.Milliseconds(), p.Result)
+		if err != nil {
+			return err
+		}
+		var state string
+		var next *time.Time
+		switch p.Result {
+		case AttemptSucceeded:
+			state = "succeeded"
+		case AttemptRetrying:
+			state, next = "pending", &p.NextAttemptAt
+		case AttemptFailed, AttemptGone:
+			state = "failed"
+		default:
+			return errors.New("store: unknown attempt result " + strconv.Quote(p.Result))
+		}
+		tag, err := tx.db.Exec(ctx, `
+			UPDATE webhook_deliveries SET state = $3, next_attempt_at = COALESCE($4, next_attempt_at),
+				lease_id = NULL, locked_until = NULL, last_status = $5,
+				finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END
+			WHERE id = $1 AND lease_id = $2 AND state = 'pending'`, p.Claim.ID, p.Claim.LeaseID, state, next, status)
+		if err != nil {
+			return err
+		}
+		owned = tag.RowsAffected() == 1
+		if !owned || p.Result != AttemptGone {
+			return nil
+		}
+		if _, err := tx.db.Exec(ctx, `
+			UPDATE webhook_endpoints SET disabled_at = $2, disabled_reason = $3, updated_at = now()
+			WHERE id = $1 AND disabled_at IS NULL`,
+			p.Claim.EndpointID, p.At, "the endpoint answered 410 Gone"); err != nil {
+			return err
+		}
+		_, err = tx.db.Exec(ctx, `
+			UPDATE webhook_deliveries SET state = 'cancelled', lease_id = NULL, locked_until = NULL, finished_at = now()
+			WHERE endpoint_id = $1 AND state = 'pending'`, p.Claim.EndpointID)
+		return err
+	})
+	return owned, err
+}
+
+// WebhookAttempt is one recorded attempt.
+type WebhookAttempt struct {
+	ID          int64
+	DeliveryID  int64
+	EndpointID  uuid.UUID
+	EventID     string
+	Attempt     int
+	AttemptedAt time.Time
+	StatusCode  int // 0: no answer
+	Error       string
+	Duration    time.Duration
+	Result      string
+}
+
+// MaxWebhookAttemptsPage bounds a page of attempts.
+const MaxWebhookAttemptsPage = 1000
+
+// ListWebhookAttemptsParams select a page of an endpoint's attempts, newest first:
+// those recorded before the attempt Before (0: from the newest), at most Limit.
+type ListWebhookAttemptsParams struct {
+	EndpointID uuid.UUID
+	Before     int64
+	Limit      int
+}
+
+// UnscopedListWebhookAttempts returns a page of an endpoint's attempts, newest first.
+func (s *Store) UnscopedListWebhookAttempts(ctx context.Context, p ListWebhookAttemptsParams) ([]WebhookAttempt, error) {
+	if p.Limit <= 0 || p.Limit > MaxWebhookAttemptsPage {
+		p.Limit = MaxWebhookAttemptsPage
+	}
+	q := `SELECT id, delivery_id, endpoint_id, event_id, attempt, attempted_at, COALESCE(status_code, 0),
+		COALESCE(error, ''), duration_ms, result FROM webhook_attempts WHERE endpoint_id = $1`
+	args := []any{p.EndpointID, p.Limit}
+	if p.Before > 0 {
+		q += ` AND id < $3`
+		args = append(args, p.Before)
+	}
+	rows, err := s.db.Query(ctx, q+` ORDER BY id DESC LIMIT $2`, args...)
+	return collect(rows, err, func(row pgx.Row) (WebhookAttempt, error) {
+		var a WebhookAttempt
+		var ms int64
+		err := row.Scan(&a.ID, &a.DeliveryID, &a.EndpointID, &a.EventID, &a.Attempt, &a.AttemptedAt, &a.StatusCode,
+			&a.Error, &ms, &a.Result)
+		a.Duration = time.Duration(ms) * time.Millisecond
+		return a, err
+	})
+}
+
+// WebhookDelivery is a delivery's state (tests, diagnostics).
+type WebhookDelivery struct {
+	ID            int64
+	EndpointID    uuid.UUID
+	EventID       string
+	State         string
+	Attempts      int
+	NextAttemptAt time.Time
+	LastStatus    int
+}
+
+// UnscopedListWebhookDeliveries lists an endpoint's deliveries in the order they were
+// written.
+func (s *Store) UnscopedListWebhookDeliveries(ctx context.Context, endpoint uuid.UUID) ([]WebhookDelivery, error) {
+	rows, err := s.db.Query(ctx, `SELECT id, endpoint_id, event_id, state, attempts, next_attempt_at, COALESCE(last_status, 0)
+		FROM webhook_deliveries WHERE endpoint_id = $1 ORDER BY id`, endpoint)
+	return collect(rows, err, func(row pgx.Row) (WebhookDelivery, error) {
+		var d WebhookDelivery
+		err := row.Scan(&d.ID, &d.EndpointID, &d.EventID, &d.State, &d.Attempts, &d.NextAttemptAt, &d.LastStatus)
+		return d, err
+	})
+}

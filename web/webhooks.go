@@ -1,0 +1,183 @@
+package web
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/billing"
+)
+
+// WebhookRequest is the body of POST /v1/admin/webhooks.
+type WebhookRequest struct {
+	URL    string   `json:"url"`
+	Types  []string `json:"types"`
+	Tenant string   `json:"tenant"` // "" or absent: every tenant's events
+}
+
+// WebhookJSON is a webhook endpoint as the admin API shows it, never with a secret.
+type WebhookJSON struct {
+	ID     string   `json:"id"`
+	URL    string   `json:"url"`
+	Types  []string `json:"types"`
+	Tenant *string  `json:"tenant"` // null: every tenant
+	// Disabled is set when the endpoint stopped receiving (it answered 410 Gone).
+	DisabledAt     *time.Time `json:"disabled_at"`
+	DisabledReason *string    `json:"disabled_reason"`
+	// PreviousSecretExpiresAt: after a rotation, until when the replaced secret
+	// signs too; null before the first rotation.
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	CreatedAt               time.Time  `json:"created_at"`
+	UpdatedAt               time.Time  `json:"updated_at"`
+}
+
+// WebhookWithSecret is an endpoint with its new secret: the answer of create and
+// rotate, the only ones that carry it.
+type WebhookWithSecret struct {
+	WebhookJSON
+	Secret string `json:"secret"`
+}
+
+// WebhookAttemptJSON is one attempt to deliver an event to an endpoint.
+type WebhookAttemptJSON struct {
+	ID          string    `json:"id"`
+	EventID     string    `json:"event_id"`
+	Attempt     int       `json:"attempt"`
+	AttemptedAt time.Time `json:"attempted_at"`
+	StatusCode  *int      `json:"status_code"` // null: no answer
+	Error       *string   `json:"error"`       // why there was no answer
+	DurationMS  int64     `json:"duration_ms"`
+	Result      string    `json:"result"` // succeeded, retrying, failed, gone
+}
+
+// NewWebhookJSON is an endpoint as the API shows it (the CLI prints the same).
+func NewWebhookJSON(w billing.Webhook) WebhookJSON {
+	out := WebhookJSON{
+		ID: w.ID.String(), URL: w.URL, Types: w.Types, DisabledAt: w.DisabledAt,
+		PreviousSecretExpiresAt: w.PreviousSecretExpiresAt, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt,
+	}
+	if out.Types == nil {
+		out.Types = []string{}
+	}
+	if w.TenantID != "" {
+		out.Tenant = &w.TenantID
+	}
+	if w.DisabledReason != "" {
+		out.DisabledReason = &w.DisabledReason
+	}
+	return out
+}
+
+// NewWebhookAttemptJSON is an attempt as the API shows it.
+func NewWebhookAttemptJSON(a billing.WebhookAttempt) WebhookAttemptJSON {
+	out := WebhookAttemptJSON{
+		ID: strconv.FormatInt(a.ID, 10), EventID: a.EventID, Attempt: a.Attempt, AttemptedAt: a.AttemptedAt,
+		DurationMS: a.Duration.Milliseconds(), Result: a.Result,
+	}
+	if a.StatusCode != 0 {
+		out.StatusCode = &a.StatusCode
+	}
+	if a.Error != "" {
+		out.Error = &a.Error
+	}
+	return out
+}
+
+// webhookErr turns the webhook service's errors into the API's.
+func webhookErr(err error) error {
+	var inv *billing.InvalidWebhookError
+	var nf *billing.WebhookNotFoundError
+	switch {
+	case errors.As(err, &inv):
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)
+	case errors.As(err, &nf):
+		return apiErr(http.StatusNotFound, CodeNotFound, "%s", nf.Message)
+	}
+	return err
+}
+
+func (s *Server) createWebhook(c echo.Context) error {
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var r WebhookRequest
+	if err := decodeStrict(body, &r, false); err != nil {
+		return err
+	}
+	w, err := s.Webhooks.Create(c.Request().Context(), billing.CreateWebhookParams{URL: r.URL, Types: r.Types, TenantID: r.Tenant})
+	if err != nil {
+		return webhookErr(err)
+	}
+	return c.JSON(http.StatusCreated, WebhookWithSecret{WebhookJSON: NewWebhookJSON(w.Webhook), Secret: w.Secret})
+}
+
+func (s *Server) listWebhooks(c echo.Context) error {
+	ws, err := s.Webhooks.List(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	out := make([]WebhookJSON, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, NewWebhookJSON(w))
+	}
+	return c.JSON(http.StatusOK, map[string]any{"webhooks": out})
+}
+
+func (s *Server) getWebhook(c echo.Context) error {
+	w, err := s.Webhooks.Get(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return webhookErr(err)
+	}
+	return c.JSON(http.StatusOK, NewWebhookJSON(w))
+}
+
+func (s *Server) deleteWebhook(c echo.Context) error {
+	if err := s.Webhooks.Delete(c.Request().Context(), c.Param("id")); err != nil {
+		return webhookErr(err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) rotateWebhookSecret(c echo.Context) error {
+	w, err := s.Webhooks.RotateSecret(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return webhookErr(err)
+	}
+	return c.JSON(http.StatusOK, WebhookWithSecret{WebhookJSON: NewWebhookJSON(w.Webhook), Secret: w.Secret})
+}
+
+// listWebhookAttempts is GET /v1/admin/webhooks/{id}/attempts: newest first, paged by
+// after (a next_cursor) and limit.
+func (s *Server) listWebhookAttempts(c echo.Context) error {
+	q := c.QueryParams()
+	for k := range q {
+		if k != "after" && k != "limit" {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
+		}
+	}
+	p := billing.AttemptsParams{After: q.Get("after")}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > billing.MaxAttemptsLimit {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", billing.MaxAttemptsLimit)
+		}
+		p.Limit = n
+	}
+	page, err := s.Webhooks.Attempts(c.Request().Context(), c.Param("id"), p)
+	if err != nil {
+		return webhookErr(err)
+	}
+	out := make([]WebhookAttemptJSON, 0, len(page.Attempts))
+	for _, a := range page.Attempts {
+		out = append(out, NewWebhookAttemptJSON(a))
+	}
+	var next *string
+	if page.Next != "" {
+		next = &page.Next
+	}
+	return c.JSON(http.StatusOK, map[string]any{"attempts": out, "next_cursor": next})
+}
