@@ -175,7 +175,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.api = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
-		Events: billing.NewFeed(a.store), UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
+		Events: billing.NewFeed(a.store), Usage: billing.NewRollups(a.store), UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 	})
 	a.svcs = a.roleServices()

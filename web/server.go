@@ -51,7 +51,8 @@ type Deps struct {
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue // nil: the tenant service's
 	Admission  *quotas.Guard
-	Events     *billing.Feed // the usage events feeds
+	Events     *billing.Feed    // the usage events feeds
+	Usage      *billing.Rollups // the usage export
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
@@ -123,6 +124,7 @@ func (s *Server) routes() {
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
 	admin(http.MethodGet, "/plans", s.listPlans)
 	admin(http.MethodGet, "/events", s.adminEvents)
+	admin(http.MethodGet, "/usage", s.adminUsage)
 	admin(http.MethodPost, "/tenants", s.createTenant)
 	admin(http.MethodGet, "/tenants", s.listTenants)
 	admin(http.MethodGet, "/tenants/:id", s.getTenant)

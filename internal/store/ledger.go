@@ -128,8 +128,8 @@ func (s *Store) ledgerUsage(ctx context.Context, windows []UsageWindow, stepsSin
 // RunningSteps is what a tenant's running tasks may hold reserved in its quota counters
 // and not yet recorded here, with the tenant's billing anchor.
 type RunningSteps struct {
-	Anchor quotas.Anchor // the tenant's billing anchor
-	Running   int64     // its tasks running now
+	Anchor  quotas.Anchor // the tenant's billing anchor
+	Running int64         // its tasks running now
 	// Tokens and CostMicro sum what the last recorded step of each running task used:
 	// what the worker reserves for that task's next step.
 	Tokens    int64

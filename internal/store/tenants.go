@@ -43,7 +43,7 @@ func anchorOf(createdAt time.Time, day *int, zone *string) quotas.Anchor {
 		a.Day = *day
 	}
 	if zone != nil {
-		if l, err := quotas.LoadZone(*zone); err == nil {
+		if l, err := quotas.LoadZone(*zone); err == nil && l != time.UTC {
 			a.Zone = l
 		}
 	}
