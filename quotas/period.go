@@ -33,6 +33,9 @@ func (a Anchor) zone() *time.Location {
 	return a.Zone
 }
 
+// ZoneName is the IANA name of the anchor's zone ("UTC" for nil).
+func (a Anchor) ZoneName() string { return a.zone().String() }
+
 func (a Anchor) day() int { return min(max(a.Day, 1), 31) }
 
 // startIn is the period start in year/month: 00:00 on the anchor day clamped to the

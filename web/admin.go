@@ -47,14 +47,10 @@ type TenantJSON struct {
 func (s *Server) tenantJSON(t tenants.Tenant) TenantJSON {
 	p, _ := s.Tenants.Policy(t) // a plan missing from the catalogue still has a weight
 	a := t.Anchor()
-	zone := "UTC"
-	if a.Zone != nil {
-		zone = a.Zone.String()
-	}
 	per := a.PeriodAt(time.Now())
 	return TenantJSON{
 		ID: t.ID, Name: t.Name, Plan: t.Plan, Weight: t.Weight, Overrides: t.Overrides, Status: t.Status,
-		BillingDay: a.Day, TimeZone: zone, BillingPeriod: PeriodJSON{ID: per.ID, Start: per.Start, End: per.End},
+		BillingDay: a.Day, TimeZone: a.ZoneName(), BillingPeriod: PeriodJSON{ID: per.ID, Start: per.Start, End: per.End},
 		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, EffectiveWeight: p.Weight,
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -64,6 +65,7 @@ type Services struct {
 	Keys    *keys.Service
 	Tasks   *tasks.Service // nil without Deps.Admission or Deps.Agents
 	Agents  *agents.Service
+	Usage   *billing.Rollups // the usage rollups and their export
 }
 
 // New builds the services on d.
@@ -98,6 +100,7 @@ func New(d Deps) *Services {
 	s := &Services{
 		Tenants: tenants.New(st, d.Plans, to),
 		Keys:    keys.New(st, ko),
+		Usage:   billing.NewRollups(st),
 	}
 	var local agents.Local
 	if d.Agents != nil {
