@@ -123,8 +123,12 @@ const (
 // Meters are the meters in export order.
 var Meters = []string{MeterSteps, MeterTokens, MeterCostMicro}
 
-// ErrBadPeriod: an export's period is not YYYY-MM.
-var ErrBadPeriod = errors.New("billing: period must be a month, YYYY-MM (2026-11)")
+// ErrBadPeriod: an export's period is not YYYY-MM. The API and the CLI show
+// BadPeriodMessage for it.
+var ErrBadPeriod = errors.New("billing: period must be a month, YYYY-MM")
+
+// BadPeriodMessage is the sentence shown for ErrBadPeriod.
+const BadPeriodMessage = "period must be a month, YYYY-MM (2026-11)."
 
 var monthRE = regexp.MustCompile(`^([0-9]{4})-(0[1-9]|1[0-2])$`)
 

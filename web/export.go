@@ -54,11 +54,11 @@ func (s *Server) adminUsage(c echo.Context) error {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "format must be json or csv.")
 	}
 	if q.Get("period") == "" {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "period is required: a month, YYYY-MM (2026-11).")
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", billing.BadPeriodMessage)
 	}
 	exp, err := s.Usage.Export(c.Request().Context(), q.Get("period"))
 	if errors.Is(err, billing.ErrBadPeriod) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "period must be a month, YYYY-MM (2026-11).")
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", billing.BadPeriodMessage)
 	}
 	if err != nil {
 		return err

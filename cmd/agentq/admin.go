@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -223,6 +224,9 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			}
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
 				exp, err := env.usage.Export(cmd.Context(), period)
+				if errors.Is(err, billing.ErrBadPeriod) {
+					return errors.New(billing.BadPeriodMessage) // the API's words
+				}
 				if err != nil {
 					return err
 				}
