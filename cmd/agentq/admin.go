@@ -225,7 +225,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
 				exp, err := env.usage.Export(cmd.Context(), period)
 				if errors.Is(err, billing.ErrBadPeriod) {
-					return errors.New(billing.BadPeriodMessage) // the API's words
+					return fmt.Errorf("%s", billing.BadPeriodMessage) // the API's words
 				}
 				if err != nil {
 					return err
