@@ -152,8 +152,13 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	// One lifecycle for every task state change this process makes: submissions and
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
+	events := billing.Events{UpgradeURL: a.cfg.UpgradeURL}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
-		BudgetExceeded: billing.Events{UpgradeURL: a.cfg.UpgradeURL}.BudgetStop,
+		BudgetExceeded: events.BudgetStop,
+		StepRecorded: billing.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
+			pol, err := tenants.PolicyOf(a.plans, t)
+			return pol.Limits, err
+		}}.Step,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
@@ -179,7 +184,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
-		Events: billing.NewFeed(a.store), Rejections: a.rejections, UpgradeURL: a.cfg.UpgradeURL, AdminToken: a.cfg.AdminToken, Logger: a.log,
+		Events: billing.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
+		AdminToken: a.cfg.AdminToken, Logger: a.log,
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 	})
 	a.svcs = a.roleServices()

@@ -2,6 +2,7 @@ package agentq_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,5 +52,28 @@ func TestQuotaHitAndRefusalsAreOneEventAndCounted(t *testing.T) {
 	}
 	if got := h.usage(key)["agent_steps_daily"]["rejected"]; got != float64(3) {
 		t.Fatalf("after the flush, rejected = %v, want 3 (counted once)", got)
+	}
+	// The export of the billing period counts them too, beside the steps used.
+	month := time.Now().UTC().Format("2006-01")
+	exp, err := h.adminClient().UsageExport(ctx, month)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, tu := range exp.Tenants {
+		if tu.TenantID != "rj" {
+			continue
+		}
+		found = true
+		if tu.Rejections["agent_steps_daily"] != 3 {
+			t.Fatalf("export rejections %v, want agent_steps_daily 3", tu.Rejections)
+		}
+	}
+	if !found {
+		t.Fatalf("the export of %s lacks tenant rj: %+v", month, exp)
+	}
+	csv, err := h.adminClient().UsageExportCSV(ctx, month)
+	if err != nil || !strings.Contains(string(csv), "rejections:agent_steps_daily,3") {
+		t.Fatalf("CSV export %v:\n%s", err, csv)
 	}
 }

@@ -48,7 +48,7 @@ func budgetRefusal(t store.Task, tenant store.Tenant, at time.Time, stop *quotas
 	if IsPeriodQuota(stop.LimitType) {
 		span := DaySpan(at)
 		if stop.LimitType != quotas.AgentStepsDaily {
-			p := quotas.PeriodAt(tenant.CreatedAt, at)
+			p := tenant.Anchor().PeriodAt(at)
 			span = Span{Start: p.Start, End: p.End}
 		}
 		r.Period = &span

@@ -74,6 +74,72 @@
 // and micro-dollars only when Redis's newest billing period is the ledger's, so the
 // recount never acts across a period boundary.
 //
+// # Billing periods
+//
+// A tenant's billing period is monthly and starts at 00:00, in the tenant's time zone
+// (UTC unless it set an IANA zone), on its billing day of the month (1 to 31; a month
+// without that day starts the period on its last day; default: the UTC day of the
+// tenant's creation). quotas.Anchor computes it, for the quota counters and for the
+// rollups alike, so the ai_tokens_monthly and usd_monthly counters and the period
+// rollups are one period. A period's id is its start date in the tenant's zone
+// (yyyymmdd). In a zone with daylight saving time a period is an hour shorter or
+// longer; days cut at the zone's midnight are 23 or 25 hours long.
+//
+// # Rollups
+//
+// The ledger stays the truth; three tables sum it per tenant: per UTC hour, per day of
+// the tenant's zone, and per billing period, each with steps, tokens and
+// cost_micro_usd. The transaction that records a step (store.UnscopedRecordStep) adds
+// the step to its hour, day and period rows, and only when its ledger rows were
+// inserted: the ledger is idempotent on (task, step, meter), so a retried step, which
+// inserts nothing, adds nothing. The rows are keyed by the ledger's own recorded_at
+// (the transaction's clock), which a rebuild reads back, so the two always cut time
+// at the same instants.
+//
+// Rebuild (Rollups.Rebuild) recomputes a tenant's rollups from the ledger over a
+// range, widened to whole billing periods, or all of them. It reads the ledger summed
+// per quarter hour (every zone in use has its midnights on one) and assigns each sum
+// to its hour, day and period with the same anchor. A rebuild holds an exclusive
+// advisory lock on the tenant's rollups, each step's transaction a shared one, so a
+// rebuild never replaces rows that a step it did not read is adding to. Changing a
+// tenant's billing day or zone rewrites all its rollups under the new anchor, in the
+// transaction of the change. The Redis quota counters follow the new period at its
+// first step (or the recount).
+//
+// # Threshold crossings on the step's transaction
+//
+// Crossings.Step runs in the transaction that records a step (the task lifecycle's
+// StepRecorded hook) and writes the approaching_limit and limit_hit events of every
+// period quota the step crossed, so they commit or roll back with the step. For each
+// quota on for the tenant (its plan with its overrides):
+//
+//   - ai_tokens_monthly, usd_monthly: the period rollup after the step, as the upsert
+//     that added the step returned it, and before = after minus the step's own share.
+//   - agent_steps_daily: the steps of the 24 UTC hours ending with the step's hour,
+//     from the hourly rollups, which is the window admission and the worker count in
+//     Redis (the current hour and the 23 before it; only recorded steps, not the
+//     reservations in flight). Its events dedupe per UTC day (DaySpan), so the
+//     window sliding down and up again within a day writes nothing twice.
+//
+// Each step's transaction updates (and so locks) its period row first, so concurrent
+// steps of one tenant take their totals in turn: every threshold is crossed by exactly
+// one step, and the dedupe keys make it one event per period besides. One step may
+// cross several thresholds; each is its own event.
+//
+// # The usage export
+//
+// Export("YYYY-MM") gives, for every tenant that existed before the end of its
+// billing period starting in that month (in its zone, on its billing day: every month
+// holds exactly one period start of every tenant), that period's steps, tokens and
+// cost_micro_usd (and the cost as a decimal string of dollars), from the period
+// rollups: the ledger's sums over exactly [period start, period end). The month
+// names billing periods, not calendar months, so the export of a month is the
+// tenants' invoices for the periods that began in it. Tenants without use are listed
+// with zeros. Each tenant also carries its refused submissions per limit_type in
+// that period, from the refusal counts in Postgres (see Refusals below: they arrive
+// there within about a second of each refusal); the CSV writes them as rows whose
+// meter is "rejections:<limit_type>".
+//
 // # The events outbox
 //
 // An event is a row of the events table, written (WriteEvent) on the transaction of

@@ -51,7 +51,7 @@ func (l *Ledger) RecountBasis(ctx context.Context, tenants []string, now time.Ti
 		if !ok {
 			continue
 		}
-		p := quotas.PeriodAt(r.CreatedAt, now)
+		p := r.Anchor.PeriodAt(now)
 		periods[t] = p
 		windows = append(windows, store.UsageWindow{TenantID: t, PeriodStart: p.Start, PeriodEnd: p.End})
 	}

@@ -27,12 +27,11 @@ type RejectionCounts interface {
 type Rejections struct {
 	Store  *store.Store
 	Counts RejectionCounts
-	Shards int                                         // the key builder's shard count
-	Plans  *quotas.Catalogue                           // the limit values the events report
-	Events Events                                      // builds the events
-	Now    func() time.Time                            // the flush's clock; time.Now when nil
-	Page   int                                         // tenants read from Redis per round trip; 100 when 0
-	Period func(store.Tenant, time.Time) quotas.Period // a tenant's billing period; quotas.PeriodAt on its creation when nil
+	Shards int               // the key builder's shard count
+	Plans  *quotas.Catalogue // the limit values the events report
+	Events Events            // builds the events
+	Now    func() time.Time  // the flush's clock; time.Now when nil
+	Page   int               // tenants read from Redis per round trip; 100 when 0
 }
 
 // FlushResult is what one flush did.
@@ -173,10 +172,7 @@ func (r *Rejections) window(t store.Tenant, limitType string, at time.Time) Span
 }
 
 func (r *Rejections) period(t store.Tenant, at time.Time) quotas.Period {
-	if r.Period != nil {
-		return r.Period(t, at)
-	}
-	return quotas.PeriodAt(t.CreatedAt, at)
+	return t.Anchor().PeriodAt(at)
 }
 
 func (r *Rejections) now() time.Time {

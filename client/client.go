@@ -157,15 +157,28 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 
 // Tenant is a tenant as the admin API shows it.
 type Tenant struct {
-	ID              string           `json:"id"`
-	Name            string           `json:"name"`
-	Plan            string           `json:"plan"`
-	Weight          *int             `json:"weight"` // nil: the plan's weight
-	Overrides       map[string]Limit `json:"overrides"`
-	Status          string           `json:"status"` // active or suspended
-	CreatedAt       time.Time        `json:"created_at"`
-	UpdatedAt       time.Time        `json:"updated_at"`
-	EffectiveWeight int              `json:"effective_weight"`
+	ID        string           `json:"id"`
+	Name      string           `json:"name"`
+	Plan      string           `json:"plan"`
+	Weight    *int             `json:"weight"` // nil: the plan's weight
+	Overrides map[string]Limit `json:"overrides"`
+	Status    string           `json:"status"` // active or suspended
+	// BillingDay and TimeZone are the billing anchor in force: periods start at 00:00
+	// in TimeZone (IANA) on BillingDay, clamped to the month's last day.
+	BillingDay      int           `json:"billing_day"`
+	TimeZone        string        `json:"time_zone"`
+	BillingPeriod   BillingPeriod `json:"billing_period"` // the current one
+	CreatedAt       time.Time     `json:"created_at"`
+	UpdatedAt       time.Time     `json:"updated_at"`
+	EffectiveWeight int           `json:"effective_weight"`
+}
+
+// BillingPeriod is a tenant's billing period, [Start, End); ID is its start date in
+// the tenant's zone, yyyymmdd.
+type BillingPeriod struct {
+	ID    string    `json:"id"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
 }
 
 // CreateTenantRequest creates a tenant. ID and Plan are required; Name defaults to ID.
@@ -175,6 +188,10 @@ type CreateTenantRequest struct {
 	Plan      string           `json:"plan"`
 	Weight    *int             `json:"weight,omitempty"`
 	Overrides map[string]Limit `json:"overrides,omitempty"`
+	// BillingDay (1 to 31) and TimeZone (IANA, such as "Europe/Paris"): the billing
+	// anchor; nil for the defaults (the UTC day of creation, UTC).
+	BillingDay *int    `json:"billing_day,omitempty"`
+	TimeZone   *string `json:"time_zone,omitempty"`
 }
 
 // UpdateTenantRequest changes the non-nil fields of a tenant. A non-nil Overrides
@@ -185,6 +202,9 @@ type UpdateTenantRequest struct {
 	Weight    *int             `json:"weight,omitempty"`
 	Overrides map[string]Limit `json:"overrides,omitzero"`
 	Status    *string          `json:"status,omitempty"` // "active" or "suspended"
+	// BillingDay and TimeZone change the billing anchor.
+	BillingDay *int    `json:"billing_day,omitempty"`
+	TimeZone   *string `json:"time_zone,omitempty"`
 }
 
 // Scopes restrict what a key may do; an empty list allows all.
@@ -505,6 +525,55 @@ func (a *Admin) ListPlans(ctx context.Context) ([]Plan, error) {
 	return out.Plans, nil
 }
 
+// MeterUsage is one meter's total in a usage export: steps, tokens or
+// cost_micro_usd (integer micro-dollars; USD is the same in dollars, six decimals).
+type MeterUsage struct {
+	Meter    string `json:"meter"`
+	Quantity int64  `json:"quantity"`
+	USD      string `json:"usd,omitempty"`
+}
+
+// TenantUsage is one tenant's use in its billing period.
+type TenantUsage struct {
+	TenantID string `json:"tenant_id"`
+	Plan     string `json:"plan"`
+	PeriodID string `json:"period_id"`
+	Period   struct {
+		Start time.Time `json:"start"`
+		End   time.Time `json:"end"`
+	} `json:"period"`
+	Meters     []MeterUsage     `json:"meters"`
+	Rejections map[string]int64 `json:"rejections"`
+}
+
+// UsageExport is every tenant's use in its billing period starting in Period.
+type UsageExport struct {
+	Period  string        `json:"period"`
+	Tenants []TenantUsage `json:"tenants"`
+	Totals  []MeterUsage  `json:"totals"`
+}
+
+// UsageExport returns the usage export of period, a month "YYYY-MM": for each tenant,
+// its billing period that starts in that month (in its zone, on its billing day), per
+// meter. A malformed period answers 400.
+func (a *Admin) UsageExport(ctx context.Context, period string) (*UsageExport, error) {
+	var out UsageExport
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/usage", url.Values{"period": {period}}, nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// UsageExportCSV is UsageExport as the server's CSV (a header row, then a row per
+// tenant and meter), byte for byte.
+func (a *Admin) UsageExportCSV(ctx context.Context, period string) ([]byte, error) {
+	var out []byte
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/usage", url.Values{"period": {period}, "format": {"csv"}}, nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // transport is what Client and Admin share: base URL, bearer token, HTTP client.
 type transport struct {
 	base      string
@@ -571,6 +640,14 @@ func (t *transport) do(ctx context.Context, method, path string, query url.Value
 	}
 	if out == nil || res.StatusCode == http.StatusNoContent {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, maxErrorBody))
+		return nil
+	}
+	if raw, ok := out.(*[]byte); ok {
+		b, err := io.ReadAll(res.Body)
+		if err != nil {
+			return t.wrap(method, path, fmt.Errorf("reading the %d answer: %w", res.StatusCode, err))
+		}
+		*raw = b
 		return nil
 	}
 	if err := json.NewDecoder(res.Body).Decode(out); err != nil {

@@ -481,7 +481,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil, wallclockStop())
 			return false
 		}
-		period = quotas.PeriodAt(tenant.CreatedAt, time.Now())
+		period = tenant.Anchor().PeriodAt(time.Now())
 		err := w.limits.ReserveStep(ctx, quotas.StepParams{TenantID: task.TenantID, Period: period, Limits: limits,
 			Tokens: estTokens, CostMicro: estMicro})
 		var qe *quotas.QuotaExceeded

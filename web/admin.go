@@ -20,27 +20,47 @@ type TenantRequest struct {
 	Weight    *int                    `json:"weight"`
 	Overrides map[string]quotas.Limit `json:"overrides"` // a number, or "unlimited"
 	Status    *string                 `json:"status"`
+	// BillingDay (1 to 31) and TimeZone (IANA) are the billing anchor.
+	BillingDay *int    `json:"billing_day"`
+	TimeZone   *string `json:"time_zone"`
 }
 
 // TenantJSON is a tenant as the admin API shows it.
 type TenantJSON struct {
-	ID              string                  `json:"id"`
-	Name            string                  `json:"name"`
-	Plan            string                  `json:"plan"`
-	Weight          *int                    `json:"weight"`
-	Overrides       map[string]quotas.Limit `json:"overrides"`
-	Status          string                  `json:"status"`
-	CreatedAt       time.Time               `json:"created_at"`
-	UpdatedAt       time.Time               `json:"updated_at"`
-	EffectiveWeight int                     `json:"effective_weight"`
+	ID        string                  `json:"id"`
+	Name      string                  `json:"name"`
+	Plan      string                  `json:"plan"`
+	Weight    *int                    `json:"weight"`
+	Overrides map[string]quotas.Limit `json:"overrides"`
+	Status    string                  `json:"status"`
+	// BillingDay and TimeZone are the billing anchor in force (the defaults filled
+	// in): periods start at 00:00 in TimeZone on BillingDay, clamped to the month's
+	// last day. BillingPeriod is the current one.
+	BillingDay      int        `json:"billing_day"`
+	TimeZone        string     `json:"time_zone"`
+	BillingPeriod   PeriodJSON `json:"billing_period"`
+	CreatedAt       time.Time  `json:"created_at"`
+	UpdatedAt       time.Time  `json:"updated_at"`
+	EffectiveWeight int        `json:"effective_weight"`
 }
 
 func (s *Server) tenantJSON(t tenants.Tenant) TenantJSON {
 	p, _ := s.Tenants.Policy(t) // a plan missing from the catalogue still has a weight
+	a := t.Anchor()
+	per := a.PeriodAt(time.Now())
 	return TenantJSON{
 		ID: t.ID, Name: t.Name, Plan: t.Plan, Weight: t.Weight, Overrides: t.Overrides, Status: t.Status,
+		BillingDay: a.Day, TimeZone: a.ZoneName(), BillingPeriod: PeriodJSON{ID: per.ID, Start: per.Start, End: per.End},
 		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, EffectiveWeight: p.Weight,
 	}
+}
+
+// PeriodJSON is a billing period: its id (the start date in the tenant's zone,
+// yyyymmdd) and its bounds, [start, end).
+type PeriodJSON struct {
+	ID    string    `json:"id"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
 }
 
 // tenantErr turns the tenant service's errors into the API's.
@@ -72,6 +92,7 @@ func (s *Server) createTenant(c echo.Context) error {
 	}
 	t, err := s.Tenants.Create(c.Request().Context(), tenants.CreateParams{
 		ID: id, Name: r.Name, Plan: r.Plan, Weight: r.Weight, Overrides: r.Overrides, Status: r.Status,
+		BillingDay: r.BillingDay, TimeZone: r.TimeZone,
 	})
 	if err != nil {
 		return tenantErr(err, id)
@@ -115,6 +136,7 @@ func (s *Server) updateTenant(c echo.Context) error {
 	}
 	t, err := s.Tenants.Update(ctx, tenants.UpdateParams{
 		ID: id, Name: r.Name, Plan: r.Plan, Weight: r.Weight, Overrides: r.Overrides, Status: r.Status,
+		BillingDay: r.BillingDay, TimeZone: r.TimeZone,
 	})
 	if err != nil {
 		return tenantErr(err, id)

@@ -321,7 +321,7 @@ func inflightSlot(c echo.Context) quotas.InflightSlot {
 func (s *Server) spendKey(c echo.Context, t tenants.Tenant, kid string, limits quotas.Limits) error {
 	now := time.Now()
 	d, err := s.Admission.Admit(c.Request().Context(), quotas.AdmitParams{
-		Mode: quotas.ModeKey, TenantID: t.ID, Kid: kid, Limits: limits, Period: quotas.PeriodAt(t.CreatedAt, now),
+		Mode: quotas.ModeKey, TenantID: t.ID, Kid: kid, Limits: limits, Period: t.Anchor().PeriodAt(now),
 	})
 	if err != nil {
 		return admissionFailure(err)

@@ -56,6 +56,7 @@ type Deps struct {
 	// nil reports none.
 	Rejections *billing.Rejections
 	Webhooks   *billing.Webhooks
+	Usage      *billing.Rollups // the usage export
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
@@ -133,6 +134,7 @@ func (s *Server) routes() {
 	admin(http.MethodDelete, "/webhooks/:id", s.deleteWebhook)
 	admin(http.MethodPost, "/webhooks/:id/rotate", s.rotateWebhookSecret)
 	admin(http.MethodGet, "/webhooks/:id/attempts", s.listWebhookAttempts)
+	admin(http.MethodGet, "/usage", s.adminUsage)
 	admin(http.MethodPost, "/tenants", s.createTenant)
 	admin(http.MethodGet, "/tenants", s.listTenants)
 	admin(http.MethodGet, "/tenants/:id", s.getTenant)

@@ -60,7 +60,7 @@ func (s *Server) usage(c echo.Context) error {
 		return err
 	}
 	now := time.Now()
-	period := quotas.PeriodAt(t.CreatedAt, now)
+	period := t.Anchor().PeriodAt(now)
 	d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
 		Mode: quotas.ModePeek, TenantID: t.ID, Kid: key.Kid, Agent: c.QueryParam("agent"), User: c.QueryParam("user"),
 		Limits: limits, Period: period,

@@ -41,6 +41,7 @@ type adminEnv struct {
 	apiKeys  *keys.Service
 	events   *billing.Feed
 	webhooks *billing.Webhooks
+	usage    *billing.Rollups
 }
 
 // adminServices builds the admin commands' services. With Redis, a changed key or
@@ -49,7 +50,7 @@ type adminEnv struct {
 // and the limit state expires on its own.
 func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys) adminEnv {
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk})
-	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks}
+	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage}
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -123,8 +124,18 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 		return ov, nil
 	}
 
-	var id, name, plan, overrides, status, agents, principals string
-	var weight int
+	var id, name, plan, overrides, status, agents, principals, timeZone, period, format string
+	var weight, billingDay int
+	// anchorFields reads the billing anchor flags given; a flag not given is nil.
+	anchorFields := func(cmd *cobra.Command) (dayp *int, zonep *string) {
+		if cmd.Flags().Changed("billing-day") {
+			dayp = &billingDay
+		}
+		if cmd.Flags().Changed("time-zone") {
+			zonep = &timeZone
+		}
+		return
+	}
 	// tenantFields reads the flags given on the command line; a flag not given is nil.
 	tenantFields := func(cmd *cobra.Command) (namep, planp, statusp *string, weightp *int, ov map[string]quotas.Limit, err error) {
 		f := cmd.Flags()
@@ -155,9 +166,10 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			dayp, zonep := anchorFields(cmd)
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
 				t, err := env.tenants.Create(cmd.Context(), tenants.CreateParams{
-					ID: id, Name: namep, Plan: &plan, Weight: weightp, Overrides: ov,
+					ID: id, Name: namep, Plan: &plan, Weight: weightp, Overrides: ov, BillingDay: dayp, TimeZone: zonep,
 				})
 				if err != nil {
 					return err
@@ -171,6 +183,8 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	tenantCreate.Flags().StringVar(&plan, "plan", "free", "plan name")
 	tenantCreate.Flags().IntVar(&weight, "weight", 0, "fair-share weight, 1 to 1000 (default: the plan's)")
 	tenantCreate.Flags().StringVar(&overrides, "overrides", "", overridesHelp)
+	tenantCreate.Flags().IntVar(&billingDay, "billing-day", 0, "day of the month billing periods start on, 1 to 31, clamped to the month's end (default: the UTC day of creation)")
+	tenantCreate.Flags().StringVar(&timeZone, "time-zone", "", "IANA time zone whose midnight starts billing periods, e.g. Europe/Paris (default UTC)")
 	_ = tenantCreate.MarkFlagRequired("id")
 
 	tenantUpdate := &cobra.Command{
@@ -182,9 +196,11 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			dayp, zonep := anchorFields(cmd)
 			return withEnv(cmd.Context(), true, func(env adminEnv) error {
 				t, err := env.tenants.Update(cmd.Context(), tenants.UpdateParams{
 					ID: args[0], Name: namep, Plan: planp, Weight: weightp, Overrides: ov, Status: statusp,
+					BillingDay: dayp, TimeZone: zonep,
 				})
 				if err != nil {
 					return err
@@ -198,6 +214,34 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	tenantUpdate.Flags().IntVar(&weight, "weight", 0, "fair-share weight, 1 to 1000")
 	tenantUpdate.Flags().StringVar(&overrides, "overrides", "", overridesHelp+"; replaces every override")
 	tenantUpdate.Flags().StringVar(&status, "status", "", "active or suspended")
+	tenantUpdate.Flags().IntVar(&billingDay, "billing-day", 0, "day of the month billing periods start on, 1 to 31; the tenant's usage rollups are rebuilt under it")
+	tenantUpdate.Flags().StringVar(&timeZone, "time-zone", "", "IANA time zone whose midnight starts billing periods; the tenant's usage rollups are rebuilt under it")
+
+	usageExport := &cobra.Command{
+		Use:   "usage-export",
+		Short: "Print every tenant's use in its billing period starting in a month, per meter (JSON or CSV)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "json" && format != "csv" {
+				return fmt.Errorf("--format must be json or csv")
+			}
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				exp, err := env.usage.Export(cmd.Context(), period)
+				if errors.Is(err, billing.ErrBadPeriod) {
+					return fmt.Errorf("%s", billing.BadPeriodMessage) // the API's words
+				}
+				if err != nil {
+					return err
+				}
+				if format == "csv" {
+					return billing.WriteCSV(cmd.OutOrStdout(), exp)
+				}
+				return printJSON(cmd, exp)
+			})
+		},
+	}
+	usageExport.Flags().StringVar(&period, "period", "", "the month, YYYY-MM: each tenant's billing period that starts in it (required)")
+	usageExport.Flags().StringVar(&format, "format", "json", "json or csv")
+	_ = usageExport.MarkFlagRequired("period")
 
 	tenantList := &cobra.Command{
 		Use:   "tenant-list",
@@ -317,7 +361,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	events.Flags().StringVar(&evAfter, "after", "", "the next_cursor of the previous page")
 	events.Flags().IntVar(&evLimit, "limit", billing.DefaultFeedLimit, "events per page")
 
-	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, events)
+	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, events, usageExport)
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	return cmd
 }
@@ -403,13 +447,17 @@ type tenantJSON struct {
 	Weight    *int                    `json:"weight"`
 	Overrides map[string]quotas.Limit `json:"overrides"`
 	Status    string                  `json:"status"`
-	CreatedAt time.Time               `json:"created_at"`
-	UpdatedAt time.Time               `json:"updated_at"`
+	// BillingDay and TimeZone: the billing anchor in force.
+	BillingDay int       `json:"billing_day"`
+	TimeZone   string    `json:"time_zone"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
 func tenantOut(t tenants.Tenant) tenantJSON {
+	a := t.Anchor()
 	return tenantJSON{ID: t.ID, Name: t.Name, Plan: t.Plan, Weight: t.Weight, Overrides: t.Overrides,
-		Status: t.Status, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+		Status: t.Status, BillingDay: a.Day, TimeZone: a.ZoneName(), CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 
 func splitList(s string) []string {

@@ -161,6 +161,21 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 		{"update: key_rate unlimited with tenant_rate on", "PATCH", "/v1/admin/tenants/acme", `{"overrides":{"key_rate":"unlimited"}}`,
 			[]string{"tenant-update", "acme", "--overrides", `{"key_rate":"unlimited"}`},
 			keyMsg},
+		{"unknown time zone", "POST", "/v1/admin/tenants", `{"id":"z1","plan":"pro","time_zone":"Mars/Olympus"}`,
+			[]string{"tenant-create", "--id", "z1", "--plan", "pro", "--time-zone", "Mars/Olympus"},
+			`time_zone "Mars/Olympus" is not an IANA time zone name (such as Europe/Paris or UTC).`},
+		{"machine-local time zone", "POST", "/v1/admin/tenants", `{"id":"z1","plan":"pro","time_zone":"Local"}`,
+			[]string{"tenant-create", "--id", "z1", "--plan", "pro", "--time-zone", "Local"},
+			`time_zone "Local" is not an IANA time zone name (such as Europe/Paris or UTC).`},
+		{"billing day 0", "POST", "/v1/admin/tenants", `{"id":"d1","plan":"pro","billing_day":0}`,
+			[]string{"tenant-create", "--id", "d1", "--plan", "pro", "--billing-day", "0"},
+			"billing_day must be between 1 and 31 (a month without that day starts its period on its last day)."},
+		{"update: unknown time zone", "PATCH", "/v1/admin/tenants/acme", `{"time_zone":"../etc/passwd"}`,
+			[]string{"tenant-update", "acme", "--time-zone", "../etc/passwd"},
+			`time_zone "../etc/passwd" is not an IANA time zone name (such as Europe/Paris or UTC).`},
+		{"update: billing day 32", "PATCH", "/v1/admin/tenants/acme", `{"billing_day":32}`,
+			[]string{"tenant-update", "acme", "--billing-day", "32"},
+			"billing_day must be between 1 and 31 (a month without that day starts its period on its last day)."},
 		{"update: bad status", "PATCH", "/v1/admin/tenants/acme", `{"status":"gone"}`,
 			[]string{"tenant-update", "acme", "--status", "gone"},
 			"status must be active or suspended."},
@@ -189,6 +204,13 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	var created tenantJSON
 	if err := json.Unmarshal([]byte(out), &created); err != nil || created.ID != "cli1" || created.Name != "cli1" || *created.Weight != 7 {
 		t.Fatalf("CLI create printed %q (%v)", out, err)
+	}
+	out, err = cli("tenant-create", "--id", "cli2", "--plan", "pro", "--billing-day", "31", "--time-zone", "Europe/Paris")
+	if err != nil || !strings.Contains(out, `"billing_day": 31`) || !strings.Contains(out, `"time_zone": "Europe/Paris"`) {
+		t.Fatalf("CLI create with a billing anchor: %q %v", out, err)
+	}
+	if st, msg := api("PATCH", "/v1/admin/tenants/cli2", `{"time_zone":"America/New_York","billing_day":15}`); st != 200 {
+		t.Fatalf("API anchor change: %d %s", st, msg)
 	}
 	if _, err := cli("tenant-update", "cli1", "--status", "suspended", "--weight", "3"); err != nil {
 		t.Fatalf("CLI update: %v", err)

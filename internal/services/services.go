@@ -71,6 +71,7 @@ type Services struct {
 	Events  *billing.Feed // the usage events feeds
 	// Webhooks manages the endpoints the relays deliver the usage events to.
 	Webhooks *billing.Webhooks
+	Usage    *billing.Rollups // the usage rollups and their export
 }
 
 // New builds the services on d.
@@ -108,6 +109,7 @@ func New(d Deps) *Services {
 		Keys:     keys.New(st, ko),
 		Events:   events,
 		Webhooks: billing.NewWebhooks(st, d.Webhooks),
+		Usage:    billing.NewRollups(st),
 	}
 	var local agents.Local
 	if d.Agents != nil {

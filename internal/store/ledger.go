@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/quotas"
 )
 
 // LedgerRow is one (task, step, meter) usage row.
@@ -126,8 +128,8 @@ func (s *Store) ledgerUsage(ctx context.Context, windows []UsageWindow, stepsSin
 // RunningSteps is what a tenant's running tasks may hold reserved in its quota counters
 // and not yet recorded here, with the tenant's billing anchor.
 type RunningSteps struct {
-	CreatedAt time.Time // the tenant's creation: its billing anchor
-	Running   int64     // its tasks running now
+	Anchor  quotas.Anchor // the tenant's billing anchor
+	Running int64         // its tasks running now
 	// Tokens and CostMicro sum what the last recorded step of each running task used:
 	// what the worker reserves for that task's next step.
 	Tokens    int64
@@ -138,13 +140,13 @@ type RunningSteps struct {
 // that does not exist is absent.
 func (s *Store) UnscopedRunningStepsOf(ctx context.Context, tenants []string) (map[string]RunningSteps, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT t.id, t.created_at, count(k.id), COALESCE(sum(tok.quantity), 0)::bigint, COALESCE(sum(c.quantity), 0)::bigint
+		SELECT t.id, t.created_at, t.billing_day, t.time_zone, count(k.id), COALESCE(sum(tok.quantity), 0)::bigint, COALESCE(sum(c.quantity), 0)::bigint
 		FROM tenants t
 		LEFT JOIN tasks k ON k.tenant_id = t.id AND k.state = 'running'
 		LEFT JOIN usage_ledger tok ON tok.task_id = k.id AND tok.step = k.steps AND tok.meter = 'tokens'
 		LEFT JOIN usage_ledger c ON c.task_id = k.id AND c.step = k.steps AND c.meter = 'cost_micro_usd'
 		WHERE t.id = ANY($1)
-		GROUP BY t.id, t.created_at`, tenants)
+		GROUP BY t.id`, tenants)
 	if err != nil {
 		return nil, err
 	}
@@ -153,9 +155,18 @@ func (s *Store) UnscopedRunningStepsOf(ctx context.Context, tenants []string) (m
 	for rows.Next() {
 		var id string
 		var r RunningSteps
-		if err := rows.Scan(&id, &r.CreatedAt, &r.Running, &r.Tokens, &r.CostMicro); err != nil {
+		var created time.Time
+		var day *int16
+		var zone *string
+		if err := rows.Scan(&id, &created, &day, &zone, &r.Running, &r.Tokens, &r.CostMicro); err != nil {
 			return nil, err
 		}
+		var d *int
+		if day != nil {
+			v := int(*day)
+			d = &v
+		}
+		r.Anchor = anchorOf(created, d, zone)
 		out[id] = r
 	}
 	return out, rows.Err()

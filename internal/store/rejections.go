@@ -107,3 +107,40 @@ func (s *Store) Rejections(ctx context.Context, p RejectionsParams) ([]Rejection
 		return r, err
 	})
 }
+
+// UnscopedRejectionTotals sums the refusal counts of many tenants, each over its own
+// window [PeriodStart, PeriodEnd): tenant → limit type → count. The usage export's.
+func (s *Store) UnscopedRejectionTotals(ctx context.Context, windows []UsageWindow) (map[string]map[string]int64, error) {
+	out := map[string]map[string]int64{}
+	if len(windows) == 0 {
+		return out, nil
+	}
+	ids, starts, ends := make([]string, len(windows)), make([]time.Time, len(windows)), make([]time.Time, len(windows))
+	for i, w := range windows {
+		ids[i], starts[i], ends[i] = w.TenantID, w.PeriodStart, w.PeriodEnd
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT r.tenant_id, r.limit_type, sum(r.count)::bigint
+		FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS w(tenant_id, since, until)
+		JOIN limit_rejections r ON r.tenant_id = w.tenant_id AND r.minute >= w.since AND r.minute < w.until
+		GROUP BY r.tenant_id, r.limit_type`, ids, starts, ends)
+	type total struct {
+		tenant, limit string
+		n             int64
+	}
+	ts, err := collect(rows, err, func(row pgx.Row) (total, error) {
+		var t total
+		err := row.Scan(&t.tenant, &t.limit, &t.n)
+		return t, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		if out[t.tenant] == nil {
+			out[t.tenant] = map[string]int64{}
+		}
+		out[t.tenant][t.limit] = t.n
+	}
+	return out, nil
+}

@@ -20,20 +20,51 @@ type Tenant struct {
 	Weight    *int
 	Overrides map[string]quotas.Limit
 	Status    string
+	// BillingDay is the day of the month the tenant's billing periods start on (1 to
+	// 31, clamped to the month's last day); nil: the day of CreatedAt, in UTC.
+	BillingDay *int
+	// TimeZone is the IANA zone whose midnight starts its periods and days; nil: UTC.
+	TimeZone  *string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
 
-const tenantCols = `id, name, plan, weight, overrides, status, created_at, updated_at`
+// Anchor is the tenant's billing anchor (see quotas.Anchor): its BillingDay, or the
+// UTC day of its creation, in its TimeZone, or UTC. A stored zone this build does not
+// know (validated when it was written, so only after a zone was withdrawn from the
+// zone database) counts as UTC.
+func (t Tenant) Anchor() quotas.Anchor {
+	return anchorOf(t.CreatedAt, t.BillingDay, t.TimeZone)
+}
+
+func anchorOf(createdAt time.Time, day *int, zone *string) quotas.Anchor {
+	a := quotas.Anchor{Day: createdAt.UTC().Day()}
+	if day != nil {
+		a.Day = *day
+	}
+	if zone != nil {
+		if l, err := quotas.LoadZone(*zone); err == nil && l != time.UTC {
+			a.Zone = l
+		}
+	}
+	return a
+}
+
+const tenantCols = `id, name, plan, weight, overrides, status, billing_day, time_zone, created_at, updated_at`
 
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
 	var ov []byte
-	if err := row.Scan(&t.ID, &t.Name, &t.Plan, &t.Weight, &ov, &t.Status, &t.CreatedAt, &t.UpdatedAt); err != nil {
+	var day *int16
+	if err := row.Scan(&t.ID, &t.Name, &t.Plan, &t.Weight, &ov, &t.Status, &day, &t.TimeZone, &t.CreatedAt, &t.UpdatedAt); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return t, ErrNotFound
 		}
 		return t, err
+	}
+	if day != nil {
+		d := int(*day)
+		t.BillingDay = &d
 	}
 	t.Overrides = map[string]quotas.Limit{}
 	if err := json.Unmarshal(ov, &t.Overrides); err != nil {
@@ -49,6 +80,9 @@ type CreateTenantParams struct {
 	Plan      string
 	Weight    *int
 	Overrides map[string]quotas.Limit
+	// BillingDay and TimeZone: the billing anchor; nil for the defaults.
+	BillingDay *int
+	TimeZone   *string
 }
 
 // CreateTenant inserts a tenant; ErrConflict if the id is taken, ErrNoTenant if it
@@ -62,8 +96,8 @@ func (s *Store) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant,
 		return Tenant{}, err
 	}
 	t, err := scanTenant(s.db.QueryRow(ctx,
-		`INSERT INTO tenants (id, name, plan, weight, overrides) VALUES ($1, $2, $3, $4, $5) RETURNING `+tenantCols,
-		p.ID, p.Name, p.Plan, p.Weight, ov))
+		`INSERT INTO tenants (id, name, plan, weight, overrides, billing_day, time_zone) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING `+tenantCols,
+		p.ID, p.Name, p.Plan, p.Weight, ov, p.BillingDay, p.TimeZone))
 	if isUniqueViolation(err) {
 		return t, fmt.Errorf("tenant %q: %w", p.ID, ErrConflict)
 	}
@@ -93,6 +127,9 @@ type UpdateTenantParams struct {
 	Weight    *int
 	Overrides map[string]quotas.Limit
 	Status    *string
+	// BillingDay and TimeZone change the billing anchor (see UnscopedRebuildRollups).
+	BillingDay *int
+	TimeZone   *string
 }
 
 // UpdateTenant applies p and returns the tenant as stored; ErrNoTenant for an empty
@@ -115,9 +152,11 @@ func (s *Store) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant,
 			weight = COALESCE($4, weight),
 			overrides = COALESCE($5::jsonb, overrides),
 			status = COALESCE($6, status),
+			billing_day = COALESCE($7, billing_day),
+			time_zone = COALESCE($8, time_zone),
 			updated_at = now()
 		WHERE id = $1 RETURNING `+tenantCols,
-		p.ID, p.Name, p.Plan, p.Weight, ov, p.Status))
+		p.ID, p.Name, p.Plan, p.Weight, ov, p.Status, p.BillingDay, p.TimeZone))
 }
 
 // UnscopedTenantIDsAfter returns up to limit tenant ids above after, in id order: the

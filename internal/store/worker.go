@@ -83,14 +83,15 @@ type RecordStepParams struct {
 	CostMicro  int64
 }
 
-// UnscopedRecordStep adds one step's usage to the task, stores the agent's state and
-// writes the step's ledger rows, in one transaction that first locks the task row: a
-// cancel either commits before (the step is not written: ErrTaskEnded) or waits for it
-// (the step is in the ledger and in the task's usage). ErrLostClaim when another
-// attempt owns the task. Step is the step's number; a step already recorded (a retry
-// whose first commit lost its reply) is not counted twice: recorded=false, no error.
-// t is the task as the step left it.
-func (s *Store) UnscopedRecordStep(ctx context.Context, p RecordStepParams) (t Task, recorded bool, err error) {
+// UnscopedRecordStep adds one step's usage to the task, stores the agent's state,
+// writes the step's ledger rows and adds them to the tenant's rollups, in one
+// transaction that first locks the task row: a cancel either commits before (the step
+// is not written: ErrTaskEnded) or waits for it (the step is in the ledger, the
+// rollups and the task's usage). ErrLostClaim when another attempt owns the task.
+// Step is the step's number; a step already recorded (a retry whose first commit lost
+// its reply) is not counted twice: recorded=false, no error, and the rollups are left
+// alone. r is the task as the step left it, its tenant and the step's rollups.
+func (s *Store) UnscopedRecordStep(ctx context.Context, p RecordStepParams) (r RecordedStep, recorded bool, err error) {
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var tenant string
 		var state TaskState
@@ -109,28 +110,40 @@ func (s *Store) UnscopedRecordStep(ctx context.Context, p RecordStepParams) (t T
 		if p.Step <= steps {
 			return nil // recorded before
 		}
-		tag, err := tx.Exec(ctx, `
+		rows, err := tx.Query(ctx, `
 			INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
 			SELECT $1, $2, m.meter, $3, m.q FROM
 				(VALUES ('steps', 1::bigint), ('tokens', $4::bigint), ('cost_micro_usd', $5::bigint)) AS m(meter, q)
-			ON CONFLICT DO NOTHING`, p.ID, p.Step, tenant, p.Tokens, p.CostMicro)
+			ON CONFLICT DO NOTHING RETURNING recorded_at`, p.ID, p.Step, tenant, p.Tokens, p.CostMicro)
+		at, err := collect(rows, err, func(row pgx.Row) (time.Time, error) {
+			var t time.Time
+			err := row.Scan(&t)
+			return t, err
+		})
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if len(at) == 0 {
 			return nil // recorded before
 		}
-		t, err = scanTask(tx.QueryRow(ctx, `
+		t, err := scanTask(tx.QueryRow(ctx, `
 			UPDATE tasks SET steps = steps + 1, tokens = tokens + $2, cost_micro_usd = cost_micro_usd + $3,
 				agent_state = $4, heartbeat_at = now()
 			WHERE id = $1 RETURNING `+taskCols, p.ID, p.Tokens, p.CostMicro, []byte(p.AgentState)))
-		recorded = err == nil
-		return err
+		if err != nil {
+			return err
+		}
+		ten, u, err := addStepToRollups(ctx, tx, tenant, at[0], p.Tokens, p.CostMicro)
+		if err != nil {
+			return err
+		}
+		r, recorded = RecordedStep{Task: t, Tenant: ten, Usage: u}, true
+		return nil
 	})
 	if err != nil {
-		return Task{}, false, err
+		return RecordedStep{}, false, err
 	}
-	return t, recorded, nil
+	return r, recorded, nil
 }
 
 // UnscopedFinishTaskParams end a running attempt: the worker's end of its own, or a

@@ -51,6 +51,12 @@ type LifecycleOptions struct {
 	// usage.limit_hit into the events outbox (billing.Events.BudgetStop), so the
 	// event exists exactly when the end committed. An error rolls the end back.
 	BudgetExceeded func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
+	// StepRecorded, when set, runs inside the transaction of a step just recorded (not
+	// of a retry that recorded nothing), with the task, its tenant and the rollups the
+	// step left: it writes the usage.approaching_limit and usage.limit_hit events of
+	// the period quotas the step crossed (billing.Crossings.Step), so they exist
+	// exactly when the step committed. An error rolls the step back.
+	StepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
@@ -66,6 +72,8 @@ type Lifecycle struct {
 	staleAfter time.Duration
 	hook       func(ctx context.Context, tx *store.Store, c Change) error
 	budget     func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
+	// stepRecorded: LifecycleOptions.StepRecorded
+	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 }
 
 // NewLifecycle returns a Lifecycle over st.
@@ -73,7 +81,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	if o.StaleAfter <= 0 {
 		o.StaleAfter = DefaultStaleAfter
 	}
-	return &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded}
+	return &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded}
 }
 
 // afterChange runs inside the transaction of every state change, after the change.
@@ -181,11 +189,16 @@ func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartO
 // (a retry) changes nothing and returns nil.
 func (l *Lifecycle) RecordStep(ctx context.Context, p store.RecordStepParams) error {
 	return l.store.InTx(ctx, func(tx *store.Store) error {
-		t, recorded, err := tx.UnscopedRecordStep(ctx, p)
+		r, recorded, err := tx.UnscopedRecordStep(ctx, p)
 		if err != nil || !recorded {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: t, Step: p.Step})
+		if l.stepRecorded != nil {
+			if err := l.stepRecorded(ctx, tx, r); err != nil {
+				return err
+			}
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: r.Task, Step: p.Step})
 	})
 }
 

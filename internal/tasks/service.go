@@ -262,7 +262,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	hash := requestHash(p.Agent, canonicalJSON(input), p.User, budgetJSON, priority)
 	limits := pol.Limits
 	now := time.Now()
-	period := quotas.PeriodAt(tenant.CreatedAt, now)
+	period := tenant.Anchor().PeriodAt(now)
 
 	// Postgres must be able to take the task before any limit is spent on it: a
 	// refusal for an unreachable database leaves every bucket as it was. The
@@ -274,7 +274,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 		if err == nil {
 			at := time.Now()
 			d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
-				Mode: quotas.ModeKey, TenantID: tenant.ID, Kid: p.Kid, Limits: limits, Period: quotas.PeriodAt(tenant.CreatedAt, at),
+				Mode: quotas.ModeKey, TenantID: tenant.ID, Kid: p.Kid, Limits: limits, Period: tenant.Anchor().PeriodAt(at),
 			})
 			if err != nil {
 				return res, &AdmissionError{Err: err}

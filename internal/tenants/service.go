@@ -29,7 +29,7 @@ var (
 // who sent the value (the HTTP API returns it as the error message, the CLI prints
 // it).
 type InvalidError struct {
-	Field   string // id, name, plan, weight, overrides or status
+	Field   string // id, name, plan, weight, overrides, status, billing_day or time_zone
 	Message string
 }
 
@@ -122,6 +122,11 @@ type CreateParams struct {
 	Overrides map[string]quotas.Limit
 	// Status must be nil: a tenant starts active, and its status changes with Update.
 	Status *string
+	// BillingDay (1 to 31) and TimeZone (an IANA zone name) are the billing anchor:
+	// periods start at 00:00 in the zone on that day of the month, clamped to the
+	// month's last day. Defaults: the UTC day of the tenant's creation, UTC.
+	BillingDay *int
+	TimeZone   *string
 }
 
 // UpdateParams change the non-nil fields of tenant ID. Overrides, when set, replace
@@ -133,6 +138,11 @@ type UpdateParams struct {
 	Weight    *int
 	Overrides map[string]quotas.Limit
 	Status    *string // active or suspended
+	// BillingDay and TimeZone change the billing anchor (see CreateParams). A change
+	// rewrites the tenant's usage rollups from the ledger under the new anchor, in the
+	// same transaction.
+	BillingDay *int
+	TimeZone   *string
 }
 
 // Create validates p and inserts the tenant. A refused field is an *InvalidError; an
@@ -153,12 +163,16 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	if err := s.checkKeyLimits(*p.Plan, p.Overrides); err != nil {
 		return Tenant{}, err
 	}
+	if err := validateAnchor(p.BillingDay, p.TimeZone); err != nil {
+		return Tenant{}, err
+	}
 	name := p.ID
 	if p.Name != nil {
 		name = *p.Name
 	}
 	return s.store.CreateTenant(ctx, store.CreateTenantParams{
 		ID: p.ID, Name: name, Plan: *p.Plan, Weight: p.Weight, Overrides: p.Overrides,
+		BillingDay: p.BillingDay, TimeZone: p.TimeZone,
 	})
 }
 
@@ -169,6 +183,9 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 		return Tenant{}, ErrNotFound // no tenant has an empty id
 	}
 	if err := s.validateFields(p.Name, p.Plan, p.Weight, p.Overrides, p.Status); err != nil {
+		return Tenant{}, err
+	}
+	if err := validateAnchor(p.BillingDay, p.TimeZone); err != nil {
 		return Tenant{}, err
 	}
 	if p.Plan != nil || p.Overrides != nil {
@@ -187,8 +204,21 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 			return Tenant{}, err
 		}
 	}
-	t, err := s.store.UpdateTenant(ctx, store.UpdateTenantParams{
-		ID: p.ID, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
+	var t Tenant
+	err := s.store.InTx(ctx, func(tx *store.Store) error {
+		old, err := tx.GetTenant(ctx, p.ID)
+		if err != nil {
+			return err
+		}
+		t, err = tx.UpdateTenant(ctx, store.UpdateTenantParams{
+			ID: p.ID, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
+			BillingDay: p.BillingDay, TimeZone: p.TimeZone,
+		})
+		if err != nil || old.Anchor() == t.Anchor() {
+			return err
+		}
+		// The rollups' days and periods were cut by the old anchor: rewrite them all.
+		return tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID})
 	})
 	if err != nil {
 		return Tenant{}, err
@@ -258,6 +288,23 @@ func (s *Service) validateFields(name, plan *string, weight *int, overrides map[
 	}
 	if status != nil && *status != "active" && *status != "suspended" {
 		return invalid("status", "status must be active or suspended.")
+	}
+	return nil
+}
+
+// validateAnchor checks a billing anchor's fields: the same rule for the API and the
+// CLI, which both come through here.
+func validateAnchor(day *int, zone *string) error {
+	if day != nil && (*day < 1 || *day > 31) {
+		return invalid("billing_day", "billing_day must be between 1 and 31 (a month without that day starts its period on its last day).")
+	}
+	if zone != nil {
+		if !validText(*zone, 64) {
+			return invalid("time_zone", "time_zone must be an IANA time zone name such as Europe/Paris or UTC.")
+		}
+		if _, err := quotas.LoadZone(*zone); err != nil || *zone == "" {
+			return invalid("time_zone", "time_zone %q is not an IANA time zone name (such as Europe/Paris or UTC).", *zone)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,395 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/quotas"
+)
+
+// The usage rollups: the ledger summed per tenant per UTC hour, per day of the
+// tenant's zone and per billing period. The transaction that records a step adds the
+// step to them (only when its ledger rows were inserted), and UnscopedRebuildRollups
+// recomputes them from the ledger.
+//
+// Serialising with a rebuild. A step's transaction holds a shared advisory lock on its
+// tenant's rollups, a rebuild an exclusive one: a rebuild never reads the ledger
+// while a step it would miss is adding to rows it replaces. Steps of one tenant
+// serialise among themselves on their period row, which each updates first.
+
+// rollupLock is the advisory lock key of a tenant's rollups; the schema is part of it,
+// so deployments (and tests) in other schemas of one database never wait on each other.
+const rollupLock = `hashtextextended(current_schema() || '|rollups|' || $1, 0)`
+
+// StepUsage is what a recorded step added, and the rollups it leaves.
+type StepUsage struct {
+	RecordedAt time.Time // the ledger rows' recorded_at: the transaction's start
+	Tokens     int64     // the step's own (steps: 1)
+	CostMicro  int64
+	// Period is the billing period the step was booked in.
+	Period quotas.Period
+	// PeriodSteps, PeriodTokens and PeriodCostMicro are the period's totals with
+	// the step.
+	PeriodSteps     int64
+	PeriodTokens    int64
+	PeriodCostMicro int64
+	// DaySteps is the steps of the sliding day with the step: the 24 UTC hours ending
+	// with the step's hour, as the daily steps quota counts them.
+	DaySteps int64
+}
+
+// RecordedStep is what UnscopedRecordStep wrote.
+type RecordedStep struct {
+	Task   Task   // the task as the step left it
+	Tenant Tenant // its tenant, read in the step's transaction
+	Usage  StepUsage
+}
+
+// addStepToRollups adds a step just inserted into the ledger to the tenant's rollups,
+// on tx, and returns the tenant and the rollups with the step.
+func addStepToRollups(ctx context.Context, tx pgx.Tx, tenantID string, at time.Time, tokens, costMicro int64) (Tenant, StepUsage, error) {
+	tenant, err := scanTenant(tx.QueryRow(ctx, `
+		WITH l AS (SELECT pg_advisory_xact_lock_shared(`+rollupLock+`))
+		SELECT `+tenantCols+` FROM tenants, l WHERE id = $1`, tenantID))
+	if err != nil {
+		return Tenant{}, StepUsage{}, fmt.Errorf("store: the tenant of a step: %w", err)
+	}
+	a := tenant.Anchor()
+	u := StepUsage{RecordedAt: at, Tokens: tokens, CostMicro: costMicro, Period: a.PeriodAt(at)}
+	hour := at.UTC().Truncate(time.Hour)
+	err = tx.QueryRow(ctx, `
+		WITH p AS (
+			INSERT INTO usage_rollup_period AS r (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd)
+			VALUES ($1, $2, $3, $4, 1, $5, $6)
+			ON CONFLICT (tenant_id, period_start) DO UPDATE SET steps = r.steps + 1,
+				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
+			RETURNING r.steps, r.tokens, r.cost_micro_usd
+		), d AS (
+			INSERT INTO usage_rollup_daily AS r (tenant_id, day, steps, tokens, cost_micro_usd)
+			VALUES ($1, $7::date, 1, $5, $6)
+			ON CONFLICT (tenant_id, day) DO UPDATE SET steps = r.steps + 1,
+				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
+			RETURNING 1
+		), h AS (
+			INSERT INTO usage_rollup_hourly AS r (tenant_id, hour, steps, tokens, cost_micro_usd)
+			VALUES ($1, $8, 1, $5, $6)
+			ON CONFLICT (tenant_id, hour) DO UPDATE SET steps = r.steps + 1,
+				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
+			RETURNING r.steps
+		)
+		SELECT p.steps, p.tokens, p.cost_micro_usd,
+			h.steps + COALESCE((SELECT sum(o.steps) FROM usage_rollup_hourly o
+				WHERE o.tenant_id = $1 AND o.hour > $8::timestamptz - interval '24 hours' AND o.hour < $8), 0)::bigint
+		FROM p, h, (SELECT count(*) FROM d) AS dd`,
+		tenantID, u.Period.Start, u.Period.End, u.Period.ID, tokens, costMicro,
+		at.In(zoneOf(a)).Format(time.DateOnly), hour).
+		Scan(&u.PeriodSteps, &u.PeriodTokens, &u.PeriodCostMicro, &u.DaySteps)
+	if err != nil {
+		return Tenant{}, StepUsage{}, err
+	}
+	return tenant, u, nil
+}
+
+func zoneOf(a quotas.Anchor) *time.Location {
+	if a.Zone == nil {
+		return time.UTC
+	}
+	return a.Zone
+}
+
+// Rollup is one rollup row's totals.
+type Rollup struct {
+	Steps     int64
+	Tokens    int64
+	CostMicro int64
+}
+
+func (r *Rollup) add(meter string, n int64) {
+	switch meter {
+	case "steps":
+		r.Steps += n
+	case "tokens":
+		r.Tokens += n
+	case "cost_micro_usd":
+		r.CostMicro += n
+	}
+}
+
+// PeriodRollup is a tenant's rollup of one billing period.
+type PeriodRollup struct {
+	TenantID string
+	Period   quotas.Period
+	Rollup
+}
+
+// DayRollup is a tenant's rollup of one day of its zone ("2026-11-15").
+type DayRollup struct {
+	TenantID string
+	Day      string
+	Rollup
+}
+
+// HourRollup is a tenant's rollup of one UTC hour.
+type HourRollup struct {
+	TenantID string
+	Hour     time.Time
+	Rollup
+}
+
+// RebuildRollupsParams select what UnscopedRebuildRollups recomputes: the tenant's
+// rollups over [From, To), widened to whole billing periods (and whole UTC hours); all
+// of them when both are zero.
+type RebuildRollupsParams struct {
+	TenantID string
+	From, To time.Time
+}
+
+// rebuildBucket is the width of the ledger sums a rebuild reads: a quarter hour, so
+// every zone in use today has its midnights (and so its days' and periods' bounds) on
+// a bucket's edge.
+const rebuildBucket = 15 * time.Minute
+
+// UnscopedRebuildRollups recomputes a tenant's rollups from its ledger: the rows in the
+// range are deleted and written again from the ledger's sums, in one transaction that
+// holds the tenant's rollups exclusively (steps being recorded for it wait). With no
+// range every rollup row of the tenant is rewritten: what a change of its billing
+// anchor needs, since the old anchor's periods and days no longer match the new one's.
+func (s *Store) UnscopedRebuildRollups(ctx context.Context, p RebuildRollupsParams) error {
+	if p.TenantID == "" {
+		return ErrNoTenant
+	}
+	all := p.From.IsZero() && p.To.IsZero()
+	if !all && !p.From.Before(p.To) {
+		return fmt.Errorf("store: rebuild range [%s, %s) is empty", p.From, p.To)
+	}
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		tenant, err := scanTenant(tx.QueryRow(ctx, `
+			WITH l AS (SELECT pg_advisory_xact_lock(`+rollupLock+`))
+			SELECT `+tenantCols+` FROM tenants, l WHERE id = $1`, p.TenantID))
+		if err != nil {
+			return err
+		}
+		a := tenant.Anchor()
+		loc := zoneOf(a)
+		var from, to time.Time // whole periods
+		if all {
+			var first, last *time.Time
+			if err := tx.QueryRow(ctx, `SELECT min(recorded_at), max(recorded_at) FROM usage_ledger WHERE tenant_id = $1`,
+				p.TenantID).Scan(&first, &last); err != nil {
+				return err
+			}
+			for _, q := range []string{`DELETE FROM usage_rollup_hourly WHERE tenant_id = $1`,
+				`DELETE FROM usage_rollup_daily WHERE tenant_id = $1`, `DELETE FROM usage_rollup_period WHERE tenant_id = $1`} {
+				if _, err := tx.Exec(ctx, q, p.TenantID); err != nil {
+					return err
+				}
+			}
+			if first == nil {
+				return nil
+			}
+			from, to = a.PeriodAt(*first).Start, a.PeriodAt(*last).End
+		} else {
+			from, to = a.PeriodAt(p.From).Start, a.PeriodAt(p.To.Add(-time.Nanosecond)).End
+		}
+		hFrom, hTo := from.Truncate(time.Hour), to.Add(time.Hour-time.Nanosecond).Truncate(time.Hour)
+		if !all {
+			if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3`,
+				p.TenantID, hFrom, hTo); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_daily WHERE tenant_id = $1 AND day >= $2::date AND day < $3::date`,
+				p.TenantID, from.In(loc).Format(time.DateOnly), to.In(loc).Format(time.DateOnly)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_period WHERE tenant_id = $1 AND period_start >= $2 AND period_start < $3`,
+				p.TenantID, from, to); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, `
+			SELECT floor(extract(epoch FROM recorded_at) / $4)::bigint, meter, sum(quantity)::bigint
+			FROM usage_ledger WHERE tenant_id = $1 AND recorded_at >= $2 AND recorded_at < $3
+			GROUP BY 1, 2`, p.TenantID, hFrom, hTo, int64(rebuildBucket/time.Second))
+		if err != nil {
+			return err
+		}
+		hours := map[time.Time]*Rollup{}
+		days := map[string]*Rollup{}
+		periods := map[string]*PeriodRollup{}
+		get := func(m map[string]*Rollup, k string) *Rollup {
+			if m[k] == nil {
+				m[k] = &Rollup{}
+			}
+			return m[k]
+		}
+		for rows.Next() {
+			var b, n int64
+			var meter string
+			if err := rows.Scan(&b, &meter, &n); err != nil {
+				rows.Close()
+				return err
+			}
+			at := time.Unix(b*int64(rebuildBucket/time.Second), 0).UTC()
+			h := at.Truncate(time.Hour)
+			if hours[h] == nil {
+				hours[h] = &Rollup{}
+			}
+			hours[h].add(meter, n)
+			if at.Before(from) || !at.Before(to) {
+				continue // in a boundary hour, outside the periods rebuilt
+			}
+			get(days, at.In(loc).Format(time.DateOnly)).add(meter, n)
+			per := a.PeriodAt(at)
+			if periods[per.ID] == nil {
+				periods[per.ID] = &PeriodRollup{TenantID: p.TenantID, Period: per}
+			}
+			periods[per.ID].add(meter, n)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return insertRollups(ctx, tx, p.TenantID, hours, days, periods)
+	})
+}
+
+func insertRollups(ctx context.Context, tx pgx.Tx, tenant string, hours map[time.Time]*Rollup, days map[string]*Rollup, periods map[string]*PeriodRollup) error {
+	var hs []time.Time
+	var hSteps, hTok, hCost []int64
+	for h, r := range hours {
+		hs, hSteps, hTok, hCost = append(hs, h), append(hSteps, r.Steps), append(hTok, r.Tokens), append(hCost, r.CostMicro)
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO usage_rollup_hourly (tenant_id, hour, steps, tokens, cost_micro_usd)
+		SELECT $1, * FROM unnest($2::timestamptz[], $3::bigint[], $4::bigint[], $5::bigint[])`,
+		tenant, hs, hSteps, hTok, hCost); err != nil {
+		return err
+	}
+	var ds []string
+	var dSteps, dTok, dCost []int64
+	for d, r := range days {
+		ds, dSteps, dTok, dCost = append(ds, d), append(dSteps, r.Steps), append(dTok, r.Tokens), append(dCost, r.CostMicro)
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO usage_rollup_daily (tenant_id, day, steps, tokens, cost_micro_usd)
+		SELECT $1, d::date, s, t, c FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) AS u(d, s, t, c)`,
+		tenant, ds, dSteps, dTok, dCost); err != nil {
+		return err
+	}
+	var ps, pe []time.Time
+	var pid []string
+	var pSteps, pTok, pCost []int64
+	for _, r := range periods {
+		ps, pe, pid = append(ps, r.Period.Start), append(pe, r.Period.End), append(pid, r.Period.ID)
+		pSteps, pTok, pCost = append(pSteps, r.Steps), append(pTok, r.Tokens), append(pCost, r.CostMicro)
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO usage_rollup_period (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd)
+		SELECT $1, * FROM unnest($2::timestamptz[], $3::timestamptz[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[])`,
+		tenant, ps, pe, pid, pSteps, pTok, pCost)
+	return err
+}
+
+// TenantRollups is every rollup row of one tenant: what rebuilds are checked against.
+type TenantRollups struct {
+	Hours   []HourRollup
+	Days    []DayRollup
+	Periods []PeriodRollup
+}
+
+// UnscopedTenantRollups reads every rollup row of a tenant, in time order.
+func (s *Store) UnscopedTenantRollups(ctx context.Context, tenantID string) (TenantRollups, error) {
+	var out TenantRollups
+	var err error
+	rows, err := s.db.Query(ctx, `SELECT hour, steps, tokens, cost_micro_usd FROM usage_rollup_hourly WHERE tenant_id = $1 ORDER BY hour`, tenantID)
+	if out.Hours, err = collect(rows, err, func(row pgx.Row) (HourRollup, error) {
+		r := HourRollup{TenantID: tenantID}
+		err := row.Scan(&r.Hour, &r.Steps, &r.Tokens, &r.CostMicro)
+		r.Hour = r.Hour.UTC()
+		return r, err
+	}); err != nil {
+		return out, err
+	}
+	rows, err = s.db.Query(ctx, `SELECT to_char(day, 'YYYY-MM-DD'), steps, tokens, cost_micro_usd FROM usage_rollup_daily WHERE tenant_id = $1 ORDER BY day`, tenantID)
+	if out.Days, err = collect(rows, err, func(row pgx.Row) (DayRollup, error) {
+		r := DayRollup{TenantID: tenantID}
+		err := row.Scan(&r.Day, &r.Steps, &r.Tokens, &r.CostMicro)
+		return r, err
+	}); err != nil {
+		return out, err
+	}
+	rows, err = s.db.Query(ctx, `SELECT period_start, period_end, period_id, steps, tokens, cost_micro_usd FROM usage_rollup_period WHERE tenant_id = $1 ORDER BY period_start`, tenantID)
+	out.Periods, err = collect(rows, err, scanPeriodRollup(tenantID))
+	return out, err
+}
+
+func scanPeriodRollup(tenantID string) func(pgx.Row) (PeriodRollup, error) {
+	return func(row pgx.Row) (PeriodRollup, error) {
+		r := PeriodRollup{TenantID: tenantID}
+		err := row.Scan(&r.Period.Start, &r.Period.End, &r.Period.ID, &r.Steps, &r.Tokens, &r.CostMicro)
+		r.Period.Start, r.Period.End = r.Period.Start.UTC(), r.Period.End.UTC()
+		return r, err
+	}
+}
+
+// PeriodOf names one tenant's billing period by its start.
+type PeriodOf struct {
+	TenantID string
+	Start    time.Time
+}
+
+// UnscopedPeriodRollups returns the period rollups of the named (tenant, period start)
+// pairs, in one query, keyed by tenant; a pair without use is absent. The usage
+// export reads it.
+func (s *Store) UnscopedPeriodRollups(ctx context.Context, periods []PeriodOf) (map[string]PeriodRollup, error) {
+	ids := make([]string, len(periods))
+	starts := make([]time.Time, len(periods))
+	for i, p := range periods {
+		ids[i], starts[i] = p.TenantID, p.Start
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT r.tenant_id, r.period_start, r.period_end, r.period_id, r.steps, r.tokens, r.cost_micro_usd
+		FROM unnest($1::text[], $2::timestamptz[]) AS w(tenant_id, start_at)
+		JOIN usage_rollup_period r ON r.tenant_id = w.tenant_id AND r.period_start = w.start_at`, ids, starts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]PeriodRollup, len(periods))
+	for rows.Next() {
+		var tenant string
+		var r PeriodRollup
+		if err := rows.Scan(&tenant, &r.Period.Start, &r.Period.End, &r.Period.ID, &r.Steps, &r.Tokens, &r.CostMicro); err != nil {
+			return nil, err
+		}
+		r.TenantID = tenant
+		r.Period.Start, r.Period.End = r.Period.Start.UTC(), r.Period.End.UTC()
+		out[tenant] = r
+	}
+	return out, rows.Err()
+}
+
+// UnscopedLedgerTotals sums a tenant's ledger rows recorded in [from, to): the truth a
+// rollup or an export is checked against.
+func (s *Store) UnscopedLedgerTotals(ctx context.Context, tenantID string, from, to time.Time) (Rollup, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT meter, sum(quantity)::bigint FROM usage_ledger
+		WHERE tenant_id = $1 AND recorded_at >= $2 AND recorded_at < $3 GROUP BY meter`, tenantID, from, to)
+	if err != nil {
+		return Rollup{}, err
+	}
+	defer rows.Close()
+	var r Rollup
+	for rows.Next() {
+		var meter string
+		var n int64
+		if err := rows.Scan(&meter, &n); err != nil {
+			return Rollup{}, err
+		}
+		r.add(meter, n)
+	}
+	return r, rows.Err()
+}
