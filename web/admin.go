@@ -46,6 +46,12 @@ type TenantJSON struct {
 
 func (s *Server) tenantJSON(t tenants.Tenant) TenantJSON {
 	p, _ := s.Tenants.Policy(t) // a plan missing from the catalogue still has a weight
+	return NewTenantJSON(t, p)
+}
+
+// NewTenantJSON is t as the admin API shows it, with its policy's effective weight;
+// the CLI prints the same.
+func NewTenantJSON(t tenants.Tenant, p tenants.Policy) TenantJSON {
 	a := t.Anchor()
 	per := a.PeriodAt(time.Now())
 	return TenantJSON{

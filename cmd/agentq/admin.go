@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -174,7 +173,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, tenantOut(t))
+				return printJSON(cmd, tenantOut(env, t))
 			})
 		},
 	}
@@ -205,7 +204,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, tenantOut(t))
+				return printJSON(cmd, tenantOut(env, t))
 			})
 		},
 	}
@@ -252,9 +251,9 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				var out []tenantJSON // none prints null, as it always has
+				var out []web.TenantJSON // none prints null, as it always has
 				for _, t := range ts {
-					out = append(out, tenantOut(t))
+					out = append(out, tenantOut(env, t))
 				}
 				return printJSON(cmd, out)
 			})
@@ -439,25 +438,10 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 	return []*cobra.Command{create, list, del, rotate}
 }
 
-// tenantJSON is a tenant as the CLI prints it.
-type tenantJSON struct {
-	ID        string                  `json:"id"`
-	Name      string                  `json:"name"`
-	Plan      string                  `json:"plan"`
-	Weight    *int                    `json:"weight"`
-	Overrides map[string]quotas.Limit `json:"overrides"`
-	Status    string                  `json:"status"`
-	// BillingDay and TimeZone: the billing anchor in force.
-	BillingDay int       `json:"billing_day"`
-	TimeZone   string    `json:"time_zone"`
-	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
-}
-
-func tenantOut(t tenants.Tenant) tenantJSON {
-	a := t.Anchor()
-	return tenantJSON{ID: t.ID, Name: t.Name, Plan: t.Plan, Weight: t.Weight, Overrides: t.Overrides,
-		Status: t.Status, BillingDay: a.Day, TimeZone: a.ZoneName(), CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+// tenantOut is t as the admin API shows it.
+func tenantOut(env adminEnv, t tenants.Tenant) web.TenantJSON {
+	p, _ := env.tenants.Policy(t) // a plan missing from the catalogue still has a weight
+	return web.NewTenantJSON(t, p)
 }
 
 func splitList(s string) []string {

@@ -201,7 +201,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CLI create: %v", err)
 	}
-	var created tenantJSON
+	var created web.TenantJSON
 	if err := json.Unmarshal([]byte(out), &created); err != nil || created.ID != "cli1" || created.Name != "cli1" || *created.Weight != 7 {
 		t.Fatalf("CLI create printed %q (%v)", out, err)
 	}
