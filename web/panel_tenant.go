@@ -209,18 +209,18 @@ type panelView struct {
 }
 
 type panelLimit struct {
-	Type, Label               string
-	DataUsed, DataLimit       string // the data-used and data-limit-value attributes
-	UsedText, LimitText       string
-	RemainingText             string
-	Pct                       float64 // 0..100, for the bar
-	PctText                   string
-	Level                     string // ok, warn (80 %), high (90 %), full (100 %), off
-	Off                       bool
-	ResetAt                   string // RFC 3339, "" when there is nothing to count down
-	ResetText                 string
-	Rejected                  int64
-	ValueNow, ValueMax        string // aria-valuenow/max
+	Type, Label         string
+	DataUsed, DataLimit string // the data-used and data-limit-value attributes
+	UsedText, LimitText string
+	RemainingText       string
+	Pct                 float64 // 0..100, for the bar
+	PctText             string
+	Level               string // ok, warn (80 %), high (90 %), full (100 %), off
+	Off                 bool
+	ResetAt             string // RFC 3339, "" when there is nothing to count down
+	ResetText           string
+	Rejected            int64
+	ValueNow, ValueMax  string // aria-valuenow/max
 }
 
 type panelChart struct {

@@ -155,7 +155,7 @@ func TestPanelLimitView(t *testing.T) {
 	now := time.Date(2026, 11, 15, 12, 0, 0, 0, time.UTC)
 	reset := now.Add(90 * time.Minute)
 	cases := []struct {
-		lu                         LimitUsage
+		lu                        LimitUsage
 		level, used, limit, reset string
 	}{
 		{LimitUsage{Limit: ptr(500.0), Used: 3, Remaining: ptr(497.0), ResetAt: &reset, Unit: "steps"}, "ok", "3", "500", "resets in 1h 30m"},
