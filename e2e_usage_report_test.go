@@ -22,7 +22,7 @@ func TestUsageReportTasksHitsAndDays(t *testing.T) {
 	c, key := h.tenantClient("ur", "pro", map[string]client.Limit{"running": 1, "queue_backlog": 2})
 	var ids []string
 	for i := range 3 {
-		task, err := c.SubmitTask(ctx, client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 400, "step_ms": 50}})
+		task, err := c.SubmitTask(ctx, client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 20, "step_ms": 3000}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func TestUsageEqualsAdmissionAtEachExhaustedLimit(t *testing.T) {
 	h := start(t)
 	q := start(t, apiOnly)
 	ctx := context.Background()
-	long := client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 400, "step_ms": 50}}
+	long := client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 20, "step_ms": 3000}}
 	cases := []struct {
 		limit    string
 		h        *harness
