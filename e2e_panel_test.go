@@ -228,7 +228,12 @@ func TestPanelScreenshot(t *testing.T) {
 			cancel()
 			t.Fatal(err)
 		}
-		png, err := chromedp.Run(sctx, chromedp.FullScreenshot(90))
+		// the desktop shot is the whole page; the phone's its first screen
+		shoot := chromedp.FullScreenshot(100) // quality 100: PNG
+		if shot.mobile {
+			shoot = chromedp.CaptureScreenshot()
+		}
+		png, err := chromedp.Run(sctx, shoot)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

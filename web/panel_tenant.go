@@ -331,11 +331,12 @@ func fmtNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 // fmtAmount writes an amount for people: dollars with cents, counts with separators.
 func fmtAmount(f float64, unit string) string {
-	if unit == "usd" {
-		if f != 0 && math.Abs(f) < 0.01 {
-			return "$" + strconv.FormatFloat(f, 'f', 4, 64)
+	if unit == "usd" { // cents, and up to four decimals when there are more
+		s := strconv.FormatFloat(f, 'f', 4, 64)
+		for strings.HasSuffix(s, "0") && len(s)-strings.IndexByte(s, '.') > 3 {
+			s = s[:len(s)-1]
 		}
-		return "$" + groupDigits(strconv.FormatFloat(f, 'f', 2, 64))
+		return "$" + groupDigits(s)
 	}
 	if f == math.Trunc(f) {
 		return groupDigits(strconv.FormatFloat(f, 'f', 0, 64))

@@ -174,7 +174,9 @@ func TestPanelLimitView(t *testing.T) {
 	if got := fmtAmount(20000000, "tokens"); got != "20,000,000" {
 		t.Errorf("tokens: %q", got)
 	}
-	if got := fmtAmount(1234.5, "usd"); got != "$1,234.50" {
-		t.Errorf("usd: %q", got)
+	for f, want := range map[float64]string{1234.5: "$1,234.50", 0.016: "$0.016", 0: "$0.00", 0.00012: "$0.0001", 50: "$50.00"} {
+		if got := fmtAmount(f, "usd"); got != want {
+			t.Errorf("usd %v: %q, want %q", f, got, want)
+		}
 	}
 }

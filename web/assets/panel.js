@@ -18,9 +18,10 @@
     return (neg ? "-" : "") + i + (parts.length > 1 ? "." + parts[1] : "");
   }
   function amount(f, unit) {
-    if (unit === "usd") {
-      if (f !== 0 && Math.abs(f) < 0.01) { return "$" + f.toFixed(4); }
-      return "$" + group(f.toFixed(2));
+    if (unit === "usd") { // cents, and up to four decimals when there are more
+      var s = f.toFixed(4);
+      while (s.charAt(s.length - 1) === "0" && s.length - s.indexOf(".") > 3) { s = s.slice(0, -1); }
+      return "$" + group(s);
     }
     if (f === Math.trunc(f)) { return group(f.toFixed(0)); }
     return String(Math.round(f * 100) / 100);
