@@ -65,6 +65,15 @@ type Config struct {
 	// JanitorInterval is how often the janitor role repairs drift between Postgres
 	// and Redis. AGENTQ_JANITOR_INTERVAL, default 5m.
 	JanitorInterval time.Duration
+	// PanelSecret signs the tenant panel's links (HMAC-SHA256 under a key derived
+	// from it with HKDF). AGENTQ_PANEL_SECRET, default "": the key is then derived
+	// from AdminToken, so links die when the admin token changes; with neither set it
+	// is random per process and links die with it.
+	PanelSecret string
+	// PanelFrameAncestors is the tenant panel's CSP frame-ancestors: the origins
+	// that may embed it in an iframe. AGENTQ_PANEL_FRAME_ANCESTORS, default "*" (any:
+	// the signed link is the credential).
+	PanelFrameAncestors string
 
 	// RateKeyRPS, when set, replaces every plan's per-key request rate (requests a
 	// second; 0 disables the limit). AGENTQ_RATE_KEY_RPS, default nil (the plans').

@@ -59,6 +59,13 @@ type Deps struct {
 	Usage      *billing.Rollups // the usage export
 	UpgradeURL string
 	AdminToken string
+	// PanelSecret signs the tenant panel's links; "" derives the key from AdminToken,
+	// or, without one, from random bytes (links then end with the process).
+	PanelSecret string
+	// PanelFrameAncestors is the panel's CSP frame-ancestors ("" is "*").
+	PanelFrameAncestors string
+	// PanelClock is the panel links' clock (time.Now when nil): tests expire links.
+	PanelClock func() time.Time
 	Logger     *slog.Logger
 	// ListenAddr is where Start listens ("host:port"; port 0 picks a free one).
 	ListenAddr string
@@ -74,6 +81,7 @@ type Server struct {
 	e   *echo.Echo
 
 	listener *cacheListener
+	panel    *PanelSigner
 
 	closing  chan struct{} // closed when Stop begins: open streams end
 	mu       sync.Mutex
@@ -91,6 +99,15 @@ func New(d Deps) *Server {
 		s.Plans = s.Tenants.Plans()
 	}
 	s.listener = &cacheListener{s: s}
+	secret, ephemeral := panelSecret(d.PanelSecret, d.AdminToken)
+	if ephemeral && d.Tenants != nil {
+		s.log.Warn("neither AGENTQ_PANEL_SECRET nor AGENTQ_ADMIN_TOKEN is set: tenant panel links are signed with a random key and stop working when this process restarts")
+	}
+	panel, err := NewPanelSigner(secret, d.PanelClock)
+	if err != nil {
+		panic(err) // the secret is never empty
+	}
+	s.panel = panel
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -125,6 +142,11 @@ func (s *Server) routes() {
 	read(http.MethodGet, "/v1/tasks/:id/events", s.taskEvents)
 	read(http.MethodGet, "/v1/events", s.tenantEvents)
 
+	// The tenant panel: authorized by its signed link, not by a key.
+	e.GET("/panel/t", s.panelPage)
+	e.GET("/panel/t/usage", s.panelUsage)
+	e.GET("/panel/t/assets/:file", s.panelAsset)
+
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
 	admin(http.MethodGet, "/plans", s.listPlans)
 	admin(http.MethodGet, "/events", s.adminEvents)
@@ -141,6 +163,7 @@ func (s *Server) routes() {
 	admin(http.MethodPatch, "/tenants/:id", s.updateTenant)
 	admin(http.MethodPost, "/tenants/:id/keys", s.createKey)
 	admin(http.MethodGet, "/tenants/:id/keys", s.listKeys)
+	admin(http.MethodPost, "/tenants/:id/panel-links", s.createPanelLink)
 	admin(http.MethodPost, "/keys/:kid/rotate", s.rotateKey)
 	admin(http.MethodDelete, "/keys/:kid", s.revokeKey)
 	admin(http.MethodPut, "/agents/:name", s.putAgent)

@@ -1,12 +1,17 @@
 package web
 
 import (
+	"context"
+	"errors"
 	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -32,7 +37,40 @@ type UsageReport struct {
 	AsOf     time.Time             `json:"as_of"`
 	Degraded bool                  `json:"degraded,omitempty"`
 	Limits   map[string]LimitUsage `json:"limits"`
+	// UpgradeURL is where the plan is upgraded.
+	UpgradeURL string `json:"upgrade_url"`
+	// RecentLimitHits are the tenant's latest usage.limit_hit events, newest first
+	// (at most billing.DefaultRecentHits), with the ids the feeds and webhooks carry.
+	RecentLimitHits []billing.LimitHit `json:"recent_limit_hits"`
+	// Queue counts the tenant's live tasks.
+	Queue QueueUsage `json:"queue"`
+	// Tasks are the tenant's running and queued tasks (at most usageTasks), running
+	// first, queued ones with why they wait.
+	Tasks []UsageTask `json:"tasks"`
+	// Days is the tenant's use per day of its zone, oldest first, today last
+	// (?days=, default 30).
+	Days []billing.DayUsage `json:"days"`
 }
+
+// QueueUsage is the tenant's tasks waiting (Depth: state queued) and running.
+type QueueUsage struct {
+	Depth   int64 `json:"depth"`
+	Running int64 `json:"running"`
+}
+
+// UsageTask is a live task in the usage report.
+type UsageTask struct {
+	ID         string     `json:"id"`
+	State      string     `json:"state"`
+	Agent      string     `json:"agent"`
+	User       *string    `json:"user"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at"`
+	WaitReason *string    `json:"wait_reason"`
+}
+
+// usageTasks bounds the tasks of the usage report.
+const usageTasks = 50
 
 var units = map[string]string{
 	quotas.KeyRate: "requests", quotas.TenantRate: "requests", quotas.KeyAgentRate: "tasks",
@@ -46,40 +84,78 @@ var units = map[string]string{
 func (s *Server) usage(c echo.Context) error {
 	ctx := c.Request().Context()
 	key := keyRecord(c)
+	q := usageQuery{Kid: key.Kid, Agent: c.QueryParam("agent"), User: c.QueryParam("user"), Inflight: inflightSlot(c).Held}
 	for k := range c.QueryParams() {
-		if k != "user" && k != "agent" {
+		if k != "user" && k != "agent" && k != "days" {
 			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
 		}
 	}
+	days, err := parseDays(c.QueryParam("days"), c.QueryParams().Has("days"))
+	if err != nil {
+		return err
+	}
+	q.Days = days
 	t, err := s.Tenants.Lookup(ctx, key.TenantID)
 	if err != nil {
 		return err
 	}
-	eff, limits, err := s.limitsFor(t)
+	rep, d, err := s.usageReport(ctx, t, q)
 	if err != nil {
 		return err
+	}
+	setRateHeaders(c.Response().Header(), d, rep.AsOf)
+	return c.JSON(http.StatusOK, rep)
+}
+
+// parseDays reads ?days=: 1..billing.MaxUsageDays, billing.DefaultUsageDays when absent.
+func parseDays(v string, given bool) (int, error) {
+	if !given {
+		return billing.DefaultUsageDays, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > billing.MaxUsageDays {
+		return 0, apiErr(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", billing.MaxUsageDays)
+	}
+	return n, nil
+}
+
+// usageQuery is whose usage a report shows: the key (Kid; "" for none: the key
+// buckets then read full), the user and agent buckets, the days of history, and the
+// tenant's requests in progress (the inflight slot this request holds included).
+type usageQuery struct {
+	Kid, Agent, User string
+	Days             int
+	Inflight         int64
+}
+
+// usageReport builds a tenant's usage report; the decision is the peek's (for the
+// rate-limit headers).
+func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery) (UsageReport, quotas.Decision, error) {
+	eff, limits, err := s.limitsFor(t)
+	if err != nil {
+		return UsageReport{}, quotas.Decision{}, err
 	}
 	now := time.Now()
 	period := t.Anchor().PeriodAt(now)
 	d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
-		Mode: quotas.ModePeek, TenantID: t.ID, Kid: key.Kid, Agent: c.QueryParam("agent"), User: c.QueryParam("user"),
+		Mode: quotas.ModePeek, TenantID: t.ID, Kid: q.Kid, Agent: q.Agent, User: q.User,
 		Limits: limits, Period: period,
 	})
 	if err != nil {
-		return admissionFailure(err)
+		return UsageReport{}, d, admissionFailure(err)
 	}
-	setRateHeaders(c.Response().Header(), d, now)
 	running, err := s.Queue.Running(ctx, t.ID)
 	if err != nil {
-		return admissionFailure(err)
+		return UsageReport{}, d, admissionFailure(err)
 	}
 	var rejected map[string]int64
 	if s.Rejections != nil {
 		if rejected, err = s.Rejections.Current(ctx, t.ID, now); err != nil {
-			return err
+			return UsageReport{}, d, err
 		}
 	}
-	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}}
+	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}, UpgradeURL: s.UpgradeURL,
+		RecentLimitHits: []billing.LimitHit{}, Tasks: []UsageTask{}, Days: []billing.DayUsage{}}
 	limitOf := map[string]quotas.Limit{}
 	for _, name := range quotas.LimitTypes {
 		limitOf[name] = quotas.Unlimited // a limit the plan leaves out is off
@@ -130,7 +206,7 @@ func (s *Server) usage(c echo.Context) error {
 			if limitOf[name] == 0 {
 				limitOf[name] = quotas.Unlimited
 			}
-			lu.Used = float64(inflightSlot(c).Held)
+			lu.Used = float64(q.Inflight)
 		}
 		if l := limitOf[name]; !l.Off() {
 			lu.Limit = ptr(float64(l))
@@ -138,7 +214,46 @@ func (s *Server) usage(c echo.Context) error {
 		}
 		rep.Limits[name] = lu
 	}
-	return c.JSON(http.StatusOK, rep)
+	if err := s.usageHistory(ctx, t, q, now, &rep); err != nil {
+		return UsageReport{}, d, err
+	}
+	return rep, d, nil
+}
+
+// usageHistory adds the live tasks, the latest limit hits and the days to rep.
+func (s *Server) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuery, now time.Time, rep *UsageReport) error {
+	if s.Tasks != nil {
+		live, err := s.Tasks.Live(ctx, t.ID, usageTasks)
+		if err != nil {
+			return err
+		}
+		rep.Queue = QueueUsage{Depth: live.Queued, Running: live.Running}
+		for _, lt := range live.Tasks {
+			ut := UsageTask{ID: lt.ID.String(), State: string(lt.State), Agent: lt.Agent, CreatedAt: lt.CreatedAt.UTC(),
+				StartedAt: lt.StartedAt, WaitReason: lt.WaitReason}
+			if lt.User != "" {
+				ut.User = ptr(lt.User)
+			}
+			rep.Tasks = append(rep.Tasks, ut)
+		}
+	}
+	if s.Usage == nil {
+		return nil
+	}
+	hits, err := s.Usage.RecentLimitHits(ctx, t.ID, billing.DefaultRecentHits)
+	if err != nil {
+		return err
+	}
+	rep.RecentLimitHits = hits
+	days := q.Days
+	if days == 0 {
+		days = billing.DefaultUsageDays
+	}
+	rep.Days, err = s.Usage.Days(ctx, t.ID, t.Anchor(), days, now)
+	if errors.Is(err, billing.ErrBadDays) {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", billing.MaxUsageDays)
+	}
+	return err
 }
 
 func ptr[T any](v T) *T { return &v }

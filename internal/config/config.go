@@ -26,21 +26,23 @@ var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker, RoleJanitor, RoleRel
 // exports it as agentq.Config, which documents each field: the two must keep the
 // same fields, in the same order, for the conversion between them to compile.
 type Config struct {
-	HTTPAddr          string        // AGENTQ_HTTP_ADDR
-	RedisURL          string        // REDIS_URL
-	DatabaseURL       string        // DATABASE_URL
-	AdminToken        string        // AGENTQ_ADMIN_TOKEN
-	RedisPrefix       string        // AGENTQ_REDIS_PREFIX
-	Shards            int           // AGENTQ_SHARDS
-	WorkerConcurrency int           // AGENTQ_WORKER_CONCURRENCY
-	Prefetch          int           // AGENTQ_PREFETCH
-	ShutdownTimeout   time.Duration // AGENTQ_SHUTDOWN_TIMEOUT
-	PlansFile         string        // AGENTQ_PLANS_FILE
-	UpgradeURL        string        // AGENTQ_UPGRADE_URL
-	Roles             []string
-	RedisTimeout      time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
-	AgentSecret       string        // AGENTQ_AGENT_SECRET: signs steps of HTTP agents registered before per-agent secrets, until rotated
-	JanitorInterval   time.Duration // AGENTQ_JANITOR_INTERVAL
+	HTTPAddr            string        // AGENTQ_HTTP_ADDR
+	RedisURL            string        // REDIS_URL
+	DatabaseURL         string        // DATABASE_URL
+	AdminToken          string        // AGENTQ_ADMIN_TOKEN
+	RedisPrefix         string        // AGENTQ_REDIS_PREFIX
+	Shards              int           // AGENTQ_SHARDS
+	WorkerConcurrency   int           // AGENTQ_WORKER_CONCURRENCY
+	Prefetch            int           // AGENTQ_PREFETCH
+	ShutdownTimeout     time.Duration // AGENTQ_SHUTDOWN_TIMEOUT
+	PlansFile           string        // AGENTQ_PLANS_FILE
+	UpgradeURL          string        // AGENTQ_UPGRADE_URL
+	Roles               []string
+	RedisTimeout        time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
+	AgentSecret         string        // AGENTQ_AGENT_SECRET: signs steps of HTTP agents registered before per-agent secrets, until rotated
+	JanitorInterval     time.Duration // AGENTQ_JANITOR_INTERVAL
+	PanelSecret         string        // AGENTQ_PANEL_SECRET: signs the tenant panel's links
+	PanelFrameAncestors string        // AGENTQ_PANEL_FRAME_ANCESTORS: who may embed the panel (CSP frame-ancestors)
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -49,18 +51,19 @@ type Config struct {
 // Defaults returns the configuration used when nothing is set.
 func Defaults() Config {
 	return Config{
-		HTTPAddr:          "127.0.0.1:8080",
-		RedisURL:          "redis://127.0.0.1:6379/0",
-		DatabaseURL:       "postgres://postgres@127.0.0.1:5432/agentq?sslmode=disable",
-		RedisPrefix:       "aq:",
-		Shards:            1,
-		WorkerConcurrency: 20,
-		Prefetch:          4,
-		ShutdownTimeout:   10 * time.Second,
-		RedisTimeout:      80 * time.Millisecond,
-		JanitorInterval:   5 * time.Minute,
-		UpgradeURL:        "https://agentq.example/upgrade",
-		Roles:             slices.Clone(AllRoles),
+		HTTPAddr:            "127.0.0.1:8080",
+		RedisURL:            "redis://127.0.0.1:6379/0",
+		DatabaseURL:         "postgres://postgres@127.0.0.1:5432/agentq?sslmode=disable",
+		RedisPrefix:         "aq:",
+		Shards:              1,
+		WorkerConcurrency:   20,
+		Prefetch:            4,
+		ShutdownTimeout:     10 * time.Second,
+		RedisTimeout:        80 * time.Millisecond,
+		JanitorInterval:     5 * time.Minute,
+		PanelFrameAncestors: "*",
+		UpgradeURL:          "https://agentq.example/upgrade",
+		Roles:               slices.Clone(AllRoles),
 	}
 }
 
@@ -91,6 +94,8 @@ func FromEnv() (Config, error) {
 	str("AGENTQ_PLANS_FILE", &c.PlansFile)
 	str("AGENTQ_UPGRADE_URL", &c.UpgradeURL)
 	str("AGENTQ_AGENT_SECRET", &c.AgentSecret)
+	str("AGENTQ_PANEL_SECRET", &c.PanelSecret)
+	str("AGENTQ_PANEL_FRAME_ANCESTORS", &c.PanelFrameAncestors)
 	num("AGENTQ_SHARDS", &c.Shards, 1)
 	num("AGENTQ_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1)
 	num("AGENTQ_PREFETCH", &c.Prefetch, 0)

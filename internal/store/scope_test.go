@@ -101,6 +101,18 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.InsertEvent(ctx, store.InsertEventParams{ID: "new", Type: "usage.limit_hit", DedupeKey: "new", Payload: []byte("{}")})
 			return err
 		}},
+		{"RecentEvents", func(ctx context.Context, st *store.Store) error {
+			_, err := st.RecentEvents(ctx, store.RecentEventsParams{Limit: 10})
+			return err
+		}},
+		{"DailyRollups", func(ctx context.Context, st *store.Store) error {
+			_, err := st.DailyRollups(ctx, store.DailyRollupsParams{From: "2026-01-01", To: "2026-01-31"})
+			return err
+		}},
+		{"ListLiveTasks", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ListLiveTasks(ctx, store.LiveTasksParams{Limit: 10})
+			return err
+		}},
 		{"RejectionTotals", func(ctx context.Context, st *store.Store) error {
 			_, err := st.RejectionTotals(ctx, store.RejectionsParams{Until: time.Now()})
 			return err

@@ -571,3 +571,33 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 
 // Terminal reports whether a task state, as a string from an event, is final.
 func Terminal(state string) bool { return store.TaskState(state).Terminal() }
+
+// MaxLiveTasks bounds the tasks Live lists.
+const MaxLiveTasks = 100
+
+// Live is a tenant's running and queued tasks: how many of each, and up to the limit
+// of them (running first, then queued, oldest first), queued ones with why they wait.
+type Live struct {
+	Running, Queued int64
+	Tasks           []Task
+}
+
+// Live returns the tenant's live tasks, at most limit of them (1..MaxLiveTasks).
+func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, error) {
+	if tenantID == "" {
+		return Live{}, ErrNoTenant
+	}
+	if limit < 1 || limit > MaxLiveTasks {
+		return Live{}, invalid("limit", "limit must be between 1 and %d.", MaxLiveTasks)
+	}
+	rows, err := s.d.Store.ListLiveTasks(ctx, store.LiveTasksParams{TenantID: tenantID, Limit: limit})
+	if err != nil {
+		return Live{}, err
+	}
+	out := Live{Running: rows.Running, Queued: rows.Queued, Tasks: make([]Task, 0, len(rows.Tasks))}
+	for _, t := range rows.Tasks {
+		out.Tasks = append(out.Tasks, Task{Task: t})
+	}
+	s.fillWaitReasons(ctx, out.Tasks)
+	return out, nil
+}

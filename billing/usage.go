@@ -1,0 +1,113 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// The usage report's history: a tenant's latest limit hits and its use per day.
+
+// DefaultRecentHits is how many limit hits the usage report shows.
+const DefaultRecentHits = 20
+
+// LimitHit is one usage.limit_hit event of a tenant, as the usage report and the
+// panel show it: the event id is the one the finance feed and the webhooks carry.
+type LimitHit struct {
+	EventID           string         `json:"event_id"`
+	Time              time.Time      `json:"time"`
+	LimitType         string         `json:"limit_type"`
+	LimitValue        Amount         `json:"limit_value"`
+	CurrentUsage      Amount         `json:"current_usage"`
+	SLAClassification Classification `json:"sla_classification"`
+	Enforcement       Enforcement    `json:"enforcement"`
+}
+
+// RecentLimitHits returns the tenant's latest n usage.limit_hit events (at most
+// store.MaxRecentEvents), newest first.
+func (r *Rollups) RecentLimitHits(ctx context.Context, tenantID string, n int) ([]LimitHit, error) {
+	if tenantID == "" {
+		return nil, ErrNoTenant
+	}
+	evs, err := r.st.RecentEvents(ctx, store.RecentEventsParams{TenantID: tenantID, Type: TypeLimitHit, Limit: n})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]LimitHit, 0, len(evs))
+	for _, e := range evs {
+		var ce struct {
+			ID   string    `json:"id"`
+			Time time.Time `json:"time"`
+			Data LimitData `json:"data"`
+		}
+		if err := json.Unmarshal(e.Payload, &ce); err != nil {
+			return nil, fmt.Errorf("billing: event %s: %w", e.ID, err)
+		}
+		out = append(out, LimitHit{
+			EventID: e.ID, Time: ce.Time.UTC(), LimitType: ce.Data.LimitType,
+			LimitValue: ce.Data.LimitValue, CurrentUsage: ce.Data.CurrentUsage,
+			SLAClassification: ce.Data.SLAClassification, Enforcement: ce.Data.Enforcement,
+		})
+	}
+	return out, nil
+}
+
+// The range of days the usage report takes.
+const (
+	DefaultUsageDays = 30
+	MaxUsageDays     = 90
+)
+
+// ErrBadDays: a number of days outside 1..MaxUsageDays.
+var ErrBadDays = errors.New("billing: days out of range")
+
+// DayUsage is a tenant's use on one day of its zone. CostUSD is CostMicroUSD as a
+// decimal string of dollars.
+type DayUsage struct {
+	Day          string `json:"day"` // yyyy-mm-dd in the tenant's zone
+	Steps        int64  `json:"steps"`
+	Tokens       int64  `json:"tokens"`
+	CostMicroUSD int64  `json:"cost_micro_usd"`
+	CostUSD      string `json:"cost_usd"`
+}
+
+// Days returns the tenant's use per day of its zone for the last n days up to now,
+// today included, oldest first, from the daily rollups; a day without use is listed
+// with zeros. ErrBadDays unless 1 <= n <= MaxUsageDays.
+func (r *Rollups) Days(ctx context.Context, tenantID string, a quotas.Anchor, n int, now time.Time) ([]DayUsage, error) {
+	if tenantID == "" {
+		return nil, ErrNoTenant
+	}
+	if n < 1 || n > MaxUsageDays {
+		return nil, ErrBadDays
+	}
+	loc := a.Zone
+	if loc == nil {
+		loc = time.UTC
+	}
+	today := now.In(loc)
+	first := time.Date(today.Year(), today.Month(), today.Day()-(n-1), 12, 0, 0, 0, loc)
+	rows, err := r.st.DailyRollups(ctx, store.DailyRollupsParams{
+		TenantID: tenantID, From: first.Format(time.DateOnly), To: today.Format(time.DateOnly),
+	})
+	if err != nil {
+		return nil, err
+	}
+	byDay := make(map[string]store.Rollup, len(rows))
+	for _, row := range rows {
+		byDay[row.Day] = row.Rollup
+	}
+	out := make([]DayUsage, n)
+	for i := range n {
+		// noon steps over days whatever the zone's daylight saving time does
+		day := time.Date(first.Year(), first.Month(), first.Day()+i, 12, 0, 0, 0, loc).Format(time.DateOnly)
+		u := byDay[day]
+		out[i] = DayUsage{Day: day, Steps: u.Steps, Tokens: u.Tokens, CostMicroUSD: u.CostMicro, CostUSD: FormatUSD(u.CostMicro)}
+	}
+	return out, nil
+}

@@ -1,0 +1,100 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The tenant-scoped reads of the usage report (GET /v1/usage) and the tenant panel:
+// a tenant's latest events, its daily rollups over a range, and its live tasks.
+
+// MaxRecentEvents bounds RecentEvents.
+const MaxRecentEvents = 100
+
+// RecentEventsParams select a tenant's latest events of Type (any when empty), at
+// most Limit (MaxRecentEvents when 0 or above it).
+type RecentEventsParams struct {
+	TenantID string
+	Type     string
+	Limit    int
+}
+
+// RecentEvents returns the tenant's latest events, newest first (by write order).
+// Unlike the feeds it also shows events whose transaction committed after an older
+// one still running: it is a view of the moment, not a cursor to resume from.
+func (s *Store) RecentEvents(ctx context.Context, p RecentEventsParams) ([]Event, error) {
+	if p.TenantID == "" {
+		return nil, ErrNoTenant
+	}
+	if p.Limit <= 0 || p.Limit > MaxRecentEvents {
+		p.Limit = MaxRecentEvents
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT seq, id, tenant_id, type, dedupe_key, payload, created_at FROM events
+		WHERE tenant_id = $1 AND ($2 = '' OR type = $2)
+		ORDER BY seq DESC LIMIT $3`, p.TenantID, p.Type, p.Limit)
+	return collect(rows, err, func(row pgx.Row) (Event, error) {
+		var e Event
+		err := row.Scan(&e.Cursor.Seq, &e.ID, &e.TenantID, &e.Type, &e.DedupeKey, &e.Payload, &e.CreatedAt)
+		return e, err
+	})
+}
+
+// DailyRollupsParams select a tenant's daily rollups for the days of its zone from
+// From to To, both included ("2026-11-15").
+type DailyRollupsParams struct {
+	TenantID string
+	From, To string
+}
+
+// DailyRollups returns the tenant's daily rollups in the range, in day order; a day
+// without use has no row.
+func (s *Store) DailyRollups(ctx context.Context, p DailyRollupsParams) ([]DayRollup, error) {
+	if p.TenantID == "" {
+		return nil, ErrNoTenant
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT to_char(day, 'YYYY-MM-DD'), steps, tokens, cost_micro_usd FROM usage_rollup_daily
+		WHERE tenant_id = $1 AND day >= $2::date AND day <= $3::date ORDER BY day`, p.TenantID, p.From, p.To)
+	return collect(rows, err, func(row pgx.Row) (DayRollup, error) {
+		r := DayRollup{TenantID: p.TenantID}
+		err := row.Scan(&r.Day, &r.Steps, &r.Tokens, &r.CostMicro)
+		return r, err
+	})
+}
+
+// LiveTasksParams select a tenant's running and queued tasks, at most Limit of them.
+type LiveTasksParams struct {
+	TenantID string
+	Limit    int
+}
+
+// LiveTasks is a tenant's running and queued tasks: how many of each, and the first
+// Limit of them, running before queued, oldest first within each.
+type LiveTasks struct {
+	Running, Queued int64
+	Tasks           []Task
+}
+
+// ListLiveTasks returns the tenant's live tasks.
+func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks, error) {
+	var out LiveTasks
+	if p.TenantID == "" {
+		return out, ErrNoTenant
+	}
+	if p.Limit <= 0 {
+		return out, fmt.Errorf("store: live tasks limit %d, want > 0", p.Limit)
+	}
+	if err := s.db.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE state = 'running'), count(*) FILTER (WHERE state = 'queued')
+		FROM tasks WHERE tenant_id = $1 AND state IN ('running', 'queued')`, p.TenantID).Scan(&out.Running, &out.Queued); err != nil {
+		return out, err
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND state IN ('running', 'queued')
+		ORDER BY state = 'queued', created_at, id LIMIT $2`, p.TenantID, p.Limit)
+	out.Tasks, err = collect(rows, err, scanTask)
+	return out, err
+}

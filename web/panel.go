@@ -1,0 +1,125 @@
+package web
+
+import (
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Tenant panel links: GET /panel/t?token=<token> shows one tenant's usage page to
+// whoever holds the link (a SaaS embeds it in an iframe, or forwards it to its
+// customer). The token is signed, not stored: revoking one link means changing the
+// panel secret, which ends them all.
+//
+// Token: base64url(payload) "." base64url(HMAC-SHA256(key, "agentq-panel-link|" ||
+// payload)), payload = "1|<tenant id>|<expiry, unix seconds>". Both parts use the
+// unpadded URL alphabet, decoded strictly (nonzero trailing bits are refused), so a
+// changed character always changes what is checked. The key is derived with HKDF-
+// SHA256 from AGENTQ_PANEL_SECRET, or else from the admin token, or else from random
+// bytes drawn at start (links then die with the process).
+
+// Panel link lifetimes: the default and the bounds of POST .../panel-links ttl_s.
+const (
+	DefaultPanelLinkTTL = 24 * time.Hour
+	MaxPanelLinkTTL     = 30 * 24 * time.Hour
+)
+
+// Errors of a panel token: forged (or malformed) is 401, expired 403.
+var (
+	ErrPanelTokenInvalid = errors.New("web: panel token is not valid")
+	ErrPanelTokenExpired = errors.New("web: panel token has expired")
+)
+
+const (
+	panelTokenVersion = "1"
+	panelMACDomain    = "agentq-panel-link|"
+	panelKeyInfo      = "agentq tenant panel links v1"
+)
+
+var b64 = base64.RawURLEncoding.Strict()
+
+// PanelSigner signs and verifies tenant panel tokens.
+type PanelSigner struct {
+	key []byte
+	now func() time.Time
+}
+
+// NewPanelSigner derives the signing key from secret with HKDF-SHA256; now is the
+// clock (time.Now when nil).
+func NewPanelSigner(secret []byte, now func() time.Time) (*PanelSigner, error) {
+	if len(secret) == 0 {
+		return nil, errors.New("web: empty panel secret")
+	}
+	key, err := hkdf.Key(sha256.New, secret, nil, panelKeyInfo, 32)
+	if err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &PanelSigner{key: key, now: now}, nil
+}
+
+// panelSecret picks the secret panel keys are derived from: the configured one, else
+// the admin token, else random bytes (ephemeral: links end with the process).
+func panelSecret(configured, adminToken string) (secret []byte, ephemeral bool) {
+	switch {
+	case configured != "":
+		return []byte(configured), false
+	case adminToken != "":
+		return []byte("admin-token|" + adminToken), false
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return b, true
+}
+
+func (p *PanelSigner) mac(payload []byte) []byte {
+	m := hmac.New(sha256.New, p.key)
+	m.Write([]byte(panelMACDomain))
+	m.Write(payload)
+	return m.Sum(nil)
+}
+
+// Sign returns a token for tenantID valid until exp (whole seconds).
+func (p *PanelSigner) Sign(tenantID string, exp time.Time) string {
+	payload := []byte(panelTokenVersion + "|" + tenantID + "|" + strconv.FormatInt(exp.Unix(), 10))
+	return b64.EncodeToString(payload) + "." + b64.EncodeToString(p.mac(payload))
+}
+
+// Verify returns the tenant a token is for and when it expires. A token that does not
+// parse or whose signature does not match is ErrPanelTokenInvalid; a genuine one past
+// its expiry is ErrPanelTokenExpired (with its tenant).
+func (p *PanelSigner) Verify(token string) (tenantID string, exp time.Time, err error) {
+	if len(token) > 512 {
+		return "", time.Time{}, ErrPanelTokenInvalid
+	}
+	enc, sig, ok := strings.Cut(token, ".")
+	if !ok {
+		return "", time.Time{}, ErrPanelTokenInvalid
+	}
+	payload, err1 := b64.DecodeString(enc)
+	got, err2 := b64.DecodeString(sig)
+	if err1 != nil || err2 != nil || !hmac.Equal(got, p.mac(payload)) {
+		return "", time.Time{}, ErrPanelTokenInvalid
+	}
+	parts := strings.Split(string(payload), "|")
+	if len(parts) != 3 || parts[0] != panelTokenVersion || parts[1] == "" {
+		return "", time.Time{}, ErrPanelTokenInvalid
+	}
+	unix, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		return "", time.Time{}, ErrPanelTokenInvalid
+	}
+	exp = time.Unix(unix, 0).UTC()
+	if !p.now().Before(exp) {
+		return parts[1], exp, ErrPanelTokenExpired
+	}
+	return parts[1], exp, nil
+}

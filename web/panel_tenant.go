@@ -1,0 +1,420 @@
+package web
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/quotas"
+)
+
+// The tenant panel: POST /v1/admin/tenants/{id}/panel-links signs a link, GET
+// /panel/t?token= renders the tenant's usage page, GET /panel/t/usage?token= is the
+// JSON the page polls, GET /panel/t/assets/{file} its CSS and JS. The tenant always
+// comes from the token; nothing in the request names another.
+
+//go:embed templates/panel_tenant.html templates/panel_tenant_error.html
+var panelTemplates embed.FS
+
+//go:embed assets/panel.css assets/panel.js
+var panelAssets embed.FS
+
+var panelTmpl = template.Must(template.New("panel").ParseFS(panelTemplates,
+	"templates/panel_tenant.html", "templates/panel_tenant_error.html"))
+
+// PanelLinkRequest is the optional body of POST /v1/admin/tenants/{id}/panel-links.
+type PanelLinkRequest struct {
+	TTLS *int64 `json:"ttl_s"`
+}
+
+// PanelLink is a signed tenant panel link.
+type PanelLink struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func (s *Server) createPanelLink(c echo.Context) error {
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var r PanelLinkRequest
+	if err := decodeStrict(body, &r, true); err != nil {
+		return err
+	}
+	ttl := DefaultPanelLinkTTL
+	if r.TTLS != nil {
+		if *r.TTLS < 1 || *r.TTLS > int64(MaxPanelLinkTTL/time.Second) {
+			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "ttl_s must be between 1 and %d seconds.", int64(MaxPanelLinkTTL/time.Second))
+		}
+		ttl = time.Duration(*r.TTLS) * time.Second
+	}
+	id := c.Param("id")
+	if _, err := s.Tenants.Get(c.Request().Context(), id); err != nil {
+		return tenantErr(err, id)
+	}
+	exp := s.panel.now().Add(ttl).UTC().Truncate(time.Second)
+	tok := s.panel.Sign(id, exp)
+	u := c.Scheme() + "://" + c.Request().Host + "/panel/t?token=" + tok
+	return c.JSON(http.StatusCreated, PanelLink{URL: u, ExpiresAt: exp})
+}
+
+// panelHeaders are set on every panel response: no caching (the URL is a
+// credential), no referrer (links out must not carry the token), embedding allowed
+// only to the configured frame ancestors.
+func (s *Server) panelHeaders(c echo.Context) {
+	h := c.Response().Header()
+	fa := s.PanelFrameAncestors
+	if fa == "" {
+		fa = "*"
+	}
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; "+
+		"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors "+fa)
+	h.Set(echo.HeaderCacheControl, "no-store")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set(echo.HeaderXContentTypeOptions, "nosniff")
+}
+
+// panelTenant authorizes a panel request by its token: the tenant it is for, or
+// the status (401 forged, 403 expired, 404 tenant gone) and a sentence.
+func (s *Server) panelTenant(c echo.Context) (tenants.Tenant, int, string) {
+	id, _, err := s.panel.Verify(c.QueryParam("token"))
+	switch {
+	case errors.Is(err, ErrPanelTokenExpired):
+		return tenants.Tenant{}, http.StatusForbidden, "This usage link has expired. Ask for a new one."
+	case err != nil:
+		return tenants.Tenant{}, http.StatusUnauthorized, "This usage link is not valid."
+	}
+	t, err := s.Tenants.Lookup(c.Request().Context(), id)
+	if errors.Is(err, tenants.ErrNotFound) {
+		return tenants.Tenant{}, http.StatusNotFound, "This usage link's account no longer exists."
+	} else if err != nil {
+		s.log.Error("panel: tenant lookup failed", "err", err)
+		return tenants.Tenant{}, http.StatusServiceUnavailable, "Usage is unavailable right now. Retry in a moment."
+	}
+	return t, 0, ""
+}
+
+func (s *Server) panelError(c echo.Context, status int, msg string) error {
+	var b strings.Builder
+	if err := panelTmpl.ExecuteTemplate(&b, "panel_tenant_error.html", map[string]any{"Status": status, "Message": msg}); err != nil {
+		return err
+	}
+	return c.HTML(status, b.String())
+}
+
+func (s *Server) panelPage(c echo.Context) error {
+	s.panelHeaders(c)
+	t, status, msg := s.panelTenant(c)
+	if status != 0 {
+		return s.panelError(c, status, msg)
+	}
+	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: billing.DefaultUsageDays})
+	if err != nil {
+		var ae *APIError
+		if errors.As(err, &ae) {
+			return s.panelError(c, ae.Status, "Usage is unavailable right now. Retry in a moment.")
+		}
+		s.log.Error("panel: usage report failed", "err", err)
+		return s.panelError(c, http.StatusInternalServerError, "Usage is unavailable right now. Retry in a moment.")
+	}
+	var b strings.Builder
+	if err := panelTmpl.ExecuteTemplate(&b, "panel_tenant.html", newPanelView(rep)); err != nil {
+		return err
+	}
+	return c.HTML(http.StatusOK, b.String())
+}
+
+// panelUsage is the JSON the page polls: the tenant's usage report, with no key's
+// buckets (the panel has none).
+func (s *Server) panelUsage(c echo.Context) error {
+	s.panelHeaders(c)
+	t, status, msg := s.panelTenant(c)
+	if status != 0 {
+		code := CodeUnauthorized
+		switch status {
+		case http.StatusForbidden:
+			code = "LINK_EXPIRED"
+		case http.StatusNotFound:
+			code = CodeNotFound
+		case http.StatusServiceUnavailable:
+			return unavailable()
+		}
+		return apiErr(status, code, "%s", msg)
+	}
+	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: billing.DefaultUsageDays})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, rep)
+}
+
+func (s *Server) panelAsset(c echo.Context) error {
+	name := c.Param("file")
+	var ctype string
+	switch name {
+	case "panel.css":
+		ctype = "text/css; charset=utf-8"
+	case "panel.js":
+		ctype = "text/javascript; charset=utf-8"
+	default:
+		return apiErr(http.StatusNotFound, CodeNotFound, "No asset %q.", name)
+	}
+	b, err := panelAssets.ReadFile("assets/" + name)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set(echo.HeaderCacheControl, "public, max-age=300")
+	c.Response().Header().Set(echo.HeaderXContentTypeOptions, "nosniff")
+	return c.Blob(http.StatusOK, ctype, b)
+}
+
+// The page's view of the usage report.
+
+// tenantWideLimits are shown with their use; the per-key and per-user buckets only
+// with their size (each key and user has its own).
+var (
+	tenantWideLimits = []string{quotas.TenantRate, quotas.ConcurrentSessions, quotas.QueueBacklog, quotas.Running,
+		quotas.AgentStepsDaily, quotas.AITokensMonthly, quotas.USDMonthly, quotas.LongRunningInflight, quotas.InflightRequests}
+	perKeyLimits = []string{quotas.KeyRate, quotas.KeyAgentRate, quotas.UserTasksHourly}
+	limitLabels  = map[string]string{
+		quotas.TenantRate: "Requests per second", quotas.KeyRate: "Requests per second, per API key",
+		quotas.KeyAgentRate: "Tasks per second, per API key and agent", quotas.UserTasksHourly: "Tasks per hour, per user",
+		quotas.ConcurrentSessions: "Concurrent agent sessions", quotas.LongRunningInflight: "Long-running tasks",
+		quotas.QueueBacklog: "Queued tasks", quotas.Running: "Running tasks", quotas.AgentStepsDaily: "Agent steps, last 24 hours",
+		quotas.AITokensMonthly: "AI tokens this billing period", quotas.USDMonthly: "Spend this billing period",
+		quotas.InflightRequests: "API requests in progress",
+	}
+)
+
+type panelView struct {
+	Report    UsageReport
+	AsOf      string
+	Limits    []panelLimit
+	PerKey    []panelLimit
+	Charts    []panelChart
+	Tasks     []panelTask
+	Hits      []panelHit
+	TasksMore bool
+}
+
+type panelLimit struct {
+	Type, Label         string
+	DataUsed, DataLimit string // the data-used and data-limit-value attributes
+	UsedText, LimitText string
+	RemainingText       string
+	Pct                 float64 // 0..100, for the bar
+	PctText             string
+	Level               string // ok, warn (80 %), high (90 %), full (100 %), off
+	Off                 bool
+	ResetAt             string // RFC 3339, "" when there is nothing to count down
+	ResetText           string
+	Rejected            int64
+	ValueNow, ValueMax  string // aria-valuenow/max
+}
+
+type panelChart struct {
+	ID, Title, Unit string
+	Max             string
+	Total           string
+	Bars            []panelBar
+	FirstDay        string
+	LastDay         string
+}
+
+type panelBar struct {
+	X, Y, W, H float64
+	Label      string
+}
+
+type panelTask struct {
+	ID, ShortID, State, Agent, Created, CreatedISO, Wait string
+}
+
+type panelHit struct {
+	EventID, Time, TimeISO, LimitType, Label, Classification, Enforcement, Value string
+}
+
+func newPanelView(rep UsageReport) panelView {
+	v := panelView{Report: rep, AsOf: rep.AsOf.UTC().Format(time.RFC3339)}
+	for _, name := range tenantWideLimits {
+		v.Limits = append(v.Limits, newPanelLimit(name, rep.Limits[name], rep.AsOf))
+	}
+	for _, name := range perKeyLimits {
+		v.PerKey = append(v.PerKey, newPanelLimit(name, rep.Limits[name], rep.AsOf))
+	}
+	v.Charts = newPanelCharts(rep.Days)
+	for _, t := range rep.Tasks {
+		pt := panelTask{ID: t.ID, ShortID: shortID(t.ID), State: t.State, Agent: t.Agent,
+			Created: t.CreatedAt.UTC().Format("2006-01-02 15:04:05"), CreatedISO: t.CreatedAt.UTC().Format(time.RFC3339)}
+		if t.WaitReason != nil {
+			pt.Wait = *t.WaitReason
+		}
+		v.Tasks = append(v.Tasks, pt)
+	}
+	v.TasksMore = rep.Queue.Depth+rep.Queue.Running > int64(len(rep.Tasks))
+	for _, h := range rep.RecentLimitHits {
+		val, _ := h.CurrentUsage.MarshalJSON()
+		lim, _ := h.LimitValue.MarshalJSON()
+		v.Hits = append(v.Hits, panelHit{EventID: h.EventID, Time: h.Time.UTC().Format("2006-01-02 15:04:05"),
+			TimeISO: h.Time.UTC().Format(time.RFC3339), LimitType: h.LimitType, Label: labelOf(h.LimitType),
+			Classification: string(h.SLAClassification), Enforcement: string(h.Enforcement),
+			Value: strings.Trim(string(val), `"`) + " / " + strings.Trim(string(lim), `"`)})
+	}
+	return v
+}
+
+func labelOf(limitType string) string {
+	if l, ok := limitLabels[limitType]; ok {
+		return l
+	}
+	return strings.ReplaceAll(limitType, "_", " ")
+}
+
+func shortID(id string) string {
+	if len(id) > 8 {
+		return id[len(id)-8:]
+	}
+	return id
+}
+
+func newPanelLimit(name string, lu LimitUsage, now time.Time) panelLimit {
+	pl := panelLimit{Type: name, Label: labelOf(name), Rejected: lu.Rejected,
+		DataUsed: fmtNum(lu.Used), UsedText: fmtAmount(lu.Used, lu.Unit), ValueNow: fmtNum(lu.Used)}
+	if lu.Limit == nil {
+		pl.Off, pl.Level, pl.DataLimit, pl.LimitText, pl.RemainingText = true, "off", "unlimited", "unlimited", "no limit"
+	} else {
+		l := *lu.Limit
+		pl.DataLimit, pl.LimitText, pl.ValueMax = fmtNum(l), fmtAmount(l, lu.Unit), fmtNum(l)
+		switch {
+		case l > 0:
+			pl.Pct = math.Min(100, lu.Used/l*100)
+		case l == 0:
+			pl.Pct = 100
+		}
+		pl.Level = levelOf(lu.Used, l)
+		if lu.Remaining != nil {
+			pl.RemainingText = fmtAmount(*lu.Remaining, lu.Unit) + " remaining"
+		}
+	}
+	pl.PctText = strconv.FormatFloat(math.Round(pl.Pct*10)/10, 'f', -1, 64)
+	if lu.ResetAt != nil && lu.ResetAt.After(now.Add(time.Second)) && lu.Used > 0 {
+		pl.ResetAt = lu.ResetAt.UTC().Format(time.RFC3339)
+		pl.ResetText = "resets in " + fmtCountdown(lu.ResetAt.Sub(now))
+	}
+	return pl
+}
+
+func levelOf(used, limit float64) string {
+	switch {
+	case limit <= 0 || used >= limit:
+		return "full"
+	case used >= limit*0.9:
+		return "high"
+	case used >= limit*0.8:
+		return "warn"
+	}
+	return "ok"
+}
+
+func fmtNum(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// fmtAmount writes an amount for people: dollars with cents, counts with separators.
+func fmtAmount(f float64, unit string) string {
+	if unit == "usd" { // cents, and up to four decimals when there are more
+		s := strconv.FormatFloat(f, 'f', 4, 64)
+		for strings.HasSuffix(s, "0") && len(s)-strings.IndexByte(s, '.') > 3 {
+			s = s[:len(s)-1]
+		}
+		return "$" + groupDigits(s)
+	}
+	if f == math.Trunc(f) {
+		return groupDigits(strconv.FormatFloat(f, 'f', 0, 64))
+	}
+	return strconv.FormatFloat(math.Round(f*100)/100, 'f', -1, 64)
+}
+
+func groupDigits(s string) string {
+	intPart, frac, _ := strings.Cut(s, ".")
+	neg := strings.HasPrefix(intPart, "-")
+	intPart = strings.TrimPrefix(intPart, "-")
+	var b strings.Builder
+	for i, r := range intPart {
+		if i > 0 && (len(intPart)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	out := b.String()
+	if neg {
+		out = "-" + out
+	}
+	if frac != "" {
+		out += "." + frac
+	}
+	return out
+}
+
+func fmtCountdown(d time.Duration) string {
+	d = d.Round(time.Second)
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh %dm", int(d.Hours()), int(d.Minutes())%60)
+	case d >= time.Minute:
+		return fmt.Sprintf("%dm %ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%ds", int(d.Seconds()))
+}
+
+// The charts: one bar chart per meter, 600 x 120 user units.
+const chartW, chartH = 600.0, 120.0
+
+func newPanelCharts(days []billing.DayUsage) []panelChart {
+	series := []struct {
+		id, title, unit string
+		val             func(billing.DayUsage) float64
+	}{
+		{"steps", "Agent steps per day", "steps", func(d billing.DayUsage) float64 { return float64(d.Steps) }},
+		{"tokens", "AI tokens per day", "tokens", func(d billing.DayUsage) float64 { return float64(d.Tokens) }},
+		{"usd", "Spend per day", "usd", func(d billing.DayUsage) float64 { return float64(d.CostMicroUSD) / 1e6 }},
+	}
+	out := make([]panelChart, 0, len(series))
+	for _, sr := range series {
+		ch := panelChart{ID: sr.id, Title: sr.title, Unit: sr.unit}
+		var maxV, total float64
+		for _, d := range days {
+			maxV = math.Max(maxV, sr.val(d))
+			total += sr.val(d)
+		}
+		ch.Max, ch.Total = fmtAmount(maxV, sr.unit), fmtAmount(total, sr.unit)
+		if len(days) > 0 {
+			ch.FirstDay, ch.LastDay = days[0].Day, days[len(days)-1].Day
+			w := chartW / float64(len(days))
+			for i, d := range days {
+				h := 0.0
+				if maxV > 0 {
+					h = sr.val(d) / maxV * chartH
+				}
+				if sr.val(d) > 0 && h < 1 {
+					h = 1
+				}
+				ch.Bars = append(ch.Bars, panelBar{X: float64(i)*w + w*0.1, Y: chartH - h, W: w * 0.8, H: h,
+					Label: d.Day + ": " + fmtAmount(sr.val(d), sr.unit)})
+			}
+		}
+		out = append(out, ch)
+	}
+	return out
+}
