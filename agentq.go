@@ -265,7 +265,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Logger: a.log,
+		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Logger: a.log,
 	}
 }
 
