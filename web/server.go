@@ -1,5 +1,6 @@
 // Package web is agentq's HTTP API (echo): the tenant API under /v1, the admin API
-// under /v1/admin, health endpoints and the OpenAPI document.
+// under /v1/admin, health endpoints, the OpenAPI document, and the operator view
+// (server-rendered HTML under /panel/admin).
 package web
 
 import (
@@ -21,6 +22,7 @@ import (
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/keys"
+	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tasks"
@@ -57,6 +59,8 @@ type Deps struct {
 	Rejections *billing.Rejections
 	Webhooks   *billing.Webhooks
 	Usage      *billing.Rollups // the usage export
+	// Operator reads the operator view (/panel/admin); nil: the view answers 503.
+	Operator   *operator.Service
 	UpgradeURL string
 	AdminToken string
 	Logger     *slog.Logger
@@ -74,6 +78,7 @@ type Server struct {
 	e   *echo.Echo
 
 	listener *cacheListener
+	opAuth   *operatorAuth
 
 	closing  chan struct{} // closed when Stop begins: open streams end
 	mu       sync.Mutex
@@ -91,6 +96,7 @@ func New(d Deps) *Server {
 		s.Plans = s.Tenants.Plans()
 	}
 	s.listener = &cacheListener{s: s}
+	s.opAuth = newOperatorAuth(d.AdminToken, nil)
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -148,6 +154,8 @@ func (s *Server) routes() {
 	admin(http.MethodGet, "/agents/:name", s.getAgent)
 	admin(http.MethodDelete, "/agents/:name", s.deleteAgent)
 	admin(http.MethodPost, "/agents/:name/rotate-secret", s.rotateAgentSecret)
+
+	s.operatorRoutes()
 }
 
 // Start listens on ListenAddr and serves until Stop. It returns once the listener is
