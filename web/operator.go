@@ -80,6 +80,12 @@ var operatorTmpl = template.Must(template.New("operator").Funcs(template.FuncMap
 	},
 	"secs": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " s" },
 	"dur":  fmtWait,
+	"mins": func(d time.Duration) string {
+		if d%time.Minute == 0 {
+			return strconv.FormatInt(int64(d/time.Minute), 10) + " min"
+		}
+		return d.String()
+	},
 	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 }).ParseFS(operatorTemplates, "templates/operator*.html"))
 
