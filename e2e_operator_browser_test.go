@@ -190,4 +190,3 @@ func phone(t *testing.T, ctx context.Context, url string) {
 		t.Fatal(err)
 	}
 }
-
