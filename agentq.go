@@ -25,6 +25,7 @@ import (
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
+	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -186,7 +187,10 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Events: billing.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
 		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
-		Logger:     a.log,
+		Logger: a.log,
+		Operator: operator.New(operator.Deps{
+			Store: a.store, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
+		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 	})
 	a.svcs = a.roleServices()
@@ -266,7 +270,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Logger: a.log,
+		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Logger: a.log,
 	}
 }
 

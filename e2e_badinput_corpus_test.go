@@ -295,6 +295,16 @@ func corpus(task, kid string) []hostile {
 		hostile{name: "rotate agent secret: control character name", method: "POST", path: "/v1/admin/agents/echo%07/rotate-secret", auth: "admin", status: inv, code: ir},
 		hostile{name: "rotate agent secret: tenant key", method: "POST", path: "/v1/admin/agents/echo/rotate-secret", auth: "key", status: un, code: ua},
 
+		// The operator view's routes: query values are checked before any handler.
+		hostile{name: "operator view: NUL in the filter", method: "GET", path: "/panel/admin?tenant=%00", status: inv, code: ir},
+		hostile{name: "operator view: overlong filter", method: "GET", path: "/panel/admin?tenant=" + long, status: inv, code: ir},
+		hostile{name: "operator view: invalid UTF-8 sort", method: "GET", path: "/panel/admin?sort=share%FF", status: inv, code: ir},
+		hostile{name: "operator login form: control character in the query", method: "GET", path: "/panel/admin/login?x=%07", status: inv, code: ir},
+		hostile{name: "operator login: NUL in the query", method: "POST", path: "/panel/admin/login?%00=1", status: inv, code: ir},
+		hostile{name: "operator logout: invalid UTF-8 in the query", method: "POST", path: "/panel/admin/logout?x=%FF", status: inv, code: ir},
+		hostile{name: "operator stylesheet: NUL in the query", method: "GET", path: "/panel/admin/assets/operator.css?v=%00", status: inv, code: ir},
+		hostile{name: "operator script: semicolon query", method: "GET", path: "/panel/admin/assets/operator.js?a=1;b=2", status: inv, code: ir},
+
 		// The request line.
 		hostile{name: "raw NUL in the path", method: "GET", path: "/v1/tasks/\x00", auth: "key", status: inv},
 		hostile{name: "unknown route with NUL", method: "GET", path: "/v1/%00", auth: "key", status: nf, code: nfc},

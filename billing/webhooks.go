@@ -210,6 +210,15 @@ func (w *Webhooks) List(ctx context.Context) ([]Webhook, error) {
 	return eps, err
 }
 
+// WebhookHealth is an endpoint with the state of its deliveries: pending, retrying
+// and failed counts and its newest failed attempt (the operator view).
+type WebhookHealth = store.WebhookHealth
+
+// Health lists every endpoint, oldest first, with the state of its deliveries.
+func (w *Webhooks) Health(ctx context.Context) ([]WebhookHealth, error) {
+	return w.st.UnscopedWebhookHealth(ctx)
+}
+
 // Delete removes an endpoint, its pending deliveries and its attempts. A send in
 // flight to it finishes; nothing is sent to it after that.
 func (w *Webhooks) Delete(ctx context.Context, id string) error {

@@ -824,3 +824,66 @@ func (s *Scheduler) Stranded(ctx context.Context, insp *asynq.Inspector, tenantI
 	}
 	return false, nil
 }
+
+// Depth is a tenant's queued and dispatched-not-finished task counts.
+type Depth struct {
+	Queued  int64
+	Running int64
+}
+
+// Depths reads the queue depth and running count of each tenant, in the order given,
+// in one round trip (the operator view).
+func (s *Scheduler) Depths(ctx context.Context, tenants []string) ([]Depth, error) {
+	if len(tenants) == 0 {
+		return nil, nil
+	}
+	pipe := s.rdb.Pipeline()
+	q := make([]*redis.IntCmd, len(tenants))
+	r := make([]*redis.IntCmd, len(tenants))
+	for i, t := range tenants {
+		q[i] = pipe.ZCard(ctx, s.keys.TenantQueue(t))
+		r[i] = pipe.SCard(ctx, s.keys.TenantRunning(t))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("scheduler: depths: %w", err)
+	}
+	out := make([]Depth, len(tenants))
+	for i := range tenants {
+		out[i] = Depth{Queued: q[i].Val(), Running: r[i].Val()}
+	}
+	return out, nil
+}
+
+// Pool is the worker pool as dispatch sees it.
+type Pool struct {
+	Workers  int   // live worker processes
+	Capacity int64 // their slots
+	// Busy is the pool counter: tasks dispatched (being handed over or in asynq) and
+	// not finished. It may exceed Capacity by up to Prefetch.
+	Busy     int64
+	Prefetch int
+}
+
+// PoolUsage reads the live workers' slots (by Redis's clock, as dispatch counts them)
+// and the pool counter. It changes nothing: dead workers' entries are left for the
+// next dispatch to remove.
+func (s *Scheduler) PoolUsage(ctx context.Context) (Pool, error) {
+	now, err := s.clockMs(ctx)
+	if err != nil {
+		return Pool{}, err
+	}
+	pipe := s.rdb.Pipeline()
+	live := pipe.ZRangeByScore(ctx, s.keys.Workers(), &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now, 10), Max: "+inf"})
+	slots := pipe.HGetAll(ctx, s.keys.WorkerSlots())
+	busy := pipe.Get(ctx, s.keys.PoolInflight())
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Pool{}, fmt.Errorf("scheduler: pool usage: %w", err)
+	}
+	p := Pool{Workers: len(live.Val()), Prefetch: s.prefetch}
+	for _, w := range live.Val() {
+		n, _ := strconv.ParseInt(slots.Val()[w], 10, 64)
+		p.Capacity += n
+	}
+	p.Busy, _ = busy.Int64()
+	return p, nil
+}

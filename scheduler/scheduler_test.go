@@ -749,3 +749,39 @@ func TestShallowTenantAcrossShards(t *testing.T) {
 		t.Fatalf("equal weights on two shards: shallow tenant got %d of 40 dispatches (%v), want 20", counts["shallow1"], counts)
 	}
 }
+
+// The operator view's reads: per-tenant depths and the pool as dispatch counts it
+// (live workers only, by the scheduler's clock).
+func TestDepthsAndPoolUsage(t *testing.T) {
+	f := newFixture(t, 3, 2)
+	ctx := context.Background()
+	if err := f.s.Heartbeat(ctx, "w2", 5, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	f.enqueue("a", 5, 1, 0)
+	f.enqueue("a", 5, 1, 0)
+	f.enqueue("b", 5, 1, 0)
+	if _, err := f.dispatch(); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := f.s.Depths(ctx, []string{"a", "b", "idle"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ds[0].Queued + ds[1].Queued; got != 2 || ds[0].Running+ds[1].Running != 1 || ds[2] != (Depth{}) {
+		t.Fatalf("depths %+v: want 2 queued and 1 running over a and b, nothing for idle", ds)
+	}
+	p, err := f.s.PoolUsage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != (Pool{Workers: 2, Capacity: 8, Busy: 1, Prefetch: 2}) {
+		t.Fatalf("pool %+v", p)
+	}
+	f.mu.Lock()
+	f.clock += 2000 // w2's registration lapses
+	f.mu.Unlock()
+	if p, err = f.s.PoolUsage(ctx); err != nil || p.Workers != 1 || p.Capacity != 3 {
+		t.Fatalf("pool after w2 lapsed %+v, %v", p, err)
+	}
+}

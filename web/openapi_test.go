@@ -171,9 +171,12 @@ func TestOpenAPIDocumentIsWellFormed(t *testing.T) {
 			ids[op.OperationID] = route
 		}
 
+		// HTML form posts answer with a redirect (post/redirect/get): a 303 is their
+		// success.
+		path := strings.SplitN(route, " ", 2)[1]
 		has2xx := false
 		for code := range op.Responses {
-			if len(code) == 3 && code[0] == '2' {
+			if len(code) == 3 && (code[0] == '2' || (code == "303" && strings.HasPrefix(path, "/panel/"))) {
 				has2xx = true
 			}
 		}
@@ -181,7 +184,6 @@ func TestOpenAPIDocumentIsWellFormed(t *testing.T) {
 			t.Errorf("%s has no 2xx response", route)
 		}
 
-		path := strings.SplitN(route, " ", 2)[1]
 		if strings.HasPrefix(path, "/v1/") {
 			if op.Security == nil || len(*op.Security) == 0 {
 				t.Errorf("%s is under /v1 but names no security requirement", route)

@@ -2,10 +2,8 @@ package web
 
 import (
 	"crypto/hkdf"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"strconv"
 	"strings"
@@ -17,10 +15,8 @@ import (
 // customer). The token is signed, not stored: revoking one link means changing the
 // panel secret, which ends them all.
 //
-// Token: base64url(payload) "." base64url(HMAC-SHA256(key, "agentq-panel-link|" ||
-// payload)), payload = "1|<tenant id>|<expiry, unix seconds>". Both parts use the
-// unpadded URL alphabet, decoded strictly (nonzero trailing bits are refused), so a
-// changed character always changes what is checked. The key is derived with HKDF-
+// Token: payload "1|<tenant id>|<expiry, unix seconds>", sealed (sealed.go) for the
+// purpose "agentq-panel-link". The key is derived with HKDF-
 // SHA256 from AGENTQ_PANEL_SECRET, or else from the admin token, or else from random
 // bytes drawn at start (links then die with the process).
 
@@ -38,11 +34,9 @@ var (
 
 const (
 	panelTokenVersion = "1"
-	panelMACDomain    = "agentq-panel-link|"
+	panelPurpose      = "agentq-panel-link"
 	panelKeyInfo      = "agentq tenant panel links v1"
 )
-
-var b64 = base64.RawURLEncoding.Strict()
 
 // PanelSigner signs and verifies tenant panel tokens.
 type PanelSigner struct {
@@ -80,33 +74,18 @@ func panelSecret(configured, adminToken string) (secret []byte, ephemeral bool) 
 	return b, true
 }
 
-func (p *PanelSigner) mac(payload []byte) []byte {
-	m := hmac.New(sha256.New, p.key)
-	m.Write([]byte(panelMACDomain))
-	m.Write(payload)
-	return m.Sum(nil)
-}
-
 // Sign returns a token for tenantID valid until exp (whole seconds).
 func (p *PanelSigner) Sign(tenantID string, exp time.Time) string {
 	payload := []byte(panelTokenVersion + "|" + tenantID + "|" + strconv.FormatInt(exp.Unix(), 10))
-	return b64.EncodeToString(payload) + "." + b64.EncodeToString(p.mac(payload))
+	return seal(p.key, panelPurpose, payload)
 }
 
 // Verify returns the tenant a token is for and when it expires. A token that does not
 // parse or whose signature does not match is ErrPanelTokenInvalid; a genuine one past
 // its expiry is ErrPanelTokenExpired (with its tenant).
 func (p *PanelSigner) Verify(token string) (tenantID string, exp time.Time, err error) {
-	if len(token) > 512 {
-		return "", time.Time{}, ErrPanelTokenInvalid
-	}
-	enc, sig, ok := strings.Cut(token, ".")
+	payload, ok := unseal(p.key, panelPurpose, token, 512)
 	if !ok {
-		return "", time.Time{}, ErrPanelTokenInvalid
-	}
-	payload, err1 := b64.DecodeString(enc)
-	got, err2 := b64.DecodeString(sig)
-	if err1 != nil || err2 != nil || !hmac.Equal(got, p.mac(payload)) {
 		return "", time.Time{}, ErrPanelTokenInvalid
 	}
 	parts := strings.Split(string(payload), "|")

@@ -1,5 +1,6 @@
 // Package web is agentq's HTTP API (echo): the tenant API under /v1, the admin API
-// under /v1/admin, health endpoints and the OpenAPI document.
+// under /v1/admin, health endpoints, the OpenAPI document, and the operator view
+// (server-rendered HTML under /panel/admin).
 package web
 
 import (
@@ -21,6 +22,7 @@ import (
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/keys"
+	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tasks"
@@ -57,6 +59,8 @@ type Deps struct {
 	Rejections *billing.Rejections
 	Webhooks   *billing.Webhooks
 	Usage      *billing.Rollups // the usage export
+	// Operator reads the operator view (/panel/admin); nil: the view answers 503.
+	Operator   *operator.Service
 	UpgradeURL string
 	AdminToken string
 	// PanelSecret signs the tenant panel's links; "" derives the key from AdminToken,
@@ -82,6 +86,7 @@ type Server struct {
 
 	listener *cacheListener
 	panel    *PanelSigner
+	opAuth   *operatorAuth
 
 	closing  chan struct{} // closed when Stop begins: open streams end
 	mu       sync.Mutex
@@ -108,6 +113,7 @@ func New(d Deps) *Server {
 		panic(err) // the secret is never empty
 	}
 	s.panel = panel
+	s.opAuth = newOperatorAuth(d.AdminToken, nil)
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -171,6 +177,8 @@ func (s *Server) routes() {
 	admin(http.MethodGet, "/agents/:name", s.getAgent)
 	admin(http.MethodDelete, "/agents/:name", s.deleteAgent)
 	admin(http.MethodPost, "/agents/:name/rotate-secret", s.rotateAgentSecret)
+
+	s.operatorRoutes()
 }
 
 // Start listens on ListenAddr and serves until Stop. It returns once the listener is

@@ -66,14 +66,15 @@ type Leases struct {
 	cfg    LeasesConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
-	cursor string      // the last tenant the previous run reviewed
+	drift  driftRecorder
+	cursor string // the last tenant the previous run reviewed
 }
 
 // NewLeases returns a stopped pass that runs while leader leads.
 func NewLeases(d Deps, leader Leadership, c LeasesConfig) *Leases {
 	return &Leases{
 		store: d.Store, quotas: d.Quotas, leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex), drift: newDriftRecorder(d),
 	}
 }
 
@@ -102,7 +103,7 @@ func (p *Leases) runOnce(ctx context.Context) (LeasesResult, error) {
 			return p.review(ctx, tenants, live, &res)
 		})
 	})
-	recordDrift(ctx, p.log, passLeases, "leases_released", res.Released, "leases_added", res.Added)
+	p.drift.record(ctx, passLeases, "leases_released", res.Released, "leases_added", res.Added)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

@@ -48,7 +48,10 @@ type Deps struct {
 	Usage UsageLedger
 	// Rejections flushes admission's refusal counts to Postgres; nil turns it off.
 	Rejections RejectionFlusher
-	Logger     *slog.Logger
+	// Corrections records each pass run that corrected something (the operator
+	// view's janitor corrections); nil records nothing.
+	Corrections CorrectionLog
+	Logger      *slog.Logger
 }
 
 func (d Deps) logger() *slog.Logger {
@@ -116,8 +119,9 @@ type UsageLedger interface {
 }
 
 var (
-	_ Store     = (*store.Store)(nil)
-	_ Lifecycle = (*tasks.Lifecycle)(nil)
-	_ Scheduler = (*scheduler.Scheduler)(nil)
-	_ Quotas    = (*quotas.Quotas)(nil)
+	_ Store         = (*store.Store)(nil)
+	_ Lifecycle     = (*tasks.Lifecycle)(nil)
+	_ Scheduler     = (*scheduler.Scheduler)(nil)
+	_ Quotas        = (*quotas.Quotas)(nil)
+	_ CorrectionLog = (*store.Store)(nil)
 )

@@ -118,11 +118,29 @@ func runWhileLeading(ctx context.Context, l Leadership, run func(ctx context.Con
 var drift, _ = otel.Meter("agentq").Int64Counter("agentq.janitor.drift",
 	metric.WithDescription("Redis state the janitor found out of line with Postgres, by kind"))
 
-// recordDrift adds what a pass corrected to the drift metric and, if it corrected
-// anything, logs it in one line. kv alternates kind names and counts.
-func recordDrift(ctx context.Context, log *slog.Logger, pass string, kv ...any) {
+// CorrectionLog keeps what the janitor's runs corrected where the operator view reads
+// it, whichever process leads (*store.Store, the janitor_runs table).
+type CorrectionLog interface {
+	UnscopedRecordJanitorRun(ctx context.Context, pass string, corrections map[string]int64) error
+}
+
+// driftRecorder reports what a pass corrected: the drift metric, one log line and,
+// when the pass corrected anything and a CorrectionLog is set, a record of the run.
+type driftRecorder struct {
+	log  *slog.Logger
+	sink CorrectionLog
+}
+
+func newDriftRecorder(d Deps) driftRecorder {
+	return driftRecorder{log: d.logger().With("component", "janitor"), sink: d.Corrections}
+}
+
+// record adds what a pass corrected to the drift metric and, if it corrected
+// anything, logs it in one line and records the run. kv alternates kind names and
+// counts. Recording is best effort: a failure is logged, the pass's work stands.
+func (r driftRecorder) record(ctx context.Context, pass string, kv ...any) {
 	attrs := []any{"pass", pass}
-	fixed := false
+	fixed := map[string]int64{}
 	for i := 0; i+1 < len(kv); i += 2 {
 		kind, _ := kv[i].(string)
 		var n int64
@@ -133,16 +151,29 @@ func recordDrift(ctx context.Context, log *slog.Logger, pass string, kv ...any) 
 			n = v
 		}
 		attrs = append(attrs, kind, n)
+		if n != 0 {
+			fixed[kind] = n
+		}
 		if n < 0 {
 			n = -n
 		}
 		if n > 0 {
-			fixed = true
 			drift.Add(ctx, n, metric.WithAttributes(attribute.String("kind", kind)))
 		}
 	}
-	if fixed {
-		log.Warn("janitor fixed drift between Redis and Postgres", attrs...)
+	if len(fixed) == 0 {
+		return
+	}
+	r.log.Warn("janitor fixed drift between Redis and Postgres", attrs...)
+	if r.sink == nil {
+		return
+	}
+	// The pass's own context may have ended with its budget or its leadership; what
+	// it did is done, so the record gets a short deadline of its own.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := r.sink.UnscopedRecordJanitorRun(rctx, pass, fixed); err != nil {
+		r.log.Warn("janitor: could not record the run's corrections", "pass", pass, "err", err)
 	}
 }
 

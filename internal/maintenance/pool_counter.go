@@ -53,11 +53,12 @@ type PoolCounter struct {
 	cfg    PoolCounterConfig
 
 	runMu *sync.Mutex // serialises runs; shared by a Janitor's passes
+	drift driftRecorder
 }
 
 // NewPoolCounter returns a stopped pass that runs while leader leads.
 func NewPoolCounter(d Deps, leader Leadership, c PoolCounterConfig) *PoolCounter {
-	return &PoolCounter{sched: d.Scheduler, keys: d.Keys, leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
+	return &PoolCounter{sched: d.Scheduler, keys: d.Keys, leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex), drift: newDriftRecorder(d)}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -79,7 +80,7 @@ func (p *PoolCounter) runOnce(ctx context.Context) (PoolCounterResult, error) {
 		st.Rows, st.Done = p.keys.Shards(), err == nil
 		return err
 	})
-	recordDrift(ctx, p.log, passPool, "pool", res.Corrected)
+	p.drift.record(ctx, passPool, "pool", res.Corrected)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

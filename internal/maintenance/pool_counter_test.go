@@ -3,6 +3,8 @@ package maintenance
 import (
 	"testing"
 	"time"
+
+	"github.com/agentq/agentq/internal/store"
 )
 
 // A pool counter that counts slots no task holds is recounted.
@@ -57,4 +59,31 @@ func TestPassesRunOnlyWhileLeading(t *testing.T) {
 	}
 	time.Sleep(150 * time.Millisecond)
 	p.TestSignals.Ran.RequireEmpty()
+}
+
+// A run that corrected something is recorded for the operator view; one that found
+// nothing is not.
+func TestCorrectionsAreRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	st := store.New(f.Pool)
+	f.Corrections = st
+	p := NewPoolCounter(f.Deps, NewElector(f.Deps, ElectorConfig{}), PoolCounterConfig{})
+	f.Redis.Set(f.ctx, f.Keys.PoolInflight(), 4, time.Hour)
+	if _, err := p.runOnce(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.runOnce(f.ctx); err != nil { // nothing to fix: no record
+		t.Fatal(err)
+	}
+	runs, totals, err := st.UnscopedJanitorRuns(f.ctx, time.Now().Add(-time.Hour), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || runs[0].Pass != passPool || runs[0].Corrections["pool"] != -4 {
+		t.Fatalf("runs %+v, want one pool run that corrected -4", runs)
+	}
+	if totals["pool"] != -4 {
+		t.Fatalf("totals %v", totals)
+	}
 }

@@ -66,14 +66,15 @@ type QuotaRecount struct {
 	cfg    QuotaRecountConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
-	cursor string      // the last tenant the previous run reviewed
+	drift  driftRecorder
+	cursor string // the last tenant the previous run reviewed
 }
 
 // NewQuotaRecount returns a stopped pass that runs while leader leads.
 func NewQuotaRecount(d Deps, leader Leadership, c QuotaRecountConfig) *QuotaRecount {
 	return &QuotaRecount{
 		store: d.Store, quotas: d.Quotas, usage: d.Usage, leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex), drift: newDriftRecorder(d),
 	}
 }
 
@@ -99,7 +100,7 @@ func (p *QuotaRecount) runOnce(ctx context.Context) (QuotaRecountResult, error) 
 			return p.review(ctx, tenants, &res)
 		})
 	})
-	recordDrift(ctx, p.log, passRecount, "quota_tenants", res.Corrected, "quota_steps", res.Steps,
+	p.drift.record(ctx, passRecount, "quota_tenants", res.Corrected, "quota_steps", res.Steps,
 		"quota_tokens", res.Tokens, "quota_cost_micro_usd", res.CostMicro)
 	p.TestSignals.Ran.Signal(res)
 	return res, err

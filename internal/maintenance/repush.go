@@ -55,12 +55,13 @@ type Repush struct {
 	cfg    RepushConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
-	cursor uuid.UUID   // the last queued task the previous run checked
+	drift  driftRecorder
+	cursor uuid.UUID // the last queued task the previous run checked
 }
 
 // NewRepush returns a stopped pass that runs while leader leads.
 func NewRepush(d Deps, leader Leadership, c RepushConfig) *Repush {
-	return &Repush{push: newPusher(d), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
+	return &Repush{push: newPusher(d), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex), drift: newDriftRecorder(d)}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -93,7 +94,7 @@ func (p *Repush) runOnce(ctx context.Context) (RepushResult, error) {
 		}
 		return err
 	})
-	recordDrift(ctx, p.log, passRepush, "repushed", res.Repushed)
+	p.drift.record(ctx, passRepush, "repushed", res.Repushed)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

@@ -70,7 +70,8 @@ type RunningSets struct {
 	cfg       RunningSetsConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
-	cursor string      // the last tenant the previous run reviewed
+	drift  driftRecorder
+	cursor string // the last tenant the previous run reviewed
 }
 
 // NewRunningSets returns a stopped pass that runs while leader leads.
@@ -78,7 +79,7 @@ func NewRunningSets(d Deps, leader Leadership, c RunningSetsConfig) *RunningSets
 	return &RunningSets{
 		store: d.Store, sched: d.Scheduler, push: newPusher(d),
 		inspector: asynq.NewInspectorFromRedisClient(d.Redis), leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex), drift: newDriftRecorder(d),
 	}
 }
 
@@ -107,7 +108,7 @@ func (p *RunningSets) runOnce(ctx context.Context) (RunningSetsResult, error) {
 			return p.review(ctx, tenants, live, &res)
 		})
 	})
-	recordDrift(ctx, p.log, passRunning, "running_removed", res.Removed, "running_added", res.Added, "repushed", res.Stranded)
+	p.drift.record(ctx, passRunning, "running_removed", res.Removed, "running_added", res.Added, "repushed", res.Stranded)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

@@ -71,13 +71,14 @@ type StaleTasks struct {
 	cfg    StaleTasksConfig
 
 	runMu *sync.Mutex // serialises runs; shared by a Janitor's passes
+	drift driftRecorder
 }
 
 // NewStaleTasks returns a stopped pass that runs while leader leads.
 func NewStaleTasks(d Deps, leader Leadership, c StaleTasksConfig) *StaleTasks {
 	return &StaleTasks{
 		store: d.Store, tasks: d.lifecycle(), sched: d.Scheduler, quotas: d.Quotas, push: newPusher(d), leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex), drift: newDriftRecorder(d),
 	}
 }
 
@@ -107,7 +108,7 @@ func (p *StaleTasks) runOnce(ctx context.Context) (StaleTasksResult, error) {
 		}
 		return p.rescue(ctx, &res, st)
 	})
-	recordDrift(ctx, p.log, passStale, "stale_requeued", res.Requeued, "abandoned", res.Abandoned)
+	p.drift.record(ctx, passStale, "stale_requeued", res.Requeued, "abandoned", res.Abandoned)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

@@ -1,0 +1,354 @@
+// Package operator is the operator view's domain service: one read of the whole
+// deployment — every tenant with its fair share of worker time against its
+// entitlement, its queue, its waits and its limit hits; the worker pool; what the
+// janitor corrected; the webhook endpoints and their failing deliveries. It reads
+// Postgres (tasks, events, refusal counts, janitor runs, deliveries) and the
+// scheduler's Redis state, and changes nothing.
+//
+// Definitions (docs/operations.md shows them to operators):
+//
+//   - Worker-seconds of a tenant over the window [now − Window, now]: for each of its
+//     tasks that started, (its end, or now while it runs) − its first start, clipped
+//     to the window. Share = its worker-seconds ÷ every tenant's.
+//   - A tenant is active in the window when it had worker time in it or a task
+//     waiting in it (queued now, or ended in the window without starting), or Redis
+//     holds a queued or running task of it. Entitlement = its effective weight ÷ the
+//     sum of the active tenants' weights; an inactive tenant is entitled to nothing.
+//     Stride scheduling gives each backlogged tenant its entitlement; a tenant that
+//     keeps less work queued than its share (or hits its running cap) uses less, and
+//     the others take the rest.
+//   - p99 wait: the 99th percentile of created → first start over the tasks that
+//     started in the window.
+//   - Limit hits: usage.limit_hit events written in the last 24 h; refusals:
+//     admissions refused in the last 24 h (as flushed by the janitor, about a minute
+//     behind).
+package operator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// Defaults.
+const (
+	DefaultWindow = 5 * time.Minute
+	LimitHitsOver = 24 * time.Hour // how far back limit hits and janitor corrections go
+	janitorRuns   = 20             // janitor runs listed
+)
+
+// JanitorRun is one janitor pass run that corrected something.
+type JanitorRun = store.JanitorRun
+
+// Store is what the view reads of Postgres (*store.Store).
+type Store interface {
+	UnscopedTenantActivity(ctx context.Context, p store.ActivityParams) ([]store.TenantActivity, error)
+	UnscopedLimitHits(ctx context.Context, ids []string, eventType string, since time.Time) (map[string]store.LimitHits, error)
+	UnscopedJanitorRuns(ctx context.Context, since time.Time, limit int) ([]store.JanitorRun, map[string]int64, error)
+}
+
+// Scheduler is what the view reads of the scheduler (*scheduler.Scheduler).
+type Scheduler interface {
+	Depths(ctx context.Context, tenants []string) ([]scheduler.Depth, error)
+	PoolUsage(ctx context.Context) (scheduler.Pool, error)
+}
+
+// Tenants lists the tenants and resolves their policy (*tenants.Service).
+type Tenants interface {
+	List(ctx context.Context) ([]tenants.Tenant, error)
+	Policy(t tenants.Tenant) (tenants.Policy, error)
+}
+
+// Webhooks lists the endpoints with their deliveries' state (*billing.Webhooks).
+type Webhooks interface {
+	Health(ctx context.Context) ([]billing.WebhookHealth, error)
+}
+
+var (
+	_ Store     = (*store.Store)(nil)
+	_ Scheduler = (*scheduler.Scheduler)(nil)
+	_ Tenants   = (*tenants.Service)(nil)
+	_ Webhooks  = (*billing.Webhooks)(nil)
+)
+
+// Deps are the view's sources. Now is the clock (nil: time.Now); Window the share
+// window (0: DefaultWindow).
+type Deps struct {
+	Store     Store
+	Scheduler Scheduler
+	Tenants   Tenants
+	Webhooks  Webhooks
+	Now       func() time.Time
+	Window    time.Duration
+}
+
+// Service builds the operator view.
+type Service struct{ d Deps }
+
+// New returns the service.
+func New(d Deps) *Service {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Window <= 0 {
+		d.Window = DefaultWindow
+	}
+	return &Service{d: d}
+}
+
+// Tenant is one tenant's row of the view.
+type Tenant struct {
+	ID, Name, Plan, Status string
+	Weight                 int // effective: its own, else its plan's
+	Active                 bool
+	WorkerSeconds          float64
+	Share                  float64 // of every tenant's worker-seconds in the window, 0..1
+	Entitlement            float64 // weight ÷ the active tenants' weights, 0..1
+	Queued, Running        int64
+	Started                int
+	P99Wait                time.Duration
+	LimitHits, Refusals    int64
+}
+
+// Endpoint is a webhook endpoint with its deliveries' state. URL shows scheme, host
+// and path only: credentials in its user part or query are not shown.
+type Endpoint struct {
+	billing.WebhookHealth
+	DisplayURL string
+}
+
+// Correction is the total of one kind of drift the janitor corrected.
+type Correction struct {
+	Kind  string
+	Count int64
+}
+
+// Overview is the whole view.
+type Overview struct {
+	At                 time.Time
+	Window             time.Duration
+	Tenants            []Tenant // filtered and sorted as the Query asked
+	TenantsTotal       int      // before the filter
+	TotalWorkerSeconds float64
+	TotalWeightActive  int
+	Pool               scheduler.Pool
+	Utilisation        float64 // Busy ÷ Capacity, at most 1; 0 without capacity
+	JanitorRuns        []JanitorRun
+	JanitorTotals      []Correction // over LimitHitsOver, by kind
+	Endpoints          []Endpoint
+	Query              Query
+}
+
+// Sort keys of Query.Sort.
+const (
+	SortTenant      = "tenant"
+	SortPlan        = "plan"
+	SortWeight      = "weight"
+	SortShare       = "share"
+	SortEntitlement = "entitlement"
+	SortQueued      = "queued"
+	SortRunning     = "running"
+	SortP99         = "p99"
+	SortLimitHits   = "limit_hits"
+)
+
+// SortKeys lists the sort keys in the view's column order.
+var SortKeys = []string{SortTenant, SortPlan, SortWeight, SortShare, SortEntitlement, SortQueued, SortRunning, SortP99, SortLimitHits}
+
+// Query says how to sort and filter the tenants. No Sort is share, descending; no
+// Tenant is every tenant.
+type Query struct {
+	Sort   string
+	Desc   bool
+	Tenant string // case-insensitive substring of the tenant's id or name
+}
+
+// ErrBadQuery is the error of a Query the view cannot apply (errors.Is).
+var ErrBadQuery = errors.New("operator: bad query")
+
+// ParseQuery reads the view's query parameters: sort (a SortKeys key), dir (asc or
+// desc; by default asc for text columns, desc for numbers) and tenant.
+func ParseQuery(sortKey, dir, tenant string) (Query, error) {
+	q := Query{Sort: sortKey, Tenant: strings.TrimSpace(tenant)}
+	if q.Sort == "" {
+		q.Sort = SortShare
+	}
+	if !slices.Contains(SortKeys, q.Sort) {
+		return Query{}, fmt.Errorf("%w: sort must be one of %s", ErrBadQuery, strings.Join(SortKeys, ", "))
+	}
+	switch dir {
+	case "":
+		q.Desc = q.Sort != SortTenant && q.Sort != SortPlan
+	case "asc":
+	case "desc":
+		q.Desc = true
+	default:
+		return Query{}, fmt.Errorf("%w: dir must be asc or desc", ErrBadQuery)
+	}
+	return q, nil
+}
+
+// Overview reads the view.
+func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
+	if q.Sort == "" {
+		q.Sort, q.Desc = SortShare, true
+	}
+	if !slices.Contains(SortKeys, q.Sort) {
+		return Overview{}, fmt.Errorf("%w: unknown sort %q", ErrBadQuery, q.Sort)
+	}
+	now := s.d.Now()
+	ov := Overview{At: now, Window: s.d.Window, Query: q}
+	ts, err := s.d.Tenants.List(ctx)
+	if err != nil {
+		return Overview{}, err
+	}
+	ids := make([]string, len(ts))
+	for i, t := range ts {
+		ids[i] = t.ID
+	}
+	acts, err := s.d.Store.UnscopedTenantActivity(ctx, store.ActivityParams{At: &now, Window: s.d.Window})
+	if err != nil {
+		return Overview{}, err
+	}
+	act := make(map[string]store.TenantActivity, len(acts))
+	for _, a := range acts {
+		act[a.TenantID] = a
+	}
+	depths, err := s.d.Scheduler.Depths(ctx, ids)
+	if err != nil {
+		return Overview{}, err
+	}
+	hits, err := s.d.Store.UnscopedLimitHits(ctx, ids, billing.TypeLimitHit, now.Add(-LimitHitsOver))
+	if err != nil {
+		return Overview{}, err
+	}
+	rows := make([]Tenant, len(ts))
+	for i, t := range ts {
+		pol, _ := s.d.Tenants.Policy(t) // a removed plan still has a weight to show
+		a := act[t.ID]
+		r := Tenant{
+			ID: t.ID, Name: t.Name, Plan: t.Plan, Status: t.Status, Weight: pol.Weight,
+			WorkerSeconds: a.WorkerSeconds, Started: a.Started, P99Wait: a.P99Wait,
+			LimitHits: hits[t.ID].Events, Refusals: hits[t.ID].Refusals,
+		}
+		if i < len(depths) {
+			r.Queued, r.Running = depths[i].Queued, depths[i].Running
+		}
+		r.Active = a.WorkerSeconds > 0 || a.Waited || r.Queued > 0 || r.Running > 0
+		ov.TotalWorkerSeconds += r.WorkerSeconds
+		if r.Active {
+			ov.TotalWeightActive += r.Weight
+		}
+		rows[i] = r
+	}
+	for i := range rows {
+		if ov.TotalWorkerSeconds > 0 {
+			rows[i].Share = rows[i].WorkerSeconds / ov.TotalWorkerSeconds
+		}
+		if rows[i].Active && ov.TotalWeightActive > 0 {
+			rows[i].Entitlement = float64(rows[i].Weight) / float64(ov.TotalWeightActive)
+		}
+	}
+	ov.TenantsTotal = len(rows)
+	ov.Tenants = sortTenants(filterTenants(rows, q.Tenant), q)
+
+	if ov.Pool, err = s.d.Scheduler.PoolUsage(ctx); err != nil {
+		return Overview{}, err
+	}
+	if ov.Pool.Capacity > 0 {
+		ov.Utilisation = min(1, float64(ov.Pool.Busy)/float64(ov.Pool.Capacity))
+	}
+	runs, totals, err := s.d.Store.UnscopedJanitorRuns(ctx, now.Add(-LimitHitsOver), janitorRuns)
+	if err != nil {
+		return Overview{}, err
+	}
+	ov.JanitorRuns = runs
+	for k, n := range totals {
+		ov.JanitorTotals = append(ov.JanitorTotals, Correction{Kind: k, Count: n})
+	}
+	sort.Slice(ov.JanitorTotals, func(i, j int) bool { return ov.JanitorTotals[i].Kind < ov.JanitorTotals[j].Kind })
+	eps, err := s.d.Webhooks.Health(ctx)
+	if err != nil {
+		return Overview{}, err
+	}
+	for _, e := range eps {
+		ov.Endpoints = append(ov.Endpoints, Endpoint{WebhookHealth: e, DisplayURL: DisplayURL(e.URL)})
+	}
+	return ov, nil
+}
+
+func filterTenants(rows []Tenant, f string) []Tenant {
+	if f == "" {
+		return rows
+	}
+	f = strings.ToLower(f)
+	out := rows[:0:0]
+	for _, r := range rows {
+		if strings.Contains(strings.ToLower(r.ID), f) || strings.Contains(strings.ToLower(r.Name), f) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// sortTenants orders rows by the query's key, ties by tenant id (always ascending),
+// so the order is stable between loads.
+func sortTenants(rows []Tenant, q Query) []Tenant {
+	key := func(a, b Tenant) int {
+		switch q.Sort {
+		case SortPlan:
+			return cmp.Compare(a.Plan, b.Plan)
+		case SortWeight:
+			return cmp.Compare(a.Weight, b.Weight)
+		case SortShare:
+			return cmp.Compare(a.Share, b.Share)
+		case SortEntitlement:
+			return cmp.Compare(a.Entitlement, b.Entitlement)
+		case SortQueued:
+			return cmp.Compare(a.Queued, b.Queued)
+		case SortRunning:
+			return cmp.Compare(a.Running, b.Running)
+		case SortP99:
+			return cmp.Compare(a.P99Wait, b.P99Wait)
+		case SortLimitHits:
+			return cmp.Compare(a.LimitHits+a.Refusals, b.LimitHits+b.Refusals)
+		}
+		return 0
+	}
+	slices.SortStableFunc(rows, func(a, b Tenant) int {
+		c := key(a, b)
+		if q.Desc {
+			c = -c
+		}
+		if c == 0 {
+			c = cmp.Compare(a.ID, b.ID)
+			if q.Sort == SortTenant && q.Desc {
+				c = -c
+			}
+		}
+		return c
+	})
+	return rows
+}
+
+// DisplayURL is u without its user part and query: what the view may show of an
+// endpoint's URL, which can carry credentials there.
+func DisplayURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	p.User, p.RawQuery, p.Fragment = nil, "", ""
+	return p.String()
+}
