@@ -65,6 +65,10 @@ type Config struct {
 	// JanitorInterval is how often the janitor role repairs drift between Postgres
 	// and Redis. AGENTQ_JANITOR_INTERVAL, default 5m.
 	JanitorInterval time.Duration
+	// PprofAddr, when set, is where net/http/pprof is served, on a listener of its
+	// own that starts and stops with the App; bind it to localhost or an admin
+	// network only. AGENTQ_PPROF_ADDR, default "" (not served).
+	PprofAddr string
 
 	// RateKeyRPS, when set, replaces every plan's per-key request rate (requests a
 	// second; 0 disables the limit). AGENTQ_RATE_KEY_RPS, default nil (the plans').

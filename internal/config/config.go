@@ -41,6 +41,7 @@ type Config struct {
 	RedisTimeout      time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
 	AgentSecret       string        // AGENTQ_AGENT_SECRET: signs steps of HTTP agents registered before per-agent secrets, until rotated
 	JanitorInterval   time.Duration // AGENTQ_JANITOR_INTERVAL
+	PprofAddr         string        // AGENTQ_PPROF_ADDR
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -107,6 +108,7 @@ func FromEnv() (Config, error) {
 	dur("AGENTQ_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
 	dur("AGENTQ_REDIS_TIMEOUT", &c.RedisTimeout)
 	dur("AGENTQ_JANITOR_INTERVAL", &c.JanitorInterval)
+	str("AGENTQ_PPROF_ADDR", &c.PprofAddr)
 	limit := func(name string, dst **float64) {
 		if v := os.Getenv(name); v != "" {
 			f, err := strconv.ParseFloat(v, 64)

@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"fmt"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"sync"
 	"time"
@@ -63,6 +64,7 @@ type Leases struct {
 	quotas Quotas
 	leader Leadership
 	log    *slog.Logger
+	drift  metric.Int64Counter
 	cfg    LeasesConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
@@ -73,7 +75,7 @@ type Leases struct {
 func NewLeases(d Deps, leader Leadership, c LeasesConfig) *Leases {
 	return &Leases{
 		store: d.Store, quotas: d.Quotas, leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), drift: d.drift(), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
 
@@ -102,7 +104,7 @@ func (p *Leases) runOnce(ctx context.Context) (LeasesResult, error) {
 			return p.review(ctx, tenants, live, &res)
 		})
 	})
-	recordDrift(ctx, p.log, passLeases, "leases_released", res.Released, "leases_added", res.Added)
+	recordDrift(ctx, p.drift, p.log, passLeases, "leases_released", res.Released, "leases_added", res.Added)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

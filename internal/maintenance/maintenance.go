@@ -13,6 +13,7 @@ package maintenance
 
 import (
 	"context"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"time"
 
@@ -49,6 +50,8 @@ type Deps struct {
 	// Rejections flushes admission's refusal counts to Postgres; nil turns it off.
 	Rejections RejectionFlusher
 	Logger     *slog.Logger
+	// MeterProvider receives agentq.janitor.drift; nil is the global one.
+	MeterProvider metric.MeterProvider
 }
 
 func (d Deps) logger() *slog.Logger {

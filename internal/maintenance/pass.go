@@ -114,13 +114,29 @@ func runWhileLeading(ctx context.Context, l Leadership, run func(ctx context.Con
 	}
 }
 
-// drift counts the Redis state the passes found out of line with Postgres, by kind.
-var drift, _ = otel.Meter("agentq").Int64Counter("agentq.janitor.drift",
-	metric.WithDescription("Redis state the janitor found out of line with Postgres, by kind"))
+// DriftKinds are the kind label values of agentq.janitor.drift (Prometheus
+// agentq_janitor_drift_total): what the passes correct.
+var DriftKinds = []string{
+	"leases_released", "leases_added", "pool", "quota_tenants", "quota_steps", "quota_tokens",
+	"quota_cost_micro_usd", "repushed", "running_removed", "running_added", "stale_requeued", "abandoned",
+}
+
+// drift is the counter of the Redis state the passes found out of line with Postgres,
+// by kind. The SDK hands every caller the same instrument.
+func (d Deps) drift() metric.Int64Counter {
+	mp := d.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	c, _ := mp.Meter("github.com/agentq/agentq/internal/maintenance").Int64Counter("agentq.janitor.drift",
+		metric.WithUnit("{item}"),
+		metric.WithDescription("Redis state the janitor found out of line with Postgres and corrected, by kind"))
+	return c
+}
 
 // recordDrift adds what a pass corrected to the drift metric and, if it corrected
 // anything, logs it in one line. kv alternates kind names and counts.
-func recordDrift(ctx context.Context, log *slog.Logger, pass string, kv ...any) {
+func recordDrift(ctx context.Context, drift metric.Int64Counter, log *slog.Logger, pass string, kv ...any) {
 	attrs := []any{"pass", pass}
 	fixed := false
 	for i := 0; i+1 < len(kv); i += 2 {

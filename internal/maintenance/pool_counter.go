@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"sync"
 	"time"
@@ -50,6 +51,7 @@ type PoolCounter struct {
 	keys   rkeys.Keys
 	leader Leadership
 	log    *slog.Logger
+	drift  metric.Int64Counter
 	cfg    PoolCounterConfig
 
 	runMu *sync.Mutex // serialises runs; shared by a Janitor's passes
@@ -57,7 +59,7 @@ type PoolCounter struct {
 
 // NewPoolCounter returns a stopped pass that runs while leader leads.
 func NewPoolCounter(d Deps, leader Leadership, c PoolCounterConfig) *PoolCounter {
-	return &PoolCounter{sched: d.Scheduler, keys: d.Keys, leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
+	return &PoolCounter{sched: d.Scheduler, keys: d.Keys, leader: leader, log: d.logger().With("component", "janitor"), drift: d.drift(), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -79,7 +81,7 @@ func (p *PoolCounter) runOnce(ctx context.Context) (PoolCounterResult, error) {
 		st.Rows, st.Done = p.keys.Shards(), err == nil
 		return err
 	})
-	recordDrift(ctx, p.log, passPool, "pool", res.Corrected)
+	recordDrift(ctx, p.drift, p.log, passPool, "pool", res.Corrected)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

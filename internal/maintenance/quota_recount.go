@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"sync"
 	"time"
@@ -63,6 +64,7 @@ type QuotaRecount struct {
 	usage  UsageLedger
 	leader Leadership
 	log    *slog.Logger
+	drift  metric.Int64Counter
 	cfg    QuotaRecountConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
@@ -73,7 +75,7 @@ type QuotaRecount struct {
 func NewQuotaRecount(d Deps, leader Leadership, c QuotaRecountConfig) *QuotaRecount {
 	return &QuotaRecount{
 		store: d.Store, quotas: d.Quotas, usage: d.Usage, leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), drift: d.drift(), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
 
@@ -99,7 +101,7 @@ func (p *QuotaRecount) runOnce(ctx context.Context) (QuotaRecountResult, error) 
 			return p.review(ctx, tenants, &res)
 		})
 	})
-	recordDrift(ctx, p.log, passRecount, "quota_tenants", res.Corrected, "quota_steps", res.Steps,
+	recordDrift(ctx, p.drift, p.log, passRecount, "quota_tenants", res.Corrected, "quota_steps", res.Steps,
 		"quota_tokens", res.Tokens, "quota_cost_micro_usd", res.CostMicro)
 	p.TestSignals.Ran.Signal(res)
 	return res, err

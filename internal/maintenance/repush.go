@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"sync"
 	"time"
@@ -52,6 +53,7 @@ type Repush struct {
 	push   pusher
 	leader Leadership
 	log    *slog.Logger
+	drift  metric.Int64Counter
 	cfg    RepushConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
@@ -60,7 +62,7 @@ type Repush struct {
 
 // NewRepush returns a stopped pass that runs while leader leads.
 func NewRepush(d Deps, leader Leadership, c RepushConfig) *Repush {
-	return &Repush{push: newPusher(d), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
+	return &Repush{push: newPusher(d), leader: leader, log: d.logger().With("component", "janitor"), drift: d.drift(), cfg: c.withDefaults(), runMu: new(sync.Mutex)}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -93,7 +95,7 @@ func (p *Repush) runOnce(ctx context.Context) (RepushResult, error) {
 		}
 		return err
 	})
-	recordDrift(ctx, p.log, passRepush, "repushed", res.Repushed)
+	recordDrift(ctx, p.drift, p.log, passRepush, "repushed", res.Repushed)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

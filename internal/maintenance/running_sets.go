@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"fmt"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"sync"
 	"time"
@@ -67,6 +68,7 @@ type RunningSets struct {
 	inspector *asynq.Inspector
 	leader    Leadership
 	log       *slog.Logger
+	drift     metric.Int64Counter
 	cfg       RunningSetsConfig
 
 	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
@@ -78,7 +80,7 @@ func NewRunningSets(d Deps, leader Leadership, c RunningSetsConfig) *RunningSets
 	return &RunningSets{
 		store: d.Store, sched: d.Scheduler, push: newPusher(d),
 		inspector: asynq.NewInspectorFromRedisClient(d.Redis), leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), drift: d.drift(), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
 
@@ -107,7 +109,7 @@ func (p *RunningSets) runOnce(ctx context.Context) (RunningSetsResult, error) {
 			return p.review(ctx, tenants, live, &res)
 		})
 	})
-	recordDrift(ctx, p.log, passRunning, "running_removed", res.Removed, "running_added", res.Added, "repushed", res.Stranded)
+	recordDrift(ctx, p.drift, p.log, passRunning, "running_removed", res.Removed, "running_added", res.Added, "repushed", res.Stranded)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"sync"
 	"time"
@@ -68,6 +69,7 @@ type StaleTasks struct {
 	push   pusher
 	leader Leadership
 	log    *slog.Logger
+	drift  metric.Int64Counter
 	cfg    StaleTasksConfig
 
 	runMu *sync.Mutex // serialises runs; shared by a Janitor's passes
@@ -77,7 +79,7 @@ type StaleTasks struct {
 func NewStaleTasks(d Deps, leader Leadership, c StaleTasksConfig) *StaleTasks {
 	return &StaleTasks{
 		store: d.Store, tasks: d.lifecycle(), sched: d.Scheduler, quotas: d.Quotas, push: newPusher(d), leader: leader,
-		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex),
+		log: d.logger().With("component", "janitor"), drift: d.drift(), cfg: c.withDefaults(), runMu: new(sync.Mutex),
 	}
 }
 
@@ -107,7 +109,7 @@ func (p *StaleTasks) runOnce(ctx context.Context) (StaleTasksResult, error) {
 		}
 		return p.rescue(ctx, &res, st)
 	})
-	recordDrift(ctx, p.log, passStale, "stale_requeued", res.Requeued, "abandoned", res.Abandoned)
+	recordDrift(ctx, p.drift, p.log, passStale, "stale_requeued", res.Requeued, "abandoned", res.Abandoned)
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }
