@@ -16,11 +16,15 @@ import (
 	"os"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/config"
@@ -32,6 +36,7 @@ import (
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/telemetry"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
@@ -56,6 +61,16 @@ type Options struct {
 	// Agents holds the executors; nil gets a registry with the built-in sim agent.
 	// Register Go handlers on it (or on App.Agents) before Start.
 	Agents *runtime.Registry
+	// TracerProvider, when set, receives the App's spans (the HTTP requests,
+	// admissions, Postgres and Redis calls, dispatches, tasks and their steps)
+	// instead of a provider New builds from the OTEL_* environment variables. The
+	// caller keeps it and shuts it down after Stop.
+	TracerProvider trace.TracerProvider
+	// MeterProvider, when set, receives the App's metrics instead of a provider New
+	// builds from the OTEL_* environment variables; GET /metrics then answers 404,
+	// since the caller's provider decides where metrics go. The caller keeps it and
+	// shuts it down after Stop.
+	MeterProvider metric.MeterProvider
 
 	// recoveryEvery, when set, replaces the 30 s interval of the sweep that re-pushes
 	// queued tasks missing from Redis (tests).
@@ -91,6 +106,7 @@ type App struct {
 	janitor     *maintenance.Janitor
 	rejections  *billing.Rejections
 	relay       *billing.Relay
+	tel         *telemetry.Telemetry
 	svcs        []startstop.Service // the configured roles' services, in start order
 	asynqClient *asynq.Client
 	ownRedis    bool
@@ -107,6 +123,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if a.log == nil {
 		a.log = slog.Default()
 	}
+	// Every line logged with a context names the trace and span it belongs to.
+	a.log = slog.New(telemetry.LogHandler(a.log.Handler()))
 	if a.agents == nil {
 		a.agents = runtime.NewRegistry()
 	}
@@ -118,13 +136,26 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return nil, err
 	}
 	a.plans = plans
+	if a.tel, err = telemetry.Setup(ctx, telemetry.Config{TracerProvider: o.TracerProvider, MeterProvider: o.MeterProvider}); err != nil {
+		return nil, err
+	}
+	tp, mp := a.tel.TracerProvider, a.tel.MeterProvider
+	// Postgres and Redis calls are traced inside a request, a dispatch or a step;
+	// the background polling makes no traces of its own.
+	callTP := telemetry.ChildrenOnly(tp)
 
 	pool := o.Pool
 	if pool == nil {
-		if pool, err = pg.Connect(ctx, a.cfg.DatabaseURL, ""); err != nil {
+		if pool, err = pg.Connect(ctx, a.cfg.DatabaseURL, "", func(c *pgxpool.Config) {
+			c.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(callTP), otelpgx.WithMeterProvider(mp))
+		}); err != nil {
+			a.close()
 			return nil, err
 		}
 		a.ownPool = true
+	}
+	if err := otelpgx.RecordStats(pool, otelpgx.WithStatsMeterProvider(mp)); err != nil {
+		a.log.Warn("pgx pool metrics are off", "err", err)
 	}
 	a.store = store.New(pool)
 	if _, err := migrations.Up(ctx, pool); err != nil {
@@ -138,15 +169,19 @@ func New(ctx context.Context, o Options) (*App, error) {
 			return nil, err
 		}
 		a.rdb, a.ownRedis = c, true
+		// Commands without their arguments: those are tenant data.
+		if err := redisotel.InstrumentTracing(c, redisotel.WithTracerProvider(callTP), redisotel.WithDBStatement(false)); err != nil {
+			a.log.Warn("redis tracing is off", "err", err)
+		}
 	}
 	a.keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
 	a.quotas = quotas.New(a.rdb, a.keys, nil)
 	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log)
 	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
-	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log})
+	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log, MeterProvider: mp})
 	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
-	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log})
+	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
 	queues := map[string]int{}
 	for band, w := range scheduler.Bands {
 		queues[a.keys.AsynqQueue(band)] = w
@@ -155,6 +190,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
 	events := billing.Events{UpgradeURL: a.cfg.UpgradeURL}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
+		MeterProvider:  mp,
 		BudgetExceeded: events.BudgetStop,
 		StepRecorded: billing.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
 			pol, err := tenants.PolicyOf(a.plans, t)
@@ -163,13 +199,13 @@ func New(ctx context.Context, o Options) (*App, error) {
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
-		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log,
+		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log, TracerProvider: tp,
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, a.store, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
-		Plans: a.plans, Events: a.keys.TaskEvents,
+		Plans: a.plans, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp,
 	})
 	// Refusals are counted in Redis by admission; this copies them to Postgres.
 	a.rejections = &billing.Rejections{
@@ -179,7 +215,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
-	a.relay = billing.NewRelay(a.store, billing.RelayConfig{Logger: a.log})
+	a.relay = billing.NewRelay(a.store, billing.RelayConfig{Logger: a.log, MeterProvider: mp})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
 	a.api = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
@@ -192,6 +228,10 @@ func New(ctx context.Context, o Options) (*App, error) {
 			Store: a.store, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
 		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
+		Telemetry: web.Telemetry{
+			TracerProvider: tp, MeterProvider: mp, Metrics: a.tel.MetricsHandler(),
+			Migrations: func(ctx context.Context) (bool, error) { return migrations.Pending(ctx, pool) },
+		},
 	})
 	a.svcs = a.roleServices()
 	return a, nil
@@ -201,6 +241,9 @@ func New(ctx context.Context, o Options) (*App, error) {
 // Start documents.
 func (a *App) roleServices() []startstop.Service {
 	var svcs []startstop.Service
+	if a.cfg.PprofAddr != "" {
+		svcs = append(svcs, &telemetry.Pprof{Addr: a.cfg.PprofAddr, Log: a.log})
+	}
 	if a.cfg.Has(config.RoleWorker) {
 		svcs = append(svcs, a.worker)
 	}
@@ -271,6 +314,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
 		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Logger: a.log,
+		MeterProvider: a.tel.MeterProvider,
 	}
 }
 
@@ -328,6 +372,14 @@ func replicaID() string {
 }
 
 func (a *App) close() {
+	if a.tel != nil {
+		// What the exporters still hold is flushed, within a bound.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := a.tel.Shutdown(ctx); err != nil {
+			a.log.Warn("flushing telemetry at shutdown failed", "err", err)
+		}
+		cancel()
+	}
 	if a.ownRedis && a.rdb != nil {
 		_ = a.rdb.Close()
 	}

@@ -74,6 +74,10 @@ type Config struct {
 	// that may embed it in an iframe. AGENTQ_PANEL_FRAME_ANCESTORS, default "*" (any:
 	// the signed link is the credential).
 	PanelFrameAncestors string
+	// PprofAddr, when set, is where net/http/pprof is served, on a listener of its
+	// own that starts and stops with the App; bind it to localhost or an admin
+	// network only. AGENTQ_PPROF_ADDR, default "" (not served).
+	PprofAddr string
 
 	// RateKeyRPS, when set, replaces every plan's per-key request rate (requests a
 	// second; 0 disables the limit). AGENTQ_RATE_KEY_RPS, default nil (the plans').

@@ -185,6 +185,7 @@ func corpus(task, kid string) []hostile {
 		hostile{name: "admin agents: control character in a query parameter", method: "GET", path: "/v1/admin/agents?x=%07", auth: "admin", status: inv, code: ir},
 		hostile{name: "healthz: NUL in a query parameter", method: "GET", path: "/healthz?x=%00", status: inv, code: ir},
 		hostile{name: "readyz: invalid UTF-8 in a query parameter", method: "GET", path: "/readyz?x=%FF", status: inv, code: ir},
+		hostile{name: "metrics: invalid UTF-8 in a query parameter", method: "GET", path: "/metrics?x=%FF", status: inv, code: ir},
 		hostile{name: "openapi: control character in a query parameter", method: "GET", path: "/openapi.json?x=%01", status: inv, code: ir},
 
 		// Path parameters of the tenant API.

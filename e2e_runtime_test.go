@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,6 +135,9 @@ func run(t *testing.T, c *client.Client, req client.SubmitTaskRequest) *client.T
 	return done
 }
 
+// traceparentRE is a W3C traceparent: the step span's, in the submission's trace.
+var traceparentRE = regexp.MustCompile(`^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$`)
+
 func TestHTTPAgentRunsStepsWithUsageAndLedger(t *testing.T) {
 	t.Parallel()
 	h, a := startWithAgents(t)
@@ -153,7 +157,7 @@ func TestHTTPAgentRunsStepsWithUsageAndLedger(t *testing.T) {
 	a.mu.Lock()
 	hd := a.headers[0]
 	a.mu.Unlock()
-	if hd.Get("Authorization") != "Bearer agent-token" || !strings.HasPrefix(hd.Get("Traceparent"), "00-"+strings.ReplaceAll(task.ID, "-", "")) {
+	if hd.Get("Authorization") != "Bearer agent-token" || !traceparentRE.MatchString(hd.Get("Traceparent")) {
 		t.Fatalf("step request headers: %v", hd)
 	}
 	rows, err := h.app.Store().TaskLedger(context.Background(), store.TaskLedgerParams{TenantID: task.TenantID, TaskID: uuid.MustParse(task.ID)})

@@ -18,6 +18,10 @@ import (
 	"github.com/riverqueue/river/rivershared/startstop"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -58,7 +62,9 @@ type RelayConfig struct {
 	// Client sends the requests; nil is a client of its own that follows no
 	// redirect. Timeout applies either way.
 	Client *http.Client
-	Logger *slog.Logger
+	// MeterProvider receives agentq.webhook_deliveries; nil is the global one.
+	MeterProvider metric.MeterProvider
+	Logger        *slog.Logger
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -119,12 +125,29 @@ type Relay struct {
 	st  *store.Store
 	cfg RelayConfig
 	log *slog.Logger
+
+	deliveries metric.Int64Counter
 }
 
 // NewRelay returns a relay on st. Nothing runs until Start (or RunOnce).
 func NewRelay(st *store.Store, c RelayConfig) *Relay {
 	c = c.withDefaults()
-	return &Relay{st: st, cfg: c, log: c.Logger}
+	r := &Relay{st: st, cfg: c, log: c.Logger}
+	mp := c.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	r.deliveries, _ = mp.Meter("github.com/agentq/agentq/billing").Int64Counter("agentq.webhook_deliveries",
+		metric.WithUnit("{attempt}"),
+		metric.WithDescription("Webhook delivery attempts by outcome: succeeded (2xx), retrying (failed, attempts left), failed (given up), gone (410: endpoint disabled)"))
+	for _, o := range []string{store.AttemptSucceeded, store.AttemptRetrying, store.AttemptFailed, store.AttemptGone} {
+		r.deliveries.Add(context.Background(), 0, deliveryAttrs(o))
+	}
+	return r
+}
+
+func deliveryAttrs(outcome string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("outcome", outcome))
 }
 
 // Start runs rounds until Stop: one at once, the next as soon as a round found a full
@@ -223,6 +246,9 @@ func (r *Relay) deliver(ctx context.Context, c store.DeliveryClaim) error {
 	owned, err := r.st.UnscopedRecordWebhookAttempt(ctx, p)
 	if err != nil {
 		return fmt.Errorf("record attempt %d of delivery %d: %w", c.Attempt, c.ID, err)
+	}
+	if owned {
+		r.deliveries.Add(context.WithoutCancel(ctx), 1, deliveryAttrs(p.Result))
 	}
 	switch {
 	case !owned:

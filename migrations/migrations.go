@@ -30,6 +30,22 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	return up(ctx, db)
 }
 
+// Pending reports whether the database of pool lacks a migration this build
+// embeds (GET /readyz: a replica of a newer build waits for its schema).
+func Pending(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files)
+	if err != nil {
+		return false, fmt.Errorf("migrations: %w", err)
+	}
+	pending, err := p.HasPending(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrations: %w", err)
+	}
+	return pending, nil
+}
+
 func up(ctx context.Context, db *sql.DB) ([]int64, error) {
 	// The session lock lets several replicas start at once: one migrates, the others
 	// wait. The lock id is per schema, so deployments (and tests) in other schemas of

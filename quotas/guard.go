@@ -12,6 +12,7 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/riverqueue/river/rivershared/startstop"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
 )
 
@@ -38,6 +39,8 @@ type Guard struct {
 	cooldown time.Duration
 	id       string
 	br       *breaker
+
+	admissions admissionCounter
 
 	replicas atomic.Int64
 	local    *lru.Cache[string, *rate.Limiter]
@@ -116,6 +119,8 @@ type GuardOptions struct {
 	Cooldown time.Duration // how long to skip Redis once the breaker opens; default 1s
 	ID       string        // this API replica's id
 	Logger   *slog.Logger
+	// MeterProvider receives agentq.admissions; nil is the global one.
+	MeterProvider metric.MeterProvider
 }
 
 // NewGuard wraps q.
@@ -133,6 +138,7 @@ func NewGuard(q *Quotas, o GuardOptions) *Guard {
 	g.br = &breaker{cooldown: g.cooldown, log: g.log}
 	g.local, _ = lru.New[string, *rate.Limiter](100000)
 	g.replicas.Store(1)
+	g.admissions = newAdmissionCounter(o.MeterProvider)
 	return g
 }
 
@@ -155,6 +161,9 @@ func (g *Guard) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 		d, err = g.admitOnce(ctx, p)
 		return d.unseeded, err
 	})
+	if p.Mode == ModeAdmit {
+		g.admissions.record(ctx, d, err)
+	}
 	if err != nil {
 		return Decision{}, err
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
@@ -20,9 +19,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
+
+	"github.com/agentq/agentq/internal/telemetry"
 )
 
 // Step requests are signed with the agent's own signing secret (shown once, when the
@@ -316,19 +315,8 @@ func snippet(b []byte) string {
 	return string(b)
 }
 
-// injectTrace writes the W3C traceparent of the step: the caller's span if there is
-// one, else a trace whose id is the task id, so every step of a task shares a trace.
-func injectTrace(ctx context.Context, h http.Header, taskID string) {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		var tid trace.TraceID
-		if id, err := uuid.Parse(taskID); err == nil {
-			copy(tid[:], id[:])
-		}
-		var sid trace.SpanID
-		_, _ = rand.Read(sid[:])
-		ctx = trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
-			TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled,
-		}))
-	}
-	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(h))
+// injectTrace writes the W3C traceparent (and baggage) of the step's span, so the
+// agent's own spans join the task's trace. Without a span in ctx nothing is written.
+func injectTrace(ctx context.Context, h http.Header, _ string) {
+	telemetry.Propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }

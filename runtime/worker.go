@@ -15,9 +15,15 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/telemetry"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
@@ -67,6 +73,12 @@ type WorkerOptions struct {
 	Plans             *quotas.Catalogue // tenants' limits, for the step-time quota checks
 	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
 	Events func(taskID string) string
+	// TracerProvider traces each delivery (agentq.task) and step (agentq.step), in
+	// the trace the task carries from its submission; nil is the global one.
+	TracerProvider trace.TracerProvider
+	// MeterProvider receives agentq.task_wait and agentq.worker_busy_ratio; nil is
+	// the global one.
+	MeterProvider metric.MeterProvider
 }
 
 // Worker runs agent tasks handed out by asynq. Stop withdraws it and lets running
@@ -84,8 +96,12 @@ type Worker struct {
 	opts      WorkerOptions
 	log       *slog.Logger
 
+	tracer trace.Tracer
+	wait   metric.Float64Histogram
+
 	mu      sync.Mutex
 	running map[uuid.UUID]context.CancelCauseFunc
+	busy    int // deliveries being processed
 }
 
 // errCancelled is the cause recorded when a tenant cancels a running task.
@@ -100,7 +116,7 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		opts.Logger = slog.Default()
 	}
 	host, _ := os.Hostname()
-	return &Worker{
+	w := &Worker{
 		id:        fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
 		lifecycle: lc,
 		tenants:   tr,
@@ -111,6 +127,36 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		opts:      opts,
 		log:       opts.Logger,
 		running:   map[uuid.UUID]context.CancelCauseFunc{},
+	}
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	w.tracer = tp.Tracer("github.com/agentq/agentq/runtime")
+	w.instrument(opts.MeterProvider)
+	return w
+}
+
+// instrument creates the worker's instruments.
+func (w *Worker) instrument(mp metric.MeterProvider) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter("github.com/agentq/agentq/runtime")
+	w.wait, _ = meter.Float64Histogram("agentq.task_wait", metric.WithUnit("s"),
+		metric.WithDescription("Time from a task's admission to its first start on a worker"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600))
+	busy, _ := meter.Float64ObservableGauge("agentq.worker_busy_ratio", metric.WithUnit("1"),
+		metric.WithDescription("The share of this worker's concurrency slots processing a task"))
+	_, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		w.mu.Lock()
+		n := w.busy
+		w.mu.Unlock()
+		o.ObserveFloat64(busy, float64(n)/float64(w.opts.Concurrency))
+		return nil
+	}, busy)
+	if err != nil {
+		w.log.Warn("registering the worker's gauge failed", "err", err)
 	}
 }
 
@@ -220,8 +266,16 @@ func (w *Worker) interrupt(id uuid.UUID) {
 }
 
 // ProcessTask is the asynq handler: it runs one task to a terminal state.
-func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
+func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	began := time.Now()
+	w.mu.Lock()
+	w.busy++
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.busy--
+		w.mu.Unlock()
+	}()
 	var p wire.Payload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("runtime: bad payload: %v: %w", err, asynq.SkipRetry)
@@ -230,9 +284,25 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("runtime: bad task id %q: %w", p.TaskID, asynq.SkipRetry)
 	}
+	// The delivery's span continues the trace the task carries: submission, then
+	// dispatch, then this.
+	ctx, span := w.tracer.Start(telemetry.WithTraceParent(ctx, p.TraceParent), "agentq.task",
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			attribute.String("agentq.task_id", p.TaskID), attribute.String("agentq.tenant_id", p.TenantID)))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "task delivery failed")
+		}
+		span.End()
+	}()
 	task, outcome, err := w.lifecycle.Start(ctx, id)
 	if err != nil {
 		return fmt.Errorf("runtime: start task: %w", err)
+	}
+	span.SetAttributes(attribute.String("agentq.start", outcome.String()), attribute.Int("agentq.attempt", task.Attempt))
+	if outcome == tasks.Started && task.StartedAt != nil && task.Usage.Steps == 0 && task.Attempt == 1 {
+		w.wait.Record(context.WithoutCancel(ctx), max(task.StartedAt.Sub(task.CreatedAt).Seconds(), 0))
 	}
 	switch outcome {
 	case tasks.Ended:
@@ -308,6 +378,7 @@ func (w *Worker) publish(ctx context.Context, ev Event) {
 // stalled past its lease): it then stops at once and touches nothing of the task's.
 func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued bool) {
 	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent, "attempt", task.Attempt)
+	log = log.With(telemetry.SpanAttrs(ctx)...)
 	id := task.ID.String()
 	claim := store.Claim{ID: task.ID, Attempt: task.Attempt}
 	lostClaim := func(what string, err error) {
@@ -494,15 +565,24 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			// Money and token quotas fail closed: no step runs unchecked.
 			return requeue("the quota store is unreachable", err)
 		}
-		stepCtx, stepCancel := taskCtx, context.CancelFunc(func() {})
+		spanCtx, stepSpan := w.tracer.Start(taskCtx, "agentq.step", trace.WithAttributes(
+			attribute.String("agentq.task_id", id), attribute.String("agentq.agent", task.Agent), attribute.Int("agentq.step", step)))
+		stepCtx, stepCancel := spanCtx, context.CancelFunc(func() {})
 		if !deadline.IsZero() {
-			stepCtx, stepCancel = context.WithDeadline(taskCtx, deadline)
+			stepCtx, stepCancel = context.WithDeadline(spanCtx, deadline)
 		}
 		res, err := exec.Step(stepCtx, StepRequest{
 			TaskID: id, TenantID: task.TenantID, Agent: task.Agent,
 			Step: step, Input: task.Input, State: state,
 		})
 		stepCancel()
+		if err != nil {
+			stepSpan.RecordError(err)
+			stepSpan.SetStatus(codes.Error, "step failed")
+		} else {
+			stepSpan.SetAttributes(attribute.Int64("agentq.tokens", res.Usage.Tokens), attribute.Bool("agentq.done", res.Done))
+		}
+		stepSpan.End()
 		if err != nil || taskCtx.Err() != nil {
 			// Failed, or interrupted: the step is recorded nowhere, so its reservation
 			// goes back.

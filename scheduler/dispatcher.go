@@ -12,6 +12,13 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/agentq/agentq/internal/telemetry"
 )
 
 // Enqueuer is the part of asynq.Client the dispatcher uses.
@@ -32,6 +39,9 @@ type Dispatcher struct {
 	fallback  time.Duration // timer between dispatch rounds when no wake-up arrives
 	resend    time.Duration // age after which a "dispatching" entry is re-sent
 
+	tracer  trace.Tracer
+	metrics *dispatchMetrics
+
 	kick chan struct{}
 	vtMu sync.Mutex
 	vt   float64 // the largest head pass seen: the global virtual time
@@ -42,6 +52,12 @@ type DispatcherOptions struct {
 	Logger        *slog.Logger
 	FallbackEvery time.Duration // default 1s
 	ResendAfter   time.Duration // default 5s
+	// TracerProvider traces each dispatch (agentq.dispatch) in its submission's
+	// trace; nil is the global one.
+	TracerProvider trace.TracerProvider
+	// MeterProvider receives the dispatch metrics (agentq.dispatched,
+	// agentq.queue_depth, agentq.fair_share_ratio); nil is the global one.
+	MeterProvider metric.MeterProvider
 }
 
 // NewDispatcher returns a stopped dispatcher.
@@ -60,6 +76,12 @@ func NewDispatcher(sched *Scheduler, rdb redis.UniversalClient, enq Enqueuer, op
 	if d.resend <= 0 {
 		d.resend = 5 * time.Second
 	}
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	d.tracer = tp.Tracer("github.com/agentq/agentq/scheduler")
+	d.metrics = newDispatchMetrics(opts.MeterProvider, sched, d.log)
 	return d
 }
 
@@ -253,7 +275,25 @@ end
 return 1
 `)
 
-func (d *Dispatcher) send(ctx context.Context, job Dispatched) error {
+func (d *Dispatcher) send(ctx context.Context, job Dispatched) (err error) {
+	// The dispatch span continues the submission's trace; the worker's continues
+	// the dispatch's, through the payload.
+	ctx, span := d.tracer.Start(telemetry.WithTraceParent(ctx, job.TraceParent), "agentq.dispatch",
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+			attribute.String("agentq.task_id", job.TaskID), attribute.String("agentq.tenant_id", job.TenantID),
+			attribute.Int("agentq.priority", job.Priority)))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "dispatch failed")
+		} else {
+			d.metrics.dispatched(ctx, job)
+		}
+		span.End()
+	}()
+	if tp := telemetry.TraceParent(ctx); tp != "" {
+		job.TraceParent = tp
+	}
 	task, err := NewAsynqTask(d.sched.keys, job)
 	if err != nil {
 		return err

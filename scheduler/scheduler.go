@@ -118,12 +118,15 @@ end
 // KEYS[7] tenant's admitted-not-yet-queued tasks (queue_backlog counts them until here)
 // ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] score   ARGV[4] weight
 // ARGV[5] running cap (0 = none)   ARGV[6] ttl seconds   ARGV[7] tenant id
+// ARGV[8] the submission's traceparent or "" (kept in the tenant conf, field
+// "tp:<task id>", until the task is dispatched or removed)
 // Returns 1 if the task was added, 0 if it was already queued.
 var enqueueScript = redis.NewScript(luaNow + `
 local added = redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('ZREM', KEYS[7], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], 'w', ARGV[4], 'cap', ARGV[5])
+if ARGV[8] and ARGV[8] ~= '' then redis.call('HSET', KEYS[2], 'tp:' .. ARGV[2], ARGV[8]) end
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 local tenant = ARGV[7]
 if redis.call('ZSCORE', KEYS[3], tenant) or redis.call('ZSCORE', KEYS[4], tenant) then
@@ -149,6 +152,9 @@ type EnqueueParams struct {
 	CreatedAt  time.Time
 	Weight     int
 	RunningCap int // 0 = no cap
+	// TraceParent is the W3C traceparent of the submission ("" for none): the
+	// dispatch, and through it the worker, continue that trace.
+	TraceParent string
 }
 
 // Enqueue puts a task on its tenant's queue and wakes the dispatchers. Enqueueing a
@@ -171,13 +177,17 @@ func enqueueArgs(k rkeys.Keys, p EnqueueParams, now string) ([]string, []any) {
 	}
 	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
 	return keys, []any{now, p.TaskID.String(), score, max(p.Weight, 1), max(p.RunningCap, 0),
-		int(queueTTL.Seconds()), p.TenantID}
+		int(queueTTL.Seconds()), p.TenantID, p.TraceParent}
 }
 
 // Remove takes a queued task off its tenant's queue (cancel). It reports whether the
 // task was there.
 func (s *Scheduler) Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error) {
-	n, err := s.rdb.ZRem(ctx, s.keys.TenantQueue(tenantID), taskID.String()).Result()
+	pipe := s.rdb.Pipeline()
+	rem := pipe.ZRem(ctx, s.keys.TenantQueue(tenantID), taskID.String())
+	pipe.HDel(ctx, s.keys.TenantConf(tenantID), "tp:"+taskID.String())
+	_, _ = pipe.Exec(ctx)
+	n, err := rem.Result()
 	if err != nil {
 		return false, fmt.Errorf("scheduler: remove: %w", err)
 	}
@@ -210,7 +220,8 @@ const DefaultEstimateMs = 100
 // ARGV[1] now ms or ""   ARGV[2] ttl s   ARGV[3] default estimate (worker-ms)
 // ARGV[4] global virtual time   ARGV[5] ready heads to answer   ARGV[6] capped heads
 // to answer   ARGV[7...] candidate tenant ids
-// Returns {"ok", tenant, task, priority, estimate ms, candidates...},
+// Returns {"ok", tenant, task, priority, estimate ms, weight, traceparent or "",
+// candidates...},
 // {"retry", candidates...} or {"empty", candidates...}; candidates are the heads of
 // ready, then of capped, after the call.
 var dispatchScript = redis.NewScript(luaNow + `
@@ -244,6 +255,8 @@ while true do
       redis.call('EXPIRE', conf, ARGV[2])
     else
       redis.call('ZREM', queue, task[1])
+      local tp = redis.call('HGET', conf, 'tp:' .. task[1])
+      if tp then redis.call('HDEL', conf, 'tp:' .. task[1]) else tp = '' end
       redis.call('SADD', run, task[1])
       redis.call('EXPIRE', run, ARGV[2])
       local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
@@ -261,7 +274,7 @@ while true do
       else
         redis.call('ZADD', KEYS[1], finish, tenant)
       end
-      return answer({'ok', tenant, task[1], tostring(prio), tostring(math.floor(est))})
+      return answer({'ok', tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp})
     end
   end
 end
@@ -285,6 +298,10 @@ type Dispatched struct {
 	TaskID     string
 	Priority   int
 	EstimateMs int64 // what its tenant's pass was charged
+	// Weight is its tenant's weight at dispatch (0 when not known: a re-send).
+	Weight int
+	// TraceParent is the submission's traceparent ("" for none, or a re-send).
+	TraceParent string
 }
 
 // member is the task's entry in the dispatching set.
@@ -338,10 +355,12 @@ func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64
 		}
 		switch res[0] {
 		case "ok":
-			s.setCandidates(shard, res[5:])
+			s.setCandidates(shard, res[7:])
 			prio, _ := strconv.Atoi(res[3])
 			est, _ := strconv.ParseInt(res[4], 10, 64)
-			return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio, EstimateMs: est}, nil
+			w, _ := strconv.ParseFloat(res[5], 64)
+			return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio, EstimateMs: est, Weight: int(w),
+				TraceParent: res[6]}, nil
 		case "retry":
 			s.setCandidates(shard, res[1:])
 		default:
@@ -550,7 +569,8 @@ func (s *Scheduler) Deregister(ctx context.Context, workerID string) error {
 // NewAsynqTask builds the asynq task for a dispatched task. TaskID is the task id, so
 // a re-send after a crash is refused as a duplicate instead of running twice.
 func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
-	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs})
+	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs,
+		TraceParent: d.TraceParent})
 	if err != nil {
 		return nil, err
 	}

@@ -75,14 +75,18 @@ type Deps struct {
 	ListenAddr string
 	// ShutdownTimeout bounds how long Stop waits for in-flight requests (default 10s).
 	ShutdownTimeout time.Duration
+	// Telemetry: the request spans and metrics, GET /metrics and the schema check
+	// of GET /readyz (health.go).
+	Telemetry Telemetry
 }
 
 // Server is the HTTP API, a service: Start listens, Stop drains.
 type Server struct {
 	startstop.BaseStartStop
 	Deps
-	log *slog.Logger
-	e   *echo.Echo
+	log     *slog.Logger
+	e       *echo.Echo
+	handler http.Handler // e, traced
 
 	listener *cacheListener
 	panel    *PanelSigner
@@ -117,14 +121,15 @@ func New(d Deps) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
-	e.Use(s.recoverer, s.requestLog, s.validateInput)
+	e.Use(s.recoverer, s.routeSpan, s.requestLog, s.validateInput)
 	s.e = e
 	s.routes()
+	s.handler = s.traced(e)
 	return s
 }
 
 // Handler is the API as an http.Handler (tests, embedding).
-func (s *Server) Handler() http.Handler { return s.e }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Echo exposes the router (the OpenAPI test walks its routes).
 func (s *Server) Echo() *echo.Echo { return s.e }
@@ -133,6 +138,7 @@ func (s *Server) routes() {
 	e := s.e
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", s.metrics)
 	e.GET("/openapi.json", s.openapi)
 
 	// Middleware is attached per route, not per group: echo groups with middleware add
@@ -201,7 +207,7 @@ func (s *Server) Start(ctx context.Context) error {
 		stopped()
 		return fmt.Errorf("web: listen %s: %w", s.ListenAddr, err)
 	}
-	srv := &http.Server{Handler: s.e, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
 	s.mu.Lock()
 	s.addr = ln.Addr()
 	s.mu.Unlock()
@@ -373,35 +379,8 @@ func (s *Server) requestLog(next echo.HandlerFunc) echo.HandlerFunc {
 		if err != nil {
 			c.Error(err)
 		}
-		s.log.Debug("http", "method", c.Request().Method, "route", c.Path(),
+		s.log.DebugContext(c.Request().Context(), "http", "method", c.Request().Method, "route", c.Path(),
 			"status", c.Response().Status, "ms", time.Since(start).Milliseconds())
 		return nil
 	}
-}
-
-func (s *Server) healthz(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
-}
-
-func (s *Server) readyz(c echo.Context) error {
-	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
-	defer cancel()
-	checks := map[string]string{"postgres": "ok", "redis": "ok"}
-	ready := true
-	if err := s.Postgres.Ping(ctx); err != nil {
-		checks["postgres"], ready = "unreachable", false
-	}
-	if err := s.Redis.Ping(ctx).Err(); err != nil {
-		checks["redis"], ready = "unreachable", false
-	}
-	s.mu.Lock()
-	if s.shutdown {
-		checks["server"], ready = "shutting down", false
-	}
-	s.mu.Unlock()
-	status := http.StatusOK
-	if !ready {
-		status = http.StatusServiceUnavailable
-	}
-	return c.JSON(status, map[string]any{"ready": ready, "checks": checks})
 }

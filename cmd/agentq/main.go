@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/telemetry"
 )
 
 func main() {
@@ -31,16 +32,19 @@ func main() {
 	}
 }
 
+// newLogger is the process's logger: JSON lines (serve), or readable text (dev); a
+// line logged with a context carries its trace_id and span_id.
 func newLogger(text bool) *slog.Logger {
 	level := slog.LevelInfo
 	if os.Getenv("AGENTQ_LOG_LEVEL") == "debug" {
 		level = slog.LevelDebug
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(os.Stderr, opts)
 	if text {
-		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+		h = slog.NewTextHandler(os.Stderr, opts)
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	return slog.New(telemetry.LogHandler(h))
 }
 
 func serveCmd() *cobra.Command {

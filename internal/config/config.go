@@ -43,6 +43,7 @@ type Config struct {
 	JanitorInterval     time.Duration // AGENTQ_JANITOR_INTERVAL
 	PanelSecret         string        // AGENTQ_PANEL_SECRET: signs the tenant panel's links
 	PanelFrameAncestors string        // AGENTQ_PANEL_FRAME_ANCESTORS: who may embed the panel (CSP frame-ancestors)
+	PprofAddr           string        // AGENTQ_PPROF_ADDR
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -112,6 +113,7 @@ func FromEnv() (Config, error) {
 	dur("AGENTQ_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
 	dur("AGENTQ_REDIS_TIMEOUT", &c.RedisTimeout)
 	dur("AGENTQ_JANITOR_INTERVAL", &c.JanitorInterval)
+	str("AGENTQ_PPROF_ADDR", &c.PprofAddr)
 	limit := func(name string, dst **float64) {
 		if v := os.Getenv(name); v != "" {
 			f, err := strconv.ParseFloat(v, 64)

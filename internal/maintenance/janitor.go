@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"sync"
 	"time"
 
@@ -53,6 +55,11 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 	c.PoolCounter.Interval = iv(c.PoolCounter.Interval)
 	c.Recount.Interval = iv(c.Recount.Interval)
 	e := NewElector(d, c.Elector)
+	// Every kind exists from the start, at 0, for the dashboards and alerts.
+	drift := d.drift()
+	for _, k := range DriftKinds {
+		drift.Add(context.Background(), 0, metric.WithAttributes(attribute.String("kind", k)))
+	}
 	j := &Janitor{
 		elector: e,
 		stale:   NewStaleTasks(d, e, c.StaleTasks),

@@ -13,6 +13,7 @@ package maintenance
 
 import (
 	"context"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"time"
 
@@ -52,6 +53,8 @@ type Deps struct {
 	// view's janitor corrections); nil records nothing.
 	Corrections CorrectionLog
 	Logger      *slog.Logger
+	// MeterProvider receives agentq.janitor.drift; nil is the global one.
+	MeterProvider metric.MeterProvider
 }
 
 func (d Deps) logger() *slog.Logger {

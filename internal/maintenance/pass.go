@@ -114,9 +114,25 @@ func runWhileLeading(ctx context.Context, l Leadership, run func(ctx context.Con
 	}
 }
 
-// drift counts the Redis state the passes found out of line with Postgres, by kind.
-var drift, _ = otel.Meter("agentq").Int64Counter("agentq.janitor.drift",
-	metric.WithDescription("Redis state the janitor found out of line with Postgres, by kind"))
+// DriftKinds are the kind label values of agentq.janitor.drift (Prometheus
+// agentq_janitor_drift_total): what the passes correct.
+var DriftKinds = []string{
+	"leases_released", "leases_added", "pool", "quota_tenants", "quota_steps", "quota_tokens",
+	"quota_cost_micro_usd", "repushed", "running_removed", "running_added", "stale_requeued", "abandoned",
+}
+
+// drift is the counter of the Redis state the passes found out of line with Postgres,
+// by kind. The SDK hands every caller the same instrument.
+func (d Deps) drift() metric.Int64Counter {
+	mp := d.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	c, _ := mp.Meter("github.com/agentq/agentq/internal/maintenance").Int64Counter("agentq.janitor.drift",
+		metric.WithUnit("{item}"),
+		metric.WithDescription("Redis state the janitor found out of line with Postgres and corrected, by kind"))
+	return c
+}
 
 // CorrectionLog keeps what the janitor's runs corrected where the operator view reads
 // it, whichever process leads (*store.Store, the janitor_runs table).
@@ -127,12 +143,13 @@ type CorrectionLog interface {
 // driftRecorder reports what a pass corrected: the drift metric, one log line and,
 // when the pass corrected anything and a CorrectionLog is set, a record of the run.
 type driftRecorder struct {
-	log  *slog.Logger
-	sink CorrectionLog
+	counter metric.Int64Counter
+	log     *slog.Logger
+	sink    CorrectionLog
 }
 
 func newDriftRecorder(d Deps) driftRecorder {
-	return driftRecorder{log: d.logger().With("component", "janitor"), sink: d.Corrections}
+	return driftRecorder{counter: d.drift(), log: d.logger().With("component", "janitor"), sink: d.Corrections}
 }
 
 // record adds what a pass corrected to the drift metric and, if it corrected
@@ -158,7 +175,7 @@ func (r driftRecorder) record(ctx context.Context, pass string, kv ...any) {
 			n = -n
 		}
 		if n > 0 {
-			drift.Add(ctx, n, metric.WithAttributes(attribute.String("kind", kind)))
+			r.counter.Add(ctx, n, metric.WithAttributes(attribute.String("kind", kind)))
 		}
 	}
 	if len(fixed) == 0 {

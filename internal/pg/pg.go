@@ -10,8 +10,9 @@ import (
 )
 
 // Connect opens a pool on url and checks that Postgres answers. searchPath, when not
-// empty, pins the schema (tests give each test its own).
-func Connect(ctx context.Context, url, searchPath string) (*pgxpool.Pool, error) {
+// empty, pins the schema (tests give each test its own). Each tune function may
+// change the pool's configuration before it opens (the query tracer, say).
+func Connect(ctx context.Context, url, searchPath string, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL is not a valid Postgres URL: %w", err)
@@ -23,6 +24,9 @@ func Connect(ctx context.Context, url, searchPath string) (*pgxpool.Pool, error)
 		cfg.ConnConfig.RuntimeParams["application_name"] = "agentq"
 	}
 	cfg.MaxConns = max(cfg.MaxConns, 16)
+	for _, f := range tune {
+		f(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

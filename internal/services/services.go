@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/keys"
@@ -60,6 +62,9 @@ type Deps struct {
 	// clock).
 	Webhooks billing.WebhooksOptions
 	Logger   *slog.Logger
+	// TracerProvider traces the task submissions (their admission); nil is the
+	// global one.
+	TracerProvider trace.TracerProvider
 }
 
 // Services are the domain services of one process.
@@ -120,6 +125,7 @@ func New(d Deps) *Services {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
 			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle, Logger: log,
+			TracerProvider: d.TracerProvider,
 		})
 	}
 	return s

@@ -8,6 +8,10 @@ import (
 
 	"github.com/google/uuid"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -60,6 +64,8 @@ type LifecycleOptions struct {
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
+	// MeterProvider receives agentq.tasks_finished; nil is the global one.
+	MeterProvider metric.MeterProvider
 }
 
 // Lifecycle makes a task's state changes: create (a submission's); start or take
@@ -74,6 +80,7 @@ type Lifecycle struct {
 	budget     func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
+	finished     metric.Int64Counter
 }
 
 // NewLifecycle returns a Lifecycle over st.
@@ -81,7 +88,31 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	if o.StaleAfter <= 0 {
 		o.StaleAfter = DefaultStaleAfter
 	}
-	return &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded}
+	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded}
+	mp := o.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	l.finished, _ = mp.Meter("github.com/agentq/agentq/internal/tasks").Int64Counter("agentq.tasks_finished",
+		metric.WithUnit("{task}"), metric.WithDescription("Tasks that reached a terminal state, by state"))
+	for _, st := range terminalStates {
+		l.finished.Add(context.Background(), 0, finishedAttrs(st))
+	}
+	return l
+}
+
+// terminalStates are the states a task ends in, the state label of
+// agentq.tasks_finished.
+var terminalStates = []store.TaskState{store.StateCompleted, store.StateFailed, store.StateKilled,
+	store.StateBudgetExceeded, store.StateAbandoned}
+
+func finishedAttrs(st store.TaskState) metric.AddOption {
+	return metric.WithAttributes(attribute.String("state", string(st)))
+}
+
+// ended counts a task that reached its terminal state in a committed change.
+func (l *Lifecycle) ended(ctx context.Context, st store.TaskState) {
+	l.finished.Add(context.WithoutCancel(ctx), 1, finishedAttrs(st))
 }
 
 // afterChange runs inside the transaction of every state change, after the change.
@@ -241,6 +272,9 @@ func (l *Lifecycle) finish(ctx context.Context, kind ChangeKind, p FinishParams)
 	if err != nil {
 		return false, err
 	}
+	if ok {
+		l.ended(ctx, p.To)
+	}
 	return ok, nil
 }
 
@@ -308,6 +342,9 @@ func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, o
 	})
 	if err != nil {
 		return store.Task{}, false, err
+	}
+	if ok {
+		l.ended(ctx, store.StateKilled)
 	}
 	return t, ok, nil
 }

@@ -21,8 +21,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/telemetry"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
@@ -136,12 +142,16 @@ type Deps struct {
 	// over Store.
 	Lifecycle *Lifecycle
 	Logger    *slog.Logger
+	// TracerProvider traces each submission's admission (agentq.admission); nil is
+	// the global one.
+	TracerProvider trace.TracerProvider
 }
 
 // Service submits, reads, lists and cancels tasks, always for one tenant.
 type Service struct {
-	d   Deps
-	log *slog.Logger
+	d      Deps
+	log    *slog.Logger
+	tracer trace.Tracer
 }
 
 // New returns a Service over d.
@@ -156,6 +166,11 @@ func New(d Deps) *Service {
 	if s.d.Lifecycle == nil {
 		s.d.Lifecycle = NewLifecycle(d.Store, LifecycleOptions{})
 	}
+	tp := d.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	s.tracer = tp.Tracer("github.com/agentq/agentq/internal/tasks")
 	return s
 }
 
@@ -295,11 +310,14 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	if err != nil {
 		return res, err
 	}
-	d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
+	actx, span := s.tracer.Start(ctx, "agentq.admission", trace.WithAttributes(
+		attribute.String("agentq.tenant_id", tenant.ID), attribute.String("agentq.task_id", id.String())))
+	d, err := s.d.Admission.Admit(actx, quotas.AdmitParams{
 		Mode: quotas.ModeAdmit, TenantID: tenant.ID, Kid: p.Kid, Agent: p.Agent, User: p.User,
 		TaskID: id.String(), InScope: inScope, Limits: limits, Period: period,
 		LongRunning: budget.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
 	})
+	endAdmissionSpan(span, d, err)
 	if err != nil {
 		// A call that timed out may still have taken a lease in Redis: the guard
 		// already queued its release (nothing will be stored for this id).
@@ -337,6 +355,8 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	} else if err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
 		TenantID: tenant.ID, TaskID: task.ID, Priority: priority, CreatedAt: task.CreatedAt,
 		Weight: pol.Weight, RunningCap: pol.RunningCap,
+		// The worker's spans join the submission's trace through this.
+		TraceParent: telemetry.TraceParent(ctx),
 	}); err != nil {
 		// The task is stored as queued; the recovery sweep pushes queued tasks missing
 		// from Redis, so the submission still holds.
@@ -344,6 +364,26 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	}
 	res.Task = Task{Task: task}
 	return res, nil
+}
+
+// endAdmissionSpan records an admission's outcome on its span and ends it.
+func endAdmissionSpan(span trace.Span, d quotas.Decision, err error) {
+	switch {
+	case err != nil:
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "admission failed")
+		span.SetAttributes(attribute.String("agentq.outcome", quotas.OutcomeError))
+	case d.OutOfScope:
+		span.SetAttributes(attribute.String("agentq.outcome", quotas.OutcomeOutOfScope))
+	case d.Allowed:
+		span.SetAttributes(attribute.String("agentq.outcome", quotas.OutcomeAdmitted))
+	default:
+		span.SetAttributes(attribute.String("agentq.outcome", quotas.OutcomeRefused), attribute.StringSlice("agentq.limit_types", d.Violated))
+	}
+	if d.Degraded {
+		span.SetAttributes(attribute.Bool("agentq.degraded", true))
+	}
+	span.End()
 }
 
 // replay answers a resubmission with an idempotency key already used by the tenant.

@@ -22,6 +22,10 @@ type Payload struct {
 	// EstimateMs is the worker time its tenant's pass was charged at dispatch; the
 	// completion corrects the charge to the time the task really took.
 	EstimateMs int64 `json:"estimate_ms"`
+	// TraceParent is the W3C traceparent of the dispatch span, itself a child of
+	// the submission's: the worker's task span continues that trace. Empty when the
+	// task carried none (a re-send, or a task re-pushed from Postgres).
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // UnmarshalJSON decodes a payload, including one written before the priority was a
