@@ -35,6 +35,8 @@ import (
 type Lifecycle interface {
 	Start(ctx context.Context, id uuid.UUID) (store.Task, tasks.StartOutcome, error)
 	RecordStep(ctx context.Context, p store.RecordStepParams) error
+	// RecordLastStep records the last step and ends the task in one transaction.
+	RecordLastStep(ctx context.Context, p store.RecordStepParams, fin tasks.FinishParams) (bool, error)
 	Finish(ctx context.Context, p tasks.FinishParams) (bool, error)
 	Requeue(ctx context.Context, c store.Claim) error
 	Heartbeat(ctx context.Context, c store.Claim) error
@@ -399,6 +401,13 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			requeued = false
 		}
 	}()
+	// onEnded is what the call that won a task's terminal transition owns: the lease
+	// release and the end's message.
+	onEnded := func(state store.TaskState, errText string, output json.RawMessage) {
+		w.releaseLease(task.TenantID, id)
+		w.publish(ctx, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})
+		log.Info("task finished", "state", state, "steps", task.Usage.Steps)
+	}
 	finishBy = func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
 		var ok bool
 		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
@@ -411,10 +420,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		} else if err != nil {
 			log.Error("recording terminal state failed", "state", state, "err", err)
 		} else if ok {
-			// This call won the terminal transition, so it owns the lease release.
-			w.releaseLease(task.TenantID, id)
-			w.publish(ctx, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})
-			log.Info("task finished", "state", state, "steps", task.Usage.Steps)
+			onEnded(state, errText, output)
 		}
 	}
 	requeue := func(why string, err error) bool {
@@ -618,10 +624,19 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			return false
 		}
 		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
+		rec := store.RecordStepParams{
+			ID: task.ID, Attempt: task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
+		}
+		// The last step and the task's end are one transaction: one commit fewer on
+		// the path every task takes.
+		var ended bool
 		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			return w.lifecycle.RecordStep(ctx, store.RecordStepParams{
-				ID: task.ID, Attempt: task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
-			})
+			if res.Done {
+				var err error
+				ended, err = w.lifecycle.RecordLastStep(ctx, rec, tasks.FinishParams{Claim: claim, To: store.StateCompleted, Output: res.Output})
+				return err
+			}
+			return w.lifecycle.RecordStep(ctx, rec)
 		})
 		if err != nil {
 			// Not in the ledger, so not billed in Redis either.
@@ -651,7 +666,9 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		}
 		w.publish(ctx, ev)
 		if res.Done {
-			finish(store.StateCompleted, "", res.Output)
+			if ended {
+				onEnded(store.StateCompleted, "", res.Output)
+			}
 			return false
 		}
 	}

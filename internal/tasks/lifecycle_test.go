@@ -27,8 +27,9 @@ type lcEnv struct {
 	mu      sync.Mutex
 	changes []tasks.Change
 	fail    bool
-	probes  int    // rows written by the hook, committed or not
-	probe   string // the last one's tenant id
+	failOn  tasks.ChangeKind // when set, only changes of this kind fail
+	probes  int              // rows written by the hook, committed or not
+	probe   string           // the last one's tenant id
 }
 
 func lifecycleSetup(t *testing.T) *lcEnv {
@@ -61,7 +62,7 @@ func (e *lcEnv) afterChange(ctx context.Context, tx *store.Store, c tasks.Change
 	if _, err := tx.CreateTenant(ctx, store.CreateTenantParams{ID: e.probe, Name: string(c.Kind), Plan: "pro"}); err != nil {
 		return err
 	}
-	if e.fail {
+	if e.fail && (e.failOn == "" || e.failOn == c.Kind) {
 		return errHook
 	}
 	e.changes = append(e.changes, c)
@@ -472,4 +473,59 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 	if _, err := e.st.GetTenant(ctx, e.probe); err != nil {
 		t.Fatalf("the row written with the change: %v", err)
 	}
+}
+
+// The last step and the end are one transaction: the ledger row of the step and the
+// task's terminal row are written by the same transaction, each with its change; a
+// failing hook rolls both back; a stale attempt changes neither.
+func TestLifecycleRecordLastStepIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insert(t, "acme")
+	task := e.start(t, id, tasks.Started)
+	e.wantChanges(t, tasks.ChangeStarted)
+	last := store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 4, CostMicro: 2}
+	fin := tasks.FinishParams{Claim: claimOf(task), To: store.StateCompleted, Output: json.RawMessage(`{"ok":true}`)}
+
+	// The end's change fails after the step's succeeded: if they were two
+	// transactions, the step would stay recorded.
+	e.mu.Lock()
+	e.fail, e.failOn = true, tasks.ChangeFinished
+	e.mu.Unlock()
+	if ok, err := e.lc.RecordLastStep(ctx, last, fin); ok || !errors.Is(err, errHook) {
+		t.Fatalf("with a failing end: ok %v, %v", ok, err)
+	}
+	e.mu.Lock()
+	e.fail, e.failOn = false, ""
+	e.mu.Unlock()
+	e.took()
+	if got := e.get(t, id); got.State != store.StateRunning || got.Usage.Steps != 0 {
+		t.Fatalf("after the end's rollback: %s, %d steps; want running, 0 (the step rolled back with it)", got.State, got.Usage.Steps)
+	}
+	var ledger int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM usage_ledger WHERE task_id = $1`, id).Scan(&ledger); err != nil || ledger != 0 {
+		t.Fatalf("ledger rows after the rollback: %d %v", ledger, err)
+	}
+
+	stale := last
+	stale.Attempt = task.Attempt + 1
+	if _, err := e.lc.RecordLastStep(ctx, stale, fin); !errors.Is(err, store.ErrLostClaim) {
+		t.Fatalf("another attempt's last step: %v, want ErrLostClaim", err)
+	}
+	if ok, err := e.lc.RecordLastStep(ctx, last, fin); !ok || err != nil {
+		t.Fatalf("last step: ok %v, %v", ok, err)
+	}
+	e.wantChanges(t, tasks.ChangeStep, tasks.ChangeFinished)
+	got := e.get(t, id)
+	var out struct{ OK bool }
+	if got.State != store.StateCompleted || got.Usage.Steps != 1 || got.Usage.Tokens != 4 || json.Unmarshal(got.Output, &out) != nil || !out.OK {
+		t.Fatalf("after the last step: %+v", got)
+	}
+	// Again (a retry after a lost answer): nothing more is recorded, and the end is
+	// not won twice.
+	if ok, err := e.lc.RecordLastStep(ctx, last, fin); ok || err != nil {
+		t.Fatalf("the retry: ok %v, %v; want false, nil", ok, err)
+	}
+	e.wantChanges(t)
 }
