@@ -85,8 +85,43 @@ func benchCmd() *cobra.Command {
 	fairness.Flags().DurationVar(&shallow, "shallow", 12*time.Second, "each weight setting of the shallow-queue scenario")
 	fairness.Flags().IntVar(&weightTasks, "weight-tasks", 2000, "tasks per tenant in the weights scenario")
 	fairness.Flags().IntVar(&workers, "workers", 20, "worker concurrency")
+	var e2eTasks, e2eClients, e2eWorkers, e2eTenants int
+	var e2eProfile string
+	e2e := &cobra.Command{
+		Use:   "e2e",
+		Short: "End-to-end tasks per second over HTTP (loadcmp's load) against plain asynq (DATABASE_URL and REDIS_URL)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.FromEnv()
+			if err != nil {
+				return err
+			}
+			if e2eProfile != "" {
+				stop, err := startCPUProfile(e2eProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
+			res, err := bench.RunE2E(cmd.Context(), bench.E2EOptions{
+				DatabaseURL: cfg.DatabaseURL, RedisURL: cfg.RedisURL, Tasks: e2eTasks, Concurrency: e2eClients,
+				Workers: e2eWorkers, Tenants: e2eTenants, Progress: os.Stderr,
+			})
+			if err != nil {
+				return err
+			}
+			return printBench(asJSON, res, fmt.Sprintf(
+				"agentq %.0f tasks/s end to end (p99 %.0f ms) vs plain asynq %.0f tasks/s: %.3fx; %d tasks, %d producers, %d workers",
+				res.AgentqTasksPerS, res.P99LatencyMs, res.AsynqTasksPerS, res.Ratio, res.Tasks, res.Concurrency, res.Workers))
+		},
+	}
+	e2e.Flags().IntVar(&e2eTasks, "tasks", 4000, "tasks to run")
+	e2e.Flags().IntVar(&e2eClients, "concurrency", 32, "concurrent producers")
+	e2e.Flags().IntVar(&e2eWorkers, "workers", 20, "worker concurrency")
+	e2e.Flags().IntVar(&e2eTenants, "tenants", 4, "tenants the load is spread over")
+	e2e.Flags().StringVar(&e2eProfile, "profile", "", "write a Go CPU profile of the run (the agentq process is this one) to this file")
+
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
-	cmd.AddCommand(admission, fairness)
+	cmd.AddCommand(admission, fairness, e2e)
 	return cmd
 }
 

@@ -1,0 +1,285 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/pg"
+	"github.com/agentq/agentq/internal/redisx"
+	"github.com/agentq/agentq/migrations"
+	"github.com/agentq/agentq/quotas"
+)
+
+// E2E is the result of `agentq bench e2e`: the load shape of ../shared/tools/loadcmp
+// (C producers submit N one-step tasks of 0 ms one at a time over HTTP, W workers run
+// them, the clock stops when the last has ended), through one agentq process with
+// every role, and the same load through plain asynq on the same Redis: the ceiling of
+// a queue with no durable store, no HTTP and no admission.
+type E2E struct {
+	AgentqTasksPerS  float64 `json:"agentq_tasks_per_s"`
+	AgentqSubmitPerS float64 `json:"agentq_submit_per_s"`
+	AsynqTasksPerS   float64 `json:"asynq_tasks_per_s"`
+	Ratio            float64 `json:"ratio_vs_asynq"`
+	// P50/P99LatencyMs: a task's submission to its end, as Postgres recorded them.
+	P50LatencyMs float64 `json:"p50_latency_ms"`
+	P99LatencyMs float64 `json:"p99_latency_ms"`
+	Tasks        int     `json:"tasks"`
+	Concurrency  int     `json:"concurrency"` // producers
+	Workers      int     `json:"workers"`
+	Tenants      int     `json:"tenants"`
+	Errors       int64   `json:"errors"`
+}
+
+// E2EOptions configure the benchmark; zero fields take loadcmp's defaults.
+type E2EOptions struct {
+	DatabaseURL string
+	RedisURL    string
+	Tasks       int // 4,000
+	Concurrency int // producers, 32
+	Workers     int // 20
+	Tenants     int // 4
+	Progress    io.Writer
+}
+
+// RunE2E runs the agentq phase on a fresh Postgres schema and Redis prefix, then the
+// asynq phase on its own queue, and drops both.
+func RunE2E(ctx context.Context, o E2EOptions) (E2E, error) {
+	o.Tasks = orInt(o.Tasks, 4000)
+	o.Concurrency = orInt(o.Concurrency, 32)
+	o.Workers = orInt(o.Workers, 20)
+	o.Tenants = orInt(o.Tenants, 4)
+	log := func(f string, a ...any) {
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, f+"\n", a...)
+		}
+	}
+	out := E2E{Tasks: o.Tasks, Concurrency: o.Concurrency, Workers: o.Workers, Tenants: o.Tenants}
+	rdb, err := redisx.Connect(ctx, o.RedisURL)
+	if err != nil {
+		return out, err
+	}
+	defer rdb.Close()
+
+	log("agentq: %d one-step tasks from %d producers over HTTP, %d workers, %d tenants…", o.Tasks, o.Concurrency, o.Workers, o.Tenants)
+	if err := runAgentqE2E(ctx, o, rdb, &out); err != nil {
+		return out, fmt.Errorf("agentq: %w", err)
+	}
+	log("plain asynq: the same load on its own queue…")
+	per, err := runAsynqE2E(ctx, o, rdb)
+	if err != nil {
+		return out, fmt.Errorf("asynq: %w", err)
+	}
+	out.AsynqTasksPerS = round1(per)
+	if per > 0 {
+		out.Ratio = math.Round(out.AgentqTasksPerS/per*1000) / 1000
+	}
+	return out, nil
+}
+
+func orInt(v, d int) int {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+func round1(f float64) float64 { return math.Round(f*10) / 10 }
+
+// produce runs n submissions from c goroutines, one at a time each.
+func produce(n, c int, submit func(i int) error) (time.Duration, int64) {
+	var next, errs atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range c {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				if err := submit(int(i)); err != nil {
+					errs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), errs.Load()
+}
+
+func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, out *E2E) error {
+	id := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	schema := "bench_e2e_" + id
+	admin, err := pg.Connect(ctx, o.DatabaseURL, "")
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return err
+	}
+	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
+	pool, err := pg.Connect(ctx, o.DatabaseURL, schema)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		return err
+	}
+	cfg := agentq.DefaultConfig()
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.AdminToken = "bench-" + id
+	cfg.RedisPrefix = "benche2e" + id + ":"
+	cfg.WorkerConcurrency = o.Workers
+	cfg.ShutdownTimeout = 5 * time.Second
+	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
+	if err := app.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = app.Shutdown(sctx)
+		redisx.DeletePrefix(sctx, rdb, cfg.RedisPrefix)
+		redisx.DeletePrefix(sctx, rdb, "asynq:{"+cfg.RedisPrefix)
+	}()
+	// Every limit lifted, as loadcmp does: the benchmark measures the path, not a limit.
+	lifted := map[string]quotas.Limit{"concurrent_sessions": 1e6, "user_tasks_hourly": 1e8, "queue_backlog": 1e6,
+		"agent_steps_daily": 1e8, "tenant_rate": 1e6, "tenant_rate_burst": 1e6, "running": 1000,
+		"long_running_inflight": 1e6, "key_rate": 1e6, "key_rate_burst": 1e6}
+	var keys []string
+	for t := range o.Tenants {
+		tid := fmt.Sprintf("load%d", t)
+		if _, err := app.CreateTenant(ctx, agentq.NewTenant{ID: tid, Plan: "pro", Overrides: lifted}); err != nil {
+			return err
+		}
+		k, err := app.CreateAPIKey(ctx, agentq.NewAPIKey{TenantID: tid})
+		if err != nil {
+			return err
+		}
+		keys = append(keys, k.Token)
+	}
+	base := "http://" + app.Addr().String()
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	body := []byte(`{"agent":"sim","input":{"steps":1,"step_ms":0}}`)
+	start := time.Now()
+	took, errs := produce(o.Tasks, o.Concurrency, func(i int) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/tasks", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+keys[i%len(keys)])
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+	out.Errors = errs
+	out.AgentqSubmitPerS = round1(float64(o.Tasks) / took.Seconds())
+	// Done when Postgres, the system of record, has every accepted task ended.
+	want := int64(o.Tasks) - errs
+	for deadline := time.Now().Add(10 * time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		var ended int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE finished_at IS NOT NULL`).Scan(&ended); err != nil {
+			return err
+		}
+		if ended >= want {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d tasks ended within 10 minutes", ended, want)
+		}
+	}
+	elapsed := time.Since(start)
+	out.AgentqTasksPerS = round1(float64(want) / elapsed.Seconds())
+	var states int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE state <> 'completed'`).Scan(&states); err != nil {
+		return err
+	} else if states > 0 {
+		return fmt.Errorf("%d tasks did not complete", states)
+	}
+	var p50, p99 float64
+	if err := pool.QueryRow(ctx, `
+		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)
+		FROM (SELECT extract(epoch FROM finished_at - created_at) * 1000 AS ms FROM tasks) t`).Scan(&p50, &p99); err != nil {
+		return err
+	}
+	out.P50LatencyMs, out.P99LatencyMs = round1(p50), round1(p99)
+	return nil
+}
+
+// runAsynqE2E is the same load through plain asynq: producers enqueue no-op tasks on a
+// queue of its own, a server of Workers runs them, the clock stops at the last one.
+func runAsynqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient) (float64, error) {
+	queue := "benche2e-" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	defer redisx.DeletePrefix(context.WithoutCancel(ctx), rdb, "asynq:{"+queue+"}")
+	var done atomic.Int64
+	all := make(chan struct{})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("noop", func(context.Context, *asynq.Task) error {
+		if done.Add(1) == int64(o.Tasks) {
+			close(all)
+		}
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency: o.Workers, Queues: map[string]int{queue: 1}, TaskCheckInterval: 10 * time.Millisecond,
+		Logger: quietAsynq{}, LogLevel: asynq.FatalLevel,
+	})
+	if err := srv.Start(mux); err != nil {
+		return 0, err
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClientFromRedisClient(rdb)
+	start := time.Now()
+	_, errs := produce(o.Tasks, o.Concurrency, func(int) error {
+		_, err := client.EnqueueContext(ctx, asynq.NewTask("noop", nil), asynq.Queue(queue), asynq.MaxRetry(0))
+		return err
+	})
+	if errs > 0 {
+		return 0, fmt.Errorf("%d enqueues failed", errs)
+	}
+	select {
+	case <-all:
+	case <-time.After(10 * time.Minute):
+		return 0, errors.New("plain asynq did not run every task within 10 minutes")
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	return float64(o.Tasks) / time.Since(start).Seconds(), nil
+}
+
+// quietAsynq drops asynq's own log lines.
+type quietAsynq struct{}
+
+func (quietAsynq) Debug(...any) {}
+func (quietAsynq) Info(...any)  {}
+func (quietAsynq) Warn(...any)  {}
+func (quietAsynq) Error(...any) {}
+func (quietAsynq) Fatal(...any) {}
