@@ -256,7 +256,7 @@ func (s *Store) finishTask(ctx context.Context, p finishParams) (t Task, ok bool
 		output = p.output
 	}
 	t, err = scanTask(s.db.QueryRow(ctx, `
-		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = now()
+		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = clock_timestamp()
 		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) AND ($7 = 0 OR attempt = $7) RETURNING `+taskCols,
 		p.id, p.tenantID, string(p.to), output, errText, statesText(p.from), p.attempt))
 	if errors.Is(err, ErrNotFound) {

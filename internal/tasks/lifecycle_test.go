@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,9 +28,10 @@ type lcEnv struct {
 	mu      sync.Mutex
 	changes []tasks.Change
 	fail    bool
-	failOn  tasks.ChangeKind // when set, only changes of this kind fail
-	probes  int              // rows written by the hook, committed or not
-	probe   string           // the last one's tenant id
+	failOn  tasks.ChangeKind               // when set, only changes of this kind fail
+	at      map[tasks.ChangeKind]time.Time // when the hook last saw a change of each kind
+	probes  int                            // rows written by the hook, committed or not
+	probe   string                         // the last one's tenant id
 }
 
 func lifecycleSetup(t *testing.T) *lcEnv {
@@ -59,6 +61,10 @@ func (e *lcEnv) afterChange(ctx context.Context, tx *store.Store, c tasks.Change
 	}
 	e.probes++
 	e.probe = fmt.Sprintf("probe-%d", e.probes)
+	if e.at == nil {
+		e.at = map[tasks.ChangeKind]time.Time{}
+	}
+	e.at[c.Kind] = time.Now()
 	if _, err := tx.CreateTenant(ctx, store.CreateTenantParams{ID: e.probe, Name: string(c.Kind), Plan: "pro"}); err != nil {
 		return err
 	}
@@ -521,6 +527,15 @@ func TestLifecycleRecordLastStepIsOneTransaction(t *testing.T) {
 	var out struct{ OK bool }
 	if got.State != store.StateCompleted || got.Usage.Steps != 1 || got.Usage.Tokens != 4 || json.Unmarshal(got.Output, &out) != nil || !out.OK {
 		t.Fatalf("after the last step: %+v", got)
+	}
+	// The end's time is when it happened, after the step's record, not when their
+	// shared transaction began: worker time read from the rows (started to finished)
+	// must cover the step's record, as it did when the end was a transaction of its own.
+	e.mu.Lock()
+	stepAt := e.at[tasks.ChangeStep]
+	e.mu.Unlock()
+	if got.FinishedAt == nil || got.FinishedAt.Before(stepAt) {
+		t.Fatalf("finished at %v, before the step's record at %v", got.FinishedAt, stepAt)
 	}
 	// Again (a retry after a lost answer): nothing more is recorded, and the end is
 	// not won twice.
