@@ -113,8 +113,14 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	for _, id := range admitted {
 		waitState(t, c, id, "completed", 20*time.Second)
 	}
-
-	fams = h.scrape()
+	// A task is completed in Postgres a moment before its worker slot is free (the
+	// slot is released after the end's commit): wait for the pool to be idle.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		fams = h.scrape()
+		if v, ok := sample(fams, "agentq_worker_busy_ratio", nil); (ok && v == 0) || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, c := range []struct {
 		name   string
 		labels map[string]string
