@@ -151,28 +151,24 @@ func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow) Refusal {
 		}
 	}
 	if IsPeriodQuota(row.LimitType) {
-		span := r.window(t, row.LimitType, row.Minute)
+		span := windowOf(row.LimitType, row.Minute, t.Anchor().PeriodAt(row.Minute))
 		ref.Period = &span
 	}
 	return ref
 }
 
-// window is the dedupe window holding at of a limit: the UTC day for the daily steps,
-// the billing period for the monthly quotas, the minute for the others.
-func (r *Rejections) window(t store.Tenant, limitType string, at time.Time) Span {
+// windowOf is the dedupe window holding at of a limit: the UTC day for the daily
+// steps, period (the tenant's billing period holding at) for the monthly quotas, the
+// minute for the others.
+func windowOf(limitType string, at time.Time, period quotas.Period) Span {
 	switch limitType {
 	case quotas.AgentStepsDaily:
 		return DaySpan(at)
 	case quotas.AITokensMonthly, quotas.USDMonthly:
-		p := r.period(t, at)
-		return Span{Start: p.Start, End: p.End}
+		return Span{Start: period.Start, End: period.End}
 	}
 	start := WindowStart(at)
 	return Span{Start: start, End: start.Add(DedupeWindow)}
-}
-
-func (r *Rejections) period(t store.Tenant, at time.Time) quotas.Period {
-	return t.Anchor().PeriodAt(at)
 }
 
 func (r *Rejections) now() time.Time {
@@ -186,12 +182,9 @@ func (r *Rejections) now() time.Time {
 // limit's current window, the one its limit_hit is deduplicated over: the minute for
 // rates, concurrency and the backlog, the UTC day for the daily steps, the billing
 // period for the monthly quotas. It adds the counts already in Postgres to those
-// still only in Redis; a minute in both counts once, as the larger.
-func (r *Rejections) Current(ctx context.Context, tenantID string, now time.Time) (map[string]int64, error) {
-	t, err := r.Store.GetTenant(ctx, tenantID)
-	if err != nil {
-		return nil, err
-	}
+// still only in Redis; a minute in both counts once, as the larger. period is the
+// tenant's billing period holding now (the caller has the tenant).
+func (r *Rejections) Current(ctx context.Context, tenantID string, period quotas.Period, now time.Time) (map[string]int64, error) {
 	trs, err := r.Counts.Rejections(ctx, []string{tenantID})
 	if err != nil {
 		return nil, err
@@ -218,9 +211,8 @@ func (r *Rejections) Current(ctx context.Context, tenantID string, now time.Time
 		k := key{row.LimitType, row.Minute.Unix()}
 		counts[k] = max(counts[k], row.Count)
 	}
-	day, period := DaySpan(now), r.window(t, quotas.AITokensMonthly, now)
 	before := map[Span]map[string]int64{}
-	for _, w := range []Span{day, period} {
+	for _, w := range []Span{DaySpan(now), windowOf(quotas.AITokensMonthly, now, period)} {
 		if w.Start.Before(cutoff) {
 			if before[w], err = r.Store.RejectionTotals(ctx, store.RejectionsParams{TenantID: tenantID, Since: w.Start, Until: cutoff}); err != nil {
 				return nil, err
@@ -229,13 +221,13 @@ func (r *Rejections) Current(ctx context.Context, tenantID string, now time.Time
 	}
 	out := map[string]int64{}
 	for k, n := range counts {
-		w := r.window(t, k.limit, now)
+		w := windowOf(k.limit, now, period)
 		if m := time.Unix(k.minute, 0); !m.Before(w.Start) && m.Before(w.End) {
 			out[k.limit] += n
 		}
 	}
 	for _, limit := range []string{quotas.AgentStepsDaily, quotas.AITokensMonthly, quotas.USDMonthly} {
-		out[limit] += before[r.window(t, limit, now)][limit]
+		out[limit] += before[windowOf(limit, now, period)][limit]
 	}
 	for limit, n := range out {
 		if n == 0 {

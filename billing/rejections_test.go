@@ -67,7 +67,8 @@ func (f *rejecting) flush() billing.FlushResult {
 
 func (f *rejecting) current() map[string]int64 {
 	f.t.Helper()
-	c, err := f.rej.Current(f.ctx, "acme", f.clock())
+	now := f.clock()
+	c, err := f.rej.Current(f.ctx, "acme", quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), now), now)
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -59,9 +59,6 @@ func (c Crossings) Step(ctx context.Context, tx *store.Store, r store.RecordedSt
 		{quotas.USDMonthly, lim.USDMonthlyMicro, u.PeriodCostMicro - u.CostMicro, u.PeriodCostMicro, period},
 	}
 	for _, ch := range checks {
-		if len(Crossed(ch.before, ch.after, ch.limit)) == 0 {
-			continue
-		}
 		evs, err := c.Events.Crossings(Quota{
 			TenantID: r.Tenant.ID, Plan: r.Tenant.Plan, LimitType: ch.limitType, Limit: ch.limit, Period: ch.span,
 		}, ch.before, ch.after, u.RecordedAt)

@@ -150,7 +150,7 @@ func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery
 	}
 	var rejected map[string]int64
 	if s.Rejections != nil {
-		if rejected, err = s.Rejections.Current(ctx, t.ID, now); err != nil {
+		if rejected, err = s.Rejections.Current(ctx, t.ID, period, now); err != nil {
 			return UsageReport{}, d, err
 		}
 	}
