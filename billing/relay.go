@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/periodic"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -153,33 +154,16 @@ func deliveryAttrs(outcome string) metric.AddOption {
 // Start runs rounds until Stop: one at once, the next as soon as a round found a full
 // batch of work, else after PollInterval.
 func (r *Relay) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := r.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		t := time.NewTimer(0)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			run, err := r.RunOnce(ctx)
-			if err != nil && ctx.Err() == nil {
-				r.log.Warn("webhook relay round failed", "err", err)
-			}
-			next := r.cfg.PollInterval
-			if err == nil && (run.Sent >= r.cfg.Batch || run.FannedOut >= r.cfg.FanOutBatch) {
-				next = 0
-			}
-			t.Reset(next)
+	return periodic.Start(ctx, &r.BaseStartStop, func(ctx context.Context) time.Duration {
+		run, err := r.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("webhook relay round failed", "err", err)
 		}
-	}()
-	return nil
+		if err == nil && (run.Sent >= r.cfg.Batch || run.FannedOut >= r.cfg.FanOutBatch) {
+			return 0
+		}
+		return r.cfg.PollInterval
+	})
 }
 
 // RelayRun is what one round did.

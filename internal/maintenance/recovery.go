@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
 
+	"github.com/agentq/agentq/internal/periodic"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -68,30 +69,14 @@ func NewRecovery(d Deps, c RecoveryConfig) *Recovery {
 
 // Start runs a sweep now and then every Interval, until Stop.
 func (r *Recovery) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := r.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	go func() {
-		started()
-		defer stopped()
-		t := time.NewTimer(0)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if n, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
-				r.log.Warn("recovery sweep failed", "err", err)
-			} else if n > 0 {
-				r.log.Warn("recovery sweep re-pushed queued tasks missing from Redis", "tasks", n)
-			}
-			t.Reset(r.cfg.Interval)
+	return periodic.Start(ctx, &r.BaseStartStop, func(ctx context.Context) time.Duration {
+		if n, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("recovery sweep failed", "err", err)
+		} else if n > 0 {
+			r.log.Warn("recovery sweep re-pushed queued tasks missing from Redis", "tasks", n)
 		}
-	}()
-	return nil
+		return r.cfg.Interval
+	})
 }
 
 // runOnce walks every queued task older than MinAge once and re-pushes the ones
