@@ -353,22 +353,27 @@ for r = 0, (#KEYS / 8) - 1 do
       end
       ut = ut or 0
     end
+    -- A lease is in one set: a long-running task's in LL, any other's in SL. So
+    -- sessions count both sets and long-running ones LL alone, and a long-running
+    -- admission writes one set, not two.
     local long_on = long >= 0 and is_long == 1
-    if sessions >= 0 or peek then
-      s = call('ZCARD', SL)
-      if peek or s >= sessions then -- count live leases only: drop expired ones first
-        call('ZREMRANGEBYSCORE', SL, '-inf', now)
-        s = call('ZCARD', SL)
-      end
-      if admit and s >= sessions then mask = mask + 16 end
-    end
-    if long_on or peek then
+    local sess_on = sessions >= 0 or peek
+    if sess_on or long_on or peek then
       l = call('ZCARD', LL)
-      if peek or l >= long then
+      local short = sess_on and call('ZCARD', SL) or 0
+      s = short + l
+      -- count live leases only: near a limit, drop expired ones first
+      if peek or (sess_on and s >= sessions) or (long_on and l >= long) then
         call('ZREMRANGEBYSCORE', LL, '-inf', now)
         l = call('ZCARD', LL)
+        if sess_on then
+          call('ZREMRANGEBYSCORE', SL, '-inf', now)
+          short = call('ZCARD', SL)
+        end
+        s = short + l
       end
-      if admit and l >= long then mask = mask + 32 end
+      if admit and sessions >= 0 and s >= sessions then mask = mask + 16 end
+      if admit and long_on and l >= long then mask = mask + 32 end
     end
     if backlog_max >= 0 or peek then
       -- admitted tasks are counted from admission on, before the push to the queue
@@ -405,15 +410,15 @@ for r = 0, (#KEYS / 8) - 1 do
       -- creates (it counted 0) always gets one. Every writer that creates or extends a
       -- set gives it at least that long (AddLease, touch), so lx never overstates.
       local keep = lx >= now + lease_ttl
-      if sessions >= 0 then
-        call('ZADD', SL, lease_at, task)
-        if keep and s == 0 then call('PEXPIRE', SL, lease_keep_ms) end
-      end
-      if long_on then
+      local leased = sessions >= 0 or long_on
+      if leased and is_long == 1 then
         call('ZADD', LL, lease_at, task)
         if keep and l == 0 then call('PEXPIRE', LL, lease_keep_ms) end
+      elseif leased then
+        call('ZADD', SL, lease_at, task)
+        if keep and s - l == 0 then call('PEXPIRE', SL, lease_keep_ms) end
       end
-      if not keep and (sessions >= 0 or long_on) then
+      if not keep and leased then
         call('PEXPIRE', SL, lease_keep_ms)
         call('PEXPIRE', LL, lease_keep_ms)
         w[#w+1] = 'lx'; w[#w+1] = now + lease_keep
@@ -597,7 +602,7 @@ var windows = map[string]time.Duration{
 	UserTasksHourly: time.Hour, AgentStepsDaily: 24 * time.Hour,
 }
 
-// Release frees a task's session (and long-running) lease, and its place in the
+// Release frees a task's lease (session or long-running), and its place in the
 // admitted-not-yet-queued count. Releasing twice is harmless. It returns the number of
 // leases removed.
 func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, error) {
@@ -883,7 +888,8 @@ func (q *Quotas) TouchLeases(ctx context.Context, tenantID string, taskIDs []str
 // touchChunk bounds the members of one touch script call.
 const touchChunk = 500
 
-// Leases returns the members of a tenant's session and long-running lease sets.
+// Leases returns a tenant's leases: every session (long-running ones included) and
+// the long-running ones.
 func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []string, err error) {
 	s, l, err := q.LeaseAges(ctx, tenantID)
 	for m := range s {
@@ -895,7 +901,8 @@ func (q *Quotas) Leases(ctx context.Context, tenantID string) (sessions, long []
 	return sessions, long, err
 }
 
-// LeaseMembers lists the session and the long-running leases of a page of tenants, in
+// LeaseMembers lists the sessions (long-running ones included) and the long-running
+// leases of a page of tenants, in
 // the page's order, in one round trip.
 func (q *Quotas) LeaseMembers(ctx context.Context, tenants []string) (sessions, long [][]string, err error) {
 	pipe := q.rdb.Pipeline()
@@ -910,7 +917,8 @@ func (q *Quotas) LeaseMembers(ctx context.Context, tenants []string) (sessions, 
 	}
 	sessions, long = make([][]string, len(tenants)), make([][]string, len(tenants))
 	for i := range tenants {
-		sessions[i], long[i] = sc[i].Val(), lc[i].Val()
+		// a long-running lease is a session too (it is kept in the long-running set only)
+		sessions[i], long[i] = append(sc[i].Val(), lc[i].Val()...), lc[i].Val()
 	}
 	return sessions, long, nil
 }
@@ -934,34 +942,34 @@ func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long
 	} else {
 		now = q.nowMs()
 	}
-	ages := func(zs []redis.Z) map[string]time.Duration {
-		out := make(map[string]time.Duration, len(zs))
-		for _, z := range zs {
-			out[z.Member.(string)] = time.Duration(now-int64(z.Score)+leaseTTL.Milliseconds()) * time.Millisecond
-		}
-		return out
+	sessions, long = make(map[string]time.Duration), make(map[string]time.Duration)
+	for _, z := range a.Val() {
+		sessions[z.Member.(string)] = time.Duration(now-int64(z.Score)+leaseTTL.Milliseconds()) * time.Millisecond
 	}
-	return ages(a.Val()), ages(b.Val()), nil
+	for _, z := range b.Val() { // a long-running lease is a session too
+		age := time.Duration(now-int64(z.Score)+leaseTTL.Milliseconds()) * time.Millisecond
+		sessions[z.Member.(string)], long[z.Member.(string)] = age, age
+	}
+	return sessions, long, nil
 }
 
-// addLeaseScript re-adds a live task's session (and long-running) lease, expiring a
-// lease TTL from now on the Redis clock.
+// addLeaseScript re-adds a live task's lease, expiring a lease TTL from now on the
+// Redis clock, to the long-running set if the task is long-running, else to the
+// session set (a lease is in one of them, see admitScript).
 //
 // KEYS[1] session leases   KEYS[2] long-running leases   ARGV[1] now ms or ""
 // ARGV[2] task id   ARGV[3] lease ttl ms   ARGV[4] "1" if long-running
 // ARGV[5] lease set keep ms: a set it extends lives as long as admission keeps them
 var addLeaseScript = redis.NewScript(luaNow + `
 local ttl = tonumber(ARGV[3])
-local last = ARGV[4] == '1' and 2 or 1
-for k = 1, last do
-  redis.call('ZADD', KEYS[k], now + ttl, ARGV[2])
-  if redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ARGV[5]) end
-end
+local k = ARGV[4] == '1' and 2 or 1
+redis.call('ZADD', KEYS[k], now + ttl, ARGV[2])
+if redis.call('PTTL', KEYS[k]) < ttl then redis.call('PEXPIRE', KEYS[k], ARGV[5]) end
 return 1
 `)
 
-// AddLease re-adds the session (and, if long, long-running) lease of a live task that
-// Redis lost.
+// AddLease re-adds the lease of a live task that Redis lost: it counts as a session,
+// and as a long-running one if long.
 func (q *Quotas) AddLease(ctx context.Context, tenantID, taskID string, long bool) error {
 	err := addLeaseScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
 		q.nowArg(), taskID, leaseTTL.Milliseconds(), boolArg(long), (leaseTTL + leaseSlack).Milliseconds()).Err()

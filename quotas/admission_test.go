@@ -458,7 +458,8 @@ func userFields(t testing.TB, f *qfix) int {
 
 // The lease sets must outlive their newest lease, though admissions push their expiry
 // forward only once per leaseSlack: a set an admission recreates, one whose noted
-// expiry is near, and one AddLease recreates all get a full life.
+// expiry is near, and one AddLease recreates all get a full life. A long-running
+// task's lease is in the long-running set only, any other's in the session set.
 func TestLeaseSetsOutliveTheirNewestLease(t *testing.T) {
 	f := newQ(t)
 	ctx := context.Background()
@@ -473,28 +474,46 @@ func TestLeaseSetsOutliveTheirNewestLease(t *testing.T) {
 		}
 	}
 	long := func(p *AdmitParams) { p.LongRunning = true }
-	if d := f.admit(l, long); !d.Allowed {
-		t.Fatalf("first admission refused: %v", d.Violated)
+	both := func() { // one lease in each set
+		t.Helper()
+		if d := f.admit(l, long); !d.Allowed {
+			t.Fatalf("long-running admission refused: %v", d.Violated)
+		}
+		if d := f.admit(l); !d.Allowed {
+			t.Fatalf("admission refused: %v", d.Violated)
+		}
 	}
-	check("first admission", leaseTTL)
-	if _, err := f.q.Release(ctx, "acme", "task-1"); err != nil {
-		t.Fatal(err)
+	releaseAll := func() {
+		t.Helper()
+		for i := 1; i <= f.n; i++ {
+			if _, err := f.q.Release(ctx, "acme", fmt.Sprintf("task-%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	f.admit(l, long) // recreates both sets while the noted expiry is far
+	both()
+	check("first admissions", leaseTTL)
+	if n := f.rdb.Exists(ctx, sets...).Val(); n != 2 {
+		t.Fatalf("%d of the two lease sets exist after a long-running and a short admission", n)
+	}
+	if f.rdb.ZScore(ctx, sets[0], "task-1").Err() != redis.Nil || f.rdb.ZScore(ctx, sets[1], "task-2").Err() != redis.Nil {
+		t.Fatal("a lease is in both sets, or in the wrong one")
+	}
+	releaseAll()
+	both() // recreates both sets while the noted expiry is far
 	check("recreated", leaseTTL)
 	for _, k := range sets {
 		f.rdb.PExpire(ctx, k, time.Minute)
 	}
 	f.advance(leaseSlack + time.Minute) // the noted expiry is now less than a lease TTL away
-	f.admit(l, long)
+	both()
 	check("noted expiry near", leaseTTL)
-	for _, task := range []string{"task-2", "task-3"} {
-		if _, err := f.q.Release(ctx, "acme", task); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := f.q.AddLease(ctx, "acme", "lost", true); err != nil {
+	releaseAll()
+	if err := f.q.AddLease(ctx, "acme", "lost-long", true); err != nil {
 		t.Fatal(err)
 	}
-	check("re-added lease", leaseTTL+leaseSlack)
+	if err := f.q.AddLease(ctx, "acme", "lost", false); err != nil {
+		t.Fatal(err)
+	}
+	check("re-added leases", leaseTTL+leaseSlack)
 }

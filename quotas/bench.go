@@ -75,12 +75,16 @@ type AdmissionBench struct {
 	// limits), coalesced like AdmissionsPerS; RefusingRatio is it over AdmissionsPerS.
 	// A refusal writes no Postgres row and costs one Redis command more than reading:
 	// its count.
-	RefusingPerS          float64 `json:"refusing_admissions_per_s"`
-	RefusingRatio         float64 `json:"refusing_ratio_vs_passing"`
-	RefusingP99us         float64 `json:"refusing_p99_us"`
-	Errors                int64   `json:"errors"`
-	RedisBytesPerTenant   float64 `json:"redis_bytes_per_active_tenant"`
-	RedisBytesPerTenantKs int     `json:"redis_bytes_measured_over_tenants"`
+	RefusingPerS  float64 `json:"refusing_admissions_per_s"`
+	RefusingRatio float64 `json:"refusing_ratio_vs_passing"`
+	RefusingP99us float64 `json:"refusing_p99_us"`
+	// Redis main-thread CPU per operation in the coalesced admission phase and in the
+	// single-bucket phase: what bounds each once Redis is the bottleneck.
+	RedisCPUPerAdmissionUs    float64 `json:"redis_cpu_us_per_admission"`
+	RedisCPUPerSingleBucketUs float64 `json:"redis_cpu_us_per_single_bucket"`
+	Errors                    int64   `json:"errors"`
+	RedisBytesPerTenant       float64 `json:"redis_bytes_per_active_tenant"`
+	RedisBytesPerTenantKs     int     `json:"redis_bytes_measured_over_tenants"`
 }
 
 // AdmissionBenchOptions configure the benchmark.
@@ -135,10 +139,13 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 		return emptyScript.EvalSha(ctx, rdb, nil).Err()
 	})
 	progress("single-key GCRA (redis_rate's algorithm)…")
-	single := benchutil.Run(ctx, o.Concurrency, o.Duration, func(ctx context.Context, w int, seq int64) error {
+	single, err := benchutil.RunMeasuringRedis(ctx, rdb, o.Concurrency, o.Duration, func(ctx context.Context, w int, seq int64) error {
 		key := keys.BaselineBucket(fmt.Sprintf("t%d", (int64(w)*7919+seq)%int64(o.Tenants)))
 		return gcraScript.EvalSha(ctx, rdb, []string{key}, 1e6, 1e6, 1, 1).Err()
 	})
+	if err != nil {
+		return out, err
+	}
 	admitOne := func(ctx context.Context, w int, seq int64) error {
 		n := int64(w)*7919 + seq
 		tenant := fmt.Sprintf("t%d", n%int64(o.Tenants))
@@ -156,7 +163,11 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	if err := co.Start(ctx); err != nil {
 		return out, err
 	}
-	full := benchutil.Run(ctx, o.Concurrency, o.Duration, admitOne)
+	full, err := benchutil.RunMeasuringRedis(ctx, rdb, o.Concurrency, o.Duration, admitOne)
+	if err != nil {
+		co.Stop()
+		return out, err
+	}
 	progress("full admission, every limit refusing, coalesced…")
 	// Every limit at its value refusing the tenants' use: rates of 0, counts of 0, and
 	// monthly quotas of 1 below the 10 tokens and micro-dollars each tenant used. Only
@@ -195,6 +206,7 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	out.Ratio = math.Round(full.PerSec/single.PerSec*1000) / 1000
 	out.P50us, out.P99us = us(full.P50), us(full.P99)
 	out.SingleBucketP50us, out.SingleBucketP99us = us(single.P50), us(single.P99)
+	out.RedisCPUPerAdmissionUs, out.RedisCPUPerSingleBucketUs = us(full.RedisCPUPerOp), us(single.RedisCPUPerOp)
 	out.Errors = raw.Errors + single.Errors + full.Errors + alone.Errors + refused.Errors
 
 	// Memory per active tenant: admission state of fresh tenants, each with a key, two

@@ -373,8 +373,8 @@ func TestTouchLeasesKeepsQueuedAndLongRunningLeases(t *testing.T) {
 		f.rdb.PExpire(ctx, k, time.Minute)
 	}
 	n, err := f.q.TouchLeases(ctx, "acme", []string{"queued-long", "queued", "not-leased"})
-	if err != nil || n != 3 {
-		t.Fatalf("touched %d leases (%v), want 3", n, err)
+	if err != nil || n != 2 {
+		t.Fatalf("touched %d leases (%v), want 2", n, err)
 	}
 	for _, k := range []string{f.keys.Sessions("acme"), f.keys.LongRunning("acme")} {
 		if ttl := f.rdb.PTTL(ctx, k).Val(); ttl < leaseTTL-time.Minute {
@@ -454,7 +454,7 @@ func TestScriptsOnEmbeddedRedis(t *testing.T) {
 		t.Fatalf("$0 quota on miniredis: %v", err)
 	}
 	f.advance(time.Minute)
-	if n, err := f.q.TouchLeases(ctx, "acme", []string{fmt.Sprintf("task-%d", f.n-2)}); err != nil || n != 2 {
+	if n, err := f.q.TouchLeases(ctx, "acme", []string{fmt.Sprintf("task-%d", f.n-2)}); err != nil || n != 1 {
 		t.Fatalf("touch on miniredis: %d %v", n, err)
 	}
 	if err := f.q.AddLease(ctx, "acme", "x", true); err != nil {
@@ -499,5 +499,34 @@ func TestPeriodIDsGrowWithTime(t *testing.T) {
 			t.Fatalf("period %s after %s", next.ID, prev.ID)
 		}
 		prev = next
+	}
+}
+
+// A long-running task's lease is kept in the long-running set only, and counts as a
+// session all the same; a short task's counts as a session and not as long-running.
+func TestLongRunningLeaseCountsAsASession(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	l := NoLimits()
+	l.Sessions, l.LongRunning = 2, 1
+	long := func(p *AdmitParams) { p.LongRunning = true }
+	if d := f.admitExact(l); !d.Allowed {
+		t.Fatalf("short task refused: %v", d.Violated)
+	}
+	if d := f.admitExact(l, long); !d.Allowed {
+		t.Fatalf("a short task counted as long-running: %v", d.Violated)
+	}
+	if d := f.admitExact(l); !slices.Equal(d.Violated, []string{ConcurrentSessions}) {
+		t.Fatalf("third session: violated %v, want concurrent_sessions", d.Violated)
+	}
+	sess, lg, err := f.q.Leases(ctx, "acme")
+	if err != nil || len(sess) != 2 || !slices.Equal(lg, []string{"task-2"}) {
+		t.Fatalf("leases %v, long %v (%v): want both as sessions, task-2 long-running", sess, lg, err)
+	}
+	if n, err := f.q.Release(ctx, "acme", "task-2"); err != nil || n != 1 {
+		t.Fatalf("released %d leases (%v), want 1", n, err)
+	}
+	if d := f.admitExact(l, long); !d.Allowed {
+		t.Fatalf("after the long-running task ended: %v", d.Violated)
 	}
 }

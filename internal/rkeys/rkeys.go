@@ -226,10 +226,12 @@ func USDField(period string) string { return USDPrefix + period }
 // the epoch); the last 24 fields make the sliding 24 h window.
 func (k Keys) StepsDaily(tenant string) string { return k.tenantTag(tenant) + ":steps:" + tenant }
 
-// Sessions is the ZSET of the tenant's concurrent-session leases (task id → expiry ms).
+// Sessions is the ZSET of the session leases of the tenant's tasks that are not
+// long-running (task id → expiry ms). concurrent_sessions counts it and LongRunning.
 func (k Keys) Sessions(tenant string) string { return k.tenantTag(tenant) + ":sess:" + tenant }
 
-// LongRunning is the ZSET of the leases of the tenant's long-running tasks.
+// LongRunning is the ZSET of the leases of the tenant's long-running tasks; a lease is
+// in this set or in Sessions, never in both.
 func (k Keys) LongRunning(tenant string) string { return k.tenantTag(tenant) + ":long:" + tenant }
 
 // InflightRequests is the ZSET of the tenant's open HTTP requests, event streams
