@@ -89,6 +89,7 @@ type App struct {
 	log        *slog.Logger
 	store      *store.Store
 	rdb        redis.UniversalClient
+	leaderPool *pgxpool.Pool // the elector's session connections (LeaderDatabaseURL), or nil
 	keys       rkeys.Keys
 	plans      *quotas.Catalogue
 	quotas     *quotas.Quotas
@@ -158,12 +159,19 @@ func New(ctx context.Context, o Options) (*App, error) {
 		a.log.Warn("pgx pool metrics are off", "err", err)
 	}
 	a.store = store.New(pool)
+	if a.cfg.LeaderDatabaseURL != "" && a.cfg.Has(config.RoleJanitor) {
+		// Two connections: the lock's, and a spare while a lost one is replaced.
+		if a.leaderPool, err = pg.Connect(ctx, a.cfg.LeaderDatabaseURL, "", func(c *pgxpool.Config) { c.MaxConns = 2 }); err != nil {
+			a.close()
+			return nil, fmt.Errorf("AGENTQ_LEADER_DATABASE_URL: %w", err)
+		}
+	}
 	if _, err := migrations.Up(ctx, pool); err != nil {
 		a.close()
 		return nil, err
 	}
 	if a.rdb == nil {
-		c, err := redisx.Connect(ctx, a.cfg.RedisURL)
+		c, err := redisx.Open(ctx, a.cfg.RedisURL, a.cfg.RedisClusterAddrs)
 		if err != nil {
 			a.close()
 			return nil, err
@@ -228,6 +236,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 			Store: a.store, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
 		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
+		OpsOnly: !a.cfg.Has(config.RoleAPI),
 		Telemetry: web.Telemetry{
 			TracerProvider: tp, MeterProvider: mp, Metrics: a.tel.MetricsHandler(),
 			Migrations: func(ctx context.Context) (bool, error) { return migrations.Pending(ctx, pool) },
@@ -258,6 +267,8 @@ func (a *App) roleServices() []startstop.Service {
 	}
 	if a.cfg.Has(config.RoleAPI) {
 		svcs = append(svcs, a.coalescer, a.admission, a.api.CacheListener(), a.api)
+	} else {
+		svcs = append(svcs, a.api) // health, readiness and metrics only
 	}
 	return svcs
 }
@@ -310,8 +321,12 @@ func stopAll(svcs []startstop.Service) {
 
 // maintenanceDeps are what the recovery sweep and the janitor work on.
 func (a *App) maintenanceDeps() maintenance.Deps {
+	leaderPool := a.store.Pool()
+	if a.leaderPool != nil {
+		leaderPool = a.leaderPool
+	}
 	return maintenance.Deps{
-		Store: a.store, Pool: a.store.Pool(), Redis: a.rdb, Keys: a.keys,
+		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
 		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Logger: a.log,
 		MeterProvider: a.tel.MeterProvider,
@@ -323,13 +338,9 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 // before Start.
 func (a *App) Agents() *runtime.Registry { return a.agents }
 
-// Addr is the API's bound address (nil without the api role, or before Start).
-func (a *App) Addr() net.Addr {
-	if !a.cfg.Has(config.RoleAPI) {
-		return nil
-	}
-	return a.api.Addr()
-}
+// Addr is the bound HTTP address (nil before Start): the API's, or, in a process
+// without the api role, that of its health, readiness and metrics endpoints.
+func (a *App) Addr() net.Addr { return a.api.Addr() }
 
 // ReloadKeys drops the API's cached API keys and tenants, so that the next request
 // reads them from Postgres (agentq serve does it on SIGHUP). Changes made through
@@ -385,5 +396,8 @@ func (a *App) close() {
 	}
 	if a.ownPool && a.store != nil {
 		a.store.Pool().Close()
+	}
+	if a.leaderPool != nil {
+		a.leaderPool.Close()
 	}
 }

@@ -23,10 +23,19 @@ type Config struct {
 	// RedisURL is the Redis to connect to, unless Options.Redis is given. REDIS_URL,
 	// default "redis://127.0.0.1:6379/0".
 	RedisURL string
+	// RedisClusterAddrs, when not empty, are nodes of a Redis Cluster to use instead
+	// of RedisURL (host:port; the client discovers the other nodes). Shards then
+	// defaults to 64. REDIS_CLUSTER_ADDRS, comma-separated, default none.
+	RedisClusterAddrs []string
 	// DatabaseURL is the Postgres to connect to, unless Options.Pool is given; its
 	// schema is migrated by New. DATABASE_URL, default
 	// "postgres://postgres@127.0.0.1:5432/agentq?sslmode=disable".
 	DatabaseURL string
+	// LeaderDatabaseURL, when set, is a direct (session) connection to the same
+	// Postgres for the janitor's leader election, whose advisory lock lives as long as
+	// its session: set it when DATABASE_URL points at PgBouncer in transaction mode.
+	// AGENTQ_LEADER_DATABASE_URL, default "" (DATABASE_URL's pool).
+	LeaderDatabaseURL string
 	// AdminToken is the bearer token of the admin API; empty refuses every admin
 	// request. AGENTQ_ADMIN_TOKEN, default "".
 	AdminToken string
@@ -35,7 +44,7 @@ type Config struct {
 	RedisPrefix string
 	// Shards is the number of shards tenants' Redis keys are spread over, each
 	// under a hash tag of its own (one Redis Cluster slot); every process of a
-	// deployment must agree. AGENTQ_SHARDS, default 1.
+	// deployment must agree. AGENTQ_SHARDS, default 1 (64 with RedisClusterAddrs).
 	Shards int
 	// WorkerConcurrency is how many task steps a worker process runs at once.
 	// AGENTQ_WORKER_CONCURRENCY, default 20.

@@ -179,6 +179,29 @@ func TestReadyzNamesWhatIsChecked(t *testing.T) {
 	}
 }
 
+// Every process serves health, readiness and metrics, whatever its roles; only one
+// with the api role serves the API.
+func TestEveryRoleServesHealthAndMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, roles := range [][]string{{"worker"}, {"scheduler", "janitor"}, {"relay"}} {
+		h := e.start(t, func(o *agentq.Options) { o.Config.Roles = roles })
+		if h.base == "" {
+			t.Fatalf("roles %v: no HTTP address", roles)
+		}
+		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+			if st, _ := h.do("GET", path, "", nil, nil); st != 200 {
+				t.Errorf("roles %v: GET %s = %d, want 200", roles, path, st)
+			}
+		}
+		for _, path := range []string{"/v1/tasks", "/v1/admin/tenants", "/openapi.json"} {
+			if st, _ := h.do("GET", path, e.admin, nil, nil); st != 404 {
+				t.Errorf("roles %v: GET %s = %d, want 404 (no api role)", roles, path, st)
+			}
+		}
+	}
+}
+
 // One trace spans the submission's HTTP request, its admission, the dispatch, the
 // worker's task and each of its steps.
 func TestTraceSpansAPIToWorkerStep(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/browsertest"
 )
@@ -40,12 +41,13 @@ func (h *harness) weightedTenant(id string, w int) *client.Client {
 func TestOperatorViewShowsSharesAfterAFairnessRun(t *testing.T) {
 	t.Parallel()
 	browser := browsertest.New(t)
-	h := start(t)
+	e := newEnv(t)
+	h := e.start(t, func(o *agentq.Options) { o.Config.Roles = []string{"api", "scheduler", "janitor", "relay"} })
 	heavy, light := h.weightedTenant("acme", 3), h.weightedTenant("globex", 1)
 
-	// Both tenants keep far more work queued than the pool (8 slots of 200 ms tasks:
-	// 40 a second, far fewer than the submissions) can run while
-	// the view is read, so both stay backlogged and share by weight.
+	// Both tenants queue far more work than the pool (8 slots of 200 ms tasks: 40 a
+	// second) can run while the view is read, all of it before the worker starts, so
+	// both stay backlogged and share by weight however slowly submissions go.
 	const perTenant = 400
 	var wg sync.WaitGroup
 	for _, c := range []*client.Client{heavy, light} {
@@ -61,6 +63,7 @@ func TestOperatorViewShowsSharesAfterAFairnessRun(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	e.start(t, func(o *agentq.Options) { o.Config.Roles = []string{"worker"} })
 	// An endpoint whose URL carries a credential in its query: the view shows it without.
 	var ep map[string]any
 	if st, _ := h.do("POST", "/v1/admin/webhooks", h.admin, map[string]any{

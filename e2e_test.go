@@ -34,7 +34,7 @@ type harness struct {
 // env is the shared state several agentq processes of one test run on.
 type env struct {
 	pool  *pgxpool.Pool
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	keys  rkeys.Keys
 	admin string
 }

@@ -265,6 +265,28 @@ func TestMarkGeneration(t *testing.T) {
 	}
 }
 
+// On a cluster a node restarted without its data loses only its shards' keys: the
+// loss of one shard's marker is reported though the global marker is still there.
+func TestMarkGenerationSeesOneShardsLoss(t *testing.T) {
+	f := newShardedFixture(t, 0, 0, 4)
+	ctx := context.Background()
+	if set, err := f.s.MarkGeneration(ctx); err != nil || !set {
+		t.Fatalf("first mark: set = %v (%v), want true", set, err)
+	}
+	for shard := range 4 {
+		if ttl := f.rdb.TTL(ctx, f.keys.ShardGeneration(shard)).Val(); ttl < generationTTL-time.Minute {
+			t.Fatalf("shard %d: marker ttl %v, want about %v", shard, ttl, generationTTL)
+		}
+	}
+	if set, err := f.s.MarkGeneration(ctx); err != nil || set {
+		t.Fatalf("second mark: set = %v (%v), want false", set, err)
+	}
+	f.rdb.Del(ctx, f.keys.ShardGeneration(2))
+	if set, err := f.s.MarkGeneration(ctx); err != nil || !set {
+		t.Fatalf("after shard 2 lost its marker: set = %v (%v), want true", set, err)
+	}
+}
+
 func TestQueueLen(t *testing.T) {
 	f := newFixture(t, 10, 0)
 	ctx := context.Background()

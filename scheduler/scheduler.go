@@ -746,17 +746,32 @@ func (s *Scheduler) RunningSets(ctx context.Context, tenants []string) ([][]stri
 // (every second), however long a Redis runs.
 const generationTTL = 30 * 24 * time.Hour
 
-// MarkGeneration sets this Redis's generation marker if it is missing and renews its
-// ttl. It reports whether the marker was missing: the Redis lost its data (FLUSHDB, a
-// restart without persistence), or never had it.
+// MarkGeneration sets this Redis's generation markers, the global one and each
+// shard's, where they are missing, and renews their ttl. It reports whether any was
+// missing: the Redis (or, on a cluster, a node) lost its data (FLUSHDB, a restart
+// without persistence, a failover to a replica that lagged), or never had it.
 func (s *Scheduler) MarkGeneration(ctx context.Context) (bool, error) {
-	pipe := s.rdb.TxPipeline()
-	set := pipe.SetNX(ctx, s.keys.Generation(), time.Now().UTC().Format(time.RFC3339), 0)
-	pipe.Expire(ctx, s.keys.Generation(), generationTTL)
+	now := time.Now().UTC().Format(time.RFC3339)
+	markers := make([]string, 0, 1+s.keys.Shards())
+	markers = append(markers, s.keys.Generation())
+	for shard := range s.keys.Shards() {
+		markers = append(markers, s.keys.ShardGeneration(shard))
+	}
+	// One key per command, so on a cluster each goes to its own node.
+	pipe := s.rdb.Pipeline()
+	sets := make([]*redis.BoolCmd, len(markers))
+	for i, m := range markers {
+		sets[i] = pipe.SetNX(ctx, m, now, generationTTL)
+		pipe.Expire(ctx, m, generationTTL)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return false, fmt.Errorf("scheduler: generation marker: %w", err)
 	}
-	return set.Val(), nil
+	missing := false
+	for _, c := range sets {
+		missing = missing || c.Val()
+	}
+	return missing, nil
 }
 
 // QueueLen is the number of the tenant's queued tasks.

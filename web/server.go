@@ -78,6 +78,9 @@ type Deps struct {
 	// Telemetry: the request spans and metrics, GET /metrics and the schema check
 	// of GET /readyz (health.go).
 	Telemetry Telemetry
+	// OpsOnly serves GET /healthz, /readyz and /metrics and nothing else: the HTTP
+	// side of a process without the api role.
+	OpsOnly bool
 }
 
 // Server is the HTTP API, a service: Start listens, Stop drains.
@@ -139,6 +142,9 @@ func (s *Server) routes() {
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", s.metrics)
+	if s.OpsOnly {
+		return
+	}
 	e.GET("/openapi.json", s.openapi)
 
 	// Middleware is attached per route, not per group: echo groups with middleware add

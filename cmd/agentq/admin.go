@@ -80,7 +80,7 @@ func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error)
 	closeAll := pool.Close
 	var rdb redis.UniversalClient
 	if withRedis {
-		if c, err := redisx.Connect(ctx, cfg.RedisURL); err != nil {
+		if c, err := redisx.Open(ctx, cfg.RedisURL, cfg.RedisClusterAddrs); err != nil {
 			fmt.Fprintln(os.Stderr, "note: Redis unreachable; running servers catch up on their own:", err)
 		} else {
 			rdb = c

@@ -29,7 +29,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			rdb, err := redisx.Connect(cmd.Context(), cfg.RedisURL)
+			rdb, err := redisx.Open(cmd.Context(), cfg.RedisURL, cfg.RedisClusterAddrs)
 			if err != nil {
 				return err
 			}

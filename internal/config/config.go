@@ -28,7 +28,9 @@ var AllRoles = []string{RoleAPI, RoleScheduler, RoleWorker, RoleJanitor, RoleRel
 type Config struct {
 	HTTPAddr            string        // AGENTQ_HTTP_ADDR
 	RedisURL            string        // REDIS_URL
+	RedisClusterAddrs   []string      // REDIS_CLUSTER_ADDRS
 	DatabaseURL         string        // DATABASE_URL
+	LeaderDatabaseURL   string        // AGENTQ_LEADER_DATABASE_URL
 	AdminToken          string        // AGENTQ_ADMIN_TOKEN
 	RedisPrefix         string        // AGENTQ_REDIS_PREFIX
 	Shards              int           // AGENTQ_SHARDS
@@ -48,6 +50,10 @@ type Config struct {
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
 }
+
+// ClusterShards is the number of shards on a Redis Cluster unless AGENTQ_SHARDS says
+// otherwise.
+const ClusterShards = 64
 
 // Defaults returns the configuration used when nothing is set.
 func Defaults() Config {
@@ -90,6 +96,7 @@ func FromEnv() (Config, error) {
 	str("AGENTQ_HTTP_ADDR", &c.HTTPAddr)
 	str("REDIS_URL", &c.RedisURL)
 	str("DATABASE_URL", &c.DatabaseURL)
+	str("AGENTQ_LEADER_DATABASE_URL", &c.LeaderDatabaseURL)
 	str("AGENTQ_ADMIN_TOKEN", &c.AdminToken)
 	str("AGENTQ_REDIS_PREFIX", &c.RedisPrefix)
 	str("AGENTQ_PLANS_FILE", &c.PlansFile)
@@ -97,6 +104,16 @@ func FromEnv() (Config, error) {
 	str("AGENTQ_AGENT_SECRET", &c.AgentSecret)
 	str("AGENTQ_PANEL_SECRET", &c.PanelSecret)
 	str("AGENTQ_PANEL_FRAME_ANCESTORS", &c.PanelFrameAncestors)
+	if v := os.Getenv("REDIS_CLUSTER_ADDRS"); v != "" {
+		for a := range strings.SplitSeq(v, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				c.RedisClusterAddrs = append(c.RedisClusterAddrs, a)
+			}
+		}
+		// Spread the scheduler's shared structures over many slots, so no one node
+		// carries every dispatch.
+		c.Shards = ClusterShards
+	}
 	num("AGENTQ_SHARDS", &c.Shards, 1)
 	num("AGENTQ_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1)
 	num("AGENTQ_PREFETCH", &c.Prefetch, 0)

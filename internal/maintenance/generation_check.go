@@ -16,11 +16,17 @@ type GenerationCheckConfig struct {
 	// RetryAfter is the pause between two repair runs whose passes did not all reach
 	// their end (1 s); a failing run is retried after five times as long.
 	RetryAfter time.Duration
+	// FollowUpAfter is when, after the repair of a loss, every pass runs once more
+	// (35 s): a task dispatched just before the loss and lost with asynq's copy can
+	// only be told stranded once RunningSets.StrandedAfter (30 s) has passed since
+	// its dispatch, and the passes' own interval may be minutes.
+	FollowUpAfter time.Duration
 }
 
 func (c GenerationCheckConfig) withDefaults() GenerationCheckConfig {
 	c.Interval = orDefault(c.Interval, time.Second)
 	c.RetryAfter = orDefault(c.RetryAfter, time.Second)
+	c.FollowUpAfter = orDefault(c.FollowUpAfter, 35*time.Second)
 	return c
 }
 
@@ -41,6 +47,8 @@ type GenerationResult struct {
 	Repair *Report
 	// Runs counts the repair runs it took for every pass to reach its end.
 	Runs int
+	// FollowUp is set on the check that ran the follow-up repair of an earlier loss.
+	FollowUp bool
 }
 
 // GenerationTestSignals are signalled after each check (initialised only in tests).
@@ -67,6 +75,8 @@ type GenerationCheck struct {
 	leader Leadership
 	log    *slog.Logger
 	cfg    GenerationCheckConfig
+
+	followUp time.Time // when to repair once more after a loss; zero: not due
 }
 
 func newGenerationCheck(d Deps, leader Leadership, runner *Janitor, c GenerationCheckConfig) *GenerationCheck {
@@ -92,27 +102,46 @@ func (g *GenerationCheck) runOnce(ctx context.Context) (GenerationResult, error)
 	gen, err := g.check(ctx)
 	res.Generation = gen
 	if gen == GenerationSame {
+		if err != nil || g.followUp.IsZero() || time.Now().Before(g.followUp) {
+			return res, err
+		}
+		g.followUp = time.Time{}
+		res.FollowUp = true
+		err := g.repair(ctx, &res)
+		if err == nil {
+			g.log.Info("follow-up of a Redis data loss: reconciled from Postgres again", "report", *res.Repair)
+		}
 		return res, err
 	}
 	if err != nil {
 		g.log.Warn("generation check failed", "err", err)
 	}
+	if err := g.repair(ctx, &res); err != nil {
+		return res, err
+	}
+	if res.Generation == GenerationLost {
+		res.Repair.RedisDataLoss = true
+		g.log.Warn("Redis lost its data: reconciled from Postgres", "report", *res.Repair)
+		g.followUp = time.Now().Add(g.cfg.FollowUpAfter)
+	} else {
+		g.log.Info("first start on this Redis: generation marker written", "report", *res.Repair)
+	}
+	return res, nil
+}
+
+// repair runs every pass from the start, run after run, until all reached their end
+// or ctx ends; a marker lost again meanwhile starts it over.
+func (g *GenerationCheck) repair(ctx context.Context, res *GenerationResult) error {
 	g.runner.resetCursors()
 	for {
 		rep, err := g.runner.runOnce(ctx)
 		res.Runs++
 		res.Repair = &rep
 		if ctx.Err() != nil {
-			return res, ctx.Err()
+			return ctx.Err()
 		}
 		if err == nil && rep.complete() {
-			if res.Generation == GenerationLost {
-				rep.RedisDataLoss = true
-				g.log.Warn("Redis lost its data: reconciled from Postgres", "report", rep)
-			} else {
-				g.log.Info("first start on this Redis: generation marker written", "report", rep)
-			}
-			return res, nil
+			return nil
 		}
 		wait := g.cfg.RetryAfter
 		if err != nil {
@@ -121,7 +150,7 @@ func (g *GenerationCheck) runOnce(ctx context.Context) (GenerationResult, error)
 		}
 		select {
 		case <-ctx.Done():
-			return res, ctx.Err()
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 		// Lost again meanwhile: start over from the first tenant and task.

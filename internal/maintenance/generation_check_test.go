@@ -86,6 +86,42 @@ func TestGenerationCheckRepairsAfterDataLoss(t *testing.T) {
 	}
 }
 
+// After the repair of a loss, every pass runs once more FollowUpAfter later: what the
+// first repair could not yet tell lost (a task asynq lost, stranded only 30 s after
+// its dispatch) is repaired then, not at the passes' next interval. Once only.
+func TestGenerationCheckFollowsUpALoss(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("f1")
+	j := NewJanitor(f.Deps, JanitorConfig{Generation: GenerationCheckConfig{FollowUpAfter: 200 * time.Millisecond}})
+	g := j.generation
+	if res, err := g.runOnce(f.ctx); err != nil || res.Generation != GenerationFirst {
+		t.Fatalf("first check: %+v, %v", res, err)
+	}
+	id := f.submit("f1").String()
+	testenv.DeletePrefix(f.ctx, f.Redis, f.Keys.Prefix())
+	if res, err := g.runOnce(f.ctx); err != nil || res.Generation != GenerationLost || res.Repair.Repushed != 1 {
+		t.Fatalf("after the loss: %+v, %v; want the task re-pushed", res, err)
+	}
+	// lost again without the marker going: only a follow-up finds it
+	f.Redis.Del(f.ctx, f.Keys.TenantQueue("f1"))
+	if res, err := g.runOnce(f.ctx); err != nil || res.Repair != nil || res.FollowUp {
+		t.Fatalf("check before the follow-up is due: %+v, %v; want nothing run", res, err)
+	}
+	time.Sleep(250 * time.Millisecond)
+	res, err := g.runOnce(f.ctx)
+	if err != nil || !res.FollowUp || res.Repair == nil || res.Repair.Repushed != 1 {
+		t.Fatalf("follow-up: %+v, %v; want the task re-pushed", res, err)
+	}
+	if got, _ := f.Redis.ZRange(f.ctx, f.Keys.TenantQueue("f1"), 0, -1).Result(); !slices.Equal(got, []string{id}) {
+		t.Fatalf("queue after the follow-up %v, want %v", got, id)
+	}
+	time.Sleep(250 * time.Millisecond)
+	if res, err := g.runOnce(f.ctx); err != nil || res.FollowUp || res.Repair != nil {
+		t.Fatalf("after the follow-up: %+v, %v; want nothing run", res, err)
+	}
+}
+
 // Of two janitors on one deployment only the leader's passes run.
 func TestJanitorPassesRunOnTheLeaderOnly(t *testing.T) {
 	t.Parallel()

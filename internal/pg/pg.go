@@ -4,6 +4,7 @@ package pg
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,7 +24,9 @@ func Connect(ctx context.Context, url, searchPath string, tune ...func(*pgxpool.
 	} else if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "agentq"
 	}
-	cfg.MaxConns = max(cfg.MaxConns, 16)
+	if !strings.Contains(url, "pool_max_conns") { // the URL's size, when it names one, stands
+		cfg.MaxConns = max(cfg.MaxConns, 16)
+	}
 	for _, f := range tune {
 		f(cfg)
 	}

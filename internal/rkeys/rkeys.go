@@ -124,6 +124,11 @@ func (k Keys) WorkerSlots() string { return k.globalTag() + ":wslots" }
 // it, which triggers an immediate reconciliation from Postgres.
 func (k Keys) Generation() string { return k.globalTag() + ":generation" }
 
+// ShardGeneration is the generation marker of one shard: on a Redis Cluster each
+// shard's keys live on one node, and a node restarted without its data loses only its
+// shards' markers, which Generation's (on another node) would not tell.
+func (k Keys) ShardGeneration(shard int) string { return k.tag(shard) + ":generation" }
+
 // PoolInflight is the STRING counting tasks handed to the worker pool (dispatching or
 // in asynq) and not finished, across shards: the backpressure gate.
 func (k Keys) PoolInflight() string { return k.globalTag() + ":inflight" }
