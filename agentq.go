@@ -90,15 +90,17 @@ type App struct {
 	store      *store.Store
 	rdb        redis.UniversalClient
 	leaderPool *pgxpool.Pool // the elector's session connections (LeaderDatabaseURL), or nil
-	keys       rkeys.Keys
-	plans      *quotas.Catalogue
-	quotas     *quotas.Quotas
-	admission  *quotas.Guard
-	agents     *runtime.Registry
-	sched      *scheduler.Scheduler
-	dispatcher *scheduler.Dispatcher
-	worker     *runtime.Worker
-	api        *web.Server
+	// replicaPool serves the API's long read-only queries (ReplicaDatabaseURL), or nil
+	replicaPool *pgxpool.Pool
+	keys        rkeys.Keys
+	plans       *quotas.Catalogue
+	quotas      *quotas.Quotas
+	admission   *quotas.Guard
+	agents      *runtime.Registry
+	sched       *scheduler.Scheduler
+	dispatcher  *scheduler.Dispatcher
+	worker      *runtime.Worker
+	api         *web.Server
 
 	services    *services.Services
 	lifecycle   *tasks.Lifecycle
@@ -159,6 +161,14 @@ func New(ctx context.Context, o Options) (*App, error) {
 		a.log.Warn("pgx pool metrics are off", "err", err)
 	}
 	a.store = store.New(pool)
+	readStore := a.store
+	if a.cfg.ReplicaDatabaseURL != "" && a.cfg.Has(config.RoleAPI) {
+		if a.replicaPool, err = pg.Connect(ctx, a.cfg.ReplicaDatabaseURL, ""); err != nil {
+			a.close()
+			return nil, fmt.Errorf("DATABASE_REPLICA_URL: %w", err)
+		}
+		readStore = store.New(a.replicaPool)
+	}
 	if a.cfg.LeaderDatabaseURL != "" && a.cfg.Has(config.RoleJanitor) {
 		// Two connections: the lock's, and a spare while a lost one is replaced.
 		if a.leaderPool, err = pg.Connect(ctx, a.cfg.LeaderDatabaseURL, "", func(c *pgxpool.Config) { c.MaxConns = 2 }); err != nil {
@@ -231,9 +241,10 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Events: billing.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
 		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
-		Logger: a.log,
+		Logger:      a.log,
+		UsageExport: billing.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
-			Store: a.store, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
+			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
 		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 		OpsOnly: !a.cfg.Has(config.RoleAPI),
@@ -399,5 +410,8 @@ func (a *App) close() {
 	}
 	if a.leaderPool != nil {
 		a.leaderPool.Close()
+	}
+	if a.replicaPool != nil {
+		a.replicaPool.Close()
 	}
 }

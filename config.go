@@ -36,6 +36,11 @@ type Config struct {
 	// its session: set it when DATABASE_URL points at PgBouncer in transaction mode.
 	// AGENTQ_LEADER_DATABASE_URL, default "" (DATABASE_URL's pool).
 	LeaderDatabaseURL string
+	// ReplicaDatabaseURL, when set, is a read replica of the Postgres that the API
+	// sends its long read-only queries to, which may lag by the replica's delay: the
+	// usage export and the operator view. DATABASE_REPLICA_URL, default ""
+	// (DatabaseURL).
+	ReplicaDatabaseURL string
 	// AdminToken is the bearer token of the admin API; empty refuses every admin
 	// request. AGENTQ_ADMIN_TOKEN, default "".
 	AdminToken string

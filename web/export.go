@@ -56,7 +56,11 @@ func (s *Server) adminUsage(c echo.Context) error {
 	if q.Get("period") == "" {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", billing.BadPeriodMessage)
 	}
-	exp, err := s.Usage.Export(c.Request().Context(), q.Get("period"))
+	usage := s.UsageExport
+	if usage == nil {
+		usage = s.Usage
+	}
+	exp, err := usage.Export(c.Request().Context(), q.Get("period"))
 	if errors.Is(err, billing.ErrBadPeriod) {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", billing.BadPeriodMessage)
 	}

@@ -58,7 +58,10 @@ type Deps struct {
 	// nil reports none.
 	Rejections *billing.Rejections
 	Webhooks   *billing.Webhooks
-	Usage      *billing.Rollups // the usage export
+	Usage      *billing.Rollups // the usage report's rollups and limit hits
+	// UsageExport runs the usage export (GET /v1/admin/usage), a long read that may go
+	// to a read replica; nil: Usage.
+	UsageExport *billing.Rollups
 	// Operator reads the operator view (/panel/admin); nil: the view answers 503.
 	Operator   *operator.Service
 	UpgradeURL string

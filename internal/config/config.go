@@ -31,6 +31,7 @@ type Config struct {
 	RedisClusterAddrs   []string      // REDIS_CLUSTER_ADDRS
 	DatabaseURL         string        // DATABASE_URL
 	LeaderDatabaseURL   string        // AGENTQ_LEADER_DATABASE_URL
+	ReplicaDatabaseURL  string        // DATABASE_REPLICA_URL
 	AdminToken          string        // AGENTQ_ADMIN_TOKEN
 	RedisPrefix         string        // AGENTQ_REDIS_PREFIX
 	Shards              int           // AGENTQ_SHARDS
@@ -97,6 +98,7 @@ func FromEnv() (Config, error) {
 	str("REDIS_URL", &c.RedisURL)
 	str("DATABASE_URL", &c.DatabaseURL)
 	str("AGENTQ_LEADER_DATABASE_URL", &c.LeaderDatabaseURL)
+	str("DATABASE_REPLICA_URL", &c.ReplicaDatabaseURL)
 	str("AGENTQ_ADMIN_TOKEN", &c.AdminToken)
 	str("AGENTQ_REDIS_PREFIX", &c.RedisPrefix)
 	str("AGENTQ_PLANS_FILE", &c.PlansFile)
