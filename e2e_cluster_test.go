@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -34,7 +36,7 @@ func newClusterEnv(t *testing.T) (*env, *testenv.Cluster) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nodes[nodeOfSlot(t, c, slot)] = true
+		nodes[nodeOfSlot(t, rdb, slot)] = true
 	}
 	if len(nodes) != 3 {
 		t.Fatalf("%d shards cover %d of 3 nodes", clusterShards, len(nodes))
@@ -42,14 +44,16 @@ func newClusterEnv(t *testing.T) (*env, *testenv.Cluster) {
 	return e, c
 }
 
-func nodeOfSlot(t *testing.T, c *testenv.Cluster, slot int64) string {
-	slots, err := c.Client().ClusterSlots(context.Background()).Result()
+func nodeOfSlot(t *testing.T, rdb *redis.ClusterClient, slot int64) string {
+	shards, err := rdb.ClusterShards(context.Background()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range slots {
-		if int64(s.Start) <= slot && slot <= int64(s.End) {
-			return s.Nodes[0].Addr
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if r.Start <= slot && slot <= r.End {
+				return fmt.Sprintf("127.0.0.1:%d", sh.Nodes[0].Port)
+			}
 		}
 	}
 	t.Fatalf("slot %d has no node", slot)
@@ -182,79 +186,90 @@ func TestClusterSplitRoles(t *testing.T) {
 			t.Fatalf("two APIs admitted %d of 60 in %.2f s for a 10/s burst-10 tenant, want 10..%d", admitted, el, max)
 		}
 	})
+}
 
-	t.Run("fair shares hold across shards", func(t *testing.T) {
-		// two tenants on different shards (so, here, on different nodes)
-		var light, heavy string
-		for i := 0; light == "" || heavy == ""; i++ {
-			id := fmt.Sprint("fair", i)
-			switch {
-			case light == "":
-				light = id
-			case e.keys.Shard(id) != e.keys.Shard(light):
-				heavy = id
-			}
+// Two backlogged tenants on different shards (so, here, on different nodes) share
+// the workers by their weights. All their tasks are queued before the workers start,
+// so both are backlogged from the first dispatch however slowly submissions go.
+func TestClusterFairSharesAcrossShards(t *testing.T) {
+	e, _ := newClusterEnv(t)
+	api := e.start(t, roles("api"))
+	e.start(t, roles("scheduler", "janitor"))
+	e.start(t, roles("scheduler"))
+	apis := []*harness{api}
+	ctx := context.Background()
+
+	// two tenants on different shards (so, here, on different nodes)
+	var light, heavy string
+	for i := 0; light == "" || heavy == ""; i++ {
+		id := fmt.Sprint("fair", i)
+		switch {
+		case light == "":
+			light = id
+		case e.keys.Shard(id) != e.keys.Shard(light):
+			heavy = id
 		}
-		one, three := 1, 3
-		newTenant := func(id string, w *int) *client.Client {
-			if _, err := apis[0].adminClient().CreateTenant(ctx, client.CreateTenantRequest{ID: id, Plan: "pro", Weight: w, Overrides: generous}); err != nil {
-				t.Fatal(err)
-			}
-			k, err := apis[0].adminClient().CreateKey(ctx, id, nil)
+	}
+	one, three := 1, 3
+	newTenant := func(id string, w *int) *client.Client {
+		if _, err := apis[0].adminClient().CreateTenant(ctx, client.CreateTenantRequest{ID: id, Plan: "pro", Weight: w, Overrides: generous}); err != nil {
+			t.Fatal(err)
+		}
+		k, err := apis[0].adminClient().CreateKey(ctx, id, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client.New(apis[0].base, k.Key)
+	}
+	cl, ch := newTenant(light, &one), newTenant(heavy, &three)
+	// 80 tasks of 100 ms each, queued with no worker running.
+	var lightIDs, heavyIDs []string
+	for range 80 {
+		for _, p := range []struct {
+			c   *client.Client
+			ids *[]string
+		}{{cl, &lightIDs}, {ch, &heavyIDs}} {
+			task, err := p.c.SubmitTask(ctx, sim(1, 100))
 			if err != nil {
 				t.Fatal(err)
 			}
-			return client.New(apis[0].base, k.Key)
+			*p.ids = append(*p.ids, task.ID)
 		}
-		cl, ch := newTenant(light, &one), newTenant(heavy, &three)
-		// Tasks of 100 ms on 8 worker slots: 80 a second, fewer than the submissions,
-		// so both tenants stay backlogged while they arrive.
-		var lightIDs, heavyIDs []string
-		for range 80 {
-			for _, p := range []struct {
-				c   *client.Client
-				ids *[]string
-			}{{cl, &lightIDs}, {ch, &heavyIDs}} {
-				task, err := p.c.SubmitTask(ctx, sim(1, 100))
-				if err != nil {
-					t.Fatal(err)
-				}
-				*p.ids = append(*p.ids, task.ID)
+	}
+	e.start(t, roles("worker"))
+	e.start(t, roles("worker"))
+	waitCompleted(t, cl, lightIDs, 90*time.Second)
+	waitCompleted(t, ch, heavyIDs, 90*time.Second)
+	// While both were backlogged (the first 80 tasks to finish), weight 3 gets
+	// three quarters of them.
+	type fin struct {
+		at    time.Time
+		heavy bool
+	}
+	var fins []fin
+	for _, p := range []struct {
+		c     *client.Client
+		ids   []string
+		heavy bool
+	}{{cl, lightIDs, false}, {ch, heavyIDs, true}} {
+		for _, id := range p.ids {
+			task, err := p.c.GetTask(ctx, id)
+			if err != nil {
+				t.Fatal(err)
 			}
+			fins = append(fins, fin{at: *task.FinishedAt, heavy: p.heavy})
 		}
-		waitCompleted(t, cl, lightIDs, 90*time.Second)
-		waitCompleted(t, ch, heavyIDs, 90*time.Second)
-		// While both were backlogged (the first 80 tasks to finish), weight 3 gets
-		// three quarters of them.
-		type fin struct {
-			at    time.Time
-			heavy bool
+	}
+	slices.SortFunc(fins, func(a, b fin) int { return a.at.Compare(b.at) })
+	h := 0
+	for _, f := range fins[:80] {
+		if f.heavy {
+			h++
 		}
-		var fins []fin
-		for _, p := range []struct {
-			c     *client.Client
-			ids   []string
-			heavy bool
-		}{{cl, lightIDs, false}, {ch, heavyIDs, true}} {
-			for _, id := range p.ids {
-				task, err := p.c.GetTask(ctx, id)
-				if err != nil {
-					t.Fatal(err)
-				}
-				fins = append(fins, fin{at: *task.FinishedAt, heavy: p.heavy})
-			}
-		}
-		slices.SortFunc(fins, func(a, b fin) int { return a.at.Compare(b.at) })
-		h := 0
-		for _, f := range fins[:80] {
-			if f.heavy {
-				h++
-			}
-		}
-		if share := float64(h) / 80; share < 0.65 || share > 0.85 {
-			t.Fatalf("weight 3 against weight 1 got %.2f of the first 80 completions, want 0.75 ± 0.1", share)
-		}
-	})
+	}
+	if share := float64(h) / 80; share < 0.65 || share > 0.85 {
+		t.Fatalf("weight 3 against weight 1 got %.2f of the first 80 completions, want 0.75 ± 0.1", share)
+	}
 }
 
 // A master killed and restarted empty mid-run (its shards' queues, leases, counters
@@ -281,11 +296,20 @@ func TestClusterMasterLossLosesNoTask(t *testing.T) {
 			}
 		}
 	}
+	// Kill the node holding asynq's queue: its messages go too, the hardest case.
+	slot, err := e.rdb.(*redis.ClusterClient).ClusterKeySlot(ctx, "asynq:{"+e.keys.AsynqQueue("default")+"}:pending").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := slices.Index(c.Addrs(), nodeOfSlot(t, e.rdb.(*redis.ClusterClient), slot))
+	if victim < 0 {
+		t.Fatal("no node holds asynq's queue")
+	}
 	submit(20)
 	time.Sleep(500 * time.Millisecond) // some run, some wait in queues and in asynq
-	c.Kill(0)
+	c.Kill(victim)
 	time.Sleep(time.Second)
-	c.Restart(0)
+	c.Restart(victim)
 	submit(10)
 	accepted := 0
 	for i, cl := range cs {
