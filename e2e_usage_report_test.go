@@ -86,9 +86,17 @@ func TestUsageReportTasksHitsAndDays(t *testing.T) {
 			t.Fatal("no limit hit in /v1/usage 15 s after a refusal")
 		}
 	}
-	page, err := c.Events(ctx, client.EventsQuery{Type: client.EventLimitHit})
-	if err != nil {
-		t.Fatal(err)
+	// The feed shows an event once every older transaction on the server has ended
+	// (its cursor never skips one): another test's open transaction can hold it back
+	// a moment after the report has it.
+	var page *client.EventPage
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if page, err = c.Events(ctx, client.EventsQuery{Type: client.EventLimitHit}); err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Events) > 0 || time.Now().After(deadline) {
+			break
+		}
 	}
 	if len(page.Events) != 1 || page.Events[0].ID != hit.EventID || hit.LimitType != "queue_backlog" ||
 		hit.SLAClassification != "enforced_limit" || hit.Enforcement != "refused" || time.Since(hit.Time) > time.Minute {
