@@ -86,36 +86,10 @@ func waitCompleted(t *testing.T, c *client.Client, ids []string, within time.Dur
 	t.Helper()
 	deadline := time.Now().Add(within)
 	out := make([]*client.Task, len(ids))
-	for {
-		done := 0
-		for i, id := range ids {
-			if out[i] != nil && out[i].State == "completed" {
-				done++
-				continue
-			}
-			task, err := c.GetTask(context.Background(), id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[i] = task
-			if task.State == "completed" {
-				done++
-			}
-		}
-		if done == len(ids) {
-			return out
-		}
-		if time.Now().After(deadline) {
-			var late []string
-			for _, task := range out {
-				if task.State != "completed" {
-					late = append(late, task.ID+":"+task.State)
-				}
-			}
-			t.Fatalf("%d of %d tasks completed after %v; not: %v", done, len(ids), within, late)
-		}
-		time.Sleep(100 * time.Millisecond)
+	for i, id := range ids {
+		out[i] = waitState(t, c, id, "completed", max(time.Until(deadline), 0))
 	}
+	return out
 }
 
 // Split roles on a 3-master cluster: every task runs exactly once, a tenant's rate
@@ -196,7 +170,6 @@ func TestClusterFairSharesAcrossShards(t *testing.T) {
 	api := e.start(t, roles("api"))
 	e.start(t, roles("scheduler", "janitor"))
 	e.start(t, roles("scheduler"))
-	apis := []*harness{api}
 	ctx := context.Background()
 
 	// two tenants on different shards (so, here, on different nodes)
@@ -210,18 +183,7 @@ func TestClusterFairSharesAcrossShards(t *testing.T) {
 			heavy = id
 		}
 	}
-	one, three := 1, 3
-	newTenant := func(id string, w *int) *client.Client {
-		if _, err := apis[0].adminClient().CreateTenant(ctx, client.CreateTenantRequest{ID: id, Plan: "pro", Weight: w, Overrides: generous}); err != nil {
-			t.Fatal(err)
-		}
-		k, err := apis[0].adminClient().CreateKey(ctx, id, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return client.New(apis[0].base, k.Key)
-	}
-	cl, ch := newTenant(light, &one), newTenant(heavy, &three)
+	cl, ch := api.weightedTenant(light, 1), api.weightedTenant(heavy, 3)
 	// 80 tasks of 100 ms each, queued with no worker running.
 	var lightIDs, heavyIDs []string
 	for range 80 {

@@ -942,13 +942,15 @@ func (q *Quotas) LeaseAges(ctx context.Context, tenantID string) (sessions, long
 	} else {
 		now = q.nowMs()
 	}
+	age := func(z redis.Z) time.Duration {
+		return time.Duration(now-int64(z.Score)+leaseTTL.Milliseconds()) * time.Millisecond
+	}
 	sessions, long = make(map[string]time.Duration), make(map[string]time.Duration)
 	for _, z := range a.Val() {
-		sessions[z.Member.(string)] = time.Duration(now-int64(z.Score)+leaseTTL.Milliseconds()) * time.Millisecond
+		sessions[z.Member.(string)] = age(z)
 	}
 	for _, z := range b.Val() { // a long-running lease is a session too
-		age := time.Duration(now-int64(z.Score)+leaseTTL.Milliseconds()) * time.Millisecond
-		sessions[z.Member.(string)], long[z.Member.(string)] = age, age
+		sessions[z.Member.(string)], long[z.Member.(string)] = age(z), age(z)
 	}
 	return sessions, long, nil
 }

@@ -240,28 +240,20 @@ func (l *Lifecycle) recordStep(ctx context.Context, tx *store.Store, p store.Rec
 // transaction: what RecordStep and then Finish do, with one commit instead of two on
 // the path every task takes. ok and the errors are Finish's and RecordStep's.
 func (l *Lifecycle) RecordLastStep(ctx context.Context, p store.RecordStepParams, fin FinishParams) (ok bool, err error) {
-	err = l.store.InTx(ctx, func(tx *store.Store) error {
+	return l.end(ctx, fin.To, func(tx *store.Store) (bool, error) {
 		if err := l.recordStep(ctx, tx, p); errors.Is(err, store.ErrTaskEnded) {
 			// A retry of a call that committed (its answer lost) finds the task ended
 			// as it asked: done, as a second Finish would say.
 			states, serr := tx.UnscopedTaskStates(ctx, []uuid.UUID{p.ID})
 			if serr == nil && states[p.ID] == fin.To {
-				return nil
+				return false, nil
 			}
-			return err
+			return false, err
 		} else if err != nil {
-			return err
+			return false, err
 		}
-		ok, err = l.finishTx(ctx, tx, ChangeFinished, fin)
-		return err
+		return l.finishTx(ctx, tx, ChangeFinished, fin)
 	})
-	if err != nil {
-		return false, err
-	}
-	if ok {
-		l.ended(ctx, fin.To)
-	}
-	return ok, nil
 }
 
 // FinishParams end a running attempt.
@@ -301,16 +293,22 @@ func (l *Lifecycle) finishTx(ctx context.Context, tx *store.Store, kind ChangeKi
 }
 
 func (l *Lifecycle) finish(ctx context.Context, kind ChangeKind, p FinishParams) (ok bool, err error) {
+	return l.end(ctx, p.To, func(tx *store.Store) (bool, error) { return l.finishTx(ctx, tx, kind, p) })
+}
+
+// end runs a change that may end a task in one transaction and, once it committed
+// having ended the task (ok), counts the end as to.
+func (l *Lifecycle) end(ctx context.Context, to store.TaskState, change func(tx *store.Store) (ok bool, err error)) (ok bool, err error) {
 	err = l.store.InTx(ctx, func(tx *store.Store) error {
 		var err error
-		ok, err = l.finishTx(ctx, tx, kind, p)
+		ok, err = change(tx)
 		return err
 	})
 	if err != nil {
 		return false, err
 	}
 	if ok {
-		l.ended(ctx, p.To)
+		l.ended(ctx, to)
 	}
 	return ok, nil
 }
