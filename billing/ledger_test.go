@@ -160,10 +160,23 @@ type counting struct {
 	src   quotas.UsageSource
 	delay time.Duration
 	reads atomic.Int64
+	// began, when set, is closed at the first read; after, when set, is waited for
+	// (at most 10 s) before a read answers.
+	began, after chan struct{}
+	once         sync.Once
 }
 
 func (c *counting) PeriodUsage(ctx context.Context, tenant string, p quotas.Period, now time.Time) (quotas.Usage, error) {
 	c.reads.Add(1)
+	if c.began != nil {
+		c.once.Do(func() { close(c.began) })
+	}
+	if c.after != nil {
+		select {
+		case <-c.after:
+		case <-time.After(10 * time.Second):
+		}
+	}
 	time.Sleep(c.delay)
 	return c.src.PeriodUsage(ctx, tenant, p, now)
 }
@@ -179,7 +192,11 @@ func TestConcurrentAdmissionsAfterALossSeedOnce(t *testing.T) {
 		f.record(task, n, 10, 100)
 	}
 	f.lose()
-	srcs := []*counting{{src: f.ledger, delay: 20 * time.Millisecond}, {src: f.ledger, delay: 400 * time.Millisecond}}
+	// The fast replica's rebuild lands only once the slow one is reading too: on a
+	// loaded machine the slow replica's admissions could otherwise start after the
+	// fast rebuild, find the counters seeded and never read.
+	slowReading := make(chan struct{})
+	srcs := []*counting{{src: f.ledger, delay: 20 * time.Millisecond, after: slowReading}, {src: f.ledger, delay: 400 * time.Millisecond, began: slowReading}}
 	reps := []*quotas.Quotas{f.replica(srcs[0]), f.replica(srcs[1])}
 	var wg sync.WaitGroup
 	for i := range 40 {
