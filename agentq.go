@@ -150,7 +150,9 @@ func New(ctx context.Context, o Options) (*App, error) {
 	pool := o.Pool
 	if pool == nil {
 		if pool, err = pg.Connect(ctx, a.cfg.DatabaseURL, "", func(c *pgxpool.Config) {
-			c.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(callTP), otelpgx.WithMeterProvider(mp))
+			// A pool acquire is not a call to Postgres: no span of its own.
+			c.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(callTP), otelpgx.WithMeterProvider(mp),
+				otelpgx.WithDisableAcquireTracer())
 		}); err != nil {
 			a.close()
 			return nil, err
@@ -187,8 +189,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 			return nil, err
 		}
 		a.rdb, a.ownRedis = c, true
-		// Commands without their arguments: those are tenant data.
-		if err := redisotel.InstrumentTracing(c, redisotel.WithTracerProvider(callTP), redisotel.WithDBStatement(false)); err != nil {
+		// Commands without their arguments: those are tenant data. Without the
+		// caller's file and line either: finding them walks the stack on every
+		// command, a tenth of the process's CPU under load.
+		if err := redisotel.InstrumentTracing(c, redisotel.WithTracerProvider(callTP), redisotel.WithDBStatement(false),
+			redisotel.WithCallerEnabled(false)); err != nil {
 			a.log.Warn("redis tracing is off", "err", err)
 		}
 	}
@@ -220,7 +225,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log, TracerProvider: tp,
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
-	a.worker = runtime.NewWorker(a.lifecycle, a.store, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
+	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
 		Plans: a.plans, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp,
@@ -328,6 +333,15 @@ func stopAll(svcs []startstop.Service) {
 	for i := len(svcs) - 1; i >= 0; i-- {
 		svcs[i].Stop()
 	}
+}
+
+// cachedTenants reads the worker's tenants through the tenant service's cache: a
+// tenant changed through this process is read fresh at once, one changed elsewhere
+// within the cache's TTL (a second), as the API reads it.
+type cachedTenants struct{ s *tenants.Service }
+
+func (c cachedTenants) GetTenant(ctx context.Context, id string) (store.Tenant, error) {
+	return c.s.Lookup(ctx, id)
 }
 
 // maintenanceDeps are what the recovery sweep and the janitor work on.

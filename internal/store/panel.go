@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -72,7 +74,8 @@ type LiveTasksParams struct {
 }
 
 // LiveTasks is a tenant's running and queued tasks: how many of each, and the first
-// Limit of them, running before queued, oldest first within each.
+// Limit of them, running before queued, oldest first (by id: a UUIDv7 orders by the
+// submission's time) within each.
 type LiveTasks struct {
 	Running, Queued int64
 	Tasks           []Task
@@ -92,9 +95,26 @@ func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks
 		FROM tasks WHERE tenant_id = $1 AND state IN ('running', 'queued')`, p.TenantID).Scan(&out.Running, &out.Queued); err != nil {
 		return out, err
 	}
+	// Oldest first is id order (UUIDv7: the submission's time), which the tenant's
+	// state index keeps: each branch reads Limit index entries, not every live task,
+	// however deep the queue is.
 	rows, err := s.db.Query(ctx, `
-		SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND state IN ('running', 'queued')
-		ORDER BY state = 'queued', created_at, id LIMIT $2`, p.TenantID, p.Limit)
-	out.Tasks, err = collect(rows, err, scanTask)
-	return out, err
+		(SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND state = 'running' ORDER BY id LIMIT $2)
+		UNION ALL
+		(SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND state = 'queued' ORDER BY id LIMIT $2)`, p.TenantID, p.Limit)
+	tasks, err := collect(rows, err, scanTask)
+	if err != nil {
+		return out, err
+	}
+	slices.SortFunc(tasks, func(a, b Task) int {
+		if ra, rb := a.State == StateRunning, b.State == StateRunning; ra != rb {
+			if ra {
+				return -1
+			}
+			return 1
+		}
+		return bytes.Compare(a.ID[:], b.ID[:])
+	})
+	out.Tasks = tasks[:min(len(tasks), p.Limit)]
+	return out, nil
 }

@@ -51,6 +51,14 @@ type RecordedStep struct {
 // addStepToRollups adds a step just inserted into the ledger to the tenant's rollups,
 // on tx, and returns the tenant and the rollups with the step.
 func addStepToRollups(ctx context.Context, tx pgx.Tx, tenantID string, at time.Time, tokens, costMicro int64) (Tenant, StepUsage, error) {
+	return addStepsToRollups(ctx, tx, tenantID, at, 1, tokens, costMicro)
+}
+
+// addStepsToRollups adds n steps of a tenant just inserted into the ledger, all
+// recorded at at, with tokens and costMicro their sums, to the tenant's rollups, on tx:
+// addStepToRollups for the steps of one transaction together. The usage it returns
+// has the sums as Tokens and CostMicro and the totals with all n steps.
+func addStepsToRollups(ctx context.Context, tx pgx.Tx, tenantID string, at time.Time, n, tokens, costMicro int64) (Tenant, StepUsage, error) {
 	tenant, err := scanTenant(tx.QueryRow(ctx, `
 		WITH l AS (SELECT pg_advisory_xact_lock_shared(`+rollupLock+`))
 		SELECT `+tenantCols+` FROM tenants, l WHERE id = $1`, tenantID))
@@ -63,20 +71,20 @@ func addStepToRollups(ctx context.Context, tx pgx.Tx, tenantID string, at time.T
 	err = tx.QueryRow(ctx, `
 		WITH p AS (
 			INSERT INTO usage_rollup_period AS r (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd)
-			VALUES ($1, $2, $3, $4, 1, $5, $6)
-			ON CONFLICT (tenant_id, period_start) DO UPDATE SET steps = r.steps + 1,
+			VALUES ($1, $2, $3, $4, $9, $5, $6)
+			ON CONFLICT (tenant_id, period_start) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
 				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
 			RETURNING r.steps, r.tokens, r.cost_micro_usd
 		), d AS (
 			INSERT INTO usage_rollup_daily AS r (tenant_id, day, steps, tokens, cost_micro_usd)
-			VALUES ($1, $7::date, 1, $5, $6)
-			ON CONFLICT (tenant_id, day) DO UPDATE SET steps = r.steps + 1,
+			VALUES ($1, $7::date, $9, $5, $6)
+			ON CONFLICT (tenant_id, day) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
 				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
 			RETURNING 1
 		), h AS (
 			INSERT INTO usage_rollup_hourly AS r (tenant_id, hour, steps, tokens, cost_micro_usd)
-			VALUES ($1, $8, 1, $5, $6)
-			ON CONFLICT (tenant_id, hour) DO UPDATE SET steps = r.steps + 1,
+			VALUES ($1, $8, $9, $5, $6)
+			ON CONFLICT (tenant_id, hour) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
 				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
 			RETURNING r.steps
 		)
@@ -85,7 +93,7 @@ func addStepToRollups(ctx context.Context, tx pgx.Tx, tenantID string, at time.T
 				WHERE o.tenant_id = $1 AND o.hour > $8::timestamptz - interval '24 hours' AND o.hour < $8), 0)::bigint
 		FROM p, h, (SELECT count(*) FROM d) AS dd`,
 		tenantID, u.Period.Start, u.Period.End, u.Period.ID, tokens, costMicro,
-		at.In(zoneOf(a)).Format(time.DateOnly), hour).
+		at.In(zoneOf(a)).Format(time.DateOnly), hour, n).
 		Scan(&u.PeriodSteps, &u.PeriodTokens, &u.PeriodCostMicro, &u.DaySteps)
 	if err != nil {
 		return Tenant{}, StepUsage{}, err

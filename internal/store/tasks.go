@@ -71,12 +71,15 @@ type Task struct {
 const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
 	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at`
 
-func scanTask(row pgx.Row) (Task, error) {
+func scanTask(row pgx.Row) (Task, error) { return scanTaskWith(row) }
+
+// scanTaskWith scans taskCols and then the columns after them into extra.
+func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
 	var input, budget, agentState, output []byte
-	err := row.Scan(&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
+	err := row.Scan(append([]any{&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
 		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
-		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt)
+		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, ErrNotFound
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -144,6 +145,138 @@ func (s *Store) UnscopedRecordStep(ctx context.Context, p RecordStepParams) (r R
 		return RecordedStep{}, false, err
 	}
 	return r, recorded, nil
+}
+
+// LastStep is a running task's last step, with the output it completes the task with.
+type LastStep struct {
+	RecordStepParams
+	Output json.RawMessage
+}
+
+// UnscopedCompleteLastSteps records the last step of each of many running tasks and
+// ends each of them completed, on one transaction: what UnscopedRecordStep and then
+// UnscopedFinishTask do for each, in two statements for all of them, plus the rollups
+// once per tenant. Concurrent workers' ends commit together this way (group commit).
+//
+// A task is written only when its claim holds and ps's step is the one after its
+// last recorded step; the recorded steps are returned, in the order of ps, and the
+// others are left untouched, for the caller to take through the one-task calls,
+// which tell why (a lost claim, a cancel, a retry of a step recorded before). Each
+// returned step's usage is what it would be had the steps been recorded one after
+// another in the order of ps: the totals with the step and the tenant's earlier
+// steps in ps, not its later ones.
+func (s *Store) UnscopedCompleteLastSteps(ctx context.Context, ps []LastStep) (out []RecordedStep, err error) {
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	ids := make([]uuid.UUID, len(ps))
+	attempts, steps := make([]int32, len(ps)), make([]int32, len(ps))
+	tokens, costs := make([]int64, len(ps)), make([]int64, len(ps))
+	states, outputs := make([]*string, len(ps)), make([]*string, len(ps))
+	for i, p := range ps {
+		ids[i], attempts[i], steps[i], tokens[i], costs[i] = p.ID, int32(p.Attempt), int32(p.Step), p.Tokens, p.CostMicro
+		states[i], outputs[i] = jsonText(p.AgentState), jsonText(p.Output)
+	}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+			WITH i AS (
+				SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::bigint[], $5::bigint[], $6::text[], $7::text[])
+					AS i(tid, tattempt, tstep, ttokens, tcost, tstate, toutput)
+			), t AS (
+				UPDATE tasks SET steps = steps + 1, tokens = tokens + i.ttokens, cost_micro_usd = cost_micro_usd + i.tcost,
+					agent_state = i.tstate::jsonb, heartbeat_at = now(), state = 'completed',
+					output = COALESCE(i.toutput::jsonb, output), finished_at = clock_timestamp()
+				FROM i WHERE id = i.tid AND state = 'running' AND attempt = i.tattempt AND steps = i.tstep - 1
+				RETURNING `+taskCols+`, i.ttokens, i.tcost
+			), l AS (
+				INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
+				SELECT t.id, t.steps, m.meter, t.tenant_id, m.q FROM t,
+					LATERAL (VALUES ('steps', 1::bigint), ('tokens', t.ttokens), ('cost_micro_usd', t.tcost)) AS m(meter, q)
+				RETURNING recorded_at
+			)
+			SELECT `+taskCols+`, (SELECT min(recorded_at) FROM l) FROM t`,
+			ids, attempts, steps, tokens, costs, states, outputs)
+		type written struct {
+			t  Task
+			at time.Time
+		}
+		got, err := collect(rows, err, func(row pgx.Row) (written, error) {
+			var w written
+			var err error
+			w.t, err = scanTaskWith(row, &w.at)
+			return w, err
+		})
+		if err != nil {
+			return err
+		}
+		byID := make(map[uuid.UUID]written, len(got))
+		for _, w := range got {
+			byID[w.t.ID] = w
+		}
+		// The rollups, once per tenant with the sums of its steps, in tenant order.
+		type sums struct{ n, tokens, cost int64 }
+		perTenant := map[string]*sums{}
+		var tenantIDs []string
+		for _, p := range ps {
+			w, ok := byID[p.ID]
+			if !ok {
+				continue
+			}
+			sm := perTenant[w.t.TenantID]
+			if sm == nil {
+				sm = &sums{}
+				perTenant[w.t.TenantID] = sm
+				tenantIDs = append(tenantIDs, w.t.TenantID)
+			}
+			sm.n, sm.tokens, sm.cost = sm.n+1, sm.tokens+p.Tokens, sm.cost+p.CostMicro
+		}
+		slices.Sort(tenantIDs)
+		type after struct {
+			tenant Tenant
+			u      StepUsage
+			left   sums // the tenant's steps in ps not yet given their usage
+		}
+		afters := map[string]*after{}
+		for _, id := range tenantIDs {
+			sm := perTenant[id]
+			ten, u, err := addStepsToRollups(ctx, tx, id, got[0].at, sm.n, sm.tokens, sm.cost)
+			if err != nil {
+				return err
+			}
+			afters[id] = &after{tenant: ten, u: u, left: *sm}
+		}
+		// Each step's totals: the tenant's totals less its steps after this one.
+		for _, p := range ps {
+			w, ok := byID[p.ID]
+			if !ok {
+				continue
+			}
+			a := afters[w.t.TenantID]
+			u := a.u
+			u.Tokens, u.CostMicro = p.Tokens, p.CostMicro
+			later := sums{n: a.left.n - 1, tokens: a.left.tokens - p.Tokens, cost: a.left.cost - p.CostMicro}
+			u.PeriodSteps -= later.n
+			u.PeriodTokens -= later.tokens
+			u.PeriodCostMicro -= later.cost
+			u.DaySteps -= later.n
+			a.left = later
+			out = append(out, RecordedStep{Task: w.t, Tenant: a.tenant, Usage: u})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// jsonText is a JSON document as the text a query casts to jsonb; nil for SQL NULL.
+func jsonText(raw json.RawMessage) *string {
+	if raw == nil {
+		return nil
+	}
+	s := string(raw)
+	return &s
 }
 
 // UnscopedFinishTaskParams end a running attempt: the worker's end of its own, or a

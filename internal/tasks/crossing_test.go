@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -252,5 +253,70 @@ func TestRolledBackStepEmitsNothing(t *testing.T) {
 	}
 	if got := summary(e.crossings(t, "acme")); !sameStrings(got, want) {
 		t.Fatalf("events:\n%v\nwant:\n%v", got, want)
+	}
+}
+
+// Last steps completing at once share transactions (group commit): each is recorded
+// and ends its task exactly once, the rollups hold every step, and each threshold is
+// still crossed by exactly one step, with the usage it reached.
+func TestConcurrentLastStepsCrossOnce(t *testing.T) {
+	e := crossSetup(t, "acme", map[string]quotas.Limit{quotas.AgentStepsDaily: quotas.Limit(40), quotas.AITokensMonthly: quotas.Limit(400)})
+	ctx := context.Background()
+	var started []store.Task
+	for range 40 {
+		started = append(started, e.start(t, "acme"))
+	}
+	var wg sync.WaitGroup
+	var won atomic.Int64
+	errs := make(chan error, len(started))
+	for _, task := range started {
+		wg.Go(func() {
+			ok, err := e.lc.RecordLastStep(ctx, store.RecordStepParams{ID: task.ID, Attempt: task.Attempt, Step: 1, Tokens: 10},
+				tasks.FinishParams{Claim: store.Claim{ID: task.ID, Attempt: task.Attempt}, To: store.StateCompleted, Output: json.RawMessage(`{"n":1}`)})
+			if err != nil {
+				errs <- err
+			}
+			if ok {
+				won.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if won.Load() != 40 {
+		t.Fatalf("%d of 40 last steps won their end", won.Load())
+	}
+	for _, task := range started {
+		got, err := e.st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: task.ID})
+		if err != nil || got.State != store.StateCompleted || got.Usage.Steps != 1 || got.Usage.Tokens != 10 || string(got.Output) != `{"n": 1}` {
+			t.Fatalf("task after its last step: %+v %v", got, err)
+		}
+	}
+	var steps, tokens, ledger int64
+	if err := e.st.Pool().QueryRow(ctx, `SELECT steps, tokens FROM usage_rollup_period WHERE tenant_id = 'acme'`).Scan(&steps, &tokens); err != nil || steps != 40 || tokens != 400 {
+		t.Fatalf("period rollup: %d steps, %d tokens, %v; want 40, 400", steps, tokens, err)
+	}
+	if err := e.st.Pool().QueryRow(ctx, `SELECT count(*) FROM usage_ledger WHERE tenant_id = 'acme'`).Scan(&ledger); err != nil || ledger != 120 {
+		t.Fatalf("ledger rows: %d %v; want 120", ledger, err)
+	}
+	want := []string{
+		`usage.approaching_limit agent_steps_daily 80 @32`,
+		`usage.approaching_limit agent_steps_daily 90 @36`,
+		`usage.limit_hit agent_steps_daily 100 @40`,
+		`usage.approaching_limit ai_tokens_monthly 80 @320`,
+		`usage.approaching_limit ai_tokens_monthly 90 @360`,
+		`usage.limit_hit ai_tokens_monthly 100 @400`,
+	}
+	if got := summary(e.crossings(t, "acme")); !sameStrings(got, want) {
+		t.Fatalf("events:\n%v\nwant:\n%v", got, want)
+	}
+	// A retry of any of them changes nothing and wins nothing.
+	task := started[7]
+	if ok, err := e.lc.RecordLastStep(ctx, store.RecordStepParams{ID: task.ID, Attempt: task.Attempt, Step: 1, Tokens: 10},
+		tasks.FinishParams{Claim: store.Claim{ID: task.ID, Attempt: task.Attempt}, To: store.StateCompleted}); ok || err != nil {
+		t.Fatalf("a retried last step: ok %v, %v; want false, nil", ok, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/groupcommit"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -82,6 +83,8 @@ type Lifecycle struct {
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
+	// lastSteps commits concurrent workers' completing last steps together.
+	lastSteps groupcommit.Group[*lastStep]
 }
 
 // NewLifecycle returns a Lifecycle over st.
@@ -90,6 +93,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 		o.StaleAfter = DefaultStaleAfter
 	}
 	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded}
+	l.lastSteps.Flush = l.completeLastSteps
 	mp := o.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -133,6 +137,11 @@ func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) 
 // Create writes a new queued task (see store.InsertTask). created=false, and no
 // change, when the tenant's idempotency key names an existing task, which it returns.
 func (l *Lifecycle) Create(ctx context.Context, p store.InsertTaskParams) (t store.Task, created bool, err error) {
+	if l.hook == nil {
+		// Nothing else is written with a new task: its insert is the change, one
+		// statement with no transaction around it.
+		return l.store.InsertTask(ctx, p)
+	}
 	err = l.store.InTx(ctx, func(tx *store.Store) error {
 		var err error
 		t, created, err = tx.InsertTask(ctx, p)
@@ -178,6 +187,17 @@ func (o StartOutcome) String() string {
 // queue redelivered it), counting a new attempt either way. The claim is the returned
 // task's id and attempt.
 func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartOutcome, error) {
+	if l.hook == nil {
+		// Nothing else is written with a start: the common case, a queued task, is one
+		// statement with no transaction around it.
+		t, ok, err := l.store.UnscopedStartTask(ctx, id)
+		if err != nil {
+			return store.Task{}, 0, err
+		}
+		if ok {
+			return t, Started, nil
+		}
+	}
 	var task store.Task
 	var out StartOutcome
 	err := l.store.InTx(ctx, func(tx *store.Store) error {
@@ -239,7 +259,76 @@ func (l *Lifecycle) recordStep(ctx context.Context, tx *store.Store, p store.Rec
 // RecordLastStep records a task's last step and ends it as fin says, in one
 // transaction: what RecordStep and then Finish do, with one commit instead of two on
 // the path every task takes. ok and the errors are Finish's and RecordStep's.
+//
+// A last step that completes its task (the path of almost every task) shares its
+// transaction with those of the other workers' tasks completing at the same time
+// (group commit): a few statements and one commit for all of them. A step the shared
+// transaction could not write (a lost claim, a cancel, a retry, the transaction
+// failing) is then written alone, which tells why.
 func (l *Lifecycle) RecordLastStep(ctx context.Context, p store.RecordStepParams, fin FinishParams) (ok bool, err error) {
+	if fin.To == store.StateCompleted && fin.Error == "" && fin.Stop == nil && fin.Claim == (store.Claim{ID: p.ID, Attempt: p.Attempt}) {
+		c := &lastStep{ctx: ctx, step: store.LastStep{RecordStepParams: p, Output: fin.Output}}
+		l.lastSteps.Do(c)
+		if c.written {
+			l.ended(ctx, fin.To)
+			return true, nil
+		}
+	}
+	return l.recordLastStepAlone(ctx, p, fin)
+}
+
+// lastStep is one call's completing last step in a group commit.
+type lastStep struct {
+	ctx     context.Context
+	step    store.LastStep
+	written bool // recorded and ended by the shared transaction
+}
+
+// completeLastSteps writes a batch of completing last steps in one transaction, with
+// each step's crossings and changes, under the context of the batch's first call. If
+// the transaction fails, none is written and each call writes its step alone.
+func (l *Lifecycle) completeLastSteps(batch []*lastStep) {
+	ctx := batch[0].ctx
+	ps := make([]store.LastStep, len(batch))
+	for i, c := range batch {
+		ps[i] = c.step
+	}
+	var written []store.RecordedStep
+	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		if written, err = tx.UnscopedCompleteLastSteps(ctx, ps); err != nil {
+			return err
+		}
+		for _, r := range written {
+			if l.stepRecorded != nil {
+				if err := l.stepRecorded(ctx, tx, r); err != nil {
+					return err
+				}
+			}
+			// One change made both: the step's and the end's see the task as it ended.
+			if err := l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: r.Task, Step: r.Task.Usage.Steps}); err != nil {
+				return err
+			}
+			if err := l.afterChange(ctx, tx, Change{Kind: ChangeFinished, Task: r.Task}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	done := make(map[uuid.UUID]bool, len(written))
+	for _, r := range written {
+		done[r.Task.ID] = true
+	}
+	for _, c := range batch {
+		c.written = done[c.step.ID]
+	}
+}
+
+// recordLastStepAlone is RecordLastStep in a transaction of its own.
+func (l *Lifecycle) recordLastStepAlone(ctx context.Context, p store.RecordStepParams, fin FinishParams) (ok bool, err error) {
 	return l.end(ctx, fin.To, func(tx *store.Store) (bool, error) {
 		if err := l.recordStep(ctx, tx, p); errors.Is(err, store.ErrTaskEnded) {
 			// A retry of a call that committed (its answer lost) finds the task ended

@@ -531,11 +531,12 @@ func TestLifecycleRecordLastStepIsOneTransaction(t *testing.T) {
 	// The end's time is when it happened, after the step's record, not when their
 	// shared transaction began: worker time read from the rows (started to finished)
 	// must cover the step's record, as it did when the end was a transaction of its own.
-	e.mu.Lock()
-	stepAt := e.at[tasks.ChangeStep]
-	e.mu.Unlock()
-	if got.FinishedAt == nil || got.FinishedAt.Before(stepAt) {
-		t.Fatalf("finished at %v, before the step's record at %v", got.FinishedAt, stepAt)
+	var stepAt time.Time
+	if err := e.pool.QueryRow(ctx, `SELECT recorded_at FROM usage_ledger WHERE task_id = $1 AND meter = 'steps'`, id).Scan(&stepAt); err != nil {
+		t.Fatal(err)
+	}
+	if got.FinishedAt == nil || !got.FinishedAt.After(stepAt) {
+		t.Fatalf("finished at %v, not after the step's record at %v", got.FinishedAt, stepAt)
 	}
 	// Again (a retry after a lost answer): nothing more is recorded, and the end is
 	// not won twice.

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -152,6 +153,7 @@ type Service struct {
 	d      Deps
 	log    *slog.Logger
 	tracer trace.Tracer
+	pgOK   atomic.Int64 // when Postgres last answered (unix ns), 0 after a failure
 }
 
 // New returns a Service over d.
@@ -303,7 +305,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 		if !errors.Is(err, store.ErrNotFound) {
 			return res, err
 		}
-	} else if err := s.d.Store.Ping(ctx); err != nil {
+	} else if err := s.checkPostgres(ctx); err != nil {
 		return res, ErrUnavailable
 	}
 	id, err := uuid.NewV7()
@@ -338,6 +340,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 		ID: id, TenantID: tenant.ID, Kid: p.Kid, Agent: p.Agent, User: p.User, Input: input,
 		Budget: budgetJSON, Priority: priority, IdempotencyKey: idem, RequestHash: hash,
 	})
+	s.postgresAnswered(err == nil)
 	if err != nil || !created {
 		// Not written (or a concurrent duplicate won): give back the lease just taken.
 		s.d.Admission.Release(context.WithoutCancel(ctx), tenant.ID, id.String())
@@ -364,6 +367,31 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	}
 	res.Task = Task{Task: task}
 	return res, nil
+}
+
+// postgresFresh is how long a write or ping that succeeded vouches for Postgres: a
+// submission within it skips the ping. Under load every submission's insert renews
+// it, so the check costs no round trip; a failed write ends it at once.
+const postgresFresh = 250 * time.Millisecond
+
+// checkPostgres tells whether Postgres can take a task, before any limit is spent on
+// one: by a write or ping that succeeded within postgresFresh, or else a ping.
+func (s *Service) checkPostgres(ctx context.Context) error {
+	if at := s.pgOK.Load(); at != 0 && time.Since(time.Unix(0, at)) < postgresFresh {
+		return nil
+	}
+	err := s.d.Store.Ping(ctx)
+	s.postgresAnswered(err == nil)
+	return err
+}
+
+// postgresAnswered records a Postgres call's outcome for checkPostgres.
+func (s *Service) postgresAnswered(ok bool) {
+	if ok {
+		s.pgOK.Store(time.Now().UnixNano())
+	} else {
+		s.pgOK.Store(0)
+	}
 }
 
 // endAdmissionSpan records an admission's outcome on its span and ends it.
