@@ -129,6 +129,7 @@ func (d *Dispatcher) Kick() {
 func (d *Dispatcher) loop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var resentAt time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -136,7 +137,16 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		case <-t.C:
 		case <-d.kick:
 		}
-		if _, err := d.RunOnce(ctx); err != nil && ctx.Err() == nil {
+		// Stale entries are looked for a few times per resend delay, not in every
+		// round: under load a round runs for nearly every completion.
+		var err error
+		if time.Since(resentAt) >= d.resend/5 {
+			resentAt = time.Now()
+			_, err = d.RunOnce(ctx)
+		} else {
+			_, err = d.dispatchAll(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
 			d.log.Warn("dispatch round failed", "err", err)
 		}
 		t.Reset(d.fallback)
@@ -154,6 +164,11 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 	if err := d.resendStale(ctx); err != nil {
 		return 0, err
 	}
+	return d.dispatchAll(ctx)
+}
+
+// dispatchAll is RunOnce without the re-sends.
+func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 	shards := d.sched.keys.Shards()
 	active := make([]bool, shards)
 	for i := range active {

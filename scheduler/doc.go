@@ -33,6 +33,7 @@
 //     and the script answers "retry" with fresh ones when the head is not among them. The popped task goes to a "dispatching" ZSET before it is handed to
 //     asynq with TaskID = task id; a confirmation moves it to "inflight". An entry left
 //     in "dispatching" by a crash is re-sent (asynq refuses the duplicate id).
-//   - Dispatchers wake on pub/sub messages published by admissions and completions; a
-//     timer is only the fallback.
+//   - Dispatchers wake on pub/sub messages published after admissions and completions,
+//     at most one per millisecond per process (a round takes every task that can go);
+//     a timer is only the fallback.
 package scheduler

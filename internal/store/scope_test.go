@@ -62,6 +62,11 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, _, err := st.InsertTask(ctx, task(""))
 			return err
 		}},
+		{"InsertTasks", func(ctx context.Context, st *store.Store) error {
+			// One good row first: a refused batch writes none of its rows.
+			_, err := st.InsertTasks(ctx, []store.InsertTaskParams{task("acme"), task("")})
+			return err
+		}},
 		{"BulkInsertQueued", func(ctx context.Context, st *store.Store) error {
 			// One good row first: a refused batch writes none of its rows.
 			_, err := st.BulkInsertQueued(ctx, []store.InsertTaskParams{task("acme"), task("")})

@@ -275,3 +275,46 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 	}
 	t.Logf("%d rounds: step recorded before the cancel %d times, refused after it %d times", rounds, recorded, refused)
 }
+
+// Completing last steps together writes each task's step once, by its first entry,
+// skips a stale claim and a task whose step was recorded before, and adds to the
+// rollups only what it wrote.
+func TestCompleteLastStepsWritesEachStepOnce(t *testing.T) {
+	ctx, st, pool := setup(t)
+	var ids []uuid.UUID
+	for range 3 {
+		id := newTask(t, ctx, st, "acme")
+		if _, ok, err := st.UnscopedStartTask(ctx, id); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		ids = append(ids, id)
+	}
+	step := func(id uuid.UUID, attempt int, tokens int64) store.LastStep {
+		return store.LastStep{RecordStepParams: store.RecordStepParams{ID: id, Attempt: attempt, Step: 1, Tokens: tokens}, Output: json.RawMessage(`{}`)}
+	}
+	got, err := st.UnscopedCompleteLastSteps(ctx, []store.LastStep{
+		step(ids[0], 1, 5), step(ids[0], 1, 7), // twice: the first counts
+		step(ids[1], 2, 9), // another attempt's claim
+		step(ids[2], 1, 3),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Task.ID != ids[0] || got[1].Task.ID != ids[2] {
+		t.Fatalf("written %+v, want ids[0] and ids[2]", got)
+	}
+	if got[0].Task.Usage.Tokens != 5 || got[0].Usage.PeriodTokens != 5 || got[1].Usage.PeriodTokens != 8 || got[1].Usage.DaySteps != 2 {
+		t.Fatalf("usage: %+v / %+v", got[0].Usage, got[1].Usage)
+	}
+	var steps, tokens int64
+	if err := pool.QueryRow(ctx, `SELECT steps, tokens FROM usage_rollup_period WHERE tenant_id = 'acme'`).Scan(&steps, &tokens); err != nil || steps != 2 || tokens != 8 {
+		t.Fatalf("period rollup %d steps %d tokens (%v), want 2, 8", steps, tokens, err)
+	}
+	// Again: recorded before, nothing written.
+	if again, err := st.UnscopedCompleteLastSteps(ctx, []store.LastStep{step(ids[0], 1, 5)}); err != nil || len(again) != 0 {
+		t.Fatalf("a retry wrote %+v, %v", again, err)
+	}
+	if task, err := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: ids[1]}); err != nil || task.State != store.StateRunning {
+		t.Fatalf("the stale claim's task: %+v %v", task, err)
+	}
+}

@@ -127,6 +127,38 @@ func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, cre
 	return t, false, err
 }
 
+// InsertTasks is InsertTask for many tasks in one statement: it writes them all as
+// queued and returns those it wrote, in no particular order. A task whose idempotency
+// key the tenant already used (or one given twice in ps) is not written and not
+// returned: InsertTask answers it.
+func (s *Store) InsertTasks(ctx context.Context, ps []InsertTaskParams) ([]Task, error) {
+	n := len(ps)
+	ids := make([]uuid.UUID, n)
+	tenantIDs, kids, agents, users := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	inputs, budgets, idems := make([]string, n), make([]string, n), make([]*string, n)
+	priorities := make([]int32, n)
+	hashes := make([][]byte, n)
+	for i, p := range ps {
+		if p.TenantID == "" {
+			return nil, fmt.Errorf("task %d of %d: %w", i+1, n, ErrNoTenant)
+		}
+		ids[i], tenantIDs[i], kids[i], agents[i], users[i] = p.ID, p.TenantID, p.Kid, p.Agent, p.User
+		inputs[i], budgets[i], priorities[i], hashes[i] = string(p.Input), string(p.Budget), int32(p.Priority), p.RequestHash
+		if p.IdempotencyKey != "" {
+			idems[i] = &ps[i].IdempotencyKey
+		}
+	}
+	rows, err := s.db.Query(ctx, `
+		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
+		SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, idempotency_key, request_hash
+		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::text[], $10::bytea[])
+			AS i(id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
+		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+		RETURNING `+taskCols,
+		ids, tenantIDs, kids, agents, users, inputs, budgets, priorities, idems, hashes)
+	return collect(rows, err, scanTask)
+}
+
 // BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and
 // imports); ErrNoTenant, writing none, if one of them has no tenant. Idempotency keys
 // are not supported here.

@@ -28,6 +28,16 @@ func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok
 	return t, err == nil, err
 }
 
+// UnscopedStartTasks is UnscopedStartTask for many tasks in one statement: it starts
+// those of ids that are queued and returns them, in no particular order; the others
+// (running elsewhere, terminal, gone) are left as they are.
+func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task, error) {
+	rows, err := s.db.Query(ctx, `
+		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now()
+		WHERE id = ANY($1) AND state = 'queued' RETURNING `+taskCols, ids)
+	return collect(rows, err, scanTask)
+}
+
 // UnscopedTakeOverTask claims a running task whose worker stopped heartbeating for
 // staleAfter (its process died; asynq redelivered it) and counts a new attempt.
 // ok=false when the task is not running or its worker is alive.
@@ -159,13 +169,20 @@ type LastStep struct {
 // once per tenant. Concurrent workers' ends commit together this way (group commit).
 //
 // A task is written only when its claim holds and ps's step is the one after its
-// last recorded step; the recorded steps are returned, in the order of ps, and the
+// last recorded step, and only by its first entry in ps; the recorded steps are returned, in the order of ps, and the
 // others are left untouched, for the caller to take through the one-task calls,
 // which tell why (a lost claim, a cancel, a retry of a step recorded before). Each
 // returned step's usage is what it would be had the steps been recorded one after
 // another in the order of ps: the totals with the step and the tenant's earlier
 // steps in ps, not its later ones.
 func (s *Store) UnscopedCompleteLastSteps(ctx context.Context, ps []LastStep) (out []RecordedStep, err error) {
+	// A task given twice is written once, by its first entry.
+	seen := make(map[uuid.UUID]bool, len(ps))
+	ps = slices.DeleteFunc(slices.Clone(ps), func(p LastStep) bool {
+		dup := seen[p.ID]
+		seen[p.ID] = true
+		return dup
+	})
 	if len(ps) == 0 {
 		return nil, nil
 	}

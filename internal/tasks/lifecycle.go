@@ -83,8 +83,11 @@ type Lifecycle struct {
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
-	// lastSteps commits concurrent workers' completing last steps together.
+	// lastSteps commits concurrent workers' completing last steps together, starts
+	// their starts, creates concurrent submissions' tasks.
 	lastSteps groupcommit.Group[*lastStep]
+	starts    groupcommit.Group[*start]
+	creates   groupcommit.Group[*create]
 }
 
 // NewLifecycle returns a Lifecycle over st.
@@ -94,6 +97,8 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	}
 	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded}
 	l.lastSteps.Flush = l.completeLastSteps
+	l.starts.Flush = l.startTasks
+	l.creates.Flush = l.createTasks
 	mp := o.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -136,12 +141,71 @@ func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) 
 
 // Create writes a new queued task (see store.InsertTask). created=false, and no
 // change, when the tenant's idempotency key names an existing task, which it returns.
+//
+// Concurrent submissions' tasks are written together, in one statement and commit
+// (group commit); one the shared insert did not write (its idempotency key was used,
+// the insert failed) is then written alone, which tells why.
 func (l *Lifecycle) Create(ctx context.Context, p store.InsertTaskParams) (t store.Task, created bool, err error) {
-	if l.hook == nil {
-		// Nothing else is written with a new task: its insert is the change, one
-		// statement with no transaction around it.
-		return l.store.InsertTask(ctx, p)
+	c := &create{ctx: ctx, p: p}
+	l.creates.Do(c)
+	if c.written {
+		return c.task, true, nil
 	}
+	return l.createAlone(ctx, p)
+}
+
+// create is one call's new task in a group commit.
+type create struct {
+	ctx     context.Context
+	p       store.InsertTaskParams
+	task    store.Task
+	written bool
+}
+
+// createTasks writes a batch of new tasks in one transaction, each with its change,
+// under the batch's flushContext; if it fails, none is written.
+func (l *Lifecycle) createTasks(batch []*create) {
+	ps := make([]store.InsertTaskParams, len(batch))
+	for i, c := range batch {
+		ps[i] = c.p
+	}
+	var written []store.Task
+	write := func(ctx context.Context, st *store.Store) error {
+		var err error
+		if written, err = st.InsertTasks(ctx, ps); err != nil {
+			return err
+		}
+		for _, t := range written {
+			if err := l.afterChange(ctx, st, Change{Kind: ChangeCreated, Task: t}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ctx, cancel := flushContext(batch[0].ctx)
+	defer cancel()
+	var err error
+	if l.hook == nil {
+		err = write(ctx, l.store) // nothing else is written: one statement, no transaction
+	} else {
+		err = l.store.InTx(ctx, func(tx *store.Store) error { return write(ctx, tx) })
+	}
+	if err != nil {
+		return
+	}
+	byID := make(map[uuid.UUID]store.Task, len(written))
+	for _, t := range written {
+		byID[t.ID] = t
+	}
+	for _, c := range batch {
+		// A task given twice is written once, for its first call.
+		c.task, c.written = byID[c.p.ID]
+		delete(byID, c.p.ID)
+	}
+}
+
+// createAlone is Create in a transaction of its own.
+func (l *Lifecycle) createAlone(ctx context.Context, p store.InsertTaskParams) (t store.Task, created bool, err error) {
 	err = l.store.InTx(ctx, func(tx *store.Store) error {
 		var err error
 		t, created, err = tx.InsertTask(ctx, p)
@@ -186,18 +250,71 @@ func (o StartOutcome) String() string {
 // running one whose heartbeat has been silent for StaleAfter (its worker died and the
 // queue redelivered it), counting a new attempt either way. The claim is the returned
 // task's id and attempt.
+//
+// Concurrent workers' starts of queued tasks (the common case) are written together,
+// in one statement and commit (group commit); a task the shared start did not start
+// goes through the rest alone.
 func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartOutcome, error) {
-	if l.hook == nil {
-		// Nothing else is written with a start: the common case, a queued task, is one
-		// statement with no transaction around it.
-		t, ok, err := l.store.UnscopedStartTask(ctx, id)
-		if err != nil {
-			return store.Task{}, 0, err
-		}
-		if ok {
-			return t, Started, nil
-		}
+	c := &start{ctx: ctx, id: id}
+	l.starts.Do(c)
+	if c.started {
+		return c.task, Started, nil
 	}
+	return l.startAlone(ctx, id)
+}
+
+// start is one call's start in a group commit.
+type start struct {
+	ctx     context.Context
+	id      uuid.UUID
+	task    store.Task
+	started bool
+}
+
+// startTasks starts a batch of queued tasks in one transaction, each with its change,
+// under the batch's flushContext; if it fails, none is started.
+func (l *Lifecycle) startTasks(batch []*start) {
+	ids := make([]uuid.UUID, len(batch))
+	for i, c := range batch {
+		ids[i] = c.id
+	}
+	var started []store.Task
+	write := func(ctx context.Context, st *store.Store) error {
+		var err error
+		if started, err = st.UnscopedStartTasks(ctx, ids); err != nil {
+			return err
+		}
+		for _, t := range started {
+			if err := l.afterChange(ctx, st, Change{Kind: ChangeStarted, Task: t}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ctx, cancel := flushContext(batch[0].ctx)
+	defer cancel()
+	var err error
+	if l.hook == nil {
+		err = write(ctx, l.store) // nothing else is written: one statement, no transaction
+	} else {
+		err = l.store.InTx(ctx, func(tx *store.Store) error { return write(ctx, tx) })
+	}
+	if err != nil {
+		return
+	}
+	byID := make(map[uuid.UUID]store.Task, len(started))
+	for _, t := range started {
+		byID[t.ID] = t
+	}
+	for _, c := range batch {
+		// A task started by two calls of the batch is theirs once: the first call's.
+		c.task, c.started = byID[c.id]
+		delete(byID, c.id)
+	}
+}
+
+// startAlone is Start in a transaction of its own.
+func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, StartOutcome, error) {
 	var task store.Task
 	var out StartOutcome
 	err := l.store.InTx(ctx, func(tx *store.Store) error {
@@ -285,10 +402,11 @@ type lastStep struct {
 }
 
 // completeLastSteps writes a batch of completing last steps in one transaction, with
-// each step's crossings and changes, under the context of the batch's first call. If
+// each step's crossings and changes, under the batch's flushContext. If
 // the transaction fails, none is written and each call writes its step alone.
 func (l *Lifecycle) completeLastSteps(batch []*lastStep) {
-	ctx := batch[0].ctx
+	ctx, cancel := flushContext(batch[0].ctx)
+	defer cancel()
 	ps := make([]store.LastStep, len(batch))
 	for i, c := range batch {
 		ps[i] = c.step
@@ -323,8 +441,20 @@ func (l *Lifecycle) completeLastSteps(batch []*lastStep) {
 		done[r.Task.ID] = true
 	}
 	for _, c := range batch {
+		// A task's step given by two calls of the batch is won by the first.
 		c.written = done[c.step.ID]
+		delete(done, c.step.ID)
 	}
+}
+
+// flushTimeout bounds a group commit's flush.
+const flushTimeout = 10 * time.Second
+
+// flushContext is the context a batch is written under: its first call's values
+// (its trace), but neither its cancel nor its deadline, so that one caller giving up
+// does not fail the others' writes; flushTimeout bounds it instead.
+func flushContext(first context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(first), flushTimeout)
 }
 
 // recordLastStepAlone is RecordLastStep in a transaction of its own.

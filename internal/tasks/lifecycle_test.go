@@ -545,3 +545,99 @@ func TestLifecycleRecordLastStepIsOneTransaction(t *testing.T) {
 	}
 	e.wantChanges(t)
 }
+
+// Concurrent creates and starts share statements and commits (group commit) and keep
+// their one-at-a-time outcomes: a reused idempotency key creates one task, which every
+// call using it gets back; a task started twice at once starts once.
+func TestConcurrentCreatesAndStartsKeepTheirOutcomes(t *testing.T) {
+	t.Run("with a change hook", func(t *testing.T) { concurrentCreatesAndStarts(t, true) })
+	// Without one, as the library runs: the shared writes are single statements.
+	t.Run("without", func(t *testing.T) { concurrentCreatesAndStarts(t, false) })
+}
+
+func concurrentCreatesAndStarts(t *testing.T, hooked bool) {
+	e := lifecycleSetup(t)
+	if !hooked {
+		e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{})
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	type made struct {
+		t       store.Task
+		created bool
+		err     error
+	}
+	results := make([]made, 30)
+	for i := range results {
+		wg.Go(func() {
+			p := store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", Kid: "k", Agent: "sim",
+				Input: json.RawMessage(`{"n":1}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}
+			if i%3 == 0 {
+				p.IdempotencyKey = "same" // 10 calls with one key
+			}
+			tk, created, err := e.lc.Create(ctx, p)
+			results[i] = made{tk, created, err}
+		})
+	}
+	wg.Wait()
+	var keyed []uuid.UUID
+	createdKeyed, fresh := 0, map[uuid.UUID]bool{}
+	for i, r := range results {
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if i%3 == 0 {
+			keyed = append(keyed, r.t.ID)
+			if r.created {
+				createdKeyed++
+			}
+			continue
+		}
+		if !r.created || r.t.State != store.StateQueued || string(r.t.Input) != `{"n": 1}` {
+			t.Fatalf("create %d: %+v", i, r)
+		}
+		fresh[r.t.ID] = true
+	}
+	if createdKeyed != 1 {
+		t.Fatalf("the reused key created %d tasks, want 1", createdKeyed)
+	}
+	for _, id := range keyed {
+		if id != keyed[0] {
+			t.Fatalf("calls with one key got different tasks: %v", keyed)
+		}
+	}
+	if n, err := e.st.CountTasks(ctx, store.CountTasksParams{TenantID: "acme"}); err != nil || n != 21 {
+		t.Fatalf("%d tasks stored, %v; want 21", n, err)
+	}
+	e.took()
+
+	// Each fresh task started by two calls at once: one starts it, the other finds it
+	// running under a live attempt.
+	outcomes := map[tasks.StartOutcome]int{}
+	var mu sync.Mutex
+	for id := range fresh {
+		for range 2 {
+			wg.Go(func() {
+				_, out, err := e.lc.Start(ctx, id)
+				if err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				outcomes[out]++
+				mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
+	if outcomes[tasks.Started] != len(fresh) || outcomes[tasks.Busy] != len(fresh) {
+		t.Fatalf("start outcomes %v, want %d started and %d busy", outcomes, len(fresh), len(fresh))
+	}
+	for id := range fresh {
+		if got := e.get(t, id); got.State != store.StateRunning || got.Attempt != 1 {
+			t.Fatalf("after two starts: %s attempt %d, want running attempt 1", got.State, got.Attempt)
+		}
+	}
+	if n := len(e.took()); hooked && n != len(fresh) {
+		t.Fatalf("%d start changes, want %d", n, len(fresh))
+	}
+}
