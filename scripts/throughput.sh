@@ -1,0 +1,58 @@
+#!/bin/bash
+# One loadcmp run against `BIN serve`, set up as ../shared/acceptance/throughput sets
+# it up: a fresh Postgres database and Redis db 14, an OTLP receiver taking traces and
+# metrics, loadcmp's default load. Prints loadcmp's JSON line, then the CPU seconds
+# per 1,000 tasks of the agentq process, Redis and every Postgres backend, then (with
+# "river") River's run of the same load on a fresh database, for the same-run baseline.
+# With pg_stat_statements loaded in the server, also the top statements.
+#
+#   go build -o /tmp/loadcmp . (in ../shared/tools/loadcmp); make build
+#   scripts/throughput.sh bin/agentq [river]
+#
+# Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
+set -u
+BIN=$1; MODE=${2:-}
+LOADCMP=${LOADCMP:-/tmp/loadcmp}
+DB=tp_$$
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $DB" >/dev/null
+redis-cli -n 14 flushdb >/dev/null
+PORT=$(free_port); OP=$(free_port)
+python3 - "$OP" <<'PY' >/dev/null 2>&1 &
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0)); self.rfile.read(n)
+        self.send_response(200); self.send_header("Content-Type", "application/x-protobuf"); self.end_headers()
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+PY
+SINK=$!
+export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OP" OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=500 OTEL_METRIC_EXPORT_INTERVAL=1000
+DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB?sslmode=disable" REDIS_URL=redis://127.0.0.1:6379/14 \
+  AGENTQ_ADMIN_TOKEN=tpadmin AGENTQ_HTTP_ADDR=127.0.0.1:$PORT "$BIN" serve >/tmp/throughput-serve.log 2>&1 &
+SRV=$!
+cleanup() {
+  kill $SRV $SINK 2>/dev/null; wait $SRV 2>/dev/null
+  psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null
+  psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS ${DB}_r WITH (FORCE)" >/dev/null 2>&1
+}
+trap cleanup EXIT
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null && break; sleep 0.1; done
+cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+rcpu() { redis-cli info cpu | awk -F: '/used_cpu_(sys|user):/{s+=$2} END{printf "%.2f", s}'; }
+pgcpu() { local s=0; for p in $(pgrep -x postgres); do s=$((s+$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done; echo $s; }
+stmts=$(psql -h 127.0.0.1 -U postgres -Atc "select 1 from pg_extension where extname='pg_stat_statements'" 2>/dev/null)
+[ -n "$stmts" ] && psql -q -h 127.0.0.1 -U postgres -c "select pg_stat_statements_reset()" >/dev/null
+tick=$(getconf CLK_TCK)
+a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu)
+"$LOADCMP" agentq "http://127.0.0.1:$PORT" tpadmin
+a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu)
+python3 -c "t=$tick; print('cpu s/1000 tasks: agentq %.2f redis %.2f postgres %.2f' % (($a1-$a0)/t/4, ($r1-$r0)/4, ($p1-$p0)/t/4))"
+[ -n "$stmts" ] && psql -h 127.0.0.1 -U postgres -c "select calls, round(total_exec_time::numeric) ms, left(regexp_replace(query, '\s+', ' ', 'g'), 100) q
+  from pg_stat_statements where dbid = (select oid from pg_database where datname = '$DB') order by total_exec_time desc limit 15"
+if [ "$MODE" = river ]; then
+  psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE ${DB}_r" >/dev/null
+  "$LOADCMP" river "postgres://postgres@127.0.0.1:5432/${DB}_r?sslmode=disable"
+fi
