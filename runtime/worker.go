@@ -364,14 +364,27 @@ type Event struct {
 	Time   time.Time       `json:"time"`
 }
 
-func (w *Worker) publish(ctx context.Context, ev Event) {
-	if w.opts.Events == nil {
+// publish sends progress messages, in one round trip when there are several.
+func (w *Worker) publish(ctx context.Context, evs ...Event) {
+	if w.opts.Events == nil || len(evs) == 0 {
 		return
 	}
-	ev.Time = time.Now().UTC()
-	body, _ := json.Marshal(ev)
+	ctx = context.WithoutCancel(ctx)
+	now := time.Now().UTC()
 	// Progress messages are best effort: the stream re-reads Postgres for state.
-	_ = w.rdb.Publish(context.WithoutCancel(ctx), w.opts.Events(ev.TaskID), body).Err()
+	if len(evs) == 1 {
+		evs[0].Time = now
+		body, _ := json.Marshal(evs[0])
+		_ = w.rdb.Publish(ctx, w.opts.Events(evs[0].TaskID), body).Err()
+		return
+	}
+	pipe := w.rdb.Pipeline()
+	for _, ev := range evs {
+		ev.Time = now
+		body, _ := json.Marshal(ev)
+		pipe.Publish(ctx, w.opts.Events(ev.TaskID), body)
+	}
+	_, _ = pipe.Exec(ctx)
 }
 
 // run executes steps until the task ends. It returns true if the task was put back to
@@ -403,9 +416,10 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	}()
 	// onEnded is what the call that won a task's terminal transition owns: the lease
 	// release and the end's message.
-	onEnded := func(state store.TaskState, errText string, output json.RawMessage) {
+	// before are messages to send ahead of the end's, in its round trip.
+	onEnded := func(state store.TaskState, errText string, output json.RawMessage, before ...Event) {
 		w.releaseLease(task.TenantID, id)
-		w.publish(ctx, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})
+		w.publish(ctx, append(before, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})...)
 		log.Info("task finished", "state", state, "steps", task.Usage.Steps)
 	}
 	finishBy = func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
@@ -663,14 +677,14 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		ev := Event{Type: "step", TaskID: id, Step: step, Usage: &usage, Done: res.Done}
 		if res.Done {
 			ev.Output = res.Output
-		}
-		w.publish(ctx, ev)
-		if res.Done {
 			if ended {
-				onEnded(store.StateCompleted, "", res.Output)
+				onEnded(store.StateCompleted, "", res.Output, ev)
+			} else {
+				w.publish(ctx, ev)
 			}
 			return false
 		}
+		w.publish(ctx, ev)
 	}
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,11 @@ import (
 // rollupLock is the advisory lock key of a tenant's rollups; the schema is part of it,
 // so deployments (and tests) in other schemas of one database never wait on each other.
 const rollupLock = `hashtextextended(current_schema() || '|rollups|' || $1, 0)`
+
+// rollupLockOf is rollupLock of the tenant id the SQL expression tenant gives.
+func rollupLockOf(tenant string) string {
+	return strings.Replace(rollupLock, "$1", tenant, 1)
+}
 
 // StepUsage is what a recorded step added, and the rollups it leaves.
 type StepUsage struct {
@@ -51,54 +57,124 @@ type RecordedStep struct {
 // addStepToRollups adds a step just inserted into the ledger to the tenant's rollups,
 // on tx, and returns the tenant and the rollups with the step.
 func addStepToRollups(ctx context.Context, tx pgx.Tx, tenantID string, at time.Time, tokens, costMicro int64) (Tenant, StepUsage, error) {
-	return addStepsToRollups(ctx, tx, tenantID, at, 1, tokens, costMicro)
+	got, err := addStepsToRollups(ctx, tx, at, []rollupAdd{{TenantID: tenantID, Steps: 1, Tokens: tokens, CostMicro: costMicro}})
+	if err != nil {
+		return Tenant{}, StepUsage{}, err
+	}
+	return got[0].Tenant, got[0].Usage, nil
 }
 
-// addStepsToRollups adds n steps of a tenant just inserted into the ledger, all
-// recorded at at, with tokens and costMicro their sums, to the tenant's rollups, on tx:
-// addStepToRollups for the steps of one transaction together. The usage it returns
-// has the sums as Tokens and CostMicro and the totals with all n steps.
-func addStepsToRollups(ctx context.Context, tx pgx.Tx, tenantID string, at time.Time, n, tokens, costMicro int64) (Tenant, StepUsage, error) {
-	tenant, err := scanTenant(tx.QueryRow(ctx, `
-		WITH l AS (SELECT pg_advisory_xact_lock_shared(`+rollupLock+`))
-		SELECT `+tenantCols+` FROM tenants, l WHERE id = $1`, tenantID))
-	if err != nil {
-		return Tenant{}, StepUsage{}, fmt.Errorf("store: the tenant of a step: %w", err)
+// rollupAdd is what steps of one tenant recorded together add to its rollups.
+type rollupAdd struct {
+	TenantID                 string
+	Steps, Tokens, CostMicro int64
+}
+
+// rollupAdded is a rollupAdd's tenant, read in the transaction, and its rollups with
+// the steps (Usage's Tokens and CostMicro are the added sums).
+type rollupAdded struct {
+	Tenant Tenant
+	Usage  StepUsage
+}
+
+// addStepsToRollups adds steps just inserted into the ledger, all recorded at at, to
+// their tenants' rollups, on tx, in two statements whatever the number of tenants:
+// one takes each tenant's shared rollup lock and reads it (its billing anchor places
+// the steps in a period), one upserts the period, day and hour rows of all of them.
+// The result is in the order of adds; a tenant must appear once.
+func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []rollupAdd) ([]rollupAdded, error) {
+	ids := make([]string, len(adds))
+	for i, a := range adds {
+		ids[i] = a.TenantID
 	}
-	a := tenant.Anchor()
-	u := StepUsage{RecordedAt: at, Tokens: tokens, CostMicro: costMicro, Period: a.PeriodAt(at)}
+	rows, err := tx.Query(ctx, `
+		SELECT `+tenantCols+` FROM (SELECT * FROM tenants WHERE id = ANY($1) ORDER BY id) t,
+			LATERAL (SELECT pg_advisory_xact_lock_shared(`+rollupLockOf("t.id")+`)) l`, ids)
+	tenants, err := collect(rows, err, scanTenant)
+	if err != nil {
+		return nil, fmt.Errorf("store: the tenants of steps: %w", err)
+	}
+	byID := make(map[string]Tenant, len(tenants))
+	for _, t := range tenants {
+		byID[t.ID] = t
+	}
+	out := make([]rollupAdded, len(adds))
+	n := len(adds)
+	starts, ends, hours := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+	periodIDs, days := make([]string, n), make([]string, n)
+	steps, tokens, costs := make([]int64, n), make([]int64, n), make([]int64, n)
 	hour := at.UTC().Truncate(time.Hour)
-	err = tx.QueryRow(ctx, `
-		WITH p AS (
+	for i, a := range adds {
+		t, ok := byID[a.TenantID]
+		if !ok {
+			return nil, fmt.Errorf("store: the tenant of a step: %s: %w", a.TenantID, ErrNotFound)
+		}
+		anchor := t.Anchor()
+		u := StepUsage{RecordedAt: at, Tokens: a.Tokens, CostMicro: a.CostMicro, Period: anchor.PeriodAt(at)}
+		out[i] = rollupAdded{Tenant: t, Usage: u}
+		starts[i], ends[i], periodIDs[i] = u.Period.Start, u.Period.End, u.Period.ID
+		days[i], hours[i] = at.In(zoneOf(anchor)).Format(time.DateOnly), hour
+		steps[i], tokens[i], costs[i] = a.Steps, a.Tokens, a.CostMicro
+	}
+	// Rows are locked in tenant order, as every writer of them does, so that two
+	// transactions adding to the same tenants cannot deadlock.
+	rows, err = tx.Query(ctx, `
+		WITH i AS (
+			SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::date[],
+				$6::timestamptz[], $7::bigint[], $8::bigint[], $9::bigint[])
+				AS i(tenant_id, period_start, period_end, period_id, day, hour, steps, tokens, cost)
+		), p AS (
 			INSERT INTO usage_rollup_period AS r (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd)
-			VALUES ($1, $2, $3, $4, $9, $5, $6)
+			SELECT tenant_id, period_start, period_end, period_id, steps, tokens, cost FROM i ORDER BY tenant_id
 			ON CONFLICT (tenant_id, period_start) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
 				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
-			RETURNING r.steps, r.tokens, r.cost_micro_usd
+			RETURNING r.tenant_id, r.steps, r.tokens, r.cost_micro_usd
 		), d AS (
 			INSERT INTO usage_rollup_daily AS r (tenant_id, day, steps, tokens, cost_micro_usd)
-			VALUES ($1, $7::date, $9, $5, $6)
+			SELECT tenant_id, day, steps, tokens, cost FROM i ORDER BY tenant_id
 			ON CONFLICT (tenant_id, day) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
 				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
 			RETURNING 1
 		), h AS (
 			INSERT INTO usage_rollup_hourly AS r (tenant_id, hour, steps, tokens, cost_micro_usd)
-			VALUES ($1, $8, $9, $5, $6)
+			SELECT tenant_id, hour, steps, tokens, cost FROM i ORDER BY tenant_id
 			ON CONFLICT (tenant_id, hour) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
 				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
-			RETURNING r.steps
+			RETURNING r.tenant_id, r.steps
 		)
-		SELECT p.steps, p.tokens, p.cost_micro_usd,
-			h.steps + COALESCE((SELECT sum(o.steps) FROM usage_rollup_hourly o
-				WHERE o.tenant_id = $1 AND o.hour > $8::timestamptz - interval '24 hours' AND o.hour < $8), 0)::bigint
-		FROM p, h, (SELECT count(*) FROM d) AS dd`,
-		tenantID, u.Period.Start, u.Period.End, u.Period.ID, tokens, costMicro,
-		at.In(zoneOf(a)).Format(time.DateOnly), hour, n).
-		Scan(&u.PeriodSteps, &u.PeriodTokens, &u.PeriodCostMicro, &u.DaySteps)
+		SELECT p.tenant_id, p.steps, p.tokens, p.cost_micro_usd,
+			(h.steps + COALESCE((SELECT sum(o.steps) FROM usage_rollup_hourly o
+				WHERE o.tenant_id = i.tenant_id AND o.hour > i.hour - interval '24 hours' AND o.hour < i.hour), 0))::bigint
+		FROM i JOIN p ON p.tenant_id = i.tenant_id JOIN h ON h.tenant_id = i.tenant_id, (SELECT count(*) FROM d) AS dd`,
+		ids, starts, ends, periodIDs, days, hours, steps, tokens, costs)
+	type totals struct{ steps, tokens, cost, day int64 }
+	got, err := collect(rows, err, func(row pgx.Row) (struct {
+		id string
+		totals
+	}, error) {
+		var r struct {
+			id string
+			totals
+		}
+		err := row.Scan(&r.id, &r.steps, &r.tokens, &r.cost, &r.day)
+		return r, err
+	})
 	if err != nil {
-		return Tenant{}, StepUsage{}, err
+		return nil, err
 	}
-	return tenant, u, nil
+	byTenant := make(map[string]totals, len(got))
+	for _, r := range got {
+		byTenant[r.id] = r.totals
+	}
+	for i := range out {
+		tt, ok := byTenant[adds[i].TenantID]
+		if !ok {
+			return nil, fmt.Errorf("store: no rollup row came back for tenant %s", adds[i].TenantID)
+		}
+		u := &out[i].Usage
+		u.PeriodSteps, u.PeriodTokens, u.PeriodCostMicro, u.DaySteps = tt.steps, tt.tokens, tt.cost, tt.day
+	}
+	return out, nil
 }
 
 func zoneOf(a quotas.Anchor) *time.Location {

@@ -281,9 +281,16 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 // rollups only what it wrote.
 func TestCompleteLastStepsWritesEachStepOnce(t *testing.T) {
 	ctx, st, pool := setup(t)
+	if _, err := st.CreateTenant(ctx, store.CreateTenantParams{ID: "globex", Name: "Globex", Plan: "pro"}); err != nil {
+		t.Fatal(err)
+	}
 	var ids []uuid.UUID
-	for range 3 {
-		id := newTask(t, ctx, st, "acme")
+	for i := range 4 {
+		tenant := "acme"
+		if i == 3 {
+			tenant = "globex" // a second tenant in the batch: its own rollups
+		}
+		id := newTask(t, ctx, st, tenant)
 		if _, ok, err := st.UnscopedStartTask(ctx, id); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
@@ -295,14 +302,19 @@ func TestCompleteLastStepsWritesEachStepOnce(t *testing.T) {
 	got, err := st.UnscopedCompleteLastSteps(ctx, []store.LastStep{
 		step(ids[0], 1, 5), step(ids[0], 1, 7), // twice: the first counts
 		step(ids[1], 2, 9), // another attempt's claim
+		step(ids[3], 1, 100),
 		step(ids[2], 1, 3),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 || got[0].Task.ID != ids[0] || got[1].Task.ID != ids[2] {
-		t.Fatalf("written %+v, want ids[0] and ids[2]", got)
+	if len(got) != 3 || got[0].Task.ID != ids[0] || got[1].Task.ID != ids[3] || got[2].Task.ID != ids[2] {
+		t.Fatalf("written %+v, want ids[0], ids[3] and ids[2]", got)
 	}
+	if g := got[1]; g.Tenant.ID != "globex" || g.Usage.PeriodTokens != 100 || g.Usage.PeriodSteps != 1 || g.Usage.DaySteps != 1 {
+		t.Fatalf("globex's step: tenant %s, usage %+v", g.Tenant.ID, g.Usage)
+	}
+	got = []store.RecordedStep{got[0], got[2]}
 	if got[0].Task.Usage.Tokens != 5 || got[0].Usage.PeriodTokens != 5 || got[1].Usage.PeriodTokens != 8 || got[1].Usage.DaySteps != 2 {
 		t.Fatalf("usage: %+v / %+v", got[0].Usage, got[1].Usage)
 	}

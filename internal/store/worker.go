@@ -230,7 +230,7 @@ func (s *Store) UnscopedCompleteLastSteps(ctx context.Context, ps []LastStep) (o
 		for _, w := range got {
 			byID[w.t.ID] = w
 		}
-		// The rollups, once per tenant with the sums of its steps, in tenant order.
+		// The rollups: the sums of each tenant's steps, all tenants in one statement.
 		type sums struct{ n, tokens, cost int64 }
 		perTenant := map[string]*sums{}
 		var tenantIDs []string
@@ -247,20 +247,25 @@ func (s *Store) UnscopedCompleteLastSteps(ctx context.Context, ps []LastStep) (o
 			}
 			sm.n, sm.tokens, sm.cost = sm.n+1, sm.tokens+p.Tokens, sm.cost+p.CostMicro
 		}
-		slices.Sort(tenantIDs)
 		type after struct {
 			tenant Tenant
 			u      StepUsage
 			left   sums // the tenant's steps in ps not yet given their usage
 		}
 		afters := map[string]*after{}
-		for _, id := range tenantIDs {
-			sm := perTenant[id]
-			ten, u, err := addStepsToRollups(ctx, tx, id, got[0].at, sm.n, sm.tokens, sm.cost)
+		if len(tenantIDs) > 0 {
+			adds := make([]rollupAdd, len(tenantIDs))
+			for i, id := range tenantIDs {
+				sm := perTenant[id]
+				adds[i] = rollupAdd{TenantID: id, Steps: sm.n, Tokens: sm.tokens, CostMicro: sm.cost}
+			}
+			added, err := addStepsToRollups(ctx, tx, got[0].at, adds)
 			if err != nil {
 				return err
 			}
-			afters[id] = &after{tenant: ten, u: u, left: *sm}
+			for i, id := range tenantIDs {
+				afters[id] = &after{tenant: added[i].Tenant, u: added[i].Usage, left: *perTenant[id]}
+			}
 		}
 		// Each step's totals: the tenant's totals less its steps after this one.
 		for _, p := range ps {

@@ -186,6 +186,17 @@ func TestStepCrossingsExactlyOnce(t *testing.T) {
 	}
 }
 
+// crossingsOf40Steps are the events of 40 steps of 10 tokens each, under a daily
+// limit of 40 steps and a monthly one of 400 tokens.
+var crossingsOf40Steps = []string{
+	`usage.approaching_limit agent_steps_daily 80 @32`,
+	`usage.approaching_limit agent_steps_daily 90 @36`,
+	`usage.limit_hit agent_steps_daily 100 @40`,
+	`usage.approaching_limit ai_tokens_monthly 80 @320`,
+	`usage.approaching_limit ai_tokens_monthly 90 @360`,
+	`usage.limit_hit ai_tokens_monthly 100 @400`,
+}
+
 // Steps of one tenant recorded at once, by many tasks, cross each threshold once, each
 // at exactly its value: every step sees the totals of the ones before it.
 func TestConcurrentStepsCrossOnce(t *testing.T) {
@@ -210,15 +221,7 @@ func TestConcurrentStepsCrossOnce(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	want := []string{
-		`usage.approaching_limit agent_steps_daily 80 @32`,
-		`usage.approaching_limit agent_steps_daily 90 @36`,
-		`usage.limit_hit agent_steps_daily 100 @40`,
-		`usage.approaching_limit ai_tokens_monthly 80 @320`,
-		`usage.approaching_limit ai_tokens_monthly 90 @360`,
-		`usage.limit_hit ai_tokens_monthly 100 @400`,
-	}
-	if got := summary(e.crossings(t, "acme")); !sameStrings(got, want) {
+	if got, want := summary(e.crossings(t, "acme")), crossingsOf40Steps; !sameStrings(got, want) {
 		t.Fatalf("events:\n%v\nwant:\n%v", got, want)
 	}
 }
@@ -302,15 +305,7 @@ func TestConcurrentLastStepsCrossOnce(t *testing.T) {
 	if err := e.st.Pool().QueryRow(ctx, `SELECT count(*) FROM usage_ledger WHERE tenant_id = 'acme'`).Scan(&ledger); err != nil || ledger != 120 {
 		t.Fatalf("ledger rows: %d %v; want 120", ledger, err)
 	}
-	want := []string{
-		`usage.approaching_limit agent_steps_daily 80 @32`,
-		`usage.approaching_limit agent_steps_daily 90 @36`,
-		`usage.limit_hit agent_steps_daily 100 @40`,
-		`usage.approaching_limit ai_tokens_monthly 80 @320`,
-		`usage.approaching_limit ai_tokens_monthly 90 @360`,
-		`usage.limit_hit ai_tokens_monthly 100 @400`,
-	}
-	if got := summary(e.crossings(t, "acme")); !sameStrings(got, want) {
+	if got, want := summary(e.crossings(t, "acme")), crossingsOf40Steps; !sameStrings(got, want) {
 		t.Fatalf("events:\n%v\nwant:\n%v", got, want)
 	}
 	// A retry of any of them changes nothing and wins nothing.

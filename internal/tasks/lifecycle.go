@@ -162,46 +162,56 @@ type create struct {
 	written bool
 }
 
-// createTasks writes a batch of new tasks in one transaction, each with its change,
-// under the batch's flushContext; if it fails, none is written.
+// createTasks writes a batch of new tasks together (see sharedWrite).
 func (l *Lifecycle) createTasks(batch []*create) {
 	ps := make([]store.InsertTaskParams, len(batch))
 	for i, c := range batch {
 		ps[i] = c.p
 	}
-	var written []store.Task
-	write := func(ctx context.Context, st *store.Store) error {
-		var err error
-		if written, err = st.InsertTasks(ctx, ps); err != nil {
-			return err
-		}
-		for _, t := range written {
-			if err := l.afterChange(ctx, st, Change{Kind: ChangeCreated, Task: t}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	ctx, cancel := flushContext(batch[0].ctx)
-	defer cancel()
-	var err error
-	if l.hook == nil {
-		err = write(ctx, l.store) // nothing else is written: one statement, no transaction
-	} else {
-		err = l.store.InTx(ctx, func(tx *store.Store) error { return write(ctx, tx) })
-	}
-	if err != nil {
-		return
-	}
-	byID := make(map[uuid.UUID]store.Task, len(written))
-	for _, t := range written {
-		byID[t.ID] = t
-	}
+	byID := l.sharedWrite(batch[0].ctx, ChangeCreated, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
+		return st.InsertTasks(ctx, ps)
+	})
 	for _, c := range batch {
 		// A task given twice is written once, for its first call.
 		c.task, c.written = byID[c.p.ID]
 		delete(byID, c.p.ID)
 	}
+}
+
+// sharedWrite runs a batch's shared write under the batch's flushContext: write
+// changes tasks, each of which gets its change of kind with it, in one transaction
+// when a change hook writes with it (a single statement needs none). It returns the
+// changed tasks by id; none when it failed, and then nothing was written.
+func (l *Lifecycle) sharedWrite(first context.Context, kind ChangeKind, write func(ctx context.Context, st *store.Store) ([]store.Task, error)) map[uuid.UUID]store.Task {
+	ctx, cancel := flushContext(first)
+	defer cancel()
+	var changed []store.Task
+	run := func(st *store.Store) error {
+		var err error
+		if changed, err = write(ctx, st); err != nil {
+			return err
+		}
+		for _, t := range changed {
+			if err := l.afterChange(ctx, st, Change{Kind: kind, Task: t}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var err error
+	if l.hook == nil {
+		err = run(l.store)
+	} else {
+		err = l.store.InTx(ctx, run)
+	}
+	if err != nil {
+		return nil
+	}
+	byID := make(map[uuid.UUID]store.Task, len(changed))
+	for _, t := range changed {
+		byID[t.ID] = t
+	}
+	return byID
 }
 
 // createAlone is Create in a transaction of its own.
@@ -271,41 +281,15 @@ type start struct {
 	started bool
 }
 
-// startTasks starts a batch of queued tasks in one transaction, each with its change,
-// under the batch's flushContext; if it fails, none is started.
+// startTasks starts a batch of queued tasks together (see sharedWrite).
 func (l *Lifecycle) startTasks(batch []*start) {
 	ids := make([]uuid.UUID, len(batch))
 	for i, c := range batch {
 		ids[i] = c.id
 	}
-	var started []store.Task
-	write := func(ctx context.Context, st *store.Store) error {
-		var err error
-		if started, err = st.UnscopedStartTasks(ctx, ids); err != nil {
-			return err
-		}
-		for _, t := range started {
-			if err := l.afterChange(ctx, st, Change{Kind: ChangeStarted, Task: t}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	ctx, cancel := flushContext(batch[0].ctx)
-	defer cancel()
-	var err error
-	if l.hook == nil {
-		err = write(ctx, l.store) // nothing else is written: one statement, no transaction
-	} else {
-		err = l.store.InTx(ctx, func(tx *store.Store) error { return write(ctx, tx) })
-	}
-	if err != nil {
-		return
-	}
-	byID := make(map[uuid.UUID]store.Task, len(started))
-	for _, t := range started {
-		byID[t.ID] = t
-	}
+	byID := l.sharedWrite(batch[0].ctx, ChangeStarted, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
+		return st.UnscopedStartTasks(ctx, ids)
+	})
 	for _, c := range batch {
 		// A task started by two calls of the batch is theirs once: the first call's.
 		c.task, c.started = byID[c.id]
