@@ -83,8 +83,8 @@ type Lifecycle struct {
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
-	// lastSteps commits concurrent workers' completing last steps together, starts
-	// their starts, creates concurrent submissions' tasks.
+	// The group commits: of concurrent workers' completing last steps, of their
+	// starts, and of concurrent submissions' new tasks.
 	lastSteps groupcommit.Group[*lastStep]
 	starts    groupcommit.Group[*start]
 	creates   groupcommit.Group[*create]
