@@ -165,13 +165,15 @@ type LastStep struct {
 
 // UnscopedCompleteLastSteps records the last step of each of many running tasks and
 // ends each of them completed, on one transaction: what UnscopedRecordStep and then
-// UnscopedFinishTask do for each, in two statements for all of them, plus the rollups
-// once per tenant. Concurrent workers' ends commit together this way (group commit).
+// UnscopedFinishTask do for each, in one statement for all of them, plus two for the
+// rollups of all their tenants. Concurrent workers' ends commit together this way
+// (group commit).
 //
 // A task is written only when its claim holds and ps's step is the one after its
-// last recorded step, and only by its first entry in ps; the recorded steps are returned, in the order of ps, and the
-// others are left untouched, for the caller to take through the one-task calls,
-// which tell why (a lost claim, a cancel, a retry of a step recorded before). Each
+// last recorded step, and only by its first entry in ps; the recorded steps are
+// returned, in the order of ps, and the others are left untouched, for the caller to
+// take through the one-task calls, which tell why (a lost claim, a cancel, a retry of
+// a step recorded before). Each
 // returned step's usage is what it would be had the steps been recorded one after
 // another in the order of ps: the totals with the step and the tenant's earlier
 // steps in ps, not its later ones.
