@@ -372,12 +372,6 @@ func (w *Worker) publish(ctx context.Context, evs ...Event) {
 	ctx = context.WithoutCancel(ctx)
 	now := time.Now().UTC()
 	// Progress messages are best effort: the stream re-reads Postgres for state.
-	if len(evs) == 1 {
-		evs[0].Time = now
-		body, _ := json.Marshal(evs[0])
-		_ = w.rdb.Publish(ctx, w.opts.Events(evs[0].TaskID), body).Err()
-		return
-	}
 	pipe := w.rdb.Pipeline()
 	for _, ev := range evs {
 		ev.Time = now

@@ -233,58 +233,49 @@ func (s *Store) UnscopedCompleteLastSteps(ctx context.Context, ps []LastStep) (o
 			byID[w.t.ID] = w
 		}
 		// The rollups: the sums of each tenant's steps, all tenants in one statement.
-		type sums struct{ n, tokens, cost int64 }
-		perTenant := map[string]*sums{}
-		var tenantIDs []string
+		index := map[string]int{} // tenant → its entry in adds
+		var adds []rollupAdd
 		for _, p := range ps {
 			w, ok := byID[p.ID]
 			if !ok {
 				continue
 			}
-			sm := perTenant[w.t.TenantID]
-			if sm == nil {
-				sm = &sums{}
-				perTenant[w.t.TenantID] = sm
-				tenantIDs = append(tenantIDs, w.t.TenantID)
+			i, ok := index[w.t.TenantID]
+			if !ok {
+				i = len(adds)
+				index[w.t.TenantID] = i
+				adds = append(adds, rollupAdd{TenantID: w.t.TenantID})
 			}
-			sm.n, sm.tokens, sm.cost = sm.n+1, sm.tokens+p.Tokens, sm.cost+p.CostMicro
+			a := &adds[i]
+			a.Steps, a.Tokens, a.CostMicro = a.Steps+1, a.Tokens+p.Tokens, a.CostMicro+p.CostMicro
 		}
-		type after struct {
-			tenant Tenant
-			u      StepUsage
-			left   sums // the tenant's steps in ps not yet given their usage
+		if len(adds) == 0 {
+			return nil
 		}
-		afters := map[string]*after{}
-		if len(tenantIDs) > 0 {
-			adds := make([]rollupAdd, len(tenantIDs))
-			for i, id := range tenantIDs {
-				sm := perTenant[id]
-				adds[i] = rollupAdd{TenantID: id, Steps: sm.n, Tokens: sm.tokens, CostMicro: sm.cost}
-			}
-			added, err := addStepsToRollups(ctx, tx, got[0].at, adds)
-			if err != nil {
-				return err
-			}
-			for i, id := range tenantIDs {
-				afters[id] = &after{tenant: added[i].Tenant, u: added[i].Usage, left: *perTenant[id]}
-			}
+		added, err := addStepsToRollups(ctx, tx, got[0].at, adds)
+		if err != nil {
+			return err
 		}
-		// Each step's totals: the tenant's totals less its steps after this one.
+		// Each step's totals: its tenant's totals before the batch, plus its steps up to
+		// and including this one.
+		for i, a := range adds {
+			u := &added[i].Usage
+			u.PeriodSteps, u.PeriodTokens, u.PeriodCostMicro, u.DaySteps =
+				u.PeriodSteps-a.Steps, u.PeriodTokens-a.Tokens, u.PeriodCostMicro-a.CostMicro, u.DaySteps-a.Steps
+		}
 		for _, p := range ps {
 			w, ok := byID[p.ID]
 			if !ok {
 				continue
 			}
-			a := afters[w.t.TenantID]
-			u := a.u
+			t := &added[index[w.t.TenantID]]
+			t.Usage.PeriodSteps++
+			t.Usage.DaySteps++
+			t.Usage.PeriodTokens += p.Tokens
+			t.Usage.PeriodCostMicro += p.CostMicro
+			u := t.Usage
 			u.Tokens, u.CostMicro = p.Tokens, p.CostMicro
-			later := sums{n: a.left.n - 1, tokens: a.left.tokens - p.Tokens, cost: a.left.cost - p.CostMicro}
-			u.PeriodSteps -= later.n
-			u.PeriodTokens -= later.tokens
-			u.PeriodCostMicro -= later.cost
-			u.DaySteps -= later.n
-			a.left = later
-			out = append(out, RecordedStep{Task: w.t, Tenant: a.tenant, Usage: u})
+			out = append(out, RecordedStep{Task: w.t, Tenant: t.Tenant, Usage: u})
 		}
 		return nil
 	})

@@ -168,41 +168,35 @@ func (l *Lifecycle) createTasks(batch []*create) {
 	for i, c := range batch {
 		ps[i] = c.p
 	}
-	byID := l.sharedWrite(batch[0].ctx, ChangeCreated, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
-		return st.InsertTasks(ctx, ps)
+	byID := l.sharedWrite(batch[0].ctx, l.hook != nil, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
+		ts, err := st.InsertTasks(ctx, ps)
+		if err != nil {
+			return nil, err
+		}
+		return ts, l.afterEach(ctx, st, ChangeCreated, ts)
 	})
 	for _, c := range batch {
-		// A task given twice is written once, for its first call.
-		c.task, c.written = byID[c.p.ID]
-		delete(byID, c.p.ID)
+		c.task, c.written = takeFirst(byID, c.p.ID)
 	}
 }
 
-// sharedWrite runs a batch's shared write under the batch's flushContext: write
-// changes tasks, each of which gets its change of kind with it, in one transaction
-// when a change hook writes with it (a single statement needs none). It returns the
-// changed tasks by id; none when it failed, and then nothing was written.
-func (l *Lifecycle) sharedWrite(first context.Context, kind ChangeKind, write func(ctx context.Context, st *store.Store) ([]store.Task, error)) map[uuid.UUID]store.Task {
+// sharedWrite runs a batch's shared write under the batch's flushContext, in one
+// transaction when inTx (a write that is a single statement needs none), and returns
+// the tasks it changed by id: none when it failed, and then nothing was written.
+func (l *Lifecycle) sharedWrite(first context.Context, inTx bool, write func(ctx context.Context, st *store.Store) ([]store.Task, error)) map[uuid.UUID]store.Task {
 	ctx, cancel := flushContext(first)
 	defer cancel()
 	var changed []store.Task
 	run := func(st *store.Store) error {
 		var err error
-		if changed, err = write(ctx, st); err != nil {
-			return err
-		}
-		for _, t := range changed {
-			if err := l.afterChange(ctx, st, Change{Kind: kind, Task: t}); err != nil {
-				return err
-			}
-		}
-		return nil
+		changed, err = write(ctx, st)
+		return err
 	}
 	var err error
-	if l.hook == nil {
-		err = run(l.store)
-	} else {
+	if inTx {
 		err = l.store.InTx(ctx, run)
+	} else {
+		err = run(l.store)
 	}
 	if err != nil {
 		return nil
@@ -212,6 +206,24 @@ func (l *Lifecycle) sharedWrite(first context.Context, kind ChangeKind, write fu
 		byID[t.ID] = t
 	}
 	return byID
+}
+
+// takeFirst takes task id out of a shared write's result: a task that two calls of
+// the batch gave is the first call's, and the other one goes alone.
+func takeFirst(byID map[uuid.UUID]store.Task, id uuid.UUID) (store.Task, bool) {
+	t, ok := byID[id]
+	delete(byID, id)
+	return t, ok
+}
+
+// afterEach runs afterChange for each of ts, a change of kind, on st.
+func (l *Lifecycle) afterEach(ctx context.Context, st *store.Store, kind ChangeKind, ts []store.Task) error {
+	for _, t := range ts {
+		if err := l.afterChange(ctx, st, Change{Kind: kind, Task: t}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // createAlone is Create in a transaction of its own.
@@ -287,13 +299,15 @@ func (l *Lifecycle) startTasks(batch []*start) {
 	for i, c := range batch {
 		ids[i] = c.id
 	}
-	byID := l.sharedWrite(batch[0].ctx, ChangeStarted, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
-		return st.UnscopedStartTasks(ctx, ids)
+	byID := l.sharedWrite(batch[0].ctx, l.hook != nil, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
+		ts, err := st.UnscopedStartTasks(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		return ts, l.afterEach(ctx, st, ChangeStarted, ts)
 	})
 	for _, c := range batch {
-		// A task started by two calls of the batch is theirs once: the first call's.
-		c.task, c.started = byID[c.id]
-		delete(byID, c.id)
+		c.task, c.started = takeFirst(byID, c.id)
 	}
 }
 
@@ -349,12 +363,18 @@ func (l *Lifecycle) recordStep(ctx context.Context, tx *store.Store, p store.Rec
 	if err != nil || !recorded {
 		return err
 	}
+	return l.stepWritten(ctx, tx, r, p.Step)
+}
+
+// stepWritten runs, on tx, what is written with a recorded step: its crossings and
+// its change.
+func (l *Lifecycle) stepWritten(ctx context.Context, tx *store.Store, r store.RecordedStep, step int) error {
 	if l.stepRecorded != nil {
 		if err := l.stepRecorded(ctx, tx, r); err != nil {
 			return err
 		}
 	}
-	return l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: r.Task, Step: p.Step})
+	return l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: r.Task, Step: step})
 }
 
 // RecordLastStep records a task's last step and ends it as fin says, in one
@@ -386,48 +406,30 @@ type lastStep struct {
 }
 
 // completeLastSteps writes a batch of completing last steps in one transaction, with
-// each step's crossings and changes, under the batch's flushContext. If
-// the transaction fails, none is written and each call writes its step alone.
+// each step's crossings and changes (see sharedWrite). If the transaction fails, none
+// is written and each call writes its step alone.
 func (l *Lifecycle) completeLastSteps(batch []*lastStep) {
-	ctx, cancel := flushContext(batch[0].ctx)
-	defer cancel()
 	ps := make([]store.LastStep, len(batch))
 	for i, c := range batch {
 		ps[i] = c.step
 	}
-	var written []store.RecordedStep
-	err := l.store.InTx(ctx, func(tx *store.Store) error {
-		var err error
-		if written, err = tx.UnscopedCompleteLastSteps(ctx, ps); err != nil {
-			return err
+	byID := l.sharedWrite(batch[0].ctx, true, func(ctx context.Context, tx *store.Store) ([]store.Task, error) {
+		written, err := tx.UnscopedCompleteLastSteps(ctx, ps)
+		if err != nil {
+			return nil, err
 		}
-		for _, r := range written {
-			if l.stepRecorded != nil {
-				if err := l.stepRecorded(ctx, tx, r); err != nil {
-					return err
-				}
-			}
+		ts := make([]store.Task, len(written))
+		for i, r := range written {
 			// One change made both: the step's and the end's see the task as it ended.
-			if err := l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: r.Task, Step: r.Task.Usage.Steps}); err != nil {
-				return err
+			if err := l.stepWritten(ctx, tx, r, r.Task.Usage.Steps); err != nil {
+				return nil, err
 			}
-			if err := l.afterChange(ctx, tx, Change{Kind: ChangeFinished, Task: r.Task}); err != nil {
-				return err
-			}
+			ts[i] = r.Task
 		}
-		return nil
+		return ts, l.afterEach(ctx, tx, ChangeFinished, ts)
 	})
-	if err != nil {
-		return
-	}
-	done := make(map[uuid.UUID]bool, len(written))
-	for _, r := range written {
-		done[r.Task.ID] = true
-	}
 	for _, c := range batch {
-		// A task's step given by two calls of the batch is won by the first.
-		c.written = done[c.step.ID]
-		delete(done, c.step.ID)
+		_, c.written = takeFirst(byID, c.step.ID)
 	}
 }
 
