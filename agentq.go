@@ -89,6 +89,7 @@ type App struct {
 	log        *slog.Logger
 	store      *store.Store
 	rdb        redis.UniversalClient
+	batch      *redisx.Batch // shared round trips of the task path (see New)
 	leaderPool *pgxpool.Pool // the elector's session connections (LeaderDatabaseURL), or nil
 	// replicaPool serves the API's long read-only queries (ReplicaDatabaseURL), or nil
 	replicaPool *pgxpool.Pool
@@ -198,11 +199,15 @@ func New(ctx context.Context, o Options) (*App, error) {
 		}
 	}
 	a.keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
+	// One batch for the process: calls of the task path that nothing waits on in
+	// between share round trips across requests and workers.
+	a.batch = redisx.NewBatch(a.rdb)
 	a.quotas = quotas.New(a.rdb, a.keys, nil)
 	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log)
 	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
-	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log, MeterProvider: mp})
-	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch})
+	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log,
+		MeterProvider: mp, Batch: a.batch})
+	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch, Batch: a.batch})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
 	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
 	queues := map[string]int{}
@@ -228,7 +233,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
-		Plans: a.plans, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp,
+		Plans: a.plans, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
 	})
 	// Refusals are counted in Redis by admission; this copies them to Postgres.
 	a.rejections = &billing.Rejections{
@@ -415,6 +420,9 @@ func (a *App) close() {
 			a.log.Warn("flushing telemetry at shutdown failed", "err", err)
 		}
 		cancel()
+	}
+	if a.batch != nil {
+		a.batch.Close() // its last request slot releases
 	}
 	if a.ownRedis && a.rdb != nil {
 		_ = a.rdb.Close()

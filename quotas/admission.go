@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 )
 
@@ -607,13 +608,20 @@ var windows = map[string]time.Duration{
 // leases removed.
 func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, error) {
 	pipe := q.rdb.TxPipeline()
-	a := pipe.ZRem(ctx, q.keys.Sessions(tenantID), taskID)
-	b := pipe.ZRem(ctx, q.keys.LongRunning(tenantID), taskID)
-	pipe.ZRem(ctx, q.keys.PendingQueue(tenantID), taskID)
+	a, b := q.QueueRelease(ctx, pipe, tenantID, taskID)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, fmt.Errorf("quotas: release: %w", err)
 	}
 	return int(a.Val() + b.Val()), nil
+}
+
+// QueueRelease queues Release on pipe (a redisx.Batch's, to go out with other calls);
+// the two answers count the session and long-running leases it freed.
+func (q *Quotas) QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd) {
+	sessions = pipe.ZRem(ctx, q.keys.Sessions(tenantID), taskID)
+	longRunning = pipe.ZRem(ctx, q.keys.LongRunning(tenantID), taskID)
+	pipe.ZRem(ctx, q.keys.PendingQueue(tenantID), taskID)
+	return sessions, longRunning
 }
 
 // reserveStepScript checks a tenant's step-time quotas before a step and, if they
@@ -641,7 +649,7 @@ func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, err
 // when the counters lack their "sd" mark (unseeded, see seed.go): nothing is taken.
 // That holds even when every quota is off: a reservation writes the counters, and one
 // written before the seed would be wiped by it.
-var reserveStepScript = redis.NewScript(luaNow + `
+var reserveStepScript = redisx.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', H, 'per', 'sd')
 if not m[2] then return {2} end -- unseeded: the caller rebuilds the counters first
@@ -747,13 +755,34 @@ func (e *QuotaExceeded) Error() string {
 // *QuotaExceeded. The admission check reads the same counters; counters Redis lost
 // are rebuilt from the ledger first.
 func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
+	return q.ReserveStepQueued(ctx, p, nil)
+}
+
+// QueueReserveStep queues ReserveStep's script on pipe (a redisx.Batch's, to go out
+// with other calls); ReserveStepQueued, given its answer, finishes ReserveStep.
+func (q *Quotas) QueueReserveStep(ctx context.Context, pipe redis.Pipeliner, p StepParams) *redis.Cmd {
+	return q.reserveStep(ctx, pipe, p)
+}
+
+func (q *Quotas) reserveStep(ctx context.Context, c redis.Scripter, p StepParams) *redis.Cmd {
 	l := p.Limits
+	return reserveStepScript.Run(ctx, c,
+		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
+		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix)
+}
+
+// ReserveStepQueued is ReserveStep whose first call was sent already (sent; nil sends
+// it now). Counters Redis lost are rebuilt and the reservation asked again.
+func (q *Quotas) ReserveStepQueued(ctx context.Context, p StepParams, sent *redis.Cmd) error {
 	var refused error
 	err := q.untilSeeded(ctx, p.TenantID, p.Period, func() (bool, error) {
-		res, err := reserveStepScript.Run(ctx, q.rdb,
-			[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-			q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-			p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix).Slice()
+		cmd := sent
+		sent = nil
+		if cmd == nil {
+			cmd = q.reserveStep(ctx, q.rdb, p)
+		}
+		res, err := cmd.Slice()
 		if err != nil {
 			return false, fmt.Errorf("quotas: reserve step: %w", err)
 		}
@@ -785,7 +814,7 @@ func str(v any) string { s, _ := v.(string); return s }
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] tokens delta   ARGV[3] usd delta   ARGV[4] steps delta
 // ARGV[5] period id   ARGV[6] tokens field prefix   ARGV[7] usd field prefix
-var settleScript = redis.NewScript(luaNow + `
+var settleScript = redisx.NewScript(luaNow + `
 local H = KEYS[1]
 local m = redis.call('HMGET', H, 'per', 'sd')
 if not m[2] then return 0 end -- unseeded: the ledger has the step, the seed will read it
@@ -806,15 +835,24 @@ return 1
 // SettleStep books what a step really used against its reservation: positive deltas
 // overdraw, negative ones refund. Steps -1 gives back the reserved step.
 func (q *Quotas) SettleStep(ctx context.Context, p StepParams) error {
-	if p.Tokens == 0 && p.CostMicro == 0 && p.Steps == 0 {
-		return nil
-	}
-	err := settleScript.Run(ctx, q.rdb, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, p.Period.ID, rkeys.TokensPrefix, rkeys.USDPrefix).Err()
-	if err != nil {
+	if err := q.settle(ctx, q.rdb, p); err != nil {
 		return fmt.Errorf("quotas: settle step: %w", err)
 	}
 	return nil
+}
+
+// QueueSettleStep queues SettleStep on pipe (a redisx.Batch's), to go out with other
+// calls; its outcome is in the pipeline's answer.
+func (q *Quotas) QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p StepParams) {
+	_ = q.settle(ctx, pipe, p)
+}
+
+func (q *Quotas) settle(ctx context.Context, c redis.Scripter, p StepParams) error {
+	if p.Tokens == 0 && p.CostMicro == 0 && p.Steps == 0 {
+		return nil
+	}
+	return settleScript.Run(ctx, c, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, p.Period.ID, rkeys.TokensPrefix, rkeys.USDPrefix).Err()
 }
 
 // DropKey deletes the live limit state of a removed (revoked) key: its key bucket and

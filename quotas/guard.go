@@ -14,6 +14,8 @@ import (
 	"github.com/riverqueue/river/rivershared/startstop"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
+
+	"github.com/agentq/agentq/internal/redisx"
 )
 
 // ErrUnavailable means a limit could not be checked (Redis is unreachable) and the
@@ -39,6 +41,7 @@ type Guard struct {
 	cooldown time.Duration
 	id       string
 	br       *breaker
+	batch    *redisx.Batch
 
 	admissions admissionCounter
 
@@ -121,11 +124,14 @@ type GuardOptions struct {
 	Logger   *slog.Logger
 	// MeterProvider receives agentq.admissions; nil is the global one.
 	MeterProvider metric.MeterProvider
+	// Batch, when set, releases request slots after their responses, in round trips
+	// shared with other requests; nil releases each before its response, alone.
+	Batch *redisx.Batch
 }
 
 // NewGuard wraps q.
 func NewGuard(q *Quotas, o GuardOptions) *Guard {
-	g := &Guard{q: q, log: o.Logger, timeout: o.Timeout, cooldown: o.Cooldown, id: o.ID}
+	g := &Guard{q: q, log: o.Logger, timeout: o.Timeout, cooldown: o.Cooldown, id: o.ID, batch: o.Batch}
 	if g.timeout <= 0 {
 		g.timeout = 50 * time.Millisecond
 	}

@@ -178,17 +178,27 @@ func (g *Guard) ReleaseInflight(ctx context.Context, s InflightSlot) {
 		g.releaseLater(releaseRequest, s.TenantID, s.ID)
 		return
 	}
+	outcome := func(err error) {
+		if err == nil {
+			g.br.record(true, probe)
+			return
+		}
+		if ctx.Err() != nil {
+			g.br.abandon(probe)
+		} else {
+			g.br.record(false, probe)
+		}
+		g.releaseLater(releaseRequest, s.TenantID, s.ID)
+	}
+	if g.batch != nil {
+		// The response need not wait for its slot's release: it goes out after it,
+		// with the other requests' releases of the moment, in one round trip.
+		key := g.q.keys.InflightRequests(s.TenantID)
+		g.batch.Go(ctx, func(pipe redis.Pipeliner) { pipe.ZRem(ctx, key, s.ID) }, outcome)
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, g.timeout)
 	err := g.q.ReleaseInflight(cctx, s.TenantID, s.ID)
 	cancel()
-	if err == nil {
-		g.br.record(true, probe)
-		return
-	}
-	if ctx.Err() != nil {
-		g.br.abandon(probe)
-	} else {
-		g.br.record(false, probe)
-	}
-	g.releaseLater(releaseRequest, s.TenantID, s.ID)
+	outcome(err)
 }

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/telemetry"
@@ -51,6 +52,10 @@ type TenantReader interface {
 // advertise this process's capacity.
 type Slots interface {
 	Done(ctx context.Context, p wire.Payload, took time.Duration) error
+	// QueueDone and DoneQueued are Done in two halves, so that its script goes out
+	// in the round trip of the task end's other calls.
+	QueueDone(ctx context.Context, pipe redis.Pipeliner, p wire.Payload, took time.Duration) *redis.Cmd
+	DoneQueued(ctx context.Context, cmd *redis.Cmd) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
 }
@@ -59,8 +64,15 @@ type Slots interface {
 // tenant's period quotas and release a task's session lease when it ends.
 type Limits interface {
 	ReserveStep(ctx context.Context, p quotas.StepParams) error
+	// QueueReserveStep and ReserveStepQueued are ReserveStep in two halves, so that
+	// the first step's reservation goes out with the task's "running" message.
+	QueueReserveStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams) *redis.Cmd
+	ReserveStepQueued(ctx context.Context, p quotas.StepParams, sent *redis.Cmd) error
 	SettleStep(ctx context.Context, p quotas.StepParams) error
 	Release(ctx context.Context, tenantID, taskID string) (int, error)
+	// QueueSettleStep and QueueRelease queue SettleStep and Release on a pipe.
+	QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams)
+	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
 }
 
@@ -81,6 +93,10 @@ type WorkerOptions struct {
 	// MeterProvider receives agentq.task_wait and agentq.worker_busy_ratio; nil is
 	// the global one.
 	MeterProvider metric.MeterProvider
+	// Batch carries the progress messages and a finished task's Redis calls, shared
+	// with the other workers' calls of the same moment; nil makes one on the
+	// worker's client.
+	Batch *redisx.Batch
 }
 
 // Worker runs agent tasks handed out by asynq. Stop withdraws it and lets running
@@ -95,6 +111,7 @@ type Worker struct {
 	slots     Slots
 	limits    Limits
 	rdb       redis.UniversalClient // asynq and pub/sub
+	batch     *redisx.Batch
 	opts      WorkerOptions
 	log       *slog.Logger
 
@@ -117,6 +134,9 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Batch == nil {
+		opts.Batch = redisx.NewBatch(rdb)
+	}
 	host, _ := os.Hostname()
 	w := &Worker{
 		id:        fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8]),
@@ -126,6 +146,7 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		slots:     slots,
 		limits:    limits,
 		rdb:       rdb,
+		batch:     opts.Batch,
 		opts:      opts,
 		log:       opts.Logger,
 		running:   map[uuid.UUID]context.CancelCauseFunc{},
@@ -320,7 +341,8 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
 	}
 	var lost bool
-	requeued := w.run(ctx, task, &lost)
+	var tail []func(redis.Pipeliner)
+	requeued := w.run(ctx, task, &lost, &tail)
 	if requeued {
 		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
 	}
@@ -331,7 +353,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	// The worker slot was busy from delivery to here: that is the task's worker time,
 	// which its tenant's fair share is charged.
-	w.release(p, time.Since(began))
+	w.release(p, time.Since(began), tail...)
 	return nil
 }
 
@@ -343,10 +365,32 @@ func (w *Worker) releaseLease(tenantID, taskID string) {
 	}
 }
 
-func (w *Worker) release(p wire.Payload, took time.Duration) {
+// release frees a delivery's dispatch slots. tail are the Redis calls of the task's
+// end still to make (its settlement, lease release and last progress messages): they
+// go in the same round trip, shared with other workers' calls of the moment.
+func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.Pipeliner)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := w.slots.Done(ctx, p, took); err != nil {
+	var done *redis.Cmd
+	err := w.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		for _, q := range tail {
+			q(pipe)
+		}
+		done = w.slots.QueueDone(ctx, pipe, p, took)
+	})
+	if done == nil || done.Err() != nil {
+		if done != nil {
+			err = done.Err()
+		}
+		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
+		return
+	}
+	if err != nil {
+		// The settlement or the lease release: the janitor repairs both (a lease also
+		// lapses with its TTL).
+		w.log.Warn("a finished task's quota settlement or lease release failed", "task_id", p.TaskID, "err", err)
+	}
+	if err := w.slots.DoneQueued(ctx, done); err != nil {
 		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
 	}
 }
@@ -370,22 +414,33 @@ func (w *Worker) publish(ctx context.Context, evs ...Event) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	now := time.Now().UTC()
 	// Progress messages are best effort: the stream re-reads Postgres for state.
-	pipe := w.rdb.Pipeline()
-	for _, ev := range evs {
-		ev.Time = now
-		body, _ := json.Marshal(ev)
-		pipe.Publish(ctx, w.opts.Events(ev.TaskID), body)
+	_ = w.batch.Do(ctx, w.queuePublish(ctx, evs...))
+}
+
+// queuePublish queues progress messages on a pipe.
+func (w *Worker) queuePublish(ctx context.Context, evs ...Event) func(redis.Pipeliner) {
+	now := time.Now().UTC()
+	return func(pipe redis.Pipeliner) {
+		if w.opts.Events == nil {
+			return
+		}
+		for _, ev := range evs {
+			ev.Time = now
+			body, _ := json.Marshal(ev)
+			pipe.Publish(ctx, w.opts.Events(ev.TaskID), body)
+		}
 	}
-	_, _ = pipe.Exec(ctx)
 }
 
 // run executes steps until the task ends. It returns true if the task was put back to
 // queued (worker shutdown, or the quota store unreachable): asynq retries it later.
 // It sets *lost when a write found the task claimed by a later attempt (this worker
 // stalled past its lease): it then stops at once and touches nothing of the task's.
-func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued bool) {
+//
+// tail receives the Redis calls of a successful end that can wait for the slot
+// release's round trip: the last settlement, the lease release and the last messages.
+func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]func(redis.Pipeliner)) (requeued bool) {
 	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent, "attempt", task.Attempt)
 	log = log.With(telemetry.SpanAttrs(ctx)...)
 	id := task.ID.String()
@@ -393,6 +448,15 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 	lostClaim := func(what string, err error) {
 		*lost = true
 		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
+	}
+	// The "running" message goes out with the first step's reservation; a task that
+	// ends or goes back before it sends it first, so the stream keeps its order.
+	running := w.queuePublish(ctx, Event{Type: "state", TaskID: id, State: string(store.StateRunning)})
+	flushRunning := func() {
+		if running != nil {
+			_ = w.batch.Do(context.WithoutCancel(ctx), running)
+			running = nil
+		}
 	}
 	// finishBy ends the task; stop names the limit when a budget or quota ended it.
 	var finishBy func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop)
@@ -417,6 +481,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		log.Info("task finished", "state", state, "steps", task.Usage.Steps)
 	}
 	finishBy = func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
+		flushRunning()
 		var ok bool
 		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
 			var err error
@@ -432,6 +497,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		}
 	}
 	requeue := func(why string, err error) bool {
+		flushRunning()
 		rerr := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
 			return w.lifecycle.Requeue(ctx, claim)
 		})
@@ -446,8 +512,6 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 		log.Warn("task handed back to asynq for a later attempt", "why", why, "err", err)
 		return true
 	}
-	w.publish(ctx, Event{Type: "state", TaskID: id, State: string(store.StateRunning)})
-
 	var tenant store.Tenant
 	err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
 		var err error
@@ -567,8 +631,19 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			return false
 		}
 		period = tenant.Anchor().PeriodAt(time.Now())
-		err := w.limits.ReserveStep(ctx, quotas.StepParams{TenantID: task.TenantID, Period: period, Limits: limits,
-			Tokens: estTokens, CostMicro: estMicro})
+		sp := quotas.StepParams{TenantID: task.TenantID, Period: period, Limits: limits, Tokens: estTokens, CostMicro: estMicro}
+		var err error
+		if running != nil {
+			var sent *redis.Cmd
+			_ = w.batch.Do(ctx, func(pipe redis.Pipeliner) {
+				running(pipe)
+				sent = w.limits.QueueReserveStep(ctx, pipe, sp)
+			})
+			running = nil
+			err = w.limits.ReserveStepQueued(ctx, sp, sent)
+		} else {
+			err = w.limits.ReserveStep(ctx, sp)
+		}
 		var qe *quotas.QuotaExceeded
 		switch {
 		case errors.As(err, &qe):
@@ -661,6 +736,22 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool) (requeued
 			// running there, its heartbeat stops, and the janitor re-queues it to run
 			// again from its last recorded step.
 			log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
+			return false
+		}
+		if res.Done && ended {
+			// The task's end: its Redis calls go with the slot release.
+			ctx := context.WithoutCancel(ctx)
+			tenantID := task.TenantID
+			sp := quotas.StepParams{TenantID: tenantID, Period: period, Limits: limits,
+				Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro}
+			usage := res.Usage
+			*tail = append(*tail,
+				func(pipe redis.Pipeliner) { w.limits.QueueSettleStep(ctx, pipe, sp) },
+				func(pipe redis.Pipeliner) { w.limits.QueueRelease(ctx, pipe, tenantID, id) },
+				w.queuePublish(ctx,
+					Event{Type: "step", TaskID: id, Step: step, Usage: &usage, Done: true, Output: res.Output},
+					Event{Type: "state", TaskID: id, State: string(store.StateCompleted), Output: res.Output}))
+			log.Info("task finished", "state", store.StateCompleted, "steps", step)
 			return false
 		}
 		settle(quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro})

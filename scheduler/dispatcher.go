@@ -167,6 +167,11 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 	return d.dispatchAll(ctx)
 }
 
+// dispatchBatch bounds the pool slots one step of a round takes at once: the slots
+// are taken in one call and the step's tasks confirmed in one round trip, instead of
+// a call of each per task.
+const dispatchBatch = 16
+
 // dispatchAll is RunOnce without the re-sends.
 func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 	shards := d.sched.keys.Shards()
@@ -177,25 +182,57 @@ func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 	n := 0
 	defer func() { d.publishVT(context.WithoutCancel(ctx)) }()
 	for {
-		ok, err := d.sched.reserve(ctx)
-		if err != nil || !ok {
-			return n, err // !ok: the pool is full; a completion wakes us
+		slots, err := d.sched.reserveN(ctx, dispatchBatch)
+		if err != nil || slots == 0 {
+			return n, err // no slot: the pool is full; a completion wakes us
 		}
-		job, err := d.dispatchNext(ctx, active)
-		if err != nil {
-			if rerr := d.sched.release(ctx); rerr != nil {
-				d.log.Warn("releasing an unused pool slot failed", "err", rerr)
+		jobs := make([]Dispatched, 0, slots)
+		var popErr error
+		for len(jobs) < slots {
+			job, err := d.dispatchNext(ctx, active)
+			if err != nil {
+				popErr = err
+				break
 			}
-			if errors.Is(err, errEmpty) {
+			jobs = append(jobs, job)
+		}
+		if unused := slots - len(jobs); unused > 0 {
+			if rerr := d.sched.releaseN(ctx, unused); rerr != nil {
+				d.log.Warn("releasing unused pool slots failed", "slots", unused, "err", rerr)
+			}
+		}
+		sent, err := d.sendAll(ctx, jobs)
+		n += sent
+		if err != nil {
+			return n, err
+		}
+		if popErr != nil {
+			if errors.Is(popErr, errEmpty) {
 				return n, nil
 			}
-			return n, err
+			return n, popErr
 		}
-		if err := d.send(ctx, job); err != nil {
-			return n, err
-		}
-		n++
 	}
+}
+
+// sendAll hands a step's tasks to asynq, then confirms those sent in one round trip.
+// A task not sent or not confirmed stays in "dispatching", where resendStale finds it.
+func (d *Dispatcher) sendAll(ctx context.Context, jobs []Dispatched) (int, error) {
+	sent := make([]Dispatched, 0, len(jobs))
+	var sendErr error
+	for _, job := range jobs {
+		if err := d.enqueue(ctx, job); err != nil {
+			sendErr = err
+			break
+		}
+		sent = append(sent, job)
+	}
+	if len(sent) > 0 {
+		if err := d.sched.confirmAll(ctx, sent); err != nil {
+			return len(sent), err
+		}
+	}
+	return len(sent), sendErr
 }
 
 // dispatchNext pops one task from the active shard with the smallest head pass.
@@ -290,7 +327,16 @@ end
 return 1
 `)
 
-func (d *Dispatcher) send(ctx context.Context, job Dispatched) (err error) {
+// send hands one task to asynq and confirms it.
+func (d *Dispatcher) send(ctx context.Context, job Dispatched) error {
+	if err := d.enqueue(ctx, job); err != nil {
+		return err
+	}
+	return d.sched.confirm(ctx, job)
+}
+
+// enqueue hands a popped task to asynq, in the task's trace.
+func (d *Dispatcher) enqueue(ctx context.Context, job Dispatched) (err error) {
 	// The dispatch span continues the submission's trace; the worker's continues
 	// the dispatch's, through the payload.
 	ctx, span := d.tracer.Start(telemetry.WithTraceParent(ctx, job.TraceParent), "agentq.dispatch",
@@ -330,7 +376,7 @@ func (d *Dispatcher) send(ctx context.Context, job Dispatched) (err error) {
 		// Left in "dispatching": resendStale retries it.
 		return err
 	}
-	return d.sched.confirm(ctx, job)
+	return nil
 }
 
 // staleScript lists a shard's "dispatching" entries older than the resend delay, aged

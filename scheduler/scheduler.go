@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/wire"
 )
@@ -71,6 +72,7 @@ type Scheduler struct {
 	keys     rkeys.Keys
 	prefetch int
 	nowMs    func() int64 // nil: scripts read Redis TIME
+	batch    *redisx.Batch
 
 	// cand holds, per shard, the tenants the last dispatch answered as the next one's
 	// candidates. Stale entries cost a retry, never a wrong pick.
@@ -86,11 +88,18 @@ type Scheduler struct {
 type Options struct {
 	Prefetch int          // dispatch may run this many tasks ahead of free worker slots
 	NowMs    func() int64 // test clock; nil uses Redis TIME
+	// Batch carries the pool slot releases of concurrent completions and a dispatch
+	// round's confirmations in shared round trips; nil makes one on rdb.
+	Batch *redisx.Batch
 }
 
 // New returns a Scheduler on rdb.
 func New(rdb redis.UniversalClient, keys rkeys.Keys, opts Options) *Scheduler {
-	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs, cand: make([][]string, keys.Shards())}
+	if opts.Batch == nil {
+		opts.Batch = redisx.NewBatch(rdb)
+	}
+	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs, batch: opts.Batch,
+		cand: make([][]string, keys.Shards())}
 }
 
 // Keys returns the key builder.
@@ -125,7 +134,7 @@ end
 // ARGV[8] the submission's traceparent or "" (kept in the tenant conf, field
 // "tp:<task id>", until the task is dispatched or removed)
 // Returns 1 if the task was added, 0 if it was already queued.
-var enqueueScript = redis.NewScript(luaNow + `
+var enqueueScript = redisx.NewScript(luaNow + `
 local added = redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('ZREM', KEYS[7], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
@@ -166,7 +175,9 @@ type EnqueueParams struct {
 // task in its queue, no longer as admitted-not-yet-queued.
 func (s *Scheduler) Enqueue(ctx context.Context, p EnqueueParams) error {
 	keys, args := enqueueArgs(s.keys, p, s.nowArg())
-	if err := enqueueScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+	// Concurrent submissions' pushes share a round trip.
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { enqueueScript.Run(ctx, pipe, keys, args...) })
+	if err != nil {
 		return fmt.Errorf("scheduler: enqueue: %w", err)
 	}
 	s.wake(ctx)
@@ -396,11 +407,11 @@ func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64
 	return Dispatched{}, errBusy
 }
 
-// reserveScript takes one slot of the live worker pool, if one is free.
+// reserveScript takes up to ARGV[3] slots of the live worker pool, as many as are free.
 //
 // KEYS[1] workers   KEYS[2] worker slots   KEYS[3] pool inflight
-// ARGV[1] now ms or ""   ARGV[2] prefetch
-// Returns 1 if a slot was taken, 0 if the pool is full.
+// ARGV[1] now ms or ""   ARGV[2] prefetch   ARGV[3] slots wanted (default 1)
+// Returns the number of slots taken, 0 if the pool is full.
 var reserveScript = redis.NewScript(luaNow + `
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #dead > 0 then
@@ -409,31 +420,46 @@ if #dead > 0 then
 end
 local slots = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[2])) do slots = slots + tonumber(v) end
-if tonumber(redis.call('GET', KEYS[3]) or '0') >= slots + tonumber(ARGV[2]) then return 0 end
-redis.call('INCR', KEYS[3])
+local free = slots + tonumber(ARGV[2]) - tonumber(redis.call('GET', KEYS[3]) or '0')
+local n = math.min(free, tonumber(ARGV[3] or '1'))
+if n <= 0 then return 0 end
+redis.call('INCRBY', KEYS[3], n)
 redis.call('EXPIRE', KEYS[3], 86400)
-return 1
+return n
 `)
 
-// releaseScript gives a pool slot back (never below zero).
+// releaseScript gives ARGV[1] pool slots back (default 1; never below zero).
 //
-// KEYS[1] pool inflight
-var releaseScript = redis.NewScript(`
-if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then return redis.call('DECR', KEYS[1]) end
-return 0
+// KEYS[1] pool inflight   ARGV[1] slots
+var releaseScript = redisx.NewScript(`
+local held = tonumber(redis.call('GET', KEYS[1]) or '0')
+local n = math.min(held, tonumber(ARGV[1] or '1'))
+if n > 0 then return redis.call('DECRBY', KEYS[1], n) end
+return held
 `)
 
 func (s *Scheduler) reserve(ctx context.Context) (bool, error) {
-	n, err := reserveScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots(), s.keys.PoolInflight()},
-		s.nowArg(), s.prefetch).Int()
-	if err != nil {
-		return false, fmt.Errorf("scheduler: reserve: %w", err)
-	}
-	return n == 1, nil
+	n, err := s.reserveN(ctx, 1)
+	return n == 1, err
 }
 
-func (s *Scheduler) release(ctx context.Context) error {
-	if err := releaseScript.Run(ctx, s.rdb, []string{s.keys.PoolInflight()}).Err(); err != nil {
+// reserveN takes up to n pool slots, as many as are free.
+func (s *Scheduler) reserveN(ctx context.Context, n int) (int, error) {
+	got, err := reserveScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots(), s.keys.PoolInflight()},
+		s.nowArg(), s.prefetch, n).Int()
+	if err != nil {
+		return 0, fmt.Errorf("scheduler: reserve: %w", err)
+	}
+	return got, nil
+}
+
+func (s *Scheduler) release(ctx context.Context) error { return s.releaseN(ctx, 1) }
+
+// releaseN gives n pool slots back.
+func (s *Scheduler) releaseN(ctx context.Context, n int) error {
+	// Concurrent workers' releases share a round trip.
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { releaseScript.Run(ctx, pipe, []string{s.keys.PoolInflight()}, n) })
+	if err != nil {
 		return fmt.Errorf("scheduler: release: %w", err)
 	}
 	return nil
@@ -445,7 +471,7 @@ func (s *Scheduler) release(ctx context.Context) error {
 // ARGV[1] now ms or ""   ARGV[2] dispatching member   ARGV[3] task id
 // A task that already finished (its worker was quicker than this call) is not added
 // to inflight.
-var confirmScript = redis.NewScript(luaNow + `
+var confirmScript = redisx.NewScript(luaNow + `
 redis.call('ZREM', KEYS[1], ARGV[2])
 if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
   redis.call('ZADD', KEYS[2], now, ARGV[3])
@@ -454,12 +480,32 @@ return 1
 `)
 
 func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
-	shard := s.keys.Shard(d.TenantID)
-	keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID)}
-	if err := confirmScript.Run(ctx, s.rdb, keys, s.nowArg(), d.member(), d.TaskID).Err(); err != nil {
+	if err := s.queueConfirm(ctx, s.rdb, d).Err(); err != nil {
 		return fmt.Errorf("scheduler: confirm: %w", err)
 	}
 	return nil
+}
+
+// confirmAll confirms a round's tasks in one round trip.
+func (s *Scheduler) confirmAll(ctx context.Context, ds []Dispatched) error {
+	if len(ds) == 1 {
+		return s.confirm(ctx, ds[0])
+	}
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		for _, d := range ds {
+			s.queueConfirm(ctx, pipe, d)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("scheduler: confirm: %w", err)
+	}
+	return nil
+}
+
+func (s *Scheduler) queueConfirm(ctx context.Context, c redis.Scripter, d Dispatched) *redis.Cmd {
+	shard := s.keys.Shard(d.TenantID)
+	keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID)}
+	return confirmScript.Run(ctx, c, keys, s.nowArg(), d.member(), d.TaskID)
 }
 
 // doneScript ends a dispatched task: frees its running slot, corrects its tenant's
@@ -475,7 +521,7 @@ func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
 // ARGV[5] estimate charged (ms)   ARGV[6] worker time taken (ms, -1 if unknown)
 // ARGV[7] ttl s
 // Returns 1 if the task held a pool slot (the caller releases it), else 0.
-var doneScript = redis.NewScript(luaNow + `
+var doneScript = redisx.NewScript(luaNow + `
 local held = redis.call('SREM', KEYS[1], ARGV[2])
 local counted = redis.call('ZREM', KEYS[2], ARGV[2]) + redis.call('ZREM', KEYS[3], ARGV[4])
 if held == 0 then return 0 end
@@ -518,18 +564,20 @@ return 0
 // task's dispatching member, which is still there when its worker was quicker than
 // the dispatcher's confirm; once confirmed, the task is found by its id alone.
 func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration) error {
-	shard := s.keys.Shard(p.TenantID)
-	keys := []string{
-		s.keys.TenantRunning(p.TenantID), s.keys.Inflight(shard), s.keys.Dispatching(shard), s.keys.Ready(shard),
-		s.keys.Capped(shard), s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID),
-	}
-	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: p.Priority, EstimateMs: p.EstimateMs}
-	tookMs := int64(-1)
-	if took >= 0 {
-		tookMs = took.Milliseconds()
-	}
-	held, err := doneScript.Run(ctx, s.rdb, keys, s.nowArg(), p.TaskID, p.TenantID, d.member(), p.EstimateMs, tookMs,
-		int(queueTTL.Seconds())).Int()
+	return s.DoneQueued(ctx, s.done(ctx, s.rdb, p, took))
+}
+
+// QueueDone queues Done's script on pipe (a redisx.Batch's, to go out with the other
+// calls of a task's end); DoneQueued, given its answer once the pipe was sent,
+// finishes Done.
+func (s *Scheduler) QueueDone(ctx context.Context, pipe redis.Pipeliner, p wire.Payload, took time.Duration) *redis.Cmd {
+	return s.done(ctx, pipe, p, took)
+}
+
+// DoneQueued finishes a Done queued with QueueDone: it releases the task's pool slot
+// if the script found it held, and wakes the dispatchers.
+func (s *Scheduler) DoneQueued(ctx context.Context, cmd *redis.Cmd) error {
+	held, err := cmd.Int()
 	if err != nil {
 		return fmt.Errorf("scheduler: done: %w", err)
 	}
@@ -540,6 +588,21 @@ func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration
 	}
 	s.wake(ctx)
 	return nil
+}
+
+func (s *Scheduler) done(ctx context.Context, c redis.Scripter, p wire.Payload, took time.Duration) *redis.Cmd {
+	shard := s.keys.Shard(p.TenantID)
+	keys := []string{
+		s.keys.TenantRunning(p.TenantID), s.keys.Inflight(shard), s.keys.Dispatching(shard), s.keys.Ready(shard),
+		s.keys.Capped(shard), s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID),
+	}
+	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: p.Priority, EstimateMs: p.EstimateMs}
+	tookMs := int64(-1)
+	if took >= 0 {
+		tookMs = took.Milliseconds()
+	}
+	return doneScript.Run(ctx, c, keys, s.nowArg(), p.TaskID, p.TenantID, d.member(), p.EstimateMs, tookMs,
+		int(queueTTL.Seconds()))
 }
 
 // heartbeatScript registers a worker's slots until ttl after Redis TIME, the clock

@@ -59,7 +59,7 @@ func orDefault[T int | time.Duration](v, d T) T {
 // of budget is no error: the pass stopped where it was and the next run resumes from
 // its cursor.
 func withinBudget(ctx context.Context, name string, budget time.Duration, run func(ctx context.Context, st *PassStats) error) (PassStats, error) {
-	pctx, cancel := context.WithTimeout(ctx, budget)
+	pctx, cancel := context.WithTimeout(context.WithValue(ctx, unbudgetedKey{}, ctx), budget)
 	defer cancel()
 	st := PassStats{Name: name}
 	began := time.Now()
@@ -72,6 +72,19 @@ func withinBudget(ctx context.Context, name string, budget time.Duration, run fu
 		st.Err = err.Error()
 	}
 	return st, err
+}
+
+// unbudgetedKey holds, in a pass's context, the context the pass runs in without its
+// budget: a walk reviews its first page there, so that a run always advances, however
+// short its budget against the time one page takes.
+type unbudgetedKey struct{}
+
+// unbudgeted is ctx without the pass's budget (ctx itself outside a pass).
+func unbudgeted(ctx context.Context) context.Context {
+	if c, ok := ctx.Value(unbudgetedKey{}).(context.Context); ok {
+		return c
+	}
+	return ctx
 }
 
 // runWhileLeading is the loop of a leader-only service: whenever this process takes

@@ -39,17 +39,23 @@ func walkTenants(ctx context.Context, st Store, w TenantWalk, cursor *string, st
 // walkTenantIDs is walkTenants for a pass that reads what it needs of each page itself.
 func walkTenantIDs(ctx context.Context, st Store, w TenantWalk, cursor *string, stats *PassStats, review func(ctx context.Context, tenants []string) error) error {
 	defer func() { stats.Cursor = *cursor }()
-	for stats.Rows < w.Batch {
+	for page := 0; stats.Rows < w.Batch; page++ {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		// The first page is reviewed whatever the budget, so a run whose budget is
+		// shorter than a page's work still advances and the next run resumes past it.
+		pctx := ctx
+		if page == 0 {
+			pctx = unbudgeted(ctx)
+		}
 		n := min(w.Page, w.Batch-stats.Rows)
-		ids, err := st.UnscopedTenantIDsAfter(ctx, *cursor, n)
+		ids, err := st.UnscopedTenantIDsAfter(pctx, *cursor, n)
 		if err != nil {
 			return err
 		}
 		if len(ids) > 0 {
-			if err := review(ctx, ids); err != nil {
+			if err := review(pctx, ids); err != nil {
 				return err
 			}
 			stats.Rows += len(ids)
