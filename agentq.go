@@ -90,6 +90,7 @@ type App struct {
 	store      *store.Store
 	rdb        redis.UniversalClient
 	batch      *redisx.Batch // shared round trips of the task path (see New)
+	slotBatch  *redisx.Batch // the same for request slots, within the admission timeout
 	leaderPool *pgxpool.Pool // the elector's session connections (LeaderDatabaseURL), or nil
 	// replicaPool serves the API's long read-only queries (ReplicaDatabaseURL), or nil
 	replicaPool *pgxpool.Pool
@@ -201,12 +202,15 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
 	// One batch for the process: calls of the task path that nothing waits on in
 	// between share round trips across requests and workers.
-	a.batch = redisx.NewBatch(a.rdb)
+	a.batch = redisx.NewBatch(a.rdb, 0)
+	a.slotBatch = redisx.NewBatch(a.rdb, a.cfg.RedisTimeout)
 	a.quotas = quotas.New(a.rdb, a.keys, nil)
 	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log)
 	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
+	// The request slots' calls have a batch of their own, bounded by the admission
+	// timeout: they must answer as fast as admission does.
 	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log,
-		MeterProvider: mp, Batch: a.batch})
+		MeterProvider: mp, Batch: a.slotBatch})
 	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch, Batch: a.batch})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
 	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
@@ -421,8 +425,8 @@ func (a *App) close() {
 		}
 		cancel()
 	}
-	if a.batch != nil {
-		a.batch.Close() // its last request slot releases
+	if a.slotBatch != nil {
+		a.slotBatch.Close() // the last requests' slot releases
 	}
 	if a.ownRedis && a.rdb != nil {
 		_ = a.rdb.Close()

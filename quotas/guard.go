@@ -124,8 +124,10 @@ type GuardOptions struct {
 	Logger   *slog.Logger
 	// MeterProvider receives agentq.admissions; nil is the global one.
 	MeterProvider metric.MeterProvider
-	// Batch, when set, releases request slots after their responses, in round trips
-	// shared with other requests; nil releases each before its response, alone.
+	// Batch, when set, carries request slots' acquisitions and releases in round
+	// trips shared with other requests, and releases each slot after its response;
+	// nil sends each alone, and releases before the response. Its timeout should be
+	// Timeout's; its owner closes it after the API stopped.
 	Batch *redisx.Batch
 }
 

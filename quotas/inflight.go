@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/redisx"
 )
 
 // DefaultInflightRequests is the inflight_requests limit of a plan that does not name
@@ -44,7 +46,7 @@ func InflightLimit(eff map[string]Limit) int64 {
 // ARGV[3] limit (> 0)   ARGV[4] lease ttl ms
 // Returns the number of leases held, this one included, or minus the number held when
 // the tenant is at its limit (nothing taken).
-var inflightScript = redis.NewScript(luaNow + `
+var inflightScript = redisx.NewScript(luaNow + `
 local limit, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local n = redis.call('ZCARD', KEYS[1])
 if n >= limit then
@@ -71,8 +73,25 @@ return n
 // leases held (this one included), or ok=false and the number held when the tenant is
 // at limit.
 func (q *Quotas) AcquireInflight(ctx context.Context, tenantID, id string, limit int64) (held int64, ok bool, err error) {
-	n, err := inflightScript.Run(ctx, q.rdb, []string{q.keys.InflightRequests(tenantID)},
-		q.nowArg(), id, limit, InflightLeaseTTL.Milliseconds()).Int64()
+	return q.acquireInflight(ctx, nil, tenantID, id, limit)
+}
+
+// acquireInflight is AcquireInflight, sent through batch when it is not nil (in a
+// round trip shared with other requests').
+func (q *Quotas) acquireInflight(ctx context.Context, batch *redisx.Batch, tenantID, id string, limit int64) (held int64, ok bool, err error) {
+	keys := []string{q.keys.InflightRequests(tenantID)}
+	var cmd *redis.Cmd
+	if batch != nil {
+		err = batch.Do(ctx, func(pipe redis.Pipeliner) {
+			cmd = inflightScript.Run(ctx, pipe, keys, q.nowArg(), id, limit, InflightLeaseTTL.Milliseconds())
+		})
+	} else {
+		cmd = inflightScript.Run(ctx, q.rdb, keys, q.nowArg(), id, limit, InflightLeaseTTL.Milliseconds())
+	}
+	var n int64
+	if err == nil {
+		n, err = cmd.Int64()
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("quotas: acquire inflight request: %w", err)
 	}
@@ -138,7 +157,7 @@ func (g *Guard) AcquireInflight(ctx context.Context, tenantID string, limit int6
 		return s, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.timeout)
-	held, ok, err := g.q.AcquireInflight(cctx, tenantID, s.ID, limit)
+	held, ok, err := g.q.acquireInflight(cctx, g.batch, tenantID, s.ID, limit)
 	cancel()
 	if err == nil {
 		g.br.record(true, probe)

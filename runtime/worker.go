@@ -135,7 +135,7 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		opts.Logger = slog.Default()
 	}
 	if opts.Batch == nil {
-		opts.Batch = redisx.NewBatch(rdb)
+		opts.Batch = redisx.NewBatch(rdb, 0)
 	}
 	host, _ := os.Hostname()
 	w := &Worker{

@@ -2,9 +2,11 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -56,12 +58,12 @@ func TestDispatchRetriesWhenTheHeadIsNotACandidate(t *testing.T) {
 	// The script alone, with a candidate that is not the head: nothing moves.
 	keys := []string{f.keys.Ready(0), f.keys.Capped(0), f.keys.Dispatching(0), f.keys.VirtualTime(0),
 		f.keys.TenantConf("b"), f.keys.TenantRunning("b"), f.keys.TenantQueue("b")}
-	res, err := dispatchScript.Run(ctx, f.rdb, keys, f.s.nowArg(), 60, DefaultEstimateMs, "0", readyCandidates, cappedCandidates, "b").StringSlice()
+	res, err := dispatchScript.Run(ctx, f.rdb, keys, f.s.nowArg(), 60, DefaultEstimateMs, "0", readyCandidates, cappedCandidates, 1, "b").StringSlice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(res) != "[retry a b]" {
-		t.Fatalf("dispatch with a stale candidate answered %v, want [retry a b]", res)
+	if fmt.Sprint(res) != "[retry 0 a b]" {
+		t.Fatalf("dispatch with a stale candidate answered %v, want [retry 0 a b]", res)
 	}
 	if n := f.rdb.ZCard(ctx, f.keys.TenantQueue("a")).Val() + f.rdb.ZCard(ctx, f.keys.TenantQueue("b")).Val(); n != 3 {
 		t.Fatalf("queues hold %d tasks after a retry answer, want 3", n)
@@ -298,5 +300,58 @@ func TestQueueLen(t *testing.T) {
 	f.mustDispatch()
 	if n, err := f.s.QueueLen(ctx, "a"); err != nil || n != 1 {
 		t.Fatalf("after a dispatch: %d (%v), want 1", n, err)
+	}
+}
+
+// A pop of several tasks in one call takes them in the order single pops would, with
+// the same state left behind: caps, emptied queues and passes included.
+func TestDispatchManyPopsInTheOrderOfSinglePops(t *testing.T) {
+	seed := func(f *fixture) {
+		f.seedTenant("a", 10, 1, 0, 0, "a1", "a2", "a3", "a4")
+		f.seedTenant("b", 12, 2, 0, 0, "b1", "b2", "b3", "b4", "b5")
+		f.seedTenant("c", 11, 1, 2, 1, "c1", "c2", "c3")
+		f.seedTenant("d", 40, 1, 0, 0, "d1")
+	}
+	ctx := context.Background()
+	single := newFixture(t, 100, 0)
+	many := fixtureOf(t, 100, 0, 1)
+	seed(single)
+	seed(many)
+	var want []string
+	for {
+		d, err := single.s.dispatchOne(ctx, 0, 0)
+		if errors.Is(err, errEmpty) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, d.TenantID+"/"+d.TaskID)
+	}
+	var got []string
+	for _, n := range []int{3, 5, 100} {
+		ds, err := many.s.dispatchMany(ctx, 0, 0, n)
+		if err != nil && !errors.Is(err, errEmpty) {
+			t.Fatal(err)
+		}
+		if len(ds) > n {
+			t.Fatalf("asked for %d, popped %d", n, len(ds))
+		}
+		for _, d := range ds {
+			got = append(got, d.TenantID+"/"+d.TaskID)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("batched pops %v\nsingle pops  %v", got, want)
+	}
+	if len(want) != 11 { // c stops at its cap of 2 with one running
+		t.Fatalf("%d tasks popped, want 11: %v", len(want), want)
+	}
+	for _, k := range []func(int) string{single.keys.Ready, single.keys.Capped} {
+		a := single.rdb.ZRangeWithScores(ctx, k(0), 0, -1).Val()
+		b := many.rdb.ZRangeWithScores(ctx, strings.Replace(k(0), single.keys.Prefix(), many.keys.Prefix(), 1), 0, -1).Val()
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("%s after batched pops %v, after single pops %v", k(0), b, a)
+		}
 	}
 }

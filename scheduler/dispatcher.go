@@ -188,13 +188,23 @@ func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 		}
 		jobs := make([]Dispatched, 0, slots)
 		var popErr error
-		for len(jobs) < slots {
-			job, err := d.dispatchNext(ctx, active)
-			if err != nil {
-				popErr = err
-				break
+		if shards == 1 {
+			// One shard: the step's tasks in one call of the pop script.
+			jobs, popErr = d.sched.dispatchMany(ctx, 0, 0, slots)
+			if errors.Is(popErr, errBusy) {
+				popErr = nil // candidates moved under it: the next step goes on
 			}
-			jobs = append(jobs, job)
+		} else {
+			// Several: one task at a time, each from the shard whose head has the
+			// smallest pass, so fairness across shards keeps its bound.
+			for len(jobs) < slots {
+				job, err := d.dispatchNext(ctx, active)
+				if err != nil {
+					popErr = err
+					break
+				}
+				jobs = append(jobs, job)
+			}
 		}
 		if unused := slots - len(jobs); unused > 0 {
 			if rerr := d.sched.releaseN(ctx, unused); rerr != nil {

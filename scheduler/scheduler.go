@@ -96,7 +96,7 @@ type Options struct {
 // New returns a Scheduler on rdb.
 func New(rdb redis.UniversalClient, keys rkeys.Keys, opts Options) *Scheduler {
 	if opts.Batch == nil {
-		opts.Batch = redisx.NewBatch(rdb)
+		opts.Batch = redisx.NewBatch(rdb, 0)
 	}
 	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs, batch: opts.Batch,
 		cand: make([][]string, keys.Shards())}
@@ -240,41 +240,47 @@ func (s *Scheduler) wake(context.Context) {
 // task's charge to what it really took.
 const DefaultEstimateMs = 100
 
-// dispatchScript pops the next task of one shard in weighted-fair order. The caller
-// holds a pool slot (reserveScript). A tenant that leaves the ready set because its
-// queue is empty keeps its pass, charge included, as its finish pass (conf field fp);
-// the enqueue that brings it back starts it there (or at the virtual time if later).
+// dispatchScript pops up to ARGV[7] tasks of one shard in weighted-fair order, one
+// after the other as single pops would. The caller holds a pool slot for each. A
+// tenant that leaves the ready set because its queue is empty keeps its pass, charge
+// included, as its finish pass (conf field fp); the enqueue that brings it back starts
+// it there (or at the virtual time if later).
 //
 // The script touches only keys it is given: the caller names candidate tenants (the
 // shard's ready and capped heads, as the previous call answered them) and passes
 // their conf, running-set and queue keys. The script takes the head of ready itself,
-// so the pick is always the current one; when the head is not a candidate, or every
-// candidate was capped or empty, it answers "retry" with the current candidates.
+// so each pick is always the current one; when the head is not a candidate, or every
+// candidate was capped or empty, it stops and answers "retry" with the current
+// candidates.
 //
 // KEYS[1] ready   KEYS[2] capped   KEYS[3] dispatching   KEYS[4] virtual time,
 // then 3 per candidate, in ARGV's order: tenant conf, tenant running set, tenant queue
 // ARGV[1] now ms or ""   ARGV[2] ttl s   ARGV[3] default estimate (worker-ms)
 // ARGV[4] global virtual time   ARGV[5] ready heads to answer   ARGV[6] capped heads
-// to answer   ARGV[7...] candidate tenant ids
-// Returns {"ok", tenant, task, priority, estimate ms, weight, traceparent or "",
-// candidates...},
-// {"retry", candidates...} or {"empty", candidates...}; candidates are the heads of
-// ready, then of capped, after the call.
+// to answer   ARGV[7] most tasks to pop   ARGV[8...] candidate tenant ids
+// Returns {status, n, n × (tenant, task, priority, estimate ms, weight, traceparent
+// or ""), candidates...}: status "ok" when it popped ARGV[7] tasks, else "retry" or
+// "empty" (the shard has no backlogged tenant); candidates are the heads of ready,
+// then of capped, after the call.
 var dispatchScript = redis.NewScript(luaNow + `
-local first = 7
+local first = 8
+local want = tonumber(ARGV[7])
 local slot = {}
 for i = first, #ARGV do slot[ARGV[i]] = 4 + (i - first) * 3 end
-local function answer(r)
+local out, n = {}, 0
+local function answer(status)
+  local r = {status, tostring(n)}
+  for _, v in ipairs(out) do r[#r+1] = v end
   for _, t in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)) do r[#r+1] = t end
   for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[6]) - 1)) do r[#r+1] = t end
   return r
 end
-while true do
+while n < want do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if #head == 0 then return answer({'empty'}) end
+  if #head == 0 then return answer('empty') end
   local tenant, pass = head[1], tonumber(head[2])
   local b = slot[tenant]
-  if not b then return answer({'retry'}) end
+  if not b then return answer('retry') end
   local conf, run, queue = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
   local c = redis.call('HMGET', conf, 'cap', 'w', 'est')
   local cap = tonumber(c[1] or '0')
@@ -310,10 +316,14 @@ while true do
       else
         redis.call('ZADD', KEYS[1], finish, tenant)
       end
-      return answer({'ok', tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp})
+      for _, v in ipairs({tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp}) do
+        out[#out+1] = v
+      end
+      n = n + 1
     end
   end
 end
+return answer('ok')
 `)
 
 // How many of a shard's ready and capped heads a dispatch names as the next call's
@@ -372,39 +382,56 @@ func (s *Scheduler) setCandidates(shard int, c []string) {
 	s.cand[shard] = c
 }
 
-// dispatchOne runs dispatchScript on one shard. The caller holds a pool slot.
+// dispatchOne runs dispatchScript on one shard for one task. The caller holds a
+// pool slot.
 func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64) (Dispatched, error) {
+	ds, err := s.dispatchMany(ctx, shard, globalVT, 1)
+	if len(ds) == 1 {
+		return ds[0], nil
+	}
+	return Dispatched{}, err
+}
+
+// dispatchMany pops up to want tasks of one shard in fair order, in one call of
+// dispatchScript when its candidates are current. The caller holds a pool slot for
+// each. It returns what it popped, and errEmpty or errBusy when that is fewer.
+func (s *Scheduler) dispatchMany(ctx context.Context, shard int, globalVT float64, want int) ([]Dispatched, error) {
 	vt := strconv.FormatFloat(globalVT, 'f', -1, 64)
+	var out []Dispatched
 	for range dispatchTries {
 		cand := s.candidates(shard)
 		keys := make([]string, 0, 4+3*len(cand))
 		keys = append(keys, s.keys.Ready(shard), s.keys.Capped(shard), s.keys.Dispatching(shard), s.keys.VirtualTime(shard))
-		args := make([]any, 0, 6+len(cand))
-		args = append(args, s.nowArg(), int(queueTTL.Seconds()), DefaultEstimateMs, vt, readyCandidates, cappedCandidates)
+		args := make([]any, 0, 7+len(cand))
+		args = append(args, s.nowArg(), int(queueTTL.Seconds()), DefaultEstimateMs, vt, readyCandidates, cappedCandidates,
+			want-len(out))
 		for _, t := range cand {
 			keys = append(keys, s.keys.TenantConf(t), s.keys.TenantRunning(t), s.keys.TenantQueue(t))
 			args = append(args, t)
 		}
 		res, err := dispatchScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 		if err != nil {
-			return Dispatched{}, fmt.Errorf("scheduler: dispatch: %w", err)
+			return out, fmt.Errorf("scheduler: dispatch: %w", err)
 		}
+		n, _ := strconv.Atoi(res[1])
+		popped := res[2 : 2+6*n]
+		for i := 0; i < len(popped); i += 6 {
+			prio, _ := strconv.Atoi(popped[i+2])
+			est, _ := strconv.ParseInt(popped[i+3], 10, 64)
+			w, _ := strconv.ParseFloat(popped[i+4], 64)
+			out = append(out, Dispatched{TenantID: popped[i], TaskID: popped[i+1], Priority: prio, EstimateMs: est,
+				Weight: int(w), TraceParent: popped[i+5]})
+		}
+		s.setCandidates(shard, res[2+6*n:])
 		switch res[0] {
 		case "ok":
-			s.setCandidates(shard, res[7:])
-			prio, _ := strconv.Atoi(res[3])
-			est, _ := strconv.ParseInt(res[4], 10, 64)
-			w, _ := strconv.ParseFloat(res[5], 64)
-			return Dispatched{TenantID: res[1], TaskID: res[2], Priority: prio, EstimateMs: est, Weight: int(w),
-				TraceParent: res[6]}, nil
-		case "retry":
-			s.setCandidates(shard, res[1:])
-		default:
-			s.setCandidates(shard, res[1:])
-			return Dispatched{}, errEmpty
+			return out, nil
+		case "empty":
+			return out, errEmpty
 		}
+		// "retry": the candidates are fresh now
 	}
-	return Dispatched{}, errBusy
+	return out, errBusy
 }
 
 // reserveScript takes up to ARGV[3] slots of the live worker pool, as many as are free.

@@ -35,6 +35,12 @@ func newFixture(t *testing.T, slots, prefetch int) *fixture {
 
 func newShardedFixture(t *testing.T, slots, prefetch, shards int) *fixture {
 	t.Parallel()
+	return fixtureOf(t, slots, prefetch, shards)
+}
+
+// fixtureOf is newShardedFixture for a test that already runs in parallel (a second
+// fixture of one test).
+func fixtureOf(t *testing.T, slots, prefetch, shards int) *fixture {
 	rdb, keys := testenv.Redis(t, shards)
 	f := &fixture{t: t, rdb: rdb, keys: keys, clock: 1_800_000_000_000, base: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
 	f.s = New(rdb, keys, Options{Prefetch: prefetch, NowMs: f.now})

@@ -43,6 +43,8 @@ type E2E struct {
 	Workers      int     `json:"workers"`
 	Tenants      int     `json:"tenants"`
 	Errors       int64   `json:"errors"`
+	// FirstError says what the first failed submission got.
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // E2EOptions configure the benchmark; zero fields take loadcmp's defaults.
@@ -54,6 +56,9 @@ type E2EOptions struct {
 	Workers     int // 20
 	Tenants     int // 4
 	Progress    io.Writer
+	// RedisTimeout is the App's admission timeout (0: the default); a test on a
+	// loaded machine raises it, so that a slow moment is not answered as an outage.
+	RedisTimeout time.Duration
 }
 
 // RunE2E runs the agentq phase on a fresh Postgres schema and Redis prefix, then the
@@ -100,9 +105,12 @@ func orInt(v, d int) int {
 
 func round1(f float64) float64 { return math.Round(f*10) / 10 }
 
-// produce runs n submissions from c goroutines, one at a time each.
-func produce(n, c int, submit func(i int) error) (time.Duration, int64) {
+// produce runs n submissions from c goroutines, one at a time each. It returns how
+// long they took, how many failed and the first failure.
+func produce(n, c int, submit func(i int) error) (time.Duration, int64, error) {
 	var next, errs atomic.Int64
+	var first sync.Once
+	var firstErr error
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range c {
@@ -114,12 +122,13 @@ func produce(n, c int, submit func(i int) error) (time.Duration, int64) {
 				}
 				if err := submit(int(i)); err != nil {
 					errs.Add(1)
+					first.Do(func() { firstErr = err })
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return time.Since(start), errs.Load()
+	return time.Since(start), errs.Load(), firstErr
 }
 
 func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, out *E2E) error {
@@ -148,6 +157,9 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 	cfg.RedisPrefix = "benche2e" + id + ":"
 	cfg.WorkerConcurrency = o.Workers
 	cfg.ShutdownTimeout = 5 * time.Second
+	if o.RedisTimeout > 0 {
+		cfg.RedisTimeout = o.RedisTimeout
+	}
 	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return err
@@ -182,7 +194,7 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	body := []byte(`{"agent":"sim","input":{"steps":1,"step_ms":0}}`)
 	start := time.Now()
-	took, errs := produce(o.Tasks, o.Concurrency, func(i int) error {
+	took, errs, firstErr := produce(o.Tasks, o.Concurrency, func(i int) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/tasks", bytes.NewReader(body))
 		if err != nil {
 			return err
@@ -193,14 +205,18 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 		if err != nil {
 			return err
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		if resp.StatusCode != http.StatusAccepted {
-			return fmt.Errorf("status %d", resp.StatusCode)
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+			return fmt.Errorf("status %d: %s", resp.StatusCode, msg)
 		}
+		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	})
 	out.Errors = errs
+	if firstErr != nil {
+		out.FirstError = firstErr.Error()
+	}
 	out.AgentqSubmitPerS = round1(float64(o.Tasks) / took.Seconds())
 	// Done when Postgres, the system of record, has every accepted task ended.
 	want := int64(o.Tasks) - errs
@@ -258,7 +274,7 @@ func runAsynqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient) (
 	defer srv.Shutdown()
 	client := asynq.NewClientFromRedisClient(rdb)
 	start := time.Now()
-	_, errs := produce(o.Tasks, o.Concurrency, func(int) error {
+	_, errs, _ := produce(o.Tasks, o.Concurrency, func(int) error {
 		_, err := client.EnqueueContext(ctx, asynq.NewTask("noop", nil), asynq.Queue(queue), asynq.MaxRetry(0))
 		return err
 	})

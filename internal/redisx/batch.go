@@ -43,9 +43,15 @@ type batchItem struct {
 	err      error // the pipeline's own failure (connection), not a command's
 }
 
-// NewBatch returns a Batch on rdb.
-func NewBatch(rdb redis.UniversalClient) *Batch {
-	b := &Batch{rdb: rdb, timeout: 5 * time.Second}
+// NewBatch returns a Batch on rdb. timeout bounds the calls of Go, and a flush whose
+// callers set no deadline (0: 5 s). A flush runs until the latest of its callers'
+// deadlines, so callers that share a Batch should want their answers within about
+// the same time: the API's request slots have a Batch of their own.
+func NewBatch(rdb redis.UniversalClient, timeout time.Duration) *Batch {
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	b := &Batch{rdb: rdb, timeout: timeout}
 	b.g = groupcommit.Group[*batchItem]{Flush: b.flush, MaxBatch: 128}
 	return b
 }

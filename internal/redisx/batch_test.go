@@ -48,7 +48,7 @@ func TestBatchConcurrentCallsShareRoundTripsAndKeepTheirResults(t *testing.T) {
 	hook := &countingHook{delay: 5 * time.Millisecond}
 	rdb.AddHook(hook)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb)
+	b := redisx.NewBatch(rdb, 0)
 	defer b.Close()
 	key := keys.Prefix() + "batch:n"
 	const calls = 200
@@ -95,7 +95,7 @@ func TestBatchOneCallsFailedCommandLeavesTheOthers(t *testing.T) {
 	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb)
+	b := redisx.NewBatch(rdb, 0)
 	defer b.Close()
 	str := keys.Prefix() + "batch:str"
 	rdb.Set(ctx, str, "text", 0)
@@ -124,7 +124,7 @@ func TestBatchLoadsScriptsRedisLost(t *testing.T) {
 	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb)
+	b := redisx.NewBatch(rdb, 0)
 	defer b.Close()
 	key := keys.Prefix() + "batch:lost"
 	lost := redisx.NewScript(`return redis.call('INCRBY', KEYS[1], ARGV[1]) -- batch test ` + keys.Prefix())
@@ -156,7 +156,7 @@ func TestBatchGoRunsUntilClose(t *testing.T) {
 	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb)
+	b := redisx.NewBatch(rdb, 0)
 	key := keys.Prefix() + "batch:go"
 	var mu sync.Mutex
 	var outcomes []error
