@@ -58,6 +58,16 @@ func (s *Store) InTx(ctx context.Context, fn func(tx *Store) error) error {
 	})
 }
 
+// inTransaction runs fn in s's transaction when s is one, else in a transaction of
+// its own. Unlike InTx it takes no savepoint inside a transaction: for calls whose
+// every caller rolls back on their failure.
+func (s *Store) inTransaction(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	if tx, ok := s.db.(pgx.Tx); ok {
+		return fn(tx)
+	}
+	return pgx.BeginFunc(ctx, s.db, fn)
+}
+
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"

@@ -167,7 +167,9 @@ type LastStep struct {
 // ends each of them completed, on one transaction: what UnscopedRecordStep and then
 // UnscopedFinishTask do for each, in one statement for all of them, plus two for the
 // rollups of all their tenants. Concurrent workers' ends commit together this way
-// (group commit).
+// (group commit). Inside a transaction it runs in that one, without a savepoint of
+// its own (two round trips fewer per batch): a failure fails the caller's
+// transaction, which the caller rolls back.
 //
 // A task is written only when its claim holds and ps's step is the one after its
 // last recorded step, and only by its first entry in ps; the recorded steps are
@@ -196,7 +198,7 @@ func (s *Store) UnscopedCompleteLastSteps(ctx context.Context, ps []LastStep) (o
 		ids[i], attempts[i], steps[i], tokens[i], costs[i] = p.ID, int32(p.Attempt), int32(p.Step), p.Tokens, p.CostMicro
 		states[i], outputs[i] = jsonText(p.AgentState), jsonText(p.Output)
 	}
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err = s.inTransaction(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			WITH i AS (
 				SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::bigint[], $5::bigint[], $6::text[], $7::text[])
