@@ -13,6 +13,15 @@ import (
 	"github.com/agentq/agentq/internal/testenv"
 )
 
+// newBatch is a test's own Redis prefix and a Batch on it, closed when the test ends.
+func newBatch(t *testing.T) (*redis.Client, string, *redisx.Batch) {
+	t.Parallel()
+	rdb, keys := testenv.Redis(t, 1)
+	b := redisx.NewBatch(rdb, 0)
+	t.Cleanup(b.Close)
+	return rdb, keys.Prefix(), b
+}
+
 var incrBy = redisx.NewScript(`return redis.call('INCRBY', KEYS[1], ARGV[1])`)
 
 // countingHook counts the round trips (single commands and pipelines) a client makes,
@@ -43,14 +52,11 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 func TestBatchConcurrentCallsShareRoundTripsAndKeepTheirResults(t *testing.T) {
-	t.Parallel()
-	rdb, keys := testenv.Redis(t, 1)
+	rdb, prefix, b := newBatch(t)
 	hook := &countingHook{delay: 5 * time.Millisecond}
 	rdb.AddHook(hook)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb, 0)
-	defer b.Close()
-	key := keys.Prefix() + "batch:n"
+	key := prefix + "batch:n"
 	const calls = 200
 	results := make([]int64, calls)
 	var wg sync.WaitGroup
@@ -60,7 +66,7 @@ func TestBatchConcurrentCallsShareRoundTripsAndKeepTheirResults(t *testing.T) {
 			var set *redis.StatusCmd
 			err := b.Do(ctx, func(pipe redis.Pipeliner) {
 				got = incrBy.Run(ctx, pipe, []string{key}, 1)
-				set = pipe.Set(ctx, fmt.Sprintf("%sbatch:k%d", keys.Prefix(), i), i, 0)
+				set = pipe.Set(ctx, fmt.Sprintf("%sbatch:k%d", prefix, i), i, 0)
 			})
 			if err != nil || set.Err() != nil {
 				t.Errorf("call %d: %v / %v", i, err, set.Err())
@@ -81,7 +87,7 @@ func TestBatchConcurrentCallsShareRoundTripsAndKeepTheirResults(t *testing.T) {
 		seen[r] = true
 	}
 	for i := range calls {
-		if v, err := rdb.Get(ctx, fmt.Sprintf("%sbatch:k%d", keys.Prefix(), i)).Int(); err != nil || v != i {
+		if v, err := rdb.Get(ctx, fmt.Sprintf("%sbatch:k%d", prefix, i)).Int(); err != nil || v != i {
 			t.Fatalf("key %d = %d, %v", i, v, err)
 		}
 	}
@@ -92,12 +98,9 @@ func TestBatchConcurrentCallsShareRoundTripsAndKeepTheirResults(t *testing.T) {
 }
 
 func TestBatchOneCallsFailedCommandLeavesTheOthers(t *testing.T) {
-	t.Parallel()
-	rdb, keys := testenv.Redis(t, 1)
+	rdb, prefix, b := newBatch(t)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb, 0)
-	defer b.Close()
-	str := keys.Prefix() + "batch:str"
+	str := prefix + "batch:str"
 	rdb.Set(ctx, str, "text", 0)
 	var wg sync.WaitGroup
 	errs := make([]error, 20)
@@ -108,7 +111,7 @@ func TestBatchOneCallsFailedCommandLeavesTheOthers(t *testing.T) {
 					pipe.Incr(ctx, str) // WRONGTYPE-like: not an integer
 					return
 				}
-				pipe.Incr(ctx, fmt.Sprintf("%sbatch:c%d", keys.Prefix(), i))
+				pipe.Incr(ctx, fmt.Sprintf("%sbatch:c%d", prefix, i))
 			})
 		})
 	}
@@ -121,13 +124,10 @@ func TestBatchOneCallsFailedCommandLeavesTheOthers(t *testing.T) {
 }
 
 func TestBatchLoadsScriptsRedisLost(t *testing.T) {
-	t.Parallel()
-	rdb, keys := testenv.Redis(t, 1)
+	rdb, prefix, b := newBatch(t)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb, 0)
-	defer b.Close()
-	key := keys.Prefix() + "batch:lost"
-	lost := redisx.NewScript(`return redis.call('INCRBY', KEYS[1], ARGV[1]) -- batch test ` + keys.Prefix())
+	key := prefix + "batch:lost"
+	lost := redisx.NewScript(`return redis.call('INCRBY', KEYS[1], ARGV[1]) -- batch test ` + prefix)
 	// Never loaded, with a body of this test's own: Redis answers NOSCRIPT, as it
 	// does for every script after a restart (SCRIPT FLUSH would disturb the tests
 	// running beside this one).
@@ -156,7 +156,7 @@ func TestBatchGoRunsUntilClose(t *testing.T) {
 	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	ctx := context.Background()
-	b := redisx.NewBatch(rdb, 0)
+	b := redisx.NewBatch(rdb, 0) // closed by the test itself
 	key := keys.Prefix() + "batch:go"
 	var mu sync.Mutex
 	var outcomes []error
