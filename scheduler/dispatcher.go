@@ -181,8 +181,15 @@ func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 	}
 	n := 0
 	defer func() { d.publishVT(context.WithoutCancel(ctx)) }()
+	// Several shards: one task per step, each from the shard whose head has the
+	// smallest pass, sent before the next is picked, so that fairness across shards
+	// keeps its bound however the processes' rounds interleave.
+	batch := dispatchBatch
+	if shards > 1 {
+		batch = 1
+	}
 	for {
-		slots, err := d.sched.reserveN(ctx, dispatchBatch)
+		slots, err := d.sched.reserveN(ctx, batch)
 		if err != nil || slots == 0 {
 			return n, err // no slot: the pool is full; a completion wakes us
 		}
@@ -195,8 +202,6 @@ func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 				popErr = nil // candidates moved under it: the next step goes on
 			}
 		} else {
-			// Several: one task at a time, each from the shard whose head has the
-			// smallest pass, so fairness across shards keeps its bound.
 			for len(jobs) < slots {
 				job, err := d.dispatchNext(ctx, active)
 				if err != nil {
