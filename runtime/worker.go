@@ -51,9 +51,8 @@ type TenantReader interface {
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
 // advertise this process's capacity.
 type Slots interface {
-	Done(ctx context.Context, p wire.Payload, took time.Duration) error
-	// QueueDone and DoneQueued are Done in two halves, so that its script goes out
-	// in the round trip of the task end's other calls.
+	// QueueDone and DoneQueued release a finished task's slots in two halves, so
+	// that the script goes out in the round trip of the task end's other calls.
 	QueueDone(ctx context.Context, pipe redis.Pipeliner, p wire.Payload, took time.Duration) *redis.Cmd
 	DoneQueued(ctx context.Context, cmd *redis.Cmd) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
@@ -63,14 +62,13 @@ type Slots interface {
 // Limits is what the worker needs of the quotas package: count each step against the
 // tenant's period quotas and release a task's session lease when it ends.
 type Limits interface {
-	ReserveStep(ctx context.Context, p quotas.StepParams) error
-	// QueueReserveStep and ReserveStepQueued are ReserveStep in two halves, so that
-	// the first step's reservation goes out with the task's "running" message.
+	// QueueReserveStep and ReserveStepQueued reserve a step in two halves, so that the
+	// reservation shares a round trip (the first one with the "running" message).
 	QueueReserveStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams) *redis.Cmd
 	ReserveStepQueued(ctx context.Context, p quotas.StepParams, sent *redis.Cmd) error
 	SettleStep(ctx context.Context, p quotas.StepParams) error
-	Release(ctx context.Context, tenantID, taskID string) (int, error)
-	// QueueSettleStep and QueueRelease queue SettleStep and Release on a pipe.
+	// QueueSettleStep and QueueRelease queue SettleStep and the release of a task's
+	// leases on a pipe.
 	QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams)
 	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
@@ -331,8 +329,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	case tasks.Ended:
 		// Cancelled while dispatched, or a duplicate delivery of a finished task.
 		// Releasing again is harmless; it covers a release lost to a crash.
-		w.releaseLease(p.TenantID, p.TaskID)
-		w.release(p, -1)
+		w.release(p, -1, w.queueReleaseLease(p.TenantID, p.TaskID))
 		return nil
 	case tasks.Busy:
 		return nil // another live delivery owns it
@@ -357,17 +354,14 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	return nil
 }
 
-func (w *Worker) releaseLease(tenantID, taskID string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := w.limits.Release(ctx, tenantID, taskID); err != nil {
-		w.log.Warn("releasing session lease failed; the janitor releases it (or it expires with its TTL)", "task_id", taskID, "err", err)
-	}
+// queueReleaseLease queues the release of a task's session lease.
+func (w *Worker) queueReleaseLease(tenantID, taskID string) func(redis.Pipeliner) {
+	return func(pipe redis.Pipeliner) { w.limits.QueueRelease(context.Background(), pipe, tenantID, taskID) }
 }
 
 // release frees a delivery's dispatch slots. tail are the Redis calls of the task's
-// end still to make (its settlement, lease release and last progress messages): they
-// go in the same round trip, shared with other workers' calls of the moment.
+// end still to make (its last settlement, lease release and last progress messages):
+// they go in the same round trip, shared with other workers' calls of the moment.
 func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.Pipeliner)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -387,8 +381,8 @@ func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.
 	}
 	if err != nil {
 		// The settlement or the lease release: the janitor repairs both (a lease also
-		// lapses with its TTL).
-		w.log.Warn("a finished task's quota settlement or lease release failed", "task_id", p.TaskID, "err", err)
+		// lapses with its TTL); a lost progress message is re-read from Postgres.
+		w.log.Warn("a finished task's quota settlement, lease release or last message failed", "task_id", p.TaskID, "err", err)
 	}
 	if err := w.slots.DoneQueued(ctx, done); err != nil {
 		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
@@ -473,11 +467,11 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 		}
 	}()
 	// onEnded is what the call that won a task's terminal transition owns: the lease
-	// release and the end's message.
-	// before are messages to send ahead of the end's, in its round trip.
+	// release and the end's message, which go out with the slot release (tail).
+	// before are messages to send ahead of the end's.
 	onEnded := func(state store.TaskState, errText string, output json.RawMessage, before ...Event) {
-		w.releaseLease(task.TenantID, id)
-		w.publish(ctx, append(before, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})...)
+		*tail = append(*tail, w.queueReleaseLease(task.TenantID, id),
+			w.queuePublish(ctx, append(before, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})...))
 		log.Info("task finished", "state", state, "steps", task.Usage.Steps)
 	}
 	finishBy = func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
@@ -609,9 +603,12 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 	// The billing period is the step's: a task running across the boundary books its
 	// later steps into the new period. A settlement goes to its reservation's period.
 	var period quotas.Period
-	settle := func(p quotas.StepParams) {
+	ofTask := func(p quotas.StepParams) quotas.StepParams {
 		p.TenantID, p.Period, p.Limits = task.TenantID, period, limits
-		if err := w.limits.SettleStep(context.WithoutCancel(ctx), p); err != nil {
+		return p
+	}
+	settle := func(p quotas.StepParams) {
+		if err := w.limits.SettleStep(context.WithoutCancel(ctx), ofTask(p)); err != nil {
 			log.Warn("settling a step's quota reservation failed", "err", err)
 		}
 	}
@@ -631,19 +628,16 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 			return false
 		}
 		period = tenant.Anchor().PeriodAt(time.Now())
-		sp := quotas.StepParams{TenantID: task.TenantID, Period: period, Limits: limits, Tokens: estTokens, CostMicro: estMicro}
-		var err error
-		if running != nil {
-			var sent *redis.Cmd
-			_ = w.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		sp := ofTask(quotas.StepParams{Tokens: estTokens, CostMicro: estMicro})
+		var sent *redis.Cmd
+		_ = w.batch.Do(ctx, func(pipe redis.Pipeliner) { // the answer is in sent
+			if running != nil {
 				running(pipe)
-				sent = w.limits.QueueReserveStep(ctx, pipe, sp)
-			})
-			running = nil
-			err = w.limits.ReserveStepQueued(ctx, sp, sent)
-		} else {
-			err = w.limits.ReserveStep(ctx, sp)
-		}
+			}
+			sent = w.limits.QueueReserveStep(ctx, pipe, sp)
+		})
+		running = nil
+		err := w.limits.ReserveStepQueued(ctx, sp, sent)
 		var qe *quotas.QuotaExceeded
 		switch {
 		case errors.As(err, &qe):
@@ -738,23 +732,14 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 			log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
 			return false
 		}
+		booked := quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro}
 		if res.Done && ended {
-			// The task's end: its Redis calls go with the slot release.
-			ctx := context.WithoutCancel(ctx)
-			tenantID := task.TenantID
-			sp := quotas.StepParams{TenantID: tenantID, Period: period, Limits: limits,
-				Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro}
-			usage := res.Usage
-			*tail = append(*tail,
-				func(pipe redis.Pipeliner) { w.limits.QueueSettleStep(ctx, pipe, sp) },
-				func(pipe redis.Pipeliner) { w.limits.QueueRelease(ctx, pipe, tenantID, id) },
-				w.queuePublish(ctx,
-					Event{Type: "step", TaskID: id, Step: step, Usage: &usage, Done: true, Output: res.Output},
-					Event{Type: "state", TaskID: id, State: string(store.StateCompleted), Output: res.Output}))
-			log.Info("task finished", "state", store.StateCompleted, "steps", step)
-			return false
+			// The task's end: its last settlement goes with the slot release too.
+			sp := ofTask(booked)
+			*tail = append(*tail, func(pipe redis.Pipeliner) { w.limits.QueueSettleStep(context.Background(), pipe, sp) })
+		} else {
+			settle(booked)
 		}
-		settle(quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro})
 		estTokens, estMicro = res.Usage.Tokens, costMicro
 		task.Usage.Steps, task.Usage.Tokens, task.Usage.CostMicroUSD = step, task.Usage.Tokens+res.Usage.Tokens, task.Usage.CostMicroUSD+costMicro
 		state = res.State

@@ -193,24 +193,7 @@ func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 		if err != nil || slots == 0 {
 			return n, err // no slot: the pool is full; a completion wakes us
 		}
-		jobs := make([]Dispatched, 0, slots)
-		var popErr error
-		if shards == 1 {
-			// One shard: the step's tasks in one call of the pop script.
-			jobs, popErr = d.sched.dispatchMany(ctx, 0, 0, slots)
-			if errors.Is(popErr, errBusy) {
-				popErr = nil // candidates moved under it: the next step goes on
-			}
-		} else {
-			for len(jobs) < slots {
-				job, err := d.dispatchNext(ctx, active)
-				if err != nil {
-					popErr = err
-					break
-				}
-				jobs = append(jobs, job)
-			}
-		}
+		jobs, popErr := d.pop(ctx, active, slots)
 		if unused := slots - len(jobs); unused > 0 {
 			if rerr := d.sched.releaseN(ctx, unused); rerr != nil {
 				d.log.Warn("releasing unused pool slots failed", "slots", unused, "err", rerr)
@@ -218,16 +201,33 @@ func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 		}
 		sent, err := d.sendAll(ctx, jobs)
 		n += sent
-		if err != nil {
+		switch {
+		case err != nil:
 			return n, err
-		}
-		if popErr != nil {
-			if errors.Is(popErr, errEmpty) {
-				return n, nil
-			}
+		case errors.Is(popErr, errEmpty):
+			return n, nil
+		case popErr != nil:
 			return n, popErr
 		}
 	}
+}
+
+// pop takes up to slots tasks in fair order: on one shard in one call of the pop
+// script, on several the one task of the shard whose head has the smallest pass.
+// What it popped is returned with any error, so that it is sent all the same.
+func (d *Dispatcher) pop(ctx context.Context, active []bool, slots int) ([]Dispatched, error) {
+	if len(active) == 1 {
+		jobs, err := d.sched.dispatchMany(ctx, 0, d.globalVT(), slots)
+		if errors.Is(err, errBusy) {
+			err = nil // candidates moved under it: the next step goes on
+		}
+		return jobs, err
+	}
+	job, err := d.dispatchNext(ctx, active)
+	if err != nil {
+		return nil, err
+	}
+	return []Dispatched{job}, nil
 }
 
 // sendAll hands a step's tasks to asynq, then confirms those sent in one round trip.
@@ -342,14 +342,6 @@ end
 return 1
 `)
 
-// send hands one task to asynq and confirms it.
-func (d *Dispatcher) send(ctx context.Context, job Dispatched) error {
-	if err := d.enqueue(ctx, job); err != nil {
-		return err
-	}
-	return d.sched.confirm(ctx, job)
-}
-
 // enqueue hands a popped task to asynq, in the task's trace.
 func (d *Dispatcher) enqueue(ctx context.Context, job Dispatched) (err error) {
 	// The dispatch span continues the submission's trace; the worker's continues
@@ -417,7 +409,7 @@ func (d *Dispatcher) resendStale(ctx context.Context) error {
 				continue
 			}
 			d.log.Info("re-sending task left in dispatching", "task_id", job.TaskID, "tenant_id", job.TenantID)
-			if err := d.send(ctx, job); err != nil {
+			if _, err := d.sendAll(ctx, []Dispatched{job}); err != nil {
 				return err
 			}
 		}

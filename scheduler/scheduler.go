@@ -507,32 +507,23 @@ return 1
 `)
 
 func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
-	if err := s.queueConfirm(ctx, s.rdb, d).Err(); err != nil {
-		return fmt.Errorf("scheduler: confirm: %w", err)
-	}
-	return nil
+	return s.confirmAll(ctx, []Dispatched{d})
 }
 
-// confirmAll confirms a round's tasks in one round trip.
+// confirmAll confirms a round's tasks in one round trip, shared with other calls of
+// the moment.
 func (s *Scheduler) confirmAll(ctx context.Context, ds []Dispatched) error {
-	if len(ds) == 1 {
-		return s.confirm(ctx, ds[0])
-	}
 	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
 		for _, d := range ds {
-			s.queueConfirm(ctx, pipe, d)
+			shard := s.keys.Shard(d.TenantID)
+			keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID)}
+			confirmScript.Run(ctx, pipe, keys, s.nowArg(), d.member(), d.TaskID)
 		}
 	})
 	if err != nil {
 		return fmt.Errorf("scheduler: confirm: %w", err)
 	}
 	return nil
-}
-
-func (s *Scheduler) queueConfirm(ctx context.Context, c redis.Scripter, d Dispatched) *redis.Cmd {
-	shard := s.keys.Shard(d.TenantID)
-	keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID)}
-	return confirmScript.Run(ctx, c, keys, s.nowArg(), d.member(), d.TaskID)
 }
 
 // doneScript ends a dispatched task: frees its running slot, corrects its tenant's

@@ -135,13 +135,11 @@ func (b *Batch) flush(items []*batchItem) {
 	if pipe.Len() == 0 {
 		return
 	}
-	cmds, err := pipe.Exec(ctx)
+	cmds, err := pipe.Exec(ctx) // every queued command, answered or failed
 	for _, it := range items {
-		if it.to <= len(cmds) {
-			it.cmds = cmds[it.from:it.to]
-		}
+		it.cmds = cmds[it.from:it.to]
 	}
-	if err != nil && (len(cmds) == 0 || !onlyCommandErrors(cmds)) {
+	if err != nil && !onlyCommandErrors(cmds) {
 		for _, it := range items {
 			it.err = err
 		}

@@ -172,6 +172,7 @@ func TestBatchGoRunsUntilClose(t *testing.T) {
 		t.Fatalf("after Close: %d increments, %d outcomes; want 50 and 50", n, len(outcomes))
 	}
 	b.Go(ctx, func(pipe redis.Pipeliner) { pipe.Incr(ctx, key) }, nil)
+	b.Close() // waits for anything the late Go started, had it started anything
 	if n, _ := rdb.Get(ctx, key).Int(); n != 50 {
 		t.Fatalf("Go after Close ran: %d", n)
 	}
