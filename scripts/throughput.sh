@@ -9,6 +9,9 @@
 #   go build -o /tmp/loadcmp . (in ../shared/tools/loadcmp); make build
 #   scripts/throughput.sh bin/agentq [river]
 #
+# NOOTEL=1 runs it without the OTLP exporter variables (tracing's cost);
+# PPROF_ADDR=host:port serves pprof from the agentq process (AGENTQ_PPROF_ADDR).
+#
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
 set -u
 BIN=$1; MODE=${2:-}
@@ -29,9 +32,9 @@ class H(BaseHTTPRequestHandler):
 HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 PY
 SINK=$!
-export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OP" OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=500 OTEL_METRIC_EXPORT_INTERVAL=1000
+[ -n "${NOOTEL:-}" ] || export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OP" OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=500 OTEL_METRIC_EXPORT_INTERVAL=1000
 DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB?sslmode=disable" REDIS_URL=redis://127.0.0.1:6379/14 \
-  AGENTQ_ADMIN_TOKEN=tpadmin AGENTQ_HTTP_ADDR=127.0.0.1:$PORT "$BIN" serve >/tmp/throughput-serve.log 2>&1 &
+  AGENTQ_PPROF_ADDR=${PPROF_ADDR:-} AGENTQ_ADMIN_TOKEN=tpadmin AGENTQ_HTTP_ADDR=127.0.0.1:$PORT "$BIN" serve >/tmp/throughput-serve.log 2>&1 &
 SRV=$!
 cleanup() {
   kill $SRV $SINK 2>/dev/null; wait $SRV 2>/dev/null
