@@ -99,6 +99,9 @@ func TestRedeliveredTaskOfADeadWorkerIsTakenOver(t *testing.T) {
 	if err := h.app.Worker().ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
 		t.Fatal(err)
 	}
+	if err := h.app.Worker().Flush(ctx); err != nil { // the end is recorded after the delivery returns
+		t.Fatal(err)
+	}
 	got, _ := c.GetTask(ctx, task.ID)
 	if got.State != "completed" || got.Usage.Steps != 3 || got.Attempt != 2 {
 		t.Fatalf("after takeover: %s, %d steps, attempt %d; want completed, 3 steps (resumed at step 2), attempt 2", got.State, got.Usage.Steps, got.Attempt)

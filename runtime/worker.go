@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -41,6 +42,9 @@ type Lifecycle interface {
 	Finish(ctx context.Context, p tasks.FinishParams) (bool, error)
 	Requeue(ctx context.Context, c store.Claim) error
 	Heartbeat(ctx context.Context, c store.Claim) error
+	// StaleAfter is how long a running task's heartbeat must be silent before
+	// another delivery may take the task over.
+	StaleAfter() time.Duration
 }
 
 // TenantReader reads a task's tenant, for its limits (*store.Store).
@@ -119,7 +123,21 @@ type Worker struct {
 	mu      sync.Mutex
 	running map[uuid.UUID]context.CancelCauseFunc
 	busy    int // deliveries being processed
+
+	// A task's terminal write is made after its delivery released its dispatch
+	// slots (see ProcessTask). ends holds one token per end still being recorded:
+	// at most Concurrency, beyond which deliveries wait. endCtx bounds their retries;
+	// a shutdown that outlasts them cancels it.
+	ends    chan struct{}
+	endCtx  context.Context
+	endStop context.CancelFunc
 }
+
+// ending is a task's terminal write. It returns the Redis calls of the end to make once
+// it is recorded (the last settlement, the lease release, the last messages), and
+// lost = true when the write found the task claimed by a later attempt, which then
+// owns the task's lease and dispatch slots.
+type ending func(ctx context.Context) (tail []func(redis.Pipeliner), lost bool)
 
 // errCancelled is the cause recorded when a tenant cancels a running task.
 var errCancelled = errors.New("task cancelled")
@@ -148,7 +166,9 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		opts:      opts,
 		log:       opts.Logger,
 		running:   map[uuid.UUID]context.CancelCauseFunc{},
+		ends:      make(chan struct{}, opts.Concurrency),
 	}
+	w.endCtx, w.endStop = context.WithCancel(context.Background())
 	tp := opts.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -266,6 +286,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // finish up to ShutdownTimeout: asynq's Shutdown waits for its handlers that long,
 // then cancels them and requeues their tasks.
 func (w *Worker) drain(srv *asynq.Server) {
+	// Running steps get ShutdownTimeout (asynq's Shutdown); the ends handed off by
+	// deliveries get what is left of it and 2 s more.
+	flushBy := time.Now().Add(w.opts.ShutdownTimeout + 2*time.Second)
 	srv.Stop() // no new tasks
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -273,6 +296,32 @@ func (w *Worker) drain(srv *asynq.Server) {
 		w.log.Warn("worker deregister failed", "err", err)
 	}
 	srv.Shutdown()
+	// The ends handed off by the deliveries: their results are only in this process.
+	fctx, fcancel := context.WithDeadline(context.Background(), flushBy)
+	defer fcancel()
+	if err := w.Flush(fctx); err != nil {
+		w.log.Warn("task ends not recorded by the shutdown timeout; the janitor re-runs those tasks from their last recorded step",
+			"tasks", len(w.ends))
+		w.mu.Lock()
+		w.endStop() // their retries stop; a write under way still ends within its timeout
+		w.endCtx, w.endStop = context.WithCancel(context.Background())
+		w.mu.Unlock()
+	}
+}
+
+// Flush waits until every task end handed off by a delivery is recorded and its
+// Redis calls made, or ctx ends.
+func (w *Worker) Flush(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for len(w.ends) > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("runtime: %d task ends still being recorded: %w", len(w.ends), ctx.Err())
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // Interrupt cancels a task running in this process, if any (tests and in-process
@@ -317,6 +366,11 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 		}
 		span.End()
 	}()
+	// confirmed is when this delivery last sent a write that found its claim on the
+	// task current (its start, a step's record, a heartbeat).
+	var confirmed atomic.Int64
+	confirm := func(sent time.Time) { confirmed.Store(sent.UnixNano()) }
+	confirm(time.Now())
 	task, outcome, err := w.lifecycle.Start(ctx, id)
 	if err != nil {
 		return fmt.Errorf("runtime: start task: %w", err)
@@ -338,8 +392,8 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
 	}
 	var lost bool
-	var tail []func(redis.Pipeliner)
-	requeued := w.run(ctx, task, &lost, &tail)
+	var end ending
+	requeued := w.run(ctx, task, &lost, &end, confirm)
 	if requeued {
 		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
 	}
@@ -350,8 +404,50 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	// The worker slot was busy from delivery to here: that is the task's worker time,
 	// which its tenant's fair share is charged.
-	w.release(p, time.Since(began), tail...)
+	took := time.Since(began)
+	if end == nil {
+		w.release(p, took)
+		return nil
+	}
+	// The slots go back before the end is written, so that the next task starts while
+	// Postgres records this one (as River's completer does): the pool's slots count
+	// running agents, not pending writes. Only while no other attempt can have taken
+	// the task over, though: its claim was confirmed less than half the take-over
+	// silence ago. Otherwise the end's write decides first whose slots they are.
+	if time.Since(time.Unix(0, confirmed.Load())) < w.lifecycle.StaleAfter()/2 {
+		w.release(p, took)
+		w.endTask(ctx, p, end)
+		return nil
+	}
+	if tail, lost := end(context.WithoutCancel(ctx)); !lost {
+		w.release(p, took, tail...)
+	}
 	return nil
+}
+
+// endTask records a task's end in the background, then sends the end's Redis calls
+// with a second release of its dispatch slots. That release normally finds nothing: it
+// is there for a janitor pass that saw the task running in Postgres, missing from its
+// tenant's running set (released above), and put it back before the end was recorded.
+// The janitor re-checks Postgres after it puts an entry back, so one of the two always
+// sees the end. It blocks while Concurrency ends are already being recorded.
+func (w *Worker) endTask(ctx context.Context, p wire.Payload, end ending) {
+	w.ends <- struct{}{}
+	w.mu.Lock()
+	endCtx := w.endCtx
+	w.mu.Unlock()
+	ctx = trace.ContextWithSpanContext(endCtx, trace.SpanContextFromContext(ctx))
+	go func() {
+		defer func() { <-w.ends }()
+		defer func() {
+			if r := recover(); r != nil {
+				w.log.Error("recording a task's end panicked; the janitor re-runs the task", "task_id", p.TaskID, "panic", r)
+			}
+		}()
+		if tail, lost := end(ctx); !lost {
+			w.release(p, -1, tail...)
+		}
+	}()
 }
 
 // queueReleaseLease queues the release of a task's session lease.
@@ -359,9 +455,10 @@ func (w *Worker) queueReleaseLease(tenantID, taskID string) func(redis.Pipeliner
 	return func(pipe redis.Pipeliner) { w.limits.QueueRelease(context.Background(), pipe, tenantID, taskID) }
 }
 
-// release frees a delivery's dispatch slots. tail are the Redis calls of the task's
-// end still to make (its last settlement, lease release and last progress messages):
-// they go in the same round trip, shared with other workers' calls of the moment.
+// release frees a delivery's dispatch slots (took < 0: charge no worker time). tail
+// are other Redis calls to make with it (an end's last settlement, lease release and
+// last progress messages): they go in the same round trip, shared with other workers'
+// calls of the moment.
 func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.Pipeliner)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -432,9 +529,9 @@ func (w *Worker) queuePublish(ctx context.Context, evs ...Event) func(redis.Pipe
 // It sets *lost when a write found the task claimed by a later attempt (this worker
 // stalled past its lease): it then stops at once and touches nothing of the task's.
 //
-// tail receives the Redis calls of a successful end that can wait for the slot
-// release's round trip: the last settlement, the lease release and the last messages.
-func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]func(redis.Pipeliner)) (requeued bool) {
+// The task's terminal write is not made here: run sets *end to it, and the caller
+// makes it once the dispatch slots are released.
+func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *ending, confirm func(sent time.Time)) (requeued bool) {
 	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent, "attempt", task.Attempt)
 	log = log.With(telemetry.SpanAttrs(ctx)...)
 	id := task.ID.String()
@@ -467,27 +564,32 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 		}
 	}()
 	// onEnded is what the call that won a task's terminal transition owns: the lease
-	// release and the end's message, which go out with the slot release (tail).
+	// release and the end's message, returned as Redis calls to make together.
 	// before are messages to send ahead of the end's.
-	onEnded := func(state store.TaskState, errText string, output json.RawMessage, before ...Event) {
-		*tail = append(*tail, w.queueReleaseLease(task.TenantID, id),
-			w.queuePublish(ctx, append(before, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})...))
+	onEnded := func(state store.TaskState, errText string, output json.RawMessage, before ...Event) []func(redis.Pipeliner) {
 		log.Info("task finished", "state", state, "steps", task.Usage.Steps)
+		return []func(redis.Pipeliner){w.queueReleaseLease(task.TenantID, id),
+			w.queuePublish(ctx, append(before, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})...)}
 	}
 	finishBy = func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
-		flushRunning()
-		var ok bool
-		err := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			var err error
-			ok, err = w.lifecycle.Finish(ctx, tasks.FinishParams{Claim: claim, To: state, Output: output, Error: errText, Stop: stop})
-			return err
-		})
-		if errors.Is(err, store.ErrLostClaim) {
-			lostClaim("terminal state", err)
-		} else if err != nil {
-			log.Error("recording terminal state failed", "state", state, "err", err)
-		} else if ok {
-			onEnded(state, errText, output)
+		*end = func(ctx context.Context) ([]func(redis.Pipeliner), bool) {
+			flushRunning()
+			var ok bool
+			err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
+				var err error
+				ok, err = w.lifecycle.Finish(ctx, tasks.FinishParams{Claim: claim, To: state, Output: output, Error: errText, Stop: stop})
+				return err
+			})
+			switch {
+			case errors.Is(err, store.ErrLostClaim):
+				log.Warn("another attempt took the task over; this one stops", "at", "terminal state", "err", err)
+				return nil, true
+			case err != nil:
+				log.Error("recording terminal state failed", "state", state, "err", err)
+			case ok:
+				return onEnded(state, errText, output), false
+			}
+			return nil, false
 		}
 	}
 	requeue := func(why string, err error) bool {
@@ -569,7 +671,11 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 			case <-taskCtx.Done():
 				return
 			case <-t.C:
+				sent := time.Now()
 				err := w.lifecycle.Heartbeat(taskCtx, claim)
+				if err == nil {
+					confirm(sent)
+				}
 				switch {
 				case errors.Is(err, store.ErrLostClaim):
 					// Stop the step: its result could not be recorded anyway.
@@ -704,16 +810,52 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 		rec := store.RecordStepParams{
 			ID: task.ID, Attempt: task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 		}
-		// The last step and the task's end are one transaction: one commit fewer on
-		// the path every task takes.
-		var ended bool
-		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			if res.Done {
-				var err error
-				ended, err = w.lifecycle.RecordLastStep(ctx, rec, tasks.FinishParams{Claim: claim, To: store.StateCompleted, Output: res.Output})
-				return err
+		booked := quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro}
+		usage := res.Usage
+		ev := Event{Type: "step", TaskID: id, Step: step, Usage: &usage, Done: res.Done}
+		if res.Done {
+			// The last step and the task's end are one transaction: one commit fewer on
+			// the path every task takes.
+			ev.Output = res.Output
+			giveBack := quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro}
+			*end = func(ctx context.Context) ([]func(redis.Pipeliner), bool) {
+				var ended bool
+				err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
+					var err error
+					ended, err = w.lifecycle.RecordLastStep(ctx, rec, tasks.FinishParams{Claim: claim, To: store.StateCompleted, Output: res.Output})
+					return err
+				})
+				switch {
+				case errors.Is(err, store.ErrLostClaim):
+					settle(giveBack)
+					log.Warn("another attempt took the task over; this one stops", "at", "step record", "err", err)
+					return nil, true
+				case errors.Is(err, store.ErrTaskEnded):
+					settle(giveBack) // cancelled before the step's record: not counted anywhere
+					return nil, false
+				case err != nil:
+					settle(giveBack)
+					// Postgres stayed away longer than a worker holds a result: see below.
+					log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
+					return nil, false
+				}
+				task.Usage.Steps = step
+				sp := ofTask(booked)
+				tail := []func(redis.Pipeliner){func(pipe redis.Pipeliner) { w.limits.QueueSettleStep(context.Background(), pipe, sp) }}
+				if ended {
+					return append(tail, onEnded(store.StateCompleted, "", res.Output, ev)...), false
+				}
+				return append(tail, w.queuePublish(ctx, ev)), false
 			}
-			return w.lifecycle.RecordStep(ctx, rec)
+			return false
+		}
+		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
+			sent := time.Now()
+			err := w.lifecycle.RecordStep(ctx, rec)
+			if err == nil {
+				confirm(sent)
+			}
+			return err
 		})
 		if err != nil {
 			// Not in the ledger, so not billed in Redis either.
@@ -732,28 +874,10 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, tail *[]f
 			log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
 			return false
 		}
-		booked := quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro}
-		if res.Done && ended {
-			// The task's end: its last settlement goes with the slot release too.
-			sp := ofTask(booked)
-			*tail = append(*tail, func(pipe redis.Pipeliner) { w.limits.QueueSettleStep(context.Background(), pipe, sp) })
-		} else {
-			settle(booked)
-		}
+		settle(booked)
 		estTokens, estMicro = res.Usage.Tokens, costMicro
 		task.Usage.Steps, task.Usage.Tokens, task.Usage.CostMicroUSD = step, task.Usage.Tokens+res.Usage.Tokens, task.Usage.CostMicroUSD+costMicro
 		state = res.State
-		usage := res.Usage
-		ev := Event{Type: "step", TaskID: id, Step: step, Usage: &usage, Done: res.Done}
-		if res.Done {
-			ev.Output = res.Output
-			if ended {
-				onEnded(store.StateCompleted, "", res.Output, ev)
-			} else {
-				w.publish(ctx, ev)
-			}
-			return false
-		}
 		w.publish(ctx, ev)
 	}
 }

@@ -75,8 +75,12 @@ type rig struct {
 	log    *logBuffer
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T, lifecycle ...tasks.LifecycleOptions) *rig {
 	t.Helper()
+	lcOpts := tasks.LifecycleOptions{}
+	if len(lifecycle) > 0 {
+		lcOpts = lifecycle[0]
+	}
 	st := store.New(testenv.Postgres(t))
 	rdb, keys := testenv.Redis(t, 1)
 	plans, err := quotas.LoadCatalogue("")
@@ -85,7 +89,7 @@ func newRig(t *testing.T) *rig {
 	}
 	r := &rig{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys,
 		sched: scheduler.New(rdb, keys, scheduler.Options{}), q: quotas.New(rdb, keys, nil),
-		lc: tasks.NewLifecycle(st, tasks.LifecycleOptions{}), agents: runtime.NewRegistry(), log: &logBuffer{}}
+		lc: tasks.NewLifecycle(st, lcOpts), agents: runtime.NewRegistry(), log: &logBuffer{}}
 	if _, err := st.CreateTenant(r.ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,6 +161,9 @@ func (r *rig) process() {
 	r.t.Helper()
 	if err := r.w.ProcessTask(r.ctx, r.take()); err != nil {
 		r.t.Fatalf("process: %v", err)
+	}
+	if err := r.w.Flush(r.ctx); err != nil {
+		r.t.Fatal(err)
 	}
 }
 
@@ -371,9 +378,13 @@ func TestWorkerStopsACancelledStep(t *testing.T) {
 // A worker whose task was taken over by another attempt while its step ran (it
 // stalled past its heartbeat) stops when it finds out: it records neither the step
 // nor an end, and leaves the lease and the slot to the attempt that owns them now.
+//
+// A take-over needs the heartbeat silent for the lifecycle's StaleAfter; with 1 ms,
+// the worker too knows that its claim may have lapsed by its last step's end, so it
+// lets the end's write decide whose the slots are before it gives any back.
 func TestWorkerThatLostItsClaimStopsWithoutWriting(t *testing.T) {
 	t.Parallel()
-	r := newRig(t)
+	r := newRig(t, tasks.LifecycleOptions{StaleAfter: time.Millisecond})
 	started, proceed := make(chan struct{}), make(chan struct{})
 	r.agents.Register("stalled", stepFunc(func(context.Context, runtime.StepRequest) (runtime.StepResult, error) {
 		close(started)
@@ -390,6 +401,7 @@ func TestWorkerThatLostItsClaimStopsWithoutWriting(t *testing.T) {
 	if next, out, err := r.lc.Start(r.ctx, id); err != nil || out != tasks.TookOver || next.Attempt != 2 {
 		t.Fatalf("take over: %v attempt %d, %v", out, next.Attempt, err)
 	}
+	time.Sleep(2 * time.Millisecond) // past half the StaleAfter since the worker's start
 	close(proceed)
 	if err := <-done; err != nil {
 		t.Fatalf("process: %v", err)
@@ -447,3 +459,52 @@ func deref(s *string) string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A delivery gives its dispatch slots back as soon as its last step returns, and the
+// end is recorded afterwards. A janitor pass that saw the task running in Postgres
+// meanwhile, missing from the running set, and put it back is undone by the end's
+// second release: the slot is free once the end is recorded.
+func TestDeliveryReleasesItsSlotBeforeItsEndIsRecorded(t *testing.T) {
+	t.Parallel()
+	recording, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r := newRig(t, tasks.LifecycleOptions{AfterChange: func(_ context.Context, _ *store.Store, c tasks.Change) error {
+		if c.Kind == tasks.ChangeStep || c.Kind == tasks.ChangeFinished {
+			once.Do(func() { close(recording); <-proceed })
+		}
+		return nil
+	}})
+	r.agents.Register("counter", counter(t))
+	id := r.submit("counter", `{"steps":1,"tokens":3}`, nil)
+	done := make(chan error, 1)
+	go func() { done <- r.w.ProcessTask(r.ctx, r.take()) }()
+	<-recording
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("process: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery waited for its end to be recorded")
+	}
+	if r.slotHeld(id) {
+		t.Fatal("the delivery returned holding its slot")
+	}
+	if got := r.task(id); got.State != store.StateRunning {
+		t.Fatalf("task is %s before its end's write committed, want running", got.State)
+	}
+	// The janitor's running-set pass, in the window: running in Postgres, not in the set.
+	if err := r.sched.AddRunning(r.ctx, tenant, id.String()); err != nil {
+		t.Fatal(err)
+	}
+	close(proceed)
+	if err := r.w.Flush(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.task(id); got.State != store.StateCompleted {
+		t.Fatalf("task is %s, want completed", got.State)
+	}
+	if r.slotHeld(id) || r.leaseHeld(id) {
+		t.Fatalf("after the end: slot held %v, lease held %v; want both free", r.slotHeld(id), r.leaseHeld(id))
+	}
+}

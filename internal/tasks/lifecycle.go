@@ -588,3 +588,7 @@ func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, o
 	}
 	return t, ok, nil
 }
+
+// StaleAfter is how long a running task's heartbeat must be silent before Start
+// takes it over.
+func (l *Lifecycle) StaleAfter() time.Duration { return l.staleAfter }
