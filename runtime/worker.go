@@ -366,10 +366,10 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 		}
 		span.End()
 	}()
-	// confirmed is when this delivery last sent a write that found its claim on the
-	// task current (its start, a step's record, a heartbeat).
+	// confirmed is when, after began, this delivery last sent a write that found its
+	// claim on the task current (its start, a step's record, a heartbeat); monotonic.
 	var confirmed atomic.Int64
-	confirm := func(sent time.Time) { confirmed.Store(sent.UnixNano()) }
+	confirm := func(sent time.Time) { confirmed.Store(int64(sent.Sub(began))) }
 	confirm(time.Now())
 	task, outcome, err := w.lifecycle.Start(ctx, id)
 	if err != nil {
@@ -414,7 +414,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	// running agents, not pending writes. Only while no other attempt can have taken
 	// the task over, though: its claim was confirmed less than half the take-over
 	// silence ago. Otherwise the end's write decides first whose slots they are.
-	if time.Since(time.Unix(0, confirmed.Load())) < w.lifecycle.StaleAfter()/2 {
+	if took-time.Duration(confirmed.Load()) < w.lifecycle.StaleAfter()/2 {
 		w.release(p, took)
 		w.endTask(ctx, p, end)
 		return nil
