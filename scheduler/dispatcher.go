@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -232,13 +233,28 @@ func (d *Dispatcher) pop(ctx context.Context, active []bool, slots int) ([]Dispa
 
 // sendAll hands a step's tasks to asynq, then confirms those sent in one round trip.
 // A task not sent or not confirmed stays in "dispatching", where resendStale finds it.
+//
+// The tasks go to asynq at once, each call on a connection of its own: asynq's
+// client makes one round trip per task and has no pipeline, and one after the other
+// the round's last task would wait for all the others'. They are popped in fair
+// order already, and a round holds at most the pool's free slots.
 func (d *Dispatcher) sendAll(ctx context.Context, jobs []Dispatched) (int, error) {
+	errs := make([]error, len(jobs))
+	if len(jobs) == 1 {
+		errs[0] = d.enqueue(ctx, jobs[0])
+	} else {
+		var wg sync.WaitGroup
+		for i, job := range jobs {
+			wg.Go(func() { errs[i] = d.enqueue(ctx, job) })
+		}
+		wg.Wait()
+	}
 	sent := make([]Dispatched, 0, len(jobs))
 	var sendErr error
-	for _, job := range jobs {
-		if err := d.enqueue(ctx, job); err != nil {
-			sendErr = err
-			break
+	for i, job := range jobs {
+		if errs[i] != nil {
+			sendErr = cmp.Or(sendErr, errs[i])
+			continue
 		}
 		sent = append(sent, job)
 	}
