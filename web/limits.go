@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -41,7 +40,8 @@ func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
 // RateLimit-Policy and RateLimit fields with one item per applied scope, and
 // Retry-After on refusals.
 func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
-	var policy, state []string
+	// Every answer carries these: built in two buffers, not a string per item.
+	var policy, state []byte
 	binding := -1
 	bindingRatio := math.Inf(1)
 	for i, sc := range d.Scopes {
@@ -53,12 +53,15 @@ func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
 		if sc.Name == quotas.USDMonthly { // micro-dollars inside, dollars outside
 			limit, remaining = limit/1e6, int64(math.Floor(float64(remaining)/1e6))
 		}
-		item := fmt.Sprintf("%q;q=%s", name, strconv.FormatFloat(limit, 'f', -1, 64))
-		if sc.Window > 0 {
-			item += ";w=" + strconv.FormatInt(int64(sc.Window.Seconds()), 10)
+		if len(policy) > 0 {
+			policy, state = append(policy, ", "...), append(state, ", "...)
 		}
-		policy = append(policy, item)
-		state = append(state, fmt.Sprintf("%q;r=%d;t=%d", name, remaining, ceilSeconds(sc.Reset)))
+		policy = strconv.AppendFloat(append(strconv.AppendQuote(policy, name), ";q="...), limit, 'f', -1, 64)
+		if sc.Window > 0 {
+			policy = strconv.AppendInt(append(policy, ";w="...), int64(sc.Window.Seconds()), 10)
+		}
+		state = strconv.AppendInt(append(strconv.AppendQuote(state, name), ";r="...), remaining, 10)
+		state = strconv.AppendInt(append(state, ";t="...), ceilSeconds(sc.Reset), 10)
 		ratio := math.Inf(1) // a limit of 0 that admitted this binds nothing (a $0 quota)
 		if sc.Limit > 0 {
 			ratio = float64(sc.Remaining) / sc.Limit
@@ -78,8 +81,8 @@ func setRateHeaders(h http.Header, d quotas.Decision, now time.Time) {
 		h.Set("X-RateLimit-Limit", strconv.FormatFloat(math.Floor(b.Limit), 'f', -1, 64))
 		h.Set("X-RateLimit-Remaining", strconv.FormatInt(b.Remaining, 10))
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(b.Reset).Unix()+boolInt(b.Reset%time.Second != 0), 10))
-		h.Set("RateLimit-Policy", strings.Join(policy, ", "))
-		h.Set("RateLimit", strings.Join(state, ", "))
+		h.Set("RateLimit-Policy", string(policy))
+		h.Set("RateLimit", string(state))
 	}
 	if !d.Allowed && !d.OutOfScope {
 		h.Set("Retry-After", strconv.FormatInt(retryAfter(d), 10))
