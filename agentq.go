@@ -194,9 +194,13 @@ func New(ctx context.Context, o Options) (*App, error) {
 		// Commands without their arguments: those are tenant data. Without the
 		// caller's file and line either: finding them walks the stack on every
 		// command, a tenth of the process's CPU under load.
+		// Pipelines are traced by telemetry.RedisPipelines, which names a span only
+		// when it records.
 		if err := redisotel.InstrumentTracing(c, redisotel.WithTracerProvider(callTP), redisotel.WithDBStatement(false),
-			redisotel.WithCallerEnabled(false)); err != nil {
+			redisotel.WithCallerEnabled(false), redisotel.WithCommandsFilter(func([]redis.Cmder) bool { return true })); err != nil {
 			a.log.Warn("redis tracing is off", "err", err)
+		} else {
+			c.AddHook(telemetry.RedisPipelines(callTP, c))
 		}
 	}
 	a.keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
