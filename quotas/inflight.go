@@ -79,14 +79,15 @@ func (q *Quotas) AcquireInflight(ctx context.Context, tenantID, id string, limit
 // acquireInflight is AcquireInflight, sent through batch when it is not nil (in a
 // round trip shared with other requests').
 func (q *Quotas) acquireInflight(ctx context.Context, batch *redisx.Batch, tenantID, id string, limit int64) (held int64, ok bool, err error) {
-	keys := []string{q.keys.InflightRequests(tenantID)}
+	run := func(c redis.Scripter) *redis.Cmd {
+		return inflightScript.Run(ctx, c, []string{q.keys.InflightRequests(tenantID)}, q.nowArg(), id, limit,
+			InflightLeaseTTL.Milliseconds())
+	}
 	var cmd *redis.Cmd
 	if batch != nil {
-		err = batch.Do(ctx, func(pipe redis.Pipeliner) {
-			cmd = inflightScript.Run(ctx, pipe, keys, q.nowArg(), id, limit, InflightLeaseTTL.Milliseconds())
-		})
+		err = batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = run(pipe) })
 	} else {
-		cmd = inflightScript.Run(ctx, q.rdb, keys, q.nowArg(), id, limit, InflightLeaseTTL.Milliseconds())
+		cmd = run(q.rdb)
 	}
 	var n int64
 	if err == nil {
@@ -113,10 +114,15 @@ func (q *Quotas) TouchInflight(ctx context.Context, tenantID, id string) error {
 
 // ReleaseInflight frees a request's lease. Releasing twice is harmless.
 func (q *Quotas) ReleaseInflight(ctx context.Context, tenantID, id string) error {
-	if err := q.rdb.ZRem(ctx, q.keys.InflightRequests(tenantID), id).Err(); err != nil {
+	if err := q.releaseInflight(ctx, q.rdb, tenantID, id).Err(); err != nil {
 		return fmt.Errorf("quotas: release inflight request: %w", err)
 	}
 	return nil
+}
+
+// releaseInflight sends (or queues, on a pipe) ReleaseInflight's command.
+func (q *Quotas) releaseInflight(ctx context.Context, c redis.Cmdable, tenantID, id string) *redis.IntCmd {
+	return c.ZRem(ctx, q.keys.InflightRequests(tenantID), id)
 }
 
 // InflightSlot is one request's inflight_requests lease, as the Guard took it.
@@ -212,8 +218,7 @@ func (g *Guard) ReleaseInflight(ctx context.Context, s InflightSlot) {
 	if g.batch != nil {
 		// The response need not wait for its slot's release: it goes out after it,
 		// with the other requests' releases of the moment, in one round trip.
-		key := g.q.keys.InflightRequests(s.TenantID)
-		g.batch.Go(ctx, func(pipe redis.Pipeliner) { pipe.ZRem(ctx, key, s.ID) }, outcome)
+		g.batch.Go(ctx, func(pipe redis.Pipeliner) { g.q.releaseInflight(ctx, pipe, s.TenantID, s.ID) }, outcome)
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.timeout)

@@ -536,9 +536,12 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 	log = log.With(telemetry.SpanAttrs(ctx)...)
 	id := task.ID.String()
 	claim := store.Claim{ID: task.ID, Attempt: task.Attempt}
+	logLost := func(what string, err error) {
+		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
+	}
 	lostClaim := func(what string, err error) {
 		*lost = true
-		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
+		logLost(what, err)
 	}
 	// The "running" message goes out with the first step's reservation; a task that
 	// ends or goes back before it sends it first, so the stream keeps its order.
@@ -582,7 +585,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 			})
 			switch {
 			case errors.Is(err, store.ErrLostClaim):
-				log.Warn("another attempt took the task over; this one stops", "at", "terminal state", "err", err)
+				logLost("terminal state", err)
 				return nil, true
 			case err != nil:
 				log.Error("recording terminal state failed", "state", state, "err", err)
@@ -754,6 +757,26 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 			// Money and token quotas fail closed: no step runs unchecked.
 			return requeue("the quota store is unreachable", err)
 		}
+		// A step recorded nowhere gives its reservation back.
+		giveBack := quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro}
+		// unrecorded handles a step whose record failed; it says whether another
+		// attempt owns the task now.
+		unrecorded := func(err error) (lost bool) {
+			settle(giveBack) // not in the ledger, so not billed in Redis either
+			switch {
+			case errors.Is(err, store.ErrLostClaim):
+				logLost("step record", err)
+				return true
+			case errors.Is(err, store.ErrTaskEnded):
+				// cancelled before the step's record: not counted anywhere
+			default:
+				// Postgres stayed away longer than a worker holds a result: the task
+				// stays running there, its heartbeat stops, and the janitor re-queues it
+				// to run again from its last recorded step.
+				log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
+			}
+			return false
+		}
 		spanCtx, stepSpan := w.tracer.Start(taskCtx, "agentq.step", trace.WithAttributes(
 			attribute.String("agentq.task_id", id), attribute.String("agentq.agent", task.Agent), attribute.Int("agentq.step", step)))
 		stepCtx, stepCancel := spanCtx, context.CancelFunc(func() {})
@@ -775,7 +798,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 		if err != nil || taskCtx.Err() != nil {
 			// Failed, or interrupted: the step is recorded nowhere, so its reservation
 			// goes back.
-			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
+			settle(giveBack)
 		}
 		switch {
 		case errors.Is(context.Cause(taskCtx), store.ErrLostClaim):
@@ -801,7 +824,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 		}
 		if err := checkUsage(res.Usage); err != nil {
 			// Nothing of this step is billed: give the reservation back, record nothing.
-			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
+			settle(giveBack)
 			log.Warn("agent reported unusable usage; failing the task", "step", step, "err", err)
 			finish(store.StateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, task.Agent, step, err), nil)
 			return false
@@ -817,7 +840,6 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 			// The last step and the task's end are one transaction: one commit fewer on
 			// the path every task takes.
 			ev.Output = res.Output
-			giveBack := quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro}
 			*end = func(ctx context.Context) ([]func(redis.Pipeliner), bool) {
 				var ended bool
 				err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
@@ -825,19 +847,8 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 					ended, err = w.lifecycle.RecordLastStep(ctx, rec, tasks.FinishParams{Claim: claim, To: store.StateCompleted, Output: res.Output})
 					return err
 				})
-				switch {
-				case errors.Is(err, store.ErrLostClaim):
-					settle(giveBack)
-					log.Warn("another attempt took the task over; this one stops", "at", "step record", "err", err)
-					return nil, true
-				case errors.Is(err, store.ErrTaskEnded):
-					settle(giveBack) // cancelled before the step's record: not counted anywhere
-					return nil, false
-				case err != nil:
-					settle(giveBack)
-					// Postgres stayed away longer than a worker holds a result: see below.
-					log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
-					return nil, false
+				if err != nil {
+					return nil, unrecorded(err)
 				}
 				task.Usage.Steps = step
 				sp := ofTask(booked)
@@ -858,20 +869,7 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 			return err
 		})
 		if err != nil {
-			// Not in the ledger, so not billed in Redis either.
-			settle(quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro})
-		}
-		switch {
-		case errors.Is(err, store.ErrLostClaim):
-			lostClaim("step record", err)
-			return false
-		case errors.Is(err, store.ErrTaskEnded):
-			return false // cancelled before the step's record: not counted anywhere
-		case err != nil:
-			// Postgres stayed away longer than a worker holds a result: the task stays
-			// running there, its heartbeat stops, and the janitor re-queues it to run
-			// again from its last recorded step.
-			log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
+			*lost = unrecorded(err)
 			return false
 		}
 		settle(booked)
