@@ -240,7 +240,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
-		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log,
+		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log, Fetchers: a.cfg.WorkerFetchers,
 		Plans: a.plans, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
 	})
 	// Refusals are counted in Redis by admission; this copies them to Postgres.

@@ -57,6 +57,11 @@ type Config struct {
 	// Prefetch is how many tasks dispatch may hand out ahead of free worker slots;
 	// 0 hands out only what free slots can start. AGENTQ_PREFETCH, default 4.
 	Prefetch int
+	// WorkerFetchers is how many asynq servers share a worker process's slots, each
+	// fetching tasks on its own (at most WorkerConcurrency of them): one fetch loop
+	// capped how fast a loaded worker took tasks in. AGENTQ_WORKER_FETCHERS,
+	// default 4.
+	WorkerFetchers int
 	// ShutdownTimeout bounds how long Shutdown lets running steps finish.
 	// AGENTQ_SHUTDOWN_TIMEOUT, default 10s.
 	ShutdownTimeout time.Duration
@@ -195,6 +200,8 @@ func (c Config) validate(haveRedis, havePool bool) error {
 		return bad("Shards", "is %d; want at least 1", c.Shards)
 	case c.WorkerConcurrency < 1:
 		return bad("WorkerConcurrency", "is %d; want at least 1", c.WorkerConcurrency)
+	case c.WorkerFetchers < 1:
+		return bad("WorkerFetchers", "is %d; want at least 1", c.WorkerFetchers)
 	case c.Prefetch < 0:
 		return bad("Prefetch", "is %d; want 0 or more", c.Prefetch)
 	case c.ShutdownTimeout <= 0:

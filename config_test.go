@@ -43,6 +43,7 @@ func TestConfigValidateNamesTheBadField(t *testing.T) {
 		{"Shards", func(c *agentq.Config) { c.Shards = 0 }},
 		{"WorkerConcurrency", func(c *agentq.Config) { c.WorkerConcurrency = 0 }},
 		{"Prefetch", func(c *agentq.Config) { c.Prefetch = -1 }},
+		{"WorkerFetchers", func(c *agentq.Config) { c.WorkerFetchers = 0 }},
 		{"ShutdownTimeout", func(c *agentq.Config) { c.ShutdownTimeout = 0 }},
 		{"RedisTimeout", func(c *agentq.Config) { c.RedisTimeout = -time.Second }},
 		{"JanitorInterval", func(c *agentq.Config) { c.JanitorInterval = 0 }},

@@ -85,8 +85,14 @@ type WorkerOptions struct {
 	CancelChannel     string         // pub/sub channel carrying task ids to interrupt
 	ShutdownTimeout   time.Duration  // how long running steps may take to finish on Stop
 	TaskCheckInterval time.Duration  // asynq's poll interval when its queues are empty
-	Logger            *slog.Logger
-	Plans             *quotas.Catalogue // tenants' limits, for the step-time quota checks
+	// Fetchers is how many asynq servers share Concurrency (at least 1, at most
+	// Concurrency). An asynq server takes its tasks one at a time, each after one to
+	// three Redis round trips; under load that one loop capped what the worker took
+	// in, so several loops fetch side by side. Each polls empty queues Fetchers times
+	// less often, so an idle worker costs Redis what one server did.
+	Fetchers int
+	Logger   *slog.Logger
+	Plans    *quotas.Catalogue // tenants' limits, for the step-time quota checks
 	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
 	Events func(taskID string) string
 	// TracerProvider traces each delivery (agentq.task) and step (agentq.step), in
@@ -211,6 +217,21 @@ const heartbeatEvery, heartbeatTTL = 2 * time.Second, 10 * time.Second
 // (tasks.DefaultStaleAfter).
 const taskHeartbeatEvery = 5 * time.Second
 
+// fetcherShares splits a worker's concurrency over its asynq servers: at most
+// fetchers of them (at least one), each with at least one slot, their slots adding
+// up to concurrency.
+func fetcherShares(concurrency, fetchers int) []int {
+	n := min(max(fetchers, 1), max(concurrency, 1))
+	out := make([]int, n)
+	for i := range out {
+		out[i] = concurrency / n
+		if i < concurrency%n {
+			out[i]++
+		}
+	}
+	return out
+}
+
 // Start registers the worker's capacity and starts processing, until Stop. It
 // returns once asynq's server runs.
 func (w *Worker) Start(ctx context.Context) error {
@@ -222,23 +243,31 @@ func (w *Worker) Start(ctx context.Context) error {
 		stopped()
 		return err
 	}
-	srv := asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
-		Concurrency:       w.opts.Concurrency,
-		Queues:            w.opts.Queues,
-		ShutdownTimeout:   w.opts.ShutdownTimeout,
-		TaskCheckInterval: w.opts.TaskCheckInterval,
-		Logger:            asynqLogger{w.log},
-		LogLevel:          asynq.WarnLevel,
-		// Task errors are infrastructure errors (Postgres down); asynq retries them.
-		RetryDelayFunc: func(n int, _ error, _ *asynq.Task) time.Duration {
-			return time.Duration(math.Min(float64(time.Second)*math.Pow(2, float64(n)), float64(time.Minute)))
-		},
-	})
 	mux := asynq.NewServeMux()
 	mux.HandleFunc(wire.TaskType, w.ProcessTask)
-	if err := srv.Start(mux); err != nil {
-		stopped()
-		return fmt.Errorf("runtime: start asynq server: %w", err)
+	shares := fetcherShares(w.opts.Concurrency, w.opts.Fetchers)
+	var servers []*asynq.Server
+	for _, n := range shares {
+		srv := asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
+			Concurrency:       n,
+			Queues:            w.opts.Queues,
+			ShutdownTimeout:   w.opts.ShutdownTimeout,
+			TaskCheckInterval: w.opts.TaskCheckInterval * time.Duration(len(shares)),
+			Logger:            asynqLogger{w.log},
+			LogLevel:          asynq.WarnLevel,
+			// Task errors are infrastructure errors (Postgres down); asynq retries them.
+			RetryDelayFunc: func(n int, _ error, _ *asynq.Task) time.Duration {
+				return time.Duration(math.Min(float64(time.Second)*math.Pow(2, float64(n)), float64(time.Minute)))
+			},
+		})
+		if err := srv.Start(mux); err != nil {
+			for _, s := range servers {
+				s.Shutdown()
+			}
+			stopped()
+			return fmt.Errorf("runtime: start asynq server: %w", err)
+		}
+		servers = append(servers, srv)
 	}
 	sub := w.rdb.Subscribe(ctx, w.opts.CancelChannel)
 	go func() {
@@ -276,7 +305,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			}
 		})
 		<-ctx.Done()
-		w.drain(srv)
+		w.drain(servers)
 		bg.Wait()
 	}()
 	return nil
@@ -285,17 +314,23 @@ func (w *Worker) Start(ctx context.Context) error {
 // drain stops taking tasks, withdraws the worker's capacity and lets running steps
 // finish up to ShutdownTimeout: asynq's Shutdown waits for its handlers that long,
 // then cancels them and requeues their tasks.
-func (w *Worker) drain(srv *asynq.Server) {
+func (w *Worker) drain(servers []*asynq.Server) {
 	// Running steps get ShutdownTimeout (asynq's Shutdown); the ends handed off by
 	// deliveries get what is left of it and 2 s more.
 	flushBy := time.Now().Add(w.opts.ShutdownTimeout + 2*time.Second)
-	srv.Stop() // no new tasks
+	for _, srv := range servers {
+		srv.Stop() // no new tasks
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := w.slots.Deregister(ctx, w.id); err != nil {
 		w.log.Warn("worker deregister failed", "err", err)
 	}
-	srv.Shutdown()
+	var shut sync.WaitGroup
+	for _, srv := range servers {
+		shut.Go(srv.Shutdown)
+	}
+	shut.Wait()
 	// The ends handed off by the deliveries: their results are only in this process.
 	fctx, fcancel := context.WithDeadline(context.Background(), flushBy)
 	defer fcancel()

@@ -104,7 +104,8 @@ func newRig(t *testing.T, lifecycle ...tasks.LifecycleOptions) *rig {
 		queues[keys.AsynqQueue(band)] = weight
 	}
 	r.w = runtime.NewWorker(r.lc, st, r.agents, r.sched, r.q, rdb, runtime.WorkerOptions{
-		Concurrency: 2, Queues: queues, CancelChannel: keys.CancelChannel(),
+		// Two asynq servers of one slot each, as a loaded worker runs several.
+		Concurrency: 2, Fetchers: 2, Queues: queues, CancelChannel: keys.CancelChannel(),
 		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
 		Logger: logger, Plans: plans, Events: keys.TaskEvents,
 	})

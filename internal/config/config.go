@@ -37,6 +37,7 @@ type Config struct {
 	Shards              int           // AGENTQ_SHARDS
 	WorkerConcurrency   int           // AGENTQ_WORKER_CONCURRENCY
 	Prefetch            int           // AGENTQ_PREFETCH
+	WorkerFetchers      int           // AGENTQ_WORKER_FETCHERS
 	ShutdownTimeout     time.Duration // AGENTQ_SHUTDOWN_TIMEOUT
 	PlansFile           string        // AGENTQ_PLANS_FILE
 	UpgradeURL          string        // AGENTQ_UPGRADE_URL
@@ -66,6 +67,7 @@ func Defaults() Config {
 		Shards:              1,
 		WorkerConcurrency:   20,
 		Prefetch:            4,
+		WorkerFetchers:      4,
 		ShutdownTimeout:     10 * time.Second,
 		RedisTimeout:        80 * time.Millisecond,
 		JanitorInterval:     5 * time.Minute,
@@ -119,6 +121,7 @@ func FromEnv() (Config, error) {
 	num("AGENTQ_SHARDS", &c.Shards, 1)
 	num("AGENTQ_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1)
 	num("AGENTQ_PREFETCH", &c.Prefetch, 0)
+	num("AGENTQ_WORKER_FETCHERS", &c.WorkerFetchers, 1)
 	dur := func(name string, dst *time.Duration) {
 		if v := os.Getenv(name); v != "" {
 			d, err := time.ParseDuration(v)
