@@ -10,7 +10,10 @@
 #   scripts/throughput.sh bin/agentq [river]
 #
 # NOOTEL=1 runs it without the OTLP exporter variables (tracing's cost);
-# PPROF_ADDR=host:port serves pprof from the agentq process (AGENTQ_PPROF_ADDR).
+# PPROF_ADDR=host:port serves pprof from the agentq process (AGENTQ_PPROF_ADDR);
+# DBPARAMS="&name=value" adds connection parameters to DATABASE_URL (a Postgres
+# setting to try). With pg_stat_statements.track_planning on, the statements' planning
+# time shows beside their running time.
 #
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
 set -u
@@ -33,7 +36,7 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 PY
 SINK=$!
 [ -n "${NOOTEL:-}" ] || export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OP" OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=500 OTEL_METRIC_EXPORT_INTERVAL=1000
-DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB?sslmode=disable" REDIS_URL=redis://127.0.0.1:6379/14 \
+DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB?sslmode=disable${DBPARAMS:-}" REDIS_URL=redis://127.0.0.1:6379/14 \
   AGENTQ_PPROF_ADDR=${PPROF_ADDR:-} AGENTQ_ADMIN_TOKEN=tpadmin AGENTQ_HTTP_ADDR=127.0.0.1:$PORT "$BIN" serve >/tmp/throughput-serve.log 2>&1 &
 SRV=$!
 cleanup() {
@@ -53,8 +56,8 @@ a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu)
 "$LOADCMP" agentq "http://127.0.0.1:$PORT" tpadmin
 a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu)
 python3 -c "t=$tick; print('cpu s/1000 tasks: agentq %.2f redis %.2f postgres %.2f' % (($a1-$a0)/t/4, ($r1-$r0)/4, ($p1-$p0)/t/4))"
-[ -n "$stmts" ] && psql -h 127.0.0.1 -U postgres -c "select calls, round(total_exec_time::numeric) ms, left(regexp_replace(query, '\s+', ' ', 'g'), 100) q
-  from pg_stat_statements where dbid = (select oid from pg_database where datname = '$DB') order by total_exec_time desc limit 15"
+[ -n "$stmts" ] && psql -h 127.0.0.1 -U postgres -c "select calls, round(total_exec_time::numeric) ms, round(total_plan_time::numeric) plan, plans, left(regexp_replace(query, '\s+', ' ', 'g'), 100) q
+  from pg_stat_statements where dbid = (select oid from pg_database where datname = '$DB') order by total_exec_time desc limit 40"
 if [ "$MODE" = river ]; then
   psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE ${DB}_r" >/dev/null
   "$LOADCMP" river "postgres://postgres@127.0.0.1:5432/${DB}_r?sslmode=disable"
