@@ -249,7 +249,7 @@ func (s *Store) UnscopedRebuildRollups(ctx context.Context, p RebuildRollupsPara
 	if !all && !p.From.Before(p.To) {
 		return fmt.Errorf("store: rebuild range [%s, %s) is empty", p.From, p.To)
 	}
-	return s.begin(ctx, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		tenant, err := scanTenant(tx.QueryRow(ctx, `
 			WITH l AS (SELECT pg_advisory_xact_lock(`+rollupLock+`))
 			SELECT `+tenantCols+` FROM tenants, l WHERE id = $1`, p.TenantID))

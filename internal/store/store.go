@@ -53,26 +53,9 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 // fn returns nil and rolls back when fn returns an error (or panics). Inside a
 // transaction, InTx and the calls that need one of their own take a savepoint.
 func (s *Store) InTx(ctx context.Context, fn func(tx *Store) error) error {
-	return s.begin(ctx, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		return fn(&Store{db: tx, pool: s.pool})
 	})
-}
-
-// genericPlans begins a transaction whose statements run their generic plans. The
-// batched writes take their rows as arrays; for those, Postgres prefers a custom plan
-// on every call (it knows the arrays' lengths then), so the rollups' upsert spent
-// more time being planned than running. Every lookup in them is by key, so the
-// generic plan is as good. SET LOCAL ends with the transaction: nothing outlives it
-// on the connection (PgBouncer's transaction mode).
-var genericPlans = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"}
-
-// begin runs fn in a transaction: on the pool, a new one (genericPlans); inside a
-// transaction, a savepoint.
-func (s *Store) begin(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	if pool, ok := s.db.(*pgxpool.Pool); ok {
-		return pgx.BeginTxFunc(ctx, pool, genericPlans, fn)
-	}
-	return pgx.BeginFunc(ctx, s.db, fn)
 }
 
 // inTransaction runs fn in s's transaction when s is one, else in a transaction of
@@ -82,7 +65,7 @@ func (s *Store) inTransaction(ctx context.Context, fn func(tx pgx.Tx) error) err
 	if tx, ok := s.db.(pgx.Tx); ok {
 		return fn(tx)
 	}
-	return s.begin(ctx, fn)
+	return pgx.BeginFunc(ctx, s.db, fn)
 }
 
 func isUniqueViolation(err error) bool {
