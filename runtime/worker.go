@@ -567,8 +567,9 @@ func (w *Worker) queuePublish(ctx context.Context, evs ...Event) func(redis.Pipe
 // The task's terminal write is not made here: run sets *end to it, and the caller
 // makes it once the dispatch slots are released.
 func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *ending, confirm func(sent time.Time)) (requeued bool) {
-	log := w.log.With("task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent, "attempt", task.Attempt)
-	log = log.With(telemetry.SpanAttrs(ctx)...)
+	// One With: each call renders its attributes into the handler anew.
+	log := w.log.With(append([]any{"task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent,
+		"attempt", task.Attempt}, telemetry.SpanAttrs(ctx)...)...)
 	id := task.ID.String()
 	claim := store.Claim{ID: task.ID, Attempt: task.Attempt}
 	logLost := func(what string, err error) {
