@@ -55,7 +55,7 @@ type Config struct {
 	// AGENTQ_WORKER_CONCURRENCY, default 20.
 	WorkerConcurrency int
 	// Prefetch is how many tasks dispatch may hand out ahead of free worker slots;
-	// 0 hands out only what free slots can start. AGENTQ_PREFETCH, default 4.
+	// 0 hands out only what free slots can start. AGENTQ_PREFETCH, default 10.
 	Prefetch int
 	// WorkerFetchers is how many asynq servers share a worker process's slots, each
 	// fetching tasks on its own (at most WorkerConcurrency of them): one fetch loop

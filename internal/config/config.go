@@ -66,7 +66,7 @@ func Defaults() Config {
 		RedisPrefix:         "aq:",
 		Shards:              1,
 		WorkerConcurrency:   20,
-		Prefetch:            4,
+		Prefetch:            10,
 		WorkerFetchers:      4,
 		ShutdownTimeout:     10 * time.Second,
 		RedisTimeout:        80 * time.Millisecond,
