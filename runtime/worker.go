@@ -89,7 +89,7 @@ type WorkerOptions struct {
 	// Concurrency). An asynq server takes its tasks one at a time, each after one to
 	// three Redis round trips; under load that one loop capped what the worker took
 	// in, so several loops fetch side by side. Each polls empty queues Fetchers times
-	// less often, so an idle worker costs Redis what one server did.
+	// less often, so an idle worker costs Redis about what one server did.
 	Fetchers int
 	Logger   *slog.Logger
 	Plans    *quotas.Catalogue // tenants' limits, for the step-time quota checks

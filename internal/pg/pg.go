@@ -15,8 +15,8 @@ import (
 // ends, of rollups); for those Postgres preferred a custom plan on every call, since
 // it knows the arrays' lengths then, and planning the start's UPDATE and the rollups'
 // upsert took about two fifths of the time running them did. Their generic plans
-// look rows up by key just the same. In alternating loadcmp runs, Postgres's CPU per task
-// fell in every pair (0.83 to 0.80, 0.86 to 0.77, 0.85 to 0.79, 1.17 to 0.83 ms).
+// look rows up by key just the same, though the rollups' runs slower: a small gain
+// (docs/benchmarks.md has the pairs).
 const genericPlans = "force_generic_plan"
 
 // Connect opens a pool on url and checks that Postgres answers. searchPath, when not

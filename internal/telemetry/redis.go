@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"net"
 	"slices"
 	"strconv"
@@ -52,7 +53,7 @@ func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			span.SetAttributes(attribute.Int("db.redis.num_cmd", len(cmds)))
 		}
 		err := next(ctx, cmds)
-		if err != nil && err != redis.Nil {
+		if err != nil && !errors.Is(err, redis.Nil) {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		}
