@@ -94,9 +94,11 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return nil
 	}
 	sub := d.rdb.Subscribe(ctx, d.sched.keys.WakeChannel())
+	d.sched.runsHere(d, true)
 	go func() {
 		started()
 		defer stopped()
+		defer d.sched.runsHere(d, false)
 		defer func() { _ = sub.Close() }()
 		var wg sync.WaitGroup
 		wg.Go(func() { // forwards wake-ups; coalesced by the 1-slot channel

@@ -79,9 +79,13 @@ type Scheduler struct {
 	candMu sync.Mutex
 	cand   [][]string
 
-	// wakeMu guards wakeArmed: a wake-up is due to be published.
+	// wakeMu guards wakeArmed (a wake-up is due) and local.
 	wakeMu    sync.Mutex
 	wakeArmed bool
+	// local are the dispatchers running in this process. Every dispatcher serves
+	// every shard, so a wake-up that one of them takes needs no other: it is kicked
+	// in process instead of published through Redis.
+	local map[*Dispatcher]struct{}
 }
 
 // Options configure a Scheduler.
@@ -215,8 +219,13 @@ func (s *Scheduler) Remove(ctx context.Context, tenantID string, taskID uuid.UUI
 // publishes (and of the rounds they start) under load.
 const wakeDelay = time.Millisecond
 
-// wake asks the dispatchers for a round soon: within wakeDelay, in one message with
-// every other wake-up of this process in that time. It does not wait for Redis.
+// wake asks the dispatchers for a round soon: within wakeDelay, in one wake-up with
+// every other of this process in that time. It does not wait for Redis.
+//
+// A process that runs a dispatcher wakes its own, in process: any dispatcher
+// dispatches every shard, and the round trip of a message (and the round it would
+// start in every other dispatcher) is saved. A process without one publishes the
+// wake-up to all of them.
 func (s *Scheduler) wake(context.Context) {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
@@ -227,12 +236,33 @@ func (s *Scheduler) wake(context.Context) {
 	time.AfterFunc(wakeDelay, func() {
 		s.wakeMu.Lock()
 		s.wakeArmed = false
+		kicked := len(s.local) > 0
+		for d := range s.local {
+			d.Kick()
+		}
 		s.wakeMu.Unlock()
+		if kicked {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		// A lost wake-up only delays dispatch until the fallback timer.
 		_ = s.rdb.Publish(ctx, s.keys.WakeChannel(), "1").Err()
 	})
+}
+
+// runsHere records a dispatcher of this process as running (on) or stopped.
+func (s *Scheduler) runsHere(d *Dispatcher, on bool) {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	if !on {
+		delete(s.local, d)
+		return
+	}
+	if s.local == nil {
+		s.local = map[*Dispatcher]struct{}{}
+	}
+	s.local[d] = struct{}{}
 }
 
 // DefaultEstimateMs is a tenant's estimated task cost in worker-milliseconds before

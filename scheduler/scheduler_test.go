@@ -791,3 +791,67 @@ func TestDepthsAndPoolUsage(t *testing.T) {
 		t.Fatalf("pool after w2 lapsed %+v, %v", p, err)
 	}
 }
+
+// A process with a running dispatcher wakes it in process: an enqueue is dispatched
+// at once (long before the fallback timer) and nothing is published. Without a
+// dispatcher of its own, the process publishes the wake-up for the others.
+func TestWakeUpGoesToTheDispatcherOfThisProcess(t *testing.T) {
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	sub := f.rdb.Subscribe(ctx, f.keys.WakeChannel())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription is in place
+		t.Fatal(err)
+	}
+	published := func() bool {
+		t.Helper()
+		m, err := sub.ReceiveTimeout(ctx, 200*time.Millisecond)
+		if err != nil {
+			return false // nothing within the time
+		}
+		if _, ok := m.(*redis.Message); !ok {
+			t.Fatalf("unexpected %T on the wake-up channel", m)
+		}
+		return true
+	}
+
+	f.enqueue("a", 5, 1, 0)
+	if !published() {
+		t.Fatal("with no dispatcher in this process, the enqueue's wake-up was not published")
+	}
+
+	enq := &recordingEnqueuer{}
+	d := NewDispatcher(f.s, f.rdb, enq, DispatcherOptions{FallbackEvery: time.Hour})
+	dctx, stop := context.WithCancel(ctx)
+	if err := d.Start(dctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stop(); <-d.Stopped() }()
+	dispatched := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			enq.mu.Lock()
+			got := len(enq.tasks)
+			enq.mu.Unlock()
+			if got >= n {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("%d tasks dispatched, want %d", len(enq.tasks), n)
+	}
+	dispatched(1) // the start's first round
+	f.enqueue("a", 5, 1, 0)
+	dispatched(2)
+	if published() {
+		t.Fatal("the wake-up was published though this process's dispatcher took it")
+	}
+
+	stop()
+	<-d.Stopped()
+	f.enqueue("a", 5, 1, 0)
+	if !published() {
+		t.Fatal("after its dispatcher stopped, the process did not publish its wake-up")
+	}
+}
