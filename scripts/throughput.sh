@@ -12,7 +12,8 @@
 # NOOTEL=1 runs it without the OTLP exporter variables (tracing's cost);
 # PPROF_ADDR=host:port serves pprof from the agentq process (AGENTQ_PPROF_ADDR);
 # DBPARAMS="&name=value" adds connection parameters to DATABASE_URL (a Postgres
-# setting to try). With pg_stat_statements.track_planning on, the statements' planning
+# setting to try); TIMELINE=1 writes the run's timeline (scripts/throughput-timeline.py)
+# to /tmp/throughput-timeline.log. With pg_stat_statements.track_planning on, the statements' planning
 # time shows beside their running time.
 #
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
@@ -53,6 +54,7 @@ stmts=$(psql -h 127.0.0.1 -U postgres -Atc "select 1 from pg_extension where ext
 [ -n "$stmts" ] && psql -q -h 127.0.0.1 -U postgres -c "select pg_stat_statements_reset()" >/dev/null
 tick=$(getconf CLK_TCK)
 a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu)
+[ -n "${TIMELINE:-}" ] && python3 "$(dirname "$0")/throughput-timeline.py" "$PORT" >/tmp/throughput-timeline.log 2>&1 &
 "$LOADCMP" agentq "http://127.0.0.1:$PORT" tpadmin
 a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu)
 python3 -c "t=$tick; print('cpu s/1000 tasks: agentq %.2f redis %.2f postgres %.2f' % (($a1-$a0)/t/4, ($r1-$r0)/4, ($p1-$p0)/t/4))"
