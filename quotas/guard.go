@@ -143,7 +143,7 @@ func NewGuard(q *Quotas, o GuardOptions) *Guard {
 	if g.log == nil {
 		g.log = slog.Default()
 	}
-	g.br = &breaker{cooldown: g.cooldown, log: g.log}
+	g.br = &breaker{cooldown: g.cooldown, lasting: g.timeout, log: g.log}
 	g.local, _ = lru.New[string, *rate.Limiter](100000)
 	g.replicas.Store(1)
 	g.admissions = newAdmissionCounter(o.MeterProvider)
@@ -379,7 +379,11 @@ func (g *Guard) Replicas() int64 { return g.replicas.Load() }
 
 // Breaker thresholds. One failure never opens the breaker: it takes tripAfter in a row,
 // or a failure rate of at least half over the last rateWindow with rateMinCalls calls
-// at least (a flaky Redis that answers every other call).
+// at least (a flaky Redis that answers every other call). Either way the failures must
+// last: from the first of them to the one that trips, at least the admission timeout
+// passed. Admissions in flight together fail together when Redis stalls for a moment
+// (coalesced, they share one round trip): that is one failure, however many callers
+// saw it, and it must not refuse every submission of the cool-down.
 const (
 	tripAfter    = 3
 	rateMinCalls = 10
@@ -391,6 +395,7 @@ const (
 // success closes the breaker, its failure opens it for another cool-down.
 type breaker struct {
 	cooldown time.Duration
+	lasting  time.Duration // how long failures must go on to trip it
 	log      *slog.Logger
 
 	openUntil atomic.Int64 // unix ms; 0 when closed
@@ -398,7 +403,8 @@ type breaker struct {
 
 	mu          sync.Mutex
 	consecutive int
-	win         [rateWindow]struct{ sec, calls, fails int64 }
+	streakFrom  time.Time // the first failure of the consecutive ones
+	win         [rateWindow]struct{ sec, calls, fails, firstFailMs int64 }
 }
 
 // allow says whether a call may go to Redis, and whether it is the half-open probe
@@ -428,11 +434,12 @@ func (b *breaker) record(ok, probe bool) {
 		b.probing.Store(false)
 		return
 	}
-	sec := time.Now().Unix()
+	now := time.Now()
+	sec := now.Unix()
 	b.mu.Lock()
 	w := &b.win[sec%rateWindow]
 	if w.sec != sec {
-		w.sec, w.calls, w.fails = sec, 0, 0
+		w.sec, w.calls, w.fails, w.firstFailMs = sec, 0, 0, 0
 	}
 	w.calls++
 	if ok {
@@ -440,15 +447,27 @@ func (b *breaker) record(ok, probe bool) {
 		b.mu.Unlock()
 		return
 	}
+	if w.fails == 0 {
+		w.firstFailMs = now.UnixMilli()
+	}
 	w.fails++
+	if b.consecutive == 0 {
+		b.streakFrom = now
+	}
 	b.consecutive++
 	var calls, fails int64
+	firstFailMs := now.UnixMilli()
 	for _, bk := range b.win {
 		if bk.sec > sec-rateWindow {
 			calls, fails = calls+bk.calls, fails+bk.fails
+			if bk.fails > 0 {
+				firstFailMs = min(firstFailMs, bk.firstFailMs)
+			}
 		}
 	}
-	trip := b.consecutive >= tripAfter || (calls >= rateMinCalls && 2*fails >= calls)
+	lasted := func(from time.Time) bool { return now.Sub(from) >= b.lasting }
+	trip := (b.consecutive >= tripAfter && lasted(b.streakFrom)) ||
+		(calls >= rateMinCalls && 2*fails >= calls && lasted(time.UnixMilli(firstFailMs)))
 	consecutive := b.consecutive
 	b.mu.Unlock()
 	if trip && b.openUntil.Load() == 0 {
@@ -481,6 +500,6 @@ func (b *breaker) close() {
 func (b *breaker) reset() {
 	b.mu.Lock()
 	b.consecutive = 0
-	b.win = [rateWindow]struct{ sec, calls, fails int64 }{}
+	b.win = [rateWindow]struct{ sec, calls, fails, firstFailMs int64 }{}
 	b.mu.Unlock()
 }

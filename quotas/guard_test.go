@@ -3,6 +3,7 @@ package quotas
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,6 +121,32 @@ func TestGuardOneTimeoutDoesNotTrip(t *testing.T) {
 	}
 	if f.g.Degraded() {
 		t.Fatal("one failure in ten tripped the breaker")
+	}
+}
+
+// Admissions in flight together that fail together (one slow moment of Redis, or one
+// shared round trip that came back late) are one failure, not many: the breaker stays
+// closed and the next admission goes to Redis. Before, the burst opened it, and every
+// submission of the cool-down was refused with a 503.
+func TestGuardOneSlowMomentDoesNotTrip(t *testing.T) {
+	f := newGuard(t, time.Minute)
+	const n = 8
+	f.hook.late.Store(n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			d, err := f.g.Admit(context.Background(), f.params(ModeKey, ""))
+			if err != nil || !d.Degraded {
+				t.Errorf("a late admission: %+v, %v; want a degraded answer", d, err)
+			}
+		})
+	}
+	wg.Wait()
+	if f.g.Degraded() {
+		t.Fatalf("%d admissions late at the same moment tripped the breaker", n)
+	}
+	if !f.reached() {
+		t.Fatal("the admission after the slow moment did not go to Redis")
 	}
 }
 
