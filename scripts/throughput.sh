@@ -13,8 +13,8 @@
 # PPROF_ADDR=host:port serves pprof from the agentq process (AGENTQ_PPROF_ADDR);
 # DBPARAMS="&name=value" adds connection parameters to DATABASE_URL (a Postgres
 # setting to try); TIMELINE=1 writes the run's timeline (scripts/throughput-timeline.py)
-# to /tmp/throughput-timeline.log. With pg_stat_statements.track_planning on, the statements' planning
-# time shows beside their running time.
+# to /tmp/throughput-timeline.log. With pg_stat_statements.track_planning on, the
+# statements' planning time shows beside their running time.
 #
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
 set -u
