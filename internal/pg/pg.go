@@ -13,10 +13,10 @@ import (
 // genericPlans is the plan_cache_mode agentq's connections ask for unless the URL
 // names one. The hot statements take their rows as arrays (a batch of starts, of
 // ends, of rollups); for those Postgres preferred a custom plan on every call, since
-// it knows the arrays' lengths then, and planning the start's UPDATE and the rollups'
-// upsert took about two fifths of the time running them did. Their generic plans
+// it knows the arrays' lengths then: the rollups' upsert spent longer planned than
+// running, and the start's UPDATE was planned on most calls. Their generic plans
 // look rows up by key just the same, though the rollups' runs slower: a small gain
-// (docs/benchmarks.md has the pairs).
+// (docs/benchmarks.md has the figures and the pairs).
 const genericPlans = "force_generic_plan"
 
 // Connect opens a pool on url and checks that Postgres answers. searchPath, when not
