@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -73,15 +75,29 @@ type LiveTasksParams struct {
 	Limit    int
 }
 
+// PanelTask is a live task as the usage report shows it.
+type PanelTask struct {
+	ID        uuid.UUID
+	TenantID  string
+	Agent     string
+	User      string
+	State     TaskState
+	CreatedAt time.Time
+	StartedAt *time.Time
+}
+
 // LiveTasks is a tenant's running and queued tasks: how many of each, and the first
 // Limit of them, running before queued, oldest first (by id: a UUIDv7 orders by the
 // submission's time) within each.
 type LiveTasks struct {
 	Running, Queued int64
-	Tasks           []Task
+	Tasks           []PanelTask
 }
 
-// ListLiveTasks returns the tenant's live tasks.
+// ListLiveTasks returns the tenant's live tasks. Panels poll it, so it is one
+// statement (one round trip, and counts and list from one snapshot) reading only the
+// columns the report shows: the counts walk the tenant's live entries of its state
+// index, and each branch of the list reads Limit of them, however deep the queue is.
 func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks, error) {
 	var out LiveTasks
 	if p.TenantID == "" {
@@ -90,23 +106,41 @@ func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks
 	if p.Limit <= 0 {
 		return out, fmt.Errorf("store: live tasks limit %d, want > 0", p.Limit)
 	}
-	if err := s.db.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE state = 'running'), count(*) FILTER (WHERE state = 'queued')
-		FROM tasks WHERE tenant_id = $1 AND state IN ('running', 'queued')`, p.TenantID).Scan(&out.Running, &out.Queued); err != nil {
-		return out, err
-	}
-	// Oldest first is id order (UUIDv7: the submission's time), which the tenant's
-	// state index keeps: each branch reads Limit index entries, not every live task,
-	// however deep the queue is.
 	rows, err := s.db.Query(ctx, `
-		(SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND state = 'running' ORDER BY id LIMIT $2)
-		UNION ALL
-		(SELECT `+taskCols+` FROM tasks WHERE tenant_id = $1 AND state = 'queued' ORDER BY id LIMIT $2)`, p.TenantID, p.Limit)
-	tasks, err := collect(rows, err, scanTask)
+		WITH n AS (
+			SELECT count(*) FILTER (WHERE state = 'running') AS running, count(*) FILTER (WHERE state = 'queued') AS queued
+			FROM tasks WHERE tenant_id = $1 AND state IN ('running', 'queued')
+		), listed AS (
+			(SELECT id, agent, user_id, state, created_at, started_at FROM tasks
+			 WHERE tenant_id = $1 AND state = 'running' ORDER BY id LIMIT $2)
+			UNION ALL
+			(SELECT id, agent, user_id, state, created_at, started_at FROM tasks
+			 WHERE tenant_id = $1 AND state = 'queued' ORDER BY id LIMIT $2)
+		)
+		SELECT n.running, n.queued, listed.id, listed.agent, listed.user_id, listed.state, listed.created_at, listed.started_at
+		FROM n LEFT JOIN listed ON true`, p.TenantID, p.Limit)
 	if err != nil {
 		return out, err
 	}
-	slices.SortFunc(tasks, func(a, b Task) int {
+	defer rows.Close()
+	for rows.Next() {
+		var id *uuid.UUID
+		var agent, user, state *string
+		var created *time.Time
+		var lt PanelTask
+		if err := rows.Scan(&out.Running, &out.Queued, &id, &agent, &user, &state, &created, &lt.StartedAt); err != nil {
+			return out, err
+		}
+		if id == nil { // no live task: the counts' row alone
+			continue
+		}
+		lt.ID, lt.TenantID, lt.Agent, lt.User, lt.State, lt.CreatedAt = *id, p.TenantID, *agent, *user, TaskState(*state), *created
+		out.Tasks = append(out.Tasks, lt)
+	}
+	if err := rows.Err(); err != nil {
+		return out, err
+	}
+	slices.SortFunc(out.Tasks, func(a, b PanelTask) int {
 		if ra, rb := a.State == StateRunning, b.State == StateRunning; ra != rb {
 			if ra {
 				return -1
@@ -115,6 +149,6 @@ func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks
 		}
 		return bytes.Compare(a.ID[:], b.ID[:])
 	})
-	out.Tasks = tasks[:min(len(tasks), p.Limit)]
+	out.Tasks = out.Tasks[:min(len(out.Tasks), p.Limit)]
 	return out, nil
 }

@@ -534,23 +534,31 @@ func (s *Service) WithWaitReason(ctx context.Context, t Task) Task {
 	return out[0]
 }
 
-// fillWaitReasons says why queued tasks wait (one Redis round trip per tenant). A
-// failure leaves the reason nil rather than failing the read.
+// fillWaitReasons says why queued tasks wait.
 func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
+	s.waitReasons(ctx, len(tasks), func(i int) (string, store.TaskState, **string) {
+		return tasks[i].TenantID, tasks[i].State, &tasks[i].WaitReason
+	})
+}
+
+// waitReasons sets the wait reason of the queued ones of n tasks, each given by at
+// (its tenant, state and reason), with one Redis round trip per tenant. A failure
+// leaves the reason nil rather than failing the read.
+func (s *Service) waitReasons(ctx context.Context, n int, at func(i int) (tenant string, state store.TaskState, reason **string)) {
 	reasons := map[string]*string{}
-	for i := range tasks {
-		t := &tasks[i]
-		if t.State != store.StateQueued {
+	for i := range n {
+		tenant, state, reason := at(i)
+		if state != store.StateQueued {
 			continue
 		}
-		r, ok := reasons[t.TenantID]
+		r, ok := reasons[tenant]
 		if !ok {
-			if why, err := s.d.Queue.WaitReason(ctx, t.TenantID); err == nil {
+			if why, err := s.d.Queue.WaitReason(ctx, tenant); err == nil {
 				r = &why
 			}
-			reasons[t.TenantID] = r
+			reasons[tenant] = r
 		}
-		t.WaitReason = r
+		*reason = r
 	}
 }
 
@@ -646,11 +654,18 @@ func Terminal(state string) bool { return store.TaskState(state).Terminal() }
 // MaxLiveTasks bounds the tasks Live lists.
 const MaxLiveTasks = 100
 
+// PanelTask is a live task as the usage report shows it, with why it waits when it
+// is queued.
+type PanelTask struct {
+	store.PanelTask
+	WaitReason *string
+}
+
 // Live is a tenant's running and queued tasks: how many of each, and up to the limit
 // of them (running first, then queued, oldest first), queued ones with why they wait.
 type Live struct {
 	Running, Queued int64
-	Tasks           []Task
+	Tasks           []PanelTask
 }
 
 // Live returns the tenant's live tasks, at most limit of them (1..MaxLiveTasks).
@@ -665,10 +680,12 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 	if err != nil {
 		return Live{}, err
 	}
-	out := Live{Running: rows.Running, Queued: rows.Queued, Tasks: make([]Task, 0, len(rows.Tasks))}
+	out := Live{Running: rows.Running, Queued: rows.Queued, Tasks: make([]PanelTask, 0, len(rows.Tasks))}
 	for _, t := range rows.Tasks {
-		out.Tasks = append(out.Tasks, Task{Task: t})
+		out.Tasks = append(out.Tasks, PanelTask{PanelTask: t})
 	}
-	s.fillWaitReasons(ctx, out.Tasks)
+	s.waitReasons(ctx, len(out.Tasks), func(i int) (string, store.TaskState, **string) {
+		return out.Tasks[i].TenantID, out.Tasks[i].State, &out.Tasks[i].WaitReason
+	})
 	return out, nil
 }
