@@ -202,22 +202,26 @@ func (r *Rejections) Current(ctx context.Context, tenantID string, period quotas
 		}
 	}
 	// Minutes from the cutoff on may be in Redis: read them one by one. Before it,
-	// Postgres alone has them: sum them there.
-	rows, err := r.Store.Rejections(ctx, store.RejectionsParams{TenantID: tenantID, Since: cutoff, Until: now.Add(time.Hour)})
+	// Postgres alone has them: sum them there, per window. One statement for both.
+	var spans []Span
+	var from []time.Time
+	for _, w := range []Span{DaySpan(now), windowOf(quotas.AITokensMonthly, now, period)} {
+		if w.Start.Before(cutoff) {
+			spans, from = append(spans, w), append(from, w.Start)
+		}
+	}
+	stored, err := r.Store.RejectionCounts(ctx, store.RejectionCountsParams{TenantID: tenantID, Since: cutoff,
+		Until: now.Add(time.Hour), TotalsFrom: from})
 	if err != nil {
 		return nil, err
 	}
-	for _, row := range rows {
+	for _, row := range stored.Minutes {
 		k := key{row.LimitType, row.Minute.Unix()}
 		counts[k] = max(counts[k], row.Count)
 	}
 	before := map[Span]map[string]int64{}
-	for _, w := range []Span{DaySpan(now), windowOf(quotas.AITokensMonthly, now, period)} {
-		if w.Start.Before(cutoff) {
-			if before[w], err = r.Store.RejectionTotals(ctx, store.RejectionsParams{TenantID: tenantID, Since: w.Start, Until: cutoff}); err != nil {
-				return nil, err
-			}
-		}
+	for i, w := range spans {
+		before[w] = stored.Totals[i]
 	}
 	out := map[string]int64{}
 	for k, n := range counts {

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,54 +60,65 @@ func (s *Store) UnscopedAddRejections(ctx context.Context, rows []RejectionRow) 
 	return inserted, nil
 }
 
-// RejectionsParams select a tenant's refusal counts of the minutes in [Since, Until).
-type RejectionsParams struct {
+// RejectionCountsParams select a tenant's refusal counts: each minute in [Since,
+// Until) on its own, and for each of TotalsFrom the sums per limit over the minutes
+// from it up to Since.
+type RejectionCountsParams struct {
 	TenantID     string
 	Since, Until time.Time
+	TotalsFrom   []time.Time
 }
 
-// RejectionTotals sums a tenant's refusal counts per limit over the minutes selected.
-func (s *Store) RejectionTotals(ctx context.Context, p RejectionsParams) (map[string]int64, error) {
+// RejectionCounts are the counts RejectionCountsParams select.
+type RejectionCounts struct {
+	Minutes []RejectionRow     // one row per limit and minute, in minute order
+	Totals  []map[string]int64 // limit type → count, one per TotalsFrom, in its order
+}
+
+// RejectionCounts reads a tenant's refusal counts in one statement (the usage
+// report, which panels poll, reads them on every call).
+func (s *Store) RejectionCounts(ctx context.Context, p RejectionCountsParams) (RejectionCounts, error) {
+	out := RejectionCounts{Totals: make([]map[string]int64, len(p.TotalsFrom))}
 	if p.TenantID == "" {
-		return nil, ErrNoTenant
+		return out, ErrNoTenant
 	}
+	for i := range out.Totals {
+		out.Totals[i] = map[string]int64{}
+	}
+	// Window 0 is the minutes; window i > 0 is TotalsFrom[i-1]'s sums.
 	rows, err := s.db.Query(ctx, `
-		SELECT limit_type, sum(count)::bigint FROM limit_rejections
-		WHERE tenant_id = $1 AND minute >= $2 AND minute < $3 GROUP BY limit_type`, p.TenantID, p.Since, p.Until)
-	type total struct {
-		limit string
-		n     int64
-	}
-	ts, err := collect(rows, err, func(row pgx.Row) (total, error) {
-		var t total
-		err := row.Scan(&t.limit, &t.n)
-		return t, err
-	})
+		SELECT 0::bigint, limit_type, minute, count::bigint FROM limit_rejections
+		WHERE tenant_id = $1 AND minute >= $2 AND minute < $3
+		UNION ALL
+		SELECT w.i, r.limit_type, NULL, sum(r.count)::bigint
+		FROM unnest($4::timestamptz[]) WITH ORDINALITY AS w(since, i)
+		JOIN limit_rejections r ON r.tenant_id = $1 AND r.minute >= w.since AND r.minute < $2
+		GROUP BY w.i, r.limit_type`, p.TenantID, p.Since, p.Until, p.TotalsFrom)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
-	out := make(map[string]int64, len(ts))
-	for _, t := range ts {
-		out[t.limit] = t.n
+	defer rows.Close()
+	for rows.Next() {
+		var window, count int64
+		var limit string
+		var minute *time.Time
+		if err := rows.Scan(&window, &limit, &minute, &count); err != nil {
+			return out, err
+		}
+		switch {
+		case window == 0 && minute != nil:
+			out.Minutes = append(out.Minutes, RejectionRow{TenantID: p.TenantID, LimitType: limit, Minute: minute.UTC(), Count: count})
+		case window >= 1 && int(window) <= len(out.Totals):
+			out.Totals[window-1][limit] = count
+		}
 	}
-	return out, nil
-}
-
-// Rejections returns a tenant's refusal counts of the minutes selected, one row per
-// limit and minute, in minute order.
-func (s *Store) Rejections(ctx context.Context, p RejectionsParams) ([]RejectionRow, error) {
-	if p.TenantID == "" {
-		return nil, ErrNoTenant
+	if err := rows.Err(); err != nil {
+		return out, err
 	}
-	rows, err := s.db.Query(ctx, `
-		SELECT tenant_id, limit_type, minute, count FROM limit_rejections
-		WHERE tenant_id = $1 AND minute >= $2 AND minute < $3 ORDER BY minute, limit_type`, p.TenantID, p.Since, p.Until)
-	return collect(rows, err, func(row pgx.Row) (RejectionRow, error) {
-		var r RejectionRow
-		err := row.Scan(&r.TenantID, &r.LimitType, &r.Minute, &r.Count)
-		r.Minute = r.Minute.UTC()
-		return r, err
+	slices.SortFunc(out.Minutes, func(a, b RejectionRow) int {
+		return cmp.Or(a.Minute.Compare(b.Minute), cmp.Compare(a.LimitType, b.LimitType))
 	})
+	return out, nil
 }
 
 // UnscopedRejectionTotals sums the refusal counts of many tenants, each over its own

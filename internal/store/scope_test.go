@@ -118,12 +118,8 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.ListLiveTasks(ctx, store.LiveTasksParams{Limit: 10})
 			return err
 		}},
-		{"RejectionTotals", func(ctx context.Context, st *store.Store) error {
-			_, err := st.RejectionTotals(ctx, store.RejectionsParams{Until: time.Now()})
-			return err
-		}},
-		{"Rejections", func(ctx context.Context, st *store.Store) error {
-			_, err := st.Rejections(ctx, store.RejectionsParams{Until: time.Now()})
+		{"RejectionCounts", func(ctx context.Context, st *store.Store) error {
+			_, err := st.RejectionCounts(ctx, store.RejectionCountsParams{Until: time.Now()})
 			return err
 		}},
 		{"ListEvents", func(ctx context.Context, st *store.Store) error {
