@@ -209,7 +209,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.batch = redisx.NewBatch(a.rdb, 0)
 	a.slotBatch = redisx.NewBatch(a.rdb, a.cfg.RedisTimeout)
 	a.quotas = quotas.New(a.rdb, a.keys, nil)
-	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log)
+	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log, mp)
 	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
 	// The request slots' calls have a batch of their own, bounded by the admission
 	// timeout: they must answer as fast as admission does.

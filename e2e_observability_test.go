@@ -87,6 +87,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		{"agentq_webhook_deliveries_total", map[string]string{"outcome": "succeeded"}},
 		{"agentq_webhook_deliveries_total", map[string]string{"outcome": "gone"}},
 		{"agentq_dispatched_total", nil},
+		{"agentq_quotas_counters_rebuilt_total", nil},
 	} {
 		if v, ok := sample(fams, c.name, c.labels); !ok || v != 0 {
 			t.Errorf("before traffic: %s%v = %v (present %v), want 0", c.name, c.labels, v, ok)
@@ -136,6 +137,8 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		{"agentq_fair_share_ratio", map[string]string{"tenant": "obs"}, 1},
 		{"agentq_queue_depth", map[string]string{"tenant": "other"}, 0},
 		{"agentq_worker_busy_ratio", nil, 0},
+		// The new tenant's period counters were built from the (empty) ledger once.
+		{"agentq_quotas_counters_rebuilt_total", nil, 1},
 	} {
 		if v, ok := sample(fams, c.name, c.labels); !ok || v != c.want {
 			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, v, ok, c.want)

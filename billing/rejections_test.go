@@ -26,7 +26,7 @@ func newRejecting(t *testing.T) *rejecting {
 	f := &rejecting{fixture: newFixture(t), now: time.Date(2026, 12, 1, 10, 30, 5, 0, time.UTC)}
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at) VALUES ('acme', 'Acme', 'pro', '2026-11-15')`)
 	f.q = quotas.New(f.rdb, f.keys, func() int64 { return f.clock().UnixMilli() })
-	f.q.SetUsageSource(f.ledger, nil)
+	f.q.SetUsageSource(f.ledger, nil, nil)
 	plans, err := quotas.LoadCatalogue("")
 	if err != nil {
 		t.Fatal(err)

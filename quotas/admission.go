@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -115,11 +116,12 @@ type Quotas struct {
 	mu       sync.Mutex
 	batchers []*batcher // set while a Coalescer runs
 
-	usage  UsageSource // what lost counters are rebuilt from (seed.go); nil: zero
-	log    *slog.Logger
-	seedMu sync.Mutex
-	seeds  map[string]*seedCall // rebuilds in progress, by tenant
-	seeded map[string]uint64    // rebuilds finished, by tenant (seed.go)
+	usage   UsageSource // what lost counters are rebuilt from (seed.go); nil: zero
+	log     *slog.Logger
+	rebuilt metric.Int64Counter // rebuilds (agentq.quotas.counters_rebuilt); nil: not counted
+	seedMu  sync.Mutex
+	seeds   map[string]*seedCall // rebuilds in progress, by tenant
+	seeded  map[string]uint64    // rebuilds finished, by tenant (seed.go)
 }
 
 // New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests).

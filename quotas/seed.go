@@ -53,8 +53,24 @@ type Usage struct {
 // SetUsageSource makes the period counters rebuild from src when Redis lost them.
 // Without one (tests, a Quotas without a ledger) missing counters start at zero. Call
 // it before the Quotas is used.
-func (q *Quotas) SetUsageSource(src UsageSource, log *slog.Logger) {
+// Each rebuild is counted on mp's agentq.quotas.counters_rebuilt (nil: the global
+// meter provider).
+func (q *Quotas) SetUsageSource(src UsageSource, log *slog.Logger, mp metric.MeterProvider) {
 	q.usage, q.log = src, log
+	q.rebuilt = newRebuiltCounter(mp)
+}
+
+// newRebuiltCounter makes agentq.quotas.counters_rebuilt on mp (nil: the global
+// provider), exported at 0 from the start.
+func newRebuiltCounter(mp metric.MeterProvider) metric.Int64Counter {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	c, _ := mp.Meter("github.com/agentq/agentq/quotas").Int64Counter("agentq.quotas.counters_rebuilt",
+		metric.WithUnit("{tenant}"),
+		metric.WithDescription("Tenants whose period quota counters were rebuilt from the usage ledger"))
+	c.Add(context.Background(), 0)
+	return c
 }
 
 // seedTimeout bounds one rebuild: a ledger query and a script call. It is not the
@@ -65,9 +81,6 @@ const seedTimeout = 5 * time.Second
 // seedTries bounds how often an admission or a reservation seeds and asks again: more
 // than once only if Redis loses the counters again meanwhile.
 const seedTries = 3
-
-var rebuilt, _ = otel.Meter("agentq").Int64Counter("agentq.quotas.counters_rebuilt",
-	metric.WithDescription("tenants whose period quota counters were rebuilt from the usage ledger"))
 
 // seedScript writes a tenant's period counters rebuilt from the ledger, and the "sd"
 // mark, unless the mark is there already: then another caller seeded first (or the
@@ -206,7 +219,9 @@ func (q *Quotas) Seed(ctx context.Context, tenantID string, period Period) (bool
 		return false, fmt.Errorf("quotas: seed counters: %w", err)
 	}
 	if n == 1 {
-		rebuilt.Add(ctx, 1)
+		if q.rebuilt != nil {
+			q.rebuilt.Add(context.WithoutCancel(ctx), 1)
+		}
 		if q.log != nil {
 			var steps int64
 			for _, s := range u.StepsByHour {
