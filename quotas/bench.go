@@ -138,13 +138,9 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	raw := benchutil.Run(ctx, o.Concurrency, o.Duration, func(ctx context.Context, _ int, _ int64) error {
 		return emptyScript.EvalSha(ctx, rdb, nil).Err()
 	})
-	progress("single-key GCRA (redis_rate's algorithm)…")
-	single, err := benchutil.RunMeasuringRedis(ctx, rdb, o.Concurrency, o.Duration, func(ctx context.Context, w int, seq int64) error {
+	singleBucket := func(ctx context.Context, w int, seq int64) error {
 		key := keys.BaselineBucket(fmt.Sprintf("t%d", (int64(w)*7919+seq)%int64(o.Tenants)))
 		return gcraScript.EvalSha(ctx, rdb, []string{key}, 1e6, 1e6, 1, 1).Err()
-	})
-	if err != nil {
-		return out, err
 	}
 	admitOne := func(ctx context.Context, w int, seq int64) error {
 		n := int64(w)*7919 + seq
@@ -158,16 +154,19 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	}
 	progress("full admission, every scope on, one script call per admission…")
 	alone := benchutil.Run(ctx, o.Concurrency, o.Duration, admitOne)
-	progress("full admission, every scope on, concurrent admissions coalesced…")
 	co := NewCoalescer(q, 2*time.Second)
 	if err := co.Start(ctx); err != nil {
 		return out, err
 	}
-	full, err := benchutil.RunMeasuringRedis(ctx, rdb, o.Concurrency, o.Duration, admitOne)
+	// The ratio is the figure: the baseline and the full admission take turns in
+	// slices of a second, so that a machine whose speed drifts slows both alike.
+	progress("single-key GCRA (redis_rate's algorithm) and the full admission with every scope on, coalesced, in turns…")
+	both, err := benchutil.RunInterleaved(ctx, rdb, o.Concurrency, o.Duration, admissionRounds(o.Duration), singleBucket, admitOne)
 	if err != nil {
 		co.Stop()
 		return out, err
 	}
+	single, full := both[0], both[1]
 	progress("full admission, every limit refusing, coalesced…")
 	// Every limit at its value refusing the tenants' use: rates of 0, counts of 0, and
 	// monthly quotas of 1 below the 10 tokens and micro-dollars each tenant used. Only
@@ -238,6 +237,10 @@ func RunAdmissionBench(ctx context.Context, rdb redis.UniversalClient, o Admissi
 	out.RedisBytesPerTenantKs = memTenants
 	return out, nil
 }
+
+// admissionRounds is how many turns the baseline and the admission take: slices of
+// about a second, at least one.
+func admissionRounds(d time.Duration) int { return max(1, int(d/time.Second)) }
 
 func us(d time.Duration) float64 { return round1(float64(d.Nanoseconds()) / 1e3) }
 

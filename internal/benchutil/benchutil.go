@@ -27,10 +27,30 @@ type Result struct {
 	RedisCPUPerOp time.Duration
 }
 
+// Op is one operation of a load run; it gets the worker index and a per-worker
+// sequence number.
+type Op func(ctx context.Context, worker int, seq int64) error
+
 // Run calls op from concurrency goroutines for d and measures throughput and latency.
 // op gets the worker index and a per-worker sequence number.
-func Run(ctx context.Context, concurrency int, d time.Duration, op func(ctx context.Context, worker int, seq int64) error) Result {
-	var ops, errs atomic.Int64
+func Run(ctx context.Context, concurrency int, d time.Duration, op Op) Result {
+	var t tally
+	t.run(ctx, concurrency, d, op)
+	return t.result()
+}
+
+// tally accumulates load runs of one operation.
+type tally struct {
+	ops, errs int64
+	elapsed   time.Duration
+	lat       []time.Duration // a sample: every 4th operation
+	seq       int64           // the sequence numbers already used, per worker
+}
+
+// run loads op for d; its workers' sequence numbers start at t.seq, so that runs of
+// one tally spread their keys as one long run would.
+func (t *tally) run(ctx context.Context, concurrency int, d time.Duration, op Op) {
+	var ops, errs, maxSeq atomic.Int64
 	lat := make([][]time.Duration, concurrency)
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
@@ -38,14 +58,22 @@ func Run(ctx context.Context, concurrency int, d time.Duration, op func(ctx cont
 	var wg sync.WaitGroup
 	for w := range concurrency {
 		wg.Go(func() {
-			var seq int64
+			seq := t.seq
+			defer func() {
+				for {
+					m := maxSeq.Load()
+					if seq <= m || maxSeq.CompareAndSwap(m, seq) {
+						return
+					}
+				}
+			}()
 			for ctx.Err() == nil {
 				t0 := time.Now()
 				err := op(ctx, w, seq)
+				seq++ // used, even by a call the deadline cut short
 				if ctx.Err() != nil {
-					return
+					return // not counted: it may or may not have happened
 				}
-				seq++
 				if err != nil {
 					errs.Add(1)
 					continue
@@ -58,13 +86,22 @@ func Run(ctx context.Context, concurrency int, d time.Duration, op func(ctx cont
 		})
 	}
 	wg.Wait()
-	el := time.Since(start)
-	var all []time.Duration
+	t.elapsed += time.Since(start)
+	t.ops += ops.Load()
+	t.errs += errs.Load()
+	t.seq = max(t.seq, maxSeq.Load())
 	for _, l := range lat {
-		all = append(all, l...)
+		t.lat = append(t.lat, l...)
 	}
+}
+
+func (t *tally) result() Result {
+	all := slices.Clone(t.lat)
 	slices.Sort(all)
-	r := Result{Ops: ops.Load(), Errors: errs.Load(), Elapsed: el, PerSec: float64(ops.Load()) / el.Seconds()}
+	r := Result{Ops: t.ops, Errors: t.errs, Elapsed: t.elapsed}
+	if t.elapsed > 0 {
+		r.PerSec = float64(t.ops) / t.elapsed.Seconds()
+	}
 	if len(all) > 0 {
 		r.P50 = all[len(all)*50/100]
 		r.P99 = all[min(len(all)-1, len(all)*99/100)]
@@ -109,4 +146,37 @@ func RunMeasuringRedis(ctx context.Context, rdb redis.UniversalClient, concurren
 		r.RedisCPUPerOp = (after - before) / time.Duration(r.Ops)
 	}
 	return r, nil
+}
+
+// RunInterleaved loads each of ops for d in all, in turns: rounds slices of d/rounds
+// each, one op after the other. A machine whose speed drifts within seconds (a shared
+// host) then slows every op alike, and the ratios of their results hold where back to
+// back runs of d each would compare one moment with another. It reports each op's
+// totals over its slices, with the Redis main thread's CPU per operation.
+func RunInterleaved(ctx context.Context, rdb redis.UniversalClient, concurrency int, d time.Duration, rounds int, ops ...Op) ([]Result, error) {
+	rounds = max(rounds, 1)
+	tallies := make([]tally, len(ops))
+	cpu := make([]time.Duration, len(ops))
+	for range rounds {
+		for i, op := range ops {
+			before, err := RedisCPU(ctx, rdb)
+			if err != nil {
+				return nil, err
+			}
+			tallies[i].run(ctx, concurrency, d/time.Duration(rounds), op)
+			after, err := RedisCPU(ctx, rdb)
+			if err != nil {
+				return nil, err
+			}
+			cpu[i] += after - before
+		}
+	}
+	out := make([]Result, len(ops))
+	for i := range tallies {
+		out[i] = tallies[i].result()
+		if out[i].Ops > 0 {
+			out[i].RedisCPUPerOp = cpu[i] / time.Duration(out[i].Ops)
+		}
+	}
+	return out, nil
 }
