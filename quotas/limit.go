@@ -44,6 +44,17 @@ var errLimitValue = errors.New(`a limit is a number >= 0 or "unlimited"`)
 
 // UnmarshalJSON reads a number >= 0 or "unlimited".
 func (l *Limit) UnmarshalJSON(b []byte) error {
+	// A number, as nearly every stored limit is, is parsed directly: a tenant's
+	// overrides are decoded on every read of its row (each batch of step ends reads
+	// its tenants), and two trial decodes per value were a visible part of that. The
+	// JSON decoder has validated b, so a value of number characters only is a JSON
+	// number, which strconv reads as json itself does; anything else takes the path
+	// below.
+	if len(b) > 0 && (b[0] == '-' || b[0] >= '0' && b[0] <= '9') && numberChars(b) {
+		if f, err := strconv.ParseFloat(string(b), 64); err == nil {
+			return l.setNumber(f)
+		}
+	}
 	var s string
 	if json.Unmarshal(b, &s) == nil {
 		if s != unlimitedText {
@@ -57,6 +68,16 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("%w, not %s", errLimitValue, b)
 	}
 	return l.setNumber(f)
+}
+
+// numberChars reports whether b holds only the characters of a JSON number.
+func numberChars(b []byte) bool {
+	for _, c := range b {
+		if (c < '0' || c > '9') && c != '-' && c != '+' && c != '.' && c != 'e' && c != 'E' {
+			return false
+		}
+	}
+	return true
 }
 
 // MarshalYAML writes the number, or unlimited.
