@@ -2,8 +2,10 @@
 # One loadcmp run against `BIN serve`, set up as ../shared/acceptance/throughput sets
 # it up: a fresh Postgres database and Redis db 14, an OTLP receiver taking traces and
 # metrics, loadcmp's default load. Prints loadcmp's JSON line, then the CPU seconds
-# per 1,000 tasks of the agentq process, Redis and every Postgres backend, then (with
-# "river") River's run of the same load on a fresh database, for the same-run baseline.
+# per 1,000 tasks of the agentq process, Redis and every Postgres backend, then the
+# whole machine's busy and idle milliseconds per task (/proc/stat), then (with
+# "river") River's run of the same load on a fresh database and its machine time per
+# job, for the same-run baseline.
 # With pg_stat_statements loaded in the server, also the top statements.
 #
 #   go build -o /tmp/loadcmp . (in ../shared/tools/loadcmp); make build
@@ -53,14 +55,21 @@ pgcpu() { local s=0; for p in $(pgrep -x postgres); do s=$((s+$(awk '{print $14+
 stmts=$(psql -h 127.0.0.1 -U postgres -Atc "select 1 from pg_extension where extname='pg_stat_statements'" 2>/dev/null)
 [ -n "$stmts" ] && psql -q -h 127.0.0.1 -U postgres -c "select pg_stat_statements_reset()" >/dev/null
 tick=$(getconf CLK_TCK)
-a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu)
+# the whole machine's busy and idle jiffies (user nice system irq softirq steal; idle iowait)
+machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
+per_task() { python3 -c "t=$tick; print('machine ms per task: busy %.2f idle %.2f' % (($3-$1)*1000/t/4000, ($4-$2)*1000/t/4000))"; }
+a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu); read -r m0 i0 < <(machine)
 [ -n "${TIMELINE:-}" ] && python3 "$(dirname "$0")/throughput-timeline.py" "$PORT" >/tmp/throughput-timeline.log 2>&1 &
 "$LOADCMP" agentq "http://127.0.0.1:$PORT" tpadmin
-a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu)
+a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu); read -r m1 i1 < <(machine)
 python3 -c "t=$tick; print('cpu s/1000 tasks: agentq %.2f redis %.2f postgres %.2f' % (($a1-$a0)/t/4, ($r1-$r0)/4, ($p1-$p0)/t/4))"
+per_task "$m0" "$i0" "$m1" "$i1"
 [ -n "$stmts" ] && psql -h 127.0.0.1 -U postgres -c "select calls, round(total_exec_time::numeric) ms, round(total_plan_time::numeric) plan, plans, left(regexp_replace(query, '\s+', ' ', 'g'), 100) q
   from pg_stat_statements where dbid = (select oid from pg_database where datname = '$DB') order by total_exec_time desc limit 40"
 if [ "$MODE" = river ]; then
   psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE ${DB}_r" >/dev/null
+  read -r m0 i0 < <(machine)
   "$LOADCMP" river "postgres://postgres@127.0.0.1:5432/${DB}_r?sslmode=disable"
+  read -r m1 i1 < <(machine)
+  per_task "$m0" "$i0" "$m1" "$i1"
 fi
