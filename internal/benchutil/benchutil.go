@@ -22,7 +22,7 @@ type Result struct {
 	Elapsed  time.Duration
 	PerSec   float64
 	P50, P99 time.Duration
-	// RedisCPUPerOp is set by RunMeasuringRedis. Other clients of the same Redis count
+	// RedisCPUPerOp is set by RunInterleaved. Other clients of the same Redis count
 	// in it too: measure on a Redis nothing else uses.
 	RedisCPUPerOp time.Duration
 }
@@ -44,29 +44,25 @@ type tally struct {
 	ops, errs int64
 	elapsed   time.Duration
 	lat       []time.Duration // a sample: every 4th operation
-	seq       int64           // the sequence numbers already used, per worker
+	next      []int64         // each worker's next sequence number
 }
 
-// run loads op for d; its workers' sequence numbers start at t.seq, so that runs of
-// one tally spread their keys as one long run would.
+// run loads op for d. Each worker's sequence carries on from the tally's previous
+// run, so that runs of one tally spread their keys as one long run would.
 func (t *tally) run(ctx context.Context, concurrency int, d time.Duration, op Op) {
-	var ops, errs, maxSeq atomic.Int64
+	var ops, errs atomic.Int64
 	lat := make([][]time.Duration, concurrency)
+	if len(t.next) < concurrency {
+		t.next = append(t.next, make([]int64, concurrency-len(t.next))...)
+	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range concurrency {
 		wg.Go(func() {
-			seq := t.seq
-			defer func() {
-				for {
-					m := maxSeq.Load()
-					if seq <= m || maxSeq.CompareAndSwap(m, seq) {
-						return
-					}
-				}
-			}()
+			seq := t.next[w]
+			defer func() { t.next[w] = seq }() // read after wg.Wait
 			for ctx.Err() == nil {
 				t0 := time.Now()
 				err := op(ctx, w, seq)
@@ -89,7 +85,6 @@ func (t *tally) run(ctx context.Context, concurrency int, d time.Duration, op Op
 	t.elapsed += time.Since(start)
 	t.ops += ops.Load()
 	t.errs += errs.Load()
-	t.seq = max(t.seq, maxSeq.Load())
 	for _, l := range lat {
 		t.lat = append(t.lat, l...)
 	}
@@ -129,23 +124,6 @@ func RedisCPU(ctx context.Context, rdb redis.UniversalClient) (time.Duration, er
 		}
 	}
 	return time.Duration(total * float64(time.Second)), nil
-}
-
-// RunMeasuringRedis is Run, also reporting the Redis main thread's CPU per operation.
-func RunMeasuringRedis(ctx context.Context, rdb redis.UniversalClient, concurrency int, d time.Duration, op func(ctx context.Context, worker int, seq int64) error) (Result, error) {
-	before, err := RedisCPU(ctx, rdb)
-	if err != nil {
-		return Result{}, err
-	}
-	r := Run(ctx, concurrency, d, op)
-	after, err := RedisCPU(ctx, rdb)
-	if err != nil {
-		return Result{}, err
-	}
-	if r.Ops > 0 {
-		r.RedisCPUPerOp = (after - before) / time.Duration(r.Ops)
-	}
-	return r, nil
 }
 
 // RunInterleaved loads each of ops for d in all, in turns: rounds slices of d/rounds
