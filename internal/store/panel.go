@@ -1,10 +1,8 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -106,6 +104,7 @@ func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks
 	if p.Limit <= 0 {
 		return out, fmt.Errorf("store: live tasks limit %d, want > 0", p.Limit)
 	}
+	// Running before queued, oldest first within each: the order of the report.
 	rows, err := s.db.Query(ctx, `
 		WITH n AS (
 			SELECT count(*) FILTER (WHERE state = 'running') AS running, count(*) FILTER (WHERE state = 'queued') AS queued
@@ -118,37 +117,27 @@ func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks
 			 WHERE tenant_id = $1 AND state = 'queued' ORDER BY id LIMIT $2)
 		)
 		SELECT n.running, n.queued, listed.id, listed.agent, listed.user_id, listed.state, listed.created_at, listed.started_at
-		FROM n LEFT JOIN listed ON true`, p.TenantID, p.Limit)
+		FROM n LEFT JOIN listed ON true
+		ORDER BY listed.state <> 'running', listed.id LIMIT $2`, p.TenantID, p.Limit)
+	// Every row carries the counts; without a live task the one row is the counts'
+	// alone, its task columns null.
+	got, err := collect(rows, err, func(row pgx.Row) (*PanelTask, error) {
+		var id *uuid.UUID
+		var agent, user, state *string
+		var created, started *time.Time
+		if err := row.Scan(&out.Running, &out.Queued, &id, &agent, &user, &state, &created, &started); err != nil || id == nil {
+			return nil, err
+		}
+		return &PanelTask{ID: *id, TenantID: p.TenantID, Agent: *agent, User: *user, State: TaskState(*state),
+			CreatedAt: *created, StartedAt: started}, nil
+	})
 	if err != nil {
 		return out, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var id *uuid.UUID
-		var agent, user, state *string
-		var created *time.Time
-		var lt PanelTask
-		if err := rows.Scan(&out.Running, &out.Queued, &id, &agent, &user, &state, &created, &lt.StartedAt); err != nil {
-			return out, err
+	for _, t := range got {
+		if t != nil {
+			out.Tasks = append(out.Tasks, *t)
 		}
-		if id == nil { // no live task: the counts' row alone
-			continue
-		}
-		lt.ID, lt.TenantID, lt.Agent, lt.User, lt.State, lt.CreatedAt = *id, p.TenantID, *agent, *user, TaskState(*state), *created
-		out.Tasks = append(out.Tasks, lt)
 	}
-	if err := rows.Err(); err != nil {
-		return out, err
-	}
-	slices.SortFunc(out.Tasks, func(a, b PanelTask) int {
-		if ra, rb := a.State == StateRunning, b.State == StateRunning; ra != rb {
-			if ra {
-				return -1
-			}
-			return 1
-		}
-		return bytes.Compare(a.ID[:], b.ID[:])
-	})
-	out.Tasks = out.Tasks[:min(len(out.Tasks), p.Limit)]
 	return out, nil
 }

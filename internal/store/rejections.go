@@ -1,9 +1,7 @@
 package store
 
 import (
-	"cmp"
 	"context"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,7 +83,7 @@ func (s *Store) RejectionCounts(ctx context.Context, p RejectionCountsParams) (R
 	for i := range out.Totals {
 		out.Totals[i] = map[string]int64{}
 	}
-	// Window 0 is the minutes; window i > 0 is TotalsFrom[i-1]'s sums.
+	// Window 0 is the minutes, in minute order; window i > 0 is TotalsFrom[i-1]'s sums.
 	rows, err := s.db.Query(ctx, `
 		SELECT 0::bigint, limit_type, minute, count::bigint FROM limit_rejections
 		WHERE tenant_id = $1 AND minute >= $2 AND minute < $3
@@ -93,31 +91,31 @@ func (s *Store) RejectionCounts(ctx context.Context, p RejectionCountsParams) (R
 		SELECT w.i, r.limit_type, NULL, sum(r.count)::bigint
 		FROM unnest($4::timestamptz[]) WITH ORDINALITY AS w(since, i)
 		JOIN limit_rejections r ON r.tenant_id = $1 AND r.minute >= w.since AND r.minute < $2
-		GROUP BY w.i, r.limit_type`, p.TenantID, p.Since, p.Until, p.TotalsFrom)
+		GROUP BY w.i, r.limit_type
+		ORDER BY 1, 3, 2`, p.TenantID, p.Since, p.Until, p.TotalsFrom)
+	type counted struct {
+		window int64
+		RejectionRow
+	}
+	got, err := collect(rows, err, func(row pgx.Row) (counted, error) {
+		c := counted{RejectionRow: RejectionRow{TenantID: p.TenantID}}
+		var minute *time.Time // null in a window's sums
+		err := row.Scan(&c.window, &c.LimitType, &minute, &c.Count)
+		if minute != nil {
+			c.Minute = minute.UTC()
+		}
+		return c, err
+	})
 	if err != nil {
 		return out, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var window, count int64
-		var limit string
-		var minute *time.Time
-		if err := rows.Scan(&window, &limit, &minute, &count); err != nil {
-			return out, err
-		}
-		switch {
-		case window == 0 && minute != nil:
-			out.Minutes = append(out.Minutes, RejectionRow{TenantID: p.TenantID, LimitType: limit, Minute: minute.UTC(), Count: count})
-		case window >= 1 && int(window) <= len(out.Totals):
-			out.Totals[window-1][limit] = count
+	for _, c := range got {
+		if c.window == 0 {
+			out.Minutes = append(out.Minutes, c.RejectionRow)
+		} else {
+			out.Totals[c.window-1][c.LimitType] = c.Count
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return out, err
-	}
-	slices.SortFunc(out.Minutes, func(a, b RejectionRow) int {
-		return cmp.Or(a.Minute.Compare(b.Minute), cmp.Compare(a.LimitType, b.LimitType))
-	})
 	return out, nil
 }
 
