@@ -50,7 +50,7 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 	// JSON decoder has validated b, so a value of number characters only is a JSON
 	// number, which strconv reads as json itself does; anything else takes the path
 	// below.
-	if len(b) > 0 && (b[0] == '-' || b[0] >= '0' && b[0] <= '9') && numberChars(b) {
+	if numberChars(b) {
 		if f, err := strconv.ParseFloat(string(b), 64); err == nil {
 			return l.setNumber(f)
 		}

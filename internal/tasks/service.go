@@ -536,29 +536,27 @@ func (s *Service) WithWaitReason(ctx context.Context, t Task) Task {
 
 // fillWaitReasons says why queued tasks wait.
 func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
-	s.waitReasons(ctx, len(tasks), func(i int) (string, store.TaskState, **string) {
-		return tasks[i].TenantID, tasks[i].State, &tasks[i].WaitReason
-	})
+	reasonOf := s.waitReasons(ctx)
+	for i := range tasks {
+		if tasks[i].State == store.StateQueued {
+			tasks[i].WaitReason = reasonOf(tasks[i].TenantID)
+		}
+	}
 }
 
-// waitReasons sets the wait reason of the queued ones of n tasks, each given by at
-// (its tenant, state and reason), with one Redis round trip per tenant. A failure
-// leaves the reason nil rather than failing the read.
-func (s *Service) waitReasons(ctx context.Context, n int, at func(i int) (tenant string, state store.TaskState, reason **string)) {
+// waitReasons returns why a tenant's queued tasks wait, asking Redis once per tenant
+// (one round trip each). A failure gives nil rather than failing the read.
+func (s *Service) waitReasons(ctx context.Context) func(tenantID string) *string {
 	reasons := map[string]*string{}
-	for i := range n {
-		tenant, state, reason := at(i)
-		if state != store.StateQueued {
-			continue
-		}
-		r, ok := reasons[tenant]
+	return func(tenantID string) *string {
+		r, ok := reasons[tenantID]
 		if !ok {
-			if why, err := s.d.Queue.WaitReason(ctx, tenant); err == nil {
+			if why, err := s.d.Queue.WaitReason(ctx, tenantID); err == nil {
 				r = &why
 			}
-			reasons[tenant] = r
+			reasons[tenantID] = r
 		}
-		*reason = r
+		return r
 	}
 }
 
@@ -681,11 +679,13 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 		return Live{}, err
 	}
 	out := Live{Running: rows.Running, Queued: rows.Queued, Tasks: make([]PanelTask, 0, len(rows.Tasks))}
+	reasonOf := s.waitReasons(ctx)
 	for _, t := range rows.Tasks {
-		out.Tasks = append(out.Tasks, PanelTask{PanelTask: t})
+		pt := PanelTask{PanelTask: t}
+		if t.State == store.StateQueued {
+			pt.WaitReason = reasonOf(t.TenantID)
+		}
+		out.Tasks = append(out.Tasks, pt)
 	}
-	s.waitReasons(ctx, len(out.Tasks), func(i int) (string, store.TaskState, **string) {
-		return out.Tasks[i].TenantID, out.Tasks[i].State, &out.Tasks[i].WaitReason
-	})
 	return out, nil
 }
