@@ -229,7 +229,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		MeterProvider:  mp,
 		BudgetExceeded: events.BudgetStop,
 		StepRecorded: billing.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
-			pol, err := tenants.PolicyOf(a.plans, t)
+			pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
 			return pol.Limits, err
 		}}.Step,
 	})
@@ -241,7 +241,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log, Fetchers: a.cfg.WorkerFetchers,
-		Plans: a.plans, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
+		Policies: a.services.Tenants, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
 	})
 	// Refusals are counted in Redis by admission; this copies them to Postgres.
 	a.rejections = &billing.Rejections{

@@ -52,6 +52,11 @@ type TenantReader interface {
 	GetTenant(ctx context.Context, id string) (store.Tenant, error)
 }
 
+// PolicySource gives a tenant's policy: its plan with its overrides applied.
+type PolicySource interface {
+	Policy(t store.Tenant) (tenants.Policy, error)
+}
+
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
 // advertise this process's capacity.
 type Slots interface {
@@ -92,7 +97,9 @@ type WorkerOptions struct {
 	// less often, so an idle worker costs Redis about what one server did.
 	Fetchers int
 	Logger   *slog.Logger
-	Plans    *quotas.Catalogue // tenants' limits, for the step-time quota checks
+	// Policies gives a tenant's limits, for the step-time quota checks
+	// (tenants.Service or tenants.Policies); nil checks none.
+	Policies PolicySource
 	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
 	Events func(taskID string) string
 	// TracerProvider traces each delivery (agentq.task) and step (agentq.step), in
@@ -658,8 +665,8 @@ func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *endi
 	}
 	limits := quotas.NoLimits()
 	var planBudget *quotas.Budget
-	if w.opts.Plans != nil {
-		if p, err := tenants.PolicyOf(w.opts.Plans, tenant); err == nil {
+	if w.opts.Policies != nil {
+		if p, err := w.opts.Policies.Policy(tenant); err == nil {
 			limits, planBudget = p.Limits, &p.Budget
 		}
 	}

@@ -107,7 +107,7 @@ func newRig(t *testing.T, lifecycle ...tasks.LifecycleOptions) *rig {
 		// Two asynq servers of one slot each, as a loaded worker runs several.
 		Concurrency: 2, Fetchers: 2, Queues: queues, CancelChannel: keys.CancelChannel(),
 		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
-		Logger: logger, Plans: plans, Events: keys.TaskEvents,
+		Logger: logger, Policies: tenants.NewPolicies(plans, 16), Events: keys.TaskEvents,
 	})
 	return r
 }

@@ -116,7 +116,20 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 var terminalStates = []store.TaskState{store.StateCompleted, store.StateFailed, store.StateKilled,
 	store.StateBudgetExceeded, store.StateAbandoned}
 
+// finishedOpts are the terminal states' label sets, made once: every task's end
+// counts under one, and making a set anew hashes and allocates it.
+var finishedOpts = func() map[store.TaskState]metric.AddOption {
+	m := make(map[store.TaskState]metric.AddOption, len(terminalStates))
+	for _, st := range terminalStates {
+		m[st] = metric.WithAttributeSet(attribute.NewSet(attribute.String("state", string(st))))
+	}
+	return m
+}()
+
 func finishedAttrs(st store.TaskState) metric.AddOption {
+	if o, ok := finishedOpts[st]; ok {
+		return o
+	}
 	return metric.WithAttributes(attribute.String("state", string(st)))
 }
 

@@ -6,6 +6,10 @@
 package tenants
 
 import (
+	"maps"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/quotas"
 )
@@ -51,6 +55,54 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 		Budget:     p.Budget,
 	}, nil
 }
+
+// Policies gives tenants' policies as PolicyOf does, remembering each tenant's last
+// one: a submission, its request's limits and each of its task's steps all need the
+// policy, and working it out builds the limits anew each time (under load, the
+// largest allocation of agentq's own code). A remembered policy is used while the
+// tenant's plan, weight and overrides are those it was worked out from; a tenant value
+// without an id is worked out each time.
+//
+// The policies it returns are shared: their Effective maps must not be written to.
+type Policies struct {
+	plans *quotas.Catalogue
+	memo  *lru.Cache[string, memoPolicy]
+}
+
+// memoPolicy is a policy and what it was worked out from.
+type memoPolicy struct {
+	plan      string
+	weight    *int
+	overrides map[string]quotas.Limit // a copy: the caller's map may change later
+	policy    Policy
+	err       error
+}
+
+// NewPolicies returns a Policies over plans remembering up to size tenants (at least
+// one), the least recently used forgotten first.
+func NewPolicies(plans *quotas.Catalogue, size int) *Policies {
+	memo, _ := lru.New[string, memoPolicy](max(size, 1)) // errs only for size < 1
+	return &Policies{plans: plans, memo: memo}
+}
+
+// Policy is PolicyOf(plans, t), remembered for t.
+func (p *Policies) Policy(t Tenant) (Policy, error) {
+	if t.ID == "" {
+		return PolicyOf(p.plans, t)
+	}
+	if m, ok := p.memo.Get(t.ID); ok && m.plan == t.Plan && sameWeight(m.weight, t.Weight) && maps.Equal(m.overrides, t.Overrides) {
+		return m.policy, m.err
+	}
+	pol, err := PolicyOf(p.plans, t)
+	var weight *int
+	if t.Weight != nil {
+		weight = new(*t.Weight)
+	}
+	p.memo.Add(t.ID, memoPolicy{plan: t.Plan, weight: weight, overrides: maps.Clone(t.Overrides), policy: pol, err: err})
+	return pol, err
+}
+
+func sameWeight(a, b *int) bool { return a == nil && b == nil || a != nil && b != nil && *a == *b }
 
 // LoadCatalogue loads the deployment's plan catalogue (cfg.PlansFile, or the built-in
 // one) and applies the global limit values of cfg, as the server does: every process

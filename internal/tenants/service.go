@@ -54,12 +54,13 @@ type Invalidator interface {
 
 // Service creates, changes and reads tenants.
 type Service struct {
-	store *store.Store
-	plans *quotas.Catalogue
-	sched Scheduler
-	inval Invalidator
-	log   *slog.Logger
-	cache *expirable.LRU[string, Tenant]
+	store    *store.Store
+	plans    *quotas.Catalogue
+	policies *Policies
+	sched    Scheduler
+	inval    Invalidator
+	log      *slog.Logger
+	cache    *expirable.LRU[string, Tenant]
 }
 
 // Options are a Service's optional collaborators.
@@ -84,7 +85,7 @@ const cacheSize = 10000
 // New returns a Service over st, judging tenants against plans (with the
 // deployment's global limits applied).
 func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
-	s := &Service{store: st, plans: plans, sched: o.Scheduler, inval: o.Invalidator, log: o.Logger}
+	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, log: o.Logger}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -99,8 +100,9 @@ func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
 // Plans is the catalogue the service judges tenants against.
 func (s *Service) Plans() *quotas.Catalogue { return s.plans }
 
-// Policy is PolicyOf with the service's catalogue.
-func (s *Service) Policy(t Tenant) (Policy, error) { return PolicyOf(s.plans, t) }
+// Policy is PolicyOf with the service's catalogue, remembered per version of the
+// tenant's row (see Policies).
+func (s *Service) Policy(t Tenant) (Policy, error) { return s.policies.Policy(t) }
 
 var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
 

@@ -274,3 +274,81 @@ func TestLookupAndItsCache(t *testing.T) {
 		t.Errorf("Lookup after Forget: %s", got.Status)
 	}
 }
+
+func TestPoliciesRemembersPerTenant(t *testing.T) {
+	plans := catalogue(t)
+	pols := tenants.NewPolicies(plans, 2)
+	same := func(tn store.Tenant) {
+		t.Helper()
+		got, err := pols.Policy(tn)
+		want, werr := tenants.PolicyOf(plans, tn)
+		if !reflect.DeepEqual(got, want) || (err == nil) != (werr == nil) {
+			t.Errorf("Policy(%+v) = %+v, %v; PolicyOf gives %+v, %v", tn, got, err, want, werr)
+		}
+	}
+	overrides := map[string]quotas.Limit{quotas.TenantRate: 7}
+	acme := store.Tenant{ID: "acme", Plan: "pro", Overrides: overrides}
+	same(acme)
+	first, _ := pols.Policy(acme)
+	if again, _ := pols.Policy(acme); reflect.ValueOf(again.Effective).Pointer() != reflect.ValueOf(first.Effective).Pointer() {
+		t.Error("the same tenant's policy was worked out again")
+	}
+	// Each input of the policy, changed, is seen at once.
+	overrides[quotas.TenantRate] = 9 // the caller's map changed in place
+	same(acme)
+	same(store.Tenant{ID: "acme", Plan: "pro", Overrides: map[string]quotas.Limit{quotas.TenantRate: 9, quotas.KeyRate: 2}})
+	same(store.Tenant{ID: "acme", Plan: "free"})
+	same(store.Tenant{ID: "acme", Plan: "free", Weight: ptr(4)})
+	same(store.Tenant{ID: "acme", Plan: "free", Weight: ptr(5)})
+	same(store.Tenant{ID: "acme", Plan: "free"})
+	same(store.Tenant{ID: "acme", Plan: "gone", Weight: ptr(3)}) // an error, remembered too
+	same(store.Tenant{ID: "acme", Plan: "gone", Weight: ptr(3)})
+	// Other tenants, and tenants without an id, do not share it.
+	same(store.Tenant{ID: "other", Plan: "enterprise"})
+	same(store.Tenant{Plan: "pro"})
+	same(store.Tenant{Plan: "free"})
+	// Beyond its size the least recently used tenant is forgotten, not confused.
+	same(store.Tenant{ID: "third", Plan: "pro"})
+	same(store.Tenant{ID: "acme", Plan: "pro"})
+}
+
+func TestPoliciesConcurrent(t *testing.T) {
+	plans := catalogue(t)
+	pols := tenants.NewPolicies(plans, 4)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				tn := store.Tenant{ID: fmt.Sprintf("t%d", (g+i)%6), Plan: []string{"free", "pro"}[i%2],
+					Overrides: map[string]quotas.Limit{quotas.TenantRate: quotas.Limit(i % 3)}}
+				got, err := pols.Policy(tn)
+				if err != nil || got.Limits.TenantRate != float64(i%3) {
+					t.Errorf("Policy(%+v): tenant rate %v, %v", tn, got.Limits.TenantRate, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func BenchmarkPolicy(b *testing.B) {
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		b.Fatal(err)
+	}
+	tn := store.Tenant{ID: "acme", Plan: "pro", Overrides: map[string]quotas.Limit{quotas.TenantRate: 50, quotas.KeyRate: 20}}
+	b.Run("PolicyOf", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = tenants.PolicyOf(plans, tn)
+		}
+	})
+	b.Run("Policies", func(b *testing.B) {
+		pols := tenants.NewPolicies(plans, 16)
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = pols.Policy(tn)
+		}
+	})
+}
