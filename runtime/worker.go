@@ -144,6 +144,8 @@ type Worker struct {
 	ends    chan struct{}
 	endCtx  context.Context
 	endStop context.CancelFunc
+
+	warm *warmGoroutines // run the deliveries and the ends
 }
 
 // ending is a task's terminal write. It returns the Redis calls of the end to make once
@@ -180,6 +182,7 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		log:       opts.Logger,
 		running:   map[uuid.UUID]context.CancelCauseFunc{},
 		ends:      make(chan struct{}, opts.Concurrency),
+		warm:      newWarmGoroutines(warmIdle),
 	}
 	w.endCtx, w.endStop = context.WithCancel(context.Background())
 	tp := opts.TracerProvider
@@ -216,6 +219,9 @@ func (w *Worker) instrument(mp metric.MeterProvider) {
 
 // ID is this worker's registration id.
 func (w *Worker) ID() string { return w.id }
+
+// warmIdle is how long a warm goroutine waits for more work before it ends.
+const warmIdle = 2 * time.Second
 
 const heartbeatEvery, heartbeatTTL = 2 * time.Second, 10 * time.Second
 
@@ -377,8 +383,14 @@ func (w *Worker) interrupt(id uuid.UUID) {
 	}
 }
 
-// ProcessTask is the asynq handler: it runs one task to a terminal state.
+// ProcessTask is the asynq handler: it runs one task to a terminal state, on one of
+// the worker's warm goroutines.
 func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
+	w.warm.Run(func() { err = w.processTask(ctx, t) })
+	return err
+}
+
+func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 	began := time.Now()
 	w.mu.Lock()
 	w.busy++
@@ -479,7 +491,7 @@ func (w *Worker) endTask(ctx context.Context, p wire.Payload, end ending) {
 	endCtx := w.endCtx
 	w.mu.Unlock()
 	ctx = trace.ContextWithSpanContext(endCtx, trace.SpanContextFromContext(ctx))
-	go func() {
+	w.warm.Go(func() {
 		defer func() { <-w.ends }()
 		defer func() {
 			if r := recover(); r != nil {
@@ -489,7 +501,7 @@ func (w *Worker) endTask(ctx context.Context, p wire.Payload, end ending) {
 		if tail, lost := end(ctx); !lost {
 			w.release(p, -1, tail...)
 		}
-	}()
+	})
 }
 
 // queueReleaseLease queues the release of a task's session lease.
