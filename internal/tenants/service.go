@@ -100,8 +100,8 @@ func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
 // Plans is the catalogue the service judges tenants against.
 func (s *Service) Plans() *quotas.Catalogue { return s.plans }
 
-// Policy is PolicyOf with the service's catalogue, remembered per version of the
-// tenant's row (see Policies).
+// Policy is PolicyOf with the service's catalogue, remembered per tenant while its
+// plan, weight and overrides stay the same (see Policies).
 func (s *Service) Policy(t Tenant) (Policy, error) { return s.policies.Policy(t) }
 
 var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,62}$`)
