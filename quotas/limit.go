@@ -55,6 +55,11 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 			return l.setNumber(f)
 		}
 	}
+	return l.unmarshalAnyJSON(b)
+}
+
+// unmarshalAnyJSON decodes any JSON value as a limit: "unlimited", or a number.
+func (l *Limit) unmarshalAnyJSON(b []byte) error {
 	var s string
 	if json.Unmarshal(b, &s) == nil {
 		if s != unlimitedText {

@@ -5,22 +5,11 @@ import (
 	"testing"
 )
 
-// refUnmarshal is Limit's JSON decoding before its fast path for numbers: a string
-// must be "unlimited", anything else is decoded as a float64.
+// refUnmarshal is Limit's JSON decoding without its fast path for numbers: the
+// general decoding, which every value took before.
 func refUnmarshal(b []byte) (Limit, error) {
-	var s string
-	if json.Unmarshal(b, &s) == nil {
-		if s != unlimitedText {
-			return 0, errLimitValue
-		}
-		return Unlimited, nil
-	}
-	var f float64
-	if err := json.Unmarshal(b, &f); err != nil {
-		return 0, err
-	}
 	var l Limit
-	err := l.setNumber(f)
+	err := l.unmarshalAnyJSON(b)
 	return l, err
 }
 
