@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -37,7 +36,7 @@ func (g *warmGoroutines) Go(f func()) {
 }
 
 // Run runs f on a warm goroutine and waits for it. A panic in f is raised again in
-// the caller, as if f had run there.
+// the caller with the same value, as if f had run there.
 func (g *warmGoroutines) Run(f func()) {
 	done := make(chan any, 1)
 	g.Go(func() {
@@ -45,7 +44,7 @@ func (g *warmGoroutines) Run(f func()) {
 		f()
 	})
 	if r := <-done; r != nil {
-		panic(fmt.Sprintf("%v (raised on a warm goroutine)", r))
+		panic(r)
 	}
 }
 
