@@ -18,6 +18,10 @@
 # to /tmp/throughput-timeline.log. With pg_stat_statements.track_planning on, the
 # statements' planning time shows beside their running time.
 #
+# LOADCMP names the loadcmp binary (default /tmp/loadcmp), or a wrapper giving it
+# flags (-tasks 16000 for a run long enough to profile); the figures per task divide
+# by the tasks loadcmp reports.
+#
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
 set -u
 BIN=$1; MODE=${2:-}
@@ -57,19 +61,22 @@ stmts=$(psql -h 127.0.0.1 -U postgres -Atc "select 1 from pg_extension where ext
 tick=$(getconf CLK_TCK)
 # the whole machine's busy and idle jiffies (user nice system irq softirq steal; idle iowait)
 machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
-per_task() { python3 -c "t=$tick; print('machine ms per task: busy %.2f idle %.2f' % (($3-$1)*1000/t/4000, ($4-$2)*1000/t/4000))"; }
+# tasks (or jobs) a loadcmp JSON line says it ran
+ran() { python3 -c 'import sys,json; print(json.loads(sys.argv[1])["tasks"])' "$1" 2>/dev/null || echo 0; }
+per_task() { python3 -c "t=$tick; n=max($5,1); print('machine ms per task: busy %.2f idle %.2f' % (($3-$1)*1000/t/n, ($4-$2)*1000/t/n))"; }
 a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu); read -r m0 i0 < <(machine)
 [ -n "${TIMELINE:-}" ] && python3 "$(dirname "$0")/throughput-timeline.py" "$PORT" >/tmp/throughput-timeline.log 2>&1 &
-"$LOADCMP" agentq "http://127.0.0.1:$PORT" tpadmin
+out=$("$LOADCMP" agentq "http://127.0.0.1:$PORT" tpadmin); echo "$out"
 a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu); read -r m1 i1 < <(machine)
-python3 -c "t=$tick; print('cpu s/1000 tasks: agentq %.2f redis %.2f postgres %.2f' % (($a1-$a0)/t/4, ($r1-$r0)/4, ($p1-$p0)/t/4))"
-per_task "$m0" "$i0" "$m1" "$i1"
+n=$(ran "$out")
+python3 -c "t=$tick; k=max($n,1)/1000; print('cpu s/1000 tasks: agentq %.2f redis %.2f postgres %.2f' % (($a1-$a0)/t/k, ($r1-$r0)/k, ($p1-$p0)/t/k))"
+per_task "$m0" "$i0" "$m1" "$i1" "$n"
 [ -n "$stmts" ] && psql -h 127.0.0.1 -U postgres -c "select calls, round(total_exec_time::numeric) ms, round(total_plan_time::numeric) plan, plans, left(regexp_replace(query, '\s+', ' ', 'g'), 100) q
   from pg_stat_statements where dbid = (select oid from pg_database where datname = '$DB') order by total_exec_time desc limit 40"
 if [ "$MODE" = river ]; then
   psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE ${DB}_r" >/dev/null
   read -r m0 i0 < <(machine)
-  "$LOADCMP" river "postgres://postgres@127.0.0.1:5432/${DB}_r?sslmode=disable"
+  out=$("$LOADCMP" river "postgres://postgres@127.0.0.1:5432/${DB}_r?sslmode=disable"); echo "$out"
   read -r m1 i1 < <(machine)
-  per_task "$m0" "$i0" "$m1" "$i1"
+  per_task "$m0" "$i0" "$m1" "$i1" "$(ran "$out")"
 fi
