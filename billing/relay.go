@@ -22,7 +22,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/agentq/agentq/internal/periodic"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -55,9 +54,16 @@ type RelayConfig struct {
 	// 1 min when 0). A relay that dies mid-send leaves its deliveries to be sent
 	// again when their lease lapses.
 	Lease time.Duration
-	// Batch is how many deliveries a relay claims, and sends at once, per round
-	// (32 when 0).
+	// Batch is how many deliveries a relay claims at most per round (32 when 0).
 	Batch int
+	// Workers is how many sends a started relay has in flight at most (64 when 0):
+	// a pool that takes the next claim as soon as a send finishes, whatever the
+	// others are waiting for.
+	Workers int
+	// PerEndpoint is how many deliveries of one endpoint may be in flight at once,
+	// counted from the live leases of every relay together (8 when 0), so one slow
+	// endpoint holds at most that many of the workers.
+	PerEndpoint int
 	// FanOutBatch is how many events one fan-out reads (500 when 0).
 	FanOutBatch int
 	// Client sends the requests; nil is a client of its own that follows no
@@ -90,6 +96,12 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Batch <= 0 {
 		c.Batch = 32
 	}
+	if c.Workers <= 0 {
+		c.Workers = 64
+	}
+	if c.PerEndpoint <= 0 {
+		c.PerEndpoint = 8
+	}
 	if c.FanOutBatch <= 0 {
 		c.FanOutBatch = 500
 	}
@@ -121,11 +133,20 @@ func defaultJitter(d time.Duration) time.Duration {
 //   - sending: due deliveries are claimed with a lease (skipping rows another relay is
 //     claiming), so no two relays send one delivery at once; each is signed, POSTed,
 //     and its attempt recorded with what was decided.
+//
+// Deliveries to one endpoint never wait on another's: a started relay sends from a
+// pool of Workers that claims more as soon as a send finishes, the claim takes the
+// endpoints in turn, and no endpoint has more than PerEndpoint deliveries in flight
+// across all the relays, so a receiver that never answers holds only its own.
 type Relay struct {
 	startstop.BaseStartStop
 	st  *store.Store
 	cfg RelayConfig
 	log *slog.Logger
+
+	mu       sync.Mutex
+	inFlight int           // sends of the started relay's pool
+	freed    chan struct{} // a send of the pool finished (one pending signal)
 
 	deliveries metric.Int64Counter
 }
@@ -133,7 +154,7 @@ type Relay struct {
 // NewRelay returns a relay on st. Nothing runs until Start (or RunOnce).
 func NewRelay(st *store.Store, c RelayConfig) *Relay {
 	c = c.withDefaults()
-	r := &Relay{st: st, cfg: c, log: c.Logger}
+	r := &Relay{st: st, cfg: c, log: c.Logger, freed: make(chan struct{}, 1)}
 	mp := c.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -147,23 +168,124 @@ func NewRelay(st *store.Store, c RelayConfig) *Relay {
 	return r
 }
 
+// Config is the relay's configuration with its defaults filled in.
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
 func deliveryAttrs(outcome string) metric.AddOption {
 	return metric.WithAttributes(attribute.String("outcome", outcome))
 }
 
-// Start runs rounds until Stop: one at once, the next as soon as a round found a full
-// batch of work, else after PollInterval.
+// Start runs the relay until Stop: its loop fans out and claims as many due
+// deliveries as its pool has free workers, and each claimed delivery is sent by a
+// goroutine of its own, owned by the loop. The loop goes again at once after a round
+// that found more work than it took, when a worker frees up if the pool was full,
+// and otherwise after PollInterval. Stop cuts the sends in flight short (their
+// leases lapse, so they are sent again) and returns once every goroutine ended.
 func (r *Relay) Start(ctx context.Context) error {
-	return periodic.Start(ctx, &r.BaseStartStop, func(ctx context.Context) time.Duration {
-		run, err := r.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("webhook relay round failed", "err", err)
+	ctx, shouldStart, started, stopped := r.StartInit(ctx)
+	if !shouldStart {
+		return nil
+	}
+	go func() {
+		started()
+		defer stopped()
+		var sends sync.WaitGroup
+		defer sends.Wait()
+		t := time.NewTimer(0)
+		defer t.Stop()
+		var freed <-chan struct{} // r.freed while the pool is full, else nil
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-freed:
+			}
+			wait, full := r.pump(ctx, &sends)
+			freed = nil
+			if full {
+				freed = r.freed
+			}
+			t.Reset(wait)
 		}
-		if err == nil && (run.Sent >= r.cfg.Batch || run.FannedOut >= r.cfg.FanOutBatch) {
-			return 0
-		}
-		return r.cfg.PollInterval
+	}()
+	return nil
+}
+
+// pump is one round of the started relay: a fan-out, then a claim for the pool's
+// free workers, each claimed delivery handed to a send goroutine of its own. It
+// returns the wait before the next round and whether the pool is full (then the
+// next round also comes as soon as a send finishes).
+func (r *Relay) pump(ctx context.Context, sends *sync.WaitGroup) (time.Duration, bool) {
+	fo, err := r.fanOut(ctx)
+	if err != nil {
+		r.roundFailed(ctx, err)
+		return r.cfg.PollInterval, false
+	}
+	wait := r.cfg.PollInterval
+	if fo.Events >= r.cfg.FanOutBatch {
+		wait = 0
+	}
+	r.mu.Lock()
+	free := r.cfg.Workers - r.inFlight
+	r.mu.Unlock()
+	if free <= 0 {
+		return wait, true
+	}
+	want := min(free, r.cfg.Batch)
+	claims, err := r.claim(ctx, want)
+	if err != nil {
+		r.roundFailed(ctx, err)
+		return r.cfg.PollInterval, false
+	}
+	r.mu.Lock()
+	r.inFlight += len(claims)
+	full := r.inFlight >= r.cfg.Workers
+	r.mu.Unlock()
+	for _, c := range claims {
+		sends.Add(1)
+		go func() {
+			defer sends.Done()
+			if err := r.deliver(ctx, c); err != nil {
+				r.roundFailed(ctx, err)
+			}
+			r.mu.Lock()
+			r.inFlight--
+			r.mu.Unlock()
+			select {
+			case r.freed <- struct{}{}:
+			default:
+			}
+		}()
+	}
+	if len(claims) == want && !full {
+		wait = 0 // there may be more due than this claim took
+	}
+	return wait, full
+}
+
+func (r *Relay) roundFailed(ctx context.Context, err error) {
+	if ctx.Err() == nil {
+		r.log.Warn("webhook relay round failed", "err", err)
+	}
+}
+
+func (r *Relay) fanOut(ctx context.Context) (store.FanOut, error) {
+	fo, err := r.st.UnscopedFanOutWebhooks(ctx, store.FanOutParams{Now: r.cfg.Now(), Limit: r.cfg.FanOutBatch})
+	if err != nil {
+		return fo, fmt.Errorf("fan-out: %w", err)
+	}
+	return fo, nil
+}
+
+func (r *Relay) claim(ctx context.Context, n int) ([]store.DeliveryClaim, error) {
+	claims, err := r.st.UnscopedClaimWebhookDeliveries(ctx, store.ClaimDeliveriesParams{
+		Now: r.cfg.Now(), Lease: r.cfg.Lease, Limit: n, PerEndpoint: r.cfg.PerEndpoint,
 	})
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return claims, nil
 }
 
 // RelayRun is what one round did.
@@ -173,20 +295,19 @@ type RelayRun struct {
 	Sent       int // deliveries sent (attempts made)
 }
 
-// RunOnce is one round: a fan-out of the new events, then one batch of due
-// deliveries claimed, sent at once and recorded.
+// RunOnce is one round run to its end, for tests and tools: a fan-out of the new
+// events, then one batch of due deliveries claimed (as the pool claims them), sent
+// at once and recorded before it returns. It does not use the started relay's pool.
 func (r *Relay) RunOnce(ctx context.Context) (RelayRun, error) {
 	var run RelayRun
-	fo, err := r.st.UnscopedFanOutWebhooks(ctx, store.FanOutParams{Now: r.cfg.Now(), Limit: r.cfg.FanOutBatch})
+	fo, err := r.fanOut(ctx)
 	if err != nil {
-		return run, fmt.Errorf("fan-out: %w", err)
+		return run, err
 	}
 	run.FannedOut, run.Deliveries = fo.Events, fo.Deliveries
-	claims, err := r.st.UnscopedClaimWebhookDeliveries(ctx, store.ClaimDeliveriesParams{
-		Now: r.cfg.Now(), Lease: r.cfg.Lease, Limit: r.cfg.Batch,
-	})
+	claims, err := r.claim(ctx, r.cfg.Batch)
 	if err != nil {
-		return run, fmt.Errorf("claim: %w", err)
+		return run, err
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(claims))

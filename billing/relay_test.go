@@ -703,3 +703,138 @@ func TestWebhookServiceRules(t *testing.T) {
 		t.Errorf("attempts paged %v, want [5 4 3 2 1]", seen)
 	}
 }
+
+// hungReceiver accepts every request and never answers it (until the test ends): a
+// receiver that holds each of the relay's sends for its whole timeout. got counts
+// the requests it took.
+type hungReceiver struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	got  int
+	done chan struct{}
+}
+
+func newHungReceiver(t *testing.T) *hungReceiver {
+	t.Helper()
+	h := &hungReceiver{done: make(chan struct{})}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		h.mu.Lock()
+		h.got++
+		h.mu.Unlock()
+		select {
+		case <-req.Context().Done():
+		case <-h.done:
+		}
+	}))
+	t.Cleanup(func() { close(h.done); h.srv.Close() })
+	return h
+}
+
+func (h *hungReceiver) count() int { h.mu.Lock(); defer h.mu.Unlock(); return h.got }
+
+// waitFor polls cond for up to d and reports whether it held.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// A receiver that never answers holds only its own deliveries: another endpoint's
+// next event is sent while the hung sends are still waiting for their timeout.
+func TestRelayHungEndpointDoesNotDelayOthers(t *testing.T) {
+	e := newRelayEnv(t)
+	hung := newHungReceiver(t)
+	healthy := newReceiver(t, nil)
+	e.create(t, hung.srv.URL, "", billing.TypeLimitHit)
+	e.create(t, healthy.srv.URL, "", billing.TypeLimitHit)
+	const timeout = 20 * time.Second
+	r := billing.NewRelay(e.st, billing.RelayConfig{
+		Timeout: timeout, PollInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err := r.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	e.write(t, e.hit(t, "acme", 1))
+	if !waitFor(10*time.Second, func() bool { return len(healthy.got()) == 1 && hung.count() == 1 }) {
+		t.Fatalf("first event: healthy got %d, hung got %d", len(healthy.got()), hung.count())
+	}
+	// The hung endpoint holds its send; the next events must not wait for it.
+	for i := 2; i <= 4; i++ {
+		written := time.Now()
+		e.write(t, e.hit(t, "acme", i))
+		if !waitFor(5*time.Second, func() bool { return len(healthy.got()) == i }) {
+			t.Fatalf("event %d reached the healthy endpoint %v after it was written, or never: it waited for the hung one (timeout %v)",
+				i, time.Since(written).Round(time.Millisecond), timeout)
+		}
+	}
+}
+
+// fanOutAll fans the written events out at now until want deliveries were written.
+func (e *relayEnv) fanOutAll(t *testing.T, now time.Time, want int) {
+	t.Helper()
+	got := 0
+	if !waitFor(20*time.Second, func() bool {
+		fo, err := e.st.UnscopedFanOutWebhooks(e.ctx, store.FanOutParams{Now: now, Limit: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += fo.Deliveries
+		return got >= want
+	}) {
+		t.Fatalf("fanned out %d deliveries, want %d", got, want)
+	}
+}
+
+// A backlog of one endpoint's due deliveries does not fill the claim: every endpoint
+// with due work gets its share of it, oldest first within each endpoint.
+func TestClaimIsFairBetweenEndpoints(t *testing.T) {
+	e := newRelayEnv(t)
+	t0 := e.clock.Now()
+	busy := e.create(t, "https://busy.example/hook", "", billing.TypeLimitHit)
+	var backlog []billing.Event
+	for i := range 200 {
+		backlog = append(backlog, e.hit(t, "acme", i))
+	}
+	e.write(t, backlog...)
+	e.fanOutAll(t, t0, 200)
+	quiet := e.create(t, "https://quiet.example/hook", "", billing.TypeLimitHit)
+	e.write(t, e.hit(t, "globex", 1))
+	e.fanOutAll(t, t0.Add(time.Second), 2) // one each: the quiet endpoint's is due after the whole backlog
+	claim := func(now time.Time, perEndpoint int) map[string]int {
+		t.Helper()
+		claims, err := e.st.UnscopedClaimWebhookDeliveries(e.ctx, store.ClaimDeliveriesParams{
+			Now: now, Lease: time.Minute, Limit: 10, PerEndpoint: perEndpoint,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[string]int{}
+		for _, c := range claims {
+			per[c.URL]++
+		}
+		return per
+	}
+	now := t0.Add(2 * time.Second)
+	if per := claim(now, 0); per[quiet.Webhook.URL] != 1 || per[busy.Webhook.URL] != 9 {
+		t.Fatalf("claimed %v of 10: the quiet endpoint's due delivery must be among them", per)
+	}
+	// With a cap, an endpoint's live leases count against it: 9 are held, so the
+	// busy endpoint gets nothing more until they lapse, then 4 at a time (and the
+	// quiet one's delivery, whose lease lapsed too, is claimed again).
+	if per := claim(now, 4); len(per) != 0 {
+		t.Fatalf("claimed %v while the busy endpoint holds 9 leases over its cap of 4", per)
+	}
+	now = now.Add(time.Minute)
+	if per := claim(now, 4); per[busy.Webhook.URL] != 4 || per[quiet.Webhook.URL] != 1 {
+		t.Fatalf("claimed %v after the leases lapsed, want 4 of the busy endpoint and the quiet one's again", per)
+	}
+	if per := claim(now, 4); len(per) != 0 {
+		t.Fatalf("claimed %v past the cap", per)
+	}
+}

@@ -181,6 +181,9 @@ type ClaimDeliveriesParams struct {
 	Now   time.Time
 	Lease time.Duration // how long the claim keeps other relays off
 	Limit int
+	// PerEndpoint caps the deliveries of one endpoint under a live lease, this
+	// claim's and every relay's before it together (no cap when 0).
+	PerEndpoint int
 }
 
 // DeliveryClaim is a delivery a relay holds until Now + Lease, with what it sends.
@@ -200,34 +203,81 @@ type DeliveryClaim struct {
 }
 
 // UnscopedClaimWebhookDeliveries claims up to Limit pending deliveries that are due
-// at Now and not claimed by a live lease, of enabled endpoints, oldest due first.
+// at Now and not claimed by a live lease, of enabled endpoints, taken endpoint by
+// endpoint in turn: the oldest due of each endpoint, then the second oldest of each,
+// and so on, so that one endpoint's backlog never crowds another's out. An endpoint
+// gets no more than PerEndpoint minus its deliveries already under a live lease.
+//
+// The claim locks the endpoints it claims for (skipping those another relay is
+// claiming for) before it counts their leases, in a statement of its own, so the
+// count sees every claim committed before: several relays together keep the cap.
 // Rows another relay is claiming are skipped, not waited for, and the lease keeps
 // them off every other relay until it lapses: no delivery is sent twice at once.
 func (s *Store) UnscopedClaimWebhookDeliveries(ctx context.Context, p ClaimDeliveriesParams) ([]DeliveryClaim, error) {
 	lease := uuid.New()
-	rows, err := s.db.Query(ctx, `
-		WITH due AS (
-			SELECT d.id FROM webhook_deliveries d JOIN webhook_endpoints w ON w.id = d.endpoint_id
-			WHERE d.state = 'pending' AND d.next_attempt_at <= $1 AND (d.locked_until IS NULL OR d.locked_until <= $1)
-				AND w.disabled_at IS NULL
-			ORDER BY d.next_attempt_at, d.id LIMIT $3
-			FOR UPDATE OF d SKIP LOCKED
-		), claimed AS (
-			UPDATE webhook_deliveries d SET lease_id = $4, locked_until = $2, attempts = d.attempts + 1
-			FROM due WHERE d.id = due.id
-			RETURNING d.id, d.attempts, d.endpoint_id, d.event_seq, d.event_id
-		)
-		SELECT c.id, c.attempts, c.endpoint_id, w.url, c.event_id, e.payload, w.secret,
-			COALESCE(w.previous_secret, ''), w.previous_secret_expires_at
-		FROM claimed c JOIN webhook_endpoints w ON w.id = c.endpoint_id JOIN events e ON e.seq = c.event_seq
-		ORDER BY c.id`, p.Now, p.Now.Add(p.Lease), p.Limit, lease)
-	return collect(rows, err, func(row pgx.Row) (DeliveryClaim, error) {
-		c := DeliveryClaim{LeaseID: lease}
-		err := row.Scan(&c.ID, &c.Attempt, &c.EndpointID, &c.URL, &c.EventID, &c.Payload, &c.Secret,
-			&c.PreviousSecret, &c.PreviousSecretExpiresAt)
-		return c, err
+	perEndpoint := p.PerEndpoint
+	if perEndpoint <= 0 {
+		perEndpoint = p.Limit
+	}
+	var claims []DeliveryClaim
+	err := s.InTx(ctx, func(tx *Store) error {
+		rows, err := tx.db.Query(ctx, `SELECT id FROM webhook_endpoints WHERE disabled_at IS NULL
+			FOR NO KEY UPDATE SKIP LOCKED`)
+		endpoints, err := collect(rows, err, func(row pgx.Row) (uuid.UUID, error) {
+			var id uuid.UUID
+			return id, row.Scan(&id)
+		})
+		if err != nil || len(endpoints) == 0 {
+			return err
+		}
+		rows, err = tx.db.Query(ctx, claimDeliveriesSQL, p.Now, p.Now.Add(p.Lease), p.Limit, lease, perEndpoint, endpoints)
+		claims, err = collect(rows, err, func(row pgx.Row) (DeliveryClaim, error) {
+			c := DeliveryClaim{LeaseID: lease}
+			err := row.Scan(&c.ID, &c.Attempt, &c.EndpointID, &c.URL, &c.EventID, &c.Payload, &c.Secret,
+				&c.PreviousSecret, &c.PreviousSecretExpiresAt)
+			return c, err
+		})
+		return err
 	})
+	return claims, err
 }
+
+// claimDeliveriesSQL picks, for each endpoint ($6), its oldest due deliveries up to
+// what its cap ($5) leaves after its live leases (both read from their partial
+// indexes, so a backlog costs nothing here), ranks them round-robin across the
+// endpoints, and leases the first $3.
+const claimDeliveriesSQL = `
+	WITH picked AS (
+		SELECT d.id, d.endpoint_id, d.next_attempt_at
+		FROM unnest($6::uuid[]) AS w(id)
+		CROSS JOIN LATERAL (
+			SELECT count(*) AS n FROM webhook_deliveries l
+			WHERE l.endpoint_id = w.id AND l.state = 'pending' AND l.locked_until IS NOT NULL AND l.locked_until > $1
+		) busy
+		CROSS JOIN LATERAL (
+			SELECT d.id, d.endpoint_id, d.next_attempt_at FROM webhook_deliveries d
+			WHERE d.endpoint_id = w.id AND d.state = 'pending' AND d.next_attempt_at <= $1
+				AND (d.locked_until IS NULL OR d.locked_until <= $1)
+			ORDER BY d.next_attempt_at, d.id
+			LIMIT GREATEST(LEAST($5 - busy.n, $3), 0)
+			FOR UPDATE OF d SKIP LOCKED
+		) d
+	), due AS (
+		SELECT id FROM (
+			SELECT id, next_attempt_at,
+				row_number() OVER (PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS turn
+			FROM picked
+		) ranked
+		ORDER BY turn, next_attempt_at, id LIMIT $3
+	), claimed AS (
+		UPDATE webhook_deliveries d SET lease_id = $4, locked_until = $2, attempts = d.attempts + 1
+		FROM due WHERE d.id = due.id
+		RETURNING d.id, d.attempts, d.endpoint_id, d.event_seq, d.event_id
+	)
+	SELECT c.id, c.attempts, c.endpoint_id, w.url, c.event_id, e.payload, w.secret,
+		COALESCE(w.previous_secret, ''), w.previous_secret_expires_at
+	FROM claimed c JOIN webhook_endpoints w ON w.id = c.endpoint_id JOIN events e ON e.seq = c.event_seq
+	ORDER BY c.id`
 
 // Attempt results.
 const (
