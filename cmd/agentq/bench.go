@@ -120,6 +120,7 @@ func benchCmd() *cobra.Command {
 	e2e.Flags().IntVar(&e2eTenants, "tenants", 4, "tenants the load is spread over")
 	e2e.Flags().StringVar(&e2eProfile, "profile", "", "write a Go CPU profile of the run (the agentq process is this one) to this file")
 
+	cmd.AddCommand(webhooksBenchCmd(&asJSON))
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
 	cmd.AddCommand(admission, fairness, e2e)
 	return cmd
@@ -147,4 +148,34 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		_ = f.Close()
 	}, nil
+}
+
+func webhooksBenchCmd(asJSON *bool) *cobra.Command {
+	var o bench.WebhooksOptions
+	cmd := &cobra.Command{
+		Use:   "webhooks",
+		Short: "Delay to healthy webhook endpoints' first attempts with a hung endpoint and its backlog, and without (DATABASE_URL)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.FromEnv()
+			if err != nil {
+				return err
+			}
+			o.DatabaseURL, o.Progress = cfg.DatabaseURL, os.Stderr
+			res, err := bench.RunWebhooks(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return printBench(*asJSON, res, fmt.Sprintf(
+				"first attempts with a hung endpoint and %d due to it: p50 %.0f ms, p90 %.0f ms, max %.0f ms (%d missed); without: p50 %.0f ms, p90 %.0f ms, max %.0f ms",
+				res.Backlog, res.Hung.P50Ms, res.Hung.P90Ms, res.Hung.MaxMs, res.Hung.Missed,
+				res.Baseline.P50Ms, res.Baseline.P90Ms, res.Baseline.MaxMs))
+		},
+	}
+	cmd.Flags().IntVar(&o.Backlog, "backlog", 10000, "the hung endpoint's due deliveries")
+	cmd.Flags().IntVar(&o.Probes, "probes", 100, "events to the healthy endpoints per phase")
+	cmd.Flags().IntVar(&o.Endpoints, "endpoints", 4, "healthy endpoints")
+	cmd.Flags().DurationVar(&o.Interval, "interval", 50*time.Millisecond, "between probe events")
+	cmd.Flags().IntVar(&o.Relay.Workers, "workers", 0, "the relay's pool (0: its default)")
+	cmd.Flags().IntVar(&o.Relay.PerEndpoint, "per-endpoint", 0, "the relay's per-endpoint cap (0: its default)")
+	return cmd
 }
