@@ -3,6 +3,7 @@ package agentq
 import (
 	"fmt"
 	"math"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -97,6 +98,12 @@ type Config struct {
 	// own that starts and stops with the App; bind it to localhost or an admin
 	// network only. AGENTQ_PPROF_ADDR, default "" (not served).
 	PprofAddr string
+	// WebhookAllowNets are networks webhook deliveries may reach although they are
+	// loopback, link-local, private (RFC 1918), CGNAT or unique local, which are
+	// otherwise refused when the relay connects, and refused at registration when
+	// the URL's host is such an address. AGENTQ_WEBHOOK_ALLOW_NETS, comma-separated
+	// CIDRs, default none (`agentq dev` allows loopback).
+	WebhookAllowNets []netip.Prefix
 
 	// RateKeyRPS, when set, replaces every plan's per-key request rate (requests a
 	// second; 0 disables the limit). AGENTQ_RATE_KEY_RPS, default nil (the plans').

@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"math"
+	"net/netip"
 	"reflect"
 	"strconv"
 	"strings"
@@ -112,6 +113,11 @@ func TestConfigDocumentsEveryDefault(t *testing.T) {
 			} else if len(v) != 5 {
 				t.Errorf("Config.%s: default %v, the doc says all five roles", f.Name, v)
 			}
+		case []netip.Prefix:
+			want = "none"
+			if len(v) != 0 {
+				t.Errorf("Config.%s: default %v, the doc says none", f.Name, v)
+			}
 		case *float64:
 			want = "nil"
 			if v != nil {
@@ -151,4 +157,22 @@ func configFieldDocs(t *testing.T) map[string]string {
 		t.Fatal("config.go: no Config struct found")
 	}
 	return docs
+}
+
+// AGENTQ_WEBHOOK_ALLOW_NETS is read as comma-separated CIDRs (a bare address is its
+// own network); anything else is refused, naming the variable.
+func TestConfigFromEnvReadsWebhookAllowNets(t *testing.T) {
+	t.Setenv("AGENTQ_WEBHOOK_ALLOW_NETS", "127.0.0.0/8, fd00::/8,10.1.2.3")
+	cfg, err := agentq.ConfigFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("10.1.2.3/32")}
+	if !reflect.DeepEqual(cfg.WebhookAllowNets, want) {
+		t.Errorf("WebhookAllowNets %v, want %v", cfg.WebhookAllowNets, want)
+	}
+	t.Setenv("AGENTQ_WEBHOOK_ALLOW_NETS", "10.0.0.0/8,intranet")
+	if _, err := agentq.ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), "AGENTQ_WEBHOOK_ALLOW_NETS") {
+		t.Errorf("a bad list: %v", err)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -62,6 +63,8 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	// The race detector and parallel tests slow everything down; degraded mode has its
 	// own test with a dead Redis.
 	cfg.RedisTimeout = 2 * time.Second
+	// The tests' webhook receivers are local servers.
+	cfg.WebhookAllowNets = netguard.Loopback()
 	o := agentq.Options{
 		Config: cfg, Redis: e.rdb, Pool: e.pool,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

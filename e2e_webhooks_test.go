@@ -9,11 +9,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/store"
@@ -116,5 +118,50 @@ func TestWebhookArrivesSigned(t *testing.T) {
 	}
 	if _, err := admin.GetWebhook(ctx, wh.ID); !errors.As(err, &ae) || ae.StatusCode != 404 {
 		t.Errorf("get after delete: %v", err)
+	}
+}
+
+// With AGENTQ_WEBHOOK_ALLOW_NETS=127.0.0.0/8, the admin API refuses literal addresses
+// in other private, link-local and loopback networks with a 400 and the usual body,
+// and accepts and delivers to 127.0.0.1.
+func TestWebhookDestinationsAreChecked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h := e.start(t, func(o *agentq.Options) {
+		o.Config.WebhookAllowNets = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	})
+	admin := h.adminClient()
+	ctx := context.Background()
+	h.tenantClient("acme", "pro", nil)
+	for _, u := range []string{"http://169.254.169.254/latest/meta-data/", "http://10.0.0.5:5432/", "http://[::1]:6379/"} {
+		var body struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		st, _ := h.do("POST", "/v1/admin/webhooks", h.admin, map[string]any{"url": u, "types": []string{"usage.limit_hit"}}, &body)
+		if st != 400 || body.Error.Code != "INVALID_REQUEST" || !strings.Contains(body.Error.Message, "refused") {
+			t.Errorf("%s: %d %+v, want 400 INVALID_REQUEST saying it is refused", u, st, body)
+		}
+	}
+	arrived := make(chan string, 4)
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- r.Header.Get("webhook-id")
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer rcv.Close()
+	if _, err := admin.CreateWebhook(ctx, client.CreateWebhookRequest{URL: rcv.URL + "/hook", Types: []string{client.EventLimitHit}}); err != nil {
+		t.Fatal(err)
+	}
+	w := eventWriter{st: store.New(e.pool), evs: billing.Events{}}
+	ev := w.limitHit("acme", "dest", 1)
+	if err := w.write(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-arrived:
+		if id != ev.ID {
+			t.Errorf("webhook-id %q, want %q", id, ev.ID)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("nothing delivered to 127.0.0.1 within 20 s")
 	}
 }

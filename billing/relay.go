@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -67,8 +69,13 @@ type RelayConfig struct {
 	// FanOutBatch is how many events one fan-out reads (500 when 0).
 	FanOutBatch int
 	// Client sends the requests; nil is a client of its own that follows no
-	// redirect. Timeout applies either way.
+	// redirect, uses no proxy and dials only addresses the destination guard lets
+	// through (AllowNets). Timeout applies either way.
 	Client *http.Client
+	// AllowNets are the networks deliveries may reach although they are loopback,
+	// link-local, private, CGNAT or unique local, refused otherwise when the
+	// connection is made (so a name that resolves there is refused too).
+	AllowNets []netip.Prefix
 	// MeterProvider receives agentq.webhook_deliveries; nil is the global one.
 	MeterProvider metric.MeterProvider
 	Logger        *slog.Logger
@@ -106,7 +113,10 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.FanOutBatch = 500
 	}
 	if c.Client == nil {
-		c.Client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		c.Client = &http.Client{
+			Transport:     netguard.Guard{Allow: c.AllowNets}.Transport(),
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -414,6 +424,10 @@ func (r *Relay) send(ctx context.Context, c store.DeliveryClaim, at time.Time) (
 func sendError(ctx context.Context, err error, timeout time.Duration) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("no answer within %v", timeout)
+	}
+	var refused *netguard.RefusedError
+	if errors.As(err, &refused) {
+		return refused // says the kind of address, never which
 	}
 	var ue *url.Error
 	if errors.As(err, &ue) {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
@@ -92,7 +93,7 @@ func newRelayEnv(t *testing.T) *relayEnv {
 	st := store.New(testenv.Postgres(t))
 	clock := &fakeClock{t: time.Now().Truncate(time.Second)}
 	e := &relayEnv{ctx: context.Background(), st: st, clock: clock,
-		hooks: billing.NewWebhooks(st, billing.WebhooksOptions{RotationGrace: time.Hour, Now: clock.Now}),
+		hooks: billing.NewWebhooks(st, billing.WebhooksOptions{RotationGrace: time.Hour, Now: clock.Now, AllowNets: netguard.Loopback()}),
 		evs:   billing.Events{UpgradeURL: "https://agentq.example/upgrade"}}
 	for _, id := range []string{"acme", "globex"} {
 		if _, err := st.CreateTenant(e.ctx, store.CreateTenantParams{ID: id, Name: id, Plan: "pro"}); err != nil {
@@ -107,6 +108,7 @@ func (e *relayEnv) relay(schedule []time.Duration, batch int) *billing.Relay {
 	return billing.NewRelay(e.st, billing.RelayConfig{
 		Schedule: schedule, Jitter: func(d time.Duration) time.Duration { return d }, Now: e.clock.Now,
 		Timeout: 5 * time.Second, Batch: batch, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		AllowNets: netguard.Loopback(), // the receivers are local test servers
 	})
 }
 
@@ -325,7 +327,8 @@ func TestStandardScheduleAndJitter(t *testing.T) {
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, func(int, hook) int { return 500 })
 	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
-	r := billing.NewRelay(e.st, billing.RelayConfig{Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	r := billing.NewRelay(e.st, billing.RelayConfig{Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		AllowNets: netguard.Loopback()})
 	for i := range 20 {
 		e.write(t, e.hit(t, "acme", i))
 	}
@@ -558,7 +561,7 @@ func TestRelaysShareTheWork(t *testing.T) {
 		}))
 		t.Cleanup(recvs[i].Close)
 	}
-	hooks := billing.NewWebhooks(st, billing.WebhooksOptions{})
+	hooks := billing.NewWebhooks(st, billing.WebhooksOptions{AllowNets: netguard.Loopback()})
 	for _, s := range recvs {
 		if _, err := hooks.Create(ctx, billing.CreateWebhookParams{URL: s.URL, Types: []string{billing.TypeLimitHit}}); err != nil {
 			t.Fatal(err)
@@ -567,7 +570,7 @@ func TestRelaysShareTheWork(t *testing.T) {
 	for i := range 3 {
 		r := billing.NewRelay(st, billing.RelayConfig{
 			Schedule: []time.Duration{0, 20 * time.Millisecond, 20 * time.Millisecond}, PollInterval: 10 * time.Millisecond,
-			Batch: 8 + i, FanOutBatch: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Batch: 8 + i, FanOutBatch: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AllowNets: netguard.Loopback(),
 		})
 		if err := r.Start(ctx); err != nil {
 			t.Fatal(err)
@@ -755,6 +758,7 @@ func TestRelayHungEndpointDoesNotDelayOthers(t *testing.T) {
 	const timeout = 20 * time.Second
 	r := billing.NewRelay(e.st, billing.RelayConfig{
 		Timeout: timeout, PollInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		AllowNets: netguard.Loopback(),
 	})
 	if err := r.Start(e.ctx); err != nil {
 		t.Fatal(err)
@@ -836,5 +840,73 @@ func TestClaimIsFairBetweenEndpoints(t *testing.T) {
 	}
 	if per := claim(now, 4); len(per) != 0 {
 		t.Fatalf("claimed %v past the cap", per)
+	}
+}
+
+// A destination in a refused network is not dialled, whatever name leads to it:
+// the attempt fails with an error that names the kind of address, not the URL or
+// the address, and the receiver gets nothing. The allow-list lets it through.
+func TestRelayRefusesPrivateDestinationsAtDialTime(t *testing.T) {
+	e := newRelayEnv(t)
+	rcv := newReceiver(t, nil)
+	port := rcv.srv.URL[strings.LastIndex(rcv.srv.URL, ":")+1:]
+	w := e.create(t, "http://localhost:"+port+"/hook?token=s3cret", "", billing.TypeLimitHit)
+	guarded := billing.NewRelay(e.st, billing.RelayConfig{
+		Schedule: []time.Duration{0, time.Minute}, Jitter: func(d time.Duration) time.Duration { return d },
+		Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	e.write(t, e.hit(t, "acme", 1))
+	var page billing.AttemptsPage
+	runUntil(t, e.ctx, guarded, func() bool {
+		var err error
+		page, err = e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(page.Attempts) == 1
+	})
+	a := page.Attempts[0]
+	if n := len(rcv.got()); n != 0 {
+		t.Fatalf("the loopback receiver got %d requests through the default guard", n)
+	}
+	if a.Result != store.AttemptRetrying || a.StatusCode != 0 || !strings.Contains(a.Error, "destination refused: a loopback address") {
+		t.Errorf("attempt %+v, want a retrying failure saying the destination is refused", a)
+	}
+	for _, leak := range []string{"localhost", port, "127.0.0.1", "s3cret", "hook"} {
+		if strings.Contains(a.Error, leak) {
+			t.Errorf("attempt error %q shows %q", a.Error, leak)
+		}
+	}
+	e.clock.Add(time.Minute)
+	runUntil(t, e.ctx, e.relay([]time.Duration{0, time.Minute}, 0), func() bool { return len(rcv.got()) == 1 })
+}
+
+// Registration refuses an address literal in a refused network, and takes names
+// (judged when dialled) and public addresses; the allow-list lets its networks in.
+func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
+	e := newRelayEnv(t)
+	strict := billing.NewWebhooks(e.st, billing.WebhooksOptions{})
+	for _, u := range []string{
+		"http://169.254.169.254/latest/meta-data/", "http://10.0.0.5:5432/", "http://[::1]:6379/", "http://127.0.0.1:8080/",
+		"https://192.168.1.10/hook", "http://100.64.0.1/", "http://[fd00::1]/", "http://[::ffff:10.0.0.5]/", "http://0.0.0.0/",
+		"http://[fe80::1%25eth0]/",
+	} {
+		_, err := strict.Create(e.ctx, billing.CreateWebhookParams{URL: u, Types: []string{billing.TypeLimitHit}})
+		var inv *billing.InvalidWebhookError
+		if !errors.As(err, &inv) || inv.Field != "url" || !strings.Contains(inv.Message, "refused") {
+			t.Errorf("%s: %v, want the url refused", u, err)
+		}
+	}
+	for _, u := range []string{"https://ops.example.com/agentq", "http://93.184.215.14/hook", "http://localhost:9/"} {
+		if _, err := strict.Create(e.ctx, billing.CreateWebhookParams{URL: u, Types: []string{billing.TypeLimitHit}}); err != nil {
+			t.Errorf("%s: %v", u, err)
+		}
+	}
+	// The env's service allows loopback, and nothing else.
+	if _, err := e.hooks.Create(e.ctx, billing.CreateWebhookParams{URL: "http://127.0.0.1:9/", Types: []string{billing.TypeLimitHit}}); err != nil {
+		t.Errorf("loopback with loopback allowed: %v", err)
+	}
+	if _, err := e.hooks.Create(e.ctx, billing.CreateWebhookParams{URL: "http://10.0.0.5/", Types: []string{billing.TypeLimitHit}}); err == nil {
+		t.Error("a private address passed a loopback allow-list")
 	}
 }

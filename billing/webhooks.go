@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -70,6 +72,10 @@ type WebhooksOptions struct {
 	RotationGrace time.Duration
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// AllowNets are the networks an endpoint's address literal may be in although
+	// they are loopback, link-local, private, CGNAT or unique local (refused
+	// otherwise); the relay's own allow-list judges every address it dials.
+	AllowNets []netip.Prefix
 }
 
 // Webhooks manages the webhook endpoints the relay delivers the events to: the rules
@@ -79,11 +85,12 @@ type Webhooks struct {
 	st    *store.Store
 	grace time.Duration
 	now   func() time.Time
+	guard netguard.Guard
 }
 
 // NewWebhooks returns the endpoint service on st.
 func NewWebhooks(st *store.Store, o WebhooksOptions) *Webhooks {
-	w := &Webhooks{st: st, grace: o.RotationGrace, now: o.Now}
+	w := &Webhooks{st: st, grace: o.RotationGrace, now: o.Now, guard: netguard.Guard{Allow: o.AllowNets}}
 	if w.grace <= 0 {
 		w.grace = DefaultRotationGrace
 	}
@@ -109,7 +116,9 @@ type WebhookWithSecret struct {
 }
 
 // Create checks and stores an endpoint with a fresh secret. It receives the events
-// written after it, of its types and tenant.
+// written after it, of its types and tenant. A URL whose host is an address literal
+// in a refused network (netguard) is refused; a name is judged by the relay each time
+// it is dialled.
 func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWithSecret, error) {
 	if len(p.URL) > MaxWebhookURL || strings.ContainsFunc(p.URL, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
 		return WebhookWithSecret{}, invalidWebhook("url", "url must be printable ASCII of at most %d bytes.", MaxWebhookURL)
@@ -117,6 +126,11 @@ func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWi
 	u, err := url.Parse(p.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return WebhookWithSecret{}, invalidWebhook("url", "url must be an absolute http or https URL.")
+	}
+	var refused *netguard.RefusedError
+	if errors.As(w.guard.CheckHost(u.Hostname()), &refused) {
+		return WebhookWithSecret{}, invalidWebhook("url",
+			"Destination refused: url's host is %s; webhooks are delivered to public addresses only.", refused.Class)
 	}
 	if len(p.Types) == 0 {
 		return WebhookWithSecret{}, invalidWebhook("types", "types must name at least one event type (%s, %s).",

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 
@@ -47,8 +48,10 @@ type adminEnv struct {
 // tenant reaches running servers at once and a revoked key's limit state is dropped,
 // as through the admin API; without it (rdb nil), servers see changes within a second
 // and the limit state expires on its own.
-func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys) adminEnv {
-	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk})
+func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys,
+	allowNets []netip.Prefix) adminEnv {
+	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk,
+		Webhooks: billing.WebhooksOptions{AllowNets: allowNets}})
 	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage}
 }
 
@@ -87,7 +90,7 @@ func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error)
 			closeAll = func() { _ = c.Close(); pool.Close() }
 		}
 	}
-	return adminServices(pool, plans, rdb, rkeys.New(cfg.RedisPrefix, cfg.Shards)), closeAll, nil
+	return adminServices(pool, plans, rdb, rkeys.New(cfg.RedisPrefix, cfg.Shards), cfg.WebhookAllowNets), closeAll, nil
 }
 
 // adminCmd manages tenants and keys directly in Postgres (no server needed). Running

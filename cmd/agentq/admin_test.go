@@ -85,7 +85,7 @@ func newAdminHarness(t *testing.T) adminHarness {
 		if withRedis {
 			r = rdb
 		}
-		return adminServices(pool, plans, r, keys), func() {}, nil
+		return adminServices(pool, plans, r, keys, nil), func() {}, nil
 	}
 	cli := func(args ...string) (string, error) {
 		t.Helper()

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/redisx"
 )
 
@@ -37,6 +38,8 @@ func devCmd() *cobra.Command {
 			if cfg.AdminToken == "" {
 				cfg.AdminToken = devAdminToken
 			}
+			// Local development: webhook receivers on this machine are reachable.
+			cfg.WebhookAllowNets = append(cfg.WebhookAllowNets, netguard.Loopback()...)
 			if os.Getenv("DATABASE_URL") == "" {
 				if err := ensureDatabase(ctx, cfg.DatabaseURL); err != nil {
 					return err

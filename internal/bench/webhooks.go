@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/migrations"
@@ -69,6 +70,7 @@ func RunWebhooks(ctx context.Context, o WebhooksOptions) (Webhooks, error) {
 		o.Interval = 50 * time.Millisecond
 	}
 	o.Relay.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	o.Relay.AllowNets = netguard.Loopback() // the receivers are local servers
 	out := Webhooks{Backlog: o.Backlog, Endpoints: o.Endpoints}
 	log := func(f string, a ...any) {
 		if o.Progress != nil {
@@ -114,7 +116,8 @@ func runWebhookPhase(ctx context.Context, o WebhooksOptions, hung bool, out *Web
 		return WebhookDelays{}, err
 	}
 	p := &webhookPhase{st: store.New(pool), seen: map[string]time.Time{}}
-	hooks := billing.NewWebhooks(p.st, billing.WebhooksOptions{})
+	// The receivers are this process's own local servers.
+	hooks := billing.NewWebhooks(p.st, billing.WebhooksOptions{AllowNets: netguard.Loopback()})
 	stopHung := make(chan struct{})
 	if hung {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -3,11 +3,14 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentq/agentq/internal/netguard"
 )
 
 // Roles a process can run.
@@ -42,12 +45,13 @@ type Config struct {
 	PlansFile           string        // AGENTQ_PLANS_FILE
 	UpgradeURL          string        // AGENTQ_UPGRADE_URL
 	Roles               []string
-	RedisTimeout        time.Duration // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
-	AgentSecret         string        // AGENTQ_AGENT_SECRET: signs steps of HTTP agents registered before per-agent secrets, until rotated
-	JanitorInterval     time.Duration // AGENTQ_JANITOR_INTERVAL
-	PanelSecret         string        // AGENTQ_PANEL_SECRET: signs the tenant panel's links
-	PanelFrameAncestors string        // AGENTQ_PANEL_FRAME_ANCESTORS: who may embed the panel (CSP frame-ancestors)
-	PprofAddr           string        // AGENTQ_PPROF_ADDR
+	RedisTimeout        time.Duration  // AGENTQ_REDIS_TIMEOUT: admission's Redis deadline
+	AgentSecret         string         // AGENTQ_AGENT_SECRET: signs steps of HTTP agents registered before per-agent secrets, until rotated
+	JanitorInterval     time.Duration  // AGENTQ_JANITOR_INTERVAL
+	PanelSecret         string         // AGENTQ_PANEL_SECRET: signs the tenant panel's links
+	PanelFrameAncestors string         // AGENTQ_PANEL_FRAME_ANCESTORS: who may embed the panel (CSP frame-ancestors)
+	PprofAddr           string         // AGENTQ_PPROF_ADDR
+	WebhookAllowNets    []netip.Prefix // AGENTQ_WEBHOOK_ALLOW_NETS
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -136,6 +140,13 @@ func FromEnv() (Config, error) {
 	dur("AGENTQ_REDIS_TIMEOUT", &c.RedisTimeout)
 	dur("AGENTQ_JANITOR_INTERVAL", &c.JanitorInterval)
 	str("AGENTQ_PPROF_ADDR", &c.PprofAddr)
+	if v := os.Getenv("AGENTQ_WEBHOOK_ALLOW_NETS"); v != "" {
+		nets, err := netguard.ParseNets(v)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("AGENTQ_WEBHOOK_ALLOW_NETS=%q: want comma-separated CIDRs such as 10.1.0.0/16", v))
+		}
+		c.WebhookAllowNets = nets
+	}
 	limit := func(name string, dst **float64) {
 		if v := os.Getenv(name); v != "" {
 			f, err := strconv.ParseFloat(v, 64)

@@ -1,0 +1,152 @@
+// Package netguard keeps outgoing requests to destinations on the internet: it
+// refuses loopback, link-local, private (RFC 1918), CGNAT (100.64.0.0/10), unique
+// local (fc00::/7), unspecified, multicast and broadcast addresses, and the
+// IPv4-mapped IPv6 forms of all of them, unless an operator's allow-list holds the
+// address. The check runs on the address a connection is about to be made to (a
+// net.Dialer Control func), after name resolution, so a name that resolves to a
+// refused address — at registration or at any later time — cannot pass.
+package netguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// class is a range of addresses refused by default, with what it is called.
+type class struct {
+	name     string
+	prefixes []netip.Prefix
+}
+
+func mustPrefixes(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+// refused are the classes of addresses a destination may not be in by default.
+var refused = []class{
+	{"an unspecified address", mustPrefixes("0.0.0.0/8", "::/128")},
+	{"a loopback address", mustPrefixes("127.0.0.0/8", "::1/128")},
+	{"a link-local address", mustPrefixes("169.254.0.0/16", "fe80::/10")},
+	{"a private address", mustPrefixes("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")},
+	{"a shared (CGNAT) address", mustPrefixes("100.64.0.0/10")},
+	{"a unique local address", mustPrefixes("fc00::/7")},
+	{"a multicast address", mustPrefixes("224.0.0.0/4", "ff00::/8")},
+	{"a broadcast address", mustPrefixes("255.255.255.255/32")},
+}
+
+// ErrRefused matches (errors.Is) every *RefusedError.
+var ErrRefused = errors.New("netguard: destination refused")
+
+// RefusedError is an address the guard refuses. Its message names the kind of
+// address only, never the address or the name it was reached by.
+type RefusedError struct {
+	Class string // "a loopback address", …
+}
+
+func (e *RefusedError) Error() string {
+	return "destination refused: " + e.Class + " (not in the allowed networks)"
+}
+
+// Is makes errors.Is(err, ErrRefused) true.
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
+// Guard decides which destination addresses may be reached. The zero Guard
+// refuses every default-refused class; Allow lists the networks let through anyway.
+type Guard struct {
+	Allow []netip.Prefix
+}
+
+// Check returns nil when addr may be reached, else a *RefusedError. An IPv4-mapped
+// IPv6 address is judged as the IPv4 address it carries; a zone is ignored.
+func (g Guard) Check(addr netip.Addr) error {
+	addr = addr.Unmap().WithZone("")
+	if !addr.IsValid() {
+		return &RefusedError{Class: "an invalid address"}
+	}
+	for _, p := range g.Allow {
+		if p.Contains(addr) {
+			return nil
+		}
+	}
+	for _, c := range refused {
+		for _, p := range c.prefixes {
+			if p.Contains(addr) {
+				return &RefusedError{Class: c.name}
+			}
+		}
+	}
+	return nil
+}
+
+// Control is a net.Dialer Control func: it refuses a connection to an address Check
+// refuses, before it is made.
+func (g Guard) Control(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return &RefusedError{Class: "an unparsable address"}
+	}
+	return g.Check(ap.Addr())
+}
+
+// Dialer is a net.Dialer whose connections go through the guard.
+func (g Guard) Dialer() *net.Dialer {
+	return &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: g.Control}
+}
+
+// Transport is an HTTP transport that dials through the guard and uses no proxy (a
+// proxy would make the connection to the destination itself, unchecked).
+func (g Guard) Transport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	d := g.Dialer()
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return d.DialContext(ctx, network, addr)
+	}
+	return t
+}
+
+// CheckHost judges a URL's host when it is an address literal (IPv4, or IPv6 without
+// its brackets): nil for a name, whose addresses are judged when it is dialled.
+func (g Guard) CheckHost(host string) error {
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return nil
+	}
+	return g.Check(addr)
+}
+
+// ParseNets reads a comma-separated list of CIDRs ("127.0.0.0/8, fd00::/8"); a bare
+// address is its own /32 or /128. Empty is none.
+func ParseNets(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(f); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("netguard: %q is not a CIDR (such as 10.1.0.0/16) or an address", f)
+		}
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
+// Loopback is the allow-list of the loopback networks, IPv4 and IPv6.
+func Loopback() []netip.Prefix { return mustPrefixes("127.0.0.0/8", "::1/128") }
