@@ -27,6 +27,10 @@ const (
 	AgentStepsDaily     = "agent_steps_daily"
 	AITokensMonthly     = "ai_tokens_monthly"
 	USDMonthly          = "usd_monthly"
+	// WebhookEndpoints is how many webhook endpoints of its own a tenant may have
+	// (POST /v1/webhooks): a count of things it keeps, checked where they are made,
+	// not by admission.
+	WebhookEndpoints = "webhook_endpoints"
 )
 
 // LimitTypes lists every limit type, in the order the usage API reports them.
@@ -34,6 +38,11 @@ var LimitTypes = []string{
 	KeyRate, TenantRate, KeyAgentRate, UserTasksHourly, ConcurrentSessions, InflightRequests,
 	LongRunningInflight, QueueBacklog, Running, AgentStepsDaily, AITokensMonthly, USDMonthly,
 }
+
+// CountLimitTypes are the limits on what a tenant keeps, counted where it is made
+// rather than by admission: overridable like the others, absent from admission,
+// its metrics and the usage report's admission scopes.
+var CountLimitTypes = []string{WebhookEndpoints}
 
 // bursty are the token-bucket limits that take a "<name>_burst" override.
 var bursty = []string{KeyRate, TenantRate, KeyAgentRate, UserTasksHourly}
@@ -224,7 +233,7 @@ func (c *Catalogue) Effective(plan string, overrides map[string]Limit) (map[stri
 
 // ValidOverride reports whether name is a limit type or a bursty limit's "_burst" key.
 func ValidOverride(name string) bool {
-	if slices.Contains(LimitTypes, name) {
+	if slices.Contains(LimitTypes, name) || slices.Contains(CountLimitTypes, name) {
 		return true
 	}
 	base, ok := strings.CutSuffix(name, "_burst")

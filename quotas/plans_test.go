@@ -21,6 +21,17 @@ func TestCatalogueDefaultsAndOverrides(t *testing.T) {
 			t.Errorf("%s: %v", plan, eff)
 		}
 	}
+	for plan, want := range map[string]Limit{"free": 0, "pro": 2, "enterprise": 10} {
+		if eff, _ := c.Effective(plan, nil); eff[WebhookEndpoints] != want {
+			t.Errorf("%s: webhook_endpoints %v, want %v", plan, eff[WebhookEndpoints], want)
+		}
+	}
+	if err := ValidateOverrides(map[string]Limit{WebhookEndpoints: 5}); err != nil {
+		t.Errorf("webhook_endpoints override: %v", err)
+	}
+	if err := ValidateOverrides(map[string]Limit{WebhookEndpoints: Unlimited}); err != nil {
+		t.Errorf("webhook_endpoints unlimited: %v", err)
+	}
 	eff, _ := c.Effective("pro", map[string]Limit{TenantRate: 5, "tenant_rate_burst": 7})
 	if l := LimitsOf(eff); l.TenantRate != 5 || l.TenantBurst != 7 || l.KeyRate != 20 || l.KeyBurst != 40 {
 		t.Fatalf("overridden limits: %+v", l)
