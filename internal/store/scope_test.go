@@ -122,6 +122,27 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.RejectionCounts(ctx, store.RejectionCountsParams{Until: time.Now()})
 			return err
 		}},
+		{"CreateTenantWebhook", func(ctx context.Context, st *store.Store) error {
+			_, _, err := st.CreateTenantWebhook(ctx, store.CreateTenantWebhookParams{ID: uuid.New(), URL: "https://x.example/",
+				Types: []string{"usage.limit_hit"}, Secret: "whsec_x", Max: -1})
+			return err
+		}},
+		{"ListTenantWebhooks", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ListTenantWebhooks(ctx, store.ListTenantWebhooksParams{})
+			return err
+		}},
+		{"GetTenantWebhook", func(ctx context.Context, st *store.Store) error {
+			_, err := st.GetTenantWebhook(ctx, store.TenantWebhookParams{ID: fx.webhook})
+			return err
+		}},
+		{"DeleteTenantWebhook", func(ctx context.Context, st *store.Store) error {
+			return st.DeleteTenantWebhook(ctx, store.TenantWebhookParams{ID: fx.webhook})
+		}},
+		{"RotateTenantWebhookSecret", func(ctx context.Context, st *store.Store) error {
+			_, err := st.RotateTenantWebhookSecret(ctx, store.RotateTenantWebhookParams{
+				RotateWebhookParams: store.RotateWebhookParams{ID: fx.webhook, Secret: "whsec_y", PreviousExpiresAt: time.Now()}})
+			return err
+		}},
 		{"ListEvents", func(ctx context.Context, st *store.Store) error {
 			_, err := st.ListEvents(ctx, store.ListEventsParams{})
 			return err
@@ -135,9 +156,10 @@ var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgent
 
 // fixture is data of tenant acme the scoped calls name.
 type fixture struct {
-	kid  string
-	task uuid.UUID
-	idem string
+	kid     string
+	task    uuid.UUID
+	idem    string
+	webhook uuid.UUID // acme's own endpoint
 }
 
 func newFixture(t *testing.T, ctx context.Context, st *store.Store) fixture {
@@ -165,6 +187,11 @@ func newFixture(t *testing.T, ctx context.Context, st *store.Store) fixture {
 		DedupeKey: "acme|x", Payload: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
+	fx.webhook = uuid.New()
+	if _, _, err := st.CreateTenantWebhook(ctx, store.CreateTenantWebhookParams{TenantID: "acme", ID: fx.webhook,
+		URL: "https://acme.example/hook", Types: []string{"usage.limit_hit"}, Secret: "whsec_x", Max: -1}); err != nil {
+		t.Fatal(err)
+	}
 	return fx
 }
 
@@ -172,7 +199,7 @@ func newFixture(t *testing.T, ctx context.Context, st *store.Store) fixture {
 func snapshot(t *testing.T, ctx context.Context, pool *pgxpool.Pool) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, table := range []string{"tenants", "api_keys", "tasks", "usage_ledger", "agents", "events"} {
+	for _, table := range []string{"tenants", "api_keys", "tasks", "usage_ledger", "agents", "events", "webhook_endpoints"} {
 		var rows string
 		if err := pool.QueryRow(ctx, `SELECT COALESCE(string_agg(x::text, E'\n' ORDER BY x::text), '') FROM `+table+` x`).Scan(&rows); err != nil {
 			t.Fatal(err)

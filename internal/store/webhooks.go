@@ -10,16 +10,20 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Webhook endpoints, deliveries and attempts are the operator's: every call here is
-// unscoped (an endpoint may take every tenant's events) and serves the admin API, the
-// CLI and the relays only.
+// Webhook endpoints are the operator's or a tenant's own. The operator's calls, the
+// deliveries and the attempts are unscoped (an operator's endpoint may take every
+// tenant's events) and serve the admin API, the CLI and the relays only; a tenant's
+// own endpoints are reached through the tenant-scoped calls (…TenantWebhook…),
+// which see that tenant's own endpoints and nothing else.
 
 // WebhookEndpoint is a webhook endpoint as stored.
 type WebhookEndpoint struct {
-	ID             uuid.UUID
-	URL            string
-	Types          []string
-	TenantID       string // "" = every tenant
+	ID       uuid.UUID
+	URL      string
+	Types    []string
+	TenantID string // "" = every tenant
+	// TenantOwned: the tenant registered it for its own events (TenantID is set).
+	TenantOwned    bool
 	DisabledAt     *time.Time
 	DisabledReason string
 	CreatedAt      time.Time
@@ -33,12 +37,12 @@ type WebhookEndpoint struct {
 	PreviousSecret string
 }
 
-const webhookCols = `id, url, types, COALESCE(tenant_id, ''), disabled_at, COALESCE(disabled_reason, ''),
+const webhookCols = `id, url, types, COALESCE(tenant_id, ''), tenant_owned, disabled_at, COALESCE(disabled_reason, ''),
 	created_at, updated_at, previous_secret_expires_at, secret, COALESCE(previous_secret, '')`
 
 func scanWebhook(row pgx.Row) (WebhookEndpoint, error) {
 	var w WebhookEndpoint
-	err := row.Scan(&w.ID, &w.URL, &w.Types, &w.TenantID, &w.DisabledAt, &w.DisabledReason,
+	err := row.Scan(&w.ID, &w.URL, &w.Types, &w.TenantID, &w.TenantOwned, &w.DisabledAt, &w.DisabledReason,
 		&w.CreatedAt, &w.UpdatedAt, &w.PreviousSecretExpiresAt, &w.Secret, &w.PreviousSecret)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return w, ErrNotFound
@@ -110,6 +114,120 @@ func (s *Store) UnscopedRotateWebhookSecret(ctx context.Context, p RotateWebhook
 		UPDATE webhook_endpoints SET previous_secret = secret, previous_secret_expires_at = $3, secret = $2,
 			updated_at = now()
 		WHERE id = $1 RETURNING `+webhookCols, p.ID, p.Secret, p.PreviousExpiresAt))
+}
+
+// ErrWebhookLimit is a tenant endpoint refused because the tenant has as many of
+// its own as its limit allows.
+var ErrWebhookLimit = errors.New("store: the tenant's webhook endpoint limit is reached")
+
+// CreateTenantWebhookParams are a tenant's new endpoint of its own.
+type CreateTenantWebhookParams struct {
+	TenantID string
+	ID       uuid.UUID
+	URL      string
+	Types    []string
+	Secret   string
+	// Max is how many endpoints of its own the tenant may have, this one included;
+	// below 0, no cap.
+	Max int64
+}
+
+// CreateTenantWebhook stores a tenant's own endpoint, for that tenant's events only,
+// unless the tenant already has Max of its own (ErrWebhookLimit, with the count).
+// The tenant's row is locked for the count and the insert, so concurrent creations
+// cannot pass the limit together. ErrNotFound when the tenant does not exist.
+func (s *Store) CreateTenantWebhook(ctx context.Context, p CreateTenantWebhookParams) (WebhookEndpoint, int64, error) {
+	if p.TenantID == "" {
+		return WebhookEndpoint{}, 0, ErrNoTenant
+	}
+	var w WebhookEndpoint
+	var n int64
+	err := s.InTx(ctx, func(tx *Store) error {
+		var one int
+		err := tx.db.QueryRow(ctx, `SELECT 1 FROM tenants WHERE id = $1 FOR NO KEY UPDATE`, p.TenantID).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		if err := tx.db.QueryRow(ctx, `SELECT count(*) FROM webhook_endpoints WHERE tenant_id = $1 AND tenant_owned`,
+			p.TenantID).Scan(&n); err != nil {
+			return err
+		}
+		if p.Max >= 0 && n >= p.Max {
+			return ErrWebhookLimit
+		}
+		w, err = scanWebhook(tx.db.QueryRow(ctx, `
+			INSERT INTO webhook_endpoints (id, url, types, tenant_id, tenant_owned, secret) VALUES ($1, $2, $3, $4, true, $5)
+			RETURNING `+webhookCols, p.ID, p.URL, p.Types, p.TenantID, p.Secret))
+		return err
+	})
+	return w, n, err
+}
+
+// ListTenantWebhooksParams name the tenant whose own endpoints are listed.
+type ListTenantWebhooksParams struct{ TenantID string }
+
+// ListTenantWebhooks lists a tenant's own endpoints, oldest first.
+func (s *Store) ListTenantWebhooks(ctx context.Context, p ListTenantWebhooksParams) ([]WebhookEndpoint, error) {
+	if p.TenantID == "" {
+		return nil, ErrNoTenant
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+webhookCols+` FROM webhook_endpoints WHERE tenant_id = $1 AND tenant_owned
+		ORDER BY created_at, id`, p.TenantID)
+	return collect(rows, err, scanWebhook)
+}
+
+// TenantWebhookParams name one of a tenant's own endpoints.
+type TenantWebhookParams struct {
+	TenantID string
+	ID       uuid.UUID
+}
+
+// GetTenantWebhook reads one of a tenant's own endpoints; ErrNotFound for any other
+// id (another tenant's, the operator's).
+func (s *Store) GetTenantWebhook(ctx context.Context, p TenantWebhookParams) (WebhookEndpoint, error) {
+	if p.TenantID == "" {
+		return WebhookEndpoint{}, ErrNoTenant
+	}
+	return scanWebhook(s.db.QueryRow(ctx, `SELECT `+webhookCols+` FROM webhook_endpoints
+		WHERE id = $1 AND tenant_id = $2 AND tenant_owned`, p.ID, p.TenantID))
+}
+
+// DeleteTenantWebhook deletes one of a tenant's own endpoints with its deliveries and
+// attempts; ErrNotFound for any other id.
+func (s *Store) DeleteTenantWebhook(ctx context.Context, p TenantWebhookParams) error {
+	if p.TenantID == "" {
+		return ErrNoTenant
+	}
+	tag, err := s.db.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1 AND tenant_id = $2 AND tenant_owned`,
+		p.ID, p.TenantID)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// RotateTenantWebhookParams replace the secret of one of a tenant's own endpoints.
+type RotateTenantWebhookParams struct {
+	TenantID string
+	RotateWebhookParams
+}
+
+// RotateTenantWebhookSecret is UnscopedRotateWebhookSecret for one of a tenant's own
+// endpoints; ErrNotFound for any other id.
+func (s *Store) RotateTenantWebhookSecret(ctx context.Context, p RotateTenantWebhookParams) (WebhookEndpoint, error) {
+	if p.TenantID == "" {
+		return WebhookEndpoint{}, ErrNoTenant
+	}
+	return scanWebhook(s.db.QueryRow(ctx, `
+		UPDATE webhook_endpoints SET previous_secret = secret, previous_secret_expires_at = $3, secret = $2,
+			updated_at = now()
+		WHERE id = $1 AND tenant_id = $4 AND tenant_owned RETURNING `+webhookCols, p.ID, p.Secret, p.PreviousExpiresAt, p.TenantID))
 }
 
 // FanOutParams bound one fan-out.
