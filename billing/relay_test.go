@@ -910,3 +910,112 @@ func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
 		t.Error("a private address passed a loopback allow-list")
 	}
 }
+
+// A tenant's own endpoints: at most its limit (concurrent creations included), each
+// visible and changeable by its tenant alone, never listing the operator's, and
+// receiving its tenant's events only.
+func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
+	e := newRelayEnv(t)
+	limits := map[string]quotas.Limit{"acme": 2, "globex": quotas.Unlimited}
+	hooks := billing.NewWebhooks(e.st, billing.WebhooksOptions{AllowNets: netguard.Loopback(), Now: e.clock.Now,
+		EndpointLimit: func(_ context.Context, id string) (quotas.Limit, error) { return limits[id], nil }})
+	mine := newReceiver(t, nil)
+	operator := e.create(t, "https://ops.example/all", "", billing.TypeLimitHit)
+
+	// Five at once against a limit of 2: exactly two are made.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var made []billing.WebhookWithSecret
+	var over []*billing.WebhookLimitError
+	for range 5 {
+		wg.Go(func() {
+			w, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "acme", URL: mine.srv.URL + "/acme",
+				Types: []string{billing.TypeLimitHit}})
+			mu.Lock()
+			defer mu.Unlock()
+			var le *billing.WebhookLimitError
+			switch {
+			case err == nil:
+				made = append(made, w)
+			case errors.As(err, &le):
+				over = append(over, le)
+			default:
+				t.Errorf("create: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(made) != 2 || len(over) != 3 || over[0].Limit != 2 || over[0].Used != 2 {
+		t.Fatalf("made %d, refused %+v: want 2 made and 3 refused at 2 of 2", len(made), over)
+	}
+	if !strings.HasPrefix(made[0].Secret, "whsec_") || !made[0].Webhook.TenantOwned || made[0].Webhook.TenantID != "acme" {
+		t.Errorf("made %+v", made[0].Webhook)
+	}
+	other, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "globex", URL: "https://globex.example/hook",
+		Types: []string{billing.TypeLimitHit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The destination rules apply to tenants too.
+	var inv *billing.InvalidWebhookError
+	if _, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "globex", URL: "http://10.0.0.5/hook",
+		Types: []string{billing.TypeLimitHit}}); !errors.As(err, &inv) || inv.Field != "url" {
+		t.Errorf("private address: %v", err)
+	}
+
+	list, err := hooks.ListForTenant(e.ctx, "acme")
+	if err != nil || len(list) != 2 || list[0].Secret != "" {
+		t.Fatalf("acme's list %+v %v", list, err)
+	}
+	for _, w := range list {
+		if w.ID == operator.Webhook.ID || w.ID == other.Webhook.ID {
+			t.Errorf("acme's list shows %s", w.URL)
+		}
+	}
+	for _, id := range []string{other.Webhook.ID.String(), operator.Webhook.ID.String()} {
+		if _, err := hooks.GetForTenant(e.ctx, "acme", id); !errors.Is(err, billing.ErrWebhookNotFound) {
+			t.Errorf("acme gets %s: %v", id, err)
+		}
+		if _, err := hooks.RotateSecretForTenant(e.ctx, "acme", id); !errors.Is(err, billing.ErrWebhookNotFound) {
+			t.Errorf("acme rotates %s: %v", id, err)
+		}
+		if err := hooks.DeleteForTenant(e.ctx, "acme", id); !errors.Is(err, billing.ErrWebhookNotFound) {
+			t.Errorf("acme deletes %s: %v", id, err)
+		}
+	}
+	if _, err := hooks.Get(e.ctx, other.Webhook.ID.String()); err != nil {
+		t.Errorf("globex's endpoint after acme's attempts: %v", err)
+	}
+	rot, err := hooks.RotateSecretForTenant(e.ctx, "acme", made[0].Webhook.ID.String())
+	if err != nil || rot.Secret == made[0].Secret {
+		t.Fatalf("rotate own: %v", err)
+	}
+
+	// Only acme's events reach acme's endpoints.
+	acmeEv, globexEv := e.hit(t, "acme", 1), e.hit(t, "globex", 1)
+	e.write(t, acmeEv, globexEv)
+	r := e.relay(nil, 0)
+	runUntil(t, e.ctx, r, func() bool { return len(mine.got()) >= 2 })
+	for range 3 {
+		if _, err := r.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, h := range mine.got() {
+		if id := h.header.Get("webhook-id"); id != acmeEv.ID {
+			t.Errorf("acme's endpoint got %s, want only acme's event %s", id, acmeEv.ID)
+		}
+	}
+	if n := len(mine.got()); n != 2 {
+		t.Errorf("acme's two endpoints got %d requests, want one each", n)
+	}
+
+	// Deleting one makes room for another.
+	if err := hooks.DeleteForTenant(e.ctx, "acme", made[1].Webhook.ID.String()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "acme", URL: "https://acme.example/new",
+		Types: []string{billing.TypeApproachingLimit}}); err != nil {
+		t.Errorf("create after a delete: %v", err)
+	}
+}

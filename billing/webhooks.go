@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
 )
 
 // Webhook is a webhook endpoint. Its secrets are for the relay alone: the service's
@@ -76,6 +77,10 @@ type WebhooksOptions struct {
 	// they are loopback, link-local, private, CGNAT or unique local (refused
 	// otherwise); the relay's own allow-list judges every address it dials.
 	AllowNets []netip.Prefix
+	// EndpointLimit is a tenant's webhook_endpoints limit: how many endpoints of its
+	// own it may have (quotas.Unlimited for no cap). Nil refuses every tenant
+	// endpoint.
+	EndpointLimit func(ctx context.Context, tenantID string) (quotas.Limit, error)
 }
 
 // Webhooks manages the webhook endpoints the relay delivers the events to: the rules
@@ -86,11 +91,15 @@ type Webhooks struct {
 	grace time.Duration
 	now   func() time.Time
 	guard netguard.Guard
+	limit func(ctx context.Context, tenantID string) (quotas.Limit, error)
 }
 
 // NewWebhooks returns the endpoint service on st.
 func NewWebhooks(st *store.Store, o WebhooksOptions) *Webhooks {
-	w := &Webhooks{st: st, grace: o.RotationGrace, now: o.Now, guard: netguard.Guard{Allow: o.AllowNets}}
+	w := &Webhooks{st: st, grace: o.RotationGrace, now: o.Now, guard: netguard.Guard{Allow: o.AllowNets}, limit: o.EndpointLimit}
+	if w.limit == nil {
+		w.limit = func(context.Context, string) (quotas.Limit, error) { return 0, nil }
+	}
 	if w.grace <= 0 {
 		w.grace = DefaultRotationGrace
 	}
@@ -120,31 +129,9 @@ type WebhookWithSecret struct {
 // in a refused network (netguard) is refused; a name is judged by the relay each time
 // it is dialled.
 func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWithSecret, error) {
-	if len(p.URL) > MaxWebhookURL || strings.ContainsFunc(p.URL, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
-		return WebhookWithSecret{}, invalidWebhook("url", "url must be printable ASCII of at most %d bytes.", MaxWebhookURL)
-	}
-	u, err := url.Parse(p.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return WebhookWithSecret{}, invalidWebhook("url", "url must be an absolute http or https URL.")
-	}
-	var refused *netguard.RefusedError
-	if errors.As(w.guard.CheckHost(u.Hostname()), &refused) {
-		return WebhookWithSecret{}, invalidWebhook("url",
-			"Destination refused: url's host is %s; webhooks are delivered to public addresses only.", refused.Class)
-	}
-	if len(p.Types) == 0 {
-		return WebhookWithSecret{}, invalidWebhook("types", "types must name at least one event type (%s, %s).",
-			TypeLimitHit, TypeApproachingLimit)
-	}
-	var types []string
-	for _, t := range p.Types {
-		if !KnownType(t) {
-			return WebhookWithSecret{}, invalidWebhook("types", "Unknown event type %s: use %s or %s.",
-				strconv.Quote(t), TypeLimitHit, TypeApproachingLimit)
-		}
-		if !slices.Contains(types, t) {
-			types = append(types, t)
-		}
+	types, err := w.check(p.URL, p.Types)
+	if err != nil {
+		return WebhookWithSecret{}, err
 	}
 	secret, err := newWebhookSecret()
 	if err != nil {
@@ -167,6 +154,38 @@ func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWi
 		return WebhookWithSecret{}, err
 	}
 	return WebhookWithSecret{Webhook: hideSecrets(ep), Secret: secret}, nil
+}
+
+// check applies the rules of an endpoint's URL and types and returns the types
+// without repeats.
+func (w *Webhooks) check(rawURL string, given []string) ([]string, error) {
+	if len(rawURL) > MaxWebhookURL || strings.ContainsFunc(rawURL, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return nil, invalidWebhook("url", "url must be printable ASCII of at most %d bytes.", MaxWebhookURL)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, invalidWebhook("url", "url must be an absolute http or https URL.")
+	}
+	var refused *netguard.RefusedError
+	if errors.As(w.guard.CheckHost(u.Hostname()), &refused) {
+		return nil, invalidWebhook("url",
+			"Destination refused: url's host is %s; webhooks are delivered to public addresses only.", refused.Class)
+	}
+	if len(given) == 0 {
+		return nil, invalidWebhook("types", "types must name at least one event type (%s, %s).",
+			TypeLimitHit, TypeApproachingLimit)
+	}
+	var types []string
+	for _, t := range given {
+		if !KnownType(t) {
+			return nil, invalidWebhook("types", "Unknown event type %s: use %s or %s.",
+				strconv.Quote(t), TypeLimitHit, TypeApproachingLimit)
+		}
+		if !slices.Contains(types, t) {
+			types = append(types, t)
+		}
+	}
+	return types, nil
 }
 
 // newWebhookSecret is "whsec_" and the base64 of 32 random bytes, the form the
@@ -314,4 +333,109 @@ func (w *Webhooks) Attempts(ctx context.Context, id string, p AttemptsParams) (A
 		page.Next = strconv.FormatInt(as[limit-1].ID, 10)
 	}
 	return page, nil
+}
+
+// WebhookLimitError is a tenant endpoint refused by the tenant's webhook_endpoints
+// limit: it has Used endpoints of its own and may have Limit.
+type WebhookLimitError struct {
+	TenantID    string
+	Limit, Used int64
+}
+
+func (e *WebhookLimitError) Error() string {
+	if e.Limit == 0 {
+		return "Your plan includes no webhook endpoints."
+	}
+	return fmt.Sprintf("Webhook endpoint limit of %d reached. Delete one, or upgrade your plan for more.", e.Limit)
+}
+
+// TenantWebhookParams are a tenant's new endpoint of its own.
+type TenantWebhookParams struct {
+	TenantID string
+	URL      string   // absolute http or https, not an address literal in a refused network
+	Types    []string // event types, at least one (KnownType)
+}
+
+// CreateForTenant checks and stores an endpoint of the tenant's own, with a fresh
+// secret: it receives that tenant's events of its types written after it, and no
+// other tenant's. The tenant may have as many as its webhook_endpoints limit says;
+// one more is a *WebhookLimitError.
+func (w *Webhooks) CreateForTenant(ctx context.Context, p TenantWebhookParams) (WebhookWithSecret, error) {
+	types, err := w.check(p.URL, p.Types)
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	limit, err := w.limit(ctx, p.TenantID)
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	most := int64(-1)
+	if !limit.Off() {
+		most = int64(limit)
+	}
+	secret, err := newWebhookSecret()
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	ep, n, err := w.st.CreateTenantWebhook(ctx, store.CreateTenantWebhookParams{
+		TenantID: p.TenantID, ID: uuid.New(), URL: p.URL, Types: types, Secret: secret, Max: most,
+	})
+	if errors.Is(err, store.ErrWebhookLimit) {
+		return WebhookWithSecret{}, &WebhookLimitError{TenantID: p.TenantID, Limit: most, Used: n}
+	}
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	return WebhookWithSecret{Webhook: hideSecrets(ep), Secret: secret}, nil
+}
+
+// ListForTenant returns the tenant's own endpoints, oldest first, without secrets.
+func (w *Webhooks) ListForTenant(ctx context.Context, tenantID string) ([]Webhook, error) {
+	eps, err := w.st.ListTenantWebhooks(ctx, store.ListTenantWebhooksParams{TenantID: tenantID})
+	for i := range eps {
+		eps[i] = hideSecrets(eps[i])
+	}
+	return eps, err
+}
+
+// GetForTenant returns one of the tenant's own endpoints, without its secrets; any
+// other id (another tenant's, the operator's) names no endpoint.
+func (w *Webhooks) GetForTenant(ctx context.Context, tenantID, id string) (Webhook, error) {
+	u, err := ParseWebhookID(id)
+	if err != nil {
+		return Webhook{}, err
+	}
+	ep, err := w.st.GetTenantWebhook(ctx, store.TenantWebhookParams{TenantID: tenantID, ID: u})
+	if err != nil {
+		return Webhook{}, w.notFound(err, id)
+	}
+	return hideSecrets(ep), nil
+}
+
+// DeleteForTenant removes one of the tenant's own endpoints, as Delete does.
+func (w *Webhooks) DeleteForTenant(ctx context.Context, tenantID, id string) error {
+	u, err := ParseWebhookID(id)
+	if err != nil {
+		return err
+	}
+	return w.notFound(w.st.DeleteTenantWebhook(ctx, store.TenantWebhookParams{TenantID: tenantID, ID: u}), id)
+}
+
+// RotateSecretForTenant gives one of the tenant's own endpoints a new secret, as
+// RotateSecret does.
+func (w *Webhooks) RotateSecretForTenant(ctx context.Context, tenantID, id string) (WebhookWithSecret, error) {
+	u, err := ParseWebhookID(id)
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	secret, err := newWebhookSecret()
+	if err != nil {
+		return WebhookWithSecret{}, err
+	}
+	ep, err := w.st.RotateTenantWebhookSecret(ctx, store.RotateTenantWebhookParams{TenantID: tenantID,
+		RotateWebhookParams: store.RotateWebhookParams{ID: u, Secret: secret, PreviousExpiresAt: w.now().Add(w.grace)}})
+	if err != nil {
+		return WebhookWithSecret{}, w.notFound(err, id)
+	}
+	return WebhookWithSecret{Webhook: hideSecrets(ep), Secret: secret}, nil
 }

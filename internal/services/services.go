@@ -110,12 +110,16 @@ func New(d Deps) *Services {
 		ko.Limits = quotas.New(d.Redis, d.Keys, nil)
 	}
 	s := &Services{
-		Tenants:  tenants.New(st, d.Plans, to),
-		Keys:     keys.New(st, ko),
-		Events:   events,
-		Webhooks: billing.NewWebhooks(st, d.Webhooks),
-		Usage:    billing.NewRollups(st),
+		Tenants: tenants.New(st, d.Plans, to),
+		Keys:    keys.New(st, ko),
+		Events:  events,
+		Usage:   billing.NewRollups(st),
 	}
+	wo := d.Webhooks
+	if wo.EndpointLimit == nil {
+		wo.EndpointLimit = s.Tenants.WebhookEndpointLimit
+	}
+	s.Webhooks = billing.NewWebhooks(st, wo)
 	var local agents.Local
 	if d.Agents != nil {
 		local = d.Agents

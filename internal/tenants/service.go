@@ -332,3 +332,21 @@ func validText(s string, max int) bool {
 }
 
 func isControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }
+
+// WebhookEndpointLimit is how many webhook endpoints of its own tenant id may have:
+// its effective webhook_endpoints limit (quotas.Unlimited when its plan leaves the
+// limit out, as for any limit).
+func (s *Service) WebhookEndpointLimit(ctx context.Context, id string) (quotas.Limit, error) {
+	t, err := s.Get(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	pol, err := s.Policy(t)
+	if err != nil {
+		return 0, err
+	}
+	if l, ok := pol.Effective[quotas.WebhookEndpoints]; ok {
+		return l, nil
+	}
+	return quotas.Unlimited, nil
+}
