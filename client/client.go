@@ -882,6 +882,9 @@ type Webhook struct {
 	URL    string   `json:"url"`
 	Types  []string `json:"types"`
 	Tenant *string  `json:"tenant"` // nil: every tenant
+	// Owner is who registered it: "operator" (the admin API) or "tenant" (the
+	// tenant's own, for its own events).
+	Owner string `json:"owner"`
 	// DisabledAt is set once the endpoint answered 410 Gone: it receives nothing more.
 	DisabledAt     *time.Time `json:"disabled_at"`
 	DisabledReason *string    `json:"disabled_reason"`
@@ -962,6 +965,60 @@ func (a *Admin) DeleteWebhook(ctx context.Context, id string) error {
 func (a *Admin) RotateWebhookSecret(ctx context.Context, id string) (*WebhookWithSecret, error) {
 	var w WebhookWithSecret
 	if err := a.t.do(ctx, http.MethodPost, "/v1/admin/webhooks/"+url.PathEscape(id)+"/rotate", nil, nil, nil, &w); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// CreateTenantWebhookRequest is an endpoint of the caller tenant's own, for its own
+// events.
+type CreateTenantWebhookRequest struct {
+	URL   string   `json:"url"`   // absolute http or https
+	Types []string `json:"types"` // EventLimitHit, EventApproachingLimit
+}
+
+// CreateWebhook registers an endpoint of the caller tenant's own (POST /v1/webhooks):
+// it receives that tenant's events of its types, and its secret is shown only here.
+// Past the plan's webhook_endpoints limit it is an *Error with StatusCode 402 and
+// Code "QUOTA_EXCEEDED".
+func (c *Client) CreateWebhook(ctx context.Context, req CreateTenantWebhookRequest) (*WebhookWithSecret, error) {
+	var w WebhookWithSecret
+	if err := c.t.do(ctx, http.MethodPost, "/v1/webhooks", nil, nil, req, &w); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// ListWebhooks returns the caller tenant's own endpoints, disabled ones included.
+func (c *Client) ListWebhooks(ctx context.Context) ([]Webhook, error) {
+	var out struct {
+		Webhooks []Webhook `json:"webhooks"`
+	}
+	if err := c.t.do(ctx, http.MethodGet, "/v1/webhooks", nil, nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Webhooks, nil
+}
+
+// GetWebhook returns one of the caller tenant's own endpoints (404 for any other).
+func (c *Client) GetWebhook(ctx context.Context, id string) (*Webhook, error) {
+	var w Webhook
+	if err := c.t.do(ctx, http.MethodGet, "/v1/webhooks/"+url.PathEscape(id), nil, nil, nil, &w); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// DeleteWebhook deletes one of the caller tenant's own endpoints (204).
+func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
+	return c.t.do(ctx, http.MethodDelete, "/v1/webhooks/"+url.PathEscape(id), nil, nil, nil, nil)
+}
+
+// RotateWebhookSecret gives one of the caller tenant's own endpoints a new secret
+// and returns it; the replaced one signs too until PreviousSecretExpiresAt.
+func (c *Client) RotateWebhookSecret(ctx context.Context, id string) (*WebhookWithSecret, error) {
+	var w WebhookWithSecret
+	if err := c.t.do(ctx, http.MethodPost, "/v1/webhooks/"+url.PathEscape(id)+"/rotate", nil, nil, nil, &w); err != nil {
 		return nil, err
 	}
 	return &w, nil

@@ -162,6 +162,11 @@ func (s *Server) routes() {
 	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
 	read(http.MethodGet, "/v1/tasks/:id/events", s.taskEvents)
 	read(http.MethodGet, "/v1/events", s.tenantEvents)
+	read(http.MethodPost, "/v1/webhooks", s.createTenantWebhook)
+	read(http.MethodGet, "/v1/webhooks", s.listTenantWebhooks)
+	read(http.MethodGet, "/v1/webhooks/:id", s.getTenantWebhook)
+	read(http.MethodDelete, "/v1/webhooks/:id", s.deleteTenantWebhook)
+	read(http.MethodPost, "/v1/webhooks/:id/rotate", s.rotateTenantWebhookSecret)
 
 	// The tenant panel: authorized by its signed link, not by a key.
 	e.GET("/panel/t", s.panelPage)

@@ -2,13 +2,16 @@ package web
 
 import (
 	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/quotas"
 )
 
 // WebhookRequest is the body of POST /v1/admin/webhooks.
@@ -24,6 +27,9 @@ type WebhookJSON struct {
 	URL    string   `json:"url"`
 	Types  []string `json:"types"`
 	Tenant *string  `json:"tenant"` // null: every tenant
+	// Owner is who registered it: "operator" (the admin API) or "tenant" (the
+	// tenant's own, for its own events).
+	Owner string `json:"owner"`
 	// Disabled is set when the endpoint stopped receiving (it answered 410 Gone).
 	DisabledAt     *time.Time `json:"disabled_at"`
 	DisabledReason *string    `json:"disabled_reason"`
@@ -58,6 +64,10 @@ func NewWebhookJSON(w billing.Webhook) WebhookJSON {
 	out := WebhookJSON{
 		ID: w.ID.String(), URL: w.URL, Types: w.Types, DisabledAt: w.DisabledAt,
 		PreviousSecretExpiresAt: w.PreviousSecretExpiresAt, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt,
+		Owner: "operator",
+	}
+	if w.TenantOwned {
+		out.Owner = "tenant"
 	}
 	if out.Types == nil {
 		out.Types = []string{}
@@ -87,10 +97,17 @@ func NewWebhookAttemptJSON(a billing.WebhookAttempt) WebhookAttemptJSON {
 }
 
 // webhookErr turns the webhook service's errors into the API's.
-func webhookErr(err error) error {
+func webhookErr(err error, upgradeURL string) error {
 	var inv *billing.InvalidWebhookError
 	var nf *billing.WebhookNotFoundError
+	var over *billing.WebhookLimitError
 	switch {
+	case errors.As(err, &over):
+		e := apiErr(http.StatusPaymentRequired, "QUOTA_EXCEEDED", "%s Upgrade your plan to continue.", over.Error())
+		e.Extra = map[string]any{"limit_type": quotas.WebhookEndpoints, "current_usage": over.Used,
+			"limit_value": over.Limit, "upgrade_url": upgradeURL, "tenant_id": over.TenantID,
+			"violated": []string{quotas.WebhookEndpoints}}
+		return e
 	case errors.As(err, &inv):
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)
 	case errors.As(err, &nf):
@@ -110,7 +127,7 @@ func (s *Server) createWebhook(c echo.Context) error {
 	}
 	w, err := s.Webhooks.Create(c.Request().Context(), billing.CreateWebhookParams{URL: r.URL, Types: r.Types, TenantID: r.Tenant})
 	if err != nil {
-		return webhookErr(err)
+		return webhookErr(err, s.UpgradeURL)
 	}
 	return c.JSON(http.StatusCreated, WebhookWithSecret{WebhookJSON: NewWebhookJSON(w.Webhook), Secret: w.Secret})
 }
@@ -130,14 +147,14 @@ func (s *Server) listWebhooks(c echo.Context) error {
 func (s *Server) getWebhook(c echo.Context) error {
 	w, err := s.Webhooks.Get(c.Request().Context(), c.Param("id"))
 	if err != nil {
-		return webhookErr(err)
+		return webhookErr(err, s.UpgradeURL)
 	}
 	return c.JSON(http.StatusOK, NewWebhookJSON(w))
 }
 
 func (s *Server) deleteWebhook(c echo.Context) error {
 	if err := s.Webhooks.Delete(c.Request().Context(), c.Param("id")); err != nil {
-		return webhookErr(err)
+		return webhookErr(err, s.UpgradeURL)
 	}
 	return c.NoContent(http.StatusNoContent)
 }
@@ -145,7 +162,7 @@ func (s *Server) deleteWebhook(c echo.Context) error {
 func (s *Server) rotateWebhookSecret(c echo.Context) error {
 	w, err := s.Webhooks.RotateSecret(c.Request().Context(), c.Param("id"))
 	if err != nil {
-		return webhookErr(err)
+		return webhookErr(err, s.UpgradeURL)
 	}
 	return c.JSON(http.StatusOK, WebhookWithSecret{WebhookJSON: NewWebhookJSON(w.Webhook), Secret: w.Secret})
 }
@@ -169,7 +186,7 @@ func (s *Server) listWebhookAttempts(c echo.Context) error {
 	}
 	page, err := s.Webhooks.Attempts(c.Request().Context(), c.Param("id"), p)
 	if err != nil {
-		return webhookErr(err)
+		return webhookErr(err, s.UpgradeURL)
 	}
 	out := make([]WebhookAttemptJSON, 0, len(page.Attempts))
 	for _, a := range page.Attempts {
@@ -180,4 +197,69 @@ func (s *Server) listWebhookAttempts(c echo.Context) error {
 		next = &page.Next
 	}
 	return c.JSON(http.StatusOK, map[string]any{"attempts": out, "next_cursor": next})
+}
+
+// TenantWebhookRequest is the body of POST /v1/webhooks: an endpoint of the caller
+// tenant's own, for its own events.
+type TenantWebhookRequest struct {
+	URL   string   `json:"url"`
+	Types []string `json:"types"`
+}
+
+// createTenantWebhook is POST /v1/webhooks: 201 with the secret, shown once; 402
+// QUOTA_EXCEEDED past the plan's webhook_endpoints.
+func (s *Server) createTenantWebhook(c echo.Context) error {
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var r TenantWebhookRequest
+	if err := decodeStrict(body, &r, false); err != nil {
+		return err
+	}
+	w, err := s.Webhooks.CreateForTenant(c.Request().Context(), billing.TenantWebhookParams{
+		TenantID: keyRecord(c).TenantID, URL: r.URL, Types: r.Types,
+	})
+	if err != nil {
+		return webhookErr(err, s.UpgradeURL)
+	}
+	return c.JSON(http.StatusCreated, WebhookWithSecret{WebhookJSON: NewWebhookJSON(w.Webhook), Secret: w.Secret})
+}
+
+func (s *Server) listTenantWebhooks(c echo.Context) error {
+	if q := c.QueryParams(); len(q) > 0 {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", slices.Sorted(maps.Keys(q))[0])
+	}
+	ws, err := s.Webhooks.ListForTenant(c.Request().Context(), keyRecord(c).TenantID)
+	if err != nil {
+		return err
+	}
+	out := make([]WebhookJSON, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, NewWebhookJSON(w))
+	}
+	return c.JSON(http.StatusOK, map[string]any{"webhooks": out})
+}
+
+func (s *Server) getTenantWebhook(c echo.Context) error {
+	w, err := s.Webhooks.GetForTenant(c.Request().Context(), keyRecord(c).TenantID, c.Param("id"))
+	if err != nil {
+		return webhookErr(err, s.UpgradeURL)
+	}
+	return c.JSON(http.StatusOK, NewWebhookJSON(w))
+}
+
+func (s *Server) deleteTenantWebhook(c echo.Context) error {
+	if err := s.Webhooks.DeleteForTenant(c.Request().Context(), keyRecord(c).TenantID, c.Param("id")); err != nil {
+		return webhookErr(err, s.UpgradeURL)
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) rotateTenantWebhookSecret(c echo.Context) error {
+	w, err := s.Webhooks.RotateSecretForTenant(c.Request().Context(), keyRecord(c).TenantID, c.Param("id"))
+	if err != nil {
+		return webhookErr(err, s.UpgradeURL)
+	}
+	return c.JSON(http.StatusOK, WebhookWithSecret{WebhookJSON: NewWebhookJSON(w.Webhook), Secret: w.Secret})
 }
