@@ -365,6 +365,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 
 	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, events, usageExport)
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
+	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
 	return cmd
 }
 

@@ -439,3 +439,50 @@ func TestCLIWebhooksMatchTheAPI(t *testing.T) {
 		t.Errorf("CLI second delete: %v", err)
 	}
 }
+
+// The tenant-webhook commands manage a tenant's own endpoints through the service the
+// tenant API uses: the same limit, the same scoping.
+func TestCLITenantWebhooks(t *testing.T) {
+	h := newAdminHarness(t)
+	for _, id := range []string{"acme", "globex"} {
+		if st, msg := h.api("POST", "/v1/admin/tenants", `{"id":"`+id+`","plan":"pro"}`); st != 201 {
+			t.Fatalf("create %s: %d %s", id, st, msg)
+		}
+	}
+	var ids []string
+	for _, u := range []string{"https://acme.example/a", "https://acme.example/b"} {
+		out, err := h.cli("tenant-webhook-create", "--tenant", "acme", "--url", u)
+		var created web.WebhookWithSecret
+		if err != nil || json.Unmarshal([]byte(out), &created) != nil || !strings.HasPrefix(created.Secret, "whsec_") || created.Owner != "tenant" {
+			t.Fatalf("CLI create %q %v", out, err)
+		}
+		ids = append(ids, created.ID)
+	}
+	if _, err := h.cli("tenant-webhook-create", "--tenant", "acme", "--url", "https://acme.example/c"); err == nil ||
+		!strings.Contains(err.Error(), "limit of 2") {
+		t.Errorf("a third for a pro tenant: %v, want the limit", err)
+	}
+	if _, err := h.cli("tenant-webhook-create", "--tenant", "acme", "--url", "http://169.254.169.254/"); err == nil ||
+		!strings.Contains(err.Error(), "refused") {
+		t.Errorf("a link-local address: %v", err)
+	}
+	out, err := h.cli("tenant-webhook-list", "--tenant", "globex")
+	if err != nil || strings.Contains(out, ids[0]) {
+		t.Errorf("globex's list %q %v shows acme's", out, err)
+	}
+	if _, err := h.cli("tenant-webhook-rotate", "--tenant", "globex", ids[0]); err == nil || !strings.Contains(err.Error(), "No webhook endpoint") {
+		t.Errorf("globex rotates acme's: %v", err)
+	}
+	if _, err := h.cli("tenant-webhook-delete", "--tenant", "globex", ids[0]); err == nil {
+		t.Error("globex deleted acme's endpoint")
+	}
+	if out, err := h.cli("tenant-webhook-rotate", "--tenant", "acme", ids[0]); err != nil || !strings.Contains(out, "whsec_") {
+		t.Errorf("acme rotates its own: %q %v", out, err)
+	}
+	if _, err := h.cli("tenant-webhook-delete", "--tenant", "acme", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.cli("tenant-webhook-list", "--tenant", "acme"); err != nil || strings.Contains(out, ids[0]) || !strings.Contains(out, ids[1]) {
+		t.Errorf("acme's list after a delete: %q %v", out, err)
+	}
+}
