@@ -217,6 +217,20 @@
 // attempt is recorded. The clock and the schedule are RelayConfig's, so the tests run
 // the whole schedule without waiting for it.
 //
+// Isolation: one endpoint's deliveries never wait on another's. A started relay sends
+// from a pool of Workers that claims again as soon as a send finishes; a claim takes
+// the endpoints in turn (the oldest due of each, then the next of each) and gives no
+// endpoint more than PerEndpoint minus its live leases, counted across every relay
+// under a lock on the endpoints it claims for. A receiver that never answers holds at
+// most PerEndpoint workers for its timeout, whatever its backlog.
+//
+// Destinations: the relay's client dials through internal/netguard, which refuses
+// loopback, link-local, private, CGNAT and unique local addresses (and unspecified,
+// multicast and IPv4-mapped forms) when the connection is made, unless AllowNets
+// lists them; registration refuses such an address literal. A tenant's own endpoints
+// (CreateForTenant and the …ForTenant calls) always name their tenant, so they get
+// its events only, and count against its webhook_endpoints limit.
+//
 // # The event format
 //
 // Events are CloudEvents 1.0 in structured JSON mode, built with the CloudEvents Go
