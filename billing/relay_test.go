@@ -1019,3 +1019,57 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 		t.Errorf("create after a delete: %v", err)
 	}
 }
+
+// Several relays together keep an endpoint's in-flight cap: three relays over a hung
+// endpoint with a backlog never have more than PerEndpoint requests open to it. Stop
+// cuts the hung sends short, at once, and leaves their deliveries pending for the
+// next relay once their leases lapse.
+func TestRelaysKeepThePerEndpointCapAndStopPromptly(t *testing.T) {
+	e := newRelayEnv(t)
+	hung := newHungReceiver(t)
+	w := e.create(t, hung.srv.URL, "", billing.TypeLimitHit)
+	var evs []billing.Event
+	for i := range 30 {
+		evs = append(evs, e.hit(t, "acme", i))
+	}
+	e.write(t, evs...)
+	e.fanOutAll(t, e.clock.Now(), 30)
+	var relays []*billing.Relay
+	for range 3 {
+		r := billing.NewRelay(e.st, billing.RelayConfig{
+			Now: e.clock.Now, Timeout: 20 * time.Second, PollInterval: 5 * time.Millisecond, PerEndpoint: 3, Workers: 10,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AllowNets: netguard.Loopback(),
+		})
+		if err := r.Start(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		relays = append(relays, r)
+	}
+	if !waitFor(5*time.Second, func() bool { return hung.count() >= 3 }) {
+		t.Fatalf("the hung endpoint got %d requests, want its cap of 3", hung.count())
+	}
+	time.Sleep(300 * time.Millisecond) // 60 polls of each relay: a fourth would show by now
+	if n := hung.count(); n != 3 {
+		t.Fatalf("the hung endpoint got %d requests from 3 relays, want at most its cap of 3", n)
+	}
+	start := time.Now()
+	for _, r := range relays {
+		r.Stop()
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Stop took %v with sends in flight: it waited for their timeout", took)
+	}
+	ds, err := e.st.UnscopedListWebhookDeliveries(e.ctx, w.Webhook.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		if d.State != "pending" {
+			t.Fatalf("delivery %+v after Stop: want every one still pending (a cut send decides nothing)", d)
+		}
+	}
+	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	if len(page.Attempts) != 0 {
+		t.Errorf("attempts recorded for sends Stop cut short: %+v", page.Attempts)
+	}
+}
