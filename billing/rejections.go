@@ -2,7 +2,6 @@ package billing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -77,42 +76,32 @@ func (r *Rejections) Flush(ctx context.Context) (FlushResult, error) {
 	return res, nil
 }
 
+// flushPage copies a page of tenants' counts and writes their events in one
+// transaction: a flush stopped anywhere (its budget, a lost leadership, a Postgres
+// error) leaves neither, and the next flush finds the same counts still first and
+// writes their events then. Redis is pruned only after the commit.
 func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejections, pruneBefore time.Time, res *FlushResult) error {
 	var rows []store.RejectionRow
 	for _, tr := range trs {
-		res.Tenants++
 		for _, c := range tr.Counts() {
 			rows = append(rows, store.RejectionRow{TenantID: tr.TenantID, LimitType: c.LimitType, Minute: c.Minute, Count: c.Count})
 		}
 	}
-	first, err := r.Store.UnscopedAddRejections(ctx, rows)
+	var events int
+	err := r.Store.InTx(ctx, func(tx *store.Store) error {
+		first, err := tx.UnscopedAddRejections(ctx, rows)
+		if err != nil {
+			return fmt.Errorf("billing: copy refusal counts: %w", err)
+		}
+		events, err = r.writeFirstEvents(ctx, tx, first)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("billing: copy refusal counts: %w", err)
+		return err
 	}
+	res.Tenants += len(trs)
 	res.Rows += len(rows)
-	tenants := map[string]store.Tenant{}
-	for _, row := range first {
-		t, ok := tenants[row.TenantID]
-		if !ok {
-			if t, err = r.Store.GetTenant(ctx, row.TenantID); errors.Is(err, store.ErrNotFound) {
-				continue // deleted since: nothing to tell
-			} else if err != nil {
-				return err
-			}
-			tenants[row.TenantID] = t
-		}
-		ev, err := r.Events.LimitHit(r.refusal(t, row))
-		if err != nil {
-			return err
-		}
-		written, err := WriteEvent(ctx, r.Store, ev)
-		if err != nil {
-			return err
-		}
-		if written {
-			res.Events++
-		}
-	}
+	res.Events += events
 	// Only now, with the counts and their events in Postgres, may Redis forget them.
 	for _, tr := range trs {
 		done := map[string]int64{}
@@ -131,6 +120,43 @@ func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejection
 		res.Pruned += n
 	}
 	return nil
+}
+
+// writeFirstEvents writes, on tx, the limit_hit of each count stored for the first
+// time, and returns how many it wrote. A tenant deleted since has nothing to be told.
+func (r *Rejections) writeFirstEvents(ctx context.Context, tx *store.Store, first []store.RejectionRow) (int, error) {
+	if len(first) == 0 {
+		return 0, nil
+	}
+	var ids []string
+	for _, row := range first {
+		if len(ids) == 0 || ids[len(ids)-1] != row.TenantID {
+			ids = append(ids, row.TenantID)
+		}
+	}
+	tenants, err := tx.UnscopedGetTenants(ctx, ids)
+	if err != nil {
+		return 0, err
+	}
+	written := 0
+	for _, row := range first {
+		t, ok := tenants[row.TenantID]
+		if !ok {
+			continue
+		}
+		ev, err := r.Events.LimitHit(r.refusal(t, row))
+		if err != nil {
+			return 0, err
+		}
+		ok, err = WriteEvent(ctx, tx, ev)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			written++
+		}
+	}
+	return written, nil
 }
 
 // refusal is the limit_hit of a limit's first refusals in a minute. It reports the

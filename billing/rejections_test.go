@@ -208,3 +208,67 @@ func TestConcurrentFlushesAddNothingTwice(t *testing.T) {
 		t.Fatalf("current %v, want tenant_rate 7", c)
 	}
 }
+
+// failEventWrites makes Postgres refuse every write to the events outbox until the
+// returned function is called: a flush that copies counts and then fails to write
+// their event, as one cut short by its budget, a lost leadership or an error does.
+func (f *rejecting) failEventWrites() (heal func()) {
+	f.t.Helper()
+	f.exec(`CREATE FUNCTION refuse_event() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'event writes are refused'; END $$`)
+	f.exec(`CREATE TRIGGER refuse_event BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_event()`)
+	return func() { f.exec(`DROP TRIGGER refuse_event ON events`) }
+}
+
+// A flush whose event write fails leaves no count behind that would pass for
+// reported: the next flush still writes the window's limit_hit, and only one.
+func TestRefusalEventSurvivesAFailedFlush(t *testing.T) {
+	f := newRejecting(t)
+	f.refuse(3, backlogZero())
+	heal := f.failEventWrites()
+	if _, err := f.rej.Flush(f.ctx); err == nil {
+		t.Fatal("a flush whose event write failed reported no error")
+	}
+	heal()
+	res := f.flush()
+	if res.Events != 1 {
+		t.Fatalf("the flush after a failed one %+v, want the window's event", res)
+	}
+	if hits := f.limitHits(); len(hits) != 1 {
+		t.Fatalf("%d limit_hit events, want 1", len(hits))
+	}
+	if c := f.current(); c[quotas.QueueBacklog] != 3 {
+		t.Fatalf("current refusals %v, want queue_backlog 3", c)
+	}
+}
+
+// A flush whose context ends while it writes leaves the next flush to write both the
+// counts and the event.
+func TestRefusalEventSurvivesACancelledFlush(t *testing.T) {
+	f := newRejecting(t)
+	f.refuse(2, backlogZero())
+	// The event write waits on a lock the test holds, so the flush's context ends
+	// after its counts were written and before its event was.
+	lock, err := f.st.Pool().Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(f.ctx, `LOCK TABLE events IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 300*time.Millisecond)
+	_, err = f.rej.Flush(ctx)
+	cancel()
+	if err := lock.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err == nil {
+		t.Fatal("a flush cut short reported no error")
+	}
+	if res := f.flush(); res.Events != 1 {
+		t.Fatalf("the flush after a cut one %+v, want the window's event", res)
+	}
+	if hits := f.limitHits(); len(hits) != 1 {
+		t.Fatalf("%d limit_hit events, want 1", len(hits))
+	}
+}
