@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/agentq/agentq/internal/rkeys"
@@ -31,6 +33,9 @@ type Rejections struct {
 	Events Events            // builds the events
 	Now    func() time.Time  // the flush's clock; time.Now when nil
 	Page   int               // tenants read from Redis per round trip; 100 when 0
+
+	mu     sync.Mutex
+	cursor flushCursor // where the last flush stopped
 }
 
 // FlushResult is what one flush did.
@@ -45,6 +50,12 @@ type FlushResult struct {
 // each limit's first refusal in its dedupe window, and deletes from Redis the counts
 // of minutes that have ended and were copied as they still are.
 //
+// It walks the tenants with counts in (shard, tenant id) order from where the last
+// flush stopped, a Page per round trip, once round, and stops early when ctx ends
+// (the pass's budget): the next flush resumes at the first page not committed, so
+// under a spike of refused tenants every one is flushed in turn, none starved by a
+// walk that restarts at the first tenant each time.
+//
 // A minute's count only grows, so the copy keeps the larger of the stored count and
 // Redis's (store.UnscopedAddRejections): flushing twice, or two flushes at once, add
 // nothing twice. A minute is pruned only once it is over by a minute (Redis's clock
@@ -52,28 +63,76 @@ type FlushResult struct {
 // What Redis loses before a flush (at most the counts since the last one) is lost.
 func (r *Rejections) Flush(ctx context.Context) (FlushResult, error) {
 	var res FlushResult
-	now := r.now()
-	pruneBefore := now.Truncate(time.Minute).Add(-time.Minute)
+	pruneBefore := r.now().Truncate(time.Minute).Add(-time.Minute)
 	page := r.Page
 	if page <= 0 {
 		page = 100
 	}
-	for shard := range max(r.Shards, 1) {
+	shards := max(r.Shards, 1)
+	from := r.position()
+	// The cursor's shard is walked twice: after the cursor first, up to it last.
+	for i := 0; i <= shards; i++ {
+		if i == shards && from.after == "" {
+			break // the walk began at the start: nothing lies before it
+		}
+		shard := (from.shard + i) % shards
 		ids, err := r.Counts.RejectingTenants(ctx, shard)
 		if err != nil {
 			return res, err
 		}
+		ids = from.slice(i, shards, ids)
 		for start := 0; start < len(ids); start += page {
-			trs, err := r.Counts.Rejections(ctx, ids[start:min(start+page, len(ids))])
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			batch := ids[start:min(start+page, len(ids))]
+			trs, err := r.Counts.Rejections(ctx, batch)
 			if err != nil {
 				return res, err
 			}
 			if err := r.flushPage(ctx, trs, pruneBefore, &res); err != nil {
 				return res, err
 			}
+			r.advance(flushCursor{shard: shard, after: batch[len(batch)-1]})
 		}
 	}
 	return res, nil
+}
+
+// flushCursor is where a flush stopped: the last tenant of the last page it
+// committed, and that tenant's shard.
+type flushCursor struct {
+	shard int
+	after string
+}
+
+// slice is the part of a shard's sorted tenant ids that the i-th step of a walk from
+// the cursor covers: those after the cursor first (i 0), those up to it last (i
+// shards), every id of the shards between.
+func (c flushCursor) slice(i, shards int, ids []string) []string {
+	cut, _ := slices.BinarySearch(ids, c.after)
+	if cut < len(ids) && ids[cut] == c.after {
+		cut++
+	}
+	switch i {
+	case 0:
+		return ids[cut:]
+	case shards:
+		return ids[:cut]
+	}
+	return ids
+}
+
+func (r *Rejections) position() flushCursor {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cursor
+}
+
+func (r *Rejections) advance(c flushCursor) {
+	r.mu.Lock()
+	r.cursor = c
+	r.mu.Unlock()
 }
 
 // flushPage copies a page of tenants' counts and writes their events in one

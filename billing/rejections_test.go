@@ -2,12 +2,17 @@ package billing_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -22,8 +27,14 @@ type rejecting struct {
 	n   int
 }
 
-func newRejecting(t *testing.T) *rejecting {
+func newRejecting(t *testing.T) *rejecting { return newRejectingOn(t, 1) }
+
+// newRejectingOn is newRejecting on a Redis of shards shards.
+func newRejectingOn(t *testing.T, shards int) *rejecting {
 	f := &rejecting{fixture: newFixture(t), now: time.Date(2026, 12, 1, 10, 30, 5, 0, time.UTC)}
+	if shards != 1 {
+		f.rdb, f.keys = testenv.Redis(t, shards)
+	}
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at) VALUES ('acme', 'Acme', 'pro', '2026-11-15')`)
 	f.q = quotas.New(f.rdb, f.keys, func() int64 { return f.clock().UnixMilli() })
 	f.q.SetUsageSource(f.ledger, nil, nil)
@@ -270,5 +281,168 @@ func TestRefusalEventSurvivesACancelledFlush(t *testing.T) {
 	}
 	if hits := f.limitHits(); len(hits) != 1 {
 		t.Fatalf("%d limit_hit events, want 1", len(hits))
+	}
+}
+
+// Under a spike of refused tenants each flush is cut short by its budget, yet every
+// tenant is flushed: a run resumes where the last one stopped, so the tenants late in
+// the order are not starved by a restart at the first one every run.
+func TestRefusalFlushResumesWhereTheLastRunStopped(t *testing.T) {
+	f := newRejecting(t)
+	const tenants = 5000
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at)
+		SELECT 'ten-' || lpad(i::text, 5, '0'), 'T', 'pro', '2026-11-15' FROM generate_series(1, $1) i`, tenants)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w + 1; i <= tenants; i += 8 {
+				d, err := f.q.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModeAdmit, TenantID: fmt.Sprintf("ten-%05d", i), Kid: "k1",
+					TaskID: "t", InScope: true, Limits: backlogZero(), Period: quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), f.clock())})
+				if err != nil || d.Allowed {
+					t.Errorf("admission %+v %v, want refused", d, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	f.rej.Page = 25
+	flushed := func() (n int) {
+		if err := f.st.Pool().QueryRow(f.ctx, `SELECT count(DISTINCT tenant_id) FROM limit_rejections`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	runs, cut, stalled, last := 0, 0, 0, 0
+	for last < tenants && stalled < 20 {
+		ctx, cancel := context.WithTimeout(f.ctx, 100*time.Millisecond)
+		_, err := f.rej.Flush(ctx)
+		cancel()
+		runs++
+		if err != nil {
+			if ctx.Err() == nil {
+				t.Fatal(err)
+			}
+			cut++
+		}
+		if n := flushed(); n > last {
+			last, stalled = n, 0
+		} else {
+			stalled++
+		}
+	}
+	if last != tenants {
+		t.Fatalf("%d of %d tenants flushed after %d runs (%d cut short), the last 20 flushing none", last, tenants, runs, cut)
+	}
+	if cut == 0 {
+		t.Fatalf("every one of %d runs finished within its budget: the spike did not test resuming", runs)
+	}
+	var events int
+	if err := f.st.Pool().QueryRow(f.ctx, `SELECT count(DISTINCT tenant_id) FROM events WHERE type = $1`, billing.TypeLimitHit).Scan(&events); err != nil || events != tenants {
+		t.Fatalf("limit_hit events of %d tenants %v, want %d", events, err, tenants)
+	}
+	t.Logf("%d tenants flushed in %d runs, %d cut short by the budget", tenants, runs, cut)
+}
+
+// On several shards too, successive cut runs flush every tenant once round: the
+// cursor moves on to the next shard and wraps back to the first.
+func TestRefusalFlushResumesAcrossShards(t *testing.T) {
+	f := newRejectingOn(t, 4)
+	const tenants = 400
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at)
+		SELECT 'ten-' || lpad(i::text, 5, '0'), 'T', 'pro', '2026-11-15' FROM generate_series(1, $1) i`, tenants)
+	for i := 1; i <= tenants; i++ {
+		d, err := f.q.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModeAdmit, TenantID: fmt.Sprintf("ten-%05d", i), Kid: "k1",
+			TaskID: "t", InScope: true, Limits: backlogZero(), Period: quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), f.clock())})
+		if err != nil || d.Allowed {
+			t.Fatalf("admission %+v %v, want refused", d, err)
+		}
+	}
+	// A run that stops after each page (its context ends once a page is committed)
+	// flushes exactly one page; successive ones must flush everyone, each once.
+	f.rej.Page = 7
+	seen := map[string]int{}
+	for run := 0; run < tenants && len(seen) < tenants; run++ {
+		ctx, cancel := context.WithCancel(f.ctx)
+		pg := f.rej.Counts
+		f.rej.Counts = cancelAfterRead{pg, cancel, new(int)}
+		res, err := f.rej.Flush(ctx)
+		f.rej.Counts = pg
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			t.Fatal(err)
+		}
+		if res.Tenants == 0 {
+			t.Fatalf("run %d flushed nothing, %d of %d tenants done", run, len(seen), tenants)
+		}
+		rows, err := f.st.Pool().Query(f.ctx, `SELECT tenant_id FROM limit_rejections`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			seen[id]++
+		}
+		f.exec(`DELETE FROM limit_rejections`)
+	}
+	if len(seen) != tenants {
+		t.Fatalf("%d of %d tenants flushed", len(seen), tenants)
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("tenant %s flushed %d times before every tenant was once", id, n)
+		}
+	}
+}
+
+// cancelAfterRead ends a flush's context when it reads its second page of counts:
+// the flush has committed its first page and stops there.
+type cancelAfterRead struct {
+	billing.RejectionCounts
+	cancel func()
+	reads  *int
+}
+
+func (c cancelAfterRead) Rejections(ctx context.Context, tenants []string) ([]quotas.TenantRejections, error) {
+	if *c.reads++; *c.reads > 1 {
+		c.cancel()
+		return nil, ctx.Err()
+	}
+	return c.RejectionCounts.Rejections(ctx, tenants)
+}
+
+// The flush of 40 tenants refused continuously stays far inside its one-second
+// interval, in the worst case too: every round a new minute, so every tenant has a
+// new count and a new limit_hit to write.
+func TestRefusalFlushOfFortyTenantsIsFast(t *testing.T) {
+	f := newRejecting(t)
+	const tenants, rounds = 40, 20
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at)
+		SELECT 'ten-' || lpad(i::text, 5, '0'), 'T', 'pro', '2026-11-15' FROM generate_series(1, $1) i`, tenants)
+	took := make([]time.Duration, 0, rounds)
+	for range rounds {
+		f.advance(time.Minute)
+		for i := 1; i <= tenants; i++ {
+			d, err := f.q.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModeAdmit, TenantID: fmt.Sprintf("ten-%05d", i), Kid: "k1",
+				TaskID: "t", InScope: true, Limits: backlogZero(), Period: quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), f.clock())})
+			if err != nil || d.Allowed {
+				t.Fatalf("admission %+v %v, want refused", d, err)
+			}
+		}
+		began := time.Now()
+		res := f.flush()
+		took = append(took, time.Since(began))
+		if res.Tenants != tenants || res.Events != tenants {
+			t.Fatalf("flush %+v, want %d tenants and their events", res, tenants)
+		}
+	}
+	slices.Sort(took)
+	p50, p90, worst := took[rounds/2], took[rounds*9/10], took[rounds-1]
+	t.Logf("flush of %d tenants with a new event each: p50 %v, p90 %v, max %v", tenants, p50, p90, worst)
+	if p90 > 250*time.Millisecond {
+		t.Fatalf("flush of %d tenants p90 %v, want well within the one-second interval", tenants, p90)
 	}
 }
