@@ -33,6 +33,9 @@ type Rejections struct {
 	Events Events            // builds the events
 	Now    func() time.Time  // the flush's clock; time.Now when nil
 	Page   int               // tenants read from Redis per round trip; 100 when 0
+	// Local, when set, holds this replica's refusals decided in process while Redis
+	// was unreachable (FlushLocal).
+	Local LocalRejectionCounts
 
 	mu     sync.Mutex
 	cursor flushCursor // where the last flush stopped
@@ -152,7 +155,7 @@ func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejection
 		if err != nil {
 			return fmt.Errorf("billing: copy refusal counts: %w", err)
 		}
-		events, err = r.writeFirstEvents(ctx, tx, first)
+		events, err = r.writeEvents(ctx, tx, first, false)
 		return err
 	})
 	if err != nil {
@@ -181,9 +184,10 @@ func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejection
 	return nil
 }
 
-// writeFirstEvents writes, on tx, the limit_hit of each count stored for the first
-// time, and returns how many it wrote. A tenant deleted since has nothing to be told.
-func (r *Rejections) writeFirstEvents(ctx context.Context, tx *store.Store, first []store.RejectionRow) (int, error) {
+// writeEvents writes, on tx, the limit_hit of each count stored for the first time
+// (platform: refused by the platform, not the plan), and returns how many it wrote. A
+// tenant deleted since has nothing to be told.
+func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []store.RejectionRow, platform bool) (int, error) {
 	if len(first) == 0 {
 		return 0, nil
 	}
@@ -203,7 +207,9 @@ func (r *Rejections) writeFirstEvents(ctx context.Context, tx *store.Store, firs
 		if !ok {
 			continue
 		}
-		ev, err := r.Events.LimitHit(r.refusal(t, row))
+		ref := r.refusal(t, row)
+		ref.Platform = platform
+		ev, err := r.Events.LimitHit(ref)
 		if err != nil {
 			return 0, err
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/store"
@@ -444,5 +445,96 @@ func TestRefusalFlushOfFortyTenantsIsFast(t *testing.T) {
 	t.Logf("flush of %d tenants with a new event each: p50 %v, p90 %v, max %v", tenants, p50, p90, worst)
 	if p90 > 250*time.Millisecond {
 		t.Fatalf("flush of %d tenants p90 %v, want well within the one-second interval", tenants, p90)
+	}
+}
+
+// degradedGuard is admission on a Redis that does not answer: every decision is made
+// in process, and the guard counts what it refuses.
+func (f *rejecting) degradedGuard() *quotas.Guard {
+	f.t.Helper()
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	f.t.Cleanup(func() { dead.Close() })
+	g := quotas.NewGuard(quotas.New(dead, f.keys, nil), quotas.GuardOptions{ID: "replica-1", Timeout: 50 * time.Millisecond, Now: f.clock})
+	f.rej.Local = g
+	return g
+}
+
+// refuseDegraded runs n admissions that a tenant_rate of 0 refuses in process.
+func (f *rejecting) refuseDegraded(g *quotas.Guard, n int) {
+	f.t.Helper()
+	l := quotas.NoLimits()
+	l.TenantRate = 0
+	for range n {
+		d, err := g.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModeAdmit, TenantID: "acme", Kid: "k1", TaskID: "t", InScope: true, Limits: l,
+			Period: quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), f.clock())})
+		if err != nil || d.Allowed || !d.Degraded {
+			f.t.Fatalf("admission %+v %v, want refused in process", d, err)
+		}
+	}
+}
+
+func (f *rejecting) degradedCount() (n int64) {
+	f.t.Helper()
+	if err := f.st.Pool().QueryRow(f.ctx, `SELECT COALESCE(sum(count), 0)::bigint FROM degraded_rejections WHERE tenant_id = 'acme'`).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+// Refusals decided in process are kept while Postgres refuses the flush, written with
+// their platform limit_hit by the next flush, and forgotten once their minute is over
+// and written; a window's platform event is written once, beside the plan's own.
+func TestDegradedRefusalsWaitForPostgres(t *testing.T) {
+	f := newRejecting(t)
+	g := f.degradedGuard()
+	f.refuseDegraded(g, 3)
+	heal := f.failEventWrites()
+	if _, err := f.rej.FlushLocal(f.ctx); err == nil {
+		t.Fatal("a flush whose event write failed reported no error")
+	}
+	if n := f.degradedCount(); n != 0 {
+		t.Fatalf("a failed flush left %d counts", n)
+	}
+	heal()
+	f.refuseDegraded(g, 1)
+	res, err := f.rej.FlushLocal(f.ctx)
+	if err != nil || res.Events != 1 || res.Rows != 1 || res.Pruned != 0 {
+		t.Fatalf("flush after Postgres is back %+v %v, want the count and its event", res, err)
+	}
+	if n := f.degradedCount(); n != 4 {
+		t.Fatalf("degraded refusals counted %d, want 4", n)
+	}
+	// The plan's own refusal in the same window has its event too.
+	l := quotas.NoLimits()
+	l.TenantRate = 0
+	f.refuse(1, l)
+	f.flush()
+	hits := f.limitHits()
+	if len(hits) != 2 {
+		t.Fatalf("%d limit_hit events, want the platform's and the plan's", len(hits))
+	}
+	_, d := decoded(t, billing.Event{Payload: hits[0].Payload})
+	if d.LimitType != quotas.TenantRate || d.Enforcement != billing.EnforcementRefused || d.SLAClassification != billing.EligibleBreach ||
+		d.RefusedBy != billing.RefusedByPlatform || d.Window == nil {
+		t.Fatalf("degraded limit_hit %+v", d)
+	}
+	if _, d := decoded(t, billing.Event{Payload: hits[1].Payload}); d.SLAClassification != billing.EnforcedLimit || d.RefusedBy != "" {
+		t.Fatalf("the plan's limit_hit %+v", d)
+	}
+	if res, err := f.rej.FlushLocal(f.ctx); err != nil || res.Events != 0 {
+		t.Fatalf("flushing again %+v %v, want nothing new", res, err)
+	}
+	if n := f.degradedCount(); n != 4 {
+		t.Fatalf("flushing again counted %d, want 4", n)
+	}
+	f.advance(2 * time.Minute)
+	if res, err := f.rej.FlushLocal(f.ctx); err != nil || res.Pruned != 1 {
+		t.Fatalf("flush once the minute is over %+v %v, want it forgotten", res, err)
+	}
+	if left := g.LocalRejections(); len(left.Counts) != 0 {
+		t.Fatalf("in-process counts left %+v", left)
+	}
+	if n := f.degradedCount(); n != 4 {
+		t.Fatalf("counted %d after forgetting, want 4", n)
 	}
 }
