@@ -180,7 +180,9 @@
 // resumes after the last page it committed, so tenants late in the order are flushed
 // in turn under a spike, not starved by a walk that restarts each second. A period
 // quota's refusal uses its period's 100 % key, so it adds nothing when the quota's
-// crossing wrote the event. Rejections.Current reports a tenant's refusals in each
+// crossing wrote the event; a monthly quota's is the period the admission was decided
+// in (the script counts it under that period's id), not the one the minute counted
+// falls in. Rejections.Current reports a tenant's refusals in each
 // limit's current window from both stores.
 //
 // Refusals decided in process while Redis is unreachable (quotas.Guard's degraded
@@ -196,7 +198,9 @@
 // (Events.BudgetStop, run by the task lifecycle), enforcement "stopped", with the
 // limit_type of the budget field that ended it (task_max_steps, task_max_cost_usd,
 // task_max_wallclock_s: one per tenant and field per minute) or, when a period quota
-// stopped it, that quota's, sharing the period's 100 % event. The worker names the
+// stopped it, that quota's, sharing the 100 % event of the period the refused
+// reservation was decided in (quotas.Stop.Period), even when the end is written after
+// that period ended. The worker names the
 // limit, its value and the usage that met it (quotas.Stop) when it ends the task, so
 // the event never reads them back out of the task's error text.
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -144,9 +145,14 @@ func (r *Rejections) advance(c flushCursor) {
 // writes their events then. Redis is pruned only after the commit.
 func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejections, pruneBefore time.Time, res *FlushResult) error {
 	var rows []store.RejectionRow
+	periods := decidedIn{}
 	for _, tr := range trs {
 		for _, c := range tr.Counts() {
-			rows = append(rows, store.RejectionRow{TenantID: tr.TenantID, LimitType: c.LimitType, Minute: c.Minute, Count: c.Count})
+			row := store.RejectionRow{TenantID: tr.TenantID, LimitType: c.LimitType, Minute: c.Minute, Count: c.Count}
+			rows = append(rows, row)
+			if c.Period != "" {
+				periods[periodKey(row)] = c.Period
+			}
 		}
 	}
 	var events int
@@ -155,7 +161,7 @@ func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejection
 		if err != nil {
 			return fmt.Errorf("billing: copy refusal counts: %w", err)
 		}
-		events, err = r.writeEvents(ctx, tx, first, false)
+		events, err = r.writeEvents(ctx, tx, first, periods)
 		return err
 	})
 	if err != nil {
@@ -168,7 +174,7 @@ func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejection
 	for _, tr := range trs {
 		done := map[string]int64{}
 		for f, n := range tr.Fields {
-			if _, minute, err := rkeys.ParseRejectionField(f); err == nil && minute*60 < pruneBefore.Unix() {
+			if _, minute, _, err := rkeys.ParseRejectionField(f); err == nil && minute*60 < pruneBefore.Unix() {
 				done[f] = n
 			}
 		}
@@ -184,10 +190,19 @@ func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejection
 	return nil
 }
 
-// writeEvents writes, on tx, the limit_hit of each count stored for the first time
-// (platform: refused by the platform, not the plan), and returns how many it wrote. A
-// tenant deleted since has nothing to be told.
-func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []store.RejectionRow, platform bool) (int, error) {
+// decidedIn maps a monthly quota's refusal count (periodKey) to the id of the billing
+// period its refusals were decided in. A nil one marks the platform's refusals
+// (degraded mode), which no monthly quota makes: those fail closed.
+type decidedIn map[string]string
+
+func periodKey(row store.RejectionRow) string {
+	return row.TenantID + "|" + row.LimitType + "|" + strconv.FormatInt(row.Minute.Unix(), 10)
+}
+
+// writeEvents writes, on tx, the limit_hit of each count stored for the first time,
+// and returns how many it wrote; periods nil: refused by the platform, not the plan.
+// A tenant deleted since has nothing to be told.
+func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []store.RejectionRow, periods decidedIn) (int, error) {
 	if len(first) == 0 {
 		return 0, nil
 	}
@@ -207,8 +222,8 @@ func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []s
 		if !ok {
 			continue
 		}
-		ref := r.refusal(t, row)
-		ref.Platform = platform
+		ref := r.refusal(t, row, periods[periodKey(row)])
+		ref.Platform = periods == nil
 		ev, err := r.Events.LimitHit(ref)
 		if err != nil {
 			return 0, err
@@ -228,8 +243,10 @@ func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []s
 // tenant's plan value of the limit (an API key's own lower key_rate is not known
 // here) and, as the usage, that value: the limit was reached. A period quota's refusal
 // shares its period's 100 % event, which the step that used the quota up has usually
-// written already.
-func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow) Refusal {
+// written already: for a monthly quota the period of periodID, the one the admission
+// was decided in (its counters refused it), not the one the minute counted falls in,
+// so a refusal at a period's end never takes the next period's 100 % event.
+func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow, periodID string) Refusal {
 	ref := Refusal{TenantID: t.ID, Plan: t.Plan, LimitType: row.LimitType, At: row.Minute, Enforcement: EnforcementRefused}
 	if eff, err := r.Plans.Effective(t.Plan, t.Overrides); err == nil {
 		if v, ok := eff[row.LimitType]; ok && !v.Off() {
@@ -242,7 +259,11 @@ func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow) Refusal {
 		}
 	}
 	if IsPeriodQuota(row.LimitType) {
-		span := windowOf(row.LimitType, row.Minute, t.Anchor().PeriodAt(row.Minute))
+		period, ok := t.Anchor().PeriodOf(periodID)
+		if !ok {
+			period = t.Anchor().PeriodAt(row.Minute)
+		}
+		span := windowOf(row.LimitType, row.Minute, period)
 		ref.Period = &span
 	}
 	return ref

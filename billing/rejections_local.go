@@ -45,7 +45,7 @@ func (r *Rejections) FlushLocal(ctx context.Context) (FlushResult, error) {
 		if err != nil {
 			return fmt.Errorf("billing: copy degraded-mode refusal counts: %w", err)
 		}
-		res.Events, err = r.writeEvents(ctx, tx, first, true)
+		res.Events, err = r.writeEvents(ctx, tx, first, nil)
 		return err
 	})
 	if err != nil {

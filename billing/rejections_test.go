@@ -2,12 +2,14 @@ package billing_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
@@ -536,5 +538,79 @@ func TestDegradedRefusalsWaitForPostgres(t *testing.T) {
 	}
 	if n := f.degradedCount(); n != 4 {
 		t.Fatalf("counted %d after forgetting, want 4", n)
+	}
+}
+
+// tokensUsedUp uses up a tokens quota of 5 in period p, as steps do.
+func (f *rejecting) tokensUsedUp(p quotas.Period) quotas.Limits {
+	f.t.Helper()
+	l := quotas.NoLimits()
+	l.TokensMonthly = 5
+	for range 5 {
+		if err := f.q.ReserveStep(f.ctx, quotas.StepParams{TenantID: "acme", Period: p, Limits: l, Tokens: 1}); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return l
+}
+
+func (f *rejecting) limitHitKeys() []string {
+	f.t.Helper()
+	rows, err := f.st.Pool().Query(f.ctx, `SELECT dedupe_key FROM events WHERE tenant_id = 'acme' AND type = $1 ORDER BY seq`, billing.TypeLimitHit)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return keys
+}
+
+// A monthly quota's refusal decided in period P and counted by a clock already in the
+// next period (the flush, Redis's minute) shares P's 100 % event, not the next
+// period's: the next period's own 100 % is still to come.
+func TestQuotaRefusalAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
+	f := newRejecting(t)
+	anchor := time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)
+	f.now = time.Date(2026, 12, 14, 23, 59, 50, 0, time.UTC)
+	p := quotas.PeriodAt(anchor, f.clock())
+	l := f.tokensUsedUp(p)
+	f.advance(30 * time.Second) // the decision's period is P; Redis's clock is past it
+	d, err := f.q.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModeAdmit, TenantID: "acme", Kid: "k1", TaskID: "t", InScope: true, Limits: l, Period: p})
+	if err != nil || d.Allowed || !slices.Contains(d.Violated, quotas.AITokensMonthly) {
+		t.Fatalf("admission %+v %v, want refused by ai_tokens_monthly", d, err)
+	}
+	if res := f.flush(); res.Events != 1 {
+		t.Fatalf("flush %+v, want the quota's event", res)
+	}
+	want := billing.PeriodKey("acme", quotas.AITokensMonthly, p.Start, 100)
+	if keys := f.limitHitKeys(); len(keys) != 1 || keys[0] != want {
+		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
+	}
+}
+
+// A task stopped by a monthly quota in period P whose end is written after P ended
+// reports P's 100 % event.
+func TestBudgetStopAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
+	f := newRejecting(t)
+	anchor := time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)
+	f.now = time.Date(2026, 12, 14, 23, 59, 59, 0, time.UTC)
+	p := quotas.PeriodAt(anchor, f.clock())
+	l := f.tokensUsedUp(p)
+	err := f.q.ReserveStep(f.ctx, quotas.StepParams{TenantID: "acme", Period: p, Limits: l, Tokens: 1})
+	var qe *quotas.QuotaExceeded
+	if !errors.As(err, &qe) || qe.LimitType != quotas.AITokensMonthly {
+		t.Fatalf("reservation %v, want refused by ai_tokens_monthly", err)
+	}
+	stop := qe.Stop()
+	finished := p.End.Add(2 * time.Second)
+	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: store.StateBudgetExceeded, FinishedAt: &finished}
+	if err := (billing.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
+		t.Fatal(err)
+	}
+	want := billing.PeriodKey("acme", quotas.AITokensMonthly, p.Start, 100)
+	if keys := f.limitHitKeys(); len(keys) != 1 || keys[0] != want {
+		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
 	}
 }
