@@ -246,14 +246,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log, Fetchers: a.cfg.WorkerFetchers,
 		Policies: a.services.Tenants, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
 	})
-	// Refusals are counted in Redis by admission; this copies them to Postgres.
-	a.rejections = &billing.Rejections{
-		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
-		Events: billing.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission,
-	}
-	// What the API refuses in process while Redis is unreachable, each replica flushes
-	// itself.
-	a.localRejections = billing.NewLocalRejectionFlush(a.rejections, billing.LocalRejectionFlushOptions{Logger: a.log})
+	a.rejections, a.localRejections = a.refusalFlushes()
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
@@ -279,6 +272,17 @@ func New(ctx context.Context, o Options) (*App, error) {
 	})
 	a.svcs = a.roleServices()
 	return a, nil
+}
+
+// refusalFlushes are the flushes of admission's refusal counts to Postgres: those
+// counted in Redis (the janitor's pass), and those this replica decided in process
+// while Redis was unreachable (each API replica flushes its own).
+func (a *App) refusalFlushes() (*billing.Rejections, *billing.LocalRejectionFlush) {
+	r := &billing.Rejections{
+		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
+		Events: billing.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission,
+	}
+	return r, billing.NewLocalRejectionFlush(r, billing.LocalRejectionFlushOptions{Logger: a.log})
 }
 
 // roleServices lists the background services of the configured roles in the order

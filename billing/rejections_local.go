@@ -38,7 +38,10 @@ func (r *Rejections) FlushLocal(ctx context.Context) (FlushResult, error) {
 	}
 	rows := make([]store.RejectionRow, len(snap.Counts))
 	for i, c := range snap.Counts {
-		rows[i] = store.RejectionRow{TenantID: snap.Tenants[i], LimitType: c.LimitType, Minute: c.Minute, Count: c.Count}
+		rows[i] = store.RejectionRow{TenantID: c.TenantID, LimitType: c.LimitType, Minute: c.Minute, Count: c.Count}
+		if i == 0 || c.TenantID != snap.Counts[i-1].TenantID {
+			res.Tenants++
+		}
 	}
 	err := r.Store.InTx(ctx, func(tx *store.Store) error {
 		first, err := tx.UnscopedAddDegradedRejections(ctx, store.AddDegradedRejectionsParams{Replica: snap.Replica, Rows: rows})
@@ -50,11 +53,6 @@ func (r *Rejections) FlushLocal(ctx context.Context) (FlushResult, error) {
 	})
 	if err != nil {
 		return FlushResult{}, err
-	}
-	for i, t := range snap.Tenants {
-		if i == 0 || t != snap.Tenants[i-1] {
-			res.Tenants++
-		}
 	}
 	res.Rows = len(rows)
 	// A minute is forgotten once it is over by a minute, as the Redis counts are pruned.

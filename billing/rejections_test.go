@@ -614,3 +614,25 @@ func TestBudgetStopAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
 		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
 	}
 }
+
+// The replica's flush of its in-process counts runs once more when it stops: what it
+// refused just before is written, though no interval came round.
+func TestLocalRejectionFlushFlushesOnStop(t *testing.T) {
+	f := newRejecting(t)
+	g := f.degradedGuard()
+	fl := billing.NewLocalRejectionFlush(f.rej, billing.LocalRejectionFlushOptions{Interval: time.Hour})
+	if err := fl.Start(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.refuseDegraded(g, 2)
+	if n := f.degradedCount(); n != 0 {
+		t.Fatalf("%d counted before any flush", n)
+	}
+	fl.Stop()
+	if n := f.degradedCount(); n != 2 {
+		t.Fatalf("counted %d after the stop, want 2", n)
+	}
+	if hits := f.limitHits(); len(hits) != 1 {
+		t.Fatalf("%d limit_hit events after the stop, want 1", len(hits))
+	}
+}

@@ -21,8 +21,14 @@ const MaxLocalRejections = 10000
 // LocalRejections are a replica's in-process refusal counts, as a flush reads them.
 type LocalRejections struct {
 	Replica string           // the replica that counted them (GuardOptions.ID)
-	Counts  []RejectionCount // per tenant, limit and minute, sorted by tenant, minute, limit
-	Tenants []string         // Counts[i]'s tenant
+	Counts  []LocalRejection // sorted by tenant, minute and limit
+}
+
+// LocalRejection is how many of a tenant's admissions one limit refused in process
+// in one minute.
+type LocalRejection struct {
+	TenantID string
+	RejectionCount
 }
 
 type localKey struct {
@@ -64,13 +70,13 @@ func (c *localCounts) snapshot(replica string) LocalRejections {
 	for k := range c.counts {
 		keys = append(keys, k)
 	}
-	out := LocalRejections{Replica: replica, Counts: make([]RejectionCount, len(keys)), Tenants: make([]string, len(keys))}
+	out := LocalRejections{Replica: replica, Counts: make([]LocalRejection, len(keys))}
 	slices.SortFunc(keys, func(a, b localKey) int {
 		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.minute, b.minute), cmp.Compare(a.limit, b.limit))
 	})
 	for i, k := range keys {
-		out.Tenants[i] = k.tenant
-		out.Counts[i] = RejectionCount{LimitType: k.limit, Minute: time.Unix(k.minute*60, 0).UTC(), Count: c.counts[k]}
+		out.Counts[i] = LocalRejection{TenantID: k.tenant,
+			RejectionCount: RejectionCount{LimitType: k.limit, Minute: time.Unix(k.minute*60, 0).UTC(), Count: c.counts[k]}}
 	}
 	c.mu.Unlock()
 	return out
@@ -82,8 +88,8 @@ func (c *localCounts) forget(flushed LocalRejections, before time.Time) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
-	for i, rc := range flushed.Counts {
-		k := localKey{flushed.Tenants[i], rc.LimitType, rc.Minute.Unix() / 60}
+	for _, rc := range flushed.Counts {
+		k := localKey{rc.TenantID, rc.LimitType, rc.Minute.Unix() / 60}
 		if rc.Minute.Before(before) && c.counts[k] == rc.Count {
 			delete(c.counts, k)
 			n++

@@ -24,8 +24,8 @@ func TestLocalRejectionCountsAreBounded(t *testing.T) {
 	if len(snap.Counts) != MaxLocalRejections || c.dropped != 500 {
 		t.Fatalf("%d entries, %d dropped; want %d and 500", len(snap.Counts), c.dropped, MaxLocalRejections)
 	}
-	if snap.Tenants[0] != "t0" || snap.Counts[0].Count != 2 || !snap.Counts[0].Minute.Equal(now.Truncate(time.Minute)) {
-		t.Fatalf("first entry %s %+v, want t0 counted twice in its minute", snap.Tenants[0], snap.Counts[0])
+	if c := snap.Counts[0]; c.TenantID != "t0" || c.Count != 2 || !c.Minute.Equal(now.Truncate(time.Minute)) {
+		t.Fatalf("first entry %+v, want t0 counted twice in its minute", c)
 	}
 	// A count that moved since it was read stays; a minute not yet over stays.
 	c.add("t1", []string{TenantRate}, now)
