@@ -35,7 +35,8 @@ func (e Events) BudgetStop(ctx context.Context, tx *store.Store, t store.Task, s
 
 // budgetRefusal is the refusal of the limit that ended t. A task stopped by one of
 // its tenant's period quotas is that quota's refusal, so it shares the one limit_hit
-// of the period the stop names (quotas.Stop.Period); a task stopped by its own budget is the budget field's, one per tenant
+// of the period (the day, for the daily steps) the stop was decided in
+// (quotas.Stop.Period, At); a task stopped by its own budget is the budget field's, one per tenant
 // and field per minute. An end that names no limit still reports that a budget
 // stopped work.
 func budgetRefusal(t store.Task, tenant store.Tenant, at time.Time, stop *quotas.Stop) Refusal {
@@ -46,7 +47,11 @@ func budgetRefusal(t store.Task, tenant store.Tenant, at time.Time, stop *quotas
 	}
 	r.LimitType, r.Limit, r.Used = stop.LimitType, stop.Limit, stop.Used
 	if IsPeriodQuota(stop.LimitType) {
-		span := DaySpan(at)
+		decided := at
+		if !stop.At.IsZero() {
+			decided = stop.At
+		}
+		span := DaySpan(decided)
 		if stop.LimitType != quotas.AgentStepsDaily {
 			// The period the refusal was decided in, not the one the end falls in: a
 			// task stopped at a period's end shares that period's 100 % event.

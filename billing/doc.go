@@ -198,9 +198,9 @@
 // (Events.BudgetStop, run by the task lifecycle), enforcement "stopped", with the
 // limit_type of the budget field that ended it (task_max_steps, task_max_cost_usd,
 // task_max_wallclock_s: one per tenant and field per minute) or, when a period quota
-// stopped it, that quota's, sharing the 100 % event of the period the refused
-// reservation was decided in (quotas.Stop.Period), even when the end is written after
-// that period ended. The worker names the
+// stopped it, that quota's, sharing the 100 % event of the period (the UTC day, for
+// the daily steps) the refused reservation was decided in (quotas.Stop.Period, At),
+// even when the end is written after it ended. The worker names the
 // limit, its value and the usage that met it (quotas.Stop) when it ends the task, so
 // the event never reads them back out of the task's error text.
 //

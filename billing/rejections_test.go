@@ -636,3 +636,27 @@ func TestLocalRejectionFlushFlushesOnStop(t *testing.T) {
 		t.Fatalf("%d limit_hit events after the stop, want 1", len(hits))
 	}
 }
+
+// A task stopped by the daily steps quota on one UTC day whose end is written on the
+// next reports the day it was refused on.
+func TestBudgetStopAtADayBoundaryKeysItsOwnDay(t *testing.T) {
+	f := newRejecting(t)
+	f.now = time.Date(2026, 12, 1, 23, 59, 59, 0, time.UTC)
+	l := quotas.NoLimits()
+	l.StepsDaily = 0
+	err := f.q.ReserveStep(f.ctx, quotas.StepParams{TenantID: "acme", Period: quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), f.clock()), Limits: l})
+	var qe *quotas.QuotaExceeded
+	if !errors.As(err, &qe) || qe.LimitType != quotas.AgentStepsDaily {
+		t.Fatalf("reservation %v, want refused by agent_steps_daily", err)
+	}
+	stop := qe.Stop()
+	finished := f.clock().Add(2 * time.Second)
+	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: store.StateBudgetExceeded, FinishedAt: &finished}
+	if err := (billing.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
+		t.Fatal(err)
+	}
+	want := billing.PeriodKey("acme", quotas.AgentStepsDaily, billing.DaySpan(f.clock()).Start, 100)
+	if keys := f.limitHitKeys(); len(keys) != 1 || keys[0] != want {
+		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
+	}
+}

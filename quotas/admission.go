@@ -730,11 +730,13 @@ type QuotaExceeded struct {
 	// Period is the billing period the refused reservation was decided in: the one
 	// whose counters refused it, whatever the time when its refusal is reported.
 	Period Period
+	// At is when it was refused (the daily steps quota's events dedupe per UTC day).
+	At time.Time
 }
 
 // Stop is e as the limit that ended a task.
 func (e *QuotaExceeded) Stop() Stop {
-	return Stop{LimitType: e.LimitType, Limit: int64(math.Round(e.Limit)), Used: int64(math.Round(e.Used)), Period: e.Period}
+	return Stop{LimitType: e.LimitType, Limit: int64(math.Round(e.Limit)), Used: int64(math.Round(e.Used)), Period: e.Period, At: e.At}
 }
 
 // Stop is the limit that ended a task budget_exceeded: its type, its value and the
@@ -744,10 +746,11 @@ func (e *QuotaExceeded) Stop() Stop {
 type Stop struct {
 	LimitType   string
 	Limit, Used int64
-	// Period is the billing period a tenant's quota stopped the task in (zero for a
-	// task's own budget): its limit_hit is that period's, even when the task's end is
-	// written after the period ended.
+	// Period is the billing period a tenant's quota stopped the task in, and At when
+	// (both zero for a task's own budget): its limit_hit is that period's (that UTC
+	// day's for the daily steps), even when the task's end is written after it ended.
 	Period Period
+	At     time.Time
 }
 
 // The limit types of a task's own budget, as a Stop names them.
@@ -806,7 +809,7 @@ func (q *Quotas) ReserveStepQueued(ctx context.Context, p StepParams, sent *redi
 		case n == 1 && len(res) == 4:
 			used, _ := res[2].(int64)
 			limit, _ := res[3].(int64)
-			refused = &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit), Period: p.Period}
+			refused = &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit), Period: p.Period, At: q.now()}
 		}
 		return false, nil
 	})
