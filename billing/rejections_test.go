@@ -445,7 +445,9 @@ func TestRefusalFlushOfFortyTenantsIsFast(t *testing.T) {
 	slices.Sort(took)
 	p50, p90, worst := took[rounds/2], took[rounds*9/10], took[rounds-1]
 	t.Logf("flush of %d tenants with a new event each: p50 %v, p90 %v, max %v", tenants, p50, p90, worst)
-	if p90 > 250*time.Millisecond {
+	// Half the interval: the bound holds with the race detector and the package's
+	// other tests running beside it; alone a flush takes a few milliseconds.
+	if p90 > 500*time.Millisecond {
 		t.Fatalf("flush of %d tenants p90 %v, want well within the one-second interval", tenants, p90)
 	}
 }
