@@ -116,6 +116,9 @@ type App struct {
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
+
+	// localRejections flushes the refusals admission decided in process.
+	localRejections *billing.LocalRejectionFlush
 }
 
 // New validates the configuration (refusing it with a *ConfigError that names the
@@ -244,11 +247,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log, Fetchers: a.cfg.WorkerFetchers,
 		Policies: a.services.Tenants, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
 	})
-	// Refusals are counted in Redis by admission; this copies them to Postgres.
-	a.rejections = &billing.Rejections{
-		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
-		Events: billing.Events{UpgradeURL: a.cfg.UpgradeURL},
-	}
+	a.rejections, a.localRejections = a.refusalFlushes()
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
@@ -276,6 +275,17 @@ func New(ctx context.Context, o Options) (*App, error) {
 	return a, nil
 }
 
+// refusalFlushes are the flushes of admission's refusal counts to Postgres: those
+// counted in Redis (the janitor's pass), and those this replica decided in process
+// while Redis was unreachable (each API replica flushes its own).
+func (a *App) refusalFlushes() (*billing.Rejections, *billing.LocalRejectionFlush) {
+	r := &billing.Rejections{
+		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
+		Events: billing.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission,
+	}
+	return r, billing.NewLocalRejectionFlush(r, billing.LocalRejectionFlushOptions{Logger: a.log})
+}
+
 // roleServices lists the background services of the configured roles in the order
 // Start documents.
 func (a *App) roleServices() []startstop.Service {
@@ -296,7 +306,7 @@ func (a *App) roleServices() []startstop.Service {
 		svcs = append(svcs, a.relay)
 	}
 	if a.cfg.Has(config.RoleAPI) {
-		svcs = append(svcs, a.coalescer, a.admission, a.api.CacheListener(), a.api)
+		svcs = append(svcs, a.coalescer, a.admission, a.localRejections, a.api.CacheListener(), a.api)
 	} else {
 		svcs = append(svcs, a.api) // health, readiness and metrics only
 	}
@@ -318,10 +328,12 @@ func (a *App) roleServices() []startstop.Service {
 //     it starts before the API so an endpoint created through it is served at
 //     once, and on the way down it stops after the API, its sends in flight cut
 //     short (their leases lapse and they are sent again);
-//   - api: admission's batching, the degraded-mode guard and the listener that keeps
-//     the key and tenant caches current, then the HTTP server last, so that a request
-//     is accepted only once what it uses runs, and on the way down new requests stop
-//     before anything else does.
+//   - api: admission's batching, the degraded-mode guard, the flush of the refusals
+//     the guard decided in process (its last flush runs on the way down, after the
+//     HTTP server stopped) and the listener that keeps the key and tenant caches
+//     current, then the HTTP server last, so that a request is accepted only once
+//     what it uses runs, and on the way down new requests stop before anything else
+//     does.
 //
 // The API listens on Config.HTTPAddr (see Addr). If a service fails to start, the
 // ones started before it are stopped again and its error is returned. The services

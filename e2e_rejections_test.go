@@ -2,11 +2,18 @@ package agentq_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/internal/config"
 )
 
 // A quota reaching 100 % and three refusals after it in its window are one limit_hit,
@@ -75,5 +82,80 @@ func TestQuotaHitAndRefusalsAreOneEventAndCounted(t *testing.T) {
 	csv, err := h.adminClient().UsageExportCSV(ctx, month)
 	if err != nil || !strings.Contains(string(csv), "rejections:agent_steps_daily,3") {
 		t.Fatalf("CSV export %v:\n%s", err, csv)
+	}
+}
+
+// Refusals decided in process while Redis is unreachable are counted and told: the
+// replica keeps the counts in memory and writes them to Postgres, with a limit_hit
+// that says the platform refused (eligible_breach, refused_by platform), within about
+// a second; what it refused just before it stops is written on the way down.
+func TestDegradedRefusalsAreCountedAndTold(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	h := e.start(t, func(o *agentq.Options) {
+		o.Redis = dead
+		o.Config.Roles = []string{config.RoleAPI}
+		o.Config.RedisTimeout = 200 * time.Millisecond
+	})
+	noQuotas := map[string]client.Limit{"tenant_rate": 0, "agent_steps_daily": client.Unlimited, "ai_tokens_monthly": client.Unlimited, "usd_monthly": client.Unlimited}
+	key := h.tenantWith("dg", "enterprise", noQuotas, nil)
+	refuse := func(n int) {
+		for range n {
+			var r refusal
+			if st, _ := h.do("POST", "/v1/tasks", key, `{"agent":"sim"}`, &r); st != 429 || r.Error.LimitType != "tenant_rate" {
+				t.Fatalf("a tenant_rate of 0 with Redis down: %d %+v", st, r)
+			}
+		}
+	}
+	refuse(3)
+	ctx := context.Background()
+	pool := h.app.Store().Pool()
+	var payload []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && payload == nil; time.Sleep(50 * time.Millisecond) {
+		err := pool.QueryRow(ctx, `SELECT payload FROM events WHERE tenant_id = 'dg' AND type = 'usage.limit_hit'`).Scan(&payload)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+	}
+	if payload == nil {
+		t.Fatal("no limit_hit for refusals decided in degraded mode within 5 s")
+	}
+	var ev struct {
+		Data struct {
+			LimitType         string `json:"limit_type"`
+			Enforcement       string `json:"enforcement"`
+			SLAClassification string `json:"sla_classification"`
+			RefusedBy         string `json:"refused_by"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(payload, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if d := ev.Data; d.LimitType != "tenant_rate" || d.Enforcement != "refused" || d.SLAClassification != "eligible_breach" || d.RefusedBy != "platform" {
+		t.Fatalf("degraded limit_hit %s", payload)
+	}
+	count := func() (n int64) {
+		if err := pool.QueryRow(ctx, `SELECT COALESCE(sum(count), 0)::bigint FROM degraded_rejections WHERE tenant_id = 'dg' AND limit_type = 'tenant_rate'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for deadline := time.Now().Add(5 * time.Second); count() != 3 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("degraded refusals counted %d, want 3", n)
+	}
+	refuse(2)
+	h.stop()
+	if n := count(); n != 5 {
+		t.Fatalf("after shutdown the degraded refusals counted %d, want 5", n)
+	}
+	// One event per minute window (the five refusals may straddle a minute's end).
+	var events, windows int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM events WHERE tenant_id = 'dg' AND type = 'usage.limit_hit'),
+		(SELECT count(DISTINCT minute) FROM degraded_rejections WHERE tenant_id = 'dg')`).Scan(&events, &windows); err != nil || events != windows {
+		t.Fatalf("%d limit_hit events %v, want one per window (%d)", events, err, windows)
 	}
 }

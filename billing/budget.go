@@ -34,8 +34,9 @@ func (e Events) BudgetStop(ctx context.Context, tx *store.Store, t store.Task, s
 }
 
 // budgetRefusal is the refusal of the limit that ended t. A task stopped by one of
-// its tenant's period quotas is that quota's refusal, so it shares the period's one
-// limit_hit; a task stopped by its own budget is the budget field's, one per tenant
+// its tenant's period quotas is that quota's refusal, so it shares the one limit_hit
+// of the period (the day, for the daily steps) the stop was decided in
+// (quotas.Stop.Period, At); a task stopped by its own budget is the budget field's, one per tenant
 // and field per minute. An end that names no limit still reports that a budget
 // stopped work.
 func budgetRefusal(t store.Task, tenant store.Tenant, at time.Time, stop *quotas.Stop) Refusal {
@@ -46,9 +47,18 @@ func budgetRefusal(t store.Task, tenant store.Tenant, at time.Time, stop *quotas
 	}
 	r.LimitType, r.Limit, r.Used = stop.LimitType, stop.Limit, stop.Used
 	if IsPeriodQuota(stop.LimitType) {
-		span := DaySpan(at)
+		decided := at
+		if !stop.At.IsZero() {
+			decided = stop.At
+		}
+		span := DaySpan(decided)
 		if stop.LimitType != quotas.AgentStepsDaily {
-			p := tenant.Anchor().PeriodAt(at)
+			// The period the refusal was decided in, not the one the end falls in: a
+			// task stopped at a period's end shares that period's 100 % event.
+			p := stop.Period
+			if p.ID == "" {
+				p = tenant.Anchor().PeriodAt(at)
+			}
 			span = Span{Start: p.Start, End: p.End}
 		}
 		r.Period = &span

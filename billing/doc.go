@@ -162,6 +162,9 @@
 //   - every other limit (rates, concurrency, backlog, a task's budget, the platform's
 //     limits): "tenant|limit_type|minute start", one limit_hit per limit per minute.
 //     Refusals after it in the minute are to be counted elsewhere, not written.
+//   - a refusal the platform made rather than the plan (Refusal.Platform: degraded
+//     mode) takes its key above with "|platform" added, so a minute in which both
+//     refused has one event of each.
 //
 // Refusals. Admission writes nothing to Postgres when it refuses: the admission script
 // counts each refusal in Redis in the call that refused it (quotas/rejections.go), per
@@ -170,16 +173,34 @@
 // the larger of the stored and the read count (a minute's count only grows, so a copy
 // made twice or by two flushers at once adds nothing twice), writes the limit_hit of
 // every (tenant, limit, minute) it sees first, which the dedupe key collapses to one
-// per window, and only then lets Redis forget counts of minutes that ended. A period
+// per window, and only then lets Redis forget counts of minutes that ended. A page of
+// tenants' counts and their events are one transaction: a flush cut anywhere leaves
+// neither, and the next one finds the counts still first and writes both, so each
+// window's event is written exactly once. The flush keeps a cursor (shard, tenant) and
+// resumes after the last page it committed, so tenants late in the order are flushed
+// in turn under a spike, not starved by a walk that restarts each second. A period
 // quota's refusal uses its period's 100 % key, so it adds nothing when the quota's
-// crossing wrote the event. Rejections.Current reports a tenant's refusals in each
+// crossing wrote the event; a monthly quota's is the period the admission was decided
+// in (the script counts it under that period's id), not the one the minute counted
+// falls in. Rejections.Current reports a tenant's refusals in each
 // limit's current window from both stores.
+//
+// Refusals decided in process while Redis is unreachable (quotas.Guard's degraded
+// mode) are not in Redis: the Guard counts them in memory, per tenant, limit and
+// minute, at most quotas.MaxLocalRejections entries. Rejections.FlushLocal, run every
+// second on each API replica by LocalRejectionFlush and once more when it stops,
+// copies them into degraded_rejections, one row per replica (GREATEST again), and
+// writes in the same transaction each window's limit_hit with Refusal.Platform:
+// eligible_breach, refused_by "platform". The Guard forgets a minute only once it
+// ended and was written; while Postgres is down the counts wait for the next flush.
 //
 // A task ended budget_exceeded writes its limit_hit on the transaction of that end
 // (Events.BudgetStop, run by the task lifecycle), enforcement "stopped", with the
 // limit_type of the budget field that ended it (task_max_steps, task_max_cost_usd,
 // task_max_wallclock_s: one per tenant and field per minute) or, when a period quota
-// stopped it, that quota's, sharing the period's 100 % event. The worker names the
+// stopped it, that quota's, sharing the 100 % event of the period (the UTC day, for
+// the daily steps) the refused reservation was decided in (quotas.Stop.Period, At),
+// even when the end is written after it ended. The worker names the
 // limit, its value and the usage that met it (quotas.Stop) when it ends the task, so
 // the event never reads them back out of the task's error text.
 //
@@ -238,7 +259,8 @@
 // type, subject (the tenant id), time, datacontenttype application/json, and data
 // (LimitData): tenant_id, plan, limit_type, limit_value, current_usage, threshold,
 // period (period quotas) or window (the others: the refusal's minute), enforcement
-// (none, refused, stopped), upgrade_url and sla_classification. Counts are JSON
+// (none, refused, stopped), refused_by ("platform" on the platform's refusals, absent
+// otherwise), upgrade_url and sla_classification. Counts are JSON
 // numbers; USD amounts, held as integer micro-dollars, are decimal strings of dollars
 // with six decimals, so no float rounds them. The bytes of each type are fixed by a
 // golden test: a change to them is a change of the contract.

@@ -225,13 +225,19 @@ type LimitData struct {
 	CurrentUsage Amount `json:"current_usage"`
 	// Threshold is the percentage reached: 80 or 90 for approaching_limit, 100 for a
 	// period quota's limit_hit; absent for the other limits.
-	Threshold         int            `json:"threshold,omitempty"`
-	Period            *Span          `json:"period,omitempty"` // period quotas
-	Window            *Span          `json:"window,omitempty"` // the others: the DedupeWindow of the refusal
-	Enforcement       Enforcement    `json:"enforcement"`
+	Threshold   int         `json:"threshold,omitempty"`
+	Period      *Span       `json:"period,omitempty"` // period quotas
+	Window      *Span       `json:"window,omitempty"` // the others: the DedupeWindow of the refusal
+	Enforcement Enforcement `json:"enforcement"`
+	// RefusedBy is RefusedByPlatform when the platform refused the work (degraded
+	// mode, a shared pool, a global limit), not the tenant's plan; absent otherwise.
+	RefusedBy         string         `json:"refused_by,omitempty"`
 	UpgradeURL        string         `json:"upgrade_url"`
 	SLAClassification Classification `json:"sla_classification"`
 }
+
+// RefusedByPlatform is LimitData.RefusedBy of the platform's refusals.
+const RefusedByPlatform = "platform"
 
 // Event is one built event, ready for the outbox.
 type Event struct {
@@ -307,12 +313,17 @@ type Refusal struct {
 
 // LimitHit returns the limit_hit event of a refusal. Its dedupe key is the period's
 // 100 % key for a period quota (so reaching the quota and refusals after it write one
-// event) and the refusal's window key otherwise.
+// event) and the refusal's window key otherwise. The platform's refusals (Platform)
+// say so (refused_by) and are keyed apart from the plan's: a window in which both the
+// plan and the platform refused has one event of each.
 func (e Events) LimitHit(r Refusal) (Event, error) {
 	d := LimitData{
 		TenantID: r.TenantID, Plan: r.Plan, LimitType: r.LimitType,
 		LimitValue: amount(r.LimitType, r.Limit), CurrentUsage: amount(r.LimitType, r.Used),
 		Enforcement: r.Enforcement, SLAClassification: Classify(100, r.Platform),
+	}
+	if r.Platform {
+		d.RefusedBy = RefusedByPlatform
 	}
 	if d.Enforcement == "" {
 		d.Enforcement = EnforcementRefused
@@ -329,6 +340,9 @@ func (e Events) LimitHit(r Refusal) (Event, error) {
 		start := WindowStart(r.At)
 		d.Window = &Span{Start: start, End: start.Add(DedupeWindow)}
 		key = WindowKey(r.TenantID, r.LimitType, r.At)
+	}
+	if r.Platform {
+		key += "|" + RefusedByPlatform
 	}
 	return e.build(TypeLimitHit, key, r.At, d)
 }

@@ -2,9 +2,11 @@ package billing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/agentq/agentq/internal/rkeys"
@@ -32,6 +34,12 @@ type Rejections struct {
 	Events Events            // builds the events
 	Now    func() time.Time  // the flush's clock; time.Now when nil
 	Page   int               // tenants read from Redis per round trip; 100 when 0
+	// Local, when set, holds this replica's refusals decided in process while Redis
+	// was unreachable (FlushLocal).
+	Local LocalRejectionCounts
+
+	mu     sync.Mutex
+	cursor flushCursor // where the last flush stopped
 }
 
 // FlushResult is what one flush did.
@@ -46,6 +54,12 @@ type FlushResult struct {
 // each limit's first refusal in its dedupe window, and deletes from Redis the counts
 // of minutes that have ended and were copied as they still are.
 //
+// It walks the tenants with counts in (shard, tenant id) order from where the last
+// flush stopped, a Page per round trip, once round, and stops early when ctx ends
+// (the pass's budget): the next flush resumes at the first page not committed, so
+// under a spike of refused tenants every one is flushed in turn, none starved by a
+// walk that restarts at the first tenant each time.
+//
 // A minute's count only grows, so the copy keeps the larger of the stored count and
 // Redis's (store.UnscopedAddRejections): flushing twice, or two flushes at once, add
 // nothing twice. A minute is pruned only once it is over by a minute (Redis's clock
@@ -53,71 +67,114 @@ type FlushResult struct {
 // What Redis loses before a flush (at most the counts since the last one) is lost.
 func (r *Rejections) Flush(ctx context.Context) (FlushResult, error) {
 	var res FlushResult
-	now := r.now()
-	pruneBefore := now.Truncate(time.Minute).Add(-time.Minute)
+	pruneBefore := r.now().Truncate(time.Minute).Add(-time.Minute)
 	page := r.Page
 	if page <= 0 {
 		page = 100
 	}
-	for shard := range max(r.Shards, 1) {
+	shards := max(r.Shards, 1)
+	from := r.position()
+	// The cursor's shard is walked twice: after the cursor first, up to it last.
+	for i := 0; i <= shards; i++ {
+		if i == shards && from.after == "" {
+			break // the walk began at the start: nothing lies before it
+		}
+		shard := (from.shard + i) % shards
 		ids, err := r.Counts.RejectingTenants(ctx, shard)
 		if err != nil {
 			return res, err
 		}
+		ids = from.slice(i, shards, ids)
 		for start := 0; start < len(ids); start += page {
-			trs, err := r.Counts.Rejections(ctx, ids[start:min(start+page, len(ids))])
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			batch := ids[start:min(start+page, len(ids))]
+			trs, err := r.Counts.Rejections(ctx, batch)
 			if err != nil {
 				return res, err
 			}
 			if err := r.flushPage(ctx, trs, pruneBefore, &res); err != nil {
 				return res, err
 			}
+			r.advance(flushCursor{shard: shard, after: batch[len(batch)-1]})
 		}
 	}
 	return res, nil
 }
 
+// flushCursor is where a flush stopped: the last tenant of the last page it
+// committed, and that tenant's shard.
+type flushCursor struct {
+	shard int
+	after string
+}
+
+// slice is the part of a shard's sorted tenant ids that the i-th step of a walk from
+// the cursor covers: those after the cursor first (i 0), those up to it last (i
+// shards), every id of the shards between.
+func (c flushCursor) slice(i, shards int, ids []string) []string {
+	cut, _ := slices.BinarySearch(ids, c.after)
+	if cut < len(ids) && ids[cut] == c.after {
+		cut++
+	}
+	switch i {
+	case 0:
+		return ids[cut:]
+	case shards:
+		return ids[:cut]
+	}
+	return ids
+}
+
+func (r *Rejections) position() flushCursor {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cursor
+}
+
+func (r *Rejections) advance(c flushCursor) {
+	r.mu.Lock()
+	r.cursor = c
+	r.mu.Unlock()
+}
+
+// flushPage copies a page of tenants' counts and writes their events in one
+// transaction: a flush stopped anywhere (its budget, a lost leadership, a Postgres
+// error) leaves neither, and the next flush finds the same counts still first and
+// writes their events then. Redis is pruned only after the commit.
 func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejections, pruneBefore time.Time, res *FlushResult) error {
 	var rows []store.RejectionRow
+	periods := decidedIn{}
 	for _, tr := range trs {
-		res.Tenants++
 		for _, c := range tr.Counts() {
-			rows = append(rows, store.RejectionRow{TenantID: tr.TenantID, LimitType: c.LimitType, Minute: c.Minute, Count: c.Count})
-		}
-	}
-	first, err := r.Store.UnscopedAddRejections(ctx, rows)
-	if err != nil {
-		return fmt.Errorf("billing: copy refusal counts: %w", err)
-	}
-	res.Rows += len(rows)
-	tenants := map[string]store.Tenant{}
-	for _, row := range first {
-		t, ok := tenants[row.TenantID]
-		if !ok {
-			if t, err = r.Store.GetTenant(ctx, row.TenantID); errors.Is(err, store.ErrNotFound) {
-				continue // deleted since: nothing to tell
-			} else if err != nil {
-				return err
+			row := store.RejectionRow{TenantID: tr.TenantID, LimitType: c.LimitType, Minute: c.Minute, Count: c.Count}
+			rows = append(rows, row)
+			if c.Period != "" {
+				periods[periodKey(row)] = c.Period
 			}
-			tenants[row.TenantID] = t
-		}
-		ev, err := r.Events.LimitHit(r.refusal(t, row))
-		if err != nil {
-			return err
-		}
-		written, err := WriteEvent(ctx, r.Store, ev)
-		if err != nil {
-			return err
-		}
-		if written {
-			res.Events++
 		}
 	}
+	var events int
+	err := r.Store.InTx(ctx, func(tx *store.Store) error {
+		first, err := tx.UnscopedAddRejections(ctx, rows)
+		if err != nil {
+			return fmt.Errorf("billing: copy refusal counts: %w", err)
+		}
+		events, err = r.writeEvents(ctx, tx, first, periods)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	res.Tenants += len(trs)
+	res.Rows += len(rows)
+	res.Events += events
 	// Only now, with the counts and their events in Postgres, may Redis forget them.
 	for _, tr := range trs {
 		done := map[string]int64{}
 		for f, n := range tr.Fields {
-			if _, minute, err := rkeys.ParseRejectionField(f); err == nil && minute*60 < pruneBefore.Unix() {
+			if _, minute, _, err := rkeys.ParseRejectionField(f); err == nil && minute*60 < pruneBefore.Unix() {
 				done[f] = n
 			}
 		}
@@ -133,12 +190,62 @@ func (r *Rejections) flushPage(ctx context.Context, trs []quotas.TenantRejection
 	return nil
 }
 
+// decidedIn maps a monthly quota's refusal count (periodKey) to the id of the billing
+// period its refusals were decided in. A nil one marks the platform's refusals
+// (degraded mode), which no monthly quota makes: those fail closed.
+type decidedIn map[string]string
+
+func periodKey(row store.RejectionRow) string {
+	return row.TenantID + "|" + row.LimitType + "|" + strconv.FormatInt(row.Minute.Unix(), 10)
+}
+
+// writeEvents writes, on tx, the limit_hit of each count stored for the first time,
+// and returns how many it wrote; periods nil: refused by the platform, not the plan.
+// A tenant deleted since has nothing to be told.
+func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []store.RejectionRow, periods decidedIn) (int, error) {
+	if len(first) == 0 {
+		return 0, nil
+	}
+	var ids []string
+	for _, row := range first {
+		if len(ids) == 0 || ids[len(ids)-1] != row.TenantID {
+			ids = append(ids, row.TenantID)
+		}
+	}
+	tenants, err := tx.UnscopedGetTenants(ctx, ids)
+	if err != nil {
+		return 0, err
+	}
+	var evs []store.InsertEventParams
+	seen := map[string]bool{} // a period's refusals in several minutes share one key
+	for _, row := range first {
+		t, ok := tenants[row.TenantID]
+		if !ok {
+			continue
+		}
+		ref := r.refusal(t, row, periods[periodKey(row)])
+		ref.Platform = periods == nil
+		ev, err := r.Events.LimitHit(ref)
+		if err != nil {
+			return 0, err
+		}
+		if !seen[ev.DedupeKey] {
+			seen[ev.DedupeKey] = true
+			evs = append(evs, store.InsertEventParams{ID: ev.ID, TenantID: ev.TenantID, Type: ev.Type, DedupeKey: ev.DedupeKey, Payload: ev.Payload})
+		}
+	}
+	// One statement for the page: the flush's time does not grow with its events.
+	return tx.UnscopedInsertEvents(ctx, evs)
+}
+
 // refusal is the limit_hit of a limit's first refusals in a minute. It reports the
 // tenant's plan value of the limit (an API key's own lower key_rate is not known
 // here) and, as the usage, that value: the limit was reached. A period quota's refusal
 // shares its period's 100 % event, which the step that used the quota up has usually
-// written already.
-func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow) Refusal {
+// written already: for a monthly quota the period of periodID, the one the admission
+// was decided in (its counters refused it), not the one the minute counted falls in,
+// so a refusal at a period's end never takes the next period's 100 % event.
+func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow, periodID string) Refusal {
 	ref := Refusal{TenantID: t.ID, Plan: t.Plan, LimitType: row.LimitType, At: row.Minute, Enforcement: EnforcementRefused}
 	if eff, err := r.Plans.Effective(t.Plan, t.Overrides); err == nil {
 		if v, ok := eff[row.LimitType]; ok && !v.Off() {
@@ -151,7 +258,11 @@ func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow) Refusal {
 		}
 	}
 	if IsPeriodQuota(row.LimitType) {
-		span := windowOf(row.LimitType, row.Minute, t.Anchor().PeriodAt(row.Minute))
+		period, ok := t.Anchor().PeriodOf(periodID)
+		if !ok {
+			period = t.Anchor().PeriodAt(row.Minute)
+		}
+		span := windowOf(row.LimitType, row.Minute, period)
 		ref.Period = &span
 	}
 	return ref

@@ -780,6 +780,7 @@ type EventData struct {
 	Period            *EventSpan `json:"period"` // period quotas
 	Window            *EventSpan `json:"window"` // the other limits: the minute of the refusal
 	Enforcement       string     `json:"enforcement"`
+	RefusedBy         string     `json:"refused_by"` // "platform": the platform refused (degraded mode), not the plan
 	UpgradeURL        string     `json:"upgrade_url"`
 	SLAClassification string     `json:"sla_classification"`
 }

@@ -234,8 +234,9 @@ type AdmitParams struct {
 //
 // A denied admission (mode admit) is counted: one HINCRBY of the field
 // "<violated-scope bitmask>:<minute since the epoch>" of the tenant's refusal counts
-// (rkeys.RejectionField), so a refusal costs one command however many limits refused
-// it. The first count of a field adds the tenant to its shard's set of tenants with
+// (rkeys.RejectionField), ":<period>" added when a monthly quota refused (ai_tokens or
+// usd, bits 256 and 512, the highest), so a refusal costs one command however many
+// limits refused it. The first count of a field adds the tenant to its shard's set of tenants with
 // counts, for the flush to Postgres (rejections.go), and gives the hash its TTL.
 var admitScript = redis.NewScript(luaNow + `
 local lease_ttl, max_users, state_ttl, pending_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -436,7 +437,11 @@ for r = 0, (#KEYS / 8) - 1 do
   end
   if admit and status == 1 then
     local RJ = KEYS[b + 7]
-    if call('HINCRBY', RJ, mask .. ':' .. floor(now / 60000), 1) == 1 then
+    local rf = mask .. ':' .. floor(now / 60000)
+    -- a monthly quota's refusal names the period it was decided in (the tokens
+    -- field's, "tok:<period>"), not the one this clock's minute falls in
+    if mask >= 256 then rf = rf .. ':' .. string.match(ARGV[a + 6], '[^:]*$') end
+    if call('HINCRBY', RJ, rf, 1) == 1 then
       call('SADD', KEYS[b + 8], ARGV[a + 8])
       call('PEXPIRE', RJ, rej_ttl)
     end
@@ -722,11 +727,16 @@ type StepParams struct {
 type QuotaExceeded struct {
 	LimitType   string
 	Used, Limit float64
+	// Period is the billing period the refused reservation was decided in: the one
+	// whose counters refused it, whatever the time when its refusal is reported.
+	Period Period
+	// At is when it was refused (the daily steps quota's events dedupe per UTC day).
+	At time.Time
 }
 
 // Stop is e as the limit that ended a task.
 func (e *QuotaExceeded) Stop() Stop {
-	return Stop{LimitType: e.LimitType, Limit: int64(math.Round(e.Limit)), Used: int64(math.Round(e.Used))}
+	return Stop{LimitType: e.LimitType, Limit: int64(math.Round(e.Limit)), Used: int64(math.Round(e.Used)), Period: e.Period, At: e.At}
 }
 
 // Stop is the limit that ended a task budget_exceeded: its type, its value and the
@@ -736,6 +746,11 @@ func (e *QuotaExceeded) Stop() Stop {
 type Stop struct {
 	LimitType   string
 	Limit, Used int64
+	// Period is the billing period a tenant's quota stopped the task in, and At when
+	// (both zero for a task's own budget): its limit_hit is that period's (that UTC
+	// day's for the daily steps), even when the task's end is written after it ended.
+	Period Period
+	At     time.Time
 }
 
 // The limit types of a task's own budget, as a Stop names them.
@@ -794,7 +809,7 @@ func (q *Quotas) ReserveStepQueued(ctx context.Context, p StepParams, sent *redi
 		case n == 1 && len(res) == 4:
 			used, _ := res[2].(int64)
 			limit, _ := res[3].(int64)
-			refused = &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit)}
+			refused = &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit), Period: p.Period, At: q.now()}
 		}
 		return false, nil
 	})

@@ -42,11 +42,13 @@ type Guard struct {
 	id       string
 	br       *breaker
 	batch    *redisx.Batch
+	now      func() time.Time // dates the refusals decided in process
 
 	admissions admissionCounter
 
 	replicas atomic.Int64
 	local    *lru.Cache[string, *rate.Limiter]
+	rejected localCounts // refusals decided in process, for the flush to Postgres
 
 	mu    sync.Mutex
 	later []pendingRelease // releases to retry once Redis answers again
@@ -129,11 +131,14 @@ type GuardOptions struct {
 	// nil sends each alone, and releases before the response. Its timeout should be
 	// Timeout's; its owner closes it after the API stopped.
 	Batch *redisx.Batch
+	// Now is the clock that dates the refusals decided in process (their minute);
+	// time.Now when nil.
+	Now func() time.Time
 }
 
 // NewGuard wraps q.
 func NewGuard(q *Quotas, o GuardOptions) *Guard {
-	g := &Guard{q: q, log: o.Logger, timeout: o.Timeout, cooldown: o.Cooldown, id: o.ID, batch: o.Batch}
+	g := &Guard{q: q, log: o.Logger, timeout: o.Timeout, cooldown: o.Cooldown, id: o.ID, batch: o.Batch, now: o.Now}
 	if g.timeout <= 0 {
 		g.timeout = 50 * time.Millisecond
 	}
@@ -142,6 +147,9 @@ func NewGuard(q *Quotas, o GuardOptions) *Guard {
 	}
 	if g.log == nil {
 		g.log = slog.Default()
+	}
+	if g.now == nil {
+		g.now = time.Now
 	}
 	g.br = &breaker{cooldown: g.cooldown, lasting: g.timeout, log: g.log}
 	g.local, _ = lru.New[string, *rate.Limiter](100000)
@@ -181,7 +189,7 @@ func (g *Guard) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 func (g *Guard) admitOnce(ctx context.Context, p AdmitParams) (Decision, error) {
 	try, probe := g.br.allow()
 	if !try {
-		return g.degraded(p)
+		return g.inProcess(p)
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.timeout)
 	d, err := g.q.admitRaw(cctx, p)
@@ -197,7 +205,7 @@ func (g *Guard) admitOnce(ctx context.Context, p AdmitParams) (Decision, error) 
 	}
 	g.br.record(false, probe)
 	g.log.Debug("admission call failed; answered in process", "err", err)
-	d, err = g.degraded(p)
+	d, err = g.inProcess(p)
 	if err != nil || !d.Allowed {
 		g.mayHaveTaken(p)
 	}
@@ -233,6 +241,15 @@ func (g *Guard) Release(ctx context.Context, tenantID, taskID string) {
 		return
 	}
 	g.br.record(true, probe)
+}
+
+// inProcess decides p in process (degraded) and counts what it refused.
+func (g *Guard) inProcess(p AdmitParams) (Decision, error) {
+	d, err := g.degraded(p)
+	if err == nil {
+		g.countLocal(p, d, g.now())
+	}
+	return d, err
 }
 
 func (g *Guard) degraded(p AdmitParams) (Decision, error) {

@@ -463,6 +463,21 @@ func TestScriptsOnEmbeddedRedis(t *testing.T) {
 	if s, _, err := f.q.LeaseAges(ctx, "acme"); err != nil || s["x"] != 0 {
 		t.Fatalf("lease ages on miniredis: %v %v", s, err)
 	}
+	// The period the counters moved on to above: a used-up tokens quota's refusal
+	// names it.
+	cur := PeriodAt(old.Start, old.End)
+	tq := NoLimits()
+	tq.TokensMonthly = 1
+	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: cur, Limits: tq, Tokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.admitExact(tq, func(p *AdmitParams) { p.Period = cur }); !slices.Equal(d.Violated, []string{AITokensMonthly}) {
+		t.Fatalf("used-up tokens quota on miniredis: %v", d.Violated)
+	}
+	trs, err := f.q.Rejections(ctx, []string{"acme"})
+	if err != nil || !slices.ContainsFunc(trs[0].Counts(), func(c RejectionCount) bool { return c.Period == cur.ID }) {
+		t.Fatalf("tokens refusal on miniredis counted %+v %v, want under period %s", trs, err, cur.ID)
+	}
 }
 
 // Without Redis the in-process fallback keeps 0 a limit and unlimited off.

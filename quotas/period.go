@@ -56,6 +56,17 @@ func (a Anchor) PeriodAt(now time.Time) Period {
 	return a.period(start)
 }
 
+// PeriodOf returns the billing period whose id is id (Period.ID), false if id is not
+// one. A period the anchor no longer starts (its day or zone changed since) is the
+// period holding the day id names.
+func (a Anchor) PeriodOf(id string) (Period, bool) {
+	day, err := time.ParseInLocation("20060102", id, a.zone())
+	if err != nil {
+		return Period{}, false
+	}
+	return a.PeriodAt(day), true
+}
+
 // PeriodStartingIn returns the billing period that starts in year/month (in the
 // anchor's zone): every month holds exactly one period start.
 func (a Anchor) PeriodStartingIn(year int, month time.Month) Period {

@@ -29,6 +29,9 @@ type RejectionCount struct {
 	LimitType string
 	Minute    time.Time // the minute's start, UTC
 	Count     int64
+	// Period is the id of the billing period a monthly quota's refusals were decided
+	// in (the earliest, if a minute holds several); "" for the other limits.
+	Period string
 }
 
 // TenantRejections are a tenant's refusal counts as Redis holds them.
@@ -47,20 +50,28 @@ func (r TenantRejections) Counts() []RejectionCount {
 		minute int64
 	}
 	sum := map[key]int64{}
+	periods := map[key]string{}
 	for f, n := range r.Fields {
-		mask, minute, err := rkeys.ParseRejectionField(f)
+		mask, minute, period, err := rkeys.ParseRejectionField(f)
 		if err != nil {
 			continue // not written by the admission script
 		}
 		for _, name := range scopeOrder {
-			if mask&scopeBits[name] != 0 {
-				sum[key{name, minute}] += n
+			if mask&scopeBits[name] == 0 {
+				continue
+			}
+			k := key{name, minute}
+			sum[k] += n
+			if monthly := name == AITokensMonthly || name == USDMonthly; monthly && period != "" {
+				if p, ok := periods[k]; !ok || period < p {
+					periods[k] = period
+				}
 			}
 		}
 	}
 	out := make([]RejectionCount, 0, len(sum))
 	for k, n := range sum {
-		out = append(out, RejectionCount{LimitType: k.limit, Minute: time.UnixMilli(k.minute * 60000).UTC(), Count: n})
+		out = append(out, RejectionCount{LimitType: k.limit, Minute: time.UnixMilli(k.minute * 60000).UTC(), Count: n, Period: periods[k]})
 	}
 	slices.SortFunc(out, func(a, b RejectionCount) int {
 		if c := a.Minute.Compare(b.Minute); c != 0 {

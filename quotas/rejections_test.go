@@ -40,9 +40,9 @@ func TestRefusalsAreCountedPerMinuteAndLimits(t *testing.T) {
 	}
 	stepsBit, sessBit := scopeBits[AgentStepsDaily], scopeBits[ConcurrentSessions]
 	want := map[string]int64{
-		rkeys.RejectionField(stepsBit, minute):         3,
-		rkeys.RejectionField(stepsBit|sessBit, minute): 1,
-		rkeys.RejectionField(stepsBit, minute+1):       1,
+		rkeys.RejectionField(stepsBit, minute, ""):         3,
+		rkeys.RejectionField(stepsBit|sessBit, minute, ""): 1,
+		rkeys.RejectionField(stepsBit, minute+1, ""):       1,
 	}
 	if !maps.Equal(trs[0].Fields, want) {
 		t.Fatalf("acme's counts %v, want %v", trs[0].Fields, want)
@@ -52,7 +52,7 @@ func TestRefusalsAreCountedPerMinuteAndLimits(t *testing.T) {
 	}
 	at := time.UnixMilli(minute * 60000).UTC()
 	wantCounts := []RejectionCount{
-		{AgentStepsDaily, at, 4}, {ConcurrentSessions, at, 1}, {AgentStepsDaily, at.Add(time.Minute), 1},
+		{AgentStepsDaily, at, 4, ""}, {ConcurrentSessions, at, 1, ""}, {AgentStepsDaily, at.Add(time.Minute), 1, ""},
 	}
 	got := trs[0].Counts()
 	if len(got) != len(wantCounts) {
@@ -116,5 +116,37 @@ func TestPruneRejectionsKeepsCountsThatMoved(t *testing.T) {
 	}
 	if f.rdb.Exists(ctx, f.keys.Rejections("acme")).Val() != 0 {
 		t.Fatal("the counts hash is still there")
+	}
+}
+
+// A monthly quota's refusal is counted under the billing period the admission was
+// decided in, whatever period the script's clock is in; other limits name none.
+func TestMonthlyQuotaRefusalNamesItsPeriod(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	decided := Period{ID: "20261115", Start: time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 15, 0, 0, 0, 0, time.UTC)}
+	l := only(Limits{})
+	l.TokensMonthly = 5
+	l.Backlog = 0
+	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: decided, Limits: l, Tokens: 5}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "x", InScope: true, Limits: l, Period: decided})
+	if err != nil || d.Allowed {
+		t.Fatalf("admission %+v %v, want refused", d, err)
+	}
+	trs, err := f.q.Rejections(ctx, []string{"acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	minute := f.clock() / 60000
+	want := map[string]int64{rkeys.RejectionField(scopeBits[AITokensMonthly]|scopeBits[QueueBacklog], minute, decided.ID): 1}
+	if !maps.Equal(trs[0].Fields, want) {
+		t.Fatalf("counts %v, want %v", trs[0].Fields, want)
+	}
+	for _, c := range trs[0].Counts() {
+		if want := map[string]string{AITokensMonthly: decided.ID, QueueBacklog: ""}[c.LimitType]; c.Period != want {
+			t.Fatalf("%s counted under period %q, want %q", c.LimitType, c.Period, want)
+		}
 	}
 }

@@ -23,7 +23,9 @@ type RejectionFlushConfig struct {
 	// Interval between runs (1 s): how long a limit's first refusal in a window may
 	// wait for its limit_hit, and at most what a Redis data loss takes of the counts.
 	Interval time.Duration
-	Budget   time.Duration // a run's time bound (5 s)
+	// Budget is a run's time bound (5 s); a run cut by it is resumed by the next where
+	// it stopped (the flusher keeps its cursor).
+	Budget time.Duration
 }
 
 func (c RejectionFlushConfig) withDefaults() RejectionFlushConfig {

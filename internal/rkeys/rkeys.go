@@ -248,10 +248,11 @@ func (k Keys) InflightRequests(tenant string) string { return k.tenantTag(tenant
 func (k Keys) PendingQueue(tenant string) string { return k.tenantTag(tenant) + ":pend:" + tenant }
 
 // Rejections is the HASH counting the tenant's refused admissions: field
-// RejectionField(mask, minute) → how many admissions were refused in that minute by
-// exactly the limits of the violated-scope bitmask (quotas' scope bits). The admission
-// script builds the field from the mask and its clock; RejectionField is the same
-// format, pinned to the script by a test.
+// RejectionField(mask, minute, period) → how many admissions were refused in that
+// minute by exactly the limits of the violated-scope bitmask (quotas' scope bits). The
+// admission script builds the field from the mask, its clock and, when a monthly quota
+// refused, the billing period the admission was decided in; RejectionField is the
+// same format, pinned to the script by a test.
 func (k Keys) Rejections(tenant string) string { return k.tenantTag(tenant) + ":rej:" + tenant }
 
 // RejectingTenants is the shard's SET of tenants whose Rejections hash holds counts not
@@ -259,23 +260,29 @@ func (k Keys) Rejections(tenant string) string { return k.tenantTag(tenant) + ":
 func (k Keys) RejectingTenants(shard int) string { return k.tag(shard) + ":rejecting" }
 
 // RejectionField is a Rejections field: "<mask>:<minute>", minute counted since the
-// Unix epoch.
-func RejectionField(mask, minute int64) string {
-	return strconv.FormatInt(mask, 10) + ":" + strconv.FormatInt(minute, 10)
+// Unix epoch, or "<mask>:<minute>:<period>" when period (a billing period's id, that
+// of the decision's monthly counters) is set.
+func RejectionField(mask, minute int64, period string) string {
+	f := strconv.FormatInt(mask, 10) + ":" + strconv.FormatInt(minute, 10)
+	if period != "" {
+		f += ":" + period
+	}
+	return f
 }
 
 // ParseRejectionField splits a RejectionField.
-func ParseRejectionField(f string) (mask, minute int64, err error) {
-	m, n, ok := strings.Cut(f, ":")
+func ParseRejectionField(f string) (mask, minute int64, period string, err error) {
+	m, rest, ok := strings.Cut(f, ":")
+	n, period, _ := strings.Cut(rest, ":")
 	if ok {
 		if mask, err = strconv.ParseInt(m, 10, 64); err == nil {
 			minute, err = strconv.ParseInt(n, 10, 64)
 		}
 	}
-	if !ok || err != nil || mask <= 0 || minute < 0 {
-		return 0, 0, fmt.Errorf("rkeys: %q is not a rejection field", f)
+	if !ok || err != nil || mask <= 0 || minute < 0 || strings.Contains(period, ":") {
+		return 0, 0, "", fmt.Errorf("rkeys: %q is not a rejection field", f)
 	}
-	return mask, minute, nil
+	return mask, minute, period, nil
 }
 
 // APIReplicas is the ZSET of live API replicas (id → heartbeat expiry ms); the degraded

@@ -55,6 +55,32 @@ func (s *Store) InsertEvent(ctx context.Context, p InsertEventParams) (written b
 	return tag.RowsAffected() == 1, nil
 }
 
+// UnscopedInsertEvents is InsertEvent for many events, of any tenants, in one
+// statement (the refusal flush writes a page of tenants' events at once): each is
+// written unless one with its dedupe key (or id) is there already, or comes earlier
+// in evs. It returns how many it wrote.
+func (s *Store) UnscopedInsertEvents(ctx context.Context, evs []InsertEventParams) (int, error) {
+	if len(evs) == 0 {
+		return 0, nil
+	}
+	ids, tenants, types := make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
+	keys, payloads := make([]string, len(evs)), make([][]byte, len(evs))
+	for i, e := range evs {
+		if e.TenantID == "" {
+			return 0, ErrNoTenant
+		}
+		ids[i], tenants[i], types[i], keys[i], payloads[i] = e.ID, e.TenantID, e.Type, e.DedupeKey, e.Payload
+	}
+	tag, err := s.db.Exec(ctx, `
+		INSERT INTO events (id, tenant_id, type, dedupe_key, payload)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+		ON CONFLICT DO NOTHING`, ids, tenants, types, keys, payloads)
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // MaxEventsPage bounds a page of the feeds.
 const MaxEventsPage = 1000
 

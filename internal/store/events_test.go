@@ -291,3 +291,24 @@ func TestFeedPagesWhileEventsArrive(t *testing.T) {
 }
 
 var errRollback = errors.New("roll back")
+
+// Many events written in one statement keep InsertEvent's rule: one per dedupe key,
+// the first bytes kept, against the table and within the batch.
+func TestInsertEventsWritesEachKeyOnce(t *testing.T) {
+	t.Parallel()
+	ctx, st, _ := setup(t)
+	insertEvent(t, ctx, st, event("a"))
+	again := event("c")
+	again.ID, again.Payload = "id-c2", []byte(`{"k":"again"}`)
+	n, err := st.UnscopedInsertEvents(ctx, []store.InsertEventParams{event("a"), event("b"), event("c"), again})
+	if err != nil || n != 2 {
+		t.Fatalf("wrote %d %v, want b and c", n, err)
+	}
+	evs := eventually(t, ctx, st, store.EventCursor{}, 3)
+	if got := keys(evs); fmt.Sprint(got) != "[a b c]" || !bytes.Equal(evs[2].Payload, event("c").Payload) {
+		t.Fatalf("events %v, c %s", got, evs[2].Payload)
+	}
+	if _, err := st.UnscopedInsertEvents(ctx, []store.InsertEventParams{{ID: "x", DedupeKey: "x", Type: "t", Payload: []byte("{}")}}); !errors.Is(err, store.ErrNoTenant) {
+		t.Fatalf("an event without its tenant: %v", err)
+	}
+}

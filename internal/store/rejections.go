@@ -35,7 +35,13 @@ func (s *Store) UnscopedAddRejections(ctx context.Context, rows []RejectionRow) 
 		ON CONFLICT (tenant_id, minute, limit_type)
 		DO UPDATE SET count = GREATEST(limit_rejections.count, excluded.count)
 		RETURNING tenant_id, limit_type, minute, count, xmax = 0`, tenants, limits, minutes, counts)
-	all, err := collect(out, err, func(row pgx.Row) (struct {
+	return insertedRejections(out, err)
+}
+
+// insertedRejections reads the rows of an upsert of refusal counts RETURNING them
+// with "inserted" last, and keeps those inserted.
+func insertedRejections(rows pgx.Rows, err error) ([]RejectionRow, error) {
+	all, err := collect(rows, err, func(row pgx.Row) (struct {
 		RejectionRow
 		inserted bool
 	}, error) {
@@ -56,6 +62,36 @@ func (s *Store) UnscopedAddRejections(ctx context.Context, rows []RejectionRow) 
 		}
 	}
 	return inserted, nil
+}
+
+// AddDegradedRejectionsParams are one API replica's counts of the admissions it
+// refused in process while Redis was unreachable.
+type AddDegradedRejectionsParams struct {
+	Replica string // the replica that counted them
+	Rows    []RejectionRow
+}
+
+// UnscopedAddDegradedRejections copies a replica's in-process refusal counts, of any
+// tenants: each row keeps the larger of its stored count and the one given, since a
+// replica's count of a minute only grows, and other replicas' counts stay rows of
+// their own. It returns the rows this replica had not stored before.
+func (s *Store) UnscopedAddDegradedRejections(ctx context.Context, p AddDegradedRejectionsParams) ([]RejectionRow, error) {
+	if len(p.Rows) == 0 {
+		return nil, nil
+	}
+	tenants, limits := make([]string, len(p.Rows)), make([]string, len(p.Rows))
+	minutes, counts := make([]time.Time, len(p.Rows)), make([]int64, len(p.Rows))
+	for i, r := range p.Rows {
+		tenants[i], limits[i], minutes[i], counts[i] = r.TenantID, r.LimitType, r.Minute, r.Count
+	}
+	// xmax = 0: the row was inserted, not updated.
+	rows, err := s.db.Query(ctx, `
+		INSERT INTO degraded_rejections (tenant_id, limit_type, minute, replica, count)
+		SELECT t, l, m, $5, c FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[]) AS r(t, l, m, c)
+		ON CONFLICT (tenant_id, minute, limit_type, replica)
+		DO UPDATE SET count = GREATEST(degraded_rejections.count, excluded.count)
+		RETURNING tenant_id, limit_type, minute, count, xmax = 0`, tenants, limits, minutes, counts, p.Replica)
+	return insertedRejections(rows, err)
 }
 
 // RejectionCountsParams select a tenant's refusal counts: each minute in [Since,

@@ -112,6 +112,24 @@ func (s *Store) GetTenant(ctx context.Context, id string) (Tenant, error) {
 	return scanTenant(s.db.QueryRow(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = $1`, id))
 }
 
+// UnscopedGetTenants returns the tenants of ids that exist, by id, in one query
+// (the refusal flush's, which reports on many tenants at once).
+func (s *Store) UnscopedGetTenants(ctx context.Context, ids []string) (map[string]Tenant, error) {
+	out := make(map[string]Tenant, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = ANY($1)`, ids)
+	ts, err := collect(rows, err, scanTenant)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		out[t.ID] = t
+	}
+	return out, nil
+}
+
 // UnscopedListTenants returns every tenant, ordered by id (the operator's listing).
 func (s *Store) UnscopedListTenants(ctx context.Context) ([]Tenant, error) {
 	rows, err := s.db.Query(ctx, `SELECT `+tenantCols+` FROM tenants ORDER BY id`)
