@@ -52,6 +52,13 @@ type Invalidator interface {
 	InvalidateTenant(ctx context.Context, id string) error
 }
 
+// Counters is what the service needs of the quota counters: re-seeding a tenant's
+// monthly counters from the ledger for the period its new billing anchor puts now in
+// (quotas.Quotas.ReseedAnchor).
+type Counters interface {
+	ReseedAnchor(ctx context.Context, tenantID string, anchor quotas.Anchor) (bool, error)
+}
+
 // Service creates, changes and reads tenants.
 type Service struct {
 	store    *store.Store
@@ -59,6 +66,7 @@ type Service struct {
 	policies *Policies
 	sched    Scheduler
 	inval    Invalidator
+	counters Counters
 	log      *slog.Logger
 	cache    *expirable.LRU[string, Tenant]
 }
@@ -71,7 +79,11 @@ type Options struct {
 	// Invalidator, when set, tells other processes of a changed tenant; without it
 	// they see the change when their cache entry expires.
 	Invalidator Invalidator
-	Logger      *slog.Logger
+	// Counters, when set, gets a tenant whose billing anchor changed, to re-seed its
+	// monthly quota counters for the new period; without it they keep the old period's
+	// until Redis loses them.
+	Counters Counters
+	Logger   *slog.Logger
 	// CacheTTL bounds how long Lookup trusts a cached tenant (default 1s).
 	CacheTTL time.Duration
 }
@@ -85,7 +97,7 @@ const cacheSize = 10000
 // New returns a Service over st, judging tenants against plans (with the
 // deployment's global limits applied).
 func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
-	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, log: o.Logger}
+	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, counters: o.Counters, log: o.Logger}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -207,6 +219,7 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 		}
 	}
 	var t Tenant
+	var moved bool
 	err := s.store.InTx(ctx, func(tx *store.Store) error {
 		old, err := tx.GetTenant(ctx, p.ID)
 		if err != nil {
@@ -219,6 +232,7 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 		if err != nil || old.Anchor() == t.Anchor() {
 			return err
 		}
+		moved = true
 		// The rollups' days and periods were cut by the old anchor: rewrite them all.
 		return tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID})
 	})
@@ -231,12 +245,28 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 			s.log.Warn("invalidating a changed tenant failed; other processes catch up within the cache TTL", "tenant_id", t.ID, "err", err)
 		}
 	}
+	if moved {
+		s.reseed(ctx, t)
+	}
 	if pol, err := s.Policy(t); err == nil && s.sched != nil {
 		if err := s.sched.Configure(ctx, t.ID, pol.Weight, pol.RunningCap); err != nil {
 			s.log.Warn("applying new weight/cap to the queued backlog failed; it applies at the next submission", "tenant_id", t.ID, "err", err)
 		}
 	}
 	return t, nil
+}
+
+// reseed re-seeds the monthly quota counters of a tenant whose billing anchor changed,
+// once the change is committed (the ledger read then places every step by the new
+// anchor). A failure is logged: the change stands, and the counters are corrected when
+// Redis next loses them or the operator re-seeds them by changing the anchor again.
+func (s *Service) reseed(ctx context.Context, t Tenant) {
+	if s.counters == nil {
+		return
+	}
+	if _, err := s.counters.ReseedAnchor(ctx, t.ID, t.Anchor()); err != nil {
+		s.log.Error("re-seeding the quota counters for a new billing anchor failed", "tenant_id", t.ID, "err", err)
+	}
 }
 
 // Get returns tenant id, or ErrNotFound.
