@@ -78,18 +78,26 @@ type rollupAdded struct {
 }
 
 // addStepsToRollups adds steps just inserted into the ledger, all recorded at at, to
-// their tenants' rollups, on tx, in two statements whatever the number of tenants:
-// one takes each tenant's shared rollup lock and reads it (its billing anchor places
-// the steps in a period), one upserts the period, day and hour rows of all of them.
+// their tenants' rollups, on tx, in three statements whatever the number of tenants:
+// one takes each tenant's shared rollup lock, one reads the tenants (their billing
+// anchors place the steps in a period), one upserts the period, day and hour rows of
+// all of them.
 // The result is in the order of adds; a tenant must appear once.
 func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []rollupAdd) ([]rollupAdded, error) {
 	ids := make([]string, len(adds))
 	for i, a := range adds {
 		ids[i] = a.TenantID
 	}
-	rows, err := tx.Query(ctx, `
-		SELECT `+tenantCols+` FROM (SELECT * FROM tenants WHERE id = ANY($1) ORDER BY id) t,
-			LATERAL (SELECT pg_advisory_xact_lock_shared(`+rollupLockOf("t.id")+`)) l`, ids)
+	// The locks first, in a statement of their own: a statement reads the rows as they
+	// were when it began, so a tenant read in the statement that waited for a rebuild
+	// (an anchor change) would be the tenant before the change, and the steps would be
+	// booked by the old anchor into rows the rebuild just rewrote by the new one.
+	if _, err := tx.Exec(ctx, `
+		SELECT pg_advisory_xact_lock_shared(`+rollupLockOf("t.id")+`)
+		FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) t`, ids); err != nil {
+		return nil, fmt.Errorf("store: the rollup locks of steps: %w", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = ANY($1)`, ids)
 	tenants, err := collect(rows, err, scanTenant)
 	if err != nil {
 		return nil, fmt.Errorf("store: the tenants of steps: %w", err)
