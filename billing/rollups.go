@@ -33,8 +33,9 @@ type Crossings struct {
 //
 // In each, before is the total the step left less the step's own share: the rollup
 // row of the period is updated (and so locked) by the step's transaction, so two
-// steps of a tenant recorded at once see one another's totals in order, and each
-// threshold is crossed by exactly one step. The dedupe keys make each threshold one
+// steps of a tenant recorded at once see one another's totals in order (the sliding
+// day's too, summed once the period row is held, so a step of an earlier hour that
+// committed meanwhile is in it), and each threshold is crossed by exactly one step. The dedupe keys make each threshold one
 // event per period besides. A tenant whose plan is no longer in the catalogue has no
 // limits known here and no crossings.
 func (c Crossings) Step(ctx context.Context, tx *store.Store, r store.RecordedStep) error {

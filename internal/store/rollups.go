@@ -78,20 +78,72 @@ type rollupAdded struct {
 }
 
 // addStepsToRollups adds steps just inserted into the ledger, all recorded at at, to
-// their tenants' rollups, on tx, in three statements whatever the number of tenants:
+// their tenants' rollups, on tx, in four statements whatever the number of tenants:
 // one takes each tenant's shared rollup lock, one reads the tenants (their billing
 // anchors place the steps in a period), one upserts the period, day and hour rows of
-// all of them.
+// all of them, one sums their sliding days.
 // The result is in the order of adds; a tenant must appear once.
 func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []rollupAdd) ([]rollupAdded, error) {
 	ids := make([]string, len(adds))
 	for i, a := range adds {
 		ids[i] = a.TenantID
 	}
-	// The locks first, in a statement of their own: a statement reads the rows as they
-	// were when it began, so a tenant read in the statement that waited for a rebuild
-	// (an anchor change) would be the tenant before the change, and the steps would be
-	// booked by the old anchor into rows the rebuild just rewrote by the new one.
+	byID, err := lockRollupTenants(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]rollupAdded, len(adds))
+	n := len(adds)
+	c := rollupCols{ids: ids, starts: make([]time.Time, n), ends: make([]time.Time, n), hours: make([]time.Time, n),
+		periodIDs: make([]string, n), days: make([]string, n), steps: make([]int64, n), tokens: make([]int64, n), costs: make([]int64, n)}
+	hour := at.UTC().Truncate(time.Hour)
+	for i, a := range adds {
+		t, ok := byID[a.TenantID]
+		if !ok {
+			return nil, fmt.Errorf("store: the tenant of a step: %s: %w", a.TenantID, ErrNotFound)
+		}
+		anchor := t.Anchor()
+		u := StepUsage{RecordedAt: at, Tokens: a.Tokens, CostMicro: a.CostMicro, Period: anchor.PeriodAt(at)}
+		out[i] = rollupAdded{Tenant: t, Usage: u}
+		c.starts[i], c.ends[i], c.periodIDs[i] = u.Period.Start, u.Period.End, u.Period.ID
+		c.days[i], c.hours[i] = at.In(zoneOf(anchor)).Format(time.DateOnly), hour
+		c.steps[i], c.tokens[i], c.costs[i] = a.Steps, a.Tokens, a.CostMicro
+	}
+	byTenant, err := upsertRollups(ctx, tx, c)
+	if err != nil {
+		return nil, err
+	}
+	// The sliding day, in a statement of its own: one begun before this one got its
+	// period rows holds the hours as they were then, without the steps of the
+	// transactions it waited for (one of an earlier hour, across an hour boundary),
+	// and a threshold they and this step reached together would be crossed by none.
+	rows, err := tx.Query(ctx, `
+		SELECT i.tenant_id, 0::bigint, 0::bigint, 0::bigint, COALESCE(sum(o.steps), 0)::bigint
+		FROM unnest($1::text[], $2::timestamptz[]) AS i(tenant_id, hour)
+		LEFT JOIN usage_rollup_hourly o ON o.tenant_id = i.tenant_id
+			AND o.hour > i.hour - interval '24 hours' AND o.hour <= i.hour
+		GROUP BY 1`, ids, c.hours)
+	daySteps, err := collectTotals(rows, err)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		tt, ok := byTenant[adds[i].TenantID]
+		if !ok {
+			return nil, fmt.Errorf("store: no rollup row came back for tenant %s", adds[i].TenantID)
+		}
+		u := &out[i].Usage
+		u.PeriodSteps, u.PeriodTokens, u.PeriodCostMicro, u.DaySteps = tt.steps, tt.tokens, tt.cost, daySteps[adds[i].TenantID].day
+	}
+	return out, nil
+}
+
+// lockRollupTenants takes the shared rollup lock of each tenant, then reads them.
+// The locks come first, in a statement of their own: a statement reads the rows as
+// they were when it began, so a tenant read in the statement that waited for a rebuild
+// (an anchor change) would be the tenant before the change, and its steps would be
+// booked by the old anchor into rows the rebuild just rewrote by the new one.
+func lockRollupTenants(ctx context.Context, tx pgx.Tx, ids []string) (map[string]Tenant, error) {
 	if _, err := tx.Exec(ctx, `
 		SELECT pg_advisory_xact_lock_shared(`+rollupLockOf("t.id")+`)
 		FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) t`, ids); err != nil {
@@ -106,27 +158,23 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 	for _, t := range tenants {
 		byID[t.ID] = t
 	}
-	out := make([]rollupAdded, len(adds))
-	n := len(adds)
-	starts, ends, hours := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
-	periodIDs, days := make([]string, n), make([]string, n)
-	steps, tokens, costs := make([]int64, n), make([]int64, n), make([]int64, n)
-	hour := at.UTC().Truncate(time.Hour)
-	for i, a := range adds {
-		t, ok := byID[a.TenantID]
-		if !ok {
-			return nil, fmt.Errorf("store: the tenant of a step: %s: %w", a.TenantID, ErrNotFound)
-		}
-		anchor := t.Anchor()
-		u := StepUsage{RecordedAt: at, Tokens: a.Tokens, CostMicro: a.CostMicro, Period: anchor.PeriodAt(at)}
-		out[i] = rollupAdded{Tenant: t, Usage: u}
-		starts[i], ends[i], periodIDs[i] = u.Period.Start, u.Period.End, u.Period.ID
-		days[i], hours[i] = at.In(zoneOf(anchor)).Format(time.DateOnly), hour
-		steps[i], tokens[i], costs[i] = a.Steps, a.Tokens, a.CostMicro
-	}
+	return byID, nil
+}
+
+// rollupCols are the rollup rows steps add to, one per tenant, by column.
+type rollupCols struct {
+	ids                  []string
+	starts, ends, hours  []time.Time
+	periodIDs, days      []string
+	steps, tokens, costs []int64
+}
+
+// upsertRollups adds c to the period, day and hour rows in one statement and returns
+// each tenant's period totals with them.
+func upsertRollups(ctx context.Context, tx pgx.Tx, c rollupCols) (map[string]rollupTotals, error) {
 	// Rows are locked in tenant order, as every writer of them does, so that two
 	// transactions adding to the same tenants cannot deadlock.
-	rows, err = tx.Query(ctx, `
+	rows, err := tx.Query(ctx, `
 		WITH i AS (
 			SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::date[],
 				$6::timestamptz[], $7::bigint[], $8::bigint[], $9::bigint[])
@@ -148,39 +196,35 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 			SELECT tenant_id, hour, steps, tokens, cost FROM i ORDER BY tenant_id
 			ON CONFLICT (tenant_id, hour) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
 				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
-			RETURNING r.tenant_id, r.steps
+			RETURNING 1
 		)
-		SELECT p.tenant_id, p.steps, p.tokens, p.cost_micro_usd,
-			(h.steps + COALESCE((SELECT sum(o.steps) FROM usage_rollup_hourly o
-				WHERE o.tenant_id = i.tenant_id AND o.hour > i.hour - interval '24 hours' AND o.hour < i.hour), 0))::bigint
-		FROM i JOIN p ON p.tenant_id = i.tenant_id JOIN h ON h.tenant_id = i.tenant_id, (SELECT count(*) FROM d) AS dd`,
-		ids, starts, ends, periodIDs, days, hours, steps, tokens, costs)
-	type totals struct{ steps, tokens, cost, day int64 }
-	got, err := collect(rows, err, func(row pgx.Row) (struct {
+		SELECT p.tenant_id, p.steps, p.tokens, p.cost_micro_usd, 0::bigint
+		FROM p, (SELECT count(*) FROM d) AS dd, (SELECT count(*) FROM h) AS hh`,
+		c.ids, c.starts, c.ends, c.periodIDs, c.days, c.hours, c.steps, c.tokens, c.costs)
+	return collectTotals(rows, err)
+}
+
+// rollupTotals are a tenant's rollups with its steps: its period's, and its sliding
+// day's steps.
+type rollupTotals struct{ steps, tokens, cost, day int64 }
+
+// collectTotals reads rows of (tenant, period steps, tokens, cost, day steps).
+func collectTotals(rows pgx.Rows, err error) (map[string]rollupTotals, error) {
+	type row struct {
 		id string
-		totals
-	}, error) {
-		var r struct {
-			id string
-			totals
-		}
-		err := row.Scan(&r.id, &r.steps, &r.tokens, &r.cost, &r.day)
-		return r, err
+		rollupTotals
+	}
+	got, err := collect(rows, err, func(r pgx.Row) (row, error) {
+		var v row
+		err := r.Scan(&v.id, &v.steps, &v.tokens, &v.cost, &v.day)
+		return v, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	byTenant := make(map[string]totals, len(got))
-	for _, r := range got {
-		byTenant[r.id] = r.totals
-	}
-	for i := range out {
-		tt, ok := byTenant[adds[i].TenantID]
-		if !ok {
-			return nil, fmt.Errorf("store: no rollup row came back for tenant %s", adds[i].TenantID)
-		}
-		u := &out[i].Usage
-		u.PeriodSteps, u.PeriodTokens, u.PeriodCostMicro, u.DaySteps = tt.steps, tt.tokens, tt.cost, tt.day
+	out := make(map[string]rollupTotals, len(got))
+	for _, v := range got {
+		out[v.id] = v.rollupTotals
 	}
 	return out, nil
 }
