@@ -177,7 +177,9 @@ func meters(steps, tokens, micro int64) []MeterUsage {
 // before the end of its billing period starting in that month (in its own zone, on
 // its billing day), that period's steps, tokens and micro-dollars, read from the
 // period rollups, which equal the ledger's sums over exactly [period start, period
-// end). ErrBadPeriod for a month that is not YYYY-MM. Tenants are in id order.
+// end), and the plan in force in the period as the rollups recorded it (the tenant's
+// current plan if it never changed). ErrBadPeriod for a month that is not YYYY-MM.
+// Tenants are in id order.
 func (r *Rollups) Export(ctx context.Context, month string) (UsageExport, error) {
 	y, m, err := ParseMonth(month)
 	if err != nil {
@@ -189,7 +191,7 @@ func (r *Rollups) Export(ctx context.Context, month string) (UsageExport, error)
 	}
 	var periods []TenantPeriod
 	var keys []store.PeriodOf
-	plans := map[string]string{}
+	plans := map[string]string{} // the current plans, for periods that recorded none
 	for _, t := range tenants {
 		p := t.Anchor().PeriodStartingIn(y, m)
 		if !t.CreatedAt.Before(p.End) {
@@ -215,8 +217,12 @@ func (r *Rollups) Export(ctx context.Context, month string) (UsageExport, error)
 	var steps, tokens, micro int64
 	for _, p := range periods {
 		u := used[p.TenantID]
+		plan := u.Plan
+		if plan == "" {
+			plan = plans[p.TenantID]
+		}
 		tu := TenantUsage{
-			TenantID: p.TenantID, Plan: plans[p.TenantID], PeriodID: p.Period.ID,
+			TenantID: p.TenantID, Plan: plan, PeriodID: p.Period.ID,
 			Period: Span{Start: p.Period.Start, End: p.Period.End},
 			Meters: meters(u.Steps, u.Tokens, u.CostMicro), Rejections: rej[p.TenantID],
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -241,3 +242,50 @@ func zoneOf(a quotas.Anchor) *time.Location {
 	}
 	return a.Zone
 }
+
+// The export labels each period with the plan that was in force in it, not the
+// tenant's plan today: a tenant created on free two months ago, with use last month,
+// moves to enterprise now. Its first period (no use), last month's and this month's
+// show free, free and enterprise; a rebuild of its rollups keeps them.
+func TestExportShowsThePlanOfEachPeriod(t *testing.T) {
+	f := newFixture(t)
+	now := time.Now().UTC()
+	month := func(back int) time.Time {
+		return time.Date(now.Year(), now.Month()-time.Month(back), 1, 0, 0, 0, 0, time.UTC)
+	}
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at, billing_day) VALUES ('pl', 'pl', 'free', $1, 1)`, month(2).Add(72*time.Hour))
+	task := uuid.Must(uuid.NewV7())
+	f.exec(`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state) VALUES ($1, 'pl', 'k', 'sim', '\x01', 'completed')`, task)
+	f.ledgerRow("pl", task, 1, month(1).Add(48*time.Hour), 10, 20)
+	ro := billing.NewRollups(f.st)
+	if err := ro.Rebuild(f.ctx, "pl", time.Time{}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenants.New(f.st, plans, tenants.Options{}).Update(f.ctx, tenants.UpdateParams{ID: "pl", Plan: ptr("enterprise")}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		for back, want := range []string{"enterprise", "free", "free"} {
+			m := month(back).Format("2006-01")
+			exp, err := ro.Export(f.ctx, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(exp.Tenants) != 1 || exp.Tenants[0].Plan != want {
+				t.Errorf("%s: export of %s: %+v, want plan %s", when, m, exp.Tenants, want)
+			}
+		}
+	}
+	check("after the plan change")
+	if err := ro.Rebuild(f.ctx, "pl", time.Time{}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	check("after a rebuild")
+}
+
+func ptr[T any](v T) *T { return &v }

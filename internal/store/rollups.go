@@ -95,7 +95,8 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 	out := make([]rollupAdded, len(adds))
 	n := len(adds)
 	c := rollupCols{ids: ids, starts: make([]time.Time, n), ends: make([]time.Time, n), hours: make([]time.Time, n),
-		periodIDs: make([]string, n), days: make([]string, n), steps: make([]int64, n), tokens: make([]int64, n), costs: make([]int64, n)}
+		periodIDs: make([]string, n), days: make([]string, n), plans: make([]string, n),
+		steps: make([]int64, n), tokens: make([]int64, n), costs: make([]int64, n)}
 	hour := at.UTC().Truncate(time.Hour)
 	for i, a := range adds {
 		t, ok := byID[a.TenantID]
@@ -106,7 +107,7 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 		u := StepUsage{RecordedAt: at, Tokens: a.Tokens, CostMicro: a.CostMicro, Period: anchor.PeriodAt(at)}
 		out[i] = rollupAdded{Tenant: t, Usage: u}
 		c.starts[i], c.ends[i], c.periodIDs[i] = u.Period.Start, u.Period.End, u.Period.ID
-		c.days[i], c.hours[i] = at.In(zoneOf(anchor)).Format(time.DateOnly), hour
+		c.days[i], c.hours[i], c.plans[i] = at.In(zoneOf(anchor)).Format(time.DateOnly), hour, t.Plan
 		c.steps[i], c.tokens[i], c.costs[i] = a.Steps, a.Tokens, a.CostMicro
 	}
 	byTenant, err := upsertRollups(ctx, tx, c)
@@ -166,6 +167,7 @@ type rollupCols struct {
 	ids                  []string
 	starts, ends, hours  []time.Time
 	periodIDs, days      []string
+	plans                []string // the tenant's plan, read with its lock: the period's plan
 	steps, tokens, costs []int64
 }
 
@@ -177,13 +179,14 @@ func upsertRollups(ctx context.Context, tx pgx.Tx, c rollupCols) (map[string]rol
 	rows, err := tx.Query(ctx, `
 		WITH i AS (
 			SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::date[],
-				$6::timestamptz[], $7::bigint[], $8::bigint[], $9::bigint[])
-				AS i(tenant_id, period_start, period_end, period_id, day, hour, steps, tokens, cost)
+				$6::timestamptz[], $7::bigint[], $8::bigint[], $9::bigint[], $10::text[])
+				AS i(tenant_id, period_start, period_end, period_id, day, hour, steps, tokens, cost, plan)
 		), p AS (
-			INSERT INTO usage_rollup_period AS r (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd)
-			SELECT tenant_id, period_start, period_end, period_id, steps, tokens, cost FROM i ORDER BY tenant_id
+			INSERT INTO usage_rollup_period AS r (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd, plan)
+			SELECT tenant_id, period_start, period_end, period_id, steps, tokens, cost, plan FROM i ORDER BY tenant_id
 			ON CONFLICT (tenant_id, period_start) DO UPDATE SET steps = r.steps + EXCLUDED.steps,
-				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd
+				tokens = r.tokens + EXCLUDED.tokens, cost_micro_usd = r.cost_micro_usd + EXCLUDED.cost_micro_usd,
+				plan = EXCLUDED.plan
 			RETURNING r.tenant_id, r.steps, r.tokens, r.cost_micro_usd
 		), d AS (
 			INSERT INTO usage_rollup_daily AS r (tenant_id, day, steps, tokens, cost_micro_usd)
@@ -200,7 +203,7 @@ func upsertRollups(ctx context.Context, tx pgx.Tx, c rollupCols) (map[string]rol
 		)
 		SELECT p.tenant_id, p.steps, p.tokens, p.cost_micro_usd, 0::bigint
 		FROM p, (SELECT count(*) FROM d) AS dd, (SELECT count(*) FROM h) AS hh`,
-		c.ids, c.starts, c.ends, c.periodIDs, c.days, c.hours, c.steps, c.tokens, c.costs)
+		c.ids, c.starts, c.ends, c.periodIDs, c.days, c.hours, c.steps, c.tokens, c.costs, c.plans)
 	return collectTotals(rows, err)
 }
 
@@ -258,6 +261,9 @@ func (r *Rollup) add(meter string, n int64) {
 type PeriodRollup struct {
 	TenantID string
 	Period   quotas.Period
+	// Plan is the plan in force in the period: the tenant's at the period's last
+	// recorded step or plan change.
+	Plan string
 	Rollup
 }
 
@@ -310,6 +316,10 @@ func (s *Store) UnscopedRebuildRollups(ctx context.Context, p RebuildRollupsPara
 		}
 		a := tenant.Anchor()
 		loc := zoneOf(a)
+		plans, err := periodPlans(ctx, tx, p.TenantID)
+		if err != nil {
+			return err
+		}
 		var from, to time.Time // whole periods
 		if all {
 			var first, last *time.Time
@@ -324,7 +334,7 @@ func (s *Store) UnscopedRebuildRollups(ctx context.Context, p RebuildRollupsPara
 				}
 			}
 			if first == nil {
-				return nil
+				first, last = &tenant.CreatedAt, &tenant.CreatedAt // the plans' rows only
 			}
 			from, to = a.PeriodAt(*first).Start, a.PeriodAt(*last).End
 		} else {
@@ -388,8 +398,53 @@ func (s *Store) UnscopedRebuildRollups(ctx context.Context, p RebuildRollupsPara
 		if err := rows.Err(); err != nil {
 			return err
 		}
+		keepPlans(plans, periods, a, tenant, from, to, all)
 		return insertRollups(ctx, tx, p.TenantID, hours, days, periods)
 	})
+}
+
+// planRow is a period rollup row's start and plan, as a rebuild found it.
+type planRow struct {
+	Start time.Time
+	Plan  string
+}
+
+// periodPlans reads the plans of a tenant's period rows, in time order.
+func periodPlans(ctx context.Context, tx pgx.Tx, tenantID string) ([]planRow, error) {
+	rows, err := tx.Query(ctx, `SELECT period_start, plan FROM usage_rollup_period WHERE tenant_id = $1 ORDER BY period_start`, tenantID)
+	return collect(rows, err, func(row pgx.Row) (planRow, error) {
+		var r planRow
+		err := row.Scan(&r.Start, &r.Plan)
+		return r, err
+	})
+}
+
+// keepPlans carries the plans of the period rows a rebuild replaces (old, in time
+// order) over to the rows it writes: each period rebuilt gets the plan of the latest
+// old row that began before its end (the plan in force at its end), or the tenant's
+// plan when none did; and a period that holds the start of a replaced row keeps a row,
+// without use if need be, so the plan that row recorded stays known to the periods
+// after it. all: every row was replaced; else only those starting in [from, to).
+func keepPlans(old []planRow, periods map[string]*PeriodRollup, a quotas.Anchor, t Tenant, from, to time.Time, all bool) {
+	for _, o := range old {
+		if !all && (o.Start.Before(from) || !o.Start.Before(to)) {
+			continue
+		}
+		if per := a.PeriodAt(o.Start); periods[per.ID] == nil {
+			periods[per.ID] = &PeriodRollup{TenantID: t.ID, Period: per}
+		}
+	}
+	for _, r := range periods {
+		r.Plan = t.Plan
+		for _, o := range old {
+			if !o.Start.Before(r.Period.End) {
+				break
+			}
+			if o.Plan != "" {
+				r.Plan = o.Plan
+			}
+		}
+	}
 }
 
 func insertRollups(ctx context.Context, tx pgx.Tx, tenant string, hours map[time.Time]*Rollup, days map[string]*Rollup, periods map[string]*PeriodRollup) error {
@@ -416,16 +471,16 @@ func insertRollups(ctx context.Context, tx pgx.Tx, tenant string, hours map[time
 		return err
 	}
 	var ps, pe []time.Time
-	var pid []string
+	var pid, plan []string
 	var pSteps, pTok, pCost []int64
 	for _, r := range periods {
-		ps, pe, pid = append(ps, r.Period.Start), append(pe, r.Period.End), append(pid, r.Period.ID)
+		ps, pe, pid, plan = append(ps, r.Period.Start), append(pe, r.Period.End), append(pid, r.Period.ID), append(plan, r.Plan)
 		pSteps, pTok, pCost = append(pSteps, r.Steps), append(pTok, r.Tokens), append(pCost, r.CostMicro)
 	}
 	_, err := tx.Exec(ctx, `
-		INSERT INTO usage_rollup_period (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd)
-		SELECT $1, * FROM unnest($2::timestamptz[], $3::timestamptz[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[])`,
-		tenant, ps, pe, pid, pSteps, pTok, pCost)
+		INSERT INTO usage_rollup_period (tenant_id, period_start, period_end, period_id, steps, tokens, cost_micro_usd, plan)
+		SELECT $1, * FROM unnest($2::timestamptz[], $3::timestamptz[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[])`,
+		tenant, ps, pe, pid, pSteps, pTok, pCost, plan)
 	return err
 }
 
@@ -457,7 +512,7 @@ func (s *Store) UnscopedTenantRollups(ctx context.Context, tenantID string) (Ten
 	}); err != nil {
 		return out, err
 	}
-	rows, err = s.db.Query(ctx, `SELECT period_start, period_end, period_id, steps, tokens, cost_micro_usd FROM usage_rollup_period WHERE tenant_id = $1 ORDER BY period_start`, tenantID)
+	rows, err = s.db.Query(ctx, `SELECT period_start, period_end, period_id, plan, steps, tokens, cost_micro_usd FROM usage_rollup_period WHERE tenant_id = $1 ORDER BY period_start`, tenantID)
 	out.Periods, err = collect(rows, err, scanPeriodRollup(tenantID))
 	return out, err
 }
@@ -465,7 +520,7 @@ func (s *Store) UnscopedTenantRollups(ctx context.Context, tenantID string) (Ten
 func scanPeriodRollup(tenantID string) func(pgx.Row) (PeriodRollup, error) {
 	return func(row pgx.Row) (PeriodRollup, error) {
 		r := PeriodRollup{TenantID: tenantID}
-		err := row.Scan(&r.Period.Start, &r.Period.End, &r.Period.ID, &r.Steps, &r.Tokens, &r.CostMicro)
+		err := row.Scan(&r.Period.Start, &r.Period.End, &r.Period.ID, &r.Plan, &r.Steps, &r.Tokens, &r.CostMicro)
 		r.Period.Start, r.Period.End = r.Period.Start.UTC(), r.Period.End.UTC()
 		return r, err
 	}
@@ -478,8 +533,10 @@ type PeriodOf struct {
 }
 
 // UnscopedPeriodRollups returns the period rollups of the named (tenant, period start)
-// pairs, in one query, keyed by tenant; a pair without use is absent. The usage
-// export reads it.
+// pairs, in one query, keyed by tenant. A pair without a row has zero use and the plan
+// of the tenant's latest row before it (the plan in force then: every plan change
+// writes a row of its period); it is absent when the tenant has no such row either.
+// The usage export reads it.
 func (s *Store) UnscopedPeriodRollups(ctx context.Context, periods []PeriodOf) (map[string]PeriodRollup, error) {
 	ids := make([]string, len(periods))
 	starts := make([]time.Time, len(periods))
@@ -487,9 +544,14 @@ func (s *Store) UnscopedPeriodRollups(ctx context.Context, periods []PeriodOf) (
 		ids[i], starts[i] = p.TenantID, p.Start
 	}
 	rows, err := s.db.Query(ctx, `
-		SELECT r.tenant_id, r.period_start, r.period_end, r.period_id, r.steps, r.tokens, r.cost_micro_usd
+		SELECT w.tenant_id, r.period_start, r.period_end, r.period_id, COALESCE(r.plan, b.plan),
+			COALESCE(r.steps, 0), COALESCE(r.tokens, 0), COALESCE(r.cost_micro_usd, 0)
 		FROM unnest($1::text[], $2::timestamptz[]) AS w(tenant_id, start_at)
-		JOIN usage_rollup_period r ON r.tenant_id = w.tenant_id AND r.period_start = w.start_at`, ids, starts)
+		LEFT JOIN usage_rollup_period r ON r.tenant_id = w.tenant_id AND r.period_start = w.start_at
+		LEFT JOIN LATERAL (SELECT e.plan FROM usage_rollup_period e
+			WHERE e.tenant_id = w.tenant_id AND e.period_start < w.start_at AND e.plan <> ''
+			ORDER BY e.period_start DESC LIMIT 1) b ON r.tenant_id IS NULL
+		WHERE r.tenant_id IS NOT NULL OR b.plan IS NOT NULL`, ids, starts)
 	if err != nil {
 		return nil, err
 	}
@@ -498,8 +560,13 @@ func (s *Store) UnscopedPeriodRollups(ctx context.Context, periods []PeriodOf) (
 	for rows.Next() {
 		var tenant string
 		var r PeriodRollup
-		if err := rows.Scan(&tenant, &r.Period.Start, &r.Period.End, &r.Period.ID, &r.Steps, &r.Tokens, &r.CostMicro); err != nil {
+		var start, end *time.Time
+		var id *string
+		if err := rows.Scan(&tenant, &start, &end, &id, &r.Plan, &r.Steps, &r.Tokens, &r.CostMicro); err != nil {
 			return nil, err
+		}
+		if start != nil {
+			r.Period.Start, r.Period.End, r.Period.ID = *start, *end, *id
 		}
 		r.TenantID = tenant
 		r.Period.Start, r.Period.End = r.Period.Start.UTC(), r.Period.End.UTC()
@@ -528,4 +595,47 @@ func (s *Store) UnscopedLedgerTotals(ctx context.Context, tenantID string, from,
 		r.add(meter, n)
 	}
 	return r, rows.Err()
+}
+
+// PlanChangeParams name a tenant whose plan just changed, as it is now (its UpdatedAt
+// the time of the change), and the plan it had before.
+type PlanChangeParams struct {
+	Tenant  Tenant
+	OldPlan string
+}
+
+// UnscopedRecordPlanChange records a change of a tenant's plan in its period rollups,
+// on the transaction that changes it: the period the change falls in takes the new
+// plan (a row without use if it has none yet), and the tenant's first period gets a row
+// with the old plan unless it has one: only the first change of all finds none, and
+// the plan it replaces was in force from the tenant's creation. So every period keeps
+// the plan in force in it (see UnscopedPeriodRollups). It holds the tenant's
+// rollups exclusively, as a rebuild does: a step recorded meanwhile waits, then reads
+// the tenant with its new plan.
+func (s *Store) UnscopedRecordPlanChange(ctx context.Context, p PlanChangeParams) error {
+	t := p.Tenant
+	if t.ID == "" {
+		return ErrNoTenant
+	}
+	a := t.Anchor()
+	cur, first := a.PeriodAt(t.UpdatedAt), a.PeriodAt(t.CreatedAt)
+	return s.inTransaction(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+rollupLock+`)`, t.ID); err != nil {
+			return err
+		}
+		if first.Start.Before(cur.Start) {
+			if _, err := tx.Exec(ctx, `
+				INSERT INTO usage_rollup_period (tenant_id, period_start, period_end, period_id, plan)
+				VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, period_start) DO NOTHING`,
+				t.ID, first.Start, first.End, first.ID, p.OldPlan); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `
+			INSERT INTO usage_rollup_period (tenant_id, period_start, period_end, period_id, plan)
+			VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (tenant_id, period_start) DO UPDATE SET plan = EXCLUDED.plan`,
+			t.ID, cur.Start, cur.End, cur.ID, t.Plan)
+		return err
+	})
 }

@@ -229,12 +229,21 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 			ID: p.ID, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
 			BillingDay: p.BillingDay, TimeZone: p.TimeZone,
 		})
-		if err != nil || old.Anchor() == t.Anchor() {
+		if err != nil {
 			return err
 		}
-		moved = true
-		// The rollups' days and periods were cut by the old anchor: rewrite them all.
-		return tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID})
+		if old.Anchor() != t.Anchor() {
+			moved = true
+			// The rollups' days and periods were cut by the old anchor: rewrite them all.
+			if err := tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID}); err != nil {
+				return err
+			}
+		}
+		if old.Plan != t.Plan {
+			// The periods keep the plan that was in force in them, for the usage export.
+			return tx.UnscopedRecordPlanChange(ctx, store.PlanChangeParams{Tenant: t, OldPlan: old.Plan})
+		}
+		return nil
 	})
 	if err != nil {
 		return Tenant{}, err
