@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/agentq/agentq/quotas"
 )
@@ -636,6 +638,26 @@ func (s *Store) UnscopedRecordPlanChange(ctx context.Context, p PlanChangeParams
 			VALUES ($1, $2, $3, $4, $5)
 			ON CONFLICT (tenant_id, period_start) DO UPDATE SET plan = EXCLUDED.plan`,
 			t.ID, cur.Start, cur.End, cur.ID, t.Plan)
+		return err
+	})
+}
+
+// UnscopedHoldRollups takes the exclusive rollup lock of each of a page of tenants, in
+// id order, on s's transaction (as a rebuild does; see the top of this file): until
+// it ends no step of theirs is recorded, so their ledger holds still. A step being
+// recorded is waited for, at most wait; longer fails with ErrBusy.
+func (s *Store) UnscopedHoldRollups(ctx context.Context, tenants []string, wait time.Duration) error {
+	return s.inTransaction(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `
+			SELECT pg_advisory_xact_lock(`+rollupLockOf("t.id")+`)
+			FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) t`, tenants)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
+			return fmt.Errorf("store: the rollups of a page of tenants: %w", ErrBusy)
+		}
 		return err
 	})
 }
