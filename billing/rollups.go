@@ -91,13 +91,16 @@ func NewRollups(st *store.Store) *Rollups { return &Rollups{st: st} }
 
 // Rebuild recomputes the tenant's rollups from the ledger over [from, to), widened to
 // whole billing periods; with both zero, all of them (after a change of its billing
-// anchor). Steps recorded for the tenant meanwhile wait for it.
+// anchor), a billing period per transaction. Steps recorded for the tenant wait for
+// each transaction.
 func (r *Rollups) Rebuild(ctx context.Context, tenantID string, from, to time.Time) error {
 	return r.st.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: tenantID, From: from, To: to})
 }
 
-// RebuildAll is Rebuild of every rollup of the tenant, on tx: the tenant service runs
-// it in the transaction that changes a billing anchor.
+// RebuildAll is Rebuild of every rollup of the tenant, on tx (where its pieces are
+// savepoints of the one transaction; on a Store over the pool each is a transaction
+// of its own, which is how the tenant service rewrites a tenant's rollups once a
+// change of its billing anchor committed).
 func RebuildAll(ctx context.Context, tx *store.Store, tenantID string) error {
 	return tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: tenantID})
 }

@@ -289,3 +289,63 @@ func TestExportShowsThePlanOfEachPeriod(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A change of the billing anchor rewrites the tenant's whole history of rollups in
+// bounded pieces, a transaction per billing period (a transaction over the whole
+// history would hold back every tenant's feed and webhooks while it ran), and ends
+// with every period of the new anchor equal to the ledger's sums over it.
+func TestAnchorChangeRebuildsInPieces(t *testing.T) {
+	f := newFixture(t)
+	now := time.Now().UTC()
+	created := time.Date(now.Year(), now.Month()-8, 1, 0, 0, 0, 0, time.UTC)
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at, billing_day) VALUES ('hist', 'hist', 'pro', $1, 1)`, created)
+	task := uuid.Must(uuid.NewV7())
+	f.exec(`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state) VALUES ($1, 'hist', 'k', 'sim', '\x01', 'completed')`, task)
+	step := 0
+	for at := created.Add(time.Hour); at.Before(now); at = at.Add(41 * time.Hour) {
+		step++
+		f.ledgerRow("hist", task, step, at, int64(step), int64(10*step))
+	}
+	ro := billing.NewRollups(f.st)
+	if err := ro.Rebuild(f.ctx, "hist", time.Time{}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenants.New(f.st, plans, tenants.Options{}).Update(f.ctx, tenants.UpdateParams{ID: "hist", BillingDay: ptr(17), TimeZone: ptr("Asia/Kolkata")}); err != nil {
+		t.Fatal(err)
+	}
+	tn, err := f.st.GetTenant(f.ctx, "hist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.st.UnscopedTenantRollups(f.ctx, "hist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tn.Anchor()
+	if want := a.PeriodAt(now).ID; len(got.Periods) < 8 || got.Periods[len(got.Periods)-1].Period.ID != want {
+		t.Fatalf("periods after the change: %+v; want 8 or more, the last %s", got.Periods, want)
+	}
+	for _, p := range got.Periods {
+		if p.Period != a.PeriodAt(p.Period.Start) {
+			t.Errorf("period %+v is not one of the new anchor's", p.Period)
+		}
+		ledger, err := f.st.UnscopedLedgerTotals(f.ctx, "hist", p.Period.Start, p.Period.End)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Rollup != ledger {
+			t.Errorf("period %s: %+v, the ledger %+v", p.Period.ID, p.Rollup, ledger)
+		}
+	}
+	var writers int
+	if err := f.st.Pool().QueryRow(f.ctx, `SELECT count(DISTINCT xmin::text) FROM usage_rollup_period WHERE tenant_id = 'hist'`).Scan(&writers); err != nil {
+		t.Fatal(err)
+	}
+	if writers < len(got.Periods)-1 {
+		t.Fatalf("%d periods written by %d transactions: the history was not rebuilt a period at a time", len(got.Periods), writers)
+	}
+}

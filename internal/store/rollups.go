@@ -296,113 +296,164 @@ type RebuildRollupsParams struct {
 // a bucket's edge.
 const rebuildBucket = 15 * time.Minute
 
+// The open ends of a rebuild's range: before any ledger row, after every one.
+var (
+	farPast   = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
 // UnscopedRebuildRollups recomputes a tenant's rollups from its ledger: the rows in the
 // range are deleted and written again from the ledger's sums, in one transaction that
-// holds the tenant's rollups exclusively (steps being recorded for it wait). With no
-// range every rollup row of the tenant is rewritten: what a change of its billing
-// anchor needs, since the old anchor's periods and days no longer match the new one's.
+// holds the tenant's rollups exclusively (steps being recorded for it wait).
+//
+// With no range every rollup row of the tenant is rewritten: what a change of its
+// billing anchor needs, since the old anchor's periods and days no longer match the
+// new one's. That is done in bounded pieces, newest first, a transaction each: the
+// current period (and anything after it), then each earlier period that holds ledger
+// rows or rollup rows, the oldest piece taking whatever lies before it. A transaction
+// over a tenant's whole history would hold back every tenant's feed and webhooks
+// (their readers wait for the transactions older than what they read) for as long as
+// it ran. Each piece reads the tenant's anchor afresh. Until the last piece commits the
+// earlier periods may still be cut by an older anchor. Called on a transaction, the
+// pieces are savepoints of it.
 func (s *Store) UnscopedRebuildRollups(ctx context.Context, p RebuildRollupsParams) error {
 	if p.TenantID == "" {
 		return ErrNoTenant
 	}
-	all := p.From.IsZero() && p.To.IsZero()
-	if !all && !p.From.Before(p.To) {
+	if p.From.IsZero() && p.To.IsZero() {
+		return s.rebuildInPieces(ctx, p.TenantID)
+	}
+	if !p.From.Before(p.To) {
 		return fmt.Errorf("store: rebuild range [%s, %s) is empty", p.From, p.To)
 	}
 	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		tenant, err := scanTenant(tx.QueryRow(ctx, `
-			WITH l AS (SELECT pg_advisory_xact_lock(`+rollupLock+`))
-			SELECT `+tenantCols+` FROM tenants, l WHERE id = $1`, p.TenantID))
+		tenant, err := lockForRebuild(ctx, tx, p.TenantID)
 		if err != nil {
 			return err
 		}
 		a := tenant.Anchor()
-		loc := zoneOf(a)
-		plans, err := periodPlans(ctx, tx, p.TenantID)
-		if err != nil {
-			return err
-		}
-		var from, to time.Time // whole periods
-		if all {
-			var first, last *time.Time
-			if err := tx.QueryRow(ctx, `SELECT min(recorded_at), max(recorded_at) FROM usage_ledger WHERE tenant_id = $1`,
-				p.TenantID).Scan(&first, &last); err != nil {
+		return rebuildRange(ctx, tx, tenant, a.PeriodAt(p.From).Start, a.PeriodAt(p.To.Add(-time.Nanosecond)).End)
+	})
+}
+
+// lockForRebuild takes the tenant's rollups exclusively, then reads the tenant.
+func lockForRebuild(ctx context.Context, tx pgx.Tx, tenantID string) (Tenant, error) {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+rollupLock+`)`, tenantID); err != nil {
+		return Tenant{}, err
+	}
+	return scanTenant(tx.QueryRow(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = $1`, tenantID))
+}
+
+// rebuildInPieces is UnscopedRebuildRollups of everything (see there).
+func (s *Store) rebuildInPieces(ctx context.Context, tenantID string) error {
+	to := farFuture
+	var at *time.Time // in the next piece's period: nil, now
+	for to.After(farPast) {
+		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+			tenant, err := lockForRebuild(ctx, tx, tenantID)
+			if err != nil {
 				return err
 			}
-			for _, q := range []string{`DELETE FROM usage_rollup_hourly WHERE tenant_id = $1`,
-				`DELETE FROM usage_rollup_daily WHERE tenant_id = $1`, `DELETE FROM usage_rollup_period WHERE tenant_id = $1`} {
-				if _, err := tx.Exec(ctx, q, p.TenantID); err != nil {
+			if at == nil {
+				var now time.Time
+				if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 					return err
 				}
+				at = &now
 			}
-			if first == nil {
-				first, last = &tenant.CreatedAt, &tenant.CreatedAt // the plans' rows only
-			}
-			from, to = a.PeriodAt(*first).Start, a.PeriodAt(*last).End
-		} else {
-			from, to = a.PeriodAt(p.From).Start, a.PeriodAt(p.To.Add(-time.Nanosecond)).End
-		}
-		hFrom, hTo := from.Truncate(time.Hour), to.Add(time.Hour-time.Nanosecond).Truncate(time.Hour)
-		if !all {
-			if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3`,
-				p.TenantID, hFrom, hTo); err != nil {
+			from := tenant.Anchor().PeriodAt(*at).Start
+			// The latest thing before this piece, which the next one holds.
+			if err := tx.QueryRow(ctx, `
+				SELECT GREATEST(
+					(SELECT max(recorded_at) FROM usage_ledger WHERE tenant_id = $1 AND recorded_at < $2),
+					(SELECT max(period_start) FROM usage_rollup_period WHERE tenant_id = $1 AND period_start < $2),
+					(SELECT max(hour) FROM usage_rollup_hourly WHERE tenant_id = $1 AND hour < $3))`,
+				tenantID, from, from.Truncate(time.Hour)).Scan(&at); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_daily WHERE tenant_id = $1 AND day >= $2::date AND day < $3::date`,
-				p.TenantID, from.In(loc).Format(time.DateOnly), to.In(loc).Format(time.DateOnly)); err != nil {
+			if at == nil {
+				from = farPast // the oldest piece: whatever lies before it goes
+			}
+			if err := rebuildRange(ctx, tx, tenant, from, to); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_period WHERE tenant_id = $1 AND period_start >= $2 AND period_start < $3`,
-				p.TenantID, from, to); err != nil {
-				return err
-			}
-		}
-		rows, err := tx.Query(ctx, `
-			SELECT floor(extract(epoch FROM recorded_at) / $4)::bigint, meter, sum(quantity)::bigint
-			FROM usage_ledger WHERE tenant_id = $1 AND recorded_at >= $2 AND recorded_at < $3
-			GROUP BY 1, 2`, p.TenantID, hFrom, hTo, int64(rebuildBucket/time.Second))
+			to = from
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		hours := map[time.Time]*Rollup{}
-		days := map[string]*Rollup{}
-		periods := map[string]*PeriodRollup{}
-		get := func(m map[string]*Rollup, k string) *Rollup {
-			if m[k] == nil {
-				m[k] = &Rollup{}
-			}
-			return m[k]
+	}
+	return nil
+}
+
+// rebuildRange rewrites the tenant's rollups over [from, to) (whole periods, or the
+// open ends) from its ledger, on tx, which holds the tenant's rollups.
+func rebuildRange(ctx context.Context, tx pgx.Tx, tenant Tenant, from, to time.Time) error {
+	a := tenant.Anchor()
+	loc := zoneOf(a)
+	plans, err := periodPlans(ctx, tx, tenant.ID)
+	if err != nil {
+		return err
+	}
+	hFrom, hTo := from.Truncate(time.Hour), to.Add(time.Hour-time.Nanosecond).Truncate(time.Hour)
+	if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3`,
+		tenant.ID, hFrom, hTo); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_daily WHERE tenant_id = $1 AND day >= $2::date AND day < $3::date`,
+		tenant.ID, from.In(loc).Format(time.DateOnly), to.In(loc).Format(time.DateOnly)); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM usage_rollup_period WHERE tenant_id = $1 AND period_start >= $2 AND period_start < $3`,
+		tenant.ID, from, to); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT floor(extract(epoch FROM recorded_at) / $4)::bigint, meter, sum(quantity)::bigint
+		FROM usage_ledger WHERE tenant_id = $1 AND recorded_at >= $2 AND recorded_at < $3
+		GROUP BY 1, 2`, tenant.ID, hFrom, hTo, int64(rebuildBucket/time.Second))
+	if err != nil {
+		return err
+	}
+	hours := map[time.Time]*Rollup{}
+	days := map[string]*Rollup{}
+	periods := map[string]*PeriodRollup{}
+	get := func(m map[string]*Rollup, k string) *Rollup {
+		if m[k] == nil {
+			m[k] = &Rollup{}
 		}
-		for rows.Next() {
-			var b, n int64
-			var meter string
-			if err := rows.Scan(&b, &meter, &n); err != nil {
-				rows.Close()
-				return err
-			}
-			at := time.Unix(b*int64(rebuildBucket/time.Second), 0).UTC()
-			h := at.Truncate(time.Hour)
-			if hours[h] == nil {
-				hours[h] = &Rollup{}
-			}
-			hours[h].add(meter, n)
-			if at.Before(from) || !at.Before(to) {
-				continue // in a boundary hour, outside the periods rebuilt
-			}
-			get(days, at.In(loc).Format(time.DateOnly)).add(meter, n)
-			per := a.PeriodAt(at)
-			if periods[per.ID] == nil {
-				periods[per.ID] = &PeriodRollup{TenantID: p.TenantID, Period: per}
-			}
-			periods[per.ID].add(meter, n)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		return m[k]
+	}
+	for rows.Next() {
+		var b, n int64
+		var meter string
+		if err := rows.Scan(&b, &meter, &n); err != nil {
+			rows.Close()
 			return err
 		}
-		keepPlans(plans, periods, a, tenant, from, to, all)
-		return insertRollups(ctx, tx, p.TenantID, hours, days, periods)
-	})
+		at := time.Unix(b*int64(rebuildBucket/time.Second), 0).UTC()
+		h := at.Truncate(time.Hour)
+		if hours[h] == nil {
+			hours[h] = &Rollup{}
+		}
+		hours[h].add(meter, n)
+		if at.Before(from) || !at.Before(to) {
+			continue // in a boundary hour, outside the periods rebuilt
+		}
+		get(days, at.In(loc).Format(time.DateOnly)).add(meter, n)
+		per := a.PeriodAt(at)
+		if periods[per.ID] == nil {
+			periods[per.ID] = &PeriodRollup{TenantID: tenant.ID, Period: per}
+		}
+		periods[per.ID].add(meter, n)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	keepPlans(plans, periods, a, tenant, from, to)
+	return insertRollups(ctx, tx, tenant.ID, hours, days, periods)
 }
 
 // planRow is a period rollup row's start and plan, as a rebuild found it.
@@ -426,10 +477,10 @@ func periodPlans(ctx context.Context, tx pgx.Tx, tenantID string) ([]planRow, er
 // old row that began before its end (the plan in force at its end), or the tenant's
 // plan when none did; and a period that holds the start of a replaced row keeps a row,
 // without use if need be, so the plan that row recorded stays known to the periods
-// after it. all: every row was replaced; else only those starting in [from, to).
-func keepPlans(old []planRow, periods map[string]*PeriodRollup, a quotas.Anchor, t Tenant, from, to time.Time, all bool) {
+// after it. The rows replaced are those starting in [from, to).
+func keepPlans(old []planRow, periods map[string]*PeriodRollup, a quotas.Anchor, t Tenant, from, to time.Time) {
 	for _, o := range old {
-		if !all && (o.Start.Before(from) || !o.Start.Before(to)) {
+		if o.Start.Before(from) || !o.Start.Before(to) {
 			continue
 		}
 		if per := a.PeriodAt(o.Start); periods[per.ID] == nil {

@@ -153,8 +153,9 @@ type UpdateParams struct {
 	Overrides map[string]quotas.Limit
 	Status    *string // active or suspended
 	// BillingDay and TimeZone change the billing anchor (see CreateParams). A change
-	// rewrites the tenant's usage rollups from the ledger under the new anchor, in the
-	// same transaction.
+	// rewrites the tenant's usage rollups from the ledger under the new anchor: the
+	// current period's in the same transaction, the earlier ones after it commits, a
+	// period at a time; and it re-seeds the tenant's monthly quota counters.
 	BillingDay *int
 	TimeZone   *string
 }
@@ -234,8 +235,11 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 		}
 		if old.Anchor() != t.Anchor() {
 			moved = true
-			// The rollups' days and periods were cut by the old anchor: rewrite them all.
-			if err := tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID}); err != nil {
+			// The rollups' days and periods were cut by the old anchor: the current
+			// period is rewritten here, the earlier ones once this commits (rebuild).
+			if err := tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{
+				TenantID: t.ID, From: t.UpdatedAt, To: t.UpdatedAt.Add(time.Nanosecond),
+			}); err != nil {
 				return err
 			}
 		}
@@ -256,6 +260,7 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 	}
 	if moved {
 		s.reseed(ctx, t)
+		s.rebuild(ctx, t)
 	}
 	if pol, err := s.Policy(t); err == nil && s.sched != nil {
 		if err := s.sched.Configure(ctx, t.ID, pol.Weight, pol.RunningCap); err != nil {
@@ -275,6 +280,18 @@ func (s *Service) reseed(ctx context.Context, t Tenant) {
 	}
 	if _, err := s.counters.ReseedAnchor(ctx, t.ID, t.Anchor()); err != nil {
 		s.log.Error("re-seeding the quota counters for a new billing anchor failed", "tenant_id", t.ID, "err", err)
+	}
+}
+
+// rebuild rewrites the usage rollups of a tenant whose billing anchor changed, once
+// the change is committed: all of them, a billing period per transaction (a
+// transaction over the tenant's whole history would hold back every tenant's events
+// feed and webhooks while it ran). A failure is logged: the change and its current
+// period stand, and Rollups.Rebuild with no range finishes the rest.
+func (s *Service) rebuild(ctx context.Context, t Tenant) {
+	if err := s.store.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID}); err != nil {
+		s.log.Error("rewriting the usage rollups for a new billing anchor failed; the current period is rewritten, earlier ones may still follow the old anchor",
+			"tenant_id", t.ID, "err", err)
 	}
 }
 
