@@ -88,6 +88,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		{"agentq_webhook_deliveries_total", map[string]string{"outcome": "gone"}},
 		{"agentq_dispatched_total", nil},
 		{"agentq_quotas_counters_rebuilt_total", nil},
+		{"agentq_quotas_recount_skipped_total", nil},
 	} {
 		if v, ok := sample(fams, c.name, c.labels); !ok || v != 0 {
 			t.Errorf("before traffic: %s%v = %v (present %v), want 0", c.name, c.labels, v, ok)

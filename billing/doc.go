@@ -57,10 +57,14 @@
 // within a time budget, on the leader only. For a page of tenants it reads their
 // counters (tenants whose counters are unseeded are skipped: admission rebuilds them,
 // and creating them here would keep idle tenants' state from expiring), then what the
-// ledger says (Ledger.RecountBasis), then corrects, in one script per tenant that
-// first checks the counters did not move since it read them: a step reserved or
-// settled during the recount leaves that tenant to the next run, so it is never
-// mistaken for drift.
+// ledger says while it holds still (Ledger.RecountHeld: the page's rollups are held
+// exclusively, so no step of theirs is recorded until the correction is made), then
+// corrects, in one script per tenant, the counters as they are when it runs. Steps
+// reserved or settled meanwhile are not in the ledger read and move the counters by
+// what they book, which commutes with the correction: they are never mistaken for
+// drift, and a tenant that always has a step in flight is corrected all the same. A
+// page that cannot be held within HoldWait is left for the next run and counted
+// (agentq.quotas.recount_skipped).
 //
 // In-flight reservations: a step reserved and not yet recorded is in the counters and
 // not in the ledger. The ledger bounds them: each running task holds at most one step

@@ -36,6 +36,33 @@ func (l *Ledger) PeriodUsage(ctx context.Context, tenantID string, period quotas
 	return quotas.Usage{StepsByHour: u.StepsByHour, Tokens: u.Tokens, CostMicro: u.CostMicro}, nil
 }
 
+// HoldWait bounds how long RecountHeld waits for the steps being recorded for a page
+// of tenants before it holds their ledger.
+const HoldWait = 2 * time.Second
+
+// ErrBusy: RecountHeld could not hold a page's ledger within HoldWait.
+var ErrBusy = store.ErrBusy
+
+// RecountHeld is RecountBasis read while the page's ledger holds still: in a
+// transaction that holds the tenants' rollups exclusively (no step of theirs is
+// recorded until it ends), and that runs correct, which corrects the counters, before
+// it ends. So correct may take the counters as they are when it runs: reservations and
+// settlements go on meanwhile, and only the ledger could have moved. The steps recorded
+// for the tenants wait for it (a few milliseconds: a Redis round trip). ErrBusy when
+// the page could not be held within HoldWait.
+func (l *Ledger) RecountHeld(ctx context.Context, tenants []string, now time.Time, correct func(map[string]quotas.LedgerCounts) error) error {
+	return l.st.InTx(ctx, func(tx *store.Store) error {
+		if err := tx.UnscopedHoldRollups(ctx, tenants, HoldWait); err != nil {
+			return err
+		}
+		basis, err := (&Ledger{st: tx}).RecountBasis(ctx, tenants, now)
+		if err != nil {
+			return err
+		}
+		return correct(basis)
+	})
+}
+
 // RecountBasis returns, for a page of tenants, what the ledger says their counters
 // should hold in their current billing period, and what their running tasks may hold
 // reserved besides: two queries for the page. Tenants that do not exist are absent.

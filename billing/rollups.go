@@ -33,8 +33,9 @@ type Crossings struct {
 //
 // In each, before is the total the step left less the step's own share: the rollup
 // row of the period is updated (and so locked) by the step's transaction, so two
-// steps of a tenant recorded at once see one another's totals in order, and each
-// threshold is crossed by exactly one step. The dedupe keys make each threshold one
+// steps of a tenant recorded at once see one another's totals in order (the sliding
+// day's too, summed once the period row is held, so a step of an earlier hour that
+// committed meanwhile is in it), and each threshold is crossed by exactly one step. The dedupe keys make each threshold one
 // event per period besides. A tenant whose plan is no longer in the catalogue has no
 // limits known here and no crossings.
 func (c Crossings) Step(ctx context.Context, tx *store.Store, r store.RecordedStep) error {
@@ -90,13 +91,16 @@ func NewRollups(st *store.Store) *Rollups { return &Rollups{st: st} }
 
 // Rebuild recomputes the tenant's rollups from the ledger over [from, to), widened to
 // whole billing periods; with both zero, all of them (after a change of its billing
-// anchor). Steps recorded for the tenant meanwhile wait for it.
+// anchor), a billing period per transaction. Steps recorded for the tenant wait for
+// each transaction.
 func (r *Rollups) Rebuild(ctx context.Context, tenantID string, from, to time.Time) error {
 	return r.st.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: tenantID, From: from, To: to})
 }
 
-// RebuildAll is Rebuild of every rollup of the tenant, on tx: the tenant service runs
-// it in the transaction that changes a billing anchor.
+// RebuildAll is Rebuild of every rollup of the tenant, on tx (where its pieces are
+// savepoints of the one transaction; on a Store over the pool each is a transaction
+// of its own, which is how the tenant service rewrites a tenant's rollups once a
+// change of its billing anchor committed).
 func RebuildAll(ctx context.Context, tx *store.Store, tenantID string) error {
 	return tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: tenantID})
 }
@@ -176,7 +180,9 @@ func meters(steps, tokens, micro int64) []MeterUsage {
 // before the end of its billing period starting in that month (in its own zone, on
 // its billing day), that period's steps, tokens and micro-dollars, read from the
 // period rollups, which equal the ledger's sums over exactly [period start, period
-// end). ErrBadPeriod for a month that is not YYYY-MM. Tenants are in id order.
+// end), and the plan in force in the period as the rollups recorded it (the tenant's
+// current plan if it never changed). ErrBadPeriod for a month that is not YYYY-MM.
+// Tenants are in id order.
 func (r *Rollups) Export(ctx context.Context, month string) (UsageExport, error) {
 	y, m, err := ParseMonth(month)
 	if err != nil {
@@ -188,7 +194,7 @@ func (r *Rollups) Export(ctx context.Context, month string) (UsageExport, error)
 	}
 	var periods []TenantPeriod
 	var keys []store.PeriodOf
-	plans := map[string]string{}
+	plans := map[string]string{} // the current plans, for periods that recorded none
 	for _, t := range tenants {
 		p := t.Anchor().PeriodStartingIn(y, m)
 		if !t.CreatedAt.Before(p.End) {
@@ -214,8 +220,12 @@ func (r *Rollups) Export(ctx context.Context, month string) (UsageExport, error)
 	var steps, tokens, micro int64
 	for _, p := range periods {
 		u := used[p.TenantID]
+		plan := u.Plan
+		if plan == "" {
+			plan = plans[p.TenantID]
+		}
 		tu := TenantUsage{
-			TenantID: p.TenantID, Plan: plans[p.TenantID], PeriodID: p.Period.ID,
+			TenantID: p.TenantID, Plan: plan, PeriodID: p.Period.ID,
 			Period: Span{Start: p.Period.Start, End: p.Period.End},
 			Meters: meters(u.Steps, u.Tokens, u.CostMicro), Rejections: rej[p.TenantID],
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -240,4 +241,111 @@ func zoneOf(a quotas.Anchor) *time.Location {
 		return time.UTC
 	}
 	return a.Zone
+}
+
+// The export labels each period with the plan that was in force in it, not the
+// tenant's plan today: a tenant created on free two months ago, with use last month,
+// moves to enterprise now. Its first period (no use), last month's and this month's
+// show free, free and enterprise; a rebuild of its rollups keeps them.
+func TestExportShowsThePlanOfEachPeriod(t *testing.T) {
+	f := newFixture(t)
+	now := time.Now().UTC()
+	month := func(back int) time.Time {
+		return time.Date(now.Year(), now.Month()-time.Month(back), 1, 0, 0, 0, 0, time.UTC)
+	}
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at, billing_day) VALUES ('pl', 'pl', 'free', $1, 1)`, month(2).Add(72*time.Hour))
+	task := uuid.Must(uuid.NewV7())
+	f.exec(`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state) VALUES ($1, 'pl', 'k', 'sim', '\x01', 'completed')`, task)
+	f.ledgerRow("pl", task, 1, month(1).Add(48*time.Hour), 10, 20)
+	ro := billing.NewRollups(f.st)
+	if err := ro.Rebuild(f.ctx, "pl", time.Time{}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenants.New(f.st, plans, tenants.Options{}).Update(f.ctx, tenants.UpdateParams{ID: "pl", Plan: ptr("enterprise")}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		for back, want := range []string{"enterprise", "free", "free"} {
+			m := month(back).Format("2006-01")
+			exp, err := ro.Export(f.ctx, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(exp.Tenants) != 1 || exp.Tenants[0].Plan != want {
+				t.Errorf("%s: export of %s: %+v, want plan %s", when, m, exp.Tenants, want)
+			}
+		}
+	}
+	check("after the plan change")
+	if err := ro.Rebuild(f.ctx, "pl", time.Time{}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	check("after a rebuild")
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A change of the billing anchor rewrites the tenant's whole history of rollups in
+// bounded pieces, a transaction per billing period (a transaction over the whole
+// history would hold back every tenant's feed and webhooks while it ran), and ends
+// with every period of the new anchor equal to the ledger's sums over it.
+func TestAnchorChangeRebuildsInPieces(t *testing.T) {
+	f := newFixture(t)
+	now := time.Now().UTC()
+	created := time.Date(now.Year(), now.Month()-8, 1, 0, 0, 0, 0, time.UTC)
+	f.exec(`INSERT INTO tenants (id, name, plan, created_at, billing_day) VALUES ('hist', 'hist', 'pro', $1, 1)`, created)
+	task := uuid.Must(uuid.NewV7())
+	f.exec(`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state) VALUES ($1, 'hist', 'k', 'sim', '\x01', 'completed')`, task)
+	step := 0
+	for at := created.Add(time.Hour); at.Before(now); at = at.Add(41 * time.Hour) {
+		step++
+		f.ledgerRow("hist", task, step, at, int64(step), int64(10*step))
+	}
+	ro := billing.NewRollups(f.st)
+	if err := ro.Rebuild(f.ctx, "hist", time.Time{}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenants.New(f.st, plans, tenants.Options{}).Update(f.ctx, tenants.UpdateParams{ID: "hist", BillingDay: ptr(17), TimeZone: ptr("Asia/Kolkata")}); err != nil {
+		t.Fatal(err)
+	}
+	tn, err := f.st.GetTenant(f.ctx, "hist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.st.UnscopedTenantRollups(f.ctx, "hist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tn.Anchor()
+	if want := a.PeriodAt(now).ID; len(got.Periods) < 8 || got.Periods[len(got.Periods)-1].Period.ID != want {
+		t.Fatalf("periods after the change: %+v; want 8 or more, the last %s", got.Periods, want)
+	}
+	for _, p := range got.Periods {
+		if p.Period != a.PeriodAt(p.Period.Start) {
+			t.Errorf("period %+v is not one of the new anchor's", p.Period)
+		}
+		ledger, err := f.st.UnscopedLedgerTotals(f.ctx, "hist", p.Period.Start, p.Period.End)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Rollup != ledger {
+			t.Errorf("period %s: %+v, the ledger %+v", p.Period.ID, p.Rollup, ledger)
+		}
+	}
+	var writers int
+	if err := f.st.Pool().QueryRow(f.ctx, `SELECT count(DISTINCT xmin::text) FROM usage_rollup_period WHERE tenant_id = 'hist'`).Scan(&writers); err != nil {
+		t.Fatal(err)
+	}
+	if writers < len(got.Periods)-1 {
+		t.Fatalf("%d periods written by %d transactions: the history was not rebuilt a period at a time", len(got.Periods), writers)
+	}
 }

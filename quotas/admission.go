@@ -645,7 +645,9 @@ func (q *Quotas) QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantI
 // starts it (the previous one's counters go); a request of an older one (a step that
 // began before the boundary, a worker's clock behind) books into the newest period,
 // so tasks on both sides of the boundary never wipe each other's counters. Period ids
-// are start dates, yyyymmdd, so they compare as numbers.
+// are start dates, yyyymmdd, so they compare as numbers. A period set by a change of
+// the tenant's billing anchor ("pe" holds its end) is not left before it ends, whatever
+// the request's period (anchor.go).
 //
 // KEYS[1] state hash   KEYS[2] steps hash
 // ARGV[1] now ms or ""   ARGV[2] steps daily limit   ARGV[3] tokens monthly limit
@@ -658,7 +660,7 @@ func (q *Quotas) QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantI
 // written before the seed would be wiped by it.
 var reserveStepScript = redisx.NewScript(luaNow + `
 local H, S = KEYS[1], KEYS[2]
-local m = redis.call('HMGET', H, 'per', 'sd')
+local m = redis.call('HMGET', H, 'per', 'sd', 'pe')
 if not m[2] then return {2} end -- unseeded: the caller rebuilds the counters first
 local hour = math.floor(now / 3600000)
 local steps_max, tok_max, usd_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -672,7 +674,9 @@ if steps_max >= 0 then
   if used >= steps_max then return {1, 'agent_steps_daily', used, steps_max} end
 end
 local per = m[1]
-local newer = not per or (tonumber(ARGV[7]) or 0) > tonumber(per)
+-- a period set by an anchor change ("pe", its end) holds until it ends (anchor.go)
+local held = m[3] and now < tonumber(m[3])
+local newer = not per or (not held and (tonumber(ARGV[7]) or 0) > tonumber(per))
 if newer then per = ARGV[7] end
 local tp, up = ARGV[9], ARGV[10]
 local tf, uf = tp .. per, up .. per
@@ -702,6 +706,7 @@ if newer then
     if p and p ~= per then redis.call('HDEL', H, f) end
   end
   redis.call('HSET', H, 'per', per)
+  if m[3] then redis.call('HDEL', H, 'pe') end
 end
 if est_tok ~= 0 then redis.call('HINCRBY', H, tf, est_tok) end
 if est_usd ~= 0 then redis.call('HINCRBY', H, uf, est_usd) end
@@ -823,7 +828,8 @@ func str(v any) string { s, _ := v.(string); return s }
 
 // settleScript books the difference between a step's reservation and its actual use,
 // into the period the reservation went to: the newest one seen, unless the step's own
-// period is newer. A counter never goes below zero (a refund of a reservation made
+// period is newer (and the newest one seen was not set by an anchor change that still
+// holds: anchor.go). A counter never goes below zero (a refund of a reservation made
 // before the period rolled over). Counters without their "sd" mark are left alone: Redis
 // lost them, the step is in the ledger already, and the seed that rebuilds them reads it
 // there (a settle must not create counters a seed would then overwrite or add to).
@@ -833,10 +839,11 @@ func str(v any) string { s, _ := v.(string); return s }
 // ARGV[5] period id   ARGV[6] tokens field prefix   ARGV[7] usd field prefix
 var settleScript = redisx.NewScript(luaNow + `
 local H = KEYS[1]
-local m = redis.call('HMGET', H, 'per', 'sd')
+local m = redis.call('HMGET', H, 'per', 'sd', 'pe')
 if not m[2] then return 0 end -- unseeded: the ledger has the step, the seed will read it
 local per, p = m[1], ARGV[5]
-if per and (tonumber(p) or 0) < tonumber(per) then p = per end
+local held = m[3] and now < tonumber(m[3]) -- a period set by an anchor change (anchor.go)
+if per and (held or (tonumber(p) or 0) < tonumber(per)) then p = per end
 local function add(f, d)
   if tonumber(d) ~= 0 and redis.call('HINCRBY', H, f, d) < 0 then redis.call('HSET', H, f, 0) end
 end

@@ -48,6 +48,12 @@ type CounterSnapshot struct {
 type Correction struct {
 	Snapshot CounterSnapshot
 	Ledger   LedgerCounts
+	// Held: the ledger holds still until the correction is made (its reader holds
+	// the tenant's step records back). The counters are then corrected as they are,
+	// whatever moved since the snapshot: a reservation or a settlement meanwhile is
+	// within what the ledger and the running tasks allow, or moves the counters by what
+	// it books either way, so it commutes with the correction.
+	Held bool
 }
 
 // RecountOutcome says what CorrectCounters did with a tenant.
@@ -73,7 +79,7 @@ type RecountResult struct {
 // against the ledger. "read" answers {0, fingerprint} ({2} if unseeded). "fix" answers
 // {3} if the fingerprint differs from the one read before (the counters moved: a step
 // reserved or settled), {2} if unseeded, else {1, steps delta, tokens delta, usd
-// delta}. The steps are rewritten from the ledger's hours (plus what stays reserved, in
+// delta}. "held" is "fix" without the fingerprint check (Correction.Held). The steps are rewritten from the ledger's hours (plus what stays reserved, in
 // the current hour); tokens and micro-dollars only when Redis's newest period is the
 // ledger's (around a period boundary they are left alone).
 //
@@ -97,7 +103,7 @@ for i = 1, #all, 2 do
 end
 local fp = steps .. ':' .. per .. ':' .. (c[1] or '') .. ':' .. (c[2] or '')
 if ARGV[2] == 'read' then return {0, fp} end
-if fp ~= ARGV[3] then return {3} end
+if ARGV[2] == 'fix' and fp ~= ARGV[3] then return {3} end
 local function clamp(v, lo, hi)
   if v < lo then return lo end
   if v > hi then return hi end
@@ -183,7 +189,8 @@ func (q *Quotas) SnapshotCounters(ctx context.Context, tenants []string) ([]Coun
 }
 
 // CorrectCounters brings each tenant's counters within what its ledger allows (see the
-// recount above), unless they moved since the snapshot: one round trip for the page.
+// recount above), unless they moved since the snapshot and the correction is not Held:
+// one round trip for the page.
 func (q *Quotas) CorrectCounters(ctx context.Context, cs []Correction) ([]RecountResult, error) {
 	if len(cs) == 0 {
 		return nil, nil
@@ -192,7 +199,13 @@ func (q *Quotas) CorrectCounters(ctx context.Context, cs []Correction) ([]Recoun
 	for i, c := range cs {
 		tenants[i] = c.Snapshot.TenantID
 	}
-	res, err := q.runRecount(ctx, tenants, func(i int) []any { return q.recountArgs("fix", cs[i].Snapshot.print, cs[i].Ledger) })
+	res, err := q.runRecount(ctx, tenants, func(i int) []any {
+		mode := "fix"
+		if cs[i].Held {
+			mode = "held"
+		}
+		return q.recountArgs(mode, cs[i].Snapshot.print, cs[i].Ledger)
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -113,6 +113,7 @@ local tp, up = ARGV[6], ARGV[7]
 for _, f in ipairs(redis.call('HKEYS', H)) do
   if f:sub(1, #tp) == tp or f:sub(1, #up) == up then redis.call('HDEL', H, f) end
 end
+redis.call('HDEL', H, 'pe') -- a period set by an anchor change, left by a partial loss
 local per = ARGV[2]
 local w = {'sd', now, 'per', per, 'x', now + ttl}
 if tonumber(ARGV[3]) ~= 0 then w[#w+1] = tp .. per; w[#w+1] = ARGV[3] end

@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -9,7 +10,10 @@ import (
 	"github.com/riverqueue/river/rivershared/startstop"
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -30,7 +34,10 @@ func (c QuotaRecountConfig) withDefaults() QuotaRecountConfig {
 // QuotaRecountResult is what one run of the quota recount corrected.
 type QuotaRecountResult struct {
 	Corrected int // tenants whose counters it moved
-	Busy      int // tenants whose counters moved while it read the ledger: left for the next run
+	// Busy counts the tenants it could not review: their ledger could not be held
+	// still (steps being recorded for them past billing.HoldWait). They are left for
+	// the next run, and counted on agentq.quotas.recount_skipped.
+	Busy int
 	// How far it moved the counters, summed over tenants as absolute values: steps of
 	// the sliding day, the period's tokens and micro-dollars.
 	Steps, Tokens, CostMicro int64
@@ -65,9 +72,10 @@ type QuotaRecount struct {
 	log    *slog.Logger
 	cfg    QuotaRecountConfig
 
-	runMu  *sync.Mutex // serialises runs; shared by a Janitor's passes
-	drift  driftRecorder
-	cursor string // the last tenant the previous run reviewed
+	runMu   *sync.Mutex // serialises runs; shared by a Janitor's passes
+	drift   driftRecorder
+	skipped metric.Int64Counter
+	cursor  string // the last tenant the previous run reviewed
 }
 
 // NewQuotaRecount returns a stopped pass that runs while leader leads.
@@ -75,7 +83,22 @@ func NewQuotaRecount(d Deps, leader Leadership, c QuotaRecountConfig) *QuotaReco
 	return &QuotaRecount{
 		store: d.Store, quotas: d.Quotas, usage: d.Usage, leader: leader,
 		log: d.logger().With("component", "janitor"), cfg: c.withDefaults(), runMu: new(sync.Mutex), drift: newDriftRecorder(d),
+		skipped: newRecountSkipped(d),
 	}
+}
+
+// newRecountSkipped makes agentq.quotas.recount_skipped on d's meter provider,
+// exported at 0 from the start.
+func newRecountSkipped(d Deps) metric.Int64Counter {
+	mp := d.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	c, _ := mp.Meter("github.com/agentq/agentq/internal/maintenance").Int64Counter("agentq.quotas.recount_skipped",
+		metric.WithUnit("{tenant}"),
+		metric.WithDescription("Tenants the quota recount could not review in a run (their ledger could not be held still): left uncorrected until a later run"))
+	c.Add(context.Background(), 0)
+	return c
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -102,13 +125,20 @@ func (p *QuotaRecount) runOnce(ctx context.Context) (QuotaRecountResult, error) 
 	})
 	p.drift.record(ctx, passRecount, "quota_tenants", res.Corrected, "quota_steps", res.Steps,
 		"quota_tokens", res.Tokens, "quota_cost_micro_usd", res.CostMicro)
+	if res.Busy > 0 {
+		p.skipped.Add(context.WithoutCancel(ctx), int64(res.Busy))
+		p.log.Warn("quota recount left tenants uncorrected: their steps' records held it off", "tenants", res.Busy)
+	}
 	p.TestSignals.Ran.Signal(res)
 	return res, err
 }
 
-// review recounts one page of tenants: it reads their counters, then the ledger, then
-// corrects the counters that did not move in between, so a step reserved or settled
-// while the ledger was read is never mistaken for drift.
+// review recounts one page of tenants: it finds those whose counters are seeded, then
+// reads their ledger while it holds still (their steps' records wait) and corrects
+// their counters as they are before letting it go. Reservations and settlements go on
+// meanwhile and commute with the correction (quotas.Correction.Held), so a tenant with
+// steps always in flight is corrected too, and a step reserved or settled during the
+// recount is never mistaken for drift.
 func (p *QuotaRecount) review(ctx context.Context, tenants []string, res *QuotaRecountResult) error {
 	snaps, err := p.quotas.SnapshotCounters(ctx, tenants)
 	if err != nil {
@@ -123,17 +153,22 @@ func (p *QuotaRecount) review(ctx context.Context, tenants []string, res *QuotaR
 	if len(seeded) == 0 {
 		return nil
 	}
-	basis, err := p.usage.RecountBasis(ctx, seeded, time.Now())
-	if err != nil {
-		return err
-	}
-	var cs []quotas.Correction
-	for _, s := range snaps {
-		if l, ok := basis[s.TenantID]; ok && s.Seeded {
-			cs = append(cs, quotas.Correction{Snapshot: s, Ledger: l})
+	var out []quotas.RecountResult
+	err = p.usage.RecountHeld(ctx, seeded, time.Now(), func(basis map[string]quotas.LedgerCounts) error {
+		var cs []quotas.Correction
+		for _, s := range snaps {
+			if l, ok := basis[s.TenantID]; ok && s.Seeded {
+				cs = append(cs, quotas.Correction{Snapshot: s, Ledger: l, Held: true})
+			}
 		}
+		var err error
+		out, err = p.quotas.CorrectCounters(ctx, cs)
+		return err
+	})
+	if errors.Is(err, store.ErrBusy) {
+		res.Busy += len(seeded)
+		return nil
 	}
-	out, err := p.quotas.CorrectCounters(ctx, cs)
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,14 @@
 package maintenance
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/agentq/agentq/billing"
 	"github.com/agentq/agentq/internal/store"
@@ -210,5 +214,109 @@ func TestQuotaRecountRunsOnItsInterval(t *testing.T) {
 	}
 	if s, tok, _ := f.counters("m"); s != 1 || tok != 10 {
 		t.Fatalf("counters after the pass ran: %v %v", s, tok)
+	}
+}
+
+// A tenant that always has a step in flight still has its drifted counters corrected:
+// four workers run steps back to back (reserve, record, settle), so the counters move
+// all the time, while a reservation leaked long ago inflates the tokens by 5,000.
+func TestQuotaRecountCorrectsATenantAlwaysBusy(t *testing.T) {
+	t.Parallel()
+	f, p := recountFixture(t)
+	f.tenant("busy")
+	f.step("busy", quotas.StepParams{Tokens: 5000}) // the leak: never recorded, never settled
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var steps atomic.Int64
+	for range 4 {
+		task := f.running("busy")
+		wg.Go(func() {
+			st := store.New(f.Pool)
+			for n := 1; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				f.step("busy", quotas.StepParams{Tokens: 10})
+				if _, _, err := st.UnscopedRecordStep(f.ctx, store.RecordStepParams{ID: task, Attempt: 1, Step: n, Tokens: 10}); err != nil {
+					t.Error(err)
+					return
+				}
+				steps.Add(1)
+			}
+		})
+	}
+	for steps.Load() < 20 { // the workers are under way
+		time.Sleep(time.Millisecond)
+	}
+	res, err := p.runOnce(f.ctx)
+	close(stop)
+	wg.Wait()
+	if err != nil || res.Corrected != 1 || res.Busy != 0 {
+		t.Fatalf("a run over a tenant always busy: %+v %v", res, err)
+	}
+	// With the workers stopped, nothing is in flight: the counters are the ledger's,
+	// but for what the recount had to leave as possibly reserved (four steps of 10).
+	ledger := 10 * steps.Load()
+	if _, tok, _ := f.counters("busy"); tok < float64(ledger) || tok > float64(ledger+40) {
+		t.Fatalf("tokens after the recount: %v, the ledger holds %d (the leak of 5,000 not corrected?)", tok, ledger)
+	}
+}
+
+// A tenant whose ledger cannot be held still (a step's record holds its rollups past
+// billing.HoldWait) is left uncorrected, and counted on agentq.quotas.recount_skipped;
+// the next run corrects it.
+func TestQuotaRecountCountsTenantsLeftUncorrected(t *testing.T) {
+	t.Parallel()
+	f, _ := recountFixture(t)
+	reader := sdkmetric.NewManualReader()
+	f.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	p := NewQuotaRecount(f.Deps, NewElector(f.Deps, ElectorConfig{}), QuotaRecountConfig{Budget: time.Minute})
+	f.tenant("held")
+	f.step("held", quotas.StepParams{Tokens: 500}) // drift: never recorded
+	skipped := func() int64 {
+		t.Helper()
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(f.ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name == "agentq.quotas.recount_skipped" {
+					var n int64
+					for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+						n += dp.Value
+					}
+					return n
+				}
+			}
+		}
+		t.Fatal("agentq.quotas.recount_skipped is not exported")
+		return 0
+	}
+	if n := skipped(); n != 0 {
+		t.Fatalf("recount_skipped before any run: %d", n)
+	}
+	// A step's record holds the tenant's rollups (shared) longer than the recount waits.
+	tx, err := f.Pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(f.ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended(current_schema() || '|rollups|' || 'held', 0))`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.runOnce(f.ctx)
+	if rerr := tx.Rollback(f.ctx); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil || res.Busy != 1 || res.Corrected != 0 {
+		t.Fatalf("a run with the tenant's ledger held off: %+v %v", res, err)
+	}
+	if n := skipped(); n != 1 {
+		t.Fatalf("recount_skipped after a tenant was left uncorrected: %d, want 1", n)
+	}
+	if res, err := p.runOnce(f.ctx); err != nil || res.Corrected != 1 || res.Tokens != 500 {
+		t.Fatalf("the next run: %+v %v", res, err)
 	}
 }

@@ -105,9 +105,12 @@ func New(d Deps) *Services {
 	}
 	switch {
 	case d.Admission != nil:
-		ko.Limits = d.Admission.Quotas()
+		ko.Limits, to.Counters = d.Admission.Quotas(), d.Admission.Quotas()
 	case d.Redis != nil:
-		ko.Limits = quotas.New(d.Redis, d.Keys, nil)
+		q := quotas.New(d.Redis, d.Keys, nil)
+		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
+		q.SetUsageSource(billing.NewLedger(st), log, nil)
+		ko.Limits, to.Counters = q, q
 	}
 	s := &Services{
 		Tenants: tenants.New(st, d.Plans, to),

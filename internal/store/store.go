@@ -23,6 +23,9 @@ var (
 	// ErrTaskEnded: the task reached a terminal state (cancelled, abandoned) while the
 	// worker held its claim. Nothing was written.
 	ErrTaskEnded = errors.New("store: the task is no longer running")
+	// ErrBusy: a lock was not had within the time the call allows. Nothing was
+	// written.
+	ErrBusy = errors.New("store: busy")
 )
 
 // Store runs the calls on a pool, or on one transaction (InTx).

@@ -52,6 +52,13 @@ type Invalidator interface {
 	InvalidateTenant(ctx context.Context, id string) error
 }
 
+// Counters is what the service needs of the quota counters: re-seeding a tenant's
+// monthly counters from the ledger for the period its new billing anchor puts now in
+// (quotas.Quotas.ReseedAnchor).
+type Counters interface {
+	ReseedAnchor(ctx context.Context, tenantID string, anchor quotas.Anchor) (bool, error)
+}
+
 // Service creates, changes and reads tenants.
 type Service struct {
 	store    *store.Store
@@ -59,6 +66,7 @@ type Service struct {
 	policies *Policies
 	sched    Scheduler
 	inval    Invalidator
+	counters Counters
 	log      *slog.Logger
 	cache    *expirable.LRU[string, Tenant]
 }
@@ -71,7 +79,11 @@ type Options struct {
 	// Invalidator, when set, tells other processes of a changed tenant; without it
 	// they see the change when their cache entry expires.
 	Invalidator Invalidator
-	Logger      *slog.Logger
+	// Counters, when set, gets a tenant whose billing anchor changed, to re-seed its
+	// monthly quota counters for the new period; without it they keep the old period's
+	// until Redis loses them.
+	Counters Counters
+	Logger   *slog.Logger
 	// CacheTTL bounds how long Lookup trusts a cached tenant (default 1s).
 	CacheTTL time.Duration
 }
@@ -85,7 +97,7 @@ const cacheSize = 10000
 // New returns a Service over st, judging tenants against plans (with the
 // deployment's global limits applied).
 func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
-	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, log: o.Logger}
+	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, counters: o.Counters, log: o.Logger}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -141,8 +153,9 @@ type UpdateParams struct {
 	Overrides map[string]quotas.Limit
 	Status    *string // active or suspended
 	// BillingDay and TimeZone change the billing anchor (see CreateParams). A change
-	// rewrites the tenant's usage rollups from the ledger under the new anchor, in the
-	// same transaction.
+	// rewrites the tenant's usage rollups from the ledger under the new anchor: the
+	// current period's in the same transaction, the earlier ones after it commits, a
+	// period at a time; and it re-seeds the tenant's monthly quota counters.
 	BillingDay *int
 	TimeZone   *string
 }
@@ -207,6 +220,7 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 		}
 	}
 	var t Tenant
+	var moved bool
 	err := s.store.InTx(ctx, func(tx *store.Store) error {
 		old, err := tx.GetTenant(ctx, p.ID)
 		if err != nil {
@@ -216,11 +230,24 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 			ID: p.ID, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
 			BillingDay: p.BillingDay, TimeZone: p.TimeZone,
 		})
-		if err != nil || old.Anchor() == t.Anchor() {
+		if err != nil {
 			return err
 		}
-		// The rollups' days and periods were cut by the old anchor: rewrite them all.
-		return tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID})
+		if old.Anchor() != t.Anchor() {
+			moved = true
+			// The rollups' days and periods were cut by the old anchor: the current
+			// period is rewritten here, the earlier ones once this commits (rebuild).
+			if err := tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{
+				TenantID: t.ID, From: t.UpdatedAt, To: t.UpdatedAt.Add(time.Nanosecond),
+			}); err != nil {
+				return err
+			}
+		}
+		if old.Plan != t.Plan {
+			// The periods keep the plan that was in force in them, for the usage export.
+			return tx.UnscopedRecordPlanChange(ctx, store.PlanChangeParams{Tenant: t, OldPlan: old.Plan})
+		}
+		return nil
 	})
 	if err != nil {
 		return Tenant{}, err
@@ -231,12 +258,41 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 			s.log.Warn("invalidating a changed tenant failed; other processes catch up within the cache TTL", "tenant_id", t.ID, "err", err)
 		}
 	}
+	if moved {
+		s.reseed(ctx, t)
+		s.rebuild(ctx, t)
+	}
 	if pol, err := s.Policy(t); err == nil && s.sched != nil {
 		if err := s.sched.Configure(ctx, t.ID, pol.Weight, pol.RunningCap); err != nil {
 			s.log.Warn("applying new weight/cap to the queued backlog failed; it applies at the next submission", "tenant_id", t.ID, "err", err)
 		}
 	}
 	return t, nil
+}
+
+// reseed re-seeds the monthly quota counters of a tenant whose billing anchor changed,
+// once the change is committed (the ledger read then places every step by the new
+// anchor). A failure is logged: the change stands, and the counters are corrected when
+// Redis next loses them or the operator re-seeds them by changing the anchor again.
+func (s *Service) reseed(ctx context.Context, t Tenant) {
+	if s.counters == nil {
+		return
+	}
+	if _, err := s.counters.ReseedAnchor(ctx, t.ID, t.Anchor()); err != nil {
+		s.log.Error("re-seeding the quota counters for a new billing anchor failed", "tenant_id", t.ID, "err", err)
+	}
+}
+
+// rebuild rewrites the usage rollups of a tenant whose billing anchor changed, once
+// the change is committed: all of them, a billing period per transaction (a
+// transaction over the tenant's whole history would hold back every tenant's events
+// feed and webhooks while it ran). A failure is logged: the change and its current
+// period stand, and Rollups.Rebuild with no range finishes the rest.
+func (s *Service) rebuild(ctx context.Context, t Tenant) {
+	if err := s.store.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{TenantID: t.ID}); err != nil {
+		s.log.Error("rewriting the usage rollups for a new billing anchor failed; the current period is rewritten, earlier ones may still follow the old anchor",
+			"tenant_id", t.ID, "err", err)
+	}
 }
 
 // Get returns tenant id, or ErrNotFound.
