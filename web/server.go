@@ -5,7 +5,6 @@ package web
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -352,11 +351,24 @@ func (s *Server) authTenant(next echo.HandlerFunc) echo.HandlerFunc {
 
 func keyRecord(c echo.Context) apikey.Record { return c.Get(ctxKeyRecord).(apikey.Record) }
 
-// authAdmin checks the admin token in constant time.
+// authAdmin checks the admin token in constant time. Wrong tokens are limited per
+// client address (authlimit.go): past a small burst they, and for a moment the right
+// token from the same address, are answered 429.
 func (s *Server) authAdmin(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		tok := bearer(c)
-		if s.AdminToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.AdminToken)) != 1 {
+		if s.AdminToken == "" || tok == "" {
+			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
+		}
+		ok := len(tok) <= maxAdminTokenBytes && s.opAuth.tokenOK(s.AdminToken, tok)
+		a, err := s.adminAttempt(c.Request().Context(), c.Request(), ok)
+		if err != nil {
+			return admissionFailure(err)
+		}
+		if !a.Allowed {
+			return authFailureRefusal(c, a)
+		}
+		if !ok {
 			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
 		}
 		return next(c)
