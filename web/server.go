@@ -163,8 +163,8 @@ func (s *Server) routes() {
 	read(http.MethodGet, "/v1/events", s.tenantEvents)
 
 	// The tenant panel: authorized by its signed link, not by a key.
-	e.GET("/panel/t", s.panelPage)
-	e.GET("/panel/t/usage", s.panelUsage)
+	e.GET("/panel/t", s.panelPage, s.panelGuard(true))
+	e.GET("/panel/t/usage", s.panelUsage, s.panelGuard(false))
 	e.GET("/panel/t/assets/:file", s.panelAsset)
 
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
@@ -184,6 +184,7 @@ func (s *Server) routes() {
 	admin(http.MethodPost, "/tenants/:id/keys", s.createKey)
 	admin(http.MethodGet, "/tenants/:id/keys", s.listKeys)
 	admin(http.MethodPost, "/tenants/:id/panel-links", s.createPanelLink)
+	admin(http.MethodPost, "/tenants/:id/panel-links/revoke", s.revokePanelLinks)
 	admin(http.MethodPost, "/keys/:kid/rotate", s.rotateKey)
 	admin(http.MethodDelete, "/keys/:kid", s.revokeKey)
 	admin(http.MethodPut, "/agents/:name", s.putAgent)
