@@ -48,6 +48,7 @@ type Config struct {
 	PanelSecret         string        // AGENTQ_PANEL_SECRET: signs the tenant panel's links
 	PanelFrameAncestors string        // AGENTQ_PANEL_FRAME_ANCESTORS: who may embed the panel (CSP frame-ancestors)
 	PprofAddr           string        // AGENTQ_PPROF_ADDR
+	WebhookRetention    time.Duration // AGENTQ_WEBHOOK_RETENTION: how long finished webhook deliveries are kept
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -71,6 +72,7 @@ func Defaults() Config {
 		ShutdownTimeout:     10 * time.Second,
 		RedisTimeout:        80 * time.Millisecond,
 		JanitorInterval:     5 * time.Minute,
+		WebhookRetention:    30 * 24 * time.Hour,
 		PanelFrameAncestors: "*",
 		UpgradeURL:          "https://agentq.example/upgrade",
 		Roles:               slices.Clone(AllRoles),
@@ -135,6 +137,7 @@ func FromEnv() (Config, error) {
 	dur("AGENTQ_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
 	dur("AGENTQ_REDIS_TIMEOUT", &c.RedisTimeout)
 	dur("AGENTQ_JANITOR_INTERVAL", &c.JanitorInterval)
+	dur("AGENTQ_WEBHOOK_RETENTION", &c.WebhookRetention)
 	str("AGENTQ_PPROF_ADDR", &c.PprofAddr)
 	limit := func(name string, dst **float64) {
 		if v := os.Getenv(name); v != "" {

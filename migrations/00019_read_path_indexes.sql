@@ -1,0 +1,28 @@
+-- +goose Up
+-- The operator view counts each tenant's usage.limit_hit events of the last 24 hours.
+-- events_tenant_recent_idx orders a tenant's events of a type by seq, not time, so the
+-- count read the tenant's whole history of that type (or the whole table); this one
+-- reads the window alone.
+CREATE INDEX events_tenant_type_time_idx ON events (tenant_id, type, created_at);
+
+-- The operator view counts each endpoint's pending deliveries, and those of them that
+-- are retrying: webhook_deliveries_due_idx holds every endpoint's pending deliveries
+-- in due order, so each endpoint's count read them all. This one reads the endpoint's
+-- own, and holds the columns the retrying count looks at, so neither visits the table.
+CREATE INDEX webhook_deliveries_pending_idx ON webhook_deliveries (endpoint_id) INCLUDE (attempts, lease_id)
+    WHERE state = 'pending';
+
+-- The retention pass deletes finished deliveries oldest first, in small batches; a
+-- pending delivery is never deleted, so it is not in this index.
+CREATE INDEX webhook_deliveries_finished_idx ON webhook_deliveries (finished_at) WHERE state <> 'pending';
+
+-- A delivery's attempts are deleted with it (ON DELETE CASCADE, and the retention
+-- pass deletes them first): without an index on delivery_id each deleted delivery
+-- scanned the attempts table.
+CREATE INDEX webhook_attempts_delivery_idx ON webhook_attempts (delivery_id);
+
+-- +goose Down
+DROP INDEX webhook_attempts_delivery_idx;
+DROP INDEX webhook_deliveries_finished_idx;
+DROP INDEX webhook_deliveries_pending_idx;
+DROP INDEX events_tenant_type_time_idx;
