@@ -76,7 +76,9 @@ type LimitHits struct {
 
 // UnscopedLimitHits counts, per tenant of ids, the events of type eventType written
 // since since, and the refused admissions counted since since. Tenants with neither
-// are absent.
+// are absent. It reads the window alone (events_type_time_idx); it is planned for its
+// arguments (the simple protocol), since the generic plan this pool's statements get
+// cannot know that the window is a day of a long history, and scanned all of it.
 func (s *Store) UnscopedLimitHits(ctx context.Context, ids []string, eventType string, since time.Time) (map[string]LimitHits, error) {
 	out := map[string]LimitHits{}
 	if len(ids) == 0 {
@@ -89,7 +91,7 @@ func (s *Store) UnscopedLimitHits(ctx context.Context, ids []string, eventType s
 			UNION ALL
 			SELECT tenant_id, 0, sum(count) FROM limit_rejections
 			WHERE tenant_id = ANY($1) AND minute >= $3 GROUP BY tenant_id
-		) x GROUP BY tenant_id`, ids, eventType, since)
+		) x GROUP BY tenant_id`, pgx.QueryExecModeSimpleProtocol, ids, eventType, since)
 	type hit struct {
 		id string
 		h  LimitHits
