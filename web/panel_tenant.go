@@ -78,7 +78,12 @@ type PanelLinksRevoked struct {
 
 // revokePanelLinks revokes every panel link of the tenant issued until now.
 func (s *Server) revokePanelLinks(c echo.Context) error {
-	if _, err := readBody(c); err != nil { // no body is expected; a large one is refused
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var none struct{} // no body, or an empty object
+	if err := decodeStrict(body, &none, true); err != nil {
 		return err
 	}
 	id := c.Param("id")
