@@ -12,6 +12,14 @@ CREATE INDEX events_type_time_idx ON events (type, created_at) INCLUDE (tenant_i
 CREATE INDEX webhook_deliveries_pending_idx ON webhook_deliveries (endpoint_id) INCLUDE (attempts, lease_id)
     WHERE state = 'pending';
 
+-- The operator view looks for each endpoint's last failure among its last attempts.
+-- With only the attempts' ids and results in this index that look never visits the
+-- table, so Postgres no longer prefers walking every endpoint's attempts backwards by
+-- id (the primary key), which for a quiet endpoint next to a busy one read all of the
+-- busy one's. It also serves the attempts listing, as the index it replaces did.
+CREATE INDEX webhook_attempts_endpoint_result_idx ON webhook_attempts (endpoint_id, id DESC) INCLUDE (result);
+DROP INDEX webhook_attempts_endpoint_idx;
+
 -- The retention pass deletes finished deliveries oldest first, in small batches; a
 -- pending delivery is never deleted, so it is not in this index.
 CREATE INDEX webhook_deliveries_finished_idx ON webhook_deliveries (finished_at) WHERE state <> 'pending';
@@ -22,6 +30,8 @@ CREATE INDEX webhook_deliveries_finished_idx ON webhook_deliveries (finished_at)
 CREATE INDEX webhook_attempts_delivery_idx ON webhook_attempts (delivery_id);
 
 -- +goose Down
+CREATE INDEX webhook_attempts_endpoint_idx ON webhook_attempts (endpoint_id, id DESC);
+DROP INDEX webhook_attempts_endpoint_result_idx;
 DROP INDEX webhook_attempts_delivery_idx;
 DROP INDEX webhook_deliveries_finished_idx;
 DROP INDEX webhook_deliveries_pending_idx;

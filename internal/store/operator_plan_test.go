@@ -163,7 +163,19 @@ func TestOperatorReadsUseTheirIndexes(t *testing.T) {
 		   seq, id, CASE WHEN seq <= 3005 THEN 'pending' ELSE 'succeeded' END, 1, now(),
 		   CASE WHEN seq <= 3005 THEN NULL ELSE now() END
 		 FROM events WHERE tenant_id = 'acme' AND seq <= 8000`,
-		`ANALYZE`,
+		// Endpoint b made 3 attempts, then a made 20,000: b's last failure is looked for
+		// among b's own attempts, not behind all of a's.
+		`INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, attempt, attempted_at, duration_ms, result)
+		 SELECT d.id, d.endpoint_id, d.event_id, 1, now(), 1, 'retrying' FROM webhook_deliveries d
+		 WHERE d.endpoint_id = '00000000-0000-0000-0000-00000000000b' AND d.event_seq <= 3003`,
+		`INSERT INTO webhook_attempts (delivery_id, endpoint_id, event_id, attempt, attempted_at, duration_ms, result)
+		 SELECT d.id, d.endpoint_id, d.event_id, g, now(), 1, 'retrying' FROM webhook_deliveries d, generate_series(1, 4) g
+		 WHERE d.endpoint_id = '00000000-0000-0000-0000-00000000000a' AND d.event_seq > 3005`,
+		// Vacuumed, as autovacuum keeps these insert-mostly tables: the last-failure
+		// look is an index-only scan of the endpoint's attempts once their pages are
+		// all-visible (with no visibility map at all Postgres may still walk the
+		// primary key backwards).
+		`VACUUM ANALYZE`,
 	} {
 		if _, err := seedPool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -192,14 +204,13 @@ func TestOperatorReadsUseTheirIndexes(t *testing.T) {
 	}
 	plan = explainAsRun(t, ctx, pool, rec.last(t))
 	plan.walk(func(n planNode) {
-		if n.Relation != "webhook_deliveries" && !strings.HasPrefix(n.Index, "webhook_deliveries") {
+		if n.Relation != "webhook_deliveries" && !strings.HasPrefix(n.Index, "webhook_deliveries") &&
+			n.Relation != "webhook_attempts" && !strings.HasPrefix(n.Index, "webhook_attempts") {
 			return
 		}
-		if n.NodeType == "Bitmap Heap Scan" { // its index child says how it reads
-			return
-		}
-		if !strings.Contains(n.IndexCond+n.RecheckCond, "endpoint_id") {
-			t.Errorf("%s on %s%s reads other endpoints' deliveries (filter %q, %v rows removed)", n.NodeType, n.Relation, n.Index, n.Filter, n.RowsRemoved*n.ActualLoops)
+		// A scan that finds an endpoint's rows by filtering reads the other endpoints'.
+		if n.NodeType == "Seq Scan" || strings.Contains(n.Filter, "endpoint_id") {
+			t.Errorf("%s on %s (%s) reads other endpoints' rows (filter %q, %v rows removed)", n.NodeType, n.Relation, n.Index, n.Filter, n.RowsRemoved*n.ActualLoops)
 		}
 	})
 }
