@@ -336,7 +336,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			return withEnv(cmd.Context(), true, func(env adminEnv) error {
 				t, err := env.tenants.RevokePanelLinks(cmd.Context(), args[0], time.Now())
 				if errors.Is(err, tenants.ErrNotFound) {
-					return fmt.Errorf("no tenant %q", args[0]) // the API's words
+					return fmt.Errorf("%s", fmt.Sprintf("No tenant %q.", args[0])) // the API's words
 				}
 				if err != nil {
 					return err
