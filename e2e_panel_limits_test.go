@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/internal/browsertest"
 )
 
 // panelGet fetches a panel URL and returns its status, headers and body.
@@ -164,5 +166,29 @@ func TestPanelLinksRevoked(t *testing.T) {
 	}
 	if st, _ := h.do("POST", "/v1/admin/tenants/prv/panel-links/revoke", "wrong", nil, nil); st != http.StatusUnauthorized {
 		t.Fatalf("revoking without the admin token: %d", st)
+	}
+}
+
+// An open panel page whose link is revoked stops updating and says why.
+func TestPanelPageStopsWhenItsLinkIsRevoked(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	h.tenantWith("prb", "pro", nil, nil)
+	_, link := h.panelLink("prb", nil)
+	bctx := browsertest.New(t)
+	nctx, cancel := browsertest.Within(bctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Do(nctx, chromedp.Navigate(link), chromedp.WaitVisible(`#refresh-state`)); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := h.do("POST", "/v1/admin/tenants/prb/panel-links/revoke", h.admin, nil, nil); st != http.StatusOK {
+		t.Fatalf("revoke: %d", st)
+	}
+	pctx, cancel2 := browsertest.Within(bctx, 20*time.Second)
+	defer cancel2()
+	if _, err := chromedp.Run(pctx, chromedp.Poll[bool](
+		`document.getElementById("refresh-state").textContent.indexOf("revoked") >= 0`,
+		chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+		t.Fatalf("the page of a revoked link does not say so: %v", err)
 	}
 }
