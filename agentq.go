@@ -252,7 +252,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
 	a.relay = billing.NewRelay(a.store, billing.RelayConfig{Logger: a.log, MeterProvider: mp, AllowNets: a.cfg.WebhookAllowNets})
-	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval})
+	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
+		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
 	a.api = web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Webhooks: a.services.Webhooks,
@@ -379,7 +380,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Logger: a.log,
+		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store, Logger: a.log,
 		MeterProvider: a.tel.MeterProvider,
 	}
 }

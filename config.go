@@ -104,6 +104,11 @@ type Config struct {
 	// the URL's host is such an address. AGENTQ_WEBHOOK_ALLOW_NETS, comma-separated
 	// CIDRs, default none (`agentq dev` allows loopback).
 	WebhookAllowNets []netip.Prefix
+	// WebhookRetention is how long the janitor keeps webhook deliveries that finished
+	// (succeeded, failed or were cancelled) and their attempts; older ones are
+	// deleted in small batches. Pending deliveries are kept however old.
+	// AGENTQ_WEBHOOK_RETENTION, default 720h (30 days).
+	WebhookRetention time.Duration
 
 	// RateKeyRPS, when set, replaces every plan's per-key request rate (requests a
 	// second; 0 disables the limit). AGENTQ_RATE_KEY_RPS, default nil (the plans').
@@ -217,6 +222,8 @@ func (c Config) validate(haveRedis, havePool bool) error {
 		return bad("RedisTimeout", "is %v; want a duration above 0", c.RedisTimeout)
 	case c.JanitorInterval <= 0:
 		return bad("JanitorInterval", "is %v; want a duration above 0", c.JanitorInterval)
+	case c.WebhookRetention <= 0:
+		return bad("WebhookRetention", "is %v; want a duration above 0", c.WebhookRetention)
 	}
 	for _, g := range []struct {
 		name string

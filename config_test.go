@@ -48,6 +48,7 @@ func TestConfigValidateNamesTheBadField(t *testing.T) {
 		{"ShutdownTimeout", func(c *agentq.Config) { c.ShutdownTimeout = 0 }},
 		{"RedisTimeout", func(c *agentq.Config) { c.RedisTimeout = -time.Second }},
 		{"JanitorInterval", func(c *agentq.Config) { c.JanitorInterval = 0 }},
+		{"WebhookRetention", func(c *agentq.Config) { c.WebhookRetention = 0 }},
 		{"RateKeyRPS", func(c *agentq.Config) { c.RateKeyRPS = &neg }},
 		{"TenantMaxInflight", func(c *agentq.Config) { c.TenantMaxInflight = &nan }},
 	} {
@@ -105,6 +106,9 @@ func TestConfigDocumentsEveryDefault(t *testing.T) {
 			want = v.String()
 			if strings.HasSuffix(want, "m0s") { // "5m", as people write it
 				want = strings.TrimSuffix(want, "0s")
+			}
+			if strings.HasSuffix(want, "h0m") { // "720h"
+				want = strings.TrimSuffix(want, "0m")
 			}
 		case []string:
 			want = "all five"

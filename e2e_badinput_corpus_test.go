@@ -172,6 +172,8 @@ func corpus(task, kid string) []hostile {
 		hostile{name: "panel link: ttl 0", method: "POST", path: "/v1/admin/tenants/acme/panel-links", auth: "admin", body: `{"ttl_s":0}`, status: inv, code: ir},
 		hostile{name: "panel link: ttl as a string", method: "POST", path: "/v1/admin/tenants/acme/panel-links", auth: "admin", body: `{"ttl_s":"60"}`, status: inv, code: ir},
 		hostile{name: "panel link: unknown field", method: "POST", path: "/v1/admin/tenants/acme/panel-links", auth: "admin", body: `{"tenant":"globex"}`, status: inv, code: ir},
+		hostile{name: "panel links revoke: unknown field", method: "POST", path: "/v1/admin/tenants/acme/panel-links/revoke", auth: "admin", body: `{"before":"2026-01-01T00:00:00Z"}`, status: inv, code: ir},
+		hostile{name: "panel links revoke: unknown tenant", method: "POST", path: "/v1/admin/tenants/nobody/panel-links/revoke", auth: "admin", status: nf, code: nfc},
 		hostile{name: "usage export: no period", method: "GET", path: "/v1/admin/usage", auth: "admin", status: inv, code: ir},
 		hostile{name: "usage export: month 13", method: "GET", path: "/v1/admin/usage?period=2026-13", auth: "admin", status: inv, code: ir},
 		hostile{name: "usage export: SQL in period", method: "GET", path: "/v1/admin/usage?period=2026-01%27%3B%20DROP%20TABLE%20tenants", auth: "admin", status: inv, code: ir},

@@ -106,7 +106,7 @@ func TestTenantPanelInBrowser(t *testing.T) {
 				t.Errorf("%s: data-used %v", name, got)
 			}
 			continue
-		case "inflight_requests": // the page holds no request slot; /v1/usage counts itself
+		case "inflight_requests": // the panel reports none (its own request's slot is not shown); /v1/usage counts itself
 			want = 0
 		}
 		if err != nil || got != want {

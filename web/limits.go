@@ -300,17 +300,23 @@ func (s *Server) limitRequest(c echo.Context, next echo.HandlerFunc, spend bool)
 	case err != nil:
 		return admissionFailure(err)
 	case !slot.Allowed:
-		sc := quotas.Scope{Name: quotas.InflightRequests, Limit: float64(slot.Limit), Used: float64(slot.Held),
-			Reset: time.Second, RetryAfter: time.Second, Violated: true}
-		d := quotas.Decision{Scopes: []quotas.Scope{sc}, Violated: []string{sc.Name}}
-		h := c.Response().Header()
-		h.Del("RateLimit-Policy") // the refusal's headers name the inflight limit alone
-		h.Del("RateLimit")
-		setRateHeaders(h, d, time.Now())
-		return s.refusal(d, t)
+		return s.inflightRefusal(c, t, slot)
 	}
 	c.Set(ctxKeyInflight, slot)
 	return next(c)
+}
+
+// inflightRefusal is the 429 of a request refused an inflight_requests slot, with the
+// rate-limit headers of that limit alone.
+func (s *Server) inflightRefusal(c echo.Context, t tenants.Tenant, slot quotas.InflightSlot) error {
+	sc := quotas.Scope{Name: quotas.InflightRequests, Limit: float64(slot.Limit), Used: float64(slot.Held),
+		Reset: time.Second, RetryAfter: time.Second, Violated: true}
+	d := quotas.Decision{Scopes: []quotas.Scope{sc}, Violated: []string{sc.Name}}
+	h := c.Response().Header()
+	h.Del("RateLimit-Policy") // the refusal's headers name the inflight limit alone
+	h.Del("RateLimit")
+	setRateHeaders(h, d, time.Now())
+	return s.refusal(d, t)
 }
 
 // inflightSlot is the request's inflight_requests lease (zero if the limit is off).

@@ -15,8 +15,9 @@ package web
 // CSRF: every POST (login, logout) checks that Origin names this host (or, without
 // Origin, that Sec-Fetch-Site says same-origin) and carries a token: before login a
 // double-submit token (a random cookie the form repeats), after it a token derived
-// from the session (HMAC of its id). Failed logins are limited per client address,
-// and the token is compared in constant time.
+// from the session (HMAC of its id). Wrong tokens are limited per client address, in
+// one bucket with the admin API's (authlimit.go), and the token is compared in
+// constant time.
 
 import (
 	"bytes"
@@ -58,12 +59,6 @@ const (
 	operatorLoginTTL    = time.Hour
 	operatorFormBytes   = 8 << 10
 	maxAdminTokenBytes  = 4096
-)
-
-// Failed logins per client address: a burst of 5, then one every 2 s.
-var (
-	loginFailureRate  = rate.Every(2 * time.Second)
-	loginFailureBurst = 5
 )
 
 var operatorTmpl = template.Must(template.New("operator").Funcs(template.FuncMap{
@@ -164,7 +159,7 @@ func (a *operatorAuth) limiter(client string) *rate.Limiter {
 	if l, ok := a.fails.Get(client); ok {
 		return l
 	}
-	l := rate.NewLimiter(loginFailureRate, loginFailureBurst)
+	l := rate.NewLimiter(rate.Limit(adminFailureBucket.Rate), adminFailureBucket.Burst)
 	a.fails.Add(client, l)
 	return l
 }
@@ -312,14 +307,17 @@ func (s *Server) operatorLogin(c echo.Context) error {
 	if want == "" || got == "" || subtle.ConstantTimeCompare([]byte(want), []byte(got)) != 1 {
 		return s.operatorMessage(c, http.StatusForbidden, "Refused", "The form's CSRF token is missing or does not match. Reload the sign-in page and try again.", true)
 	}
-	lim := s.opAuth.limiter(clientAddr(r))
-	if lim.Tokens() < 1 {
-		c.Response().Header().Set("Retry-After", "2")
-		return s.operatorMessage(c, http.StatusTooManyRequests, "Too many attempts", "Too many failed sign-ins from this address. Wait a few seconds and try again.", true)
-	}
 	token := form.Get("token")
-	if len(token) > maxAdminTokenBytes || !s.opAuth.tokenOK(s.AdminToken, token) {
-		lim.Allow()
+	ok := len(token) <= maxAdminTokenBytes && s.opAuth.tokenOK(s.AdminToken, token)
+	a, err := s.adminAttempt(r.Context(), r, ok)
+	if err != nil {
+		return err
+	}
+	if !a.Allowed {
+		c.Response().Header().Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(a.RetryAfter)), 10))
+		return s.operatorMessage(c, http.StatusTooManyRequests, "Too many attempts", "Too many wrong admin tokens from this address. Wait a few seconds and try again.", true)
+	}
+	if !ok {
 		return s.loginForm(c, http.StatusUnauthorized, "Wrong admin token.")
 	}
 	v, _, err := s.opAuth.newSession()

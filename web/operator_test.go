@@ -176,14 +176,14 @@ func TestOperatorLoginRateLimited(t *testing.T) {
 	t.Parallel()
 	s := operatorServer(t, opToken)
 	csrf := loginCSRF(t, s)
-	for i := range loginFailureBurst {
+	for i := range adminFailureBucket.Burst {
 		if r := opDo(t, s, http.MethodPost, "/panel/admin/login", url.Values{"token": {"wrong"}, "csrf": {csrf.Value}}, sameSite, csrf); r.status != http.StatusUnauthorized {
 			t.Fatalf("failure %d: %d, want 401", i+1, r.status)
 		}
 	}
 	r := opDo(t, s, http.MethodPost, "/panel/admin/login", url.Values{"token": {opToken}, "csrf": {csrf.Value}}, sameSite, csrf)
 	if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
-		t.Fatalf("after %d failures: %d, want 429 with Retry-After", loginFailureBurst, r.status)
+		t.Fatalf("after %d failures: %d, want 429 with Retry-After", adminFailureBucket.Burst, r.status)
 	}
 }
 

@@ -12,11 +12,14 @@ import (
 
 // Tenant panel links: GET /panel/t?token=<token> shows one tenant's usage page to
 // whoever holds the link (a SaaS embeds it in an iframe, or forwards it to its
-// customer). The token is signed, not stored: revoking one link means changing the
-// panel secret, which ends them all.
+// customer). The token is signed, not stored. An admin revokes a tenant's links with
+// POST /v1/admin/tenants/{id}/panel-links/revoke: links issued before it are refused
+// (the tenant's PanelLinksValidAfter); changing the panel secret ends every link.
 //
-// Token: payload "1|<tenant id>|<expiry, unix seconds>", sealed (sealed.go) for the
-// purpose "agentq-panel-link". The key is derived with HKDF-
+// Token: payload "2|<tenant id>|<issued, unix ms>|<expiry, unix seconds>", sealed
+// (sealed.go) for the purpose "agentq-panel-link". Tokens of the first format,
+// "1|<tenant id>|<expiry>", carry no issue time and count as issued at the epoch:
+// any revocation of their tenant's links ends them. The key is derived with HKDF-
 // SHA256 from AGENTQ_PANEL_SECRET, or else from the admin token, or else from random
 // bytes drawn at start (links then die with the process).
 
@@ -33,7 +36,7 @@ var (
 )
 
 const (
-	panelTokenVersion = "1"
+	panelTokenVersion = "2"
 	panelPurpose      = "agentq-panel-link"
 	panelKeyInfo      = "agentq tenant panel links v1"
 )
@@ -74,31 +77,57 @@ func panelSecret(configured, adminToken string) (secret []byte, ephemeral bool) 
 	return b, true
 }
 
-// Sign returns a token for tenantID valid until exp (whole seconds).
+// Sign returns a token for tenantID valid until exp (whole seconds), issued now.
 func (p *PanelSigner) Sign(tenantID string, exp time.Time) string {
-	payload := []byte(panelTokenVersion + "|" + tenantID + "|" + strconv.FormatInt(exp.Unix(), 10))
+	payload := []byte(panelTokenVersion + "|" + tenantID + "|" + strconv.FormatInt(p.now().UnixMilli(), 10) +
+		"|" + strconv.FormatInt(exp.Unix(), 10))
 	return seal(p.key, panelPurpose, payload)
+}
+
+// PanelClaims are what a genuine panel token says.
+type PanelClaims struct {
+	TenantID string
+	Issued   time.Time // the epoch for tokens of the first format, which have none
+	Expires  time.Time
 }
 
 // Verify returns the tenant a token is for and when it expires. A token that does not
 // parse or whose signature does not match is ErrPanelTokenInvalid; a genuine one past
 // its expiry is ErrPanelTokenExpired (with its tenant).
 func (p *PanelSigner) Verify(token string) (tenantID string, exp time.Time, err error) {
+	c, err := p.Claims(token)
+	return c.TenantID, c.Expires, err
+}
+
+// Claims is Verify with the token's issue time.
+func (p *PanelSigner) Claims(token string) (PanelClaims, error) {
 	payload, ok := unseal(p.key, panelPurpose, token, 512)
 	if !ok {
-		return "", time.Time{}, ErrPanelTokenInvalid
+		return PanelClaims{}, ErrPanelTokenInvalid
 	}
 	parts := strings.Split(string(payload), "|")
-	if len(parts) != 3 || parts[0] != panelTokenVersion || parts[1] == "" {
-		return "", time.Time{}, ErrPanelTokenInvalid
+	var c PanelClaims
+	var expS string
+	switch {
+	case len(parts) == 3 && parts[0] == "1":
+		c.Issued, expS = time.UnixMilli(0).UTC(), parts[2]
+	case len(parts) == 4 && parts[0] == panelTokenVersion:
+		ms, err := strconv.ParseInt(parts[2], 10, 64)
+		if err != nil {
+			return PanelClaims{}, ErrPanelTokenInvalid
+		}
+		c.Issued, expS = time.UnixMilli(ms).UTC(), parts[3]
+	default:
+		return PanelClaims{}, ErrPanelTokenInvalid
 	}
-	unix, err := strconv.ParseInt(parts[2], 10, 64)
-	if err != nil {
-		return "", time.Time{}, ErrPanelTokenInvalid
+	c.TenantID = parts[1]
+	unix, err := strconv.ParseInt(expS, 10, 64)
+	if err != nil || c.TenantID == "" {
+		return PanelClaims{}, ErrPanelTokenInvalid
 	}
-	exp = time.Unix(unix, 0).UTC()
-	if !p.now().Before(exp) {
-		return parts[1], exp, ErrPanelTokenExpired
+	c.Expires = time.Unix(unix, 0).UTC()
+	if !p.now().Before(c.Expires) {
+		return c, ErrPanelTokenExpired
 	}
-	return parts[1], exp, nil
+	return c, nil
 }

@@ -14,14 +14,15 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/billing"
-	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
 
-// The tenant panel: POST /v1/admin/tenants/{id}/panel-links signs a link, GET
-// /panel/t?token= renders the tenant's usage page, GET /panel/t/usage?token= is the
-// JSON the page polls, GET /panel/t/assets/{file} its CSS and JS. The tenant always
-// comes from the token; nothing in the request names another.
+// The tenant panel: POST /v1/admin/tenants/{id}/panel-links signs a link, POST
+// /v1/admin/tenants/{id}/panel-links/revoke revokes the tenant's links issued so far,
+// GET /panel/t?token= renders the tenant's usage page, GET /panel/t/usage?token= is
+// the JSON the page polls (both behind panelGuard: panel_limits.go), GET
+// /panel/t/assets/{file} its CSS and JS. The tenant always comes from the token;
+// nothing in the request names another.
 
 //go:embed templates/panel_tenant.html templates/panel_tenant_error.html
 var panelTemplates embed.FS
@@ -69,6 +70,30 @@ func (s *Server) createPanelLink(c echo.Context) error {
 	return c.JSON(http.StatusCreated, PanelLink{URL: u, ExpiresAt: exp})
 }
 
+// PanelLinksRevoked is the answer of POST /v1/admin/tenants/{id}/panel-links/revoke.
+type PanelLinksRevoked struct {
+	TenantID        string    `json:"tenant_id"`
+	LinksValidAfter time.Time `json:"links_valid_after"`
+}
+
+// revokePanelLinks revokes every panel link of the tenant issued until now.
+func (s *Server) revokePanelLinks(c echo.Context) error {
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var none struct{} // no body, or an empty object
+	if err := decodeStrict(body, &none, true); err != nil {
+		return err
+	}
+	id := c.Param("id")
+	t, err := s.Tenants.RevokePanelLinks(c.Request().Context(), id, s.panel.now())
+	if err != nil {
+		return tenantErr(err, id)
+	}
+	return c.JSON(http.StatusOK, PanelLinksRevoked{TenantID: t.ID, LinksValidAfter: t.PanelLinksValidAfter.UTC()})
+}
+
 // panelHeaders are set on every panel response: no caching (the URL is a
 // credential), no referrer (links out must not carry the token), embedding allowed
 // only to the configured frame ancestors.
@@ -85,26 +110,6 @@ func (s *Server) panelHeaders(c echo.Context) {
 	h.Set(echo.HeaderXContentTypeOptions, "nosniff")
 }
 
-// panelTenant authorizes a panel request by its token: the tenant it is for, or
-// the status (401 forged, 403 expired, 404 tenant gone) and a sentence.
-func (s *Server) panelTenant(c echo.Context) (tenants.Tenant, int, string) {
-	id, _, err := s.panel.Verify(c.QueryParam("token"))
-	switch {
-	case errors.Is(err, ErrPanelTokenExpired):
-		return tenants.Tenant{}, http.StatusForbidden, "This usage link has expired. Ask for a new one."
-	case err != nil:
-		return tenants.Tenant{}, http.StatusUnauthorized, "This usage link is not valid."
-	}
-	t, err := s.Tenants.Lookup(c.Request().Context(), id)
-	if errors.Is(err, tenants.ErrNotFound) {
-		return tenants.Tenant{}, http.StatusNotFound, "This usage link's account no longer exists."
-	} else if err != nil {
-		s.log.Error("panel: tenant lookup failed", "err", err)
-		return tenants.Tenant{}, http.StatusServiceUnavailable, "Usage is unavailable right now. Retry in a moment."
-	}
-	return t, 0, ""
-}
-
 func (s *Server) panelError(c echo.Context, status int, msg string) error {
 	var b strings.Builder
 	if err := panelTmpl.ExecuteTemplate(&b, "panel_tenant_error.html", map[string]any{"Status": status, "Message": msg}); err != nil {
@@ -114,11 +119,7 @@ func (s *Server) panelError(c echo.Context, status int, msg string) error {
 }
 
 func (s *Server) panelPage(c echo.Context) error {
-	s.panelHeaders(c)
-	t, status, msg := s.panelTenant(c)
-	if status != 0 {
-		return s.panelError(c, status, msg)
-	}
+	t := panelTenantOf(c)
 	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: billing.DefaultUsageDays})
 	if err != nil {
 		var ae *APIError
@@ -138,20 +139,7 @@ func (s *Server) panelPage(c echo.Context) error {
 // panelUsage is the JSON the page polls: the tenant's usage report, with no key's
 // buckets (the panel has none).
 func (s *Server) panelUsage(c echo.Context) error {
-	s.panelHeaders(c)
-	t, status, msg := s.panelTenant(c)
-	if status != 0 {
-		code := CodeUnauthorized
-		switch status {
-		case http.StatusForbidden:
-			code = "LINK_EXPIRED"
-		case http.StatusNotFound:
-			code = CodeNotFound
-		case http.StatusServiceUnavailable:
-			return unavailable()
-		}
-		return apiErr(status, code, "%s", msg)
-	}
+	t := panelTenantOf(c)
 	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: billing.DefaultUsageDays})
 	if err != nil {
 		return err

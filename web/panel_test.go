@@ -5,10 +5,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -178,5 +180,36 @@ func TestPanelLimitView(t *testing.T) {
 		if got := fmtAmount(f, "usd"); got != want {
 			t.Errorf("usd %v: %q, want %q", f, got, want)
 		}
+	}
+}
+
+// A token says when it was issued; a token of the first format, which does not, counts
+// as issued at the epoch, so any revocation of its tenant's links ends it.
+func TestPanelTokenIssueTime(t *testing.T) {
+	now := time.Date(2026, 11, 15, 12, 0, 0, 123_000_000, time.UTC)
+	p, err := NewPanelSigner([]byte("secret"), fixedClock(now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.Claims(p.Sign("acme", now.Add(time.Hour)))
+	if err != nil || c.TenantID != "acme" || !c.Issued.Equal(now) || !c.Expires.Equal(now.Add(time.Hour).Truncate(time.Second)) {
+		t.Fatalf("claims %+v %v, want acme issued %v", c, err, now)
+	}
+	v1 := seal(p.key, panelPurpose, []byte("1|acme|"+strconv.FormatInt(now.Add(time.Hour).Unix(), 10)))
+	c, err = p.Claims(v1)
+	if err != nil || c.TenantID != "acme" || !c.Issued.Equal(time.UnixMilli(0)) {
+		t.Fatalf("a first-format token: %+v %v", c, err)
+	}
+	revoked := now.Add(-time.Minute)
+	for _, tc := range []struct {
+		issued time.Time
+		want   bool
+	}{{time.UnixMilli(0), true}, {revoked.Add(-time.Millisecond), true}, {revoked, false}, {now, false}} {
+		if got := tenants.PanelLinkRevoked(tenants.Tenant{PanelLinksValidAfter: &revoked}, tc.issued); got != tc.want {
+			t.Errorf("a link issued at %v, links valid after %v: revoked %v, want %v", tc.issued, revoked, got, tc.want)
+		}
+	}
+	if tenants.PanelLinkRevoked(tenants.Tenant{}, time.UnixMilli(0)) {
+		t.Error("a tenant that never revoked a link has a revoked link")
 	}
 }

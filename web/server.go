@@ -5,7 +5,6 @@ package web
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -169,8 +168,8 @@ func (s *Server) routes() {
 	read(http.MethodPost, "/v1/webhooks/:id/rotate", s.rotateTenantWebhookSecret)
 
 	// The tenant panel: authorized by its signed link, not by a key.
-	e.GET("/panel/t", s.panelPage)
-	e.GET("/panel/t/usage", s.panelUsage)
+	e.GET("/panel/t", s.panelPage, s.panelGuard(true))
+	e.GET("/panel/t/usage", s.panelUsage, s.panelGuard(false))
 	e.GET("/panel/t/assets/:file", s.panelAsset)
 
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
@@ -190,6 +189,7 @@ func (s *Server) routes() {
 	admin(http.MethodPost, "/tenants/:id/keys", s.createKey)
 	admin(http.MethodGet, "/tenants/:id/keys", s.listKeys)
 	admin(http.MethodPost, "/tenants/:id/panel-links", s.createPanelLink)
+	admin(http.MethodPost, "/tenants/:id/panel-links/revoke", s.revokePanelLinks)
 	admin(http.MethodPost, "/keys/:kid/rotate", s.rotateKey)
 	admin(http.MethodDelete, "/keys/:kid", s.revokeKey)
 	admin(http.MethodPut, "/agents/:name", s.putAgent)
@@ -357,11 +357,24 @@ func (s *Server) authTenant(next echo.HandlerFunc) echo.HandlerFunc {
 
 func keyRecord(c echo.Context) apikey.Record { return c.Get(ctxKeyRecord).(apikey.Record) }
 
-// authAdmin checks the admin token in constant time.
+// authAdmin checks the admin token in constant time. Wrong tokens are limited per
+// client address (authlimit.go): past a small burst they, and for a moment the right
+// token from the same address, are answered 429.
 func (s *Server) authAdmin(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		tok := bearer(c)
-		if s.AdminToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.AdminToken)) != 1 {
+		if s.AdminToken == "" || tok == "" {
+			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
+		}
+		ok := len(tok) <= maxAdminTokenBytes && s.opAuth.tokenOK(s.AdminToken, tok)
+		a, err := s.adminAttempt(c.Request().Context(), c.Request(), ok)
+		if err != nil {
+			return admissionFailure(err)
+		}
+		if !a.Allowed {
+			return authFailureRefusal(c, a)
+		}
+		if !ok {
 			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
 		}
 		return next(c)

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -330,6 +331,23 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			})
 		},
 	}
+	panelRevoke := &cobra.Command{
+		Use:   "panel-links-revoke TENANT",
+		Short: "Revoke every tenant panel link of TENANT issued until now; links issued afterwards work",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withEnv(cmd.Context(), true, func(env adminEnv) error {
+				t, err := env.tenants.RevokePanelLinks(cmd.Context(), args[0], time.Now())
+				if errors.Is(err, tenants.ErrNotFound) {
+					return fmt.Errorf("%s", fmt.Sprintf("No tenant %q.", args[0])) // the API's words
+				}
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd, web.PanelLinksRevoked{TenantID: t.ID, LinksValidAfter: t.PanelLinksValidAfter.UTC()})
+			})
+		},
+	}
 	var evType, evTenant, evAfter string
 	var evLimit int
 	events := &cobra.Command{
@@ -363,7 +381,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	events.Flags().StringVar(&evAfter, "after", "", "the next_cursor of the previous page")
 	events.Flags().IntVar(&evLimit, "limit", billing.DefaultFeedLimit, "events per page")
 
-	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, events, usageExport)
+	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, panelRevoke, events, usageExport)
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
 	return cmd

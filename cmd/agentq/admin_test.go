@@ -486,3 +486,49 @@ func TestCLITenantWebhooks(t *testing.T) {
 		t.Errorf("acme's list after a delete: %q %v", out, err)
 	}
 }
+
+// `agentq admin panel-links-revoke` revokes a tenant's panel links as the admin API
+// does: a link issued before is refused by the running server at once.
+func TestCLIRevokesPanelLinks(t *testing.T) {
+	t.Parallel()
+	h := newAdminHarness(t)
+	if st, msg := h.api("POST", "/v1/admin/tenants", `{"id":"plink","plan":"pro"}`); st != 201 {
+		t.Fatalf("create tenant: %d %s", st, msg)
+	}
+	req, _ := http.NewRequest("POST", h.base+"/v1/admin/tenants/plink/panel-links", nil)
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var link web.PanelLink
+	err = json.NewDecoder(resp.Body).Decode(&link)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("panel link: %d %v", resp.StatusCode, err)
+	}
+	usage := strings.Replace(link.URL, "/panel/t?", "/panel/t/usage?", 1)
+	status := func() int {
+		t.Helper()
+		r, err := http.Get(usage)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		return r.StatusCode
+	}
+	if st := status(); st != 200 {
+		t.Fatalf("the link before revocation: %d", st)
+	}
+	out, err := h.cli("panel-links-revoke", "plink")
+	var got web.PanelLinksRevoked
+	if err != nil || json.Unmarshal([]byte(out), &got) != nil || got.TenantID != "plink" || got.LinksValidAfter.IsZero() {
+		t.Fatalf("panel-links-revoke: %q %v", out, err)
+	}
+	if st := status(); st != 403 {
+		t.Fatalf("the link after the CLI revoked it: %d, want 403", st)
+	}
+	if _, err := h.cli("panel-links-revoke", "nobody"); err == nil {
+		t.Fatal("revoking an unknown tenant's links succeeded")
+	}
+}

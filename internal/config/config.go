@@ -52,6 +52,7 @@ type Config struct {
 	PanelFrameAncestors string         // AGENTQ_PANEL_FRAME_ANCESTORS: who may embed the panel (CSP frame-ancestors)
 	PprofAddr           string         // AGENTQ_PPROF_ADDR
 	WebhookAllowNets    []netip.Prefix // AGENTQ_WEBHOOK_ALLOW_NETS
+	WebhookRetention    time.Duration  // AGENTQ_WEBHOOK_RETENTION: how long finished webhook deliveries are kept
 
 	// Global limit values (nil = the plan catalogue's); see quotas.Globals.
 	RateKeyRPS, RateKeyBurst, RateTenantRPS, RateTenantBurst, TenantMaxInflight *float64
@@ -75,6 +76,7 @@ func Defaults() Config {
 		ShutdownTimeout:     10 * time.Second,
 		RedisTimeout:        80 * time.Millisecond,
 		JanitorInterval:     5 * time.Minute,
+		WebhookRetention:    30 * 24 * time.Hour,
 		PanelFrameAncestors: "*",
 		UpgradeURL:          "https://agentq.example/upgrade",
 		Roles:               slices.Clone(AllRoles),
@@ -139,6 +141,7 @@ func FromEnv() (Config, error) {
 	dur("AGENTQ_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout)
 	dur("AGENTQ_REDIS_TIMEOUT", &c.RedisTimeout)
 	dur("AGENTQ_JANITOR_INTERVAL", &c.JanitorInterval)
+	dur("AGENTQ_WEBHOOK_RETENTION", &c.WebhookRetention)
 	str("AGENTQ_PPROF_ADDR", &c.PprofAddr)
 	if v := os.Getenv("AGENTQ_WEBHOOK_ALLOW_NETS"); v != "" {
 		nets, err := netguard.ParseNets(v)

@@ -25,6 +25,8 @@ type JanitorConfig struct {
 	Recount     QuotaRecountConfig
 	Generation  GenerationCheckConfig
 	Rejections  RejectionFlushConfig
+	// WebhookRetention: its Interval is its own (5 min), not Interval.
+	WebhookRetention WebhookRetentionConfig
 }
 
 // Janitor reconciles Redis with Postgres, the system of record, so that crashes and
@@ -43,6 +45,7 @@ type Janitor struct {
 	recount    *QuotaRecount
 	generation *GenerationCheck
 	rejections *RejectionFlush
+	webhooks   *WebhookRetention
 }
 
 // NewJanitor builds the elector and the passes. Nothing runs until their Start.
@@ -70,6 +73,8 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		recount: NewQuotaRecount(d, e, c.Recount),
 		// The refusal-count flush takes no turn: it repairs nothing the others touch.
 		rejections: NewRejectionFlush(d, e, c.Rejections),
+		// Nor does the webhook retention: it deletes history no pass reads.
+		webhooks: NewWebhookRetention(d, e, c.WebhookRetention),
 	}
 	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
 	// and two passes acting on one task at once (the stale pass re-queueing it while
@@ -87,7 +92,7 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // Services are the elector and the passes, in the order they start: the elector
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
-	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections}
+	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections, j.webhooks}
 }
 
 // Report says what one run of every drift pass found and fixed, per kind of drift,

@@ -49,6 +49,9 @@ type Deps struct {
 	Usage UsageLedger
 	// Rejections flushes admission's refusal counts to Postgres; nil turns it off.
 	Rejections RejectionFlusher
+	// Webhooks prunes finished webhook deliveries past their retention; nil turns
+	// the retention pass off.
+	Webhooks WebhookPruner
 	// Corrections records each pass run that corrected something (the operator
 	// view's janitor corrections); nil records nothing.
 	Corrections CorrectionLog

@@ -40,6 +40,8 @@ const (
 	passGeneration = "generation"
 	passRecount    = "quota_recount"
 	passRejections = "rejection_flush"
+
+	passWebhookRetention = "webhook_retention"
 )
 
 // Defaults every drift pass shares.

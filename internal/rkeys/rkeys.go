@@ -292,3 +292,18 @@ func (k Keys) APIReplicas() string { return k.prefix + "apis" }
 // BaselineBucket is the single-key GCRA bucket `agentq bench admission` compares the
 // admission script against.
 func (k Keys) BaselineBucket(tenant string) string { return k.tenantTag(tenant) + ":gcra:" + tenant }
+
+// --- request buckets (quotas.Bucket) --------------------------------------------
+
+// AuthFailures is the STRING bucket (GCRA theoretical arrival time, ms) of the wrong
+// admin tokens sent from one client address, on the admin API and the operator view's
+// sign-in alike. An address belongs to no tenant, so the key is its own hash tag; it
+// expires when the bucket is full again.
+func (k Keys) AuthFailures(addr string) string { return k.prefix + "{af:" + addr + "}" }
+
+// PanelLinkBucket is the STRING bucket (GCRA theoretical arrival time, ms) of one
+// tenant panel link's requests. linkID is a digest of the link's token, never the
+// token: the token is a credential. It expires when the bucket is full again.
+func (k Keys) PanelLinkBucket(tenant, linkID string) string {
+	return k.tenantTag(tenant) + ":plink:" + tenant + ":" + linkID
+}

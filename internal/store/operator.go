@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -76,7 +77,9 @@ type LimitHits struct {
 
 // UnscopedLimitHits counts, per tenant of ids, the events of type eventType written
 // since since, and the refused admissions counted since since. Tenants with neither
-// are absent.
+// are absent. It reads the window alone (events_type_time_idx); it is planned for its
+// arguments (the simple protocol), since the generic plan this pool's statements get
+// cannot know that the window is a day of a long history, and scanned all of it.
 func (s *Store) UnscopedLimitHits(ctx context.Context, ids []string, eventType string, since time.Time) (map[string]LimitHits, error) {
 	out := map[string]LimitHits{}
 	if len(ids) == 0 {
@@ -89,7 +92,7 @@ func (s *Store) UnscopedLimitHits(ctx context.Context, ids []string, eventType s
 			UNION ALL
 			SELECT tenant_id, 0, sum(count) FROM limit_rejections
 			WHERE tenant_id = ANY($1) AND minute >= $3 GROUP BY tenant_id
-		) x GROUP BY tenant_id`, ids, eventType, since)
+		) x GROUP BY tenant_id`, pgx.QueryExecModeSimpleProtocol, ids, eventType, since)
 	type hit struct {
 		id string
 		h  LimitHits
@@ -186,7 +189,11 @@ type WebhookHealth struct {
 const recentAttempts = 200
 
 // UnscopedWebhookHealth lists every endpoint, oldest first, with its deliveries'
-// state. It never reads a secret.
+// state. It never reads a secret. Each count reads the endpoint's own rows
+// (webhook_deliveries_pending_idx, webhook_deliveries_failed_idx), and the last
+// failure is looked for among the endpoint's last attempts in
+// webhook_attempts_endpoint_result_idx alone, so a quiet endpoint next to a busy one
+// costs no walk through the busy one's attempts.
 func (s *Store) UnscopedWebhookHealth(ctx context.Context) ([]WebhookHealth, error) {
 	rows, err := s.db.Query(ctx, `
 		SELECT e.id, e.url, COALESCE(e.tenant_id, ''), e.disabled_at, COALESCE(e.disabled_reason, ''),
@@ -197,13 +204,16 @@ func (s *Store) UnscopedWebhookHealth(ctx context.Context) ([]WebhookHealth, err
 			f.id, f.delivery_id, f.event_id, f.attempt, f.attempted_at, f.status_code, f.error, f.duration_ms, f.result
 		FROM webhook_endpoints e
 		LEFT JOIN LATERAL (
-			SELECT * FROM (
-				SELECT a.id, a.delivery_id, a.event_id, a.attempt, a.attempted_at, COALESCE(a.status_code, 0) AS status_code,
-					COALESCE(a.error, '') AS error, a.duration_ms, a.result
-				FROM webhook_attempts a WHERE a.endpoint_id = e.id ORDER BY a.id DESC LIMIT $1
-			) recent WHERE recent.result <> 'succeeded' ORDER BY recent.id DESC LIMIT 1
+			SELECT max(r.id) FILTER (WHERE r.result <> 'succeeded') AS id FROM (
+				SELECT a.id, a.result FROM webhook_attempts a WHERE a.endpoint_id = e.id ORDER BY a.id DESC LIMIT `+strconv.Itoa(recentAttempts)+`
+			) r
+		) last ON true
+		LEFT JOIN LATERAL (
+			SELECT a.id, a.delivery_id, a.event_id, a.attempt, a.attempted_at, COALESCE(a.status_code, 0) AS status_code,
+				COALESCE(a.error, '') AS error, a.duration_ms, a.result
+			FROM webhook_attempts a WHERE a.id = last.id
 		) f ON true
-		ORDER BY e.created_at, e.id`, recentAttempts)
+		ORDER BY e.created_at, e.id`)
 	return collect(rows, err, func(row pgx.Row) (WebhookHealth, error) {
 		var h WebhookHealth
 		var (

@@ -43,6 +43,10 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.UpdateTenant(ctx, store.UpdateTenantParams{Name: &name})
 			return err
 		}},
+		{"RevokePanelLinks", func(ctx context.Context, st *store.Store) error {
+			_, err := st.RevokePanelLinks(ctx, store.RevokePanelLinksParams{At: time.Now()})
+			return err
+		}},
 		{"CreateKey", func(ctx context.Context, st *store.Store) error {
 			_, err := st.CreateKey(ctx, store.CreateKeyParams{Kid: "new-00000000", SecretHash: []byte{1}})
 			return err

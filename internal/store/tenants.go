@@ -24,9 +24,12 @@ type Tenant struct {
 	// 31, clamped to the month's last day); nil: the day of CreatedAt, in UTC.
 	BillingDay *int
 	// TimeZone is the IANA zone whose midnight starts its periods and days; nil: UTC.
-	TimeZone  *string
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	TimeZone *string
+	// PanelLinksValidAfter: the tenant's panel links issued before it are revoked;
+	// nil when none ever was (see RevokePanelLinks).
+	PanelLinksValidAfter *time.Time
+	CreatedAt            time.Time
+	UpdatedAt            time.Time
 }
 
 // Anchor is the tenant's billing anchor (see quotas.Anchor): its BillingDay, or the
@@ -50,13 +53,13 @@ func anchorOf(createdAt time.Time, day *int, zone *string) quotas.Anchor {
 	return a
 }
 
-const tenantCols = `id, name, plan, weight, overrides, status, billing_day, time_zone, created_at, updated_at`
+const tenantCols = `id, name, plan, weight, overrides, status, billing_day, time_zone, panel_links_valid_after, created_at, updated_at`
 
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
 	var ov []byte
 	var day *int16
-	if err := row.Scan(&t.ID, &t.Name, &t.Plan, &t.Weight, &ov, &t.Status, &day, &t.TimeZone, &t.CreatedAt, &t.UpdatedAt); err != nil {
+	if err := row.Scan(&t.ID, &t.Name, &t.Plan, &t.Weight, &ov, &t.Status, &day, &t.TimeZone, &t.PanelLinksValidAfter, &t.CreatedAt, &t.UpdatedAt); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return t, ErrNotFound
 		}

@@ -231,8 +231,12 @@
     fetch("/panel/t/usage?token=" + encodeURIComponent(token), { cache: "no-store", credentials: "omit" })
       .then(function (r) {
         if (r.status === 401 || r.status === 403) {
-          text(document.getElementById("refresh-state"), r.status === 403 ? "this link has expired: updates stopped" : "this link is not valid: updates stopped");
-          return null;
+          return r.json().catch(function () { return {}; }).then(function (b) {
+            var code = b && b.error && b.error.code;
+            text(document.getElementById("refresh-state"), code === "LINK_REVOKED" ? "this link was revoked: updates stopped" :
+              r.status === 403 ? "this link has expired: updates stopped" : "this link is not valid: updates stopped");
+            return null;
+          });
         }
         if (!r.ok) { throw new Error("HTTP " + r.status); }
         return r.json();

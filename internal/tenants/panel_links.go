@@ -1,0 +1,34 @@
+package tenants
+
+import (
+	"context"
+	"time"
+
+	"github.com/agentq/agentq/internal/store"
+)
+
+// RevokePanelLinks revokes every panel link of tenant id issued before at (the panel
+// signer's clock, which stamps the links): they are refused from then on, on every
+// process at once when an Invalidator is set (else within the cache TTL), while links
+// issued afterwards work. Revoking again moves the mark forward, never back.
+func (s *Service) RevokePanelLinks(ctx context.Context, id string, at time.Time) (Tenant, error) {
+	if id == "" {
+		return Tenant{}, ErrNotFound
+	}
+	t, err := s.store.RevokePanelLinks(ctx, store.RevokePanelLinksParams{TenantID: id, At: at.UTC().Truncate(time.Millisecond)})
+	if err != nil {
+		return Tenant{}, err
+	}
+	s.cache.Remove(t.ID)
+	if s.inval != nil {
+		if err := s.inval.InvalidateTenant(ctx, t.ID); err != nil {
+			s.log.Warn("invalidating a tenant whose panel links were revoked failed; other processes catch up within the cache TTL", "tenant_id", t.ID, "err", err)
+		}
+	}
+	return t, nil
+}
+
+// PanelLinkRevoked reports whether a panel link of t issued at issued is revoked.
+func PanelLinkRevoked(t Tenant, issued time.Time) bool {
+	return t.PanelLinksValidAfter != nil && issued.Before(*t.PanelLinksValidAfter)
+}
