@@ -13,12 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv"
 )
 
 // refusal is the 429/402 error body.
@@ -386,8 +385,7 @@ const redisDeadline = 10 * time.Second
 func TestDegradedModeWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := testenv.DeadRedis(t)
 	h := e.start(t, func(o *agentq.Options) {
 		o.Redis = dead
 		o.Config.Roles = []string{config.RoleAPI}

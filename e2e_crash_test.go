@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
@@ -24,8 +23,7 @@ import (
 func TestQueuedTasksMissingFromRedisAreRecovered(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := testenv.DeadRedis(t)
 	down := e.start(t, func(o *agentq.Options) {
 		o.Redis = dead
 		o.Config.Roles = []string{config.RoleAPI}

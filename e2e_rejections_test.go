@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/testenv"
 )
 
 // A quota reaching 100 % and three refusals after it in its window are one limit_hit,
@@ -92,8 +92,7 @@ func TestQuotaHitAndRefusalsAreOneEventAndCounted(t *testing.T) {
 func TestDegradedRefusalsAreCountedAndTold(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := testenv.DeadRedis(t)
 	h := e.start(t, func(o *agentq.Options) {
 		o.Redis = dead
 		o.Config.Roles = []string{config.RoleAPI}

@@ -482,8 +482,7 @@ func TestScriptsOnEmbeddedRedis(t *testing.T) {
 
 // Without Redis the in-process fallback keeps 0 a limit and unlimited off.
 func TestDegradedModeKeepsZeroLimits(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 20 * time.Millisecond})
-	t.Cleanup(func() { dead.Close() })
+	dead := testenv.DeadRedis(t)
 	g := NewGuard(New(dead, rkeys.New("dead:", 1), nil), GuardOptions{Timeout: 20 * time.Millisecond})
 	p := AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "t", InScope: true, Limits: NoLimits()}
 	if d, err := g.Admit(context.Background(), p); err != nil || !d.Allowed || !d.Degraded {

@@ -184,3 +184,12 @@ func OpenRedis(shards int) (c *redis.Client, keys rkeys.Keys, done func(), err e
 func DeletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) {
 	redisx.DeletePrefix(ctx, c, prefix)
 }
+
+// DeadRedis is a client of a Redis that is not there: every call fails at once, as
+// when the server is down. It dials once per call, not go-redis's default five times
+// with a pause between, so a test of degraded mode sees the refusal, not the retries.
+func DeadRedis(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond, DialerRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
