@@ -246,8 +246,10 @@
 // from a pool of Workers that claims again as soon as a send finishes; a claim takes
 // the endpoints in turn (the oldest due of each, then the next of each) and gives no
 // endpoint more than PerEndpoint minus its live leases, counted across every relay
-// under a lock on the endpoints it claims for. A receiver that never answers holds at
-// most PerEndpoint workers for its timeout, whatever its backlog.
+// under a lock on the endpoints it claims for, and no more than one to an endpoint
+// whose last recorded attempt did not succeed or that has none yet (a slow start). A
+// receiver that never answered holds one worker, whatever its backlog; one that stops
+// answering holds at most PerEndpoint until its first timeouts are recorded.
 //
 // Destinations: the relay's client dials through internal/netguard, which refuses
 // loopback, link-local, private, CGNAT and unique local addresses (and unspecified,

@@ -58,13 +58,14 @@ type RelayConfig struct {
 	Lease time.Duration
 	// Batch is how many deliveries a relay claims at most per round (32 when 0).
 	Batch int
-	// Workers is how many sends a started relay has in flight at most (64 when 0):
+	// Workers is how many sends a started relay has in flight at most (256 when 0):
 	// a pool that takes the next claim as soon as a send finishes, whatever the
 	// others are waiting for.
 	Workers int
 	// PerEndpoint is how many deliveries of one endpoint may be in flight at once,
 	// counted from the live leases of every relay together (8 when 0), so one slow
-	// endpoint holds at most that many of the workers.
+	// endpoint holds at most that many of the workers; one whose last attempt did
+	// not succeed, or that has none yet, gets one (a slow start).
 	PerEndpoint int
 	// FanOutBatch is how many events one fan-out reads (500 when 0).
 	FanOutBatch int
@@ -104,7 +105,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.Batch = 32
 	}
 	if c.Workers <= 0 {
-		c.Workers = 64
+		c.Workers = 256
 	}
 	if c.PerEndpoint <= 0 {
 		c.PerEndpoint = 8

@@ -711,19 +711,28 @@ func TestWebhookServiceRules(t *testing.T) {
 // receiver that holds each of the relay's sends for its whole timeout. got counts
 // the requests it took.
 type hungReceiver struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	got  int
-	done chan struct{}
+	srv    *httptest.Server
+	mu     sync.Mutex
+	got    int
+	answer int // requests answered 204 before it hangs
+	done   chan struct{}
 }
 
-func newHungReceiver(t *testing.T) *hungReceiver {
+func newHungReceiver(t *testing.T) *hungReceiver { return newReceiverThatHangsAfter(t, 0) }
+
+// newReceiverThatHangsAfter answers its first n requests 204, then never answers.
+func newReceiverThatHangsAfter(t *testing.T, n int) *hungReceiver {
 	t.Helper()
-	h := &hungReceiver{done: make(chan struct{})}
+	h := &hungReceiver{done: make(chan struct{}), answer: n}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		h.mu.Lock()
 		h.got++
+		answer := h.got <= h.answer
 		h.mu.Unlock()
+		if answer {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		select {
 		case <-req.Context().Done():
 		case <-h.done:
@@ -733,7 +742,8 @@ func newHungReceiver(t *testing.T) *hungReceiver {
 	return h
 }
 
-func (h *hungReceiver) count() int { h.mu.Lock(); defer h.mu.Unlock(); return h.got }
+// count is the requests it holds, not answered.
+func (h *hungReceiver) count() int { h.mu.Lock(); defer h.mu.Unlock(); return max(h.got-h.answer, 0) }
 
 // waitFor polls cond for up to d and reports whether it held.
 func waitFor(d time.Duration, cond func() bool) bool {
@@ -810,6 +820,7 @@ func TestClaimIsFairBetweenEndpoints(t *testing.T) {
 	quiet := e.create(t, "https://quiet.example/hook", "", billing.TypeLimitHit)
 	e.write(t, e.hit(t, "globex", 1))
 	e.fanOutAll(t, t0.Add(time.Second), 2) // one each: the quiet endpoint's is due after the whole backlog
+	var claimed []store.DeliveryClaim
 	claim := func(now time.Time, perEndpoint int) map[string]int {
 		t.Helper()
 		claims, err := e.st.UnscopedClaimWebhookDeliveries(e.ctx, store.ClaimDeliveriesParams{
@@ -818,6 +829,7 @@ func TestClaimIsFairBetweenEndpoints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		claimed = claims
 		per := map[string]int{}
 		for _, c := range claims {
 			per[c.URL]++
@@ -828,18 +840,98 @@ func TestClaimIsFairBetweenEndpoints(t *testing.T) {
 	if per := claim(now, 0); per[quiet.Webhook.URL] != 1 || per[busy.Webhook.URL] != 9 {
 		t.Fatalf("claimed %v of 10: the quiet endpoint's due delivery must be among them", per)
 	}
-	// With a cap, an endpoint's live leases count against it: 9 are held, so the
-	// busy endpoint gets nothing more until they lapse, then 4 at a time (and the
-	// quiet one's delivery, whose lease lapsed too, is claimed again).
+	// The quiet endpoint's delivery and one of the busy one's succeed (an endpoint
+	// that never succeeded would get one at a time: TestEndpointWithoutASuccessGetsOneInFlight).
+	recorded := map[string]bool{}
+	for _, c := range claimed {
+		if recorded[c.URL] {
+			continue
+		}
+		recorded[c.URL] = true
+		if _, err := e.st.UnscopedRecordWebhookAttempt(e.ctx, store.RecordAttemptParams{Claim: c, At: now,
+			StatusCode: 204, Result: store.AttemptSucceeded}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// With a cap, an endpoint's live leases count against it: 8 are held, so the
+	// busy endpoint gets nothing more until they lapse, then 4 at a time.
 	if per := claim(now, 4); len(per) != 0 {
-		t.Fatalf("claimed %v while the busy endpoint holds 9 leases over its cap of 4", per)
+		t.Fatalf("claimed %v while the busy endpoint holds 8 leases over its cap of 4", per)
 	}
 	now = now.Add(time.Minute)
-	if per := claim(now, 4); per[busy.Webhook.URL] != 4 || per[quiet.Webhook.URL] != 1 {
-		t.Fatalf("claimed %v after the leases lapsed, want 4 of the busy endpoint and the quiet one's again", per)
+	if per := claim(now, 4); per[busy.Webhook.URL] != 4 || per[quiet.Webhook.URL] != 0 {
+		t.Fatalf("claimed %v after the leases lapsed, want 4 of the busy endpoint and none of the quiet one's", per)
 	}
 	if per := claim(now, 4); len(per) != 0 {
 		t.Fatalf("claimed %v past the cap", per)
+	}
+}
+
+// An endpoint whose last attempt failed, or that has no attempt yet, gets one
+// delivery in flight at a time, not the full cap: a receiver that stopped answering,
+// or never did, holds one of the relays' sends, not PerEndpoint of them, however many
+// of its events come due. Once a delivery to it succeeds it gets the full cap.
+func TestEndpointWithoutASuccessGetsOneInFlight(t *testing.T) {
+	e := newRelayEnv(t)
+	t0 := e.clock.Now()
+	failing := e.create(t, "https://failing.example/hook", "acme", billing.TypeLimitHit)
+	healthy := e.create(t, "https://healthy.example/hook", "globex", billing.TypeLimitHit)
+	var evs []billing.Event
+	for i := range 10 {
+		evs = append(evs, e.hit(t, "acme", i), e.hit(t, "globex", i))
+	}
+	e.write(t, evs...)
+	e.fanOutAll(t, t0, 20)
+	claim := func(now time.Time, limit int) ([]store.DeliveryClaim, map[string]int) {
+		t.Helper()
+		claims, err := e.st.UnscopedClaimWebhookDeliveries(e.ctx, store.ClaimDeliveriesParams{
+			Now: now, Lease: time.Second, Limit: limit, PerEndpoint: 4,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[string]int{}
+		for _, c := range claims {
+			per[c.URL]++
+		}
+		return claims, per
+	}
+	record := func(c store.DeliveryClaim, at time.Time, result string) {
+		t.Helper()
+		p := store.RecordAttemptParams{Claim: c, At: at, Result: result, StatusCode: 200}
+		if result == store.AttemptRetrying {
+			p.StatusCode, p.Error, p.NextAttemptAt = 0, "no answer", at.Add(time.Hour)
+		}
+		if owned, err := e.st.UnscopedRecordWebhookAttempt(e.ctx, p); err != nil || !owned {
+			t.Fatalf("record %s: %v %v", result, owned, err)
+		}
+	}
+	// The failing endpoint's first delivery fails; the healthy one's succeeds.
+	now := t0.Add(time.Second)
+	claims, _ := claim(now, 2)
+	for _, c := range claims {
+		if c.URL == failing.Webhook.URL {
+			record(c, now, store.AttemptRetrying)
+		} else {
+			record(c, now, store.AttemptSucceeded)
+		}
+	}
+	_, per := claim(now, 100)
+	if per[failing.Webhook.URL] != 1 || per[healthy.Webhook.URL] != 4 {
+		t.Fatalf("claimed %v: want one of the failing endpoint's and the healthy one's cap of 4", per)
+	}
+	// Every lease lapses: the failing endpoint still gets one, and once that one
+	// succeeds, the cap is back.
+	now = now.Add(2 * time.Hour)
+	claims, per = claim(now, 100)
+	if per[failing.Webhook.URL] != 1 {
+		t.Fatalf("claimed %v: the failing endpoint's probe, one", per)
+	}
+	for _, c := range claims {
+		record(c, now, store.AttemptSucceeded)
+	}
+	if _, per := claim(now, 100); per[failing.Webhook.URL] != 4 {
+		t.Fatalf("claimed %v after the failing endpoint's retry succeeded: want its cap of 4 again", per)
 	}
 }
 
@@ -1026,7 +1118,9 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 // next relay once their leases lapse.
 func TestRelaysKeepThePerEndpointCapAndStopPromptly(t *testing.T) {
 	e := newRelayEnv(t)
-	hung := newHungReceiver(t)
+	// It answers once (an endpoint that never succeeded gets one send at a time),
+	// then holds every request.
+	hung := newReceiverThatHangsAfter(t, 1)
 	w := e.create(t, hung.srv.URL, "", billing.TypeLimitHit)
 	var evs []billing.Event
 	for i := range 30 {
@@ -1063,13 +1157,17 @@ func TestRelaysKeepThePerEndpointCapAndStopPromptly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pending := 0
 	for _, d := range ds {
-		if d.State != "pending" {
-			t.Fatalf("delivery %+v after Stop: want every one still pending (a cut send decides nothing)", d)
+		if d.State == "pending" {
+			pending++
 		}
 	}
+	if pending != len(ds)-1 {
+		t.Fatalf("%d of %d deliveries pending after Stop: want all but the answered one (a cut send decides nothing)", pending, len(ds))
+	}
 	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
-	if len(page.Attempts) != 0 {
-		t.Errorf("attempts recorded for sends Stop cut short: %+v", page.Attempts)
+	if len(page.Attempts) != 1 || page.Attempts[0].Result != store.AttemptSucceeded {
+		t.Errorf("attempts after Stop: %+v, want only the answered one's (none for the sends Stop cut short)", page.Attempts)
 	}
 }

@@ -171,7 +171,8 @@ func webhooksBenchCmd(asJSON *bool) *cobra.Command {
 				res.Baseline.P50Ms, res.Baseline.P90Ms, res.Baseline.MaxMs))
 		},
 	}
-	cmd.Flags().IntVar(&o.Backlog, "backlog", 10000, "the hung endpoint's due deliveries")
+	cmd.Flags().IntVar(&o.Backlog, "backlog", 10000, "the events each hung endpoint has due when the probes start")
+	cmd.Flags().IntVar(&o.Hung, "hung", 1, "hung endpoints, each taking every event")
 	cmd.Flags().IntVar(&o.Probes, "probes", 100, "events to the healthy endpoints per phase")
 	cmd.Flags().IntVar(&o.Endpoints, "endpoints", 4, "healthy endpoints")
 	cmd.Flags().DurationVar(&o.Interval, "interval", 50*time.Millisecond, "between probe events")

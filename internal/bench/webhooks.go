@@ -28,8 +28,9 @@ import (
 type Webhooks struct {
 	Hung     WebhookDelays `json:"hung"`
 	Baseline WebhookDelays `json:"baseline"`
-	// Backlog is the hung endpoint's due deliveries when the probes start.
+	// Backlog is each hung endpoint's due deliveries when the probes start.
 	Backlog   int `json:"backlog"`
+	HungCount int `json:"hung_endpoints"`
 	Endpoints int `json:"healthy_endpoints"`
 	// TimeoutS is the relay's request timeout: what each hung send waits for.
 	TimeoutS    float64 `json:"timeout_s"`
@@ -50,7 +51,8 @@ type WebhookDelays struct {
 // WebhooksOptions configure the benchmark; zero fields take the defaults.
 type WebhooksOptions struct {
 	DatabaseURL string
-	Backlog     int           // the hung endpoint's due deliveries, 10,000
+	Backlog     int           // the events every hung endpoint has due, 10,000
+	Hung        int           // hung endpoints, each taking every event, 1
 	Probes      int           // events to the healthy endpoints per phase, 100
 	Endpoints   int           // healthy endpoints, one tenant each, 4
 	Interval    time.Duration // between probes, 50 ms
@@ -66,18 +68,19 @@ func RunWebhooks(ctx context.Context, o WebhooksOptions) (Webhooks, error) {
 	o.Backlog = orInt(o.Backlog, 10000)
 	o.Probes = orInt(o.Probes, 100)
 	o.Endpoints = orInt(o.Endpoints, 4)
+	o.Hung = orInt(o.Hung, 1)
 	if o.Interval <= 0 {
 		o.Interval = 50 * time.Millisecond
 	}
 	o.Relay.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	o.Relay.AllowNets = netguard.Loopback() // the receivers are local servers
-	out := Webhooks{Backlog: o.Backlog, Endpoints: o.Endpoints}
+	out := Webhooks{Backlog: o.Backlog, Endpoints: o.Endpoints, HungCount: o.Hung}
 	log := func(f string, a ...any) {
 		if o.Progress != nil {
 			fmt.Fprintf(o.Progress, f+"\n", a...)
 		}
 	}
-	log("hung endpoint taking every event, %d due deliveries to it, %d probes to %d healthy endpoints…", o.Backlog, o.Probes, o.Endpoints)
+	log("%d hung endpoint(s) taking every event, %d due deliveries to each, %d probes to %d healthy endpoints…", o.Hung, o.Backlog, o.Probes, o.Endpoints)
 	var err error
 	if out.Hung, err = runWebhookPhase(ctx, o, true, &out); err != nil {
 		return out, fmt.Errorf("hung: %w", err)
@@ -127,8 +130,10 @@ func runWebhookPhase(ctx context.Context, o WebhooksOptions, hung bool, out *Web
 			}
 		}))
 		defer srv.Close()
-		if err := p.endpoint(ctx, hooks, srv.URL, ""); err != nil {
-			return WebhookDelays{}, err
+		for i := range o.Hung {
+			if err := p.endpoint(ctx, hooks, fmt.Sprintf("%s/h%d", srv.URL, i), ""); err != nil {
+				return WebhookDelays{}, err
+			}
 		}
 	}
 	defer close(stopHung) // before the hung server closes: its handlers return

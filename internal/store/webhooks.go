@@ -324,7 +324,11 @@ type DeliveryClaim struct {
 // at Now and not claimed by a live lease, of enabled endpoints, taken endpoint by
 // endpoint in turn: the oldest due of each endpoint, then the second oldest of each,
 // and so on, so that one endpoint's backlog never crowds another's out. An endpoint
-// gets no more than PerEndpoint minus its deliveries already under a live lease.
+// gets no more than PerEndpoint minus its deliveries already under a live lease, and
+// one whose last recorded attempt did not succeed (it failed, or there is none yet)
+// no more than one, a slow start: a receiver that never answered, or stopped
+// answering, holds one send of the relays, whatever its backlog, until a delivery to
+// it succeeds. (With PerEndpoint 0 there is no cap of either kind.)
 //
 // The claim locks the endpoints it claims for (skipping those another relay is
 // claiming for) before it counts their leases, in a statement of its own, so the
@@ -333,9 +337,9 @@ type DeliveryClaim struct {
 // them off every other relay until it lapses: no delivery is sent twice at once.
 func (s *Store) UnscopedClaimWebhookDeliveries(ctx context.Context, p ClaimDeliveriesParams) ([]DeliveryClaim, error) {
 	lease := uuid.New()
-	perEndpoint := p.PerEndpoint
+	perEndpoint, probing := p.PerEndpoint, 1
 	if perEndpoint <= 0 {
-		perEndpoint = p.Limit
+		perEndpoint, probing = p.Limit, p.Limit
 	}
 	var claims []DeliveryClaim
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -348,7 +352,7 @@ func (s *Store) UnscopedClaimWebhookDeliveries(ctx context.Context, p ClaimDeliv
 		if err != nil || len(endpoints) == 0 {
 			return err
 		}
-		rows, err = tx.db.Query(ctx, claimDeliveriesSQL, p.Now, p.Now.Add(p.Lease), p.Limit, lease, perEndpoint, endpoints)
+		rows, err = tx.db.Query(ctx, claimDeliveriesSQL, p.Now, p.Now.Add(p.Lease), p.Limit, lease, perEndpoint, endpoints, probing)
 		claims, err = collect(rows, err, func(row pgx.Row) (DeliveryClaim, error) {
 			c := DeliveryClaim{LeaseID: lease}
 			err := row.Scan(&c.ID, &c.Attempt, &c.EndpointID, &c.URL, &c.EventID, &c.Payload, &c.Secret,
@@ -373,11 +377,16 @@ const claimDeliveriesSQL = `
 			WHERE l.endpoint_id = w.id AND l.state = 'pending' AND l.locked_until IS NOT NULL AND l.locked_until > $1
 		) busy
 		CROSS JOIN LATERAL (
+			SELECT CASE WHEN (
+				SELECT a.result FROM webhook_attempts a WHERE a.endpoint_id = w.id ORDER BY a.id DESC LIMIT 1
+			) IS DISTINCT FROM 'succeeded' THEN $7::int ELSE $5::int END AS n
+		) cap
+		CROSS JOIN LATERAL (
 			SELECT d.id, d.endpoint_id, d.next_attempt_at FROM webhook_deliveries d
 			WHERE d.endpoint_id = w.id AND d.state = 'pending' AND d.next_attempt_at <= $1
 				AND (d.locked_until IS NULL OR d.locked_until <= $1)
 			ORDER BY d.next_attempt_at, d.id
-			LIMIT GREATEST(LEAST($5 - busy.n, $3), 0)
+			LIMIT GREATEST(LEAST(cap.n - busy.n, $3), 0)
 			FOR UPDATE OF d SKIP LOCKED
 		) d
 	), due AS (
