@@ -43,7 +43,7 @@ func TestWebhookRetentionPrunesOldFinishedDeliveries(t *testing.T) {
 	seed("succeeded", 29*24*time.Hour, 1) // inside the default retention
 	seed("failed", time.Hour, 2)          // recent
 
-	f.Deps.Webhooks = store.New(f.Pool)
+	f.Webhooks = store.New(f.Pool)
 	p := NewWebhookRetention(f.Deps, NewElector(f.Deps, ElectorConfig{}), WebhookRetentionConfig{
 		BatchSize: 4, Now: func() time.Time { return now },
 	})
