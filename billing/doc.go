@@ -55,14 +55,17 @@
 //
 // A janitor pass (internal/maintenance, QuotaRecount) walks the tenants from a cursor,
 // within a time budget, on the leader only. For a page of tenants it reads their
-// counters (tenants whose counters are unseeded are skipped: admission rebuilds them,
-// and creating them here would keep idle tenants' state from expiring), then what the
-// ledger says while it holds still (Ledger.RecountHeld: the page's rollups are held
-// exclusively, so no step of theirs is recorded until the correction is made), then
-// corrects, in one script per tenant, the counters as they are when it runs. Steps
-// reserved or settled meanwhile are not in the ledger read and move the counters by
-// what they book, which commutes with the correction: they are never mistaken for
-// drift, and a tenant that always has a step in flight is corrected all the same. A
+// counters to find the seeded ones (tenants whose counters are unseeded are skipped:
+// admission rebuilds them, and creating them here would keep idle tenants' state from
+// expiring), then holds their ledger still (Ledger.RecountHeld: the page's rollups are
+// held exclusively, so no step of theirs is recorded until the correction is made),
+// takes a snapshot of the counters, reads what the ledger says, and corrects, in one
+// script per tenant, the drift the snapshot shows, keeping what moved since on top.
+// Steps reserved or settled after the snapshot are not in the ledger read (no record
+// lands while it is held) and are kept as they are, so they commute with the
+// correction: they are never mistaken for drift, a task that starts during the recount
+// keeps its reservation, and a tenant that always has a step in flight is corrected
+// all the same. A
 // page that cannot be held within HoldWait is left for the next run and counted
 // (agentq.quotas.recount_skipped).
 //

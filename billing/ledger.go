@@ -43,23 +43,25 @@ const HoldWait = 2 * time.Second
 // ErrBusy: RecountHeld could not hold a page's ledger within HoldWait.
 var ErrBusy = store.ErrBusy
 
-// RecountHeld is RecountBasis read while the page's ledger holds still: in a
-// transaction that holds the tenants' rollups exclusively (no step of theirs is
-// recorded until it ends), and that runs correct, which corrects the counters, before
-// it ends. So correct may take the counters as they are when it runs: reservations and
-// settlements go on meanwhile, and only the ledger could have moved. The steps recorded
-// for the tenants wait for it (a few milliseconds: a Redis round trip). ErrBusy when
-// the page could not be held within HoldWait.
-func (l *Ledger) RecountHeld(ctx context.Context, tenants []string, now time.Time, correct func(map[string]quotas.LedgerCounts) error) error {
+// RecountHeld runs correct in a transaction that holds the page's ledger still: the
+// tenants' rollups are held exclusively, so no step of theirs is recorded until it
+// ends. correct reads RecountBasis through basis when it is ready to, and corrects the
+// counters before it returns. Reservations and settlements go on meanwhile (they are
+// Redis's), so correct takes a snapshot of the counters after the hold and before
+// basis, and keeps what moved since the snapshot on top of its correction: no record
+// can land in the basis after the snapshot, and a task that starts after the basis
+// read reserves into what moved. The steps recorded for the tenants wait for it (a
+// few milliseconds: two Redis round trips). ErrBusy when the page could not be held
+// within HoldWait.
+func (l *Ledger) RecountHeld(ctx context.Context, tenants []string, now time.Time,
+	correct func(basis func() (map[string]quotas.LedgerCounts, error)) error) error {
 	return l.st.InTx(ctx, func(tx *store.Store) error {
 		if err := tx.UnscopedHoldRollups(ctx, tenants, HoldWait); err != nil {
 			return err
 		}
-		basis, err := (&Ledger{st: tx}).RecountBasis(ctx, tenants, now)
-		if err != nil {
-			return err
-		}
-		return correct(basis)
+		return correct(func() (map[string]quotas.LedgerCounts, error) {
+			return (&Ledger{st: tx}).RecountBasis(ctx, tenants, now)
+		})
 	})
 }
 

@@ -48,11 +48,11 @@ type CounterSnapshot struct {
 type Correction struct {
 	Snapshot CounterSnapshot
 	Ledger   LedgerCounts
-	// Held: the ledger holds still until the correction is made (its reader holds
-	// the tenant's step records back). The counters are then corrected as they are,
-	// whatever moved since the snapshot: a reservation or a settlement meanwhile is
-	// within what the ledger and the running tasks allow, or moves the counters by what
-	// it books either way, so it commutes with the correction.
+	// Held: the snapshot was taken, and the ledger read after it, while the ledger
+	// held still (its reader holds the tenant's step records back until the correction
+	// is made). The counters are corrected by the drift the snapshot shows against the
+	// ledger, and whatever moved since the snapshot (a reservation, a settlement) is
+	// kept on top: it is no drift, and the correction commutes with it.
 	Held bool
 }
 
@@ -79,12 +79,16 @@ type RecountResult struct {
 // against the ledger. "read" answers {0, fingerprint} ({2} if unseeded). "fix" answers
 // {3} if the fingerprint differs from the one read before (the counters moved: a step
 // reserved or settled), {2} if unseeded, else {1, steps delta, tokens delta, usd
-// delta}. "held" is "fix" without the fingerprint check (Correction.Held). The steps are rewritten from the ledger's hours (plus what stays reserved, in
-// the current hour); tokens and micro-dollars only when Redis's newest period is the
-// ledger's (around a period boundary they are left alone).
+// delta}. "held" is "fix" without the fingerprint check (Correction.Held): the drift
+// is measured on the snapshot's values and what moved since (reservations of tasks
+// that started after the ledger's running count was read, settlements) is kept on
+// top, so the correction commutes with concurrent steps. The steps are rewritten from
+// the ledger's hours (plus what stays reserved, in the current hour); tokens and
+// micro-dollars only when Redis's newest period is the ledger's and the snapshot's
+// (around a period boundary they are left alone).
 //
 // KEYS[1] state hash   KEYS[2] steps hash
-// ARGV[1] now ms or ""   ARGV[2] "read" or "fix"   ARGV[3] fingerprint of the read
+// ARGV[1] now ms or ""   ARGV[2] "read", "fix" or "held"   ARGV[3] fingerprint of the read
 // ARGV[4] period id   ARGV[5] ledger tokens   ARGV[6] ledger usd (micro)
 // ARGV[7] in-flight steps   ARGV[8] in-flight tokens   ARGV[9] in-flight usd (micro)
 // ARGV[10] tokens field prefix   ARGV[11] usd field prefix
@@ -104,16 +108,25 @@ end
 local fp = steps .. ':' .. per .. ':' .. (c[1] or '') .. ':' .. (c[2] or '')
 if ARGV[2] == 'read' then return {0, fp} end
 if ARGV[2] == 'fix' and fp ~= ARGV[3] then return {3} end
+-- held: the drift is measured on the snapshot (the values the fingerprint holds) and
+-- what moved since is kept on top of the correction
+local s0, p0, t0, u0 = string.match(ARGV[3], '^(-?%d+):([^:]*):([^:]*):([^:]*)$')
+s0 = tonumber(s0) or steps
 local function clamp(v, lo, hi)
   if v < lo then return lo end
   if v > hi then return hi end
+  return v
+end
+local function corrected(now, snap, lo, hi)
+  local v = clamp(snap, lo, hi) + (now - snap)
+  if v < lo then v = lo end
   return v
 end
 local ls = 0
 for i = 12, #ARGV - 1, 2 do
   if tonumber(ARGV[i]) > hour - 24 then ls = ls + tonumber(ARGV[i + 1]) end
 end
-local ts = clamp(steps, ls, ls + tonumber(ARGV[7]))
+local ts = corrected(steps, s0, ls, ls + tonumber(ARGV[7]))
 if ts ~= steps then
   redis.call('DEL', S)
   for i = 12, #ARGV - 1, 2 do
@@ -127,10 +140,11 @@ if ts ~= steps then
   if ts > 0 then redis.call('PEXPIRE', S, 25 * 3600000) end
 end
 local dt, du = 0, 0
-if per == ARGV[4] then
+if per == ARGV[4] and (p0 == nil or p0 == per) then
   local tok, usd = tonumber(c[1]) or 0, tonumber(c[2]) or 0
   local lt, lu = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local tt, tu = clamp(tok, lt, lt + tonumber(ARGV[8])), clamp(usd, lu, lu + tonumber(ARGV[9]))
+  local tt = corrected(tok, tonumber(t0) or tok, lt, lt + tonumber(ARGV[8]))
+  local tu = corrected(usd, tonumber(u0) or usd, lu, lu + tonumber(ARGV[9]))
   if tt ~= tok then redis.call('HSET', H, tp .. per, tt); dt = tt - tok end
   if tu ~= usd then redis.call('HSET', H, up .. per, tu); du = tu - usd end
 end

@@ -36,3 +36,35 @@ func TestRecountLeavesCountersThatMovedSinceTheSnapshot(t *testing.T) {
 		t.Fatalf("after the correction: steps %v tokens %v", peek.scope(AgentStepsDaily).Used, peek.scope(AITokensMonthly).Used)
 	}
 }
+
+// A held correction keeps what was reserved after its snapshot: the ledger's reader
+// holds step records back, not reservations, so a task that starts while the ledger
+// is read reserves a step the running count it read does not know of. The drift is
+// measured on the snapshot and the moves since are added to the corrected value.
+func TestHeldRecountKeepsReservationsMadeAfterTheSnapshot(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	step := StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits(), Tokens: 10}
+	for range 3 { // three reservations that leaked: nothing runs, the ledger is empty
+		if err := f.q.ReserveStep(ctx, step); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := f.q.SnapshotCounters(ctx, []string{"acme"})
+	if err != nil || !snap[0].Seeded {
+		t.Fatalf("snapshot %+v %v", snap, err)
+	}
+	ledger := LedgerCounts{Period: f.period()}         // read with no task running
+	if err := f.q.ReserveStep(ctx, step); err != nil { // a task starts meanwhile
+		t.Fatal(err)
+	}
+	res, err := f.q.CorrectCounters(ctx, []Correction{{Snapshot: snap[0], Ledger: ledger, Held: true}})
+	if err != nil || res[0].Outcome != RecountCorrected || res[0].Steps != -3 || res[0].Tokens != -30 {
+		t.Fatalf("held correction: %+v %v, want the 3 leaked steps and 30 tokens taken off", res, err)
+	}
+	peek := f.admit(Limits{}, func(p *AdmitParams) { p.Mode = ModePeek })
+	if peek.scope(AgentStepsDaily).Used != 1 || peek.scope(AITokensMonthly).Used != 10 {
+		t.Fatalf("after the correction: steps %v tokens %v, want the new task's 1 step and 10 tokens",
+			peek.scope(AgentStepsDaily).Used, peek.scope(AITokensMonthly).Used)
+	}
+}

@@ -119,11 +119,12 @@ type Quotas interface {
 
 // UsageLedger is what the quota recount reads of the usage ledger (*billing.Ledger):
 // for a page of tenants, what their counters should hold and what their running tasks
-// may hold reserved besides, read while their ledger holds still, and held until
-// correct returns (billing.Ledger.RecountHeld); an error matching store.ErrBusy when
-// it could not be held.
+// may hold reserved besides (basis), read while their ledger holds still, and held
+// until correct returns (billing.Ledger.RecountHeld); an error matching store.ErrBusy
+// when it could not be held.
 type UsageLedger interface {
-	RecountHeld(ctx context.Context, tenants []string, now time.Time, correct func(map[string]quotas.LedgerCounts) error) error
+	RecountHeld(ctx context.Context, tenants []string, now time.Time,
+		correct func(basis func() (map[string]quotas.LedgerCounts, error)) error) error
 }
 
 var (

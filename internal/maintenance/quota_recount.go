@@ -133,12 +133,13 @@ func (p *QuotaRecount) runOnce(ctx context.Context) (QuotaRecountResult, error) 
 	return res, err
 }
 
-// review recounts one page of tenants: it finds those whose counters are seeded, then
-// reads their ledger while it holds still (their steps' records wait) and corrects
-// their counters as they are before letting it go. Reservations and settlements go on
-// meanwhile and commute with the correction (quotas.Correction.Held), so a tenant with
-// steps always in flight is corrected too, and a step reserved or settled during the
-// recount is never mistaken for drift.
+// review recounts one page of tenants: it finds those whose counters are seeded, then,
+// while their ledger holds still (their steps' records wait), takes a snapshot of
+// their counters, reads the ledger and corrects the counters by the drift the snapshot
+// shows, keeping what moved since on top. Reservations and settlements go on meanwhile
+// and commute with the correction (quotas.Correction.Held), so a tenant with steps
+// always in flight is corrected too, and a step reserved or settled during the
+// recount, or a task that starts during it, is never mistaken for drift.
 func (p *QuotaRecount) review(ctx context.Context, tenants []string, res *QuotaRecountResult) error {
 	snaps, err := p.quotas.SnapshotCounters(ctx, tenants)
 	if err != nil {
@@ -154,14 +155,23 @@ func (p *QuotaRecount) review(ctx context.Context, tenants []string, res *QuotaR
 		return nil
 	}
 	var out []quotas.RecountResult
-	err = p.usage.RecountHeld(ctx, seeded, time.Now(), func(basis map[string]quotas.LedgerCounts) error {
+	err = p.usage.RecountHeld(ctx, seeded, time.Now(), func(basis func() (map[string]quotas.LedgerCounts, error)) error {
+		// The snapshot the correction measures drift on is taken with the ledger held,
+		// before the basis is read (billing.Ledger.RecountHeld says why).
+		held, err := p.quotas.SnapshotCounters(ctx, seeded)
+		if err != nil {
+			return err
+		}
+		ledger, err := basis()
+		if err != nil {
+			return err
+		}
 		var cs []quotas.Correction
-		for _, s := range snaps {
-			if l, ok := basis[s.TenantID]; ok && s.Seeded {
+		for _, s := range held {
+			if l, ok := ledger[s.TenantID]; ok && s.Seeded {
 				cs = append(cs, quotas.Correction{Snapshot: s, Ledger: l, Held: true})
 			}
 		}
-		var err error
 		out, err = p.quotas.CorrectCounters(ctx, cs)
 		return err
 	})
