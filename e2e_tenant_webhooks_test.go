@@ -34,8 +34,9 @@ func TestTenantWebhooksOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.CreateWebhook(ctx, client.CreateWebhookRequest{URL: "https://ops.example/every-tenant",
-		Types: []string{client.EventLimitHit}}); err != nil {
+	operators, err := admin.CreateWebhook(ctx, client.CreateWebhookRequest{URL: "https://ops.example/every-tenant",
+		Types: []string{client.EventLimitHit}})
+	if err != nil {
 		t.Fatal(err)
 	}
 	made, err := acme.CreateWebhook(ctx, client.CreateTenantWebhookRequest{URL: "https://ops.example.com/agentq",
@@ -129,6 +130,25 @@ func TestTenantWebhooksOverHTTP(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("acme's endpoint got nothing within 20 s")
+	}
+	// acme sees its endpoint's attempts, and no other endpoint's.
+	var page *client.WebhookAttemptPage
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if page, err = acme.ListWebhookAttempts(ctx, local.ID, client.WebhookAttemptsQuery{}); err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Attempts) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(page.Attempts) != 1 || page.Attempts[0].EventID != aev.ID || page.Attempts[0].StatusCode == nil ||
+		*page.Attempts[0].StatusCode != 204 || page.Attempts[0].Result != "succeeded" {
+		t.Fatalf("acme's attempts %+v, want the one delivery of its event, answered 204", page.Attempts)
+	}
+	for _, other := range []string{theirs.ID, operators.ID} {
+		if _, err := acme.ListWebhookAttempts(ctx, other, client.WebhookAttemptsQuery{}); !errors.As(err, &ae) || ae.StatusCode != 404 {
+			t.Errorf("acme lists the attempts of endpoint %s, not its own: %v, want 404", other, err)
+		}
 	}
 
 	rot, err := acme.RotateWebhookSecret(ctx, local.ID)

@@ -301,6 +301,24 @@ type AttemptsPage struct {
 
 // Attempts returns a page of an endpoint's delivery attempts, newest first.
 func (w *Webhooks) Attempts(ctx context.Context, id string, p AttemptsParams) (AttemptsPage, error) {
+	return w.attempts(ctx, id, p, func(u uuid.UUID) error {
+		_, err := w.st.UnscopedGetWebhook(ctx, u)
+		return err
+	})
+}
+
+// AttemptsForTenant is Attempts for one of the tenant's own endpoints; any other id
+// (another tenant's, the operator's) names no endpoint.
+func (w *Webhooks) AttemptsForTenant(ctx context.Context, tenantID, id string, p AttemptsParams) (AttemptsPage, error) {
+	return w.attempts(ctx, id, p, func(u uuid.UUID) error {
+		_, err := w.st.GetTenantWebhook(ctx, store.TenantWebhookParams{TenantID: tenantID, ID: u})
+		return err
+	})
+}
+
+// attempts reads a page of the attempts of endpoint id, once exists says the caller
+// may see it.
+func (w *Webhooks) attempts(ctx context.Context, id string, p AttemptsParams, exists func(uuid.UUID) error) (AttemptsPage, error) {
 	u, err := ParseWebhookID(id)
 	if err != nil {
 		return AttemptsPage{}, err
@@ -320,7 +338,7 @@ func (w *Webhooks) Attempts(ctx context.Context, id string, p AttemptsParams) (A
 		}
 		before = n
 	}
-	if _, err := w.st.UnscopedGetWebhook(ctx, u); err != nil {
+	if err := exists(u); err != nil {
 		return AttemptsPage{}, w.notFound(err, id)
 	}
 	as, err := w.st.UnscopedListWebhookAttempts(ctx, store.ListWebhookAttemptsParams{EndpointID: u, Before: before, Limit: limit + 1})

@@ -1025,8 +1025,17 @@ func (c *Client) RotateWebhookSecret(ctx context.Context, id string) (*WebhookWi
 	return &w, nil
 }
 
-// ListWebhookAttempts returns a page of an endpoint's delivery attempts, newest first.
-func (a *Admin) ListWebhookAttempts(ctx context.Context, id string, q WebhookAttemptsQuery) (*WebhookAttemptPage, error) {
+// ListWebhookAttempts returns a page of the delivery attempts of one of the caller
+// tenant's own endpoints, newest first (404 for any other endpoint).
+func (c *Client) ListWebhookAttempts(ctx context.Context, id string, q WebhookAttemptsQuery) (*WebhookAttemptPage, error) {
+	var p WebhookAttemptPage
+	if err := c.t.do(ctx, http.MethodGet, "/v1/webhooks/"+url.PathEscape(id)+"/attempts", q.values(), nil, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func (q WebhookAttemptsQuery) values() url.Values {
 	v := url.Values{}
 	if q.After != "" {
 		v.Set("after", q.After)
@@ -1034,8 +1043,13 @@ func (a *Admin) ListWebhookAttempts(ctx context.Context, id string, q WebhookAtt
 	if q.Limit > 0 {
 		v.Set("limit", strconv.Itoa(q.Limit))
 	}
+	return v
+}
+
+// ListWebhookAttempts returns a page of an endpoint's delivery attempts, newest first.
+func (a *Admin) ListWebhookAttempts(ctx context.Context, id string, q WebhookAttemptsQuery) (*WebhookAttemptPage, error) {
 	var p WebhookAttemptPage
-	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/webhooks/"+url.PathEscape(id)+"/attempts", v, nil, nil, &p); err != nil {
+	if err := a.t.do(ctx, http.MethodGet, "/v1/admin/webhooks/"+url.PathEscape(id)+"/attempts", q.values(), nil, nil, &p); err != nil {
 		return nil, err
 	}
 	return &p, nil

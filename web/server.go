@@ -166,6 +166,7 @@ func (s *Server) routes() {
 	read(http.MethodGet, "/v1/webhooks/:id", s.getTenantWebhook)
 	read(http.MethodDelete, "/v1/webhooks/:id", s.deleteTenantWebhook)
 	read(http.MethodPost, "/v1/webhooks/:id/rotate", s.rotateTenantWebhookSecret)
+	read(http.MethodGet, "/v1/webhooks/:id/attempts", s.listTenantWebhookAttempts)
 
 	// The tenant panel: authorized by its signed link, not by a key.
 	e.GET("/panel/t", s.panelPage, s.panelGuard(true))

@@ -170,24 +170,51 @@ func (s *Server) rotateWebhookSecret(c echo.Context) error {
 // listWebhookAttempts is GET /v1/admin/webhooks/{id}/attempts: newest first, paged by
 // after (a next_cursor) and limit.
 func (s *Server) listWebhookAttempts(c echo.Context) error {
+	p, err := attemptsParams(c)
+	if err != nil {
+		return err
+	}
+	page, err := s.Webhooks.Attempts(c.Request().Context(), c.Param("id"), p)
+	if err != nil {
+		return webhookErr(err, s.UpgradeURL)
+	}
+	return attemptsJSON(c, page)
+}
+
+// listTenantWebhookAttempts is GET /v1/webhooks/{id}/attempts: the attempts of one
+// of the caller tenant's own endpoints.
+func (s *Server) listTenantWebhookAttempts(c echo.Context) error {
+	p, err := attemptsParams(c)
+	if err != nil {
+		return err
+	}
+	page, err := s.Webhooks.AttemptsForTenant(c.Request().Context(), keyRecord(c).TenantID, c.Param("id"), p)
+	if err != nil {
+		return webhookErr(err, s.UpgradeURL)
+	}
+	return attemptsJSON(c, page)
+}
+
+// attemptsParams reads a page of attempts' query: after and limit, nothing else.
+func attemptsParams(c echo.Context) (billing.AttemptsParams, error) {
 	q := c.QueryParams()
 	for k := range q {
 		if k != "after" && k != "limit" {
-			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
+			return billing.AttemptsParams{}, apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
 		}
 	}
 	p := billing.AttemptsParams{After: q.Get("after")}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 || n > billing.MaxAttemptsLimit {
-			return apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", billing.MaxAttemptsLimit)
+			return p, apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", billing.MaxAttemptsLimit)
 		}
 		p.Limit = n
 	}
-	page, err := s.Webhooks.Attempts(c.Request().Context(), c.Param("id"), p)
-	if err != nil {
-		return webhookErr(err, s.UpgradeURL)
-	}
+	return p, nil
+}
+
+func attemptsJSON(c echo.Context, page billing.AttemptsPage) error {
 	out := make([]WebhookAttemptJSON, 0, len(page.Attempts))
 	for _, a := range page.Attempts {
 		out = append(out, NewWebhookAttemptJSON(a))
