@@ -21,7 +21,7 @@ import (
 
 func (h *harness) adminClient() *client.Admin { return client.NewAdmin(h.base, h.admin) }
 
-// generous lifts the limits a test is not about, as the acceptance scripts do.
+// generous lifts the limits a test is not about, as a load test of the whole path would.
 var generous = map[string]client.Limit{
 	"concurrent_sessions": 10000, "user_tasks_hourly": 1000000, "queue_backlog": 100000,
 	"agent_steps_daily": 10000000, "tenant_rate": 10000, "tenant_rate_burst": 10000, "running": 50,

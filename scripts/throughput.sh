@@ -1,15 +1,15 @@
 #!/bin/bash
-# One loadcmp run against `BIN serve`, set up as ../shared/acceptance/throughput sets
-# it up: a fresh Postgres database and Redis db 14, an OTLP receiver taking traces and
-# metrics, loadcmp's default load. Prints loadcmp's JSON line, then the CPU seconds
+# One run of the loadcmp load generator against `BIN serve`, set up as a production-like
+# deployment would be: a fresh Postgres database and Redis db 14, an OTLP receiver
+# taking traces and metrics, loadcmp's default load. Prints loadcmp's JSON line, then the CPU seconds
 # per 1,000 tasks of the agentq process, Redis and every Postgres backend, then the
 # whole machine's busy and idle milliseconds per task (/proc/stat), then (with
 # "river") River's run of the same load on a fresh database and its machine time per
 # job, for the same-run baseline.
 # With pg_stat_statements loaded in the server, also the top statements.
 #
-#   go build -o /tmp/loadcmp . (in ../shared/tools/loadcmp); make build
-#   scripts/throughput.sh bin/agentq [river]
+#   make build
+#   LOADCMP=/path/to/loadcmp scripts/throughput.sh bin/agentq [river]
 #
 # NOOTEL=1 runs it without the OTLP exporter variables (tracing's cost);
 # PPROF_ADDR=host:port serves pprof from the agentq process (AGENTQ_PPROF_ADDR);
@@ -18,14 +18,14 @@
 # to /tmp/throughput-timeline.log. With pg_stat_statements.track_planning on, the
 # statements' planning time shows beside their running time.
 #
-# LOADCMP names the loadcmp binary (default /tmp/loadcmp), or a wrapper giving it
+# LOADCMP (required) names the loadcmp binary, or a wrapper giving it
 # flags (-tasks 16000 for a run long enough to profile); the figures per task divide
 # by the tasks loadcmp reports.
 #
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
 set -u
 BIN=$1; MODE=${2:-}
-LOADCMP=${LOADCMP:-/tmp/loadcmp}
+LOADCMP=${LOADCMP:?set LOADCMP to the loadcmp load generator binary (or a wrapper of it)}
 DB=tp_$$
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $DB" >/dev/null

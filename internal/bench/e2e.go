@@ -25,7 +25,7 @@ import (
 	"github.com/agentq/agentq/quotas"
 )
 
-// E2E is the result of `agentq bench e2e`: the load shape of ../shared/tools/loadcmp
+// E2E is the result of `agentq bench e2e`: the load shape of the loadcmp load generator
 // (C producers submit N one-step tasks of 0 ms one at a time over HTTP, W workers run
 // them, the clock stops when the last has ended), through one agentq process with
 // every role, and the same load through plain asynq on the same Redis: the ceiling of

@@ -60,11 +60,11 @@ type Fairness struct {
 type FairnessOptions struct {
 	DatabaseURL string
 	RedisURL    string
-	Concurrency int           // worker concurrency; 20 in the issue
-	Light       time.Duration // how long light tenants submit; 20 s in the issue
-	HeavyTasks  int           // 10,000 in the issue
+	Concurrency int           // worker concurrency; 20 by default
+	Light       time.Duration // how long light tenants submit; 20 s by default
+	HeavyTasks  int           // the heavy tenant's backlog; 10,000 by default
 	Shallow     time.Duration // each weight setting of the shallow-queue scenario; 12 s
-	WeightTasks int           // per tenant; 2,000 in the issue
+	WeightTasks int           // per tenant; 2,000 by default
 	Progress    io.Writer
 }
 
