@@ -230,8 +230,8 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	// refusal for an unreachable database leaves every bucket as it was. The
 	// idempotency lookup, when there is one, is that check.
 	if sub.IdempotencyKey != "" && sub.inScope {
-		if res, done, err := s.answerReplay(ctx, sub); done {
-			return res, err
+		if replayed, done, err := s.answerReplay(ctx, sub); done {
+			return replayed, err
 		}
 	} else if err := s.checkPostgres(ctx); err != nil {
 		return res, ErrUnavailable
