@@ -152,59 +152,14 @@ func New(ctx context.Context, o Options) (*App, error) {
 	// the background polling makes no traces of its own.
 	callTP := telemetry.ChildrenOnly(tp)
 
-	pool := o.Pool
-	if pool == nil {
-		if pool, err = pg.Connect(ctx, a.cfg.DatabaseURL, "", func(c *pgxpool.Config) {
-			// A pool acquire is not a call to Postgres: no span of its own.
-			c.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(callTP), otelpgx.WithMeterProvider(mp),
-				otelpgx.WithDisableAcquireTracer())
-		}); err != nil {
-			a.close()
-			return nil, err
-		}
-		a.ownPool = true
-	}
-	if err := otelpgx.RecordStats(pool, otelpgx.WithStatsMeterProvider(mp)); err != nil {
-		a.log.Warn("pgx pool metrics are off", "err", err)
-	}
-	a.store = store.New(pool)
-	readStore := a.store
-	if a.cfg.ReplicaDatabaseURL != "" && a.cfg.Has(config.RoleAPI) {
-		if a.replicaPool, err = pg.Connect(ctx, a.cfg.ReplicaDatabaseURL, ""); err != nil {
-			a.close()
-			return nil, fmt.Errorf("DATABASE_REPLICA_URL: %w", err)
-		}
-		readStore = store.New(a.replicaPool)
-	}
-	if a.cfg.LeaderDatabaseURL != "" && a.cfg.Has(config.RoleJanitor) {
-		// Two connections: the lock's, and a spare while a lost one is replaced.
-		if a.leaderPool, err = pg.Connect(ctx, a.cfg.LeaderDatabaseURL, "", func(c *pgxpool.Config) { c.MaxConns = 2 }); err != nil {
-			a.close()
-			return nil, fmt.Errorf("AGENTQ_LEADER_DATABASE_URL: %w", err)
-		}
-	}
-	if _, err := migrations.Up(ctx, pool); err != nil {
+	pool, readStore, err := a.connectPostgres(ctx, o.Pool, callTP, mp)
+	if err != nil {
 		a.close()
 		return nil, err
 	}
-	if a.rdb == nil {
-		c, err := redisx.Open(ctx, a.cfg.RedisURL, a.cfg.RedisClusterAddrs)
-		if err != nil {
-			a.close()
-			return nil, err
-		}
-		a.rdb, a.ownRedis = c, true
-		// Commands without their arguments: those are tenant data. Without the
-		// caller's file and line either: finding them walks the stack on every
-		// command, a tenth of the process's CPU under load.
-		// Pipelines are traced by telemetry.RedisPipelines, which names a span only
-		// when it records.
-		if err := redisotel.InstrumentTracing(c, redisotel.WithTracerProvider(callTP), redisotel.WithDBStatement(false),
-			redisotel.WithCallerEnabled(false), redisotel.WithCommandsFilter(func([]redis.Cmder) bool { return true })); err != nil {
-			a.log.Warn("redis tracing is off", "err", err)
-		} else {
-			c.AddHook(telemetry.RedisPipelines(callTP, c))
-		}
+	if err := a.connectRedis(ctx, callTP); err != nil {
+		a.close()
+		return nil, err
 	}
 	a.keys = rkeys.New(a.cfg.RedisPrefix, a.cfg.Shards)
 	// One batch for the process: calls of the task path that nothing waits on in
@@ -254,7 +209,77 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.relay = billing.NewRelay(a.store, billing.RelayConfig{Logger: a.log, MeterProvider: mp, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
-	a.api = web.New(web.Deps{
+	a.api = a.newAPI(pool, readStore, tp, mp)
+	a.svcs = a.roleServices()
+	return a, nil
+}
+
+// connectPostgres connects to Postgres (unless given a pool), to the read replica
+// and the leader-election database when the roles use them, and migrates. readStore
+// is the store reads that may lag go to. On an error, a.close releases what it opened.
+func (a *App) connectPostgres(ctx context.Context, pool *pgxpool.Pool, callTP trace.TracerProvider, mp metric.MeterProvider) (
+	_ *pgxpool.Pool, readStore *store.Store, err error) {
+	if pool == nil {
+		if pool, err = pg.Connect(ctx, a.cfg.DatabaseURL, "", func(c *pgxpool.Config) {
+			// A pool acquire is not a call to Postgres: no span of its own.
+			c.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(callTP), otelpgx.WithMeterProvider(mp),
+				otelpgx.WithDisableAcquireTracer())
+		}); err != nil {
+			return nil, nil, err
+		}
+		a.ownPool = true
+	}
+	if err := otelpgx.RecordStats(pool, otelpgx.WithStatsMeterProvider(mp)); err != nil {
+		a.log.Warn("pgx pool metrics are off", "err", err)
+	}
+	a.store = store.New(pool)
+	readStore = a.store
+	if a.cfg.ReplicaDatabaseURL != "" && a.cfg.Has(config.RoleAPI) {
+		if a.replicaPool, err = pg.Connect(ctx, a.cfg.ReplicaDatabaseURL, ""); err != nil {
+			return nil, nil, fmt.Errorf("DATABASE_REPLICA_URL: %w", err)
+		}
+		readStore = store.New(a.replicaPool)
+	}
+	if a.cfg.LeaderDatabaseURL != "" && a.cfg.Has(config.RoleJanitor) {
+		// Two connections: the lock's, and a spare while a lost one is replaced.
+		if a.leaderPool, err = pg.Connect(ctx, a.cfg.LeaderDatabaseURL, "", func(c *pgxpool.Config) { c.MaxConns = 2 }); err != nil {
+			return nil, nil, fmt.Errorf("AGENTQ_LEADER_DATABASE_URL: %w", err)
+		}
+	}
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		return nil, nil, err
+	}
+	return pool, readStore, nil
+}
+
+// connectRedis connects to Redis unless the options gave a client, tracing its commands.
+func (a *App) connectRedis(ctx context.Context, callTP trace.TracerProvider) error {
+	if a.rdb != nil {
+		return nil
+	}
+	c, err := redisx.Open(ctx, a.cfg.RedisURL, a.cfg.RedisClusterAddrs)
+	if err != nil {
+		return err
+	}
+	a.rdb, a.ownRedis = c, true
+	// Commands without their arguments: those are tenant data. Without the
+	// caller's file and line either: finding them walks the stack on every
+	// command, a tenth of the process's CPU under load.
+	// Pipelines are traced by telemetry.RedisPipelines, which names a span only
+	// when it records.
+	if err := redisotel.InstrumentTracing(c, redisotel.WithTracerProvider(callTP), redisotel.WithDBStatement(false),
+		redisotel.WithCallerEnabled(false), redisotel.WithCommandsFilter(func([]redis.Cmder) bool { return true })); err != nil {
+		a.log.Warn("redis tracing is off", "err", err)
+	} else {
+		c.AddHook(telemetry.RedisPipelines(callTP, c))
+	}
+	return nil
+}
+
+// newAPI builds the HTTP server over the domain services; readStore serves the
+// reads that may lag.
+func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.TracerProvider, mp metric.MeterProvider) *web.Server {
+	return web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
@@ -272,8 +297,6 @@ func New(ctx context.Context, o Options) (*App, error) {
 			Migrations: func(ctx context.Context) (bool, error) { return migrations.Pending(ctx, pool) },
 		},
 	})
-	a.svcs = a.roleServices()
-	return a, nil
 }
 
 // refusalFlushes are the flushes of admission's refusal counts to Postgres: those

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,7 +20,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/internal/redisx"
+	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/telemetry"
+	"github.com/agentq/agentq/internal/wire"
 )
 
 // Enqueuer is the part of asynq.Client the dispatcher uses.
@@ -433,4 +437,285 @@ func (d *Dispatcher) resendStale(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// DefaultEstimateMs is a tenant's estimated task cost in worker-milliseconds before
+// any of its tasks finished; completions then refine it (an EWMA), and correct each
+// task's charge to what it really took.
+const DefaultEstimateMs = 100
+
+// dispatchScript pops up to ARGV[7] tasks of one shard in weighted-fair order, one
+// after the other as single pops would. The caller holds a pool slot for each. A
+// tenant that leaves the ready set because its queue is empty keeps its pass, charge
+// included, as its finish pass (conf field fp); the enqueue that brings it back starts
+// it there (or at the virtual time if later).
+//
+// The script touches only keys it is given: the caller names candidate tenants (the
+// shard's ready and capped heads, as the previous call answered them) and passes
+// their conf, running-set and queue keys. The script takes the head of ready itself,
+// so each pick is always the current one; when the head is not a candidate, or every
+// candidate was capped or empty, it stops and answers "retry" with the current
+// candidates.
+//
+// KEYS[1] ready   KEYS[2] capped   KEYS[3] dispatching   KEYS[4] virtual time,
+// then 3 per candidate, in ARGV's order: tenant conf, tenant running set, tenant queue
+// ARGV[1] now ms or ""   ARGV[2] ttl s   ARGV[3] default estimate (worker-ms)
+// ARGV[4] global virtual time   ARGV[5] ready heads to answer   ARGV[6] capped heads
+// to answer   ARGV[7] most tasks to pop   ARGV[8...] candidate tenant ids
+// Returns {status, n, n × (tenant, task, priority, estimate ms, weight, traceparent
+// or ""), candidates...}: status "ok" when it popped ARGV[7] tasks, else "retry" or
+// "empty" (the shard has no backlogged tenant); candidates are the heads of ready,
+// then of capped, after the call.
+var dispatchScript = redis.NewScript(luaNow + `
+local first = 8
+local want = tonumber(ARGV[7])
+local slot = {}
+for i = first, #ARGV do slot[ARGV[i]] = 4 + (i - first) * 3 end
+local out, n = {}, 0
+local function answer(status)
+  local r = {status, tostring(n)}
+  for _, v in ipairs(out) do r[#r+1] = v end
+  for _, t in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)) do r[#r+1] = t end
+  for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[6]) - 1)) do r[#r+1] = t end
+  return r
+end
+while n < want do
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #head == 0 then return answer('empty') end
+  local tenant, pass = head[1], tonumber(head[2])
+  local b = slot[tenant]
+  if not b then return answer('retry') end
+  local conf, run, queue = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
+  local c = redis.call('HMGET', conf, 'cap', 'w', 'est')
+  local cap = tonumber(c[1] or '0')
+  if cap > 0 and redis.call('SCARD', run) >= cap then
+    -- at its running cap: wait outside the shared pool until a completion
+    redis.call('ZREM', KEYS[1], tenant)
+    redis.call('ZADD', KEYS[2], pass, tenant)
+  else
+    local task = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+    if #task == 0 then
+      -- its tasks were cancelled while it waited
+      redis.call('ZREM', KEYS[1], tenant)
+      redis.call('HSET', conf, 'fp', pass)
+      redis.call('EXPIRE', conf, ARGV[2])
+    else
+      redis.call('ZREM', queue, task[1])
+      local tp = redis.call('HGET', conf, 'tp:' .. task[1])
+      if tp then redis.call('HDEL', conf, 'tp:' .. task[1]) else tp = '' end
+      redis.call('SADD', run, task[1])
+      redis.call('EXPIRE', run, ARGV[2])
+      local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
+      local est = math.floor(tonumber(c[3] or ARGV[3]))
+      -- rkeys.DispatchingMember
+      redis.call('ZADD', KEYS[3], now, prio .. ':' .. est .. ':' .. tenant .. ':' .. task[1])
+      local vt = math.max(pass, tonumber(ARGV[4]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
+      redis.call('SET', KEYS[4], vt, 'EX', ARGV[2])
+      local w = tonumber(c[2] or '1')
+      local finish = pass + est / w
+      if redis.call('ZCARD', queue) == 0 then
+        redis.call('ZREM', KEYS[1], tenant)
+        redis.call('HSET', conf, 'fp', finish)
+        redis.call('EXPIRE', conf, ARGV[2])
+      else
+        redis.call('ZADD', KEYS[1], finish, tenant)
+      end
+      for _, v in ipairs({tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp}) do
+        out[#out+1] = v
+      end
+      n = n + 1
+    end
+  end
+end
+return answer('ok')
+`)
+
+// How many of a shard's ready and capped heads a dispatch names as the next call's
+// candidates. The next pick is nearly always among them: the head just dispatched
+// and the tenants behind it, or a capped tenant a completion brought back. A miss
+// costs one more call (the "retry" answer carries fresh candidates).
+const (
+	readyCandidates  = 8
+	cappedCandidates = 4
+	// dispatchTries bounds the calls of one dispatchOne: each "retry" answer either
+	// follows progress (candidates capped or dropped) or refreshes stale candidates.
+	dispatchTries = 8
+)
+
+// Dispatched is a task popped by dispatch and not yet confirmed in asynq.
+type Dispatched struct {
+	TenantID   string
+	TaskID     string
+	Priority   int
+	EstimateMs int64 // what its tenant's pass was charged
+	// Weight is its tenant's weight at dispatch (0 when not known: a re-send).
+	Weight int
+	// TraceParent is the submission's traceparent ("" for none, or a re-send).
+	TraceParent string
+}
+
+// member is the task's entry in the dispatching set.
+func (d Dispatched) member() string {
+	return rkeys.DispatchingMember(d.Priority, d.EstimateMs, d.TenantID, d.TaskID)
+}
+
+func parseMember(m string) (Dispatched, error) {
+	p, est, tenant, task, err := rkeys.ParseDispatchingMember(m)
+	if err != nil {
+		return Dispatched{}, fmt.Errorf("scheduler: %w", err)
+	}
+	return Dispatched{Priority: p, EstimateMs: est, TenantID: tenant, TaskID: task}, nil
+}
+
+// Why dispatch stopped.
+var (
+	errEmpty      = errors.New("no backlogged tenant")
+	errNoCapacity = errors.New("no worker capacity")
+	errBusy       = errors.New("scanned tenants were capped or empty")
+)
+
+func (s *Scheduler) candidates(shard int) []string {
+	s.candMu.Lock()
+	defer s.candMu.Unlock()
+	return s.cand[shard]
+}
+
+func (s *Scheduler) setCandidates(shard int, c []string) {
+	s.candMu.Lock()
+	defer s.candMu.Unlock()
+	s.cand[shard] = c
+}
+
+// dispatchOne runs dispatchScript on one shard for one task. The caller holds a
+// pool slot.
+func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64) (Dispatched, error) {
+	ds, err := s.dispatchMany(ctx, shard, globalVT, 1)
+	if len(ds) == 1 {
+		return ds[0], nil
+	}
+	return Dispatched{}, err
+}
+
+// dispatchMany pops up to want tasks of one shard in fair order, in one call of
+// dispatchScript when its candidates are current. The caller holds a pool slot for
+// each. It returns what it popped, and errEmpty or errBusy when that is fewer.
+func (s *Scheduler) dispatchMany(ctx context.Context, shard int, globalVT float64, want int) ([]Dispatched, error) {
+	vt := strconv.FormatFloat(globalVT, 'f', -1, 64)
+	var out []Dispatched
+	for range dispatchTries {
+		cand := s.candidates(shard)
+		keys := make([]string, 0, 4+3*len(cand))
+		keys = append(keys, s.keys.Ready(shard), s.keys.Capped(shard), s.keys.Dispatching(shard), s.keys.VirtualTime(shard))
+		args := make([]any, 0, 7+len(cand))
+		args = append(args, s.nowArg(), int(queueTTL.Seconds()), DefaultEstimateMs, vt, readyCandidates, cappedCandidates,
+			want-len(out))
+		for _, t := range cand {
+			keys = append(keys, s.keys.TenantConf(t), s.keys.TenantRunning(t), s.keys.TenantQueue(t))
+			args = append(args, t)
+		}
+		res, err := dispatchScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+		if err != nil {
+			return out, fmt.Errorf("scheduler: dispatch: %w", err)
+		}
+		n, _ := strconv.Atoi(res[1])
+		popped := res[2 : 2+6*n]
+		for i := 0; i < len(popped); i += 6 {
+			prio, _ := strconv.Atoi(popped[i+2])
+			est, _ := strconv.ParseInt(popped[i+3], 10, 64)
+			w, _ := strconv.ParseFloat(popped[i+4], 64)
+			out = append(out, Dispatched{TenantID: popped[i], TaskID: popped[i+1], Priority: prio, EstimateMs: est,
+				Weight: int(w), TraceParent: popped[i+5]})
+		}
+		s.setCandidates(shard, res[2+6*n:])
+		switch res[0] {
+		case "ok":
+			return out, nil
+		case "empty":
+			return out, errEmpty
+		}
+		// "retry": the candidates are fresh now
+	}
+	return out, errBusy
+}
+
+// confirmScript records that asynq holds a dispatched task.
+//
+// KEYS[1] dispatching   KEYS[2] inflight   KEYS[3] tenant running set
+// ARGV[1] now ms or ""   ARGV[2] dispatching member   ARGV[3] task id
+// A task that already finished (its worker was quicker than this call) is not added
+// to inflight.
+var confirmScript = redisx.NewScript(luaNow + `
+redis.call('ZREM', KEYS[1], ARGV[2])
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
+  redis.call('ZADD', KEYS[2], now, ARGV[3])
+end
+return 1
+`)
+
+func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
+	return s.confirmAll(ctx, []Dispatched{d})
+}
+
+// confirmAll confirms a round's tasks in one round trip, shared with other calls of
+// the moment.
+func (s *Scheduler) confirmAll(ctx context.Context, ds []Dispatched) error {
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		for _, d := range ds {
+			shard := s.keys.Shard(d.TenantID)
+			keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID)}
+			confirmScript.Run(ctx, pipe, keys, s.nowArg(), d.member(), d.TaskID)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("scheduler: confirm: %w", err)
+	}
+	return nil
+}
+
+// NewAsynqTask builds the asynq task for a dispatched task. TaskID is the task id, so
+// a re-send after a crash is refused as a duplicate instead of running twice.
+func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
+	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs,
+		TraceParent: d.TraceParent})
+	if err != nil {
+		return nil, err
+	}
+	return asynq.NewTask(wire.TaskType, body,
+		asynq.TaskID(d.TaskID),
+		asynq.Queue(keys.AsynqQueue(BandOf(d.Priority))),
+		// Retries are for infrastructure errors and for redeliveries after a worker
+		// died (each counts as one); business outcomes end the task in Postgres.
+		asynq.MaxRetry(10),
+		// agentq enforces each task's own wallclock budget; asynq's timeout is a backstop.
+		asynq.Timeout(2*time.Hour),
+	), nil
+}
+
+// Take performs one dispatch — pool slot, fair pick within a shard, confirm — but
+// returns the task instead of handing it to asynq (benchmarks, tools). With several
+// shards it takes from the first non-empty one, not the smallest head pass (that is
+// the Dispatcher's job). Finish the task with Done.
+func (s *Scheduler) Take(ctx context.Context) (wire.Payload, error) {
+	ok, err := s.reserve(ctx)
+	if err != nil {
+		return wire.Payload{}, err
+	}
+	if !ok {
+		return wire.Payload{}, errNoCapacity
+	}
+	for shard := range s.keys.Shards() {
+		d, err := s.dispatchOne(ctx, shard, 0)
+		if err == nil {
+			if err := s.confirm(ctx, d); err != nil {
+				return wire.Payload{}, err
+			}
+			return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs}, nil
+		}
+		if !errors.Is(err, errEmpty) && !errors.Is(err, errBusy) {
+			_ = s.release(ctx)
+			return wire.Payload{}, err
+		}
+	}
+	_ = s.release(ctx)
+	return wire.Payload{}, errEmpty
 }

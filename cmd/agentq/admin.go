@@ -98,6 +98,10 @@ func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error)
 // servers see changes within a second (their caches live at most that long).
 func adminCmd() *cobra.Command { return newAdminCmd(openAdminEnv) }
 
+// adminEnvRunner runs f over an open deployment (withRedis as for adminOpener) and
+// closes it afterwards.
+type adminEnvRunner = func(ctx context.Context, withRedis bool, f func(adminEnv) error) error
+
 // newAdminCmd builds the admin commands over open (tests pass their own database).
 // Tenants and keys are created and changed through the tenant and key services, so the
 // CLI refuses exactly what the admin API refuses.
@@ -111,23 +115,37 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 		defer closeEnv()
 		return f(env)
 	}
-	printJSON := func(cmd *cobra.Command, v any) error {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	}
-	parseOverrides := func(s string) (map[string]quotas.Limit, error) {
-		var ov map[string]quotas.Limit
-		if err := json.Unmarshal([]byte(s), &ov); err != nil {
-			return nil, fmt.Errorf("--overrides: %w", err)
-		}
-		if ov == nil {
-			ov = map[string]quotas.Limit{} // "null" or "{}": no overrides
-		}
-		return ov, nil
-	}
+	cmd.AddCommand(tenantCommands(withEnv)...)
+	cmd.AddCommand(keyCommands(withEnv)...)
+	cmd.AddCommand(panelLinksRevokeCommand(withEnv), eventsCommand(withEnv), usageExportCommand(withEnv))
+	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
+	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
+	return cmd
+}
 
-	var id, name, plan, overrides, status, agents, principals, timeZone, period, format string
+// printJSON writes v to the command's output as indented JSON.
+func printJSON(cmd *cobra.Command, v any) error {
+	enc := json.NewEncoder(cmd.OutOrStdout())
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// parseOverrides reads --overrides: limit overrides as JSON.
+func parseOverrides(s string) (map[string]quotas.Limit, error) {
+	var ov map[string]quotas.Limit
+	if err := json.Unmarshal([]byte(s), &ov); err != nil {
+		return nil, fmt.Errorf("--overrides: %w", err)
+	}
+	if ov == nil {
+		ov = map[string]quotas.Limit{} // "null" or "{}": no overrides
+	}
+	return ov, nil
+}
+
+// tenantCommands are tenant-create, tenant-update and tenant-list, through the
+// tenant service the admin API uses.
+func tenantCommands(withEnv adminEnvRunner) []*cobra.Command {
+	var id, name, plan, overrides, status, timeZone string
 	var weight, billingDay int
 	// anchorFields reads the billing anchor flags given; a flag not given is nil.
 	anchorFields := func(cmd *cobra.Command) (dayp *int, zonep *string) {
@@ -220,32 +238,6 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	tenantUpdate.Flags().IntVar(&billingDay, "billing-day", 0, "day of the month billing periods start on, 1 to 31; the tenant's usage rollups are rebuilt under it")
 	tenantUpdate.Flags().StringVar(&timeZone, "time-zone", "", "IANA time zone whose midnight starts billing periods; the tenant's usage rollups are rebuilt under it")
 
-	usageExport := &cobra.Command{
-		Use:   "usage-export",
-		Short: "Print every tenant's use in its billing period starting in a month, per meter (JSON or CSV)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "json" && format != "csv" {
-				return fmt.Errorf("--format must be json or csv")
-			}
-			return withEnv(cmd.Context(), false, func(env adminEnv) error {
-				exp, err := env.usage.Export(cmd.Context(), period)
-				if errors.Is(err, billing.ErrBadPeriod) {
-					return fmt.Errorf("%s", billing.BadPeriodMessage) // the API's words
-				}
-				if err != nil {
-					return err
-				}
-				if format == "csv" {
-					return billing.WriteCSV(cmd.OutOrStdout(), exp)
-				}
-				return printJSON(cmd, exp)
-			})
-		},
-	}
-	usageExport.Flags().StringVar(&period, "period", "", "the month, YYYY-MM: each tenant's billing period that starts in it (required)")
-	usageExport.Flags().StringVar(&format, "format", "json", "json or csv")
-	_ = usageExport.MarkFlagRequired("period")
-
 	tenantList := &cobra.Command{
 		Use:   "tenant-list",
 		Short: "List tenants",
@@ -264,6 +256,13 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 		},
 	}
 
+	return []*cobra.Command{tenantCreate, tenantUpdate, tenantList}
+}
+
+// keyCommands are key-create, key-list, key-rotate and key-revoke, through the key
+// service the admin API uses.
+func keyCommands(withEnv adminEnvRunner) []*cobra.Command {
+	var agents, principals string
 	keyCreate := &cobra.Command{
 		Use:   "key-create TENANT",
 		Short: "Create an API key for a tenant; the plaintext is printed once",
@@ -331,6 +330,11 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			})
 		},
 	}
+	return []*cobra.Command{keyCreate, keyList, keyRotate, keyRevoke}
+}
+
+// panelLinksRevokeCommand is panel-links-revoke.
+func panelLinksRevokeCommand(withEnv adminEnvRunner) *cobra.Command {
 	panelRevoke := &cobra.Command{
 		Use:   "panel-links-revoke TENANT",
 		Short: "Revoke every tenant panel link of TENANT issued until now; links issued afterwards work",
@@ -348,6 +352,11 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 			})
 		},
 	}
+	return panelRevoke
+}
+
+// eventsCommand is events: a page of the usage events feed, as the admin API gives it.
+func eventsCommand(withEnv adminEnvRunner) *cobra.Command {
 	var evType, evTenant, evAfter string
 	var evLimit int
 	events := &cobra.Command{
@@ -380,11 +389,38 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	events.Flags().StringVar(&evTenant, "tenant", "", "only this tenant's events")
 	events.Flags().StringVar(&evAfter, "after", "", "the next_cursor of the previous page")
 	events.Flags().IntVar(&evLimit, "limit", billing.DefaultFeedLimit, "events per page")
+	return events
+}
 
-	cmd.AddCommand(tenantCreate, tenantUpdate, tenantList, keyCreate, keyList, keyRotate, keyRevoke, panelRevoke, events, usageExport)
-	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
-	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
-	return cmd
+// usageExportCommand is usage-export: every tenant's use in a billing period.
+func usageExportCommand(withEnv adminEnvRunner) *cobra.Command {
+	var period, format string
+	usageExport := &cobra.Command{
+		Use:   "usage-export",
+		Short: "Print every tenant's use in its billing period starting in a month, per meter (JSON or CSV)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "json" && format != "csv" {
+				return fmt.Errorf("--format must be json or csv")
+			}
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				exp, err := env.usage.Export(cmd.Context(), period)
+				if errors.Is(err, billing.ErrBadPeriod) {
+					return fmt.Errorf("%s", billing.BadPeriodMessage) // the API's words
+				}
+				if err != nil {
+					return err
+				}
+				if format == "csv" {
+					return billing.WriteCSV(cmd.OutOrStdout(), exp)
+				}
+				return printJSON(cmd, exp)
+			})
+		},
+	}
+	usageExport.Flags().StringVar(&period, "period", "", "the month, YYYY-MM: each tenant's billing period that starts in it (required)")
+	usageExport.Flags().StringVar(&format, "format", "json", "json or csv")
+	_ = usageExport.MarkFlagRequired("period")
+	return usageExport
 }
 
 // webhookCommands are webhook-create, webhook-list, webhook-delete and

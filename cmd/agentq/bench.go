@@ -12,7 +12,6 @@ import (
 	"github.com/agentq/agentq/internal/bench"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/redisx"
-	"github.com/agentq/agentq/quotas"
 )
 
 func benchCmd() *cobra.Command {
@@ -41,7 +40,7 @@ func benchCmd() *cobra.Command {
 				}
 				defer stop()
 			}
-			res, err := quotas.RunAdmissionBench(cmd.Context(), rdb, quotas.AdmissionBenchOptions{
+			res, err := bench.RunAdmission(cmd.Context(), rdb, bench.AdmissionOptions{
 				Concurrency: concurrency, Duration: duration, Tenants: tenants, Progress: os.Stderr,
 			})
 			if err != nil {

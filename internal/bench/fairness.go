@@ -1,5 +1,6 @@
-// Package bench holds the benchmarks behind `agentq bench fairness`: they run the
-// library end to end on real Redis and Postgres and report what they measured.
+// Package bench holds the benchmarks behind `agentq bench`: they run on real Redis
+// (and, end to end through the library, on real Postgres) and report what they
+// measured.
 package bench
 
 import (

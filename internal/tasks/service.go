@@ -218,95 +218,20 @@ type Submission struct {
 // the key's bucket.
 func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error) {
 	var res Submission
-	if p.TenantID == "" {
-		return res, ErrNoTenant
-	}
-	idem := p.IdempotencyKey
-	if len(idem) > MaxIdempotencyKey {
-		return res, invalid("idempotency_key", "idempotency_key is longer than %d bytes.", MaxIdempotencyKey)
-	}
-	if p.Agent == "" {
-		return res, invalid("agent", "Field agent is required.")
-	}
-	if len(p.User) > MaxUser {
-		return res, invalid("user", "Field user is longer than %d bytes.", MaxUser)
-	}
-	priority := scheduler.DefaultPriority
-	if p.Priority != nil {
-		priority = *p.Priority
-		if priority < scheduler.MinPriority || priority > scheduler.MaxPriority {
-			return res, invalid("priority", "Field priority must be between %d and %d.", scheduler.MinPriority, scheduler.MaxPriority)
-		}
-	}
-	input := p.Input
-	if len(input) == 0 {
-		input = json.RawMessage("{}")
-	} else {
-		var buf bytes.Buffer
-		if err := json.Compact(&buf, input); err != nil {
-			e := invalid("input", "Field input is not valid JSON.")
-			e.NotJSON = true
-			return res, e
-		}
-		input = buf.Bytes()
-	}
-	if err := s.d.Agents.ValidateTask(ctx, p.Agent, input); err != nil {
-		if isUnknownAgent(err) {
-			return res, &UnknownAgentError{Agent: p.Agent}
-		}
-		if !isInputError(err) {
-			return res, err
-		}
-		return res, invalid("input", "Invalid input for agent %q: %v.", p.Agent, err)
-	}
-	// The scope check is decided here but enforced by the admission script, after the
-	// key bucket and before anything of the tenant's is touched.
-	inScope := (len(p.KeyAgents) == 0 || slices.Contains(p.KeyAgents, p.Agent)) &&
-		(len(p.KeyPrincipals) == 0 || slices.Contains(p.KeyPrincipals, p.User))
-	tenant, err := s.d.Tenant(ctx, p.TenantID)
+	sub, err := s.validate(ctx, p)
 	if err != nil {
 		return res, err
 	}
-	if tenant.Status != "active" {
-		return res, &SuspendedError{TenantID: tenant.ID}
-	}
-	pol, err := s.d.Tenants.Policy(tenant)
-	if err != nil {
-		return res, fmt.Errorf("tenant %s: %w", tenant.ID, err)
-	}
-	budget, err := ResolveBudget(pol.Budget, p.Budget)
-	if err != nil {
+	if err := s.resolveBudget(ctx, &sub); err != nil {
 		return res, err
 	}
-	budgetJSON, _ := json.Marshal(budget)
-	hash := requestHash(p.Agent, canonicalJSON(input), p.User, budgetJSON, priority)
-	limits := pol.Limits
 	now := time.Now()
-	period := tenant.Anchor().PeriodAt(now)
-
 	// Postgres must be able to take the task before any limit is spent on it: a
 	// refusal for an unreachable database leaves every bucket as it was. The
 	// idempotency lookup, when there is one, is that check.
-	if idem != "" && inScope {
-		// A replay admits nothing new: it answers with the task the key made, and
-		// spends only the key's bucket.
-		prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: tenant.ID, Key: idem})
-		if err == nil {
-			at := time.Now()
-			d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
-				Mode: quotas.ModeKey, TenantID: tenant.ID, Kid: p.Kid, Limits: limits, Period: tenant.Anchor().PeriodAt(at),
-			})
-			if err != nil {
-				return res, &AdmissionError{Err: err}
-			}
-			res.Decision, res.At = &d, at
-			if !d.Allowed {
-				return res, &RefusedError{Decision: d, Tenant: tenant}
-			}
-			return replay(res, prev, hash, idem)
-		}
-		if !errors.Is(err, store.ErrNotFound) {
-			return res, err
+	if sub.IdempotencyKey != "" && sub.inScope {
+		if replayed, done, err := s.answerReplay(ctx, sub); done {
+			return replayed, err
 		}
 	} else if err := s.checkPostgres(ctx); err != nil {
 		return res, ErrUnavailable
@@ -315,52 +240,203 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	if err != nil {
 		return res, err
 	}
+	d, err := s.admit(ctx, sub, id, now)
+	if err != nil {
+		return res, err
+	}
+	res.Decision, res.At = &d, now
+	if err := refusal(sub, d); err != nil {
+		return res, err
+	}
+	task, created, err := s.insert(ctx, sub, id)
+	if err != nil {
+		return res, err
+	}
+	if !created {
+		return replay(res, task, sub.hash, sub.IdempotencyKey)
+	}
+	s.enqueue(ctx, sub, task, d.Degraded)
+	res.Task = Task{Task: task}
+	return res, nil
+}
+
+// submission is a submission Submit has validated, and then its tenant's policy and
+// its resolved budget.
+type submission struct {
+	SubmitParams
+	input    json.RawMessage // compacted
+	priority int
+	// inScope is whether the key's scopes allow the agent and the user.
+	inScope bool
+
+	tenant     tenants.Tenant
+	pol        tenants.Policy
+	budget     quotas.TaskBudget
+	budgetJSON []byte
+	hash       []byte // of the request, to tell a replay from a conflict
+}
+
+// validate checks a submission's fields and its input against the agent's schema;
+// nothing is read from Postgres nor spent.
+func (s *Service) validate(ctx context.Context, p SubmitParams) (submission, error) {
+	sub := submission{SubmitParams: p, priority: scheduler.DefaultPriority}
+	if p.TenantID == "" {
+		return sub, ErrNoTenant
+	}
+	if len(p.IdempotencyKey) > MaxIdempotencyKey {
+		return sub, invalid("idempotency_key", "idempotency_key is longer than %d bytes.", MaxIdempotencyKey)
+	}
+	if p.Agent == "" {
+		return sub, invalid("agent", "Field agent is required.")
+	}
+	if len(p.User) > MaxUser {
+		return sub, invalid("user", "Field user is longer than %d bytes.", MaxUser)
+	}
+	if p.Priority != nil {
+		sub.priority = *p.Priority
+		if sub.priority < scheduler.MinPriority || sub.priority > scheduler.MaxPriority {
+			return sub, invalid("priority", "Field priority must be between %d and %d.", scheduler.MinPriority, scheduler.MaxPriority)
+		}
+	}
+	sub.input = p.Input
+	if len(sub.input) == 0 {
+		sub.input = json.RawMessage("{}")
+	} else {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, sub.input); err != nil {
+			e := invalid("input", "Field input is not valid JSON.")
+			e.NotJSON = true
+			return sub, e
+		}
+		sub.input = buf.Bytes()
+	}
+	if err := s.d.Agents.ValidateTask(ctx, p.Agent, sub.input); err != nil {
+		if isUnknownAgent(err) {
+			return sub, &UnknownAgentError{Agent: p.Agent}
+		}
+		if !isInputError(err) {
+			return sub, err
+		}
+		return sub, invalid("input", "Invalid input for agent %q: %v.", p.Agent, err)
+	}
+	// The scope check is decided here but enforced by the admission script, after the
+	// key bucket and before anything of the tenant's is touched.
+	sub.inScope = (len(p.KeyAgents) == 0 || slices.Contains(p.KeyAgents, p.Agent)) &&
+		(len(p.KeyPrincipals) == 0 || slices.Contains(p.KeyPrincipals, p.User))
+	return sub, nil
+}
+
+// resolveBudget looks the tenant up, refuses a suspended one, and resolves the
+// submission's budget under the tenant's plan.
+func (s *Service) resolveBudget(ctx context.Context, sub *submission) error {
+	tenant, err := s.d.Tenant(ctx, sub.TenantID)
+	if err != nil {
+		return err
+	}
+	if tenant.Status != "active" {
+		return &SuspendedError{TenantID: tenant.ID}
+	}
+	pol, err := s.d.Tenants.Policy(tenant)
+	if err != nil {
+		return fmt.Errorf("tenant %s: %w", tenant.ID, err)
+	}
+	budget, err := ResolveBudget(pol.Budget, sub.Budget)
+	if err != nil {
+		return err
+	}
+	sub.tenant, sub.pol, sub.budget = tenant, pol, budget
+	sub.budgetJSON, _ = json.Marshal(budget)
+	sub.hash = requestHash(sub.Agent, canonicalJSON(sub.input), sub.User, sub.budgetJSON, sub.priority)
+	return nil
+}
+
+// answerReplay answers a submission whose idempotency key already made a task: done
+// is true when it did (res and err are Submit's answer). A replay admits nothing
+// new: it answers with the task the key made, and spends only the key's bucket.
+func (s *Service) answerReplay(ctx context.Context, sub submission) (res Submission, done bool, err error) {
+	prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: sub.tenant.ID, Key: sub.IdempotencyKey})
+	if errors.Is(err, store.ErrNotFound) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, true, err
+	}
+	at := time.Now()
+	d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
+		Mode: quotas.ModeKey, TenantID: sub.tenant.ID, Kid: sub.Kid, Limits: sub.pol.Limits, Period: sub.tenant.Anchor().PeriodAt(at),
+	})
+	if err != nil {
+		return res, true, &AdmissionError{Err: err}
+	}
+	res.Decision, res.At = &d, at
+	if !d.Allowed {
+		return res, true, &RefusedError{Decision: d, Tenant: sub.tenant}
+	}
+	res, err = replay(res, prev, sub.hash, sub.IdempotencyKey)
+	return res, true, err
+}
+
+// admit runs the admission script for task id in the billing period of now.
+func (s *Service) admit(ctx context.Context, sub submission, id uuid.UUID, now time.Time) (quotas.Decision, error) {
 	actx, span := s.tracer.Start(ctx, "agentq.admission", trace.WithAttributes(
-		attribute.String("agentq.tenant_id", tenant.ID), attribute.String("agentq.task_id", id.String())))
+		attribute.String("agentq.tenant_id", sub.tenant.ID), attribute.String("agentq.task_id", id.String())))
 	d, err := s.d.Admission.Admit(actx, quotas.AdmitParams{
-		Mode: quotas.ModeAdmit, TenantID: tenant.ID, Kid: p.Kid, Agent: p.Agent, User: p.User,
-		TaskID: id.String(), InScope: inScope, Limits: limits, Period: period,
-		LongRunning: budget.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
+		Mode: quotas.ModeAdmit, TenantID: sub.tenant.ID, Kid: sub.Kid, Agent: sub.Agent, User: sub.User,
+		TaskID: id.String(), InScope: sub.inScope, Limits: sub.pol.Limits, Period: sub.tenant.Anchor().PeriodAt(now),
+		LongRunning: sub.budget.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
 	})
 	endAdmissionSpan(span, d, err)
 	if err != nil {
 		// A call that timed out may still have taken a lease in Redis: the guard
 		// already queued its release (nothing will be stored for this id).
-		return res, &AdmissionError{Err: err}
+		return d, &AdmissionError{Err: err}
 	}
-	res.Decision, res.At = &d, now
+	return d, nil
+}
+
+// refusal is the error for an admission decision that does not let the submission
+// through: out of the key's scope, or refused by a limit; nil when it is allowed.
+func refusal(sub submission, d quotas.Decision) error {
 	if d.OutOfScope {
-		if !slices.Contains(p.KeyAgents, p.Agent) && len(p.KeyAgents) > 0 {
-			return res, &ScopeError{Message: fmt.Sprintf("This API key may not run agent %q.", p.Agent)}
+		if !slices.Contains(sub.KeyAgents, sub.Agent) && len(sub.KeyAgents) > 0 {
+			return &ScopeError{Message: fmt.Sprintf("This API key may not run agent %q.", sub.Agent)}
 		}
-		return res, &ScopeError{Message: fmt.Sprintf("This API key may not act for user %q.", p.User)}
+		return &ScopeError{Message: fmt.Sprintf("This API key may not act for user %q.", sub.User)}
 	}
 	if !d.Allowed {
-		return res, &RefusedError{Decision: d, Tenant: tenant}
+		return &RefusedError{Decision: d, Tenant: sub.tenant}
 	}
+	return nil
+}
 
-	task, created, err := s.d.Lifecycle.Create(ctx, store.InsertTaskParams{
-		ID: id, TenantID: tenant.ID, Kid: p.Kid, Agent: p.Agent, User: p.User, Input: input,
-		Budget: budgetJSON, Priority: priority, IdempotencyKey: idem, RequestHash: hash,
+// insert stores the admitted task; created is false when a concurrent submission
+// with the same idempotency key won (task is then that one). A task not written
+// gives back the lease admission took for it.
+func (s *Service) insert(ctx context.Context, sub submission, id uuid.UUID) (task store.Task, created bool, err error) {
+	task, created, err = s.d.Lifecycle.Create(ctx, store.InsertTaskParams{
+		ID: id, TenantID: sub.tenant.ID, Kid: sub.Kid, Agent: sub.Agent, User: sub.User, Input: sub.input,
+		Budget: sub.budgetJSON, Priority: sub.priority, IdempotencyKey: sub.IdempotencyKey, RequestHash: sub.hash,
 	})
 	s.postgresAnswered(err == nil)
 	if err != nil || !created {
 		// Not written (or a concurrent duplicate won): give back the lease just taken.
-		s.d.Admission.Release(context.WithoutCancel(ctx), tenant.ID, id.String())
+		s.d.Admission.Release(context.WithoutCancel(ctx), sub.tenant.ID, id.String())
 	}
-	if err != nil {
-		return res, err
-	}
-	if !created {
-		return replay(res, task, hash, idem)
-	}
-	if d.Degraded {
+	return task, created, err
+}
+
+// enqueue pushes a stored task to its tenant's queue. A failure only logs: the task
+// is stored as queued, and the recovery sweep pushes queued tasks missing from Redis.
+func (s *Service) enqueue(ctx context.Context, sub submission, task store.Task, degraded bool) {
+	if degraded {
 		// Redis is unreachable: the task stays queued in Postgres, and the recovery
 		// sweep pushes it once Redis is back. Trying now would only add latency.
 		s.log.Warn("admitted in degraded mode; the task waits in Postgres until Redis is back", "task_id", task.ID)
-	} else if err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
-		TenantID: tenant.ID, TaskID: task.ID, Priority: priority, CreatedAt: task.CreatedAt,
-		Weight: pol.Weight, RunningCap: pol.RunningCap,
+		return
+	}
+	if err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
+		TenantID: sub.tenant.ID, TaskID: task.ID, Priority: sub.priority, CreatedAt: task.CreatedAt,
+		Weight: sub.pol.Weight, RunningCap: sub.pol.RunningCap,
 		// The worker's spans join the submission's trace through this.
 		TraceParent: telemetry.TraceParent(ctx),
 	}); err != nil {
@@ -368,8 +444,6 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 		// from Redis, so the submission still holds.
 		s.log.Error("pushing task to its queue failed; it stays queued in Postgres", "task_id", task.ID, "err", err)
 	}
-	res.Task = Task{Task: task}
-	return res, nil
 }
 
 // postgresFresh is how long a write or ping that succeeded vouches for Postgres: a

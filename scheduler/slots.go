@@ -1,0 +1,159 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/redisx"
+)
+
+// reserveScript takes up to ARGV[3] slots of the live worker pool, as many as are free.
+//
+// KEYS[1] workers   KEYS[2] worker slots   KEYS[3] pool inflight
+// ARGV[1] now ms or ""   ARGV[2] prefetch   ARGV[3] slots wanted (default 1)
+// Returns the number of slots taken, 0 if the pool is full.
+var reserveScript = redis.NewScript(luaNow + `
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('HDEL', KEYS[2], unpack(dead))
+end
+local slots = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[2])) do slots = slots + tonumber(v) end
+local free = slots + tonumber(ARGV[2]) - tonumber(redis.call('GET', KEYS[3]) or '0')
+local n = math.min(free, tonumber(ARGV[3] or '1'))
+if n <= 0 then return 0 end
+redis.call('INCRBY', KEYS[3], n)
+redis.call('EXPIRE', KEYS[3], 86400)
+return n
+`)
+
+// releaseScript gives ARGV[1] pool slots back (default 1; never below zero).
+//
+// KEYS[1] pool inflight   ARGV[1] slots
+var releaseScript = redisx.NewScript(`
+local held = tonumber(redis.call('GET', KEYS[1]) or '0')
+local n = math.min(held, tonumber(ARGV[1] or '1'))
+if n > 0 then return redis.call('DECRBY', KEYS[1], n) end
+return held
+`)
+
+func (s *Scheduler) reserve(ctx context.Context) (bool, error) {
+	n, err := s.reserveN(ctx, 1)
+	return n == 1, err
+}
+
+// reserveN takes up to n pool slots, as many as are free.
+func (s *Scheduler) reserveN(ctx context.Context, n int) (int, error) {
+	got, err := reserveScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots(), s.keys.PoolInflight()},
+		s.nowArg(), s.prefetch, n).Int()
+	if err != nil {
+		return 0, fmt.Errorf("scheduler: reserve: %w", err)
+	}
+	return got, nil
+}
+
+func (s *Scheduler) release(ctx context.Context) error { return s.releaseN(ctx, 1) }
+
+// releaseN gives n pool slots back.
+func (s *Scheduler) releaseN(ctx context.Context, n int) error {
+	// Concurrent workers' releases share a round trip.
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { releaseScript.Run(ctx, pipe, []string{s.keys.PoolInflight()}, n) })
+	if err != nil {
+		return fmt.Errorf("scheduler: release: %w", err)
+	}
+	return nil
+}
+
+// heartbeatScript registers a worker's slots until ttl after Redis TIME, the clock
+// reserveScript expires them by: a worker host whose clock is off still counts for
+// exactly its ttl.
+//
+// KEYS[1] workers   KEYS[2] worker slots
+// ARGV[1] now ms or ""   ARGV[2] worker id   ARGV[3] concurrency   ARGV[4] ttl ms
+var heartbeatScript = redis.NewScript(luaNow + `
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], 86400)
+redis.call('EXPIRE', KEYS[2], 86400)
+return 1
+`)
+
+// Heartbeat registers a worker process's concurrency until ttl from now (Redis TIME).
+// Dispatch counts only live workers' slots.
+func (s *Scheduler) Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error {
+	err := heartbeatScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots()},
+		s.nowArg(), workerID, concurrency, ttl.Milliseconds()).Err()
+	if err != nil {
+		return fmt.Errorf("scheduler: heartbeat: %w", err)
+	}
+	return nil
+}
+
+// clockMs is the scheduler's clock in ms: Redis TIME (or the test clock), the clock
+// every score the scripts write is taken from, never this host's clock.
+func (s *Scheduler) clockMs(ctx context.Context) (int64, error) {
+	if s.nowMs != nil {
+		return s.nowMs(), nil
+	}
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("scheduler: redis time: %w", err)
+	}
+	return t.UnixMilli(), nil
+}
+
+// Deregister removes a worker at shutdown so dispatch stops counting its slots at once.
+func (s *Scheduler) Deregister(ctx context.Context, workerID string) error {
+	pipe := s.rdb.TxPipeline()
+	pipe.ZRem(ctx, s.keys.Workers(), workerID)
+	pipe.HDel(ctx, s.keys.WorkerSlots(), workerID)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("scheduler: deregister: %w", err)
+	}
+	return nil
+}
+
+// poolFixScript sets the pool counter to the in-flight count measured by the janitor,
+// unless it moved since it was read.
+//
+// KEYS[1] pool inflight   ARGV[1] value read   ARGV[2] measured value
+var poolFixScript = redis.NewScript(`
+if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return -1 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', 86400)
+return 1
+`)
+
+// ReconcilePool recounts the tasks the worker pool holds (every shard's dispatching
+// and inflight sets) and corrects the pool counter if it drifted (a crash between a
+// reservation and its release). It returns the drift it corrected.
+func (s *Scheduler) ReconcilePool(ctx context.Context) (int64, error) {
+	before, err := s.rdb.Get(ctx, s.keys.PoolInflight()).Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, err
+	}
+	var actual int64
+	for shard := range s.keys.Shards() {
+		pipe := s.rdb.Pipeline()
+		a := pipe.ZCard(ctx, s.keys.Inflight(shard))
+		b := pipe.ZCard(ctx, s.keys.Dispatching(shard))
+		if _, err := pipe.Exec(ctx); err != nil {
+			return 0, err
+		}
+		actual += a.Val() + b.Val()
+	}
+	if actual == before {
+		return 0, nil
+	}
+	n, err := poolFixScript.Run(ctx, s.rdb, []string{s.keys.PoolInflight()}, strconv.FormatInt(before, 10), actual).Int()
+	if err != nil || n != 1 {
+		return 0, err // it moved: dispatch is busy; the next run looks again
+	}
+	s.wake(ctx)
+	return actual - before, nil
+}
