@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -97,6 +98,78 @@ type lastStep struct {
 	rec    store.RecordStepParams
 	booked quotas.StepParams // what to settle against the step's reservation
 	ev     Event
+}
+
+// execute claims the task, runs it and hands its end off; an error makes asynq
+// deliver the task again later.
+func (r *taskRun) execute(id uuid.UUID) error {
+	if ok, err := r.claimTask(id); !ok {
+		return err
+	}
+	if r.run() {
+		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
+	}
+	if r.lost {
+		// Another attempt owns the task now, with its lease and its dispatch slots:
+		// this delivery leaves them alone.
+		return nil
+	}
+	r.handOff()
+	return nil
+}
+
+// claimTask starts the task under this delivery's claim. It returns ok = false when
+// there is nothing to run: the task ended already, or another live delivery owns it.
+func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
+	w, p := r.w, r.p
+	r.confirm(time.Now())
+	task, outcome, err := w.lifecycle.Start(r.ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("runtime: start task: %w", err)
+	}
+	trace.SpanFromContext(r.ctx).SetAttributes(attribute.String("agentq.start", outcome.String()), attribute.Int("agentq.attempt", task.Attempt))
+	if outcome == tasks.Started && task.StartedAt != nil && task.Usage.Steps == 0 && task.Attempt == 1 {
+		w.wait.Record(context.WithoutCancel(r.ctx), max(task.StartedAt.Sub(task.CreatedAt).Seconds(), 0))
+	}
+	switch outcome {
+	case tasks.Ended:
+		// Cancelled while dispatched, or a duplicate delivery of a finished task.
+		// Releasing again is harmless; it covers a release lost to a crash.
+		w.release(p, -1, w.queueReleaseLease(p.TenantID, p.TaskID))
+		return false, nil
+	case tasks.Busy:
+		return false, nil // another live delivery owns it
+	case tasks.TookOver:
+		w.log.Warn("taking over a task whose worker stopped heartbeating; resuming from its last step",
+			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
+	}
+	r.task = task
+	return true, nil
+}
+
+// handOff gives the delivery's dispatch slots back and has the task's end recorded.
+func (r *taskRun) handOff() {
+	w, p := r.w, r.p
+	// The worker slot was busy from delivery to here: that is the task's worker time,
+	// which its tenant's fair share is charged.
+	took := time.Since(r.began)
+	if r.end == noEnd {
+		w.release(p, took)
+		return
+	}
+	// The slots go back before the end is written, so that the next task starts while
+	// Postgres records this one (as River's completer does): the pool's slots count
+	// running agents, not pending writes. Only while no other attempt can have taken
+	// the task over, though: its claim was confirmed less than half the take-over
+	// silence ago. Otherwise the end's write decides first whose slots they are.
+	if took-time.Duration(r.confirmed.Load()) < w.lifecycle.StaleAfter()/2 {
+		w.release(p, took)
+		w.endTask(r.ctx, r)
+		return
+	}
+	if tail, lost := r.recordEnd(context.WithoutCancel(r.ctx)); !lost {
+		w.release(p, took, tail...)
+	}
 }
 
 // confirm notes that a write sent at sent found the delivery's claim current.

@@ -383,6 +383,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	return err
 }
 
+// processTask decodes a delivery and runs it, as a taskRun, in the delivery's span.
 func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 	r := &taskRun{w: w, began: time.Now()}
 	w.mu.Lock()
@@ -414,57 +415,7 @@ func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 		span.End()
 	}()
 	r.ctx = ctx
-	r.confirm(time.Now())
-	task, outcome, err := w.lifecycle.Start(ctx, id)
-	if err != nil {
-		return fmt.Errorf("runtime: start task: %w", err)
-	}
-	span.SetAttributes(attribute.String("agentq.start", outcome.String()), attribute.Int("agentq.attempt", task.Attempt))
-	if outcome == tasks.Started && task.StartedAt != nil && task.Usage.Steps == 0 && task.Attempt == 1 {
-		w.wait.Record(context.WithoutCancel(ctx), max(task.StartedAt.Sub(task.CreatedAt).Seconds(), 0))
-	}
-	switch outcome {
-	case tasks.Ended:
-		// Cancelled while dispatched, or a duplicate delivery of a finished task.
-		// Releasing again is harmless; it covers a release lost to a crash.
-		w.release(p, -1, w.queueReleaseLease(p.TenantID, p.TaskID))
-		return nil
-	case tasks.Busy:
-		return nil // another live delivery owns it
-	case tasks.TookOver:
-		w.log.Warn("taking over a task whose worker stopped heartbeating; resuming from its last step",
-			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
-	}
-	r.task = task
-	if r.run() {
-		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
-	}
-	if r.lost {
-		// Another attempt owns the task now, with its lease and its dispatch slots:
-		// this delivery leaves them alone.
-		return nil
-	}
-	// The worker slot was busy from delivery to here: that is the task's worker time,
-	// which its tenant's fair share is charged.
-	took := time.Since(r.began)
-	if r.end == noEnd {
-		w.release(p, took)
-		return nil
-	}
-	// The slots go back before the end is written, so that the next task starts while
-	// Postgres records this one (as River's completer does): the pool's slots count
-	// running agents, not pending writes. Only while no other attempt can have taken
-	// the task over, though: its claim was confirmed less than half the take-over
-	// silence ago. Otherwise the end's write decides first whose slots they are.
-	if took-time.Duration(r.confirmed.Load()) < w.lifecycle.StaleAfter()/2 {
-		w.release(p, took)
-		w.endTask(ctx, r)
-		return nil
-	}
-	if tail, lost := r.recordEnd(context.WithoutCancel(ctx)); !lost {
-		w.release(p, took, tail...)
-	}
-	return nil
+	return r.execute(id)
 }
 
 // endTask records a task's end in the background, then sends the end's Redis calls
