@@ -452,6 +452,48 @@ func TestWorkerRecordsAFailedStepWithARedactedError(t *testing.T) {
 	r.wantReleased(id)
 }
 
+// A step whose usage cannot be billed fails the task: nothing of that step is
+// recorded, and its reservation of the tenant's step quota goes back, so the quota
+// counts only the steps before it.
+func TestWorkerFailsAStepWithUnusableUsageAndBillsNothingOfIt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	count := counter(t)
+	r.agents.Register("a", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		res, err := count(ctx, req)
+		if req.Step == 3 {
+			res.Usage.Tokens = -1
+		}
+		return res, err
+	}))
+	id := r.submit("a", `{"tokens":3}`, nil)
+	r.process()
+	got := r.task(id)
+	want := `step failed: agent "a", step 3: usage.tokens -1 is negative`
+	if got.State != store.StateFailed || deref(got.Error) != want || got.Usage != (store.Usage{Steps: 2, Tokens: 6}) {
+		t.Fatalf("task: %s, error %q, usage %+v; want failed with %q after 2 steps", got.State, deref(got.Error), got.Usage, want)
+	}
+	if n := r.ledgerRows(id); n != 3*2 {
+		t.Fatalf("ledger: %d rows, want %d", n, 3*2)
+	}
+	hours, err := r.rdb.HVals(r.ctx, r.keys.StepsDaily(tenant)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps int
+	for _, h := range hours {
+		var n int
+		if _, err := fmt.Sscan(h, &n); err != nil {
+			t.Fatalf("steps counter %q: %v", h, err)
+		}
+		steps += n
+	}
+	if steps != 2 {
+		t.Fatalf("the tenant's step quota counts %d steps, want 2", steps)
+	}
+	r.wantReleased(id)
+}
+
 func deref(s *string) string {
 	if s == nil {
 		return "<nil>"
