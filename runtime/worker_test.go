@@ -476,20 +476,76 @@ func TestWorkerFailsAStepWithUnusableUsageAndBillsNothingOfIt(t *testing.T) {
 	if n := r.ledgerRows(id); n != 3*2 {
 		t.Fatalf("ledger: %d rows, want %d", n, 3*2)
 	}
+	if steps := r.stepsCounted(); steps != 2 {
+		t.Fatalf("the tenant's step quota counts %d steps, want 2", steps)
+	}
+	r.wantReleased(id)
+}
+
+// stepsCounted sums the tenant's step quota counter over its hours.
+func (r *rig) stepsCounted() int {
+	r.t.Helper()
 	hours, err := r.rdb.HVals(r.ctx, r.keys.StepsDaily(tenant)).Result()
 	if err != nil {
-		t.Fatal(err)
+		r.t.Fatal(err)
 	}
 	var steps int
 	for _, h := range hours {
 		var n int
 		if _, err := fmt.Sscan(h, &n); err != nil {
-			t.Fatalf("steps counter %q: %v", h, err)
+			r.t.Fatalf("steps counter %q: %v", h, err)
 		}
 		steps += n
 	}
-	if steps != 2 {
-		t.Fatalf("the tenant's step quota counts %d steps, want 2", steps)
+	return steps
+}
+
+// A shutdown that outlasts a step hands the task back: the delivery fails so asynq
+// delivers it again, the task is queued with its recorded steps and agent state, and
+// the interrupted step's reservation goes back. The next delivery resumes from the
+// last recorded step.
+func TestWorkerHandsATaskInterruptedByShutdownBack(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	count := counter(t)
+	blocked := make(chan struct{})
+	var once sync.Once
+	r.agents.Register("a", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		if req.Step == 2 {
+			once.Do(func() {
+				close(blocked)
+				<-ctx.Done()
+			})
+			if ctx.Err() != nil {
+				return runtime.StepResult{}, ctx.Err()
+			}
+		}
+		return count(ctx, req)
+	}))
+	id := r.submit("a", `{"steps":3,"tokens":3}`, nil)
+	delivery := r.take()
+	ctx, shutdown := context.WithCancel(r.ctx)
+	go func() { <-blocked; shutdown() }()
+	err := r.w.ProcessTask(ctx, delivery)
+	if err == nil || !strings.Contains(err.Error(), "re-queued") {
+		t.Fatalf("the interrupted delivery returned %v, want a re-queue error", err)
+	}
+	got := r.task(id)
+	if got.State != store.StateQueued || got.Usage != (store.Usage{Steps: 1, Tokens: 3}) {
+		t.Fatalf("after the shutdown: %s, usage %+v; want queued after 1 step", got.State, got.Usage)
+	}
+	if n := r.stepsCounted(); n != 1 {
+		t.Fatalf("the tenant's step quota counts %d steps, want 1", n)
+	}
+	if err := r.w.ProcessTask(r.ctx, delivery); err != nil {
+		t.Fatalf("the second delivery: %v", err)
+	}
+	if err := r.w.Flush(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got = r.task(id)
+	if got.State != store.StateCompleted || got.Usage != (store.Usage{Steps: 3, Tokens: 9}) || string(got.Output) != `{"n": 3}` {
+		t.Fatalf("after the second delivery: %s, usage %+v, output %s; want completed after 3 steps", got.State, got.Usage, got.Output)
 	}
 	r.wantReleased(id)
 }
