@@ -72,6 +72,12 @@ type taskRun struct {
 	// The billing period is the step's: a task running across the boundary books its
 	// later steps into the new period. A settlement goes to its reservation's period.
 	period quotas.Period
+	// reservation is the current step's, reserved is Redis's answer to it, and
+	// queueReserve queues it on a pipe (r.queueReserveStep, bound once so that a
+	// step allocates no closure for it).
+	reservation  quotas.StepParams
+	reserved     *redis.Cmd
+	queueReserve func(redis.Pipeliner)
 
 	// lost is set when a write found the task claimed by a later attempt (this worker
 	// stalled past its lease): the run then stops at once and touches nothing of the
@@ -249,6 +255,7 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	r.deadline = r.startedAt.Add(time.Duration(r.budget.MaxWallclockS * float64(time.Second)))
 	r.maxCostMicro = int64(math.Round(r.budget.MaxCostUSD * 1e6))
 	r.state = r.task.AgentState
+	r.queueReserve = r.queueReserveStep
 	return false, false
 }
 
@@ -368,27 +375,30 @@ func (r *taskRun) finishWallclock() {
 // quota ended the task or the quota store could not be asked.
 func (r *taskRun) reserve() (stop, requeued bool) {
 	r.period = r.tenant.Anchor().PeriodAt(time.Now())
-	sp := r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
-	var sent *redis.Cmd
-	_ = r.w.batch.Do(r.ctx, func(pipe redis.Pipeliner) { // the answer is in sent
-		if r.running != nil {
-			r.running(pipe)
-		}
-		sent = r.w.limits.QueueReserveStep(r.ctx, pipe, sp)
-	})
+	r.reservation = r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
+	_ = r.w.batch.Do(r.ctx, r.queueReserve) // the answer is in r.reserved
 	r.running = nil
-	err := r.w.limits.ReserveStepQueued(r.ctx, sp, sent)
+	err := r.w.limits.ReserveStepQueued(r.ctx, r.reservation, r.reserved)
+	if err == nil {
+		return false, false
+	}
 	var qe *quotas.QuotaExceeded
-	switch {
-	case errors.As(err, &qe):
+	if errors.As(err, &qe) {
 		stop := qe.Stop()
 		r.finish(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil, &stop)
 		return true, false
-	case err != nil:
-		// Money and token quotas fail closed: no step runs unchecked.
-		return true, r.requeue("the quota store is unreachable", err)
 	}
-	return false, false
+	// Money and token quotas fail closed: no step runs unchecked.
+	return true, r.requeue("the quota store is unreachable", err)
+}
+
+// queueReserveStep queues the step's reservation, after the "running" message while
+// it is still to send. r.queueReserve is it, bound once per delivery.
+func (r *taskRun) queueReserveStep(pipe redis.Pipeliner) {
+	if r.running != nil {
+		r.running(pipe)
+	}
+	r.reserved = r.w.limits.QueueReserveStep(r.ctx, pipe, r.reservation)
 }
 
 // callAgent runs one step of the agent, in its own span, within the wall-clock budget.
