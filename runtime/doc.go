@@ -3,6 +3,13 @@
 // Go handlers registered in process, and HTTP agents) under the task's budget, records
 // usage after every step, and performs the terminal transition in Postgres.
 //
+// One delivery of a task is a taskRun, whose methods are its phases: claim the task,
+// prepare its limits and agent, then per step reserve it against the tenant's quotas,
+// call the agent, record the step and settle its reservation, and at the end give the
+// dispatch slots back and record the terminal state (in the background while the
+// claim is fresh). What the phases share lives on the taskRun, so a step allocates
+// little beyond what the calls it makes need.
+//
 // The terminal transition is a conditional UPDATE (state must still be running), so
 // exactly one party ends a task — the worker, a tenant's cancel, or the janitor
 // abandoning a task whose workers keep dying — and that party owns the side effects

@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -147,12 +146,6 @@ type Worker struct {
 
 	warm *warmGoroutines // run the deliveries and the ends
 }
-
-// ending is a task's terminal write. It returns the Redis calls of the end to make once
-// it is recorded (the last settlement, the lease release, the last messages), and
-// lost = true when the write found the task claimed by a later attempt, which then
-// owns the task's lease and dispatch slots.
-type ending func(ctx context.Context) (tail []func(redis.Pipeliner), lost bool)
 
 // errCancelled is the cause recorded when a tenant cancels a running task.
 var errCancelled = errors.New("task cancelled")
@@ -390,8 +383,9 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
 	return err
 }
 
+// processTask decodes a delivery and runs it, as a taskRun, in the delivery's span.
 func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
-	began := time.Now()
+	r := &taskRun{w: w, began: time.Now()}
 	w.mu.Lock()
 	w.busy++
 	w.mu.Unlock()
@@ -400,10 +394,10 @@ func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 		w.busy--
 		w.mu.Unlock()
 	}()
-	var p wire.Payload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+	if err := json.Unmarshal(t.Payload(), &r.p); err != nil {
 		return fmt.Errorf("runtime: bad payload: %v: %w", err, asynq.SkipRetry)
 	}
+	p := r.p
 	id, err := uuid.Parse(p.TaskID)
 	if err != nil {
 		return fmt.Errorf("runtime: bad task id %q: %w", p.TaskID, asynq.SkipRetry)
@@ -420,63 +414,8 @@ func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 		}
 		span.End()
 	}()
-	// confirmed is when, after began, this delivery last sent a write that found its
-	// claim on the task current (its start, a step's record, a heartbeat); monotonic.
-	var confirmed atomic.Int64
-	confirm := func(sent time.Time) { confirmed.Store(int64(sent.Sub(began))) }
-	confirm(time.Now())
-	task, outcome, err := w.lifecycle.Start(ctx, id)
-	if err != nil {
-		return fmt.Errorf("runtime: start task: %w", err)
-	}
-	span.SetAttributes(attribute.String("agentq.start", outcome.String()), attribute.Int("agentq.attempt", task.Attempt))
-	if outcome == tasks.Started && task.StartedAt != nil && task.Usage.Steps == 0 && task.Attempt == 1 {
-		w.wait.Record(context.WithoutCancel(ctx), max(task.StartedAt.Sub(task.CreatedAt).Seconds(), 0))
-	}
-	switch outcome {
-	case tasks.Ended:
-		// Cancelled while dispatched, or a duplicate delivery of a finished task.
-		// Releasing again is harmless; it covers a release lost to a crash.
-		w.release(p, -1, w.queueReleaseLease(p.TenantID, p.TaskID))
-		return nil
-	case tasks.Busy:
-		return nil // another live delivery owns it
-	case tasks.TookOver:
-		w.log.Warn("taking over a task whose worker stopped heartbeating; resuming from its last step",
-			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
-	}
-	var lost bool
-	var end ending
-	requeued := w.run(ctx, task, &lost, &end, confirm)
-	if requeued {
-		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
-	}
-	if lost {
-		// Another attempt owns the task now, with its lease and its dispatch slots:
-		// this delivery leaves them alone.
-		return nil
-	}
-	// The worker slot was busy from delivery to here: that is the task's worker time,
-	// which its tenant's fair share is charged.
-	took := time.Since(began)
-	if end == nil {
-		w.release(p, took)
-		return nil
-	}
-	// The slots go back before the end is written, so that the next task starts while
-	// Postgres records this one (as River's completer does): the pool's slots count
-	// running agents, not pending writes. Only while no other attempt can have taken
-	// the task over, though: its claim was confirmed less than half the take-over
-	// silence ago. Otherwise the end's write decides first whose slots they are.
-	if took-time.Duration(confirmed.Load()) < w.lifecycle.StaleAfter()/2 {
-		w.release(p, took)
-		w.endTask(ctx, p, end)
-		return nil
-	}
-	if tail, lost := end(context.WithoutCancel(ctx)); !lost {
-		w.release(p, took, tail...)
-	}
-	return nil
+	r.ctx = ctx
+	return r.execute(id)
 }
 
 // endTask records a task's end in the background, then sends the end's Redis calls
@@ -485,7 +424,8 @@ func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 // tenant's running set (released above), and put it back before the end was recorded.
 // The janitor re-checks Postgres after it puts an entry back, so one of the two always
 // sees the end. It blocks while Concurrency ends are already being recorded.
-func (w *Worker) endTask(ctx context.Context, p wire.Payload, end ending) {
+func (w *Worker) endTask(ctx context.Context, r *taskRun) {
+	p := r.p
 	w.ends <- struct{}{}
 	w.mu.Lock()
 	endCtx := w.endCtx
@@ -498,7 +438,7 @@ func (w *Worker) endTask(ctx context.Context, p wire.Payload, end ending) {
 				w.log.Error("recording a task's end panicked; the janitor re-runs the task", "task_id", p.TaskID, "panic", r)
 			}
 		}()
-		if tail, lost := end(ctx); !lost {
+		if tail, lost := r.recordEnd(ctx); !lost {
 			w.release(p, -1, tail...)
 		}
 	})
@@ -575,363 +515,6 @@ func (w *Worker) queuePublish(ctx context.Context, evs ...Event) func(redis.Pipe
 			body, _ := json.Marshal(ev)
 			pipe.Publish(ctx, w.opts.Events(ev.TaskID), body)
 		}
-	}
-}
-
-// run executes steps until the task ends. It returns true if the task was put back to
-// queued (worker shutdown, or the quota store unreachable): asynq retries it later.
-// It sets *lost when a write found the task claimed by a later attempt (this worker
-// stalled past its lease): it then stops at once and touches nothing of the task's.
-//
-// The task's terminal write is not made here: run sets *end to it, and the caller
-// makes it once the dispatch slots are released.
-func (w *Worker) run(ctx context.Context, task store.Task, lost *bool, end *ending, confirm func(sent time.Time)) (requeued bool) {
-	// One With: each call renders its attributes into the handler anew.
-	log := w.log.With(append([]any{"task_id", task.ID, "tenant_id", task.TenantID, "agent", task.Agent,
-		"attempt", task.Attempt}, telemetry.SpanAttrs(ctx)...)...)
-	id := task.ID.String()
-	claim := store.Claim{ID: task.ID, Attempt: task.Attempt}
-	logLost := func(what string, err error) {
-		log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
-	}
-	lostClaim := func(what string, err error) {
-		*lost = true
-		logLost(what, err)
-	}
-	// The "running" message goes out with the first step's reservation; a task that
-	// ends or goes back before it sends it first, so the stream keeps its order.
-	running := w.queuePublish(ctx, Event{Type: "state", TaskID: id, State: string(store.StateRunning)})
-	flushRunning := func() {
-		if running != nil {
-			_ = w.batch.Do(context.WithoutCancel(ctx), running)
-			running = nil
-		}
-	}
-	// finishBy ends the task; stop names the limit when a budget or quota ended it.
-	var finishBy func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop)
-	finish := func(state store.TaskState, errText string, output json.RawMessage) {
-		finishBy(state, errText, output, nil)
-	}
-	// Registered before any step runs: a panicking executor still ends the task and
-	// releases its lease.
-	defer func() {
-		if r := recover(); r != nil {
-			log.Error("executor panicked", "panic", r)
-			finish(store.StateFailed, fmt.Sprintf("internal error: agent %q panicked", task.Agent), nil)
-			requeued = false
-		}
-	}()
-	// onEnded is what the call that won a task's terminal transition owns: the lease
-	// release and the end's message, returned as Redis calls to make together.
-	// before are messages to send ahead of the end's.
-	onEnded := func(state store.TaskState, errText string, output json.RawMessage, before ...Event) []func(redis.Pipeliner) {
-		log.Info("task finished", "state", state, "steps", task.Usage.Steps)
-		return []func(redis.Pipeliner){w.queueReleaseLease(task.TenantID, id),
-			w.queuePublish(ctx, append(before, Event{Type: "state", TaskID: id, State: string(state), Error: errText, Output: output})...)}
-	}
-	finishBy = func(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
-		*end = func(ctx context.Context) ([]func(redis.Pipeliner), bool) {
-			flushRunning()
-			var ok bool
-			err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
-				var err error
-				ok, err = w.lifecycle.Finish(ctx, tasks.FinishParams{Claim: claim, To: state, Output: output, Error: errText, Stop: stop})
-				return err
-			})
-			switch {
-			case errors.Is(err, store.ErrLostClaim):
-				logLost("terminal state", err)
-				return nil, true
-			case err != nil:
-				log.Error("recording terminal state failed", "state", state, "err", err)
-			case ok:
-				return onEnded(state, errText, output), false
-			}
-			return nil, false
-		}
-	}
-	requeue := func(why string, err error) bool {
-		flushRunning()
-		rerr := holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			return w.lifecycle.Requeue(ctx, claim)
-		})
-		if errors.Is(rerr, store.ErrLostClaim) {
-			lostClaim("re-queue", rerr)
-			return false
-		}
-		if rerr != nil {
-			log.Warn("re-queueing the task failed", "why", why, "err", rerr)
-			return false
-		}
-		log.Warn("task handed back to asynq for a later attempt", "why", why, "err", err)
-		return true
-	}
-	var tenant store.Tenant
-	err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
-		var err error
-		tenant, err = w.tenants.GetTenant(ctx, task.TenantID)
-		return err
-	})
-	if err != nil {
-		return requeue("reading the tenant failed", err)
-	}
-	limits := quotas.NoLimits()
-	var planBudget *quotas.Budget
-	if w.opts.Policies != nil {
-		if p, err := w.opts.Policies.Policy(tenant); err == nil {
-			limits, planBudget = p.Limits, &p.Budget
-		}
-	}
-	var exec Executor
-	var unknown *UnknownAgentError
-	err = holdUntilRecorded(ctx, log, func(ctx context.Context) error {
-		var err error
-		exec, err = w.agents.Lookup(ctx, task.Agent)
-		if errors.As(err, &unknown) {
-			return nil // not transient: no retry
-		}
-		return err
-	})
-	switch {
-	case unknown != nil:
-		finish(store.StateFailed, unknown.Error(), nil)
-		return false
-	case err != nil:
-		return requeue("looking the agent up failed", err)
-	}
-	b := taskBudget(task.Budget, planBudget)
-	// The wall clock counts from the task's first start: a take-over or a requeue
-	// does not give it a fresh budget.
-	began := time.Now()
-	if task.StartedAt != nil {
-		began = *task.StartedAt
-	}
-	deadline := began.Add(time.Duration(b.MaxWallclockS * float64(time.Second)))
-	maxCostMicro := int64(math.Round(b.MaxCostUSD * 1e6))
-	wallclockStop := func() *quotas.Stop {
-		return &quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(b.MaxWallclockS)),
-			Used: int64(math.Round(time.Since(began).Seconds()))}
-	}
-
-	taskCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	// Stamp the task alive while it runs, and keep its session lease from expiring,
-	// so a redelivery can tell a dead worker from a slow step. The goroutine ends
-	// with the task.
-	hbDone := make(chan struct{})
-	defer func() { cancel(nil); <-hbDone }()
-	go func() {
-		defer close(hbDone)
-		t := time.NewTicker(taskHeartbeatEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-taskCtx.Done():
-				return
-			case <-t.C:
-				sent := time.Now()
-				err := w.lifecycle.Heartbeat(taskCtx, claim)
-				if err == nil {
-					confirm(sent)
-				}
-				switch {
-				case errors.Is(err, store.ErrLostClaim):
-					// Stop the step: its result could not be recorded anyway.
-					cancel(err)
-					return
-				case errors.Is(err, store.ErrTaskEnded):
-					cancel(errCancelled) // ended meanwhile (a cancel whose message was lost)
-					return
-				case err != nil && taskCtx.Err() == nil:
-					log.Warn("task heartbeat failed", "err", err)
-				}
-				if err := w.limits.TouchLease(taskCtx, task.TenantID, id); err != nil && taskCtx.Err() == nil {
-					log.Warn("lease heartbeat failed", "err", err)
-				}
-			}
-		}
-	}()
-	w.mu.Lock()
-	w.running[task.ID] = cancel
-	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.running, task.ID)
-		w.mu.Unlock()
-	}()
-
-	state := task.AgentState
-	// Each step reserves what the previous one used; the first reserves nothing
-	// beyond the step itself, and settlement books the difference.
-	var estTokens, estMicro int64
-	// The billing period is the step's: a task running across the boundary books its
-	// later steps into the new period. A settlement goes to its reservation's period.
-	var period quotas.Period
-	ofTask := func(p quotas.StepParams) quotas.StepParams {
-		p.TenantID, p.Period, p.Limits = task.TenantID, period, limits
-		return p
-	}
-	settle := func(p quotas.StepParams) {
-		if err := w.limits.SettleStep(context.WithoutCancel(ctx), ofTask(p)); err != nil {
-			log.Warn("settling a step's quota reservation failed", "err", err)
-		}
-	}
-	for {
-		step := task.Usage.Steps + 1
-		switch {
-		case b.MaxSteps > 0 && step > b.MaxSteps:
-			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), nil,
-				&quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: int64(b.MaxSteps), Used: int64(task.Usage.Steps)})
-			return false
-		case maxCostMicro > 0 && task.Usage.CostMicroUSD >= maxCostMicro:
-			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), nil,
-				&quotas.Stop{LimitType: quotas.TaskMaxCostUSD, Limit: maxCostMicro, Used: task.Usage.CostMicroUSD})
-			return false
-		case !deadline.IsZero() && !time.Now().Before(deadline):
-			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil, wallclockStop())
-			return false
-		}
-		period = tenant.Anchor().PeriodAt(time.Now())
-		sp := ofTask(quotas.StepParams{Tokens: estTokens, CostMicro: estMicro})
-		var sent *redis.Cmd
-		_ = w.batch.Do(ctx, func(pipe redis.Pipeliner) { // the answer is in sent
-			if running != nil {
-				running(pipe)
-			}
-			sent = w.limits.QueueReserveStep(ctx, pipe, sp)
-		})
-		running = nil
-		err := w.limits.ReserveStepQueued(ctx, sp, sent)
-		var qe *quotas.QuotaExceeded
-		switch {
-		case errors.As(err, &qe):
-			stop := qe.Stop()
-			finishBy(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil, &stop)
-			return false
-		case err != nil:
-			// Money and token quotas fail closed: no step runs unchecked.
-			return requeue("the quota store is unreachable", err)
-		}
-		// A step recorded nowhere gives its reservation back.
-		giveBack := quotas.StepParams{Steps: -1, Tokens: -estTokens, CostMicro: -estMicro}
-		// unrecorded handles a step whose record failed; it says whether another
-		// attempt owns the task now.
-		unrecorded := func(err error) (lost bool) {
-			settle(giveBack) // not in the ledger, so not billed in Redis either
-			switch {
-			case errors.Is(err, store.ErrLostClaim):
-				logLost("step record", err)
-				return true
-			case errors.Is(err, store.ErrTaskEnded):
-				// cancelled before the step's record: not counted anywhere
-			default:
-				// Postgres stayed away longer than a worker holds a result: the task
-				// stays running there, its heartbeat stops, and the janitor re-queues it
-				// to run again from its last recorded step.
-				log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
-			}
-			return false
-		}
-		spanCtx, stepSpan := w.tracer.Start(taskCtx, "agentq.step", trace.WithAttributes(
-			attribute.String("agentq.task_id", id), attribute.String("agentq.agent", task.Agent), attribute.Int("agentq.step", step)))
-		stepCtx, stepCancel := spanCtx, context.CancelFunc(func() {})
-		if !deadline.IsZero() {
-			stepCtx, stepCancel = context.WithDeadline(spanCtx, deadline)
-		}
-		res, err := exec.Step(stepCtx, StepRequest{
-			TaskID: id, TenantID: task.TenantID, Agent: task.Agent,
-			Step: step, Input: task.Input, State: state,
-		})
-		stepCancel()
-		if err != nil {
-			stepSpan.RecordError(err)
-			stepSpan.SetStatus(codes.Error, "step failed")
-		} else {
-			stepSpan.SetAttributes(attribute.Int64("agentq.tokens", res.Usage.Tokens), attribute.Bool("agentq.done", res.Done))
-		}
-		stepSpan.End()
-		if err != nil || taskCtx.Err() != nil {
-			// Failed, or interrupted: the step is recorded nowhere, so its reservation
-			// goes back.
-			settle(giveBack)
-		}
-		switch {
-		case errors.Is(context.Cause(taskCtx), store.ErrLostClaim):
-			lostClaim("heartbeat", context.Cause(taskCtx))
-			return false
-		case errors.Is(context.Cause(taskCtx), errCancelled):
-			return false // the cancel already made the task "killed"
-		case ctx.Err() != nil:
-			// Shutdown outlasted the step: hand the task back so it resumes elsewhere.
-			return requeue("worker shutdown", ctx.Err())
-		case err != nil && !deadline.IsZero() && !time.Now().Before(deadline):
-			finishBy(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", b.MaxWallclockS), nil, wallclockStop())
-			return false
-		case err != nil:
-			// The tenant sees the agent, the step and the kind of failure; the
-			// detail (agent URL redacted) is for the operator.
-			var se *StepError
-			if errors.As(err, &se) {
-				log.Warn("agent step failed", "step", step, "kind", se.Kind, "attempts", se.Attempts, "detail", se.Detail)
-			}
-			finish(store.StateFailed, err.Error(), nil)
-			return false
-		}
-		if err := checkUsage(res.Usage); err != nil {
-			// Nothing of this step is billed: give the reservation back, record nothing.
-			settle(giveBack)
-			log.Warn("agent reported unusable usage; failing the task", "step", step, "err", err)
-			finish(store.StateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, task.Agent, step, err), nil)
-			return false
-		}
-		costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
-		rec := store.RecordStepParams{
-			ID: task.ID, Attempt: task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
-		}
-		booked := quotas.StepParams{Tokens: res.Usage.Tokens - estTokens, CostMicro: costMicro - estMicro}
-		usage := res.Usage
-		ev := Event{Type: "step", TaskID: id, Step: step, Usage: &usage, Done: res.Done}
-		if res.Done {
-			// The last step and the task's end are one transaction: one commit fewer on
-			// the path every task takes.
-			ev.Output = res.Output
-			*end = func(ctx context.Context) ([]func(redis.Pipeliner), bool) {
-				var ended bool
-				err := holdUntilRecorded(ctx, log, func(ctx context.Context) error {
-					var err error
-					ended, err = w.lifecycle.RecordLastStep(ctx, rec, tasks.FinishParams{Claim: claim, To: store.StateCompleted, Output: res.Output})
-					return err
-				})
-				if err != nil {
-					return nil, unrecorded(err)
-				}
-				task.Usage.Steps = step
-				sp := ofTask(booked)
-				tail := []func(redis.Pipeliner){func(pipe redis.Pipeliner) { w.limits.QueueSettleStep(context.Background(), pipe, sp) }}
-				if ended {
-					return append(tail, onEnded(store.StateCompleted, "", res.Output, ev)...), false
-				}
-				return append(tail, w.queuePublish(ctx, ev)), false
-			}
-			return false
-		}
-		err = holdUntilRecorded(context.WithoutCancel(ctx), log, func(ctx context.Context) error {
-			sent := time.Now()
-			err := w.lifecycle.RecordStep(ctx, rec)
-			if err == nil {
-				confirm(sent)
-			}
-			return err
-		})
-		if err != nil {
-			*lost = unrecorded(err)
-			return false
-		}
-		settle(booked)
-		estTokens, estMicro = res.Usage.Tokens, costMicro
-		task.Usage.Steps, task.Usage.Tokens, task.Usage.CostMicroUSD = step, task.Usage.Tokens+res.Usage.Tokens, task.Usage.CostMicroUSD+costMicro
-		state = res.State
-		w.publish(ctx, ev)
 	}
 }
 

@@ -61,7 +61,7 @@ const tenant = "acme"
 // that the library assembles: tasks are submitted through the tasks service, which
 // admits them and puts them on the scheduler's queues.
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	st     *store.Store
 	rdb    *redis.Client
@@ -75,7 +75,7 @@ type rig struct {
 	log    *logBuffer
 }
 
-func newRig(t *testing.T, lifecycle ...tasks.LifecycleOptions) *rig {
+func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 	t.Helper()
 	lcOpts := tasks.LifecycleOptions{}
 	if len(lifecycle) > 0 {
@@ -234,7 +234,7 @@ func (r *rig) wantReleased(id uuid.UUID) {
 
 // counter counts steps in its state and is done after "steps" steps (never with
 // steps 0), reporting tokens and cost_usd per step.
-func counter(t *testing.T) stepFunc {
+func counter(t testing.TB) stepFunc {
 	return func(_ context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
 		var in struct {
 			Steps  int     `json:"steps"`
@@ -452,6 +452,104 @@ func TestWorkerRecordsAFailedStepWithARedactedError(t *testing.T) {
 	r.wantReleased(id)
 }
 
+// A step whose usage cannot be billed fails the task: nothing of that step is
+// recorded, and its reservation of the tenant's step quota goes back, so the quota
+// counts only the steps before it.
+func TestWorkerFailsAStepWithUnusableUsageAndBillsNothingOfIt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	count := counter(t)
+	r.agents.Register("a", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		res, err := count(ctx, req)
+		if req.Step == 3 {
+			res.Usage.Tokens = -1
+		}
+		return res, err
+	}))
+	id := r.submit("a", `{"tokens":3}`, nil)
+	r.process()
+	got := r.task(id)
+	want := `step failed: agent "a", step 3: usage.tokens -1 is negative`
+	if got.State != store.StateFailed || deref(got.Error) != want || got.Usage != (store.Usage{Steps: 2, Tokens: 6}) {
+		t.Fatalf("task: %s, error %q, usage %+v; want failed with %q after 2 steps", got.State, deref(got.Error), got.Usage, want)
+	}
+	if n := r.ledgerRows(id); n != 3*2 {
+		t.Fatalf("ledger: %d rows, want %d", n, 3*2)
+	}
+	if steps := r.stepsCounted(); steps != 2 {
+		t.Fatalf("the tenant's step quota counts %d steps, want 2", steps)
+	}
+	r.wantReleased(id)
+}
+
+// stepsCounted sums the tenant's step quota counter over its hours.
+func (r *rig) stepsCounted() int {
+	r.t.Helper()
+	hours, err := r.rdb.HVals(r.ctx, r.keys.StepsDaily(tenant)).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var steps int
+	for _, h := range hours {
+		var n int
+		if _, err := fmt.Sscan(h, &n); err != nil {
+			r.t.Fatalf("steps counter %q: %v", h, err)
+		}
+		steps += n
+	}
+	return steps
+}
+
+// A shutdown that outlasts a step hands the task back: the delivery fails so asynq
+// delivers it again, the task is queued with its recorded steps and agent state, and
+// the interrupted step's reservation goes back. The next delivery resumes from the
+// last recorded step.
+func TestWorkerHandsATaskInterruptedByShutdownBack(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	count := counter(t)
+	blocked := make(chan struct{})
+	var once sync.Once
+	r.agents.Register("a", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		if req.Step == 2 {
+			once.Do(func() {
+				close(blocked)
+				<-ctx.Done()
+			})
+			if ctx.Err() != nil {
+				return runtime.StepResult{}, ctx.Err()
+			}
+		}
+		return count(ctx, req)
+	}))
+	id := r.submit("a", `{"steps":3,"tokens":3}`, nil)
+	delivery := r.take()
+	ctx, shutdown := context.WithCancel(r.ctx)
+	go func() { <-blocked; shutdown() }()
+	err := r.w.ProcessTask(ctx, delivery)
+	if err == nil || !strings.Contains(err.Error(), "re-queued") {
+		t.Fatalf("the interrupted delivery returned %v, want a re-queue error", err)
+	}
+	got := r.task(id)
+	if got.State != store.StateQueued || got.Usage != (store.Usage{Steps: 1, Tokens: 3}) {
+		t.Fatalf("after the shutdown: %s, usage %+v; want queued after 1 step", got.State, got.Usage)
+	}
+	if n := r.stepsCounted(); n != 1 {
+		t.Fatalf("the tenant's step quota counts %d steps, want 1", n)
+	}
+	if err := r.w.ProcessTask(r.ctx, delivery); err != nil {
+		t.Fatalf("the second delivery: %v", err)
+	}
+	if err := r.w.Flush(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got = r.task(id)
+	if got.State != store.StateCompleted || got.Usage != (store.Usage{Steps: 3, Tokens: 9}) || string(got.Output) != `{"n": 3}` {
+		t.Fatalf("after the second delivery: %s, usage %+v, output %s; want completed after 3 steps", got.State, got.Usage, got.Output)
+	}
+	r.wantReleased(id)
+}
+
 func deref(s *string) string {
 	if s == nil {
 		return "<nil>"
@@ -507,5 +605,33 @@ func TestDeliveryReleasesItsSlotBeforeItsEndIsRecorded(t *testing.T) {
 	}
 	if r.slotHeld(id) || r.leaseHeld(id) {
 		t.Fatalf("after the end: slot held %v, lease held %v; want both free", r.slotHeld(id), r.leaseHeld(id))
+	}
+}
+
+// BenchmarkProcessTask measures one delivery of a five-step task, from the worker's
+// handler to its recorded end; the submission and dispatch are outside the timer.
+func BenchmarkProcessTask(b *testing.B) {
+	r := newRig(b)
+	r.agents.Register("counter", counter(b))
+	// The enterprise plan's daily step quota holds the benchmark's steps.
+	if _, err := r.st.CreateTenant(r.ctx, store.CreateTenantParams{ID: "bench", Name: "bench", Plan: "enterprise"}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for i := range b.N {
+		b.StopTimer()
+		// A key of its own per task: the benchmark submits faster than one key may.
+		if _, err := r.svc.Submit(r.ctx, tasks.SubmitParams{TenantID: "bench", Kid: fmt.Sprint("k", i), Agent: "counter",
+			Input: json.RawMessage(`{"steps":5,"tokens":3,"cost_usd":0.001}`)}); err != nil {
+			b.Fatal(err)
+		}
+		task := r.take()
+		b.StartTimer()
+		if err := r.w.ProcessTask(r.ctx, task); err != nil {
+			b.Fatal(err)
+		}
+		if err := r.w.Flush(r.ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -1,0 +1,643 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/telemetry"
+	"github.com/agentq/agentq/internal/wire"
+	"github.com/agentq/agentq/quotas"
+)
+
+// taskRun is one delivery of a task, from its claim to its end, as River's job
+// executor is one job's. Its methods are the delivery's phases (claim, prepare,
+// reserve, call the agent, record, settle, finish) and its fields are what the phases
+// share, so that a step allocates no closures over the loop's variables. A taskRun is
+// used by one goroutine at a time: the delivery's, then, once the delivery hands its
+// end off, the goroutine recording the end; the heartbeat reads only what does not
+// change while the steps run.
+type taskRun struct {
+	w   *Worker
+	ctx context.Context // the delivery's: its span, and asynq's cancellation
+	log *slog.Logger
+	p   wire.Payload
+
+	task  store.Task
+	id    string // task.ID
+	claim store.Claim
+
+	// began is when the delivery began; confirmed is when, after began, it last sent
+	// a write that found its claim on the task current (its start, a step's record,
+	// a heartbeat); monotonic.
+	began     time.Time
+	confirmed atomic.Int64
+
+	// running queues the "running" message until it is sent: with the first step's
+	// reservation, or ahead of an end or a re-queue that comes before it, so that the
+	// stream keeps its order.
+	running func(redis.Pipeliner)
+
+	tenant       store.Tenant
+	limits       quotas.Limits
+	budget       quotas.TaskBudget
+	exec         Executor
+	startedAt    time.Time // the task's first start: the wall clock counts from it
+	deadline     time.Time
+	maxCostMicro int64
+
+	// taskCtx ends with the task (a cancel, a lost claim, the delivery's end); the
+	// heartbeat goroutine closes hbDone when it stops.
+	taskCtx context.Context
+	cancel  context.CancelCauseFunc
+	hbDone  chan struct{}
+
+	state json.RawMessage // the agent's state after the last recorded step
+	// Each step reserves what the previous one used; the first reserves nothing
+	// beyond the step itself, and settlement books the difference.
+	estTokens, estMicro int64
+	// The billing period is the step's: a task running across the boundary books its
+	// later steps into the new period. A settlement goes to its reservation's period.
+	period quotas.Period
+	// reservation is the current step's, reserved is Redis's answer to it, and
+	// queueReserve queues it on a pipe (r.queueReserveStep, bound once so that a
+	// step allocates no closure for it).
+	reservation  quotas.StepParams
+	reserved     *redis.Cmd
+	queueReserve func(redis.Pipeliner)
+
+	// lost is set when a write found the task claimed by a later attempt (this worker
+	// stalled past its lease): the run then stops at once and touches nothing of the
+	// task's.
+	lost bool
+	// end is the task's terminal write still to make (see recordEnd), fin its
+	// terminal state and last, for an end that is the last step's record, the step.
+	end  endKind
+	fin  tasks.FinishParams
+	last lastStep
+}
+
+// endKind is the terminal write a run leaves to make.
+type endKind uint8
+
+const (
+	noEnd       endKind = iota // no write: re-queued, cancelled, lost, or left to the janitor
+	endFinish                  // the terminal state alone
+	endLastStep                // the last step's record and the terminal state, in one transaction
+)
+
+// lastStep is a task's last step, recorded with its end.
+type lastStep struct {
+	rec    store.RecordStepParams
+	booked quotas.StepParams // what to settle against the step's reservation
+	ev     Event
+}
+
+// execute claims the task, runs it and hands its end off; an error makes asynq
+// deliver the task again later.
+func (r *taskRun) execute(id uuid.UUID) error {
+	if ok, err := r.claimTask(id); !ok {
+		return err
+	}
+	if r.run() {
+		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
+	}
+	if r.lost {
+		// Another attempt owns the task now, with its lease and its dispatch slots:
+		// this delivery leaves them alone.
+		return nil
+	}
+	r.handOff()
+	return nil
+}
+
+// claimTask starts the task under this delivery's claim. It returns ok = false when
+// there is nothing to run: the task ended already, or another live delivery owns it.
+func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
+	w, p := r.w, r.p
+	r.confirm(time.Now())
+	task, outcome, err := w.lifecycle.Start(r.ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("runtime: start task: %w", err)
+	}
+	trace.SpanFromContext(r.ctx).SetAttributes(attribute.String("agentq.start", outcome.String()), attribute.Int("agentq.attempt", task.Attempt))
+	if outcome == tasks.Started && task.StartedAt != nil && task.Usage.Steps == 0 && task.Attempt == 1 {
+		w.wait.Record(context.WithoutCancel(r.ctx), max(task.StartedAt.Sub(task.CreatedAt).Seconds(), 0))
+	}
+	switch outcome {
+	case tasks.Ended:
+		// Cancelled while dispatched, or a duplicate delivery of a finished task.
+		// Releasing again is harmless; it covers a release lost to a crash.
+		w.release(p, -1, w.queueReleaseLease(p.TenantID, p.TaskID))
+		return false, nil
+	case tasks.Busy:
+		return false, nil // another live delivery owns it
+	case tasks.TookOver:
+		w.log.Warn("taking over a task whose worker stopped heartbeating; resuming from its last step",
+			"task_id", id, "steps_done", task.Usage.Steps, "attempt", task.Attempt)
+	}
+	r.task = task
+	return true, nil
+}
+
+// handOff gives the delivery's dispatch slots back and has the task's end recorded.
+func (r *taskRun) handOff() {
+	w, p := r.w, r.p
+	// The worker slot was busy from delivery to here: that is the task's worker time,
+	// which its tenant's fair share is charged.
+	took := time.Since(r.began)
+	if r.end == noEnd {
+		w.release(p, took)
+		return
+	}
+	// The slots go back before the end is written, so that the next task starts while
+	// Postgres records this one (as River's completer does): the pool's slots count
+	// running agents, not pending writes. Only while no other attempt can have taken
+	// the task over, though: its claim was confirmed less than half the take-over
+	// silence ago. Otherwise the end's write decides first whose slots they are.
+	if took-time.Duration(r.confirmed.Load()) < w.lifecycle.StaleAfter()/2 {
+		w.release(p, took)
+		w.endTask(r.ctx, r)
+		return
+	}
+	if tail, lost := r.recordEnd(context.WithoutCancel(r.ctx)); !lost {
+		w.release(p, took, tail...)
+	}
+}
+
+// confirm notes that a write sent at sent found the delivery's claim current.
+func (r *taskRun) confirm(sent time.Time) { r.confirmed.Store(int64(sent.Sub(r.began))) }
+
+// run executes steps until the task ends. It returns true if the task was put back to
+// queued (worker shutdown, or the quota store unreachable): asynq retries it later.
+// It sets r.lost when a write found the task claimed by a later attempt.
+//
+// The task's terminal write is not made here: run leaves it in r.end, and the
+// delivery makes it once the dispatch slots are released.
+func (r *taskRun) run() (requeued bool) {
+	// One With: each call renders its attributes into the handler anew.
+	r.log = r.w.log.With(append([]any{"task_id", r.task.ID, "tenant_id", r.task.TenantID, "agent", r.task.Agent,
+		"attempt", r.task.Attempt}, telemetry.SpanAttrs(r.ctx)...)...)
+	r.id = r.task.ID.String()
+	r.claim = store.Claim{ID: r.task.ID, Attempt: r.task.Attempt}
+	r.running = r.w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StateRunning)})
+	// Registered before any step runs: a panicking executor still ends the task and
+	// releases its lease.
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("executor panicked", "panic", p)
+			r.finish(store.StateFailed, fmt.Sprintf("internal error: agent %q panicked", r.task.Agent), nil, nil)
+			requeued = false
+		}
+	}()
+	if stop, requeued := r.prepare(); stop {
+		return requeued
+	}
+	r.startHeartbeat()
+	defer r.stopHeartbeat()
+	return r.steps()
+}
+
+// prepare reads what the steps need: the tenant's limits, the agent and the budget.
+// It returns stop = true when the task ends or goes back before its first step.
+func (r *taskRun) prepare() (stop, requeued bool) {
+	err := holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
+		var err error
+		r.tenant, err = r.w.tenants.GetTenant(ctx, r.task.TenantID)
+		return err
+	})
+	if err != nil {
+		return true, r.requeue("reading the tenant failed", err)
+	}
+	r.limits = quotas.NoLimits()
+	var planBudget *quotas.Budget
+	if r.w.opts.Policies != nil {
+		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
+			r.limits, planBudget = p.Limits, &p.Budget
+		}
+	}
+	var unknown *UnknownAgentError
+	err = holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
+		var err error
+		r.exec, err = r.w.agents.Lookup(ctx, r.task.Agent)
+		if errors.As(err, &unknown) {
+			return nil // not transient: no retry
+		}
+		return err
+	})
+	switch {
+	case unknown != nil:
+		r.finish(store.StateFailed, unknown.Error(), nil, nil)
+		return true, false
+	case err != nil:
+		return true, r.requeue("looking the agent up failed", err)
+	}
+	r.budget = taskBudget(r.task.Budget, planBudget)
+	// The wall clock counts from the task's first start: a take-over or a requeue
+	// does not give it a fresh budget.
+	r.startedAt = time.Now()
+	if r.task.StartedAt != nil {
+		r.startedAt = *r.task.StartedAt
+	}
+	r.deadline = r.startedAt.Add(time.Duration(r.budget.MaxWallclockS * float64(time.Second)))
+	r.maxCostMicro = int64(math.Round(r.budget.MaxCostUSD * 1e6))
+	r.state = r.task.AgentState
+	r.queueReserve = r.queueReserveStep
+	return false, false
+}
+
+// startHeartbeat stamps the task alive while it runs, and keeps its session lease
+// from expiring, so a redelivery can tell a dead worker from a slow step; it also
+// makes the task interruptible by a cancel. stopHeartbeat undoes both.
+func (r *taskRun) startHeartbeat() {
+	r.taskCtx, r.cancel = context.WithCancelCause(r.ctx)
+	r.hbDone = make(chan struct{})
+	go r.heartbeat()
+	r.w.mu.Lock()
+	r.w.running[r.task.ID] = r.cancel
+	r.w.mu.Unlock()
+}
+
+func (r *taskRun) stopHeartbeat() {
+	r.w.mu.Lock()
+	delete(r.w.running, r.task.ID)
+	r.w.mu.Unlock()
+	r.cancel(nil)
+	<-r.hbDone
+}
+
+// heartbeat beats every taskHeartbeatEvery until the task ends.
+func (r *taskRun) heartbeat() {
+	defer close(r.hbDone)
+	t := time.NewTicker(taskHeartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.taskCtx.Done():
+			return
+		case <-t.C:
+			if !r.beat() {
+				return
+			}
+		}
+	}
+}
+
+// beat stamps the task's heartbeat and touches its lease. It returns false when the
+// task must stop: another attempt owns it, or it ended meanwhile.
+func (r *taskRun) beat() bool {
+	sent := time.Now()
+	err := r.w.lifecycle.Heartbeat(r.taskCtx, r.claim)
+	if err == nil {
+		r.confirm(sent)
+	}
+	switch {
+	case errors.Is(err, store.ErrLostClaim):
+		// Stop the step: its result could not be recorded anyway.
+		r.cancel(err)
+		return false
+	case errors.Is(err, store.ErrTaskEnded):
+		r.cancel(errCancelled) // ended meanwhile (a cancel whose message was lost)
+		return false
+	case err != nil && r.taskCtx.Err() == nil:
+		r.log.Warn("task heartbeat failed", "err", err)
+	}
+	if err := r.w.limits.TouchLease(r.taskCtx, r.task.TenantID, r.id); err != nil && r.taskCtx.Err() == nil {
+		r.log.Warn("lease heartbeat failed", "err", err)
+	}
+	return true
+}
+
+// steps runs the task's steps, each through its phases, until one ends the run.
+func (r *taskRun) steps() (requeued bool) {
+	for {
+		step := r.task.Usage.Steps + 1
+		if r.overBudget(step) {
+			return false
+		}
+		if stop, requeued := r.reserve(); stop {
+			return requeued
+		}
+		res, err := r.callAgent(step)
+		if stop, requeued := r.afterCall(step, res, err); stop {
+			return requeued
+		}
+		if !r.record(step, res) {
+			return false
+		}
+	}
+}
+
+// overBudget ends the task when its next step would go past its budget.
+func (r *taskRun) overBudget(step int) bool {
+	b := &r.budget
+	switch {
+	case b.MaxSteps > 0 && step > b.MaxSteps:
+		r.finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), nil,
+			&quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: int64(b.MaxSteps), Used: int64(r.task.Usage.Steps)})
+	case r.maxCostMicro > 0 && r.task.Usage.CostMicroUSD >= r.maxCostMicro:
+		r.finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), nil,
+			&quotas.Stop{LimitType: quotas.TaskMaxCostUSD, Limit: r.maxCostMicro, Used: r.task.Usage.CostMicroUSD})
+	case r.pastDeadline():
+		r.finishWallclock()
+	default:
+		return false
+	}
+	return true
+}
+
+func (r *taskRun) pastDeadline() bool {
+	return !r.deadline.IsZero() && !time.Now().Before(r.deadline)
+}
+
+// finishWallclock ends the task over its wall-clock budget.
+func (r *taskRun) finishWallclock() {
+	r.finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", r.budget.MaxWallclockS), nil,
+		&quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(r.budget.MaxWallclockS)),
+			Used: int64(math.Round(time.Since(r.startedAt).Seconds()))})
+}
+
+// reserve counts the next step against the tenant's period quotas, in one round trip
+// with the "running" message before the first step. It returns stop = true when a
+// quota ended the task or the quota store could not be asked.
+func (r *taskRun) reserve() (stop, requeued bool) {
+	r.period = r.tenant.Anchor().PeriodAt(time.Now())
+	r.reservation = r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
+	_ = r.w.batch.Do(r.ctx, r.queueReserve) // the answer is in r.reserved
+	r.running = nil
+	err := r.w.limits.ReserveStepQueued(r.ctx, r.reservation, r.reserved)
+	if err == nil {
+		return false, false
+	}
+	var qe *quotas.QuotaExceeded
+	if errors.As(err, &qe) {
+		stop := qe.Stop()
+		r.finish(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil, &stop)
+		return true, false
+	}
+	// Money and token quotas fail closed: no step runs unchecked.
+	return true, r.requeue("the quota store is unreachable", err)
+}
+
+// queueReserveStep queues the step's reservation, after the "running" message while
+// it is still to send. r.queueReserve is it, bound once per delivery.
+func (r *taskRun) queueReserveStep(pipe redis.Pipeliner) {
+	if r.running != nil {
+		r.running(pipe)
+	}
+	r.reserved = r.w.limits.QueueReserveStep(r.ctx, pipe, r.reservation)
+}
+
+// callAgent runs one step of the agent, in its own span, within the wall-clock budget.
+func (r *taskRun) callAgent(step int) (StepResult, error) {
+	spanCtx, stepSpan := r.w.tracer.Start(r.taskCtx, "agentq.step", trace.WithAttributes(
+		attribute.String("agentq.task_id", r.id), attribute.String("agentq.agent", r.task.Agent), attribute.Int("agentq.step", step)))
+	stepCtx, stepCancel := spanCtx, context.CancelFunc(func() {})
+	if !r.deadline.IsZero() {
+		stepCtx, stepCancel = context.WithDeadline(spanCtx, r.deadline)
+	}
+	res, err := r.exec.Step(stepCtx, StepRequest{
+		TaskID: r.id, TenantID: r.task.TenantID, Agent: r.task.Agent,
+		Step: step, Input: r.task.Input, State: r.state,
+	})
+	stepCancel()
+	if err != nil {
+		stepSpan.RecordError(err)
+		stepSpan.SetStatus(codes.Error, "step failed")
+	} else {
+		stepSpan.SetAttributes(attribute.Int64("agentq.tokens", res.Usage.Tokens), attribute.Bool("agentq.done", res.Done))
+	}
+	stepSpan.End()
+	if err != nil || r.taskCtx.Err() != nil {
+		// Failed, or interrupted: the step is recorded nowhere, so its reservation
+		// goes back.
+		r.settle(r.giveBack())
+	}
+	return res, err
+}
+
+// afterCall decides what a step's outcome does to the task: it returns stop = true
+// when the step failed, was interrupted or reported unusable usage.
+func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued bool) {
+	switch {
+	case errors.Is(context.Cause(r.taskCtx), store.ErrLostClaim):
+		r.lostClaim("heartbeat", context.Cause(r.taskCtx))
+		return true, false
+	case errors.Is(context.Cause(r.taskCtx), errCancelled):
+		return true, false // the cancel already made the task "killed"
+	case r.ctx.Err() != nil:
+		// Shutdown outlasted the step: hand the task back so it resumes elsewhere.
+		return true, r.requeue("worker shutdown", r.ctx.Err())
+	case err != nil && r.pastDeadline():
+		r.finishWallclock()
+		return true, false
+	case err != nil:
+		// The tenant sees the agent, the step and the kind of failure; the
+		// detail (agent URL redacted) is for the operator.
+		var se *StepError
+		if errors.As(err, &se) {
+			r.log.Warn("agent step failed", "step", step, "kind", se.Kind, "attempts", se.Attempts, "detail", se.Detail)
+		}
+		r.finish(store.StateFailed, err.Error(), nil, nil)
+		return true, false
+	}
+	if err := checkUsage(res.Usage); err != nil {
+		// Nothing of this step is billed: give the reservation back, record nothing.
+		r.settle(r.giveBack())
+		r.log.Warn("agent reported unusable usage; failing the task", "step", step, "err", err)
+		r.finish(store.StateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, r.task.Agent, step, err), nil, nil)
+		return true, false
+	}
+	return false, false
+}
+
+// record records a finished step, settles its reservation and sends its message. It
+// returns false when the run stops: the step was the last (its record is made with
+// the task's end), or its record failed.
+func (r *taskRun) record(step int, res StepResult) (more bool) {
+	costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
+	rec := store.RecordStepParams{
+		ID: r.task.ID, Attempt: r.task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
+	}
+	booked := quotas.StepParams{Tokens: res.Usage.Tokens - r.estTokens, CostMicro: costMicro - r.estMicro}
+	usage := res.Usage
+	ev := Event{Type: "step", TaskID: r.id, Step: step, Usage: &usage, Done: res.Done}
+	if res.Done {
+		// The last step and the task's end are one transaction: one commit fewer on
+		// the path every task takes.
+		ev.Output = res.Output
+		r.end, r.last = endLastStep, lastStep{rec: rec, booked: booked, ev: ev}
+		r.fin = tasks.FinishParams{Claim: r.claim, To: store.StateCompleted, Output: res.Output}
+		return false
+	}
+	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
+		sent := time.Now()
+		err := r.w.lifecycle.RecordStep(ctx, rec)
+		if err == nil {
+			r.confirm(sent)
+		}
+		return err
+	})
+	if err != nil {
+		r.lost = r.unrecorded(step, err)
+		return false
+	}
+	r.settle(booked)
+	r.estTokens, r.estMicro = res.Usage.Tokens, costMicro
+	u := &r.task.Usage
+	u.Steps, u.Tokens, u.CostMicroUSD = step, u.Tokens+res.Usage.Tokens, u.CostMicroUSD+costMicro
+	r.state = res.State
+	r.w.publish(r.ctx, ev)
+	return true
+}
+
+// ofTask completes a step's quota parameters with the task's tenant, the step's
+// period and the tenant's limits.
+func (r *taskRun) ofTask(p quotas.StepParams) quotas.StepParams {
+	p.TenantID, p.Period, p.Limits = r.task.TenantID, r.period, r.limits
+	return p
+}
+
+// giveBack is the settlement that gives the current step's reservation back: for a
+// step recorded nowhere.
+func (r *taskRun) giveBack() quotas.StepParams {
+	return quotas.StepParams{Steps: -1, Tokens: -r.estTokens, CostMicro: -r.estMicro}
+}
+
+// settle books p against the step's reservation.
+func (r *taskRun) settle(p quotas.StepParams) {
+	if err := r.w.limits.SettleStep(context.WithoutCancel(r.ctx), r.ofTask(p)); err != nil {
+		r.log.Warn("settling a step's quota reservation failed", "err", err)
+	}
+}
+
+// unrecorded handles a step whose record failed; it says whether another attempt owns
+// the task now.
+func (r *taskRun) unrecorded(step int, err error) (lost bool) {
+	r.settle(r.giveBack()) // not in the ledger, so not billed in Redis either
+	switch {
+	case errors.Is(err, store.ErrLostClaim):
+		r.logLost("step record", err)
+		return true
+	case errors.Is(err, store.ErrTaskEnded):
+		// cancelled before the step's record: not counted anywhere
+	default:
+		// Postgres stayed away longer than a worker holds a result: the task stays
+		// running there, its heartbeat stops, and the janitor re-queues it to run
+		// again from its last recorded step.
+		r.log.Error("recording step failed; leaving the task to the janitor", "step", step, "err", err)
+	}
+	return false
+}
+
+func (r *taskRun) logLost(what string, err error) {
+	r.log.Warn("another attempt took the task over; this one stops", "at", what, "err", err)
+}
+
+func (r *taskRun) lostClaim(what string, err error) {
+	r.lost = true
+	r.logLost(what, err)
+}
+
+// flushRunning sends the "running" message if no step's reservation carried it.
+func (r *taskRun) flushRunning() {
+	if r.running != nil {
+		_ = r.w.batch.Do(context.WithoutCancel(r.ctx), r.running)
+		r.running = nil
+	}
+}
+
+// requeue hands the task back to asynq for a later attempt; it returns whether the
+// task went back to queued.
+func (r *taskRun) requeue(why string, err error) bool {
+	r.flushRunning()
+	rerr := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
+		return r.w.lifecycle.Requeue(ctx, r.claim)
+	})
+	if errors.Is(rerr, store.ErrLostClaim) {
+		r.lostClaim("re-queue", rerr)
+		return false
+	}
+	if rerr != nil {
+		r.log.Warn("re-queueing the task failed", "why", why, "err", rerr)
+		return false
+	}
+	r.log.Warn("task handed back to asynq for a later attempt", "why", why, "err", err)
+	return true
+}
+
+// finish ends the task in state; stop names the limit when a budget or quota ended
+// it. The terminal write is made later, by recordEnd.
+func (r *taskRun) finish(state store.TaskState, errText string, output json.RawMessage, stop *quotas.Stop) {
+	r.end = endFinish
+	r.fin = tasks.FinishParams{Claim: r.claim, To: state, Output: output, Error: errText, Stop: stop}
+}
+
+// recordEnd makes the task's terminal write. It returns the Redis calls of the end to
+// make once it is recorded (the last settlement, the lease release, the last
+// messages), and lost = true when the write found the task claimed by a later
+// attempt, which then owns the task's lease and dispatch slots.
+func (r *taskRun) recordEnd(ctx context.Context) (tail []func(redis.Pipeliner), lost bool) {
+	if r.end == endLastStep {
+		return r.recordLastStep(ctx)
+	}
+	r.flushRunning()
+	var ok bool
+	err := holdUntilRecorded(ctx, r.log, func(ctx context.Context) error {
+		var err error
+		ok, err = r.w.lifecycle.Finish(ctx, r.fin)
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrLostClaim):
+		r.logLost("terminal state", err)
+		return nil, true
+	case err != nil:
+		r.log.Error("recording terminal state failed", "state", r.fin.To, "err", err)
+	case ok:
+		return r.onEnded(), false
+	}
+	return nil, false
+}
+
+// recordLastStep records the last step and the task's end in one transaction.
+func (r *taskRun) recordLastStep(ctx context.Context) (tail []func(redis.Pipeliner), lost bool) {
+	var ended bool
+	err := holdUntilRecorded(ctx, r.log, func(ctx context.Context) error {
+		var err error
+		ended, err = r.w.lifecycle.RecordLastStep(ctx, r.last.rec, r.fin)
+		return err
+	})
+	if err != nil {
+		return nil, r.unrecorded(r.last.rec.Step, err)
+	}
+	r.task.Usage.Steps = r.last.rec.Step
+	sp := r.ofTask(r.last.booked)
+	tail = []func(redis.Pipeliner){func(pipe redis.Pipeliner) { r.w.limits.QueueSettleStep(context.Background(), pipe, sp) }}
+	if ended {
+		return append(tail, r.onEnded(r.last.ev)...), false
+	}
+	return append(tail, r.w.queuePublish(ctx, r.last.ev)), false
+}
+
+// onEnded is what the call that won a task's terminal transition owns: the lease
+// release and the end's message, returned as Redis calls to make together. before
+// are messages to send ahead of the end's.
+func (r *taskRun) onEnded(before ...Event) []func(redis.Pipeliner) {
+	r.log.Info("task finished", "state", r.fin.To, "steps", r.task.Usage.Steps)
+	return []func(redis.Pipeliner){r.w.queueReleaseLease(r.task.TenantID, r.id),
+		r.w.queuePublish(r.ctx, append(before, Event{Type: "state", TaskID: r.id, State: string(r.fin.To), Error: r.fin.Error, Output: r.fin.Output})...)}
+}
