@@ -1,7 +1,7 @@
 // Package netguard keeps outgoing requests to destinations on the internet: it
 // refuses loopback, link-local, private (RFC 1918), CGNAT (100.64.0.0/10), unique
-// local (fc00::/7), unspecified, multicast and broadcast addresses, and the
-// IPv4-mapped IPv6 forms of all of them, unless an operator's allow-list holds the
+// local (fc00::/7), unspecified, multicast, broadcast and special-purpose addresses,
+// and the IPv6 forms that carry any of them (IPv4-mapped, NAT64, 6to4), unless an operator's allow-list holds the
 // address. The check runs on the address a connection is about to be made to (a
 // net.Dialer Control func), after name resolution, so a name that resolves to a
 // refused address — at registration or at any later time — cannot pass.
@@ -43,6 +43,39 @@ var refused = []class{
 	{"a unique local address", mustPrefixes("fc00::/7")},
 	{"a multicast address", mustPrefixes("224.0.0.0/4", "ff00::/8")},
 	{"a broadcast address", mustPrefixes("255.255.255.255/32")},
+	{"a special-purpose address", mustPrefixes("192.0.0.0/24", "198.18.0.0/15", "240.0.0.0/4", "fec0::/10", "100::/64")},
+	// Translation prefixes that carry no IPv4 address at a fixed place: refused whole.
+	{"a translated address", mustPrefixes("64:ff9b:1::/48", "2001::/32")},
+}
+
+// embedded are the IPv6 prefixes whose addresses carry an IPv4 address that a gateway
+// translates to (NAT64's well-known prefix, 6to4, IPv4-compatible), with the byte at
+// which it starts: such an address is judged as the IPv4 address it carries.
+var embedded = []struct {
+	prefix netip.Prefix
+	at     int
+}{
+	{netip.MustParsePrefix("64:ff9b::/96"), 12},
+	{netip.MustParsePrefix("2002::/16"), 2},
+	{netip.MustParsePrefix("::/96"), 12},
+}
+
+// carried is the IPv4 address an IPv6 address of an embedding prefix carries, else addr.
+func carried(addr netip.Addr) netip.Addr {
+	if !addr.Is6() || addr == netip.IPv6Unspecified() {
+		return addr
+	}
+	for _, e := range embedded {
+		if e.prefix.Contains(addr) {
+			b := addr.As16()
+			v4 := netip.AddrFrom4([4]byte(b[e.at : e.at+4]))
+			if b[e.at] == 0 { // ::1 and its like: no IPv4 address in them
+				return addr
+			}
+			return v4
+		}
+	}
+	return addr
 }
 
 // ErrRefused matches (errors.Is) every *RefusedError.
@@ -68,12 +101,25 @@ type Guard struct {
 }
 
 // Check returns nil when addr may be reached, else a *RefusedError. An IPv4-mapped
-// IPv6 address is judged as the IPv4 address it carries; a zone is ignored.
+// IPv6 address is judged as the IPv4 address it carries, and so is one of NAT64's
+// well-known prefix, 6to4 or IPv4-compatible (refused if either the IPv6 address or
+// the IPv4 one it carries is); a zone is ignored.
 func (g Guard) Check(addr netip.Addr) error {
 	addr = addr.Unmap().WithZone("")
 	if !addr.IsValid() {
 		return &RefusedError{Class: "an invalid address"}
 	}
+	if err := g.check(addr); err != nil {
+		return err
+	}
+	if v4 := carried(addr); v4 != addr {
+		return g.check(v4)
+	}
+	return nil
+}
+
+// check is Check of one address, as it is.
+func (g Guard) check(addr netip.Addr) error {
 	for _, p := range g.Allow {
 		if p.Contains(addr) {
 			return nil

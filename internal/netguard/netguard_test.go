@@ -45,6 +45,21 @@ func TestCheck(t *testing.T) {
 		{"224.0.0.1", Guard{}, "multicast"},
 		{"ff02::1", Guard{}, "multicast"},
 		{"255.255.255.255", Guard{}, "broadcast"},
+		// IPv6 forms that carry an IPv4 address a gateway may translate to: judged as it.
+		{"64:ff9b::a9fe:a9fe", Guard{}, "link-local"},                   // NAT64 of 169.254.169.254
+		{"64:ff9b::a00:5", Guard{}, "private"},                          // NAT64 of 10.0.0.5
+		{"64:ff9b::5db8:d70e", Guard{}, ""},                             // NAT64 of a public address
+		{"64:ff9b:1::a00:5", Guard{}, "translated"},                     // local-use NAT64: refused whole
+		{"2002:7f00:1::", Guard{}, "loopback"},                          // 6to4 of 127.0.0.1
+		{"2002:a00:5::1", Guard{}, "private"},                           // 6to4 of 10.0.0.5
+		{"::7f00:1", Guard{}, "loopback"},                               // IPv4-compatible 127.0.0.1
+		{"2001:0:4136:e378:8000:63bf:3fff:fdd2", Guard{}, "translated"}, // Teredo
+		// Special-purpose ranges that are no destination on the internet.
+		{"192.0.0.8", Guard{}, "special"},
+		{"198.18.0.1", Guard{}, "special"},
+		{"240.0.0.1", Guard{}, "special"},
+		{"fec0::1", Guard{}, "special"},
+		{"100::1", Guard{}, "special"},
 		// The allow-list lets its networks through, and only those.
 		{"127.0.0.1", loop, ""},
 		{"::1", loop, ""},
