@@ -143,8 +143,10 @@ local dt, du = 0, 0
 if per == ARGV[4] and (p0 == nil or p0 == per) then
   local tok, usd = tonumber(c[1]) or 0, tonumber(c[2]) or 0
   local lt, lu = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local tt = corrected(tok, tonumber(t0) or tok, lt, lt + tonumber(ARGV[8]))
-  local tu = corrected(usd, tonumber(u0) or usd, lu, lu + tonumber(ARGV[9]))
+  -- a field the snapshot lacked held 0 then; without a snapshot ("fix"), now is it
+  local function snap(v, now) if p0 == nil then return now end return tonumber(v) or 0 end
+  local tt = corrected(tok, snap(t0, tok), lt, lt + tonumber(ARGV[8]))
+  local tu = corrected(usd, snap(u0, usd), lu, lu + tonumber(ARGV[9]))
   if tt ~= tok then redis.call('HSET', H, tp .. per, tt); dt = tt - tok end
   if tu ~= usd then redis.call('HSET', H, up .. per, tu); du = tu - usd end
 end

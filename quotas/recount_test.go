@@ -68,3 +68,30 @@ func TestHeldRecountKeepsReservationsMadeAfterTheSnapshot(t *testing.T) {
 			peek.scope(AgentStepsDaily).Used, peek.scope(AITokensMonthly).Used)
 	}
 }
+
+// A counter the snapshot did not have (a tenant with no use this period has no tokens
+// field) counts as 0 there: a reservation made after the snapshot is kept.
+func TestHeldRecountKeepsAReservationIntoAFieldTheSnapshotLacked(t *testing.T) {
+	f := newQ(t)
+	ctx := context.Background()
+	seed := StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits()}
+	if err := f.q.ReserveStep(ctx, seed); err != nil { // seeds the counters, no tokens field
+		t.Fatal(err)
+	}
+	snap, err := f.q.SnapshotCounters(ctx, []string{"acme"})
+	if err != nil || !snap[0].Seeded {
+		t.Fatalf("snapshot %+v %v", snap, err)
+	}
+	ledger := LedgerCounts{Period: f.period(), InFlight: InFlight{Steps: 1}} // the first step runs
+	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits(), Tokens: 10}); err != nil {
+		t.Fatal(err) // a task that starts after the ledger was read
+	}
+	if _, err := f.q.CorrectCounters(ctx, []Correction{{Snapshot: snap[0], Ledger: ledger, Held: true}}); err != nil {
+		t.Fatal(err)
+	}
+	peek := f.admit(Limits{}, func(p *AdmitParams) { p.Mode = ModePeek })
+	if peek.scope(AITokensMonthly).Used != 10 || peek.scope(AgentStepsDaily).Used != 2 {
+		t.Fatalf("after the correction: steps %v tokens %v, want the two reserved steps and the 10 tokens",
+			peek.scope(AgentStepsDaily).Used, peek.scope(AITokensMonthly).Used)
+	}
+}
