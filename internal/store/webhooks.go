@@ -343,8 +343,12 @@ func (s *Store) UnscopedClaimWebhookDeliveries(ctx context.Context, p ClaimDeliv
 	}
 	var claims []DeliveryClaim
 	err := s.InTx(ctx, func(tx *Store) error {
-		rows, err := tx.db.Query(ctx, `SELECT id FROM webhook_endpoints WHERE disabled_at IS NULL
-			FOR NO KEY UPDATE SKIP LOCKED`)
+		// Only the endpoints with a due delivery are locked: a claim writes no lock on
+		// the endpoints that have nothing to send, however many there are.
+		rows, err := tx.db.Query(ctx, `SELECT w.id FROM webhook_endpoints w WHERE w.disabled_at IS NULL
+			AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.endpoint_id = w.id AND d.state = 'pending'
+				AND d.next_attempt_at <= $1 AND (d.locked_until IS NULL OR d.locked_until <= $1))
+			FOR NO KEY UPDATE OF w SKIP LOCKED`, p.Now)
 		endpoints, err := collect(rows, err, func(row pgx.Row) (uuid.UUID, error) {
 			var id uuid.UUID
 			return id, row.Scan(&id)
