@@ -259,8 +259,11 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 		}
 	}
 	if moved {
-		s.reseed(ctx, t)
-		s.rebuild(ctx, t)
+		// The change is committed: a caller that goes away now must not cut short
+		// what follows from it.
+		done := context.WithoutCancel(ctx)
+		s.reseed(done, t)
+		s.rebuild(done, t)
 	}
 	if pol, err := s.Policy(t); err == nil && s.sched != nil {
 		if err := s.sched.Configure(ctx, t.ID, pol.Weight, pol.RunningCap); err != nil {
