@@ -115,19 +115,25 @@ func (g *Guard) localBucket(key string, b Bucket, take bool) BucketAnswer {
 		lim = rate.NewLimiter(r, burst)
 		g.local.Add(id, lim)
 	}
-	now := time.Now()
-	a := BucketAnswer{Allowed: true, Degraded: true}
+	a := LocalBucket(lim, time.Now(), take)
+	a.Degraded = true
+	return a
+}
+
+// LocalBucket answers a bucket kept in this process, lim, at now: take takes a token
+// when there is one, otherwise it only looks whether there is one. A refusal says
+// when a token is there again.
+func LocalBucket(lim *rate.Limiter, now time.Time, take bool) BucketAnswer {
 	if take {
 		res := lim.ReserveN(now, 1)
 		if d := res.DelayFrom(now); d > 0 {
 			res.CancelAt(now)
-			a.Allowed, a.RetryAfter = false, d
+			return BucketAnswer{RetryAfter: d}
 		}
-		return a
+		return BucketAnswer{Allowed: true}
 	}
 	if tokens := lim.TokensAt(now); tokens < 1 {
-		a.Allowed = false
-		a.RetryAfter = time.Duration((1 - tokens) / float64(r) * float64(time.Second))
+		return BucketAnswer{RetryAfter: time.Duration((1 - tokens) / float64(lim.Limit()) * float64(time.Second))}
 	}
-	return a
+	return BucketAnswer{Allowed: true}
 }

@@ -66,22 +66,10 @@ func (s *Server) adminAttempt(ctx context.Context, r *http.Request, ok bool) (qu
 	return s.Admission.TakeBucket(ctx, key, adminFailureBucket)
 }
 
-// attempt is adminAttempt in this process.
+// attempt is adminAttempt in this process: a wrong token takes from the address's
+// bucket, a right one only looks.
 func (a *operatorAuth) attempt(addr string, ok bool) quotas.BucketAnswer {
-	lim := a.limiter(addr)
-	now := time.Now()
-	if ok {
-		if tokens := lim.TokensAt(now); tokens < 1 {
-			return quotas.BucketAnswer{RetryAfter: time.Duration((1 - tokens) / float64(lim.Limit()) * float64(time.Second))}
-		}
-		return quotas.BucketAnswer{Allowed: true}
-	}
-	res := lim.ReserveN(now, 1)
-	if d := res.DelayFrom(now); d > 0 {
-		res.CancelAt(now)
-		return quotas.BucketAnswer{RetryAfter: d}
-	}
-	return quotas.BucketAnswer{Allowed: true}
+	return quotas.LocalBucket(a.limiter(addr), time.Now(), !ok)
 }
 
 // authFailureRefusal is the 429 of an address refused for its wrong admin tokens.

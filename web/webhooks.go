@@ -81,6 +81,16 @@ func NewWebhookJSON(w billing.Webhook) WebhookJSON {
 	return out
 }
 
+// NewWebhooksJSON is the API's JSON of a list of endpoints (the admin and tenant
+// listings, and the CLI's).
+func NewWebhooksJSON(ws []billing.Webhook) []WebhookJSON {
+	out := make([]WebhookJSON, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, NewWebhookJSON(w))
+	}
+	return out
+}
+
 // NewWebhookAttemptJSON is an attempt as the API shows it.
 func NewWebhookAttemptJSON(a billing.WebhookAttempt) WebhookAttemptJSON {
 	out := WebhookAttemptJSON{
@@ -137,11 +147,7 @@ func (s *Server) listWebhooks(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := make([]WebhookJSON, 0, len(ws))
-	for _, w := range ws {
-		out = append(out, NewWebhookJSON(w))
-	}
-	return c.JSON(http.StatusOK, map[string]any{"webhooks": out})
+	return c.JSON(http.StatusOK, map[string]any{"webhooks": NewWebhooksJSON(ws)})
 }
 
 func (s *Server) getWebhook(c echo.Context) error {
@@ -261,11 +267,7 @@ func (s *Server) listTenantWebhooks(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := make([]WebhookJSON, 0, len(ws))
-	for _, w := range ws {
-		out = append(out, NewWebhookJSON(w))
-	}
-	return c.JSON(http.StatusOK, map[string]any{"webhooks": out})
+	return c.JSON(http.StatusOK, map[string]any{"webhooks": NewWebhooksJSON(ws)})
 }
 
 func (s *Server) getTenantWebhook(c echo.Context) error {

@@ -457,11 +457,7 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 				if err != nil {
 					return err
 				}
-				out := make([]web.WebhookJSON, 0, len(ws))
-				for _, w := range ws {
-					out = append(out, web.NewWebhookJSON(w))
-				}
-				return printJSON(cmd, out)
+				return printJSON(cmd, web.NewWebhooksJSON(ws))
 			})
 		},
 	}

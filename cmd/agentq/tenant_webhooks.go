@@ -52,11 +52,7 @@ func tenantWebhookCommands(withEnv func(context.Context, bool, func(adminEnv) er
 				if err != nil {
 					return err
 				}
-				out := make([]web.WebhookJSON, 0, len(ws))
-				for _, w := range ws {
-					out = append(out, web.NewWebhookJSON(w))
-				}
-				return printJSON(cmd, out)
+				return printJSON(cmd, web.NewWebhooksJSON(ws))
 			})
 		},
 	}
