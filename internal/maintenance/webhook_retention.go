@@ -85,9 +85,22 @@ func NewWebhookRetention(d Deps, leader Leadership, c WebhookRetentionConfig) *W
 // Start runs the pass every Interval while this process leads, until Stop.
 func (p *WebhookRetention) Start(ctx context.Context) error {
 	return startLeaderOnly(ctx, &p.BaseStartStop, p.leader, p.log, "janitor pass failed", passWebhookRetention, func(ctx context.Context) (time.Duration, error) {
-		_, err := p.runOnce(ctx)
-		return p.cfg.Interval, err
+		res, err := p.runOnce(ctx)
+		return p.nextRun(res, err), err
 	})
+}
+
+// backlogPause is the wait before the next run when a run stopped at its budget with
+// more to delete: a backlog is worked through run after run, not one run an Interval.
+const backlogPause = time.Second
+
+// nextRun is the wait after a run: backlogPause when it stopped at its budget, else
+// Interval.
+func (p *WebhookRetention) nextRun(res WebhookRetentionResult, err error) time.Duration {
+	if err == nil && !res.Stats.Done && res.Batches > 0 {
+		return min(backlogPause, p.cfg.Interval)
+	}
+	return p.cfg.Interval
 }
 
 // runOnce deletes batches until one comes back short or the budget ends.

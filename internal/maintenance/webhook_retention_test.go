@@ -1,6 +1,7 @@
 package maintenance
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -76,5 +77,25 @@ func TestWebhookRetentionPrunesOldFinishedDeliveries(t *testing.T) {
 	off := NewWebhookRetention(d, NewElector(d, ElectorConfig{}), WebhookRetentionConfig{})
 	if res, err := off.runOnce(f.ctx); err != nil || !res.Stats.Done || res.Deliveries != 0 {
 		t.Fatalf("without a pruner: %+v %v", res, err)
+	}
+}
+
+// A run cut at its budget with more left to delete is followed by the next one soon,
+// not an Interval later, so a backlog larger than one run's budget is worked through;
+// a run that finished, or failed, waits the Interval.
+func TestWebhookRetentionWorksThroughABacklog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	p := NewWebhookRetention(f.Deps, NewElector(f.Deps, ElectorConfig{}), WebhookRetentionConfig{Interval: time.Hour})
+	cut := WebhookRetentionResult{Batches: 40, Deliveries: 40000}
+	if d := p.nextRun(cut, nil); d > 5*time.Second {
+		t.Fatalf("after a run cut at its budget: next run in %v, want within seconds", d)
+	}
+	done := WebhookRetentionResult{Batches: 1, Stats: PassStats{Done: true}}
+	if d := p.nextRun(done, nil); d != time.Hour {
+		t.Fatalf("after a finished run: %v, want the interval", d)
+	}
+	if d := p.nextRun(cut, context.DeadlineExceeded); d != time.Hour {
+		t.Fatalf("after a failed run: %v, want the interval", d)
 	}
 }
