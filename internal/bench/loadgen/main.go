@@ -8,8 +8,14 @@
 //
 // The load is the same in each mode: -concurrency producers submit -tasks sim tasks
 // (-steps steps of -step-ms each) one at a time, and the clock runs from the first
-// submission until the last task has ended. It is a module of its own so that the
-// product's dependencies do not include River.
+// submission until the last task has ended. agentq's tenants are created through the
+// admin API with every limit lifted, and the wait polls GET /v1/usage; River runs one
+// client of -workers slots fetching at most every -fetch-cooldown, on tables it
+// migrates into the database named; asynq one server of as many, checking every
+// 10 ms as agentq's workers do, on a queue of its own deleted afterwards. It exits 1
+// when a submission failed or a task did not complete: such a run is not a figure.
+//
+// It is a module of its own so that the product's dependencies do not include River.
 package main
 
 import (
