@@ -1,4 +1,4 @@
-package billing
+package webhooks
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -173,13 +174,13 @@ func (w *Webhooks) check(rawURL string, given []string) ([]string, error) {
 	}
 	if len(given) == 0 {
 		return nil, invalidWebhook("types", "types must name at least one event type (%s, %s).",
-			TypeLimitHit, TypeApproachingLimit)
+			outbox.TypeLimitHit, outbox.TypeApproachingLimit)
 	}
 	var types []string
 	for _, t := range given {
-		if !KnownType(t) {
+		if !outbox.KnownType(t) {
 			return nil, invalidWebhook("types", "Unknown event type %s: use %s or %s.",
-				strconv.Quote(t), TypeLimitHit, TypeApproachingLimit)
+				strconv.Quote(t), outbox.TypeLimitHit, outbox.TypeApproachingLimit)
 		}
 		if !slices.Contains(types, t) {
 			types = append(types, t)
