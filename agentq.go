@@ -30,6 +30,7 @@ import (
 	"github.com/agentq/agentq/billing/rejections"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
 	"github.com/agentq/agentq/internal/operator"
@@ -88,8 +89,11 @@ const taskCheckInterval = 10 * time.Millisecond
 // Postgres. Build it with New, run it with Start, end it with Stop or Shutdown; the
 // tenant, key and task operations work from New on.
 type App struct {
-	cfg        config.Config
-	log        *slog.Logger
+	cfg config.Config
+	log *slog.Logger
+	// archetype is the one logger, tracer and meter providers and clock every
+	// service of the App shares.
+	archetype  *baseservice.Archetype
 	store      *store.Store
 	rdb        redis.UniversalClient
 	batch      *redisx.Batch // shared round trips of the task path (see New)
@@ -151,6 +155,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return nil, err
 	}
 	tp, mp := a.tel.TracerProvider, a.tel.MeterProvider
+	a.archetype = &baseservice.Archetype{Logger: a.log, TracerProvider: tp, MeterProvider: mp}
 	// Postgres and Redis calls are traced inside a request, a dispatch or a step;
 	// the background polling makes no traces of its own.
 	callTP := telemetry.ChildrenOnly(tp)
@@ -197,7 +202,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
 		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log, TracerProvider: tp,
-		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
+		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets, Archetype: a.archetype},
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
@@ -209,7 +214,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
-	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Logger: a.log, MeterProvider: mp, AllowNets: a.cfg.WebhookAllowNets})
+	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Archetype: a.archetype, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
 	a.api = a.newAPI(pool, readStore, tp, mp)
@@ -308,9 +313,9 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 func (a *App) refusalFlushes() (*rejections.Rejections, *rejections.LocalRejectionFlush) {
 	r := &rejections.Rejections{
 		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
-		Events: outbox.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission,
+		Events: outbox.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission, Archetype: a.archetype,
 	}
-	return r, rejections.NewLocalRejectionFlush(r, rejections.LocalRejectionFlushOptions{Logger: a.log})
+	return r, rejections.NewLocalRejectionFlush(r, rejections.LocalRejectionFlushOptions{Archetype: a.archetype})
 }
 
 // roleServices lists the background services of the configured roles in the order

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -33,8 +34,9 @@ type Rejections struct {
 	Shards int               // the key builder's shard count
 	Plans  *quotas.Catalogue // the limit values the events report
 	Events outbox.Events     // builds the events
-	Now    func() time.Time  // the flush's clock; time.Now when nil
-	Page   int               // tenants read from Redis per round trip; 100 when 0
+	// Archetype holds the flush's clock; nil: the defaults.
+	Archetype *baseservice.Archetype
+	Page      int // tenants read from Redis per round trip; 100 when 0
 	// Local, when set, holds this replica's refusals decided in process while Redis
 	// was unreachable (FlushLocal).
 	Local LocalRejectionCounts
@@ -283,12 +285,7 @@ func windowOf(limitType string, at time.Time, period quotas.Period) outbox.Span 
 	return outbox.Span{Start: start, End: start.Add(outbox.DedupeWindow)}
 }
 
-func (r *Rejections) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
-}
+func (r *Rejections) now() time.Time { return r.Archetype.Now() }
 
 // Current returns how many of the tenant's admissions each limit refused in the
 // limit's current window, the one its limit_hit is deduplicated over: the minute for

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/rejections"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
@@ -46,7 +47,7 @@ func newRejectingOn(t *testing.T, shards int) *rejecting {
 		t.Fatal(err)
 	}
 	f.rej = &rejections.Rejections{Store: f.st, Counts: f.q, Shards: f.keys.Shards(), Plans: plans,
-		Events: outbox.Events{UpgradeURL: "https://example.com/upgrade"}, Now: f.clock}
+		Events: outbox.Events{UpgradeURL: "https://example.com/upgrade"}, Archetype: &baseservice.Archetype{Clock: f.clock}}
 	return f
 }
 

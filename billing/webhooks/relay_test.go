@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -94,7 +94,7 @@ func newRelayEnv(t *testing.T) *relayEnv {
 	st := store.New(testenv.Postgres(t))
 	clock := &fakeClock{t: time.Now().Truncate(time.Second)}
 	e := &relayEnv{ctx: context.Background(), st: st, clock: clock,
-		hooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{RotationGrace: time.Hour, Now: clock.Now, AllowNets: netguard.Loopback()}),
+		hooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{RotationGrace: time.Hour, Archetype: &baseservice.Archetype{Clock: clock.Now}, AllowNets: netguard.Loopback()}),
 		evs:   outbox.Events{UpgradeURL: "https://agentq.example/upgrade"}}
 	for _, id := range []string{"acme", "globex"} {
 		if _, err := st.CreateTenant(e.ctx, store.CreateTenantParams{ID: id, Name: id, Plan: "pro"}); err != nil {
@@ -107,8 +107,8 @@ func newRelayEnv(t *testing.T) *relayEnv {
 // relay is a relay of the env with schedule (no jitter) and batch.
 func (e *relayEnv) relay(schedule []time.Duration, batch int) *webhooks.Relay {
 	return webhooks.NewRelay(e.st, webhooks.RelayConfig{
-		Schedule: schedule, Jitter: func(d time.Duration) time.Duration { return d }, Now: e.clock.Now,
-		Timeout: 5 * time.Second, Batch: batch, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Schedule: schedule, Jitter: func(d time.Duration) time.Duration { return d }, Archetype: &baseservice.Archetype{Clock: e.clock.Now},
+		Timeout: 5 * time.Second, Batch: batch,
 		AllowNets: netguard.Loopback(), // the receivers are local test servers
 	})
 }
@@ -328,7 +328,7 @@ func TestStandardScheduleAndJitter(t *testing.T) {
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, func(int, hook) int { return 500 })
 	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
-	r := webhooks.NewRelay(e.st, webhooks.RelayConfig{Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	r := webhooks.NewRelay(e.st, webhooks.RelayConfig{Archetype: &baseservice.Archetype{Clock: e.clock.Now},
 		AllowNets: netguard.Loopback()})
 	for i := range 20 {
 		e.write(t, e.hit(t, "acme", i))
@@ -571,7 +571,7 @@ func TestRelaysShareTheWork(t *testing.T) {
 	for i := range 3 {
 		r := webhooks.NewRelay(st, webhooks.RelayConfig{
 			Schedule: []time.Duration{0, 20 * time.Millisecond, 20 * time.Millisecond}, PollInterval: 10 * time.Millisecond,
-			Batch: 8 + i, FanOutBatch: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AllowNets: netguard.Loopback(),
+			Batch: 8 + i, FanOutBatch: 7, AllowNets: netguard.Loopback(),
 		})
 		if err := r.Start(ctx); err != nil {
 			t.Fatal(err)
@@ -768,7 +768,7 @@ func TestRelayHungEndpointDoesNotDelayOthers(t *testing.T) {
 	e.create(t, healthy.srv.URL, "", outbox.TypeLimitHit)
 	const timeout = 20 * time.Second
 	r := webhooks.NewRelay(e.st, webhooks.RelayConfig{
-		Timeout: timeout, PollInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Timeout: timeout, PollInterval: 10 * time.Millisecond,
 		AllowNets: netguard.Loopback(),
 	})
 	if err := r.Start(e.ctx); err != nil {
@@ -946,7 +946,7 @@ func TestRelayRefusesPrivateDestinationsAtDialTime(t *testing.T) {
 	w := e.create(t, "http://localhost:"+port+"/hook?token=s3cret", "", outbox.TypeLimitHit)
 	guarded := webhooks.NewRelay(e.st, webhooks.RelayConfig{
 		Schedule: []time.Duration{0, time.Minute}, Jitter: func(d time.Duration) time.Duration { return d },
-		Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Archetype: &baseservice.Archetype{Clock: e.clock.Now},
 	})
 	e.write(t, e.hit(t, "acme", 1))
 	var page webhooks.AttemptsPage
@@ -1010,7 +1010,7 @@ func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
 func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 	e := newRelayEnv(t)
 	limits := map[string]quotas.Limit{"acme": 2, "globex": quotas.Unlimited}
-	hooks := webhooks.NewWebhooks(e.st, webhooks.WebhooksOptions{AllowNets: netguard.Loopback(), Now: e.clock.Now,
+	hooks := webhooks.NewWebhooks(e.st, webhooks.WebhooksOptions{AllowNets: netguard.Loopback(), Archetype: &baseservice.Archetype{Clock: e.clock.Now},
 		EndpointLimit: func(_ context.Context, id string) (quotas.Limit, error) { return limits[id], nil }})
 	mine := newReceiver(t, nil)
 	operator := e.create(t, "https://ops.example/all", "", outbox.TypeLimitHit)
@@ -1132,8 +1132,8 @@ func TestRelaysKeepThePerEndpointCapAndStopPromptly(t *testing.T) {
 	var relays []*webhooks.Relay
 	for range 3 {
 		r := webhooks.NewRelay(e.st, webhooks.RelayConfig{
-			Now: e.clock.Now, Timeout: 20 * time.Second, PollInterval: 5 * time.Millisecond, PerEndpoint: 3, Workers: 10,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AllowNets: netguard.Loopback(),
+			Archetype: &baseservice.Archetype{Clock: e.clock.Now}, Timeout: 20 * time.Second, PollInterval: 5 * time.Millisecond, PerEndpoint: 3, Workers: 10,
+			AllowNets: netguard.Loopback(),
 		})
 		if err := r.Start(e.ctx); err != nil {
 			t.Fatal(err)
