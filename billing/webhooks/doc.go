@@ -20,8 +20,8 @@
 // library (with the replaced secret too during a rotation's grace); 2xx delivers,
 // 410 disables the endpoint and cancels its pending deliveries, anything else is
 // retried on StandardSchedule with jitter and given up after its last attempt. Every
-// attempt is recorded. The clock and the schedule are RelayConfig's, so the tests run
-// the whole schedule without waiting for it.
+// attempt is recorded. The clock (its Archetype) and the schedule are RelayConfig's,
+// so the tests run the whole schedule without waiting for it.
 //
 // Isolation: one endpoint's deliveries never wait on another's. A started relay sends
 // from a pool of Workers that claims again as soon as a send finishes; a claim takes
