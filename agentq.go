@@ -26,7 +26,11 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/rejections"
+	"github.com/agentq/agentq/billing/usage"
+	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
 	"github.com/agentq/agentq/internal/operator"
@@ -85,8 +89,11 @@ const taskCheckInterval = 10 * time.Millisecond
 // Postgres. Build it with New, run it with Start, end it with Stop or Shutdown; the
 // tenant, key and task operations work from New on.
 type App struct {
-	cfg        config.Config
-	log        *slog.Logger
+	cfg config.Config
+	log *slog.Logger
+	// archetype is the one logger, tracer and meter providers and clock every
+	// service of the App shares.
+	archetype  *baseservice.Archetype
 	store      *store.Store
 	rdb        redis.UniversalClient
 	batch      *redisx.Batch // shared round trips of the task path (see New)
@@ -109,8 +116,8 @@ type App struct {
 	coalescer   *quotas.Coalescer
 	recovery    *maintenance.Recovery
 	janitor     *maintenance.Janitor
-	rejections  *billing.Rejections
-	relay       *billing.Relay
+	rejections  *rejections.Rejections
+	relay       *webhooks.Relay
 	tel         *telemetry.Telemetry
 	svcs        []startstop.Service // the configured roles' services, in start order
 	asynqClient *asynq.Client
@@ -118,7 +125,7 @@ type App struct {
 	ownPool     bool
 
 	// localRejections flushes the refusals admission decided in process.
-	localRejections *billing.LocalRejectionFlush
+	localRejections *rejections.LocalRejectionFlush
 }
 
 // New validates the configuration (refusing it with a *ConfigError that names the
@@ -148,6 +155,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return nil, err
 	}
 	tp, mp := a.tel.TracerProvider, a.tel.MeterProvider
+	a.archetype = &baseservice.Archetype{Logger: a.log, TracerProvider: tp, MeterProvider: mp}
 	// Postgres and Redis calls are traced inside a request, a dispatch or a step;
 	// the background polling makes no traces of its own.
 	callTP := telemetry.ChildrenOnly(tp)
@@ -167,7 +175,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.batch = redisx.NewBatch(a.rdb, 0)
 	a.slotBatch = redisx.NewBatch(a.rdb, a.cfg.RedisTimeout)
 	a.quotas = quotas.New(a.rdb, a.keys, nil)
-	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log, mp)
+	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.log, mp)
 	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
 	// The request slots' calls have a batch of their own, bounded by the admission
 	// timeout: they must answer as fast as admission does.
@@ -182,11 +190,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	// One lifecycle for every task state change this process makes: submissions and
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
-	events := billing.Events{UpgradeURL: a.cfg.UpgradeURL}
+	events := outbox.Events{UpgradeURL: a.cfg.UpgradeURL}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
 		MeterProvider:  mp,
 		BudgetExceeded: events.BudgetStop,
-		StepRecorded: billing.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
+		StepRecorded: outbox.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
 			pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
 			return pol.Limits, err
 		}}.Step,
@@ -194,7 +202,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
 		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log, TracerProvider: tp,
-		Webhooks: billing.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
+		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets, Archetype: a.archetype},
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
@@ -206,7 +214,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
-	a.relay = billing.NewRelay(a.store, billing.RelayConfig{Logger: a.log, MeterProvider: mp, AllowNets: a.cfg.WebhookAllowNets})
+	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Archetype: a.archetype, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
 	a.api = a.newAPI(pool, readStore, tp, mp)
@@ -283,10 +291,10 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
-		Events: billing.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
+		Events: outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
 		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
 		Logger:      a.log,
-		UsageExport: billing.NewRollups(readStore),
+		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
 			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
 		}),
@@ -302,12 +310,12 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 // refusalFlushes are the flushes of admission's refusal counts to Postgres: those
 // counted in Redis (the janitor's pass), and those this replica decided in process
 // while Redis was unreachable (each API replica flushes its own).
-func (a *App) refusalFlushes() (*billing.Rejections, *billing.LocalRejectionFlush) {
-	r := &billing.Rejections{
+func (a *App) refusalFlushes() (*rejections.Rejections, *rejections.LocalRejectionFlush) {
+	r := &rejections.Rejections{
 		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
-		Events: billing.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission,
+		Events: outbox.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission, Archetype: a.archetype,
 	}
-	return r, billing.NewLocalRejectionFlush(r, billing.LocalRejectionFlushOptions{Logger: a.log})
+	return r, rejections.NewLocalRejectionFlush(r, rejections.LocalRejectionFlushOptions{Archetype: a.archetype})
 }
 
 // roleServices lists the background services of the configured roles in the order
@@ -403,7 +411,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store, Logger: a.log,
+		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store, Logger: a.log,
 		MeterProvider: a.tel.MeterProvider,
 	}
 }
