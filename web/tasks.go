@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/tasks"
 )
 
@@ -97,10 +98,10 @@ func (r *BudgetRequest) params() *tasks.BudgetRequest {
 func (s *Server) taskErr(err error, id *uuid.UUID) error {
 	var (
 		inv       *tasks.InvalidError
-		unknown   *tasks.UnknownAgentError
-		suspended *tasks.SuspendedError
+		unknown   *agentqtype.UnknownAgentError
+		suspended *agentqtype.SuspendedError
 		scope     *tasks.ScopeError
-		conflict  *tasks.ConflictError
+		conflict  *agentqtype.IdempotencyConflictError
 		refused   *tasks.RefusedError
 		admission *tasks.AdmissionError
 		finished  *tasks.FinishedError
