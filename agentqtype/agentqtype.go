@@ -6,6 +6,7 @@
 package agentqtype
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -66,3 +67,16 @@ type IdempotencyConflictError struct{ Key string }
 func (e *IdempotencyConflictError) Error() string {
 	return fmt.Sprintf("idempotency key %q was already used with a different request", e.Key)
 }
+
+// Failures of a backing service, as the store reports them (wrapping the driver's
+// error, so its details stay at hand): callers tell them apart with errors.Is and
+// need not know the driver.
+var (
+	// ErrUnavailable: a backing service cannot be reached or is not taking work now
+	// (Postgres restarting, a dropped connection, a timeout); a retry later may pass.
+	ErrUnavailable = errors.New("agentq: a backing service is unavailable")
+	// ErrValueRefused: Postgres refused a value as data (bad encoding, NUL, a number
+	// or nesting it cannot hold). Requests are validated before anything is stored,
+	// so this is what validation missed: the caller's input, not a failure.
+	ErrValueRefused = errors.New("agentq: the database refused a value")
+)
