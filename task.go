@@ -46,7 +46,9 @@ const (
 	TaskAbandoned      = agentqtype.TaskStateAbandoned
 )
 
-// Task is a task and where it stands.
+// Task is a task and where it stands, as the library returns it: money in dollars,
+// the budget decoded, and none of the row's bookkeeping (the key it came with, the
+// request hash, the agent's state), which the store's row keeps for the service.
 type Task struct {
 	ID       uuid.UUID
 	TenantID string
@@ -118,12 +120,9 @@ type NewTask struct {
 	IdempotencyKey string
 }
 
-// TaskBudget is a requested task budget; nil fields take the plan's default.
-type TaskBudget struct {
-	MaxSteps      *int
-	MaxWallclockS *float64
-	MaxCostUSD    *float64
-}
+// TaskBudget is a requested task budget (NewTask.Budget): nil fields take the plan's
+// default, and none may exceed the plan's ceiling. The task service takes it as it is.
+type TaskBudget = quotas.BudgetRequest
 
 // SubmitTask validates a task, admits it against the tenant's limits and queues it,
 // as POST /v1/tasks does. The submission carries no API key: the per-key limits
@@ -131,12 +130,8 @@ type TaskBudget struct {
 // refused field is an *InvalidError, a refusal by a limit a *LimitError; see also
 // UnknownAgentError, SuspendedError, IdempotencyConflictError and ErrUnavailable.
 func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
-	var budget *tasks.BudgetRequest
-	if p.Budget != nil {
-		budget = &tasks.BudgetRequest{MaxSteps: p.Budget.MaxSteps, MaxWallclockS: p.Budget.MaxWallclockS, MaxCostUSD: p.Budget.MaxCostUSD}
-	}
 	res, err := a.services.Tasks.Submit(ctx, tasks.SubmitParams{
-		TenantID: p.TenantID, Agent: p.Agent, Input: p.Input, User: p.User, Budget: budget,
+		TenantID: p.TenantID, Agent: p.Agent, Input: p.Input, User: p.User, Budget: p.Budget,
 		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey,
 	})
 	if err != nil {

@@ -20,7 +20,8 @@ import (
 // Version is this client's version, sent in the User-Agent header.
 const Version = "0.1.0"
 
-// Task is a task as the API shows it.
+// Task is a task as the API shows it: the wire format (the server writes it as
+// web.TaskJSON; this package stands on the standard library, so it has its own).
 type Task struct {
 	ID       string  `json:"id"`
 	TenantID string  `json:"tenant_id"`

@@ -31,7 +31,9 @@ type BudgetRequest struct {
 	MaxCostUSD    *float64 `json:"max_cost_usd"`
 }
 
-// TaskJSON is the task as the API shows it.
+// TaskJSON is the task as the API shows it: the wire format, whose JSON names and
+// nulls the OpenAPI document and clients rely on. client.Task reads the same format
+// in the client, which may import only the standard library.
 type TaskJSON struct {
 	ID         string          `json:"id"`
 	TenantID   string          `json:"tenant_id"`

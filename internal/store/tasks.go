@@ -38,7 +38,11 @@ type Usage struct {
 	CostMicroUSD int64
 }
 
-// Task is a task row.
+// Task is a task row: every column, the bookkeeping the API never shows among them
+// (the key it came with, the request hash of its idempotency key, the agent's state
+// between steps), money in micro-dollars and the budget as stored JSON. The task
+// service adds why a queued task waits (tasks.Task); the API and the library show
+// their own shapes of it.
 type Task struct {
 	ID             uuid.UUID
 	TenantID       string

@@ -166,11 +166,7 @@ func New(d Deps) *Service {
 }
 
 // BudgetRequest is a task's requested budget; nil fields take the plan's default.
-type BudgetRequest struct {
-	MaxSteps      *int
-	MaxWallclockS *float64
-	MaxCostUSD    *float64
-}
+type BudgetRequest = quotas.BudgetRequest
 
 // SubmitParams is one submission by an API key.
 type SubmitParams struct {
