@@ -131,10 +131,10 @@ type App struct {
 // New validates the configuration (refusing it with a *ConfigError that names the
 // field), connects, migrates and builds every component. Nothing runs until Start.
 func New(ctx context.Context, o Options) (*App, error) {
-	if err := o.Config.validate(o.Redis != nil, o.Pool != nil); err != nil {
+	if err := o.Config.Check(o.Redis != nil, o.Pool != nil); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: config.Config(o.Config), log: o.Logger, rdb: o.Redis, agents: o.Agents}
+	a := &App{cfg: o.Config, log: o.Logger, rdb: o.Redis, agents: o.Agents}
 	if a.log == nil {
 		a.log = slog.Default()
 	}
