@@ -1,4 +1,4 @@
-package agentq_test
+package e2e_test
 
 import (
 	"bytes"
@@ -15,10 +15,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/internal/appparts"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/runtime"
+	"github.com/agentq/agentq/scheduler"
+	"github.com/agentq/agentq/web"
 	"github.com/google/uuid"
 )
 
@@ -26,11 +31,30 @@ import (
 // Postgres schema and Redis prefix, served on a random port.
 type harness struct {
 	t       *testing.T
-	app     *agentq.App
+	app     app
 	base    string
 	admin   string
 	stopped bool
 }
+
+// app is an agentq.App with its components at hand, for the tests that check what a
+// request or a task left in Postgres and Redis, or drive a component directly.
+type app struct {
+	*agentq.App
+	parts appparts.Parts
+}
+
+func newApp(a *agentq.App) app { return app{App: a, parts: appparts.Of(a)} }
+
+func (a app) Store() *store.Store             { return a.parts.Store }
+func (a app) Redis() redis.UniversalClient    { return a.parts.Redis }
+func (a app) Keys() rkeys.Keys                { return a.parts.Keys }
+func (a app) Quotas() *quotas.Quotas          { return a.parts.Quotas }
+func (a app) Admission() *quotas.Guard        { return a.parts.Admission }
+func (a app) Scheduler() *scheduler.Scheduler { return a.parts.Scheduler }
+func (a app) Worker() *runtime.Worker         { return a.parts.Worker }
+func (a app) API() *web.Server                { return a.parts.API }
+func (a app) JanitorLeads() bool              { return a.parts.JanitorLeads() }
 
 // env is the shared state several agentq processes of one test run on.
 type env struct {
@@ -83,7 +107,7 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	if err := app.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, app: app, admin: o.Config.AdminToken}
+	h := &harness{t: t, app: newApp(app), admin: o.Config.AdminToken}
 	if app.Addr() != nil {
 		h.base = "http://" + app.Addr().String()
 	}

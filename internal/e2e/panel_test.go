@@ -1,4 +1,4 @@
-package agentq_test
+package e2e_test
 
 import (
 	"context"
@@ -185,7 +185,7 @@ func TestTenantPanelInBrowser(t *testing.T) {
 }
 
 // TestPanelScreenshot rewrites docs/panel.png (desktop) and docs/panel-phone.png with
-// -update, after real tasks ran: go test -run TestPanelScreenshot -update .
+// -update, after real tasks ran: go test -run TestPanelScreenshot -update ./internal/e2e/
 func TestPanelScreenshot(t *testing.T) {
 	if !*updateScreenshot {
 		t.Skip("run with -update to rewrite docs/panel.png")
@@ -218,7 +218,7 @@ func TestPanelScreenshot(t *testing.T) {
 		file          string
 		width, height int64
 		mobile        bool
-	}{{"docs/panel.png", 1280, 900, false}, {"docs/panel-phone.png", 390, 844, true}} {
+	}{{"../../docs/panel.png", 1280, 900, false}, {"../../docs/panel-phone.png", 390, 844, true}} {
 		sctx, cancel := browsertest.Within(bctx, 30*time.Second)
 		var opts []chromedp.EmulateViewportOption
 		if shot.mobile {

@@ -3,7 +3,7 @@
 // The Redis Cluster suite (`make test-cluster`): every test starts a local cluster of
 // three masters and runs agentq's roles as separate processes (Apps) on it.
 
-package agentq_test
+package e2e_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package agentq_test
+package e2e_test
 
 import (
 	"context"
@@ -124,7 +124,7 @@ func TestOperatorViewShowsSharesAfterAFairnessRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile("docs/operator.png", png, 0o644); err != nil {
+		if err := os.WriteFile("../../docs/operator.png", png, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -189,7 +189,7 @@ func phone(t *testing.T, ctx context.Context, url string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile("docs/operator-phone.png", png, 0o644); err != nil {
+	if err := os.WriteFile("../../docs/operator-phone.png", png, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

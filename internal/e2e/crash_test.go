@@ -1,4 +1,4 @@
-package agentq_test
+package e2e_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/internal/appparts"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -44,7 +45,7 @@ func TestQueuedTasksMissingFromRedisAreRecovered(t *testing.T) {
 	// period (5 s: a push may still be on its way).
 	up := e.start(t, func(o *agentq.Options) {
 		o.Config.Roles = []string{config.RoleAPI, config.RoleScheduler, config.RoleWorker}
-		o.SetRecoveryEvery(500 * time.Millisecond)
+		appparts.SetRecoveryEvery(o, 500*time.Millisecond)
 	})
 	c := client.New(up.base, key)
 	for _, id := range ids {
