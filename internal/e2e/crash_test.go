@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/internal/wire"
 )
 
@@ -81,10 +82,8 @@ func TestRedeliveredTaskOfADeadWorkerIsTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The dead worker had started the task and finished one step.
-	if _, err := h.app.Store().Pool().Exec(ctx, `UPDATE tasks SET state = 'running', attempt = 1, steps = 1,
-		agent_state = '{"done":1}', started_at = now(), heartbeat_at = now() - interval '5 seconds' WHERE id = $1`, task.ID); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskRunningAs(t, h.app.Store().Pool(), task.ID,
+		testfactory.Running{Steps: 1, AgentState: []byte(`{"done":1}`), HeartbeatAge: 5 * time.Second})
 	payload := []byte(`{"task_id":"` + task.ID + `","tenant_id":"crash","priority":5}`)
 	if err := h.app.Worker().ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
 		t.Fatal(err)
@@ -92,9 +91,7 @@ func TestRedeliveredTaskOfADeadWorkerIsTakenOver(t *testing.T) {
 	if got, _ := c.GetTask(ctx, task.ID); got.State != "running" || got.Usage.Steps != 1 {
 		t.Fatalf("a redelivery took over a task whose worker is alive: %s, %d steps", got.State, got.Usage.Steps)
 	}
-	if _, err := h.app.Store().Pool().Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, task.ID); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskHeartbeatAgo(t, h.app.Store().Pool(), task.ID, time.Minute)
 	if err := h.app.Worker().ProcessTask(ctx, asynq.NewTask(wire.TaskType, payload)); err != nil {
 		t.Fatal(err)
 	}
@@ -126,9 +123,7 @@ func TestStalledWorkerStopsWhenItsTaskWasTakenOver(t *testing.T) {
 	// Attempt 1 is in its first step. Another worker takes the task over, as
 	// TakeOverTask does, and holds its running slot.
 	db := h.app.Store().Pool()
-	if _, err := db.Exec(ctx, `UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now() WHERE id = $1 AND attempt = 1`, task.ID); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskTakenOver(t, db, task.ID)
 	if err := h.app.Scheduler().AddRunning(ctx, "fence", task.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // apiOnly runs no dispatcher, worker or janitor: nothing moves or repairs what the
@@ -62,9 +63,7 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	}
 	// 1. a lease of a task that ended while its release was lost
 	ended := sub()
-	if _, err := db.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, ended); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskEnded(t, db, ended, "completed")
 	// 2. a queued task whose lease and queue entry Redis lost
 	lost := sub()
 	h.app.Quotas().Release(ctx, "jr", lost)
@@ -73,9 +72,7 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	// ended task holding a pool slot
 	running := sub()
 	h.app.Scheduler().Remove(ctx, "jr", uuid.MustParse(running))
-	if _, err := db.Exec(ctx, `UPDATE tasks SET state = 'running', started_at = now(), heartbeat_at = now(), attempt = 1 WHERE id = $1`, running); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskRunning(t, db, running)
 	ghost := uuid.Must(uuid.NewV7()).String()
 	if err := h.app.Scheduler().AddRunning(ctx, "jr", ghost); err != nil {
 		t.Fatal(err)
