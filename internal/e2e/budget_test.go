@@ -124,7 +124,7 @@ func TestDefaultBudgetIsNotLongRunning(t *testing.T) {
 // The runtime stops a task at its wall clock budget, the plan default included.
 func TestDefaultWallclockBudgetStopsTheTask(t *testing.T) {
 	t.Parallel()
-	src, err := os.ReadFile("quotas/plans.yaml")
+	src, err := os.ReadFile("../../quotas/plans.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
