@@ -21,7 +21,7 @@ services:
 ## Tests read AGENTQ_TEST_DATABASE_URL and AGENTQ_TEST_REDIS_URL (see README.md).
 test: services
 	$(GO) vet ./...
-	$(GO) vet -tags cluster .
+	$(GO) vet -tags cluster ./internal/e2e/
 	$(GO) test -race -count=1 -timeout 12m ./...
 	cd $(LOADGEN) && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
@@ -29,11 +29,11 @@ test: services
 ## three masters (redis-server --cluster-enabled yes on free ports) and runs agentq's
 ## roles as separate processes on it; Postgres as for make test.
 test-cluster: services
-	AGENTQ_REQUIRE_CLUSTER=1 $(GO) test -race -count=1 -tags cluster -timeout 10m -run '^TestCluster' .
+	AGENTQ_REQUIRE_CLUSTER=1 $(GO) test -race -count=1 -tags cluster -timeout 10m -run '^TestCluster' ./internal/e2e/
 
 vet:
 	$(GO) vet ./...
-	$(GO) vet -tags cluster .
+	$(GO) vet -tags cluster ./internal/e2e/
 
 ## build: the agentq binary at bin/agentq.
 build:

@@ -41,5 +41,10 @@
 // response headers (rate-limit headers included) and Retry-After. No error this
 // package returns contains the API key or admin token.
 //
+// The package's examples run these calls, compiled and checked by go test, against a
+// stand-in for the server: ExampleClient_SubmitTask, ExampleClient_WaitTask,
+// ExampleClient_ListTasks, ExampleClient_GetUsage, ExampleClient_CreateWebhook and,
+// for the errors, ExampleError.
+//
 // The API is described by the OpenAPI document the server serves at /openapi.json.
 package client

@@ -27,7 +27,6 @@ type qfix struct {
 }
 
 func newQ(t *testing.T) *qfix {
-	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	f := &qfix{t: t, rdb: rdb, keys: keys, now: time.Date(2026, 11, 30, 10, 30, 0, 0, time.UTC).UnixMilli()}
 	f.q = New(rdb, keys, f.clock)
@@ -99,6 +98,7 @@ func (d Decision) scope(name string) Scope {
 }
 
 func TestTokenBucketBurstAndRefill(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	l := Limits{TenantRate: 5, TenantBurst: 5}
 	for i := range 5 {
@@ -132,6 +132,7 @@ func TestTokenBucketBurstAndRefill(t *testing.T) {
 }
 
 func TestAllOrNothingAndEveryViolatedScopeNamed(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{TenantRate: 100, TenantBurst: 100, UserHourly: 1, UserBurst: 1, Sessions: 1, KeyRate: 100, KeyBurst: 100}
@@ -161,6 +162,7 @@ func TestAllOrNothingAndEveryViolatedScopeNamed(t *testing.T) {
 }
 
 func TestOutOfScopeSpendsOnlyTheKeyBucket(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{KeyRate: 20, KeyBurst: 40, TenantRate: 5, TenantBurst: 5, Sessions: 10}
@@ -186,6 +188,7 @@ func TestOutOfScopeSpendsOnlyTheKeyBucket(t *testing.T) {
 }
 
 func TestKeyAgentRate(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	l := Limits{KeyAgentRate: 1, KeyAgentBurst: 2}
 	for range 2 {
@@ -202,6 +205,7 @@ func TestKeyAgentRate(t *testing.T) {
 }
 
 func TestUserBucketsAreBounded(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	l := Limits{UserHourly: 1, UserBurst: 1}
 	for i := range MaxUsersPerTenant + 50 {
@@ -223,6 +227,7 @@ func TestUserBucketsAreBounded(t *testing.T) {
 }
 
 func TestSessionLeasesAndRelease(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{Sessions: 2}
@@ -252,6 +257,7 @@ func TestSessionLeasesAndRelease(t *testing.T) {
 }
 
 func TestLongRunningLease(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	l := Limits{LongRunning: 1, Sessions: 10}
 	long := func(p *AdmitParams) { p.LongRunning = true }
@@ -267,6 +273,7 @@ func TestLongRunningLease(t *testing.T) {
 }
 
 func TestQueueBacklog(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	for i := range 3 {
@@ -281,6 +288,7 @@ func TestQueueBacklog(t *testing.T) {
 }
 
 func TestStepsDailySlidingWindow(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{StepsDaily: 3}
@@ -303,6 +311,7 @@ func TestStepsDailySlidingWindow(t *testing.T) {
 }
 
 func TestMonthlyTokenAndUSDQuotas(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{TokensMonthly: 1000, USDMonthlyMicro: 50_000_000}
@@ -324,6 +333,7 @@ func TestMonthlyTokenAndUSDQuotas(t *testing.T) {
 }
 
 func TestPeekTakesNothingAndAgreesWithAdmit(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	l := Limits{TenantRate: 10, TenantBurst: 10, Sessions: 3, StepsDaily: 50, KeyRate: 20, KeyBurst: 40}
 	f.admit(l)
@@ -343,6 +353,7 @@ func TestPeekTakesNothingAndAgreesWithAdmit(t *testing.T) {
 }
 
 func TestEveryAdmissionKeyExpires(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{KeyRate: 20, KeyBurst: 40, TenantRate: 5, TenantBurst: 10, KeyAgentRate: 1, KeyAgentBurst: 1,
@@ -379,6 +390,7 @@ func TestPeriodAt(t *testing.T) {
 }
 
 func TestReserveAndSettleStep(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{StepsDaily: 3, TokensMonthly: 100, USDMonthlyMicro: 1000}
@@ -426,6 +438,7 @@ func TestReserveAndSettleStep(t *testing.T) {
 }
 
 func TestRaisedLimitTakesEffectAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	slow := Limits{TenantRate: 0.01, TenantBurst: 1}
 	if !f.admit(slow).Allowed || f.admit(slow).Allowed {
@@ -461,6 +474,7 @@ func userFields(t testing.TB, f *qfix) int {
 // expiry is near, and one AddLease recreates all get a full life. A long-running
 // task's lease is in the long-running set only, any other's in the session set.
 func TestLeaseSetsOutliveTheirNewestLease(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := Limits{Sessions: 10, LongRunning: 10}

@@ -11,6 +11,7 @@ import (
 // Stopping the Coalescer while admissions stream in leaves none waiting: those queued
 // for a batch are answered, later ones go straight to Redis, and each is taken once.
 func TestCoalescerStopAnswersEveryAdmission(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	l := NoLimits()
 	for round := range 5 {

@@ -63,7 +63,6 @@ type gfix struct {
 }
 
 func newGuard(t *testing.T, cooldown time.Duration) *gfix {
-	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	hook := &lateReplies{}
 	rdb.AddHook(hook)
@@ -101,6 +100,7 @@ func (f *gfix) reached() bool {
 }
 
 func TestGuardOneTimeoutDoesNotTrip(t *testing.T) {
+	t.Parallel()
 	f := newGuard(t, time.Minute)
 	f.hook.late.Store(1)
 	if d := f.admit(ModeKey, ""); !d.Degraded || !d.Allowed {
@@ -129,6 +129,7 @@ func TestGuardOneTimeoutDoesNotTrip(t *testing.T) {
 // closed and the next admission goes to Redis. Before, the burst opened it, and every
 // submission of the cool-down was refused with a 503.
 func TestGuardOneSlowMomentDoesNotTrip(t *testing.T) {
+	t.Parallel()
 	f := newGuard(t, time.Minute)
 	const n = 8
 	f.hook.late.Store(n)
@@ -151,6 +152,7 @@ func TestGuardOneSlowMomentDoesNotTrip(t *testing.T) {
 }
 
 func TestGuardTripsOnConsecutiveFailuresAndRecovers(t *testing.T) {
+	t.Parallel()
 	f := newGuard(t, 300*time.Millisecond)
 	f.hook.late.Store(3)
 	for i := range 3 {
@@ -191,6 +193,7 @@ func TestGuardTripsOnConsecutiveFailuresAndRecovers(t *testing.T) {
 }
 
 func TestGuardTripsOnErrorRate(t *testing.T) {
+	t.Parallel()
 	f := newGuard(t, time.Minute)
 	// every other call fails: never 3 in a row, but half of them
 	for i := range 40 {
@@ -211,6 +214,7 @@ func TestGuardTripsOnErrorRate(t *testing.T) {
 // A timed-out admission may have taken its session lease in Redis; when the task is
 // not created (a degraded refusal, or a quota tenant's 503) the guard gives it back.
 func TestGuardReleasesTheLeaseOfATimedOutAdmission(t *testing.T) {
+	t.Parallel()
 	f := newGuard(t, time.Minute)
 	ctx := context.Background()
 	sessions := f.g.q.keys.Sessions("acme")

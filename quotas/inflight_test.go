@@ -9,6 +9,7 @@ import (
 )
 
 func TestInflightLeases(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	for i := range 3 {

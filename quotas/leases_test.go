@@ -12,6 +12,7 @@ import (
 // LeaseMembers reads a page of tenants' lease sets in the page's order; a tenant
 // without leases has empty lists.
 func TestLeaseMembersReadsAPageOfTenants(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	if err := f.q.AddLease(ctx, "a", "ta", false); err != nil {
@@ -35,6 +36,7 @@ func TestLeaseMembersReadsAPageOfTenants(t *testing.T) {
 // DropKey removes a key's own buckets, found by the rkeys field formats, and no other
 // key's, even one whose kid starts with the same characters.
 func TestDropKeyRemovesOnlyThatKeysBuckets(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := NoLimits()

@@ -104,6 +104,7 @@ func TestCatalogueZeroIsZeroUnlimitedIsOff(t *testing.T) {
 }
 
 func TestZeroLimitsRefuseUnlimitedOnesDoNot(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	zeroSessions := NoLimits()
 	zeroSessions.Sessions = 0
@@ -136,6 +137,7 @@ func TestZeroLimitsRefuseUnlimitedOnesDoNot(t *testing.T) {
 }
 
 func TestZeroUSDQuotaRefusesStepsThatCost(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := NoLimits()
@@ -177,6 +179,7 @@ func TestZeroUSDQuotaRefusesStepsThatCost(t *testing.T) {
 // --- monthly counters across the period boundary -------------------------------------
 
 func TestMonthlyQuotaSurvivesThePeriodBoundary(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := NoLimits()
@@ -216,6 +219,7 @@ func TestMonthlyQuotaSurvivesThePeriodBoundary(t *testing.T) {
 // --- queue_backlog under concurrent admissions ---------------------------------------
 
 func TestQueueBacklogHoldsUnderConcurrentAdmissions(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -286,6 +290,7 @@ func TestQueueBacklogHoldsUnderConcurrentAdmissions(t *testing.T) {
 // --- bounded cost of the user buckets -------------------------------------------------
 
 func TestUsersBeyondTheCapShareTheOverflowBucket(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := NoLimits()
@@ -360,6 +365,7 @@ func BenchmarkNewUserAtCap(b *testing.B) {
 // --- leases --------------------------------------------------------------------------
 
 func TestTouchLeasesKeepsQueuedAndLongRunningLeases(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := NoLimits()
@@ -519,6 +525,7 @@ func TestPeriodIDsGrowWithTime(t *testing.T) {
 // A long-running task's lease is kept in the long-running set only, and counts as a
 // session all the same; a short task's counts as a session and not as long-running.
 func TestLongRunningLeaseCountsAsASession(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := NoLimits()

@@ -8,6 +8,7 @@ import (
 // A correction is applied only to counters that did not move since the snapshot it
 // pairs with: a step reserved while the ledger was read is no drift.
 func TestRecountLeavesCountersThatMovedSinceTheSnapshot(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	step := StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits(), Tokens: 10}
@@ -42,6 +43,7 @@ func TestRecountLeavesCountersThatMovedSinceTheSnapshot(t *testing.T) {
 // is read reserves a step the running count it read does not know of. The drift is
 // measured on the snapshot and the moves since are added to the corrected value.
 func TestHeldRecountKeepsReservationsMadeAfterTheSnapshot(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	step := StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits(), Tokens: 10}
@@ -72,6 +74,7 @@ func TestHeldRecountKeepsReservationsMadeAfterTheSnapshot(t *testing.T) {
 // A counter the snapshot did not have (a tenant with no use this period has no tokens
 // field) counts as 0 there: a reservation made after the snapshot is kept.
 func TestHeldRecountKeepsAReservationIntoAFieldTheSnapshotLacked(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	seed := StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits()}

@@ -12,6 +12,7 @@ import (
 // Refused admissions are counted in Redis per minute and combination of limits, by the
 // admission script; admitted ones, peeks and out-of-scope requests are not.
 func TestRefusalsAreCountedPerMinuteAndLimits(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	minute := f.clock() / 60000
@@ -74,6 +75,7 @@ func TestRefusalsAreCountedPerMinuteAndLimits(t *testing.T) {
 
 // The key bucket refuses before anything else is checked: the refusal counts for it.
 func TestKeyBucketRefusalIsCounted(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	l := Limits{KeyRate: 1, KeyBurst: 1}
 	f.admit(l)
@@ -92,6 +94,7 @@ func TestKeyBucketRefusalIsCounted(t *testing.T) {
 // Prune deletes only counts that still hold what was flushed, and forgets the tenant
 // once none are left.
 func TestPruneRejectionsKeepsCountsThatMoved(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	l := only(Limits{})
@@ -122,6 +125,7 @@ func TestPruneRejectionsKeepsCountsThatMoved(t *testing.T) {
 // A monthly quota's refusal is counted under the billing period the admission was
 // decided in, whatever period the script's clock is in; other limits name none.
 func TestMonthlyQuotaRefusalNamesItsPeriod(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	decided := Period{ID: "20261115", Start: time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 15, 0, 0, 0, 0, time.UTC)}

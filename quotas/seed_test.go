@@ -10,6 +10,7 @@ import (
 // The counters carry a mark from the moment they are seeded; without it no script
 // decides on them or writes them. (Rebuilding from a real ledger: billing/usage's tests.)
 func TestCountersWithoutTheirMarkAreSeededFirst(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	h := f.keys.AdmissionState("acme")
@@ -81,6 +82,7 @@ func TestCountersWithoutTheirMarkAreSeededFirst(t *testing.T) {
 // A seed replaces counters left without the mark (by an earlier version, or a partial
 // loss) instead of adding to them.
 func TestSeedReplacesUnmarkedCounters(t *testing.T) {
+	t.Parallel()
 	f := newQ(t)
 	ctx := context.Background()
 	per := f.period()

@@ -24,6 +24,7 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
@@ -396,9 +397,7 @@ func TestWorkerThatLostItsClaimStopsWithoutWriting(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.w.ProcessTask(r.ctx, r.take()) }()
 	<-started
-	if _, err := r.st.Pool().Exec(r.ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskHeartbeatAgo(t, r.st.Pool(), id, time.Minute)
 	if next, out, err := r.lc.Start(r.ctx, id); err != nil || out != tasks.TookOver || next.Attempt != 2 {
 		t.Fatalf("take over: %v attempt %d, %v", out, next.Attempt, err)
 	}

@@ -50,6 +50,7 @@ func (f *fixture) score(key, member string) (float64, bool) {
 // A dispatch whose candidates do not include the head of ready changes nothing and
 // answers "retry" with the current heads; dispatchOne then picks the head.
 func TestDispatchRetriesWhenTheHeadIsNotACandidate(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	ctx := context.Background()
 	f.seedTenant("a", 10, 1, 0, 0, "a1", "a2")
@@ -94,6 +95,7 @@ func TestDispatchRetriesWhenTheHeadIsNotACandidate(t *testing.T) {
 // candidates: dispatchOne carries on over several calls, and each skipped tenant ends
 // where a single scan would have put it.
 func TestDispatchSkipsMoreCappedTenantsThanOneCallNames(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	ctx := context.Background()
 	const capped = 3*readyCandidates + 1
@@ -147,6 +149,7 @@ func TestDispatchSkipsMoreCappedTenantsThanOneCallNames(t *testing.T) {
 // The member the dispatch script writes is rkeys.DispatchingMember, the format the
 // re-send and the completion read.
 func TestDispatchWritesTheRkeysDispatchingMember(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	ctx := context.Background()
 	id := f.enqueue("acme", 8, 1, 0)
@@ -168,6 +171,7 @@ func TestDispatchWritesTheRkeysDispatchingMember(t *testing.T) {
 // Dispatchers in different processes hold different, often stale, candidates: they
 // still hand out every task once, in the same weighted-fair proportions.
 func TestDispatchersWithTheirOwnCandidatesShareFairly(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100000, 0)
 	ctx := context.Background()
 	const perTenant = 60
@@ -229,6 +233,7 @@ func TestDispatchersWithTheirOwnCandidatesShareFairly(t *testing.T) {
 }
 
 func TestRunningSetsReadsAPageOfTenants(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 0, 0)
 	ctx := context.Background()
 	for _, r := range [][2]string{{"a", "x"}, {"b", "y"}, {"b", "z"}} {
@@ -250,6 +255,7 @@ func sorted(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s
 // The generation marker is reported missing once, then present, and always carries a
 // ttl; after a FLUSHDB-like loss it is missing again.
 func TestMarkGeneration(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 0, 0)
 	ctx := context.Background()
 	for i, want := range []bool{true, false, false} {
@@ -270,6 +276,7 @@ func TestMarkGeneration(t *testing.T) {
 // On a cluster a node restarted without its data loses only its shards' keys: the
 // loss of one shard's marker is reported though the global marker is still there.
 func TestMarkGenerationSeesOneShardsLoss(t *testing.T) {
+	t.Parallel()
 	f := newShardedFixture(t, 0, 0, 4)
 	ctx := context.Background()
 	if set, err := f.s.MarkGeneration(ctx); err != nil || !set {
@@ -290,6 +297,7 @@ func TestMarkGenerationSeesOneShardsLoss(t *testing.T) {
 }
 
 func TestQueueLen(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10, 0)
 	ctx := context.Background()
 	f.enqueue("a", 5, 1, 0)
@@ -306,6 +314,7 @@ func TestQueueLen(t *testing.T) {
 // A pop of several tasks in one call takes them in the order single pops would, with
 // the same state left behind: caps, emptied queues and passes included.
 func TestDispatchManyPopsInTheOrderOfSinglePops(t *testing.T) {
+	t.Parallel()
 	seed := func(f *fixture) {
 		f.seedTenant("a", 10, 1, 0, 0, "a1", "a2", "a3", "a4")
 		f.seedTenant("b", 12, 2, 0, 0, "b1", "b2", "b3", "b4", "b5")
@@ -314,7 +323,7 @@ func TestDispatchManyPopsInTheOrderOfSinglePops(t *testing.T) {
 	}
 	ctx := context.Background()
 	single := newFixture(t, 100, 0)
-	many := fixtureOf(t, 100, 0, 1)
+	many := newShardedFixture(t, 100, 0, 1)
 	seed(single)
 	seed(many)
 	var want []string

@@ -36,13 +36,6 @@ func newFixture(t *testing.T, slots, prefetch int) *fixture {
 }
 
 func newShardedFixture(t *testing.T, slots, prefetch, shards int) *fixture {
-	t.Parallel()
-	return fixtureOf(t, slots, prefetch, shards)
-}
-
-// fixtureOf is newShardedFixture for a test that already runs in parallel (a second
-// fixture of one test).
-func fixtureOf(t *testing.T, slots, prefetch, shards int) *fixture {
 	rdb, keys := testenv.Redis(t, shards)
 	f := &fixture{t: t, rdb: rdb, keys: keys, clock: 1_800_000_000_000, base: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
 	f.s = New(rdb, keys, Options{Prefetch: prefetch, NowMs: f.now})
@@ -140,6 +133,7 @@ func TestQueueScoreOrdersPriorityThenTime(t *testing.T) {
 // until it is in its queue; the enqueue itself ends that count, in the same script, so
 // a task is never counted twice nor, in between, not at all.
 func TestEnqueueEndsTheAdmittedNotYetQueuedCount(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 0, 0)
 	ctx := context.Background()
 	other := uuid.Must(uuid.NewV7()).String()
@@ -164,6 +158,7 @@ func TestEnqueueEndsTheAdmittedNotYetQueuedCount(t *testing.T) {
 }
 
 func TestDispatchPriorityThenFIFOWithinTenant(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	low1 := f.enqueue("a", 1, 1, 0)
 	hi := f.enqueue("a", 8, 1, 0)
@@ -182,6 +177,7 @@ func TestDispatchPriorityThenFIFOWithinTenant(t *testing.T) {
 }
 
 func TestDispatchWeightedShares(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	for range 60 {
 		f.enqueue("light", 5, 1, 0)
@@ -197,6 +193,7 @@ func TestDispatchWeightedShares(t *testing.T) {
 }
 
 func TestDispatchNoBankedCredit(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	for range 20 {
 		f.enqueue("busy", 5, 1, 0)
@@ -227,6 +224,7 @@ func TestDispatchNoBankedCredit(t *testing.T) {
 }
 
 func TestDispatchRunningCap(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	a1 := f.enqueue("capped", 5, 1, 1)
 	f.enqueue("capped", 5, 1, 1)
@@ -253,6 +251,7 @@ func TestDispatchRunningCap(t *testing.T) {
 }
 
 func TestDispatchBackpressure(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 1)
 	for range 10 {
 		f.enqueue("a", 5, 1, 0)
@@ -281,6 +280,7 @@ func TestDispatchBackpressure(t *testing.T) {
 }
 
 func TestDispatchNoWorkersNoDispatch(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 0, 0)
 	f.enqueue("a", 5, 1, 0)
 	if _, err := f.dispatch(); err != errNoCapacity {
@@ -299,6 +299,7 @@ func TestDispatchNoWorkersNoDispatch(t *testing.T) {
 }
 
 func TestConcurrentDispatchersNeverDuplicate(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10000, 0)
 	want := map[string]bool{}
 	for i := range 400 {
@@ -356,6 +357,7 @@ func (r *recordingEnqueuer) EnqueueContext(_ context.Context, t *asynq.Task, _ .
 }
 
 func TestDispatcherRecoversDispatchingSet(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	enq := &recordingEnqueuer{fail: true}
 	d := NewDispatcher(f.s, f.rdb, enq, DispatcherOptions{ResendAfter: time.Second})
@@ -393,6 +395,7 @@ func TestDispatcherRecoversDispatchingSet(t *testing.T) {
 }
 
 func TestDoneIsIdempotentAndConfirmAfterDoneLeaksNothing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	f.enqueue("a", 5, 1, 0)
 	d, err := f.dispatch()
@@ -430,6 +433,7 @@ func TestDoneIsIdempotentAndConfirmAfterDoneLeaksNothing(t *testing.T) {
 // after an upgrade: its "band":"pN" payload must rebuild the dispatching member, or
 // its dispatch slot stays taken when its worker ends it before the confirm.
 func TestDoneWithLegacyBandPayloadFreesTheDispatchingEntry(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	f.enqueue("a", 8, 1, 0)
 	d, err := f.dispatch()
@@ -454,6 +458,7 @@ func TestDoneWithLegacyBandPayloadFreesTheDispatchingEntry(t *testing.T) {
 }
 
 func TestEveryKeyExpires(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	f.enqueue("a", 5, 1, 1)
 	f.enqueue("a", 5, 1, 1)
@@ -480,6 +485,7 @@ func TestEveryKeyExpires(t *testing.T) {
 }
 
 func TestWorkerTimeCorrection(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	for range 200 {
 		f.enqueue("slow", 5, 1, 0)
@@ -499,6 +505,7 @@ func TestWorkerTimeCorrection(t *testing.T) {
 }
 
 func TestConfigureAppliesToTheBacklog(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	f.enqueue("a", 5, 1, 1)
 	f.enqueue("a", 5, 1, 1)
@@ -515,6 +522,7 @@ func TestConfigureAppliesToTheBacklog(t *testing.T) {
 }
 
 func TestShardsShareOneVirtualTimeAndThePool(t *testing.T) {
+	t.Parallel()
 	f := newShardedFixture(t, 70, 0, 16)
 	names := []string{"w1", "w2", "w4"}
 	if a, b, c := f.keys.Shard(names[0]), f.keys.Shard(names[1]), f.keys.Shard(names[2]); a == b || b == c || a == c {
@@ -555,6 +563,7 @@ func abs(n int) int {
 }
 
 func TestWaitReason(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1, 0)
 	ctx := context.Background()
 	f.enqueue("a", 5, 1, 0)
@@ -607,6 +616,7 @@ func shallowRun(t *testing.T, resubmitAfterDone bool) (map[string]int, float64) 
 func TestShallowTenantIsChargedLikeABackloggedOne(t *testing.T) {
 	for _, after := range []bool{false, true} {
 		t.Run(fmt.Sprintf("resubmit_after_done=%v", after), func(t *testing.T) {
+			t.Parallel()
 			counts, vt := shallowRun(t, after)
 			if abs(counts["shallow"]-20) > 1 {
 				t.Fatalf("equal weights: shallow tenant got %d of 40 dispatches (%v), want 20", counts["shallow"], counts)
@@ -621,6 +631,7 @@ func TestShallowTenantIsChargedLikeABackloggedOne(t *testing.T) {
 }
 
 func TestCompletionCorrectsAnIdleTenantsFinishPass(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	ctx := context.Background()
 	f.enqueue("a", 5, 2, 0)
@@ -638,6 +649,7 @@ func TestCompletionCorrectsAnIdleTenantsFinishPass(t *testing.T) {
 }
 
 func TestEstimateSurvivesAnIdlePeriod(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	ctx := context.Background()
 	f.enqueue("a", 5, 1, 0)
@@ -653,6 +665,7 @@ func TestEstimateSurvivesAnIdlePeriod(t *testing.T) {
 }
 
 func TestStrandedAgesByTheSchedulerClock(t *testing.T) {
+	t.Parallel()
 	// The fixture's clock stands for Redis TIME and is ahead of this host's clock.
 	f := newFixture(t, 100, 0)
 	ctx := context.Background()
@@ -697,6 +710,7 @@ func TestHeartbeatScoresWithRedisTime(t *testing.T) {
 }
 
 func TestLongIdleTenantBanksNoCreditFromItsFinishPass(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1000, 0)
 	f.enqueue("late", 5, 1, 0)
 	f.done(f.mustDispatch()) // late's finish pass: 100
@@ -723,6 +737,7 @@ func TestLongIdleTenantBanksNoCreditFromItsFinishPass(t *testing.T) {
 }
 
 func TestShallowTenantAcrossShards(t *testing.T) {
+	t.Parallel()
 	// One pool slot: each dispatcher round hands out one task; the shallow tenant,
 	// on another shard than the backlogged one, resubmits after each of its dispatches.
 	f := newShardedFixture(t, 1, 0, 16)
@@ -761,6 +776,7 @@ func TestShallowTenantAcrossShards(t *testing.T) {
 // The operator view's reads: per-tenant depths and the pool as dispatch counts it
 // (live workers only, by the scheduler's clock).
 func TestDepthsAndPoolUsage(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3, 2)
 	ctx := context.Background()
 	if err := f.s.Heartbeat(ctx, "w2", 5, time.Second); err != nil {
@@ -798,6 +814,7 @@ func TestDepthsAndPoolUsage(t *testing.T) {
 // at once (long before the fallback timer) and nothing is published. Without a
 // dispatcher of its own, the process publishes the wake-up for the others.
 func TestWakeUpGoesToTheDispatcherOfThisProcess(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 0)
 	ctx := context.Background()
 	sub := f.rdb.Subscribe(ctx, f.keys.WakeChannel())

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // The lease pass releases the lease of a task that ended, re-adds those of live tasks
@@ -18,7 +20,7 @@ func TestLeasesReleasesAndRestores(t *testing.T) {
 	f := newFixture(t)
 	f.tenant("l")
 	ended := f.submit("l")
-	f.exec(`UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, ended)
+	testfactory.TaskEnded(t, f.Pool, ended, "completed")
 	lost := f.submit("l")
 	if _, err := f.q.Release(f.ctx, "l", lost.String()); err != nil {
 		t.Fatal(err)
@@ -65,7 +67,7 @@ func TestTenantPassesResumeFromTheirCursor(t *testing.T) {
 	// The last tenant in id order holds the lease of a task that ended.
 	last := fmt.Sprintf("bulk%05d", tenants)
 	ended := f.task(last)
-	f.exec(`UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, ended)
+	testfactory.TaskEnded(t, f.Pool, ended, "completed")
 	if err := f.q.AddLease(f.ctx, last, ended.String(), false); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -30,7 +31,7 @@ func recountFixture(t *testing.T) (*fixture, *QuotaRecount) {
 func (f *fixture) running(tenant string) uuid.UUID {
 	f.t.Helper()
 	id := f.task(tenant)
-	f.exec(`UPDATE tasks SET state = 'running', attempt = 1, started_at = now(), heartbeat_at = now() WHERE id = $1`, id)
+	testfactory.TaskRunning(f.t, f.Pool, id)
 	return id
 }
 
@@ -98,7 +99,7 @@ func TestQuotaRecountCorrectsInflatedAndDeflatedCounters(t *testing.T) {
 	task := f.running("m")
 	f.record(task, 1, 10, 100)
 	f.record(task, 2, 20, 200)
-	f.exec(`UPDATE tasks SET state = 'completed' WHERE id = $1`, task)
+	testfactory.TaskInState(t, f.Pool, task, "completed")
 	if s, tok, usd := f.counters("m"); s != 2 || tok != 30 || usd != 300 { // rebuilt from the ledger
 		t.Fatalf("counters before any drift: %v %v %v", s, tok, usd)
 	}
@@ -193,7 +194,7 @@ func TestQuotaRecountRunsOnItsInterval(t *testing.T) {
 	f.tenant("m")
 	task := f.running("m")
 	f.record(task, 1, 10, 100)
-	f.exec(`UPDATE tasks SET state = 'completed' WHERE id = $1`, task)
+	testfactory.TaskInState(t, f.Pool, task, "completed")
 	f.counters("m")
 	f.step("m", quotas.StepParams{Tokens: 5})
 	if err := e.Start(f.ctx); err != nil {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // The running-set pass re-adds a running task missing from its tenant's set, frees the
@@ -20,7 +22,7 @@ func TestRunningSetsFixesEntriesAndStrandedTasks(t *testing.T) {
 	if _, err := f.sched.Remove(f.ctx, "r", running); err != nil {
 		t.Fatal(err)
 	}
-	f.exec(`UPDATE tasks SET state = 'running', started_at = now(), heartbeat_at = now(), attempt = 1 WHERE id = $1`, running)
+	testfactory.TaskRunning(t, f.Pool, running)
 	ghost := uuid.Must(uuid.NewV7()).String()
 	if err := f.sched.AddRunning(f.ctx, "r", ghost); err != nil {
 		t.Fatal(err)

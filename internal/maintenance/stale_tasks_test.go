@@ -6,22 +6,23 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // staleRunning is a dispatched task running under attempt whose heartbeat is age old.
-func (f *fixture) staleRunning(tenant string, attempt int, age string) uuid.UUID {
+func (f *fixture) staleRunning(tenant string, attempt int, age time.Duration) uuid.UUID {
 	f.t.Helper()
 	id := f.submit(tenant)
 	if _, err := f.sched.Remove(f.ctx, tenant, id); err != nil { // dispatched
 		f.t.Fatal(err)
 	}
-	f.exec(`UPDATE tasks SET state = 'running', started_at = now(), attempt = $2, steps = 1,
-		heartbeat_at = now() - $3::interval WHERE id = $1`, id, attempt, age)
+	testfactory.TaskRunningAs(f.t, f.Pool, id, testfactory.Running{Attempt: attempt, Steps: 1, HeartbeatAge: age})
 	return id
 }
 
@@ -32,7 +33,7 @@ func TestStaleTasksRequeuesOrAbandons(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.tenant("s")
-	retry, dead, alive := f.staleRunning("s", 1, "1 minute"), f.staleRunning("s", 3, "1 minute"), f.staleRunning("s", 1, "2 seconds")
+	retry, dead, alive := f.staleRunning("s", 1, time.Minute), f.staleRunning("s", 3, time.Minute), f.staleRunning("s", 1, 2*time.Second)
 
 	p := NewStaleTasks(f.Deps, NewElector(f.Deps, ElectorConfig{}), StaleTasksConfig{})
 	res, err := p.runOnce(f.ctx)
@@ -70,7 +71,7 @@ func TestStaleTasksWaitAfterANewLeaderIsElected(t *testing.T) {
 	f := newFixture(t)
 	f.tenant("s")
 	id := f.submit("s")
-	f.exec(`UPDATE tasks SET state = 'running', started_at = now(), attempt = 1, heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id)
+	testfactory.TaskRunningAs(t, f.Pool, id, testfactory.Running{HeartbeatAge: time.Minute})
 	e := newElector(t, f)
 	e.TestSignals.Elected.WaitOrTimeout()
 	p := NewStaleTasks(f.Deps, e, StaleTasksConfig{})
@@ -90,7 +91,7 @@ func TestStaleTasksChangeStateThroughTheLifecycle(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.tenant("s")
-	retry, dead := f.staleRunning("s", 1, "1 minute"), f.staleRunning("s", 3, "1 minute")
+	retry, dead := f.staleRunning("s", 1, time.Minute), f.staleRunning("s", 3, time.Minute)
 
 	errHook := errors.New("the change's transaction fails after the change")
 	var mu sync.Mutex

@@ -15,7 +15,6 @@ import (
 
 // newBatch is a test's own Redis prefix and a Batch on it, closed when the test ends.
 func newBatch(t *testing.T) (*redis.Client, string, *redisx.Batch) {
-	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	b := redisx.NewBatch(rdb, 0)
 	t.Cleanup(b.Close)
@@ -52,6 +51,7 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 func TestBatchConcurrentCallsShareRoundTripsAndKeepTheirResults(t *testing.T) {
+	t.Parallel()
 	rdb, prefix, b := newBatch(t)
 	hook := &countingHook{delay: 5 * time.Millisecond}
 	rdb.AddHook(hook)
@@ -98,6 +98,7 @@ func TestBatchConcurrentCallsShareRoundTripsAndKeepTheirResults(t *testing.T) {
 }
 
 func TestBatchOneCallsFailedCommandLeavesTheOthers(t *testing.T) {
+	t.Parallel()
 	rdb, prefix, b := newBatch(t)
 	ctx := context.Background()
 	str := prefix + "batch:str"
@@ -124,6 +125,7 @@ func TestBatchOneCallsFailedCommandLeavesTheOthers(t *testing.T) {
 }
 
 func TestBatchLoadsScriptsRedisLost(t *testing.T) {
+	t.Parallel()
 	rdb, prefix, b := newBatch(t)
 	ctx := context.Background()
 	key := prefix + "batch:lost"

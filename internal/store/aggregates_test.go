@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -213,14 +214,14 @@ func TestTaskStatesMatchClientAndSchema(t *testing.T) {
 		if s.Terminal() != client.IsTerminal(string(s)) || !s.Valid() {
 			t.Errorf("state %s: terminal %v, valid %v", s, s.Terminal(), s.Valid())
 		}
-		if _, err := pool.Exec(ctx, `UPDATE tasks SET state = $1 WHERE id = $2`, string(s), id); err != nil {
+		if err := testfactory.SetTaskState(ctx, pool, id, string(s)); err != nil {
 			t.Errorf("the schema refuses state %s: %v", s, err)
 		}
 	}
 	if store.TaskState("paused").Valid() || store.StateRunning.Terminal() || !store.StateAbandoned.Terminal() {
 		t.Error("Valid or Terminal misjudge a state")
 	}
-	if _, err := pool.Exec(ctx, `UPDATE tasks SET state = 'paused' WHERE id = $1`, id); err == nil {
+	if err := testfactory.SetTaskState(ctx, pool, id, "paused"); err == nil {
 		t.Error("the schema accepts a state the store does not know")
 	}
 }
@@ -276,10 +277,7 @@ func TestUnscopedSweeps(t *testing.T) {
 	other, _ := insertTask(t, ctx, st, store.InsertTaskParams{TenantID: "globex"})
 	run, _ := insertTask(t, ctx, st, store.InsertTaskParams{TenantID: "acme"})
 	done, _ := insertTask(t, ctx, st, store.InsertTaskParams{TenantID: "acme"})
-	if _, err := pool.Exec(ctx, `UPDATE tasks SET created_at = now() - interval '1 hour' WHERE id = ANY($1)`,
-		[]uuid.UUID{old.ID, other.ID}); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TasksCreatedAgo(t, pool, time.Hour, old.ID, other.ID)
 	started, _, _ := st.UnscopedStartTask(ctx, run.ID)
 	if _, _, err := st.UnscopedStartTask(ctx, done.ID); err != nil {
 		t.Fatal(err)
@@ -323,9 +321,7 @@ func TestUnscopedSweeps(t *testing.T) {
 	if _, ok, err := st.UnscopedRequeueStale(ctx, run.ID, 30*time.Second); ok || err != nil {
 		t.Fatalf("requeue a live task: %v %v", ok, err)
 	}
-	if _, err := pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, run.ID); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskHeartbeatAgo(t, pool, run.ID, time.Minute)
 	s, err := st.UnscopedListStaleRunning(ctx, 30*time.Second, 10)
 	if err != nil || len(s) != 1 || s[0].ID != run.ID || s[0].Attempt != started.Attempt || s[0].TenantID != "acme" {
 		t.Fatalf("stale: %+v, %v", s, err)

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // The usage report's live tasks: both counts, and the first of them, running before
@@ -32,9 +33,7 @@ func TestListLiveTasks(t *testing.T) {
 			t.Fatalf("start %d: %v %v", i, ok, err)
 		}
 	}
-	if _, err := pool.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, ids[5]); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskEnded(t, pool, ids[5], "completed")
 
 	for _, tc := range []struct {
 		limit int

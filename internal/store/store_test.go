@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 func newTask(t *testing.T, ctx context.Context, st *store.Store, tenant string) uuid.UUID {
@@ -62,9 +63,7 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A stalls: its heartbeat goes stale, and a redelivery takes the task over.
-	if _, err := pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskHeartbeatAgo(t, pool, id, time.Minute)
 	b, ok, err := st.UnscopedTakeOverTask(ctx, id, 30*time.Second)
 	if err != nil || !ok || b.Attempt != 2 {
 		t.Fatalf("take over: %v %v attempt %d", ok, err, b.Attempt)
@@ -130,9 +129,7 @@ func TestRequeuedTaskIsFenced(t *testing.T) {
 	ctx, st, pool := setup(t)
 	id := newTask(t, ctx, st, "acme")
 	a, _, _ := st.UnscopedStartTask(ctx, id)
-	if _, err := pool.Exec(ctx, `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskHeartbeatAgo(t, pool, id, time.Minute)
 	if _, ok, err := st.UnscopedRequeueStale(ctx, id, 30*time.Second); err != nil || !ok {
 		t.Fatalf("requeue stale: %v %v", ok, err)
 	}
@@ -186,9 +183,7 @@ func TestCancelCommittingDuringStepRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'killed', finished_at = now() WHERE id = $1 AND state = 'running'`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskEnded(t, tx, id, "killed")
 	done := make(chan error, 1)
 	go func() {
 		done <- recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 100, CostMicro: 1000})

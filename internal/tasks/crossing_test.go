@@ -29,7 +29,6 @@ type crossEnv struct {
 // every recorded step, as the library wires it.
 func crossSetup(t *testing.T, tenant string, ov map[string]quotas.Limit) *crossEnv {
 	t.Helper()
-	t.Parallel()
 	plans, err := quotas.LoadCatalogue("")
 	if err != nil {
 		t.Fatal(err)
@@ -146,6 +145,7 @@ func sameStrings(a, b []string) bool {
 // reaches them, with the usage it reached: one step may cross several; a retried step
 // and the steps past 100 % write nothing more.
 func TestStepCrossingsExactlyOnce(t *testing.T) {
+	t.Parallel()
 	e := crossSetup(t, "acme", map[string]quotas.Limit{
 		quotas.AgentStepsDaily: quotas.Limit(10), quotas.AITokensMonthly: quotas.Limit(1000), quotas.USDMonthly: quotas.Limit(0.01),
 	})
@@ -200,6 +200,7 @@ var crossingsOf40Steps = []string{
 // Steps of one tenant recorded at once, by many tasks, cross each threshold once, each
 // at exactly its value: every step sees the totals of the ones before it.
 func TestConcurrentStepsCrossOnce(t *testing.T) {
+	t.Parallel()
 	e := crossSetup(t, "acme", map[string]quotas.Limit{quotas.AgentStepsDaily: quotas.Limit(40), quotas.AITokensMonthly: quotas.Limit(400)})
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -229,6 +230,7 @@ func TestConcurrentStepsCrossOnce(t *testing.T) {
 // A step whose transaction rolls back leaves no event, no ledger row and no rollup;
 // the same step recorded again then crosses, once.
 func TestRolledBackStepEmitsNothing(t *testing.T) {
+	t.Parallel()
 	e := crossSetup(t, "acme", map[string]quotas.Limit{quotas.AITokensMonthly: quotas.Limit(100)})
 	ctx := context.Background()
 	task := e.start(t, "acme")
@@ -263,6 +265,7 @@ func TestRolledBackStepEmitsNothing(t *testing.T) {
 // and ends its task exactly once, the rollups hold every step, and each threshold is
 // still crossed by exactly one step, with the usage it reached.
 func TestConcurrentLastStepsCrossOnce(t *testing.T) {
+	t.Parallel()
 	e := crossSetup(t, "acme", map[string]quotas.Limit{quotas.AgentStepsDaily: quotas.Limit(40), quotas.AITokensMonthly: quotas.Limit(400)})
 	ctx := context.Background()
 	var started []store.Task

@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // lcEnv is a Lifecycle on its own schema with tenants acme and globex. Every change
@@ -111,9 +112,7 @@ func (e *lcEnv) get(t *testing.T, id uuid.UUID) store.Task {
 
 func (e *lcEnv) staleHeartbeat(t *testing.T, id uuid.UUID) {
 	t.Helper()
-	if _, err := e.pool.Exec(context.Background(), `UPDATE tasks SET heartbeat_at = now() - interval '1 minute' WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskHeartbeatAgo(t, e.pool, id, time.Minute)
 }
 
 func (e *lcEnv) start(t *testing.T, id uuid.UUID, want tasks.StartOutcome) store.Task {
