@@ -15,7 +15,6 @@ import (
 
 func newOutbox(t *testing.T) (context.Context, *store.Store, *outbox.Feed) {
 	t.Helper()
-	t.Parallel()
 	st := store.New(testenv.Postgres(t))
 	return context.Background(), st, outbox.NewFeed(st)
 }
@@ -45,6 +44,7 @@ func settled(t *testing.T, ctx context.Context, f *outbox.Feed, p outbox.FeedPar
 // once: a quota reaching 100 % and three refusals after it in its period are one
 // limit_hit, stored as first built.
 func TestWriteEventWithTheChange(t *testing.T) {
+	t.Parallel()
 	ctx, st, feed := newOutbox(t)
 	crossed, err := events.Crossings(usd, 90_000_000, 100_000_000, eventAt)
 	if err != nil || len(crossed) != 1 {
@@ -102,6 +102,7 @@ func TestCursor(t *testing.T) {
 
 // The feeds page by the cursor they give; a tenant's feed holds its events only.
 func TestFeedPages(t *testing.T) {
+	t.Parallel()
 	ctx, st, feed := newOutbox(t)
 	for _, tenant := range []string{"acme", "globex"} {
 		q := usd

@@ -28,7 +28,6 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	st := store.New(testenv.Postgres(t))
 	return &fixture{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys, ledger: usage.NewLedger(st)}

@@ -123,6 +123,7 @@ func backlogZero() quotas.Limits {
 // rate-like limit is a new window with its own event; counts of ended minutes leave
 // Redis once they are in Postgres, and the flush is idempotent.
 func TestRefusalsFlushOneEventPerWindowWithCounts(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	f.refuse(3, backlogZero())
 	if res := f.flush(); res.Rows != 1 || res.Events != 1 {
@@ -167,6 +168,7 @@ func TestRefusalsFlushOneEventPerWindowWithCounts(t *testing.T) {
 // quota up wrote it, and the three refusals after it write nothing more, but are
 // counted for the whole day, in Redis and, once pruned there, in Postgres.
 func TestQuotaRefusalsShareTheHundredPercentEvent(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	day := outbox.DaySpan(f.clock())
 	crossed, err := outbox.Events{}.Crossings(outbox.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.AgentStepsDaily,
@@ -200,6 +202,7 @@ func TestQuotaRefusalsShareTheHundredPercentEvent(t *testing.T) {
 
 // Two flushes at once copy each count once and write each event once.
 func TestConcurrentFlushesAddNothingTwice(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	l := quotas.NoLimits()
 	l.TenantRate = 0
@@ -238,6 +241,7 @@ func (f *rejecting) failEventWrites() (heal func()) {
 // A flush whose event write fails leaves no count behind that would pass for
 // reported: the next flush still writes the window's limit_hit, and only one.
 func TestRefusalEventSurvivesAFailedFlush(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	f.refuse(3, backlogZero())
 	heal := f.failEventWrites()
@@ -260,6 +264,7 @@ func TestRefusalEventSurvivesAFailedFlush(t *testing.T) {
 // A flush whose context ends while it writes leaves the next flush to write both the
 // counts and the event.
 func TestRefusalEventSurvivesACancelledFlush(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	f.refuse(2, backlogZero())
 	// The event write waits on a lock the test holds, so the flush's context ends
@@ -292,6 +297,7 @@ func TestRefusalEventSurvivesACancelledFlush(t *testing.T) {
 // tenant is flushed: a run resumes where the last one stopped, so the tenants late in
 // the order are not starved by a restart at the first one every run.
 func TestRefusalFlushResumesWhereTheLastRunStopped(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	const tenants = 5000
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at)
@@ -351,6 +357,7 @@ func TestRefusalFlushResumesWhereTheLastRunStopped(t *testing.T) {
 // On several shards too, successive cut runs flush every tenant once round: the
 // cursor moves on to the next shard and wraps back to the first.
 func TestRefusalFlushResumesAcrossShards(t *testing.T) {
+	t.Parallel()
 	f := newRejectingOn(t, 4)
 	const tenants = 400
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at)
@@ -422,6 +429,7 @@ func (c cancelAfterRead) Rejections(ctx context.Context, tenants []string) ([]qu
 // every tenant's new count and writes every tenant's new limit_hit, none left for a
 // later round.
 func TestRefusalFlushWritesEachRoundsEvents(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	const tenants, rounds = 40, 20
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at)
@@ -485,6 +493,7 @@ func (f *rejecting) degradedCount() (n int64) {
 // their platform limit_hit by the next flush, and forgotten once their minute is over
 // and written; a window's platform event is written once, beside the plan's own.
 func TestDegradedRefusalsWaitForPostgres(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	g := f.degradedGuard()
 	f.refuseDegraded(g, 3)
@@ -569,6 +578,7 @@ func (f *rejecting) limitHitKeys() []string {
 // next period (the flush, Redis's minute) shares P's 100 % event, not the next
 // period's: the next period's own 100 % is still to come.
 func TestQuotaRefusalAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	anchor := time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)
 	f.now = time.Date(2026, 12, 14, 23, 59, 50, 0, time.UTC)
@@ -591,6 +601,7 @@ func TestQuotaRefusalAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
 // A task stopped by a monthly quota in period P whose end is written after P ended
 // reports P's 100 % event.
 func TestBudgetStopAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	anchor := time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)
 	f.now = time.Date(2026, 12, 14, 23, 59, 59, 0, time.UTC)
@@ -616,6 +627,7 @@ func TestBudgetStopAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
 // The replica's flush of its in-process counts runs once more when it stops: what it
 // refused just before is written, though no interval came round.
 func TestLocalRejectionFlushFlushesOnStop(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	g := f.degradedGuard()
 	fl := rejections.NewLocalRejectionFlush(f.rej, rejections.LocalRejectionFlushOptions{Interval: time.Hour})
@@ -638,6 +650,7 @@ func TestLocalRejectionFlushFlushesOnStop(t *testing.T) {
 // A task stopped by the daily steps quota on one UTC day whose end is written on the
 // next reports the day it was refused on.
 func TestBudgetStopAtADayBoundaryKeysItsOwnDay(t *testing.T) {
+	t.Parallel()
 	f := newRejecting(t)
 	f.now = time.Date(2026, 12, 1, 23, 59, 59, 0, time.UTC)
 	l := quotas.NoLimits()

@@ -13,6 +13,7 @@ import (
 // view of the anchor, books into it), and then the next period starts as usual, from
 // zero.
 func TestReseededPeriodHoldsUntilItEnds(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	task := f.running("rs")
 	f.record(task, 1, 100, 0)

@@ -14,6 +14,7 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -28,7 +29,6 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	st := store.New(testenv.Postgres(t))
 	return &fixture{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys, ledger: usage.NewLedger(st)}
@@ -105,6 +105,7 @@ func admitParams(tenant string, i int) quotas.AdmitParams {
 // The ledger's view of a tenant: steps of the last day by the hour, the period's
 // tokens and cost; other tenants and earlier periods are not in it.
 func TestPeriodUsageSumsTheLedger(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := f.running("a"), f.running("b")
 	f.record(a, 1, 10, 100)
@@ -132,6 +133,7 @@ func TestPeriodUsageSumsTheLedger(t *testing.T) {
 // After Redis lost its data, the first admission rebuilds the counters from the
 // ledger: they equal it, and a tenant under its quotas is admitted.
 func TestCountersAreRebuiltFromTheLedgerAfterALoss(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	q := f.replica(f.ledger)
 	task := f.running("acme")
@@ -186,6 +188,7 @@ func (c *counting) PeriodUsage(ctx context.Context, tenant string, p quotas.Peri
 // the faster one's and after steps were reserved on it, writes nothing: the counters
 // are the ledger plus those steps, not the ledger again.
 func TestConcurrentAdmissionsAfterALossSeedOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	task := f.running("acme")
 	for n := 1; n <= 5; n++ {
@@ -243,6 +246,7 @@ func (r *racing) PeriodUsage(ctx context.Context, tenant string, p quotas.Period
 // the rebuild writes what it read, and the step it missed (in flight at the loss) is
 // in the ledger, where the recount finds it.
 func TestASettlementRacingARebuildWritesNothing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	task := f.running("acme")
 	f.record(task, 1, 10, 100)
@@ -281,6 +285,7 @@ func TestASettlementRacingARebuildWritesNothing(t *testing.T) {
 // The recount's basis: each tenant's ledger in its own billing period, and what its
 // running tasks may hold reserved (one step each, and each one's last step's use).
 func TestRecountBasis(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a := f.running("a")
 	f.record(a, 1, 10, 100)
@@ -288,7 +293,7 @@ func TestRecountBasis(t *testing.T) {
 	f.running("a") // running, nothing recorded yet
 	done := f.running("b")
 	f.record(done, 1, 5, 50)
-	f.exec(`UPDATE tasks SET state = 'completed' WHERE id = $1`, done)
+	testfactory.TaskEnded(t, f.st.Pool(), done, "completed")
 	got, err := f.ledger.RecountBasis(f.ctx, []string{"a", "b", "nobody"}, time.Now())
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 // Rollups kept step by step equal the rollups rebuilt from the ledger, whatever the
 // steps and however often they are retried.
 func TestIncrementalRollupsEqualRebuilt(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	tasks := []uuid.UUID{f.running("acme"), f.running("acme"), f.running("acme")}
@@ -97,6 +98,7 @@ func (f *fixture) ledgerRow(tenant string, task uuid.UUID, step int, at time.Tim
 // and the export of a month gives each tenant its period starting in it, summing
 // exactly to the ledger over that period, in JSON and in CSV.
 func TestRebuildAndExportFollowTheAnchor(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	created := time.Date(2025, 12, 1, 0, 0, 0, 0, time.UTC)
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at, billing_day, time_zone) VALUES
@@ -249,6 +251,7 @@ func zoneOf(a quotas.Anchor) *time.Location {
 // moves to enterprise now. Its first period (no use), last month's and this month's
 // show free, free and enterprise; a rebuild of its rollups keeps them.
 func TestExportShowsThePlanOfEachPeriod(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	now := time.Now().UTC()
 	month := func(back int) time.Time {
@@ -296,6 +299,7 @@ func ptr[T any](v T) *T { return &v }
 // history would hold back every tenant's feed and webhooks while it ran), and ends
 // with every period of the new anchor equal to the ledger's sums over it.
 func TestAnchorChangeRebuildsInPieces(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	now := time.Now().UTC()
 	created := time.Date(now.Year(), now.Month()-8, 1, 0, 0, 0, 0, time.UTC)

@@ -90,7 +90,6 @@ type relayEnv struct {
 
 func newRelayEnv(t *testing.T) *relayEnv {
 	t.Helper()
-	t.Parallel()
 	st := store.New(testenv.Postgres(t))
 	clock := &fakeClock{t: time.Now().Truncate(time.Second)}
 	e := &relayEnv{ctx: context.Background(), st: st, clock: clock,
@@ -201,6 +200,7 @@ func verify(h hook, secret string) bool {
 // An endpoint gets the events written after it, each as the stored bytes, signed per
 // Standard Webhooks with the event id as webhook-id, and every attempt is listed.
 func TestRelaySignsAndDeliversTheStoredBytes(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, nil)
 	before := e.hit(t, "acme", 1)
@@ -255,6 +255,7 @@ func TestRelaySignsAndDeliversTheStoredBytes(t *testing.T) {
 // 500s are retried on the schedule, each attempt recorded; a delivery that fails its
 // last attempt is given up and not sent again.
 func TestRelayRetriesOnTheSchedule(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	flaky := newReceiver(t, func(n int, _ hook) int {
 		if n <= 3 {
@@ -321,6 +322,7 @@ func TestRelayRetriesOnTheSchedule(t *testing.T) {
 // The default jitter spreads a delay over ±10 %, and the standard schedule is the
 // Standard Webhooks one.
 func TestStandardScheduleAndJitter(t *testing.T) {
+	t.Parallel()
 	want := []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
 	if fmt.Sprint(webhooks.StandardSchedule) != fmt.Sprint(want) {
 		t.Errorf("schedule %v", webhooks.StandardSchedule)
@@ -354,6 +356,7 @@ func TestStandardScheduleAndJitter(t *testing.T) {
 // A 410 disables the endpoint: its pending deliveries are cancelled and it gets no
 // new ones.
 func TestRelayGoneDisablesTheEndpoint(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, func(int, hook) int { return http.StatusGone })
 	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
@@ -390,6 +393,7 @@ func TestRelayGoneDisablesTheEndpoint(t *testing.T) {
 
 // After a rotation both secrets sign until the grace ends; then only the new one.
 func TestRelayRotationSignsWithBothSecretsDuringTheGrace(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, nil)
 	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
@@ -418,6 +422,7 @@ func TestRelayRotationSignsWithBothSecretsDuringTheGrace(t *testing.T) {
 
 // An endpoint gets only its types, and only its tenant's events when it names one.
 func TestRelayFiltersByTypeAndTenant(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	acmeHits := newReceiver(t, nil)
 	allApproaching := newReceiver(t, nil)
@@ -446,6 +451,7 @@ func TestRelayFiltersByTypeAndTenant(t *testing.T) {
 
 // Deleting an endpoint stops its deliveries, retries included.
 func TestRelayDeletedEndpointGetsNothingMore(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, func(int, hook) int { return 500 })
 	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
@@ -477,6 +483,7 @@ func TestRelayDeletedEndpointGetsNothingMore(t *testing.T) {
 // A relay that dies after claiming a delivery leaves it to be sent again once its
 // lease lapses: at least once.
 func TestRelayResendsWhatADeadRelayHeld(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, nil)
 	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
@@ -645,6 +652,7 @@ func TestRelaysShareTheWork(t *testing.T) {
 // The endpoint service refuses what cannot be delivered, never shows a secret after
 // create, and pages attempts.
 func TestWebhookServiceRules(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	for _, tc := range []struct {
 		name  string
@@ -761,6 +769,7 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // A receiver that never answers holds only its own deliveries: another endpoint's
 // next event is sent while the hung sends are still waiting for their timeout.
 func TestRelayHungEndpointDoesNotDelayOthers(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	hung := newHungReceiver(t)
 	healthy := newReceiver(t, nil)
@@ -809,6 +818,7 @@ func (e *relayEnv) fanOutAll(t *testing.T, now time.Time, want int) {
 // A backlog of one endpoint's due deliveries does not fill the claim: every endpoint
 // with due work gets its share of it, oldest first within each endpoint.
 func TestClaimIsFairBetweenEndpoints(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	t0 := e.clock.Now()
 	busy := e.create(t, "https://busy.example/hook", "", outbox.TypeLimitHit)
@@ -873,6 +883,7 @@ func TestClaimIsFairBetweenEndpoints(t *testing.T) {
 // or never did, holds one of the relays' sends, not PerEndpoint of them, however many
 // of its events come due. Once a delivery to it succeeds it gets the full cap.
 func TestEndpointWithoutASuccessGetsOneInFlight(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	t0 := e.clock.Now()
 	failing := e.create(t, "https://failing.example/hook", "acme", outbox.TypeLimitHit)
@@ -940,6 +951,7 @@ func TestEndpointWithoutASuccessGetsOneInFlight(t *testing.T) {
 // the attempt fails with an error that names the kind of address, not the URL or
 // the address, and the receiver gets nothing. The allow-list lets it through.
 func TestRelayRefusesPrivateDestinationsAtDialTime(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, nil)
 	port := rcv.srv.URL[strings.LastIndex(rcv.srv.URL, ":")+1:]
@@ -977,6 +989,7 @@ func TestRelayRefusesPrivateDestinationsAtDialTime(t *testing.T) {
 // Registration refuses an address literal in a refused network, and takes names
 // (judged when dialled) and public addresses; the allow-list lets its networks in.
 func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	strict := webhooks.NewWebhooks(e.st, webhooks.WebhooksOptions{})
 	for _, u := range []string{
@@ -1008,6 +1021,7 @@ func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
 // visible and changeable by its tenant alone, never listing the operator's, and
 // receiving its tenant's events only.
 func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	limits := map[string]quotas.Limit{"acme": 2, "globex": quotas.Unlimited}
 	hooks := webhooks.NewWebhooks(e.st, webhooks.WebhooksOptions{AllowNets: netguard.Loopback(), Archetype: &baseservice.Archetype{Clock: e.clock.Now},
@@ -1118,6 +1132,7 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 // cuts the hung sends short, at once, and leaves their deliveries pending for the
 // next relay once their leases lapse.
 func TestRelaysKeepThePerEndpointCapAndStopPromptly(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	// It answers once (an endpoint that never succeeded gets one send at a time),
 	// then holds every request.
