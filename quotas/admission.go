@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/groupcommit"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 )
@@ -113,8 +114,12 @@ type Quotas struct {
 	structErr  error
 	textNums   bool
 
-	mu       sync.Mutex
-	batchers []*batcher // set while a Coalescer runs
+	// admits are the shards' group commits of admissions (batcher.go); nil when
+	// Options.Coalesce is off.
+	admits          []groupcommit.Group[*admitReq]
+	coalesceTimeout time.Duration
+	// batch carries step reservations (Options.Batch); nil sends each alone.
+	batch *redisx.Batch
 
 	usage   UsageSource // what lost counters are rebuilt from (seed.go); nil: zero
 	log     *slog.Logger
@@ -124,9 +129,36 @@ type Quotas struct {
 	seeded  map[string]uint64    // rebuilds finished, by tenant (seed.go)
 }
 
-// New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests).
-func New(rdb redis.UniversalClient, keys rkeys.Keys, nowMs func() int64) *Quotas {
-	return &Quotas{rdb: rdb, keys: keys, nowMs: nowMs}
+// Options configure how a Quotas shares its calls to Redis with other callers. The
+// zero value sends every call alone.
+type Options struct {
+	// Coalesce sends the admissions of one shard that arrive while a script call of
+	// that shard is out together in the next one (batcher.go), each call bounded by
+	// CoalesceTimeout (0: 5 s) rather than by its callers' deadlines. The App sets it
+	// where the API runs, whose admissions come in concurrently.
+	Coalesce        bool
+	CoalesceTimeout time.Duration
+	// Batch carries step reservations (ReserveStep) in shared pipelines. The App gives
+	// the Batch the worker and the scheduler use, so that a task's "running" message,
+	// attached with redisx.Along, goes in the round trip of its first reservation.
+	Batch *redisx.Batch
+}
+
+// New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests). At
+// most one Options may be given.
+func New(rdb redis.UniversalClient, keys rkeys.Keys, nowMs func() int64, opts ...Options) *Quotas {
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	q := &Quotas{rdb: rdb, keys: keys, nowMs: nowMs, batch: o.Batch, coalesceTimeout: o.CoalesceTimeout}
+	if q.coalesceTimeout <= 0 {
+		q.coalesceTimeout = defaultCoalesceTimeout
+	}
+	if o.Coalesce {
+		q.admits = q.newAdmitGroups()
+	}
+	return q
 }
 
 // Keys returns the key builder.
@@ -537,7 +569,7 @@ func boolArg(b bool) string {
 
 // Admit runs the admission script: in ModeAdmit it checks and takes every scope in one
 // atomic call; ModePeek reports without taking; ModeKey spends the key bucket only.
-// While a Coalescer runs, concurrent calls are coalesced into one script call per shard.
+// With Options.Coalesce, concurrent calls are coalesced into one script call per shard.
 // Counters Redis lost are rebuilt from the ledger before anything is decided on them.
 func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 	var d Decision
@@ -554,13 +586,9 @@ func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 
 // admitRaw is one admission call, which may answer unseeded.
 func (q *Quotas) admitRaw(ctx context.Context, p AdmitParams) (Decision, error) {
-	if b := q.batcherFor(p.TenantID); b != nil {
-		return b.admit(ctx, p)
+	if q.admits != nil {
+		return q.admitCoalesced(ctx, p)
 	}
-	return q.admitOne(ctx, p)
-}
-
-func (q *Quotas) admitOne(ctx context.Context, p AdmitParams) (Decision, error) {
 	ds, err := q.admitBatch(ctx, []AdmitParams{p})
 	if err != nil {
 		return Decision{}, err
