@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/agentq/agentq/internal/groupcommit"
 	"github.com/agentq/agentq/internal/redisx"
@@ -124,9 +125,9 @@ type Quotas struct {
 	usage   UsageSource // what lost counters are rebuilt from (seed.go); nil: zero
 	log     *slog.Logger
 	rebuilt metric.Int64Counter // rebuilds (agentq.quotas.counters_rebuilt); nil: not counted
+	seeds   singleflight.Group  // rebuilds in progress, by tenant
 	seedMu  sync.Mutex
-	seeds   map[string]*seedCall // rebuilds in progress, by tenant
-	seeded  map[string]uint64    // rebuilds finished, by tenant (seed.go)
+	seeded  map[string]uint64 // rebuilds finished, by tenant (seed.go)
 }
 
 // Options configure how a Quotas shares its calls to Redis with other callers. The
