@@ -805,34 +805,21 @@ func (e *QuotaExceeded) Error() string {
 // step and reserves one step and the estimated tokens and cost. A refusal is a
 // *QuotaExceeded. The admission check reads the same counters; counters Redis lost
 // are rebuilt from the ledger first.
+//
+// The first call goes through Options.Batch, when set, with concurrent reservations
+// and whatever the caller attached to ctx with redisx.WithAlong (a task's "running"
+// message): one round trip for all of them. A call after a rebuild goes alone.
 func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
-	return q.ReserveStepQueued(ctx, p, nil)
-}
-
-// QueueReserveStep queues ReserveStep's script on pipe (a redisx.Batch's, to go out
-// with other calls); ReserveStepQueued, given its answer, finishes ReserveStep.
-func (q *Quotas) QueueReserveStep(ctx context.Context, pipe redis.Pipeliner, p StepParams) *redis.Cmd {
-	return q.reserveStep(ctx, pipe, p)
-}
-
-func (q *Quotas) reserveStep(ctx context.Context, c redis.Scripter, p StepParams) *redis.Cmd {
-	l := p.Limits
-	return reserveStepScript.Run(ctx, c,
-		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix)
-}
-
-// ReserveStepQueued is ReserveStep whose first call was sent already (sent; nil sends
-// it now). Counters Redis lost are rebuilt and the reservation asked again.
-func (q *Quotas) ReserveStepQueued(ctx context.Context, p StepParams, sent *redis.Cmd) error {
 	var refused error
+	first := true
 	err := q.untilSeeded(ctx, p.TenantID, p.Period, func() (bool, error) {
-		cmd := sent
-		sent = nil
-		if cmd == nil {
+		var cmd *redis.Cmd
+		if first && q.batch != nil {
+			_ = q.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = q.reserveStep(ctx, pipe, p) }) // its error is cmd's
+		} else {
 			cmd = q.reserveStep(ctx, q.rdb, p)
 		}
+		first = false
 		res, err := cmd.Slice()
 		if err != nil {
 			return false, fmt.Errorf("quotas: reserve step: %w", err)
@@ -851,6 +838,14 @@ func (q *Quotas) ReserveStepQueued(ctx context.Context, p StepParams, sent *redi
 		return err
 	}
 	return refused
+}
+
+func (q *Quotas) reserveStep(ctx context.Context, c redis.Scripter, p StepParams) *redis.Cmd {
+	l := p.Limits
+	return reserveStepScript.Run(ctx, c,
+		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
+		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix)
 }
 
 func str(v any) string { s, _ := v.(string); return s }

@@ -59,10 +59,10 @@ type PolicySource interface {
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
 // advertise this process's capacity.
 type Slots interface {
-	// QueueDone and DoneQueued release a finished task's slots in two halves, so
-	// that the script goes out in the round trip of the task end's other calls.
-	QueueDone(ctx context.Context, pipe redis.Pipeliner, p wire.Payload, took time.Duration) *redis.Cmd
-	DoneQueued(ctx context.Context, cmd *redis.Cmd) error
+	// Done releases a finished task's slots. The worker attaches the task end's
+	// other calls to ctx (redisx.WithAlong): given the worker's Batch (the App's
+	// wiring), the scheduler sends them in Done's round trip.
+	Done(ctx context.Context, p wire.Payload, took time.Duration) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
 }
@@ -70,10 +70,10 @@ type Slots interface {
 // Limits is what the worker needs of the quotas package: count each step against the
 // tenant's period quotas and release a task's session lease when it ends.
 type Limits interface {
-	// QueueReserveStep and ReserveStepQueued reserve a step in two halves, so that the
-	// reservation shares a round trip (the first one with the "running" message).
-	QueueReserveStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams) *redis.Cmd
-	ReserveStepQueued(ctx context.Context, p quotas.StepParams, sent *redis.Cmd) error
+	// ReserveStep reserves a step. The worker attaches the "running" message to the
+	// first one's ctx (redisx.WithAlong): given the worker's Batch (the App's wiring),
+	// the quotas send it in the reservation's round trip.
+	ReserveStep(ctx context.Context, p quotas.StepParams) error
 	SettleStep(ctx context.Context, p quotas.StepParams) error
 	// QueueSettleStep and QueueRelease queue SettleStep and the release of a task's
 	// leases on a pipe.
@@ -456,26 +456,14 @@ func (w *Worker) queueReleaseLease(tenantID, taskID string) func(redis.Pipeliner
 func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.Pipeliner)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var done *redis.Cmd
-	err := w.batch.Do(ctx, func(pipe redis.Pipeliner) {
-		for _, q := range tail {
-			q(pipe)
-		}
-		done = w.slots.QueueDone(ctx, pipe, p, took)
-	})
-	if done == nil || done.Err() != nil {
-		if done != nil {
-			err = done.Err()
-		}
-		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
-		return
-	}
-	if err != nil {
+	actx, along := redisx.WithAlong(ctx, tail...)
+	err := w.slots.Done(actx, p, took)
+	if tailErr := along.Send(ctx, w.batch); tailErr != nil && err == nil {
 		// The settlement or the lease release: the janitor repairs both (a lease also
 		// lapses with its TTL); a lost progress message is re-read from Postgres.
-		w.log.Warn("a finished task's quota settlement, lease release or last message failed", "task_id", p.TaskID, "err", err)
+		w.log.Warn("a finished task's quota settlement, lease release or last message failed", "task_id", p.TaskID, "err", tailErr)
 	}
-	if err := w.slots.DoneQueued(ctx, done); err != nil {
+	if err != nil {
 		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
 	}
 }
