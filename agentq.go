@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
 	"github.com/agentq/agentq/internal/operator"
@@ -111,7 +112,8 @@ type App struct {
 	rejections  *billing.Rejections
 	relay       *billing.Relay
 	tel         *telemetry.Telemetry
-	svcs        []startstop.Service // the configured roles' services, in start order
+	arch        *baseservice.Archetype // logger, tracer and meter providers of every service
+	svcs        []startstop.Service    // the configured roles' services, in start order
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
@@ -147,6 +149,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return nil, err
 	}
 	tp, mp := a.tel.TracerProvider, a.tel.MeterProvider
+	// The one bundle of plumbing the services share.
+	a.arch = &baseservice.Archetype{Logger: a.log, TracerProvider: tp, MeterProvider: mp}
 	// Postgres and Redis calls are traced inside a request, a dispatch or a step;
 	// the background polling makes no traces of its own.
 	callTP := telemetry.ChildrenOnly(tp)
@@ -175,9 +179,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 	// timeout: they must answer as fast as admission does.
 	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log,
 		MeterProvider: mp, Batch: a.slotBatch})
-	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch, Batch: a.batch})
+	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{
+		Prefetch: a.cfg.Prefetch, Batch: a.batch, WakeInProcess: a.cfg.Has(config.RoleScheduler),
+	})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
-	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
+	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Archetype: a.arch})
 	queues := map[string]int{}
 	for band, w := range scheduler.Bands {
 		queues[a.keys.AsynqQueue(band)] = w
@@ -201,8 +207,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
-		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log, Fetchers: a.cfg.WorkerFetchers,
-		Policies: a.services.Tenants, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
+		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.arch, Fetchers: a.cfg.WorkerFetchers,
+		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch,
 	})
 	a.rejections, a.localRejections = a.refusalFlushes()
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{

@@ -15,12 +15,12 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -95,21 +95,20 @@ type WorkerOptions struct {
 	// in, so several loops fetch side by side. Each polls empty queues Fetchers times
 	// less often, so an idle worker costs Redis about what one server did.
 	Fetchers int
-	Logger   *slog.Logger
+	// Archetype is where the worker logs, traces each delivery (agentq.task) and step
+	// (agentq.step), in the trace the task carries from its submission, and meters
+	// (agentq.task_wait, agentq.worker_busy_ratio); nil: the defaults.
+	Archetype *baseservice.Archetype
 	// Policies gives a tenant's limits, for the step-time quota checks
 	// (tenants.Service or tenants.Policies); nil checks none.
 	Policies PolicySource
 	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
 	Events func(taskID string) string
-	// TracerProvider traces each delivery (agentq.task) and step (agentq.step), in
-	// the trace the task carries from its submission; nil is the global one.
-	TracerProvider trace.TracerProvider
-	// MeterProvider receives agentq.task_wait and agentq.worker_busy_ratio; nil is
-	// the global one.
-	MeterProvider metric.MeterProvider
 	// Batch carries the progress messages and a finished task's Redis calls, shared
 	// with the other workers' calls of the same moment; nil makes one on the
-	// worker's client.
+	// worker's client. The App gives the one its Scheduler and Quotas use, so that
+	// the calls the worker attaches to Done and ReserveStep (redisx.WithAlong) share
+	// their round trips.
 	Batch *redisx.Batch
 }
 
@@ -155,9 +154,7 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 	if opts.Concurrency < 1 {
 		opts.Concurrency = 1
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
+	arch := opts.Archetype.Defaults()
 	if opts.Batch == nil {
 		opts.Batch = redisx.NewBatch(rdb, 0)
 	}
@@ -172,26 +169,19 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		rdb:       rdb,
 		batch:     opts.Batch,
 		opts:      opts,
-		log:       opts.Logger,
+		log:       arch.Logger,
 		running:   map[uuid.UUID]context.CancelCauseFunc{},
 		ends:      make(chan struct{}, opts.Concurrency),
 		warm:      newWarmGoroutines(warmIdle),
 	}
 	w.endCtx, w.endStop = context.WithCancel(context.Background())
-	tp := opts.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	w.tracer = tp.Tracer("github.com/agentq/agentq/runtime")
-	w.instrument(opts.MeterProvider)
+	w.tracer = arch.Tracer("github.com/agentq/agentq/runtime")
+	w.instrument(arch.MeterProvider)
 	return w
 }
 
 // instrument creates the worker's instruments.
 func (w *Worker) instrument(mp metric.MeterProvider) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
 	meter := mp.Meter("github.com/agentq/agentq/runtime")
 	w.wait, _ = meter.Float64Histogram("agentq.task_wait", metric.WithUnit("s"),
 		metric.WithDescription("Time from a task's admission to its first start on a worker"),
