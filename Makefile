@@ -5,8 +5,9 @@ SHELL := /usr/bin/env bash
 
 GO       ?= go
 FUZZTIME ?= 20s
+LOADGEN  := internal/bench/loadgen
 
-.PHONY: all test test-cluster services vet build dev fuzz lint chaos chaos-short
+.PHONY: all test test-cluster services vet build loadgen dev fuzz lint chaos chaos-short
 
 all: build
 
@@ -15,12 +16,14 @@ all: build
 services:
 	bash scripts/services.sh
 
-## test: services, go vet, then the whole test suite with the race detector.
+## test: services, go vet, then the whole test suite with the race detector, then the
+## load generator module's own vet and tests (they need no server).
 ## Tests read AGENTQ_TEST_DATABASE_URL and AGENTQ_TEST_REDIS_URL (see README.md).
 test: services
 	$(GO) vet ./...
 	$(GO) vet -tags cluster .
 	$(GO) test -race -count=1 -timeout 12m ./...
+	cd $(LOADGEN) && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 ## test-cluster: the Redis Cluster suite. Each test starts its own local cluster of
 ## three masters (redis-server --cluster-enabled yes on free ports) and runs agentq's
@@ -35,6 +38,12 @@ vet:
 ## build: the agentq binary at bin/agentq.
 build:
 	$(GO) build -o bin/agentq ./cmd/agentq
+
+## loadgen: the load generator of docs/benchmarks.md at bin/loadgen: agentq over HTTP,
+## River and plain asynq under one load. A module of its own (internal/bench/loadgen),
+## so that River is no dependency of agentq's.
+loadgen:
+	cd $(LOADGEN) && $(GO) build -o $(CURDIR)/bin/loadgen .
 
 ## dev: everything in one process with demo tenants (see README.md).
 dev:
@@ -54,7 +63,8 @@ fuzz:
 	done; \
 	if [ "$$found" = 0 ]; then echo "fuzz: no Fuzz functions found"; fi
 
-## lint: gofmt, then golangci-lint at a pinned version (.golangci.yml). The first run
+## lint: gofmt, then golangci-lint at a pinned version (.golangci.yml), then go vet of
+## the load generator's module (golangci-lint's ./... stops at its go.mod). The first run
 ## builds golangci-lint into the Go build cache (about two minutes); later runs reuse it.
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 lint:
@@ -64,6 +74,7 @@ lint:
 	fi; \
 	echo "gofmt: ok"
 	$(GOLANGCI_LINT) run ./...
+	cd $(LOADGEN) && $(GO) vet ./...
 
 ## chaos: a scripted fault run (FLUSHDB Redis, kill -9 the server, restart Postgres)
 ## that fails unless every accepted task ends and no lease leaks (scripts/chaos.sh).

@@ -26,7 +26,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/rejections"
+	"github.com/agentq/agentq/billing/usage"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
@@ -86,8 +89,11 @@ const taskCheckInterval = 10 * time.Millisecond
 // Postgres. Build it with New, run it with Start, end it with Stop or Shutdown; the
 // tenant, key and task operations work from New on.
 type App struct {
-	cfg        config.Config
-	log        *slog.Logger
+	cfg config.Config
+	log *slog.Logger
+	// archetype is the one logger, tracer and meter providers and clock every
+	// service of the App shares.
+	archetype  *baseservice.Archetype
 	store      *store.Store
 	rdb        redis.UniversalClient
 	batch      *redisx.Batch // shared round trips of the task path (see New)
@@ -109,26 +115,25 @@ type App struct {
 	lifecycle   *tasks.Lifecycle
 	recovery    *maintenance.Recovery
 	janitor     *maintenance.Janitor
-	rejections  *billing.Rejections
-	relay       *billing.Relay
+	rejections  *rejections.Rejections
+	relay       *webhooks.Relay
 	tel         *telemetry.Telemetry
-	arch        *baseservice.Archetype // logger, tracer and meter providers of every service
-	svcs        []startstop.Service    // the configured roles' services, in start order
+	svcs        []startstop.Service // the configured roles' services, in start order
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
 
 	// localRejections flushes the refusals admission decided in process.
-	localRejections *billing.LocalRejectionFlush
+	localRejections *rejections.LocalRejectionFlush
 }
 
 // New validates the configuration (refusing it with a *ConfigError that names the
 // field), connects, migrates and builds every component. Nothing runs until Start.
 func New(ctx context.Context, o Options) (*App, error) {
-	if err := o.Config.validate(o.Redis != nil, o.Pool != nil); err != nil {
+	if err := o.Config.Check(o.Redis != nil, o.Pool != nil); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: config.Config(o.Config), log: o.Logger, rdb: o.Redis, agents: o.Agents}
+	a := &App{cfg: o.Config, log: o.Logger, rdb: o.Redis, agents: o.Agents}
 	if a.log == nil {
 		a.log = slog.Default()
 	}
@@ -149,8 +154,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return nil, err
 	}
 	tp, mp := a.tel.TracerProvider, a.tel.MeterProvider
-	// The one bundle of plumbing the services share.
-	a.arch = &baseservice.Archetype{Logger: a.log, TracerProvider: tp, MeterProvider: mp}
+	a.archetype = &baseservice.Archetype{Logger: a.log, TracerProvider: tp, MeterProvider: mp}
 	// Postgres and Redis calls are traced inside a request, a dispatch or a step;
 	// the background polling makes no traces of its own.
 	callTP := telemetry.ChildrenOnly(tp)
@@ -174,7 +178,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.quotas = quotas.New(a.rdb, a.keys, nil, quotas.Options{
 		Coalesce: a.cfg.Has(config.RoleAPI), CoalesceTimeout: a.cfg.RedisTimeout, Batch: a.batch,
 	})
-	a.quotas.SetUsageSource(billing.NewLedger(a.store), a.log, mp)
+	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.log, mp)
 	// The request slots' calls have a batch of their own, bounded by the admission
 	// timeout: they must answer as fast as admission does.
 	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log,
@@ -183,18 +187,18 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Prefetch: a.cfg.Prefetch, Batch: a.batch, WakeInProcess: a.cfg.Has(config.RoleScheduler),
 	})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
-	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Archetype: a.arch})
+	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Archetype: a.archetype})
 	queues := map[string]int{}
 	for band, w := range scheduler.Bands {
 		queues[a.keys.AsynqQueue(band)] = w
 	}
 	// One lifecycle for every task state change this process makes: submissions and
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
-	events := billing.Events{UpgradeURL: a.cfg.UpgradeURL}
+	events := outbox.Events{UpgradeURL: a.cfg.UpgradeURL}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
 		MeterProvider:  mp,
 		BudgetExceeded: events.BudgetStop,
-		StepRecorded: billing.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
+		StepRecorded: outbox.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
 			pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
 			return pol.Limits, err
 		}}.Step,
@@ -202,19 +206,19 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
 		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log, TracerProvider: tp,
-		Webhooks: billing.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
+		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets, Archetype: a.archetype},
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
-		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.arch, Fetchers: a.cfg.WorkerFetchers,
+		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
 		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch,
 	})
 	a.rejections, a.localRejections = a.refusalFlushes()
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
-	a.relay = billing.NewRelay(a.store, billing.RelayConfig{Logger: a.log, MeterProvider: mp, AllowNets: a.cfg.WebhookAllowNets})
+	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Archetype: a.archetype, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
 	a.api = a.newAPI(pool, readStore, tp, mp)
@@ -291,10 +295,10 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
-		Events: billing.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
+		Events: outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
 		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
 		Logger:      a.log,
-		UsageExport: billing.NewRollups(readStore),
+		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
 			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
 		}),
@@ -310,12 +314,12 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 // refusalFlushes are the flushes of admission's refusal counts to Postgres: those
 // counted in Redis (the janitor's pass), and those this replica decided in process
 // while Redis was unreachable (each API replica flushes its own).
-func (a *App) refusalFlushes() (*billing.Rejections, *billing.LocalRejectionFlush) {
-	r := &billing.Rejections{
+func (a *App) refusalFlushes() (*rejections.Rejections, *rejections.LocalRejectionFlush) {
+	r := &rejections.Rejections{
 		Store: a.store, Counts: a.quotas, Shards: a.keys.Shards(), Plans: a.plans,
-		Events: billing.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission,
+		Events: outbox.Events{UpgradeURL: a.cfg.UpgradeURL}, Local: a.admission, Archetype: a.archetype,
 	}
-	return r, billing.NewLocalRejectionFlush(r, billing.LocalRejectionFlushOptions{Logger: a.log})
+	return r, rejections.NewLocalRejectionFlush(r, rejections.LocalRejectionFlushOptions{Archetype: a.archetype})
 }
 
 // roleServices lists the background services of the configured roles in the order
@@ -411,7 +415,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: billing.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store, Logger: a.log,
+		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store, Logger: a.log,
 		MeterProvider: a.tel.MeterProvider,
 	}
 }

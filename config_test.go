@@ -136,11 +136,11 @@ func TestConfigDocumentsEveryDefault(t *testing.T) {
 	}
 }
 
-// configFieldDocs reads the doc comments of Config's fields from config.go, with
-// whitespace collapsed.
+// configFieldDocs reads the doc comments of Config's fields from
+// internal/config/config.go, where the type is defined, with whitespace collapsed.
 func configFieldDocs(t *testing.T) map[string]string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
+	f, err := parser.ParseFile(token.NewFileSet(), "internal/config/config.go", nil, parser.ParseComments)
 	if err != nil {
 		t.Fatal(err)
 	}

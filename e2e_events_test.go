@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -20,15 +20,15 @@ import (
 // in its own transaction (n > 1: several in one).
 type eventWriter struct {
 	st  *store.Store
-	evs billing.Events
+	evs outbox.Events
 }
 
 var feedEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // limitHit builds tenant's limit_hit number i of the named writer: a minute of its own,
 // so no two dedupe.
-func (w eventWriter) limitHit(tenant, writer string, i int) billing.Event {
-	ev, err := w.evs.LimitHit(billing.Refusal{TenantID: tenant, Plan: "pro", LimitType: quotas.TenantRate + "_" + writer,
+func (w eventWriter) limitHit(tenant, writer string, i int) outbox.Event {
+	ev, err := w.evs.LimitHit(outbox.Refusal{TenantID: tenant, Plan: "pro", LimitType: quotas.TenantRate + "_" + writer,
 		Limit: 5, Used: 5, At: feedEpoch.Add(time.Duration(i) * time.Minute)})
 	if err != nil {
 		panic(err) // a tenant is always given
@@ -36,10 +36,10 @@ func (w eventWriter) limitHit(tenant, writer string, i int) billing.Event {
 	return ev
 }
 
-func (w eventWriter) write(ctx context.Context, evs ...billing.Event) error {
+func (w eventWriter) write(ctx context.Context, evs ...outbox.Event) error {
 	return w.st.InTx(ctx, func(tx *store.Store) error {
 		for _, ev := range evs {
-			if ok, err := billing.WriteEvent(ctx, tx, ev); err != nil || !ok {
+			if ok, err := outbox.WriteEvent(ctx, tx, ev); err != nil || !ok {
 				return fmt.Errorf("write %s: %v %v", ev.ID, ok, err)
 			}
 		}
@@ -77,7 +77,7 @@ func TestEventsFeedPaginatesUnderConcurrentWrites(t *testing.T) {
 	h := e.start(t)
 	acme, _ := h.tenantClient("acme", "pro", nil)
 	h.tenantClient("globex", "pro", nil)
-	w := eventWriter{st: store.New(e.pool), evs: billing.Events{UpgradeURL: "https://agentq.example/upgrade?plan=pro&x=<y>"}}
+	w := eventWriter{st: store.New(e.pool), evs: outbox.Events{UpgradeURL: "https://agentq.example/upgrade?plan=pro&x=<y>"}}
 	ctx := context.Background()
 
 	const perWriter = 60
@@ -91,7 +91,7 @@ func TestEventsFeedPaginatesUnderConcurrentWrites(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < perWriter; {
 				// Some transactions write two events, and each also writes one of globex's.
-				batch := []billing.Event{w.limitHit("acme", writer, i), w.limitHit("globex", writer, i)}
+				batch := []outbox.Event{w.limitHit("acme", writer, i), w.limitHit("globex", writer, i)}
 				i++
 				if i%3 == 0 && i < perWriter {
 					batch = append(batch, w.limitHit("acme", writer, i))
@@ -190,10 +190,10 @@ func TestAdminEventsFeedFilters(t *testing.T) {
 	h.tenantClient("globex", "pro", nil)
 	w := eventWriter{st: store.New(e.pool)}
 	ctx := context.Background()
-	period := billing.Span{Start: feedEpoch, End: feedEpoch.AddDate(0, 1, 0)}
+	period := outbox.Span{Start: feedEpoch, End: feedEpoch.AddDate(0, 1, 0)}
 	for _, tenant := range []string{"acme", "globex"} {
 		// 80 %, 90 % and 100 % of the tokens quota: two approaching_limit and a limit_hit.
-		evs, err := w.evs.Crossings(billing.Quota{TenantID: tenant, Plan: "pro", LimitType: quotas.AITokensMonthly, Limit: 100, Period: period}, 0, 100, feedEpoch)
+		evs, err := w.evs.Crossings(outbox.Quota{TenantID: tenant, Plan: "pro", LimitType: quotas.AITokensMonthly, Limit: 100, Period: period}, 0, 100, feedEpoch)
 		if err != nil || len(evs) != 3 {
 			t.Fatalf("crossings: %d %v", len(evs), err)
 		}
@@ -286,11 +286,11 @@ func TestBudgetStopShowsInTheFeed(t *testing.T) {
 	for _, ev := range got {
 		byType[ev.Data.LimitType] = ev.Data
 	}
-	if d := byType[billing.LimitTaskMaxSteps]; len(got) != 2 || d.LimitValue != "2" || d.CurrentUsage != "2" ||
+	if d := byType[outbox.LimitTaskMaxSteps]; len(got) != 2 || d.LimitValue != "2" || d.CurrentUsage != "2" ||
 		d.Enforcement != "stopped" || d.SLAClassification != "enforced_limit" || d.Window == nil {
 		t.Fatalf("limit_hit events %+v", got)
 	}
-	if d := byType[billing.LimitTaskMaxCostUSD]; d.LimitValue != "0.002500" || d.CurrentUsage != "0.003000" {
+	if d := byType[outbox.LimitTaskMaxCostUSD]; d.LimitValue != "0.002500" || d.CurrentUsage != "0.003000" {
 		t.Fatalf("cost limit_hit %+v", d)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/store"
 )
@@ -115,7 +115,7 @@ func TestTenantWebhooksOverHTTP(t *testing.T) {
 	}
 
 	// acme's local endpoint gets acme's event, not globex's.
-	w := eventWriter{st: store.New(e.pool), evs: billing.Events{}}
+	w := eventWriter{st: store.New(e.pool), evs: outbox.Events{}}
 	gev, aev := w.limitHit("globex", "own", 1), w.limitHit("acme", "own", 1)
 	if err := w.write(ctx, gev); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/store"
 )
@@ -63,7 +63,7 @@ func TestWebhookArrivesSigned(t *testing.T) {
 		t.Errorf("bad url: %v", err)
 	}
 
-	w := eventWriter{st: store.New(e.pool), evs: billing.Events{UpgradeURL: "https://agentq.example/upgrade"}}
+	w := eventWriter{st: store.New(e.pool), evs: outbox.Events{UpgradeURL: "https://agentq.example/upgrade"}}
 	ev := w.limitHit("acme", "wh", 1)
 	if err := w.write(ctx, ev); err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestWebhookDestinationsAreChecked(t *testing.T) {
 	if _, err := admin.CreateWebhook(ctx, client.CreateWebhookRequest{URL: rcv.URL + "/hook", Types: []string{client.EventLimitHit}}); err != nil {
 		t.Fatal(err)
 	}
-	w := eventWriter{st: store.New(e.pool), evs: billing.Events{}}
+	w := eventWriter{st: store.New(e.pool), evs: outbox.Events{}}
 	ev := w.limitHit("acme", "dest", 1)
 	if err := w.write(ctx, ev); err != nil {
 		t.Fatal(err)

@@ -3,94 +3,52 @@ package agentq
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/quotas"
 )
 
-// UnknownAgentError refuses a task for an agent that neither runs in process nor is
-// registered as an HTTP agent.
-type UnknownAgentError struct{ Agent string }
+// Refusals of a task. The task service returns these very values, so errors.As
+// matches them whichever layer an error came through.
+type (
+	// UnknownAgentError refuses a task for an agent that neither runs in process nor
+	// is registered as an HTTP agent.
+	UnknownAgentError = agentqtype.UnknownAgentError
+	// SuspendedError refuses a task of a suspended tenant.
+	SuspendedError = agentqtype.SuspendedError
+	// IdempotencyConflictError refuses a task whose idempotency key was used with a
+	// different request.
+	IdempotencyConflictError = agentqtype.IdempotencyConflictError
+	// LimitError refuses a task that a limit of the tenant's does not allow now.
+	// Decision.Violated names the limits; the RetryAfter of each violated scope of
+	// Decision.Scopes says when a retry can pass.
+	LimitError = quotas.LimitError
+	// TaskEndedError refuses to cancel a task that already ended: ID is the task,
+	// State how it ended.
+	TaskEndedError = tasks.FinishedError
+)
 
-// Error says which agent is unknown.
-func (e *UnknownAgentError) Error() string { return fmt.Sprintf("unknown agent %q", e.Agent) }
-
-// SuspendedError refuses a task of a suspended tenant.
-type SuspendedError struct{ TenantID string }
-
-// Error says which tenant is suspended.
-func (e *SuspendedError) Error() string { return fmt.Sprintf("tenant %s is suspended", e.TenantID) }
-
-// IdempotencyConflictError refuses a task whose idempotency key was used with a
-// different request.
-type IdempotencyConflictError struct{ Key string }
-
-// Error says which key was used.
-func (e *IdempotencyConflictError) Error() string {
-	return fmt.Sprintf("idempotency key %q was already used with a different request", e.Key)
-}
-
-// LimitError refuses a task that a limit of the tenant's does not allow now.
-// Decision.Violated names the limits; the RetryAfter of each violated scope of
-// Decision.Scopes says when a retry can pass.
-type LimitError struct{ Decision quotas.Decision }
-
-// Error names the limits that refused the task.
-func (e *LimitError) Error() string { return fmt.Sprintf("refused by limits %v", e.Decision.Violated) }
-
-// TaskEndedError refuses to cancel a task that already ended; State is how it ended.
-type TaskEndedError struct {
-	ID    uuid.UUID
-	State string
-}
-
-// Error says how the task ended.
-func (e *TaskEndedError) Error() string {
-	return fmt.Sprintf("task %s already ended %s", e.ID, e.State)
-}
-
-// taskErr turns the task service's refusals into the library's, and returns any
-// other error as invalidOf does.
-func taskErr(err error) error {
-	var (
-		unknown   *tasks.UnknownAgentError
-		suspended *tasks.SuspendedError
-		conflict  *tasks.ConflictError
-		refused   *tasks.RefusedError
-		finished  *tasks.FinishedError
-	)
-	switch {
-	case errors.As(err, &unknown):
-		return &UnknownAgentError{Agent: unknown.Agent}
-	case errors.As(err, &suspended):
-		return &SuspendedError{TenantID: suspended.TenantID}
-	case errors.As(err, &conflict):
-		return &IdempotencyConflictError{Key: conflict.Key}
-	case errors.As(err, &refused):
-		return &LimitError{Decision: refused.Decision}
-	case errors.As(err, &finished):
-		return &TaskEndedError{ID: finished.ID, State: finished.State}
-	}
-	return invalidOf(err)
-}
+// TaskState is a task's state; Task.State and TaskQuery.State hold one as a string.
+type TaskState = agentqtype.TaskState
 
 // Task states.
 const (
-	TaskQueued         = "queued"
-	TaskRunning        = "running"
-	TaskCompleted      = "completed"
-	TaskFailed         = "failed"
-	TaskKilled         = "killed" // cancelled
-	TaskBudgetExceeded = "budget_exceeded"
-	TaskAbandoned      = "abandoned"
+	TaskQueued         = agentqtype.TaskStateQueued
+	TaskRunning        = agentqtype.TaskStateRunning
+	TaskCompleted      = agentqtype.TaskStateCompleted
+	TaskFailed         = agentqtype.TaskStateFailed
+	TaskKilled         = agentqtype.TaskStateKilled // cancelled
+	TaskBudgetExceeded = agentqtype.TaskStateBudgetExceeded
+	TaskAbandoned      = agentqtype.TaskStateAbandoned
 )
 
-// Task is a task and where it stands.
+// Task is a task and where it stands, as the library returns it: money in dollars,
+// the budget decoded, and none of the row's bookkeeping (the key it came with, the
+// request hash, the agent's state), which the store's row keeps for the service.
 type Task struct {
 	ID       uuid.UUID
 	TenantID string
@@ -118,7 +76,7 @@ type Task struct {
 }
 
 // Ended reports whether the task reached a final state.
-func (t Task) Ended() bool { return tasks.Terminal(t.State) }
+func (t Task) Ended() bool { return TaskState(t.State).Terminal() }
 
 // TaskUsage is what a task consumed.
 type TaskUsage struct {
@@ -162,12 +120,9 @@ type NewTask struct {
 	IdempotencyKey string
 }
 
-// TaskBudget is a requested task budget; nil fields take the plan's default.
-type TaskBudget struct {
-	MaxSteps      *int
-	MaxWallclockS *float64
-	MaxCostUSD    *float64
-}
+// TaskBudget is a requested task budget (NewTask.Budget): nil fields take the plan's
+// default, and none may exceed the plan's ceiling. The task service takes it as it is.
+type TaskBudget = quotas.BudgetRequest
 
 // SubmitTask validates a task, admits it against the tenant's limits and queues it,
 // as POST /v1/tasks does. The submission carries no API key: the per-key limits
@@ -175,16 +130,12 @@ type TaskBudget struct {
 // refused field is an *InvalidError, a refusal by a limit a *LimitError; see also
 // UnknownAgentError, SuspendedError, IdempotencyConflictError and ErrUnavailable.
 func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
-	var budget *tasks.BudgetRequest
-	if p.Budget != nil {
-		budget = &tasks.BudgetRequest{MaxSteps: p.Budget.MaxSteps, MaxWallclockS: p.Budget.MaxWallclockS, MaxCostUSD: p.Budget.MaxCostUSD}
-	}
 	res, err := a.services.Tasks.Submit(ctx, tasks.SubmitParams{
-		TenantID: p.TenantID, Agent: p.Agent, Input: p.Input, User: p.User, Budget: budget,
+		TenantID: p.TenantID, Agent: p.Agent, Input: p.Input, User: p.User, Budget: p.Budget,
 		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey,
 	})
 	if err != nil {
-		return Task{}, taskErr(err)
+		return Task{}, invalidOf(err)
 	}
 	return taskOf(res.Task), nil
 }
@@ -193,7 +144,7 @@ func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
 func (a *App) GetTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	t, err := a.services.Tasks.Get(ctx, tenantID, id)
 	if err != nil {
-		return Task{}, taskErr(err)
+		return Task{}, invalidOf(err)
 	}
 	return taskOf(t), nil
 }
@@ -217,7 +168,7 @@ type TaskPage struct {
 func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	page, err := a.services.Tasks.List(ctx, tasks.ListParams{TenantID: q.TenantID, State: q.State, Limit: q.Limit, Before: q.Before})
 	if err != nil {
-		return TaskPage{}, taskErr(err)
+		return TaskPage{}, invalidOf(err)
 	}
 	out := TaskPage{Tasks: make([]Task, 0, len(page.Tasks)), Next: page.Next}
 	for _, t := range page.Tasks {
@@ -232,7 +183,7 @@ func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 func (a *App) CancelTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	t, err := a.services.Tasks.Cancel(ctx, tenantID, id)
 	if err != nil {
-		return Task{}, taskErr(err)
+		return Task{}, invalidOf(err)
 	}
 	return taskOf(t), nil
 }

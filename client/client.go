@@ -1,5 +1,7 @@
 package client
 
+//go:generate go run ../agentqtype/internal/vocabgen -o vocab_gen.go
+
 import (
 	"bytes"
 	"context"
@@ -18,27 +20,8 @@ import (
 // Version is this client's version, sent in the User-Agent header.
 const Version = "0.1.0"
 
-// Task states. The last five are terminal.
-const (
-	StateQueued         = "queued"
-	StateRunning        = "running"
-	StateCompleted      = "completed"
-	StateFailed         = "failed"
-	StateKilled         = "killed"
-	StateBudgetExceeded = "budget_exceeded"
-	StateAbandoned      = "abandoned"
-)
-
-// IsTerminal reports whether a task in state has ended for good.
-func IsTerminal(state string) bool {
-	switch state {
-	case StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned:
-		return true
-	}
-	return false
-}
-
-// Task is a task as the API shows it.
+// Task is a task as the API shows it: the wire format (the server writes it as
+// web.TaskJSON; this package stands on the standard library, so it has its own).
 type Task struct {
 	ID       string  `json:"id"`
 	TenantID string  `json:"tenant_id"`

@@ -10,7 +10,7 @@ import (
 // While Redis is unreachable, admissions are decided in process (Guard.degraded) and
 // the admission script, which counts refusals in Redis, does not run. The Guard counts
 // those refusals itself, in memory, per tenant, limit and minute, and a flush in the
-// same process (billing.Rejections.FlushLocal) copies them to Postgres, where they are
+// same process (rejections.Rejections.FlushLocal) copies them to Postgres, where they are
 // told as the platform's refusals, not the plan's.
 
 // MaxLocalRejections bounds a replica's in-process refusal counts: (tenant, limit,

@@ -50,6 +50,15 @@ var bursty = []string{KeyRate, TenantRate, KeyAgentRate, UserTasksHourly}
 //go:embed plans.yaml
 var defaultPlans []byte
 
+// BudgetRequest is the budget a submission asks for: nil fields take the plan's
+// default, and none may exceed the plan's ceiling. The task service resolves it to a
+// TaskBudget; the Go library takes it as it is (agentq.TaskBudget).
+type BudgetRequest struct {
+	MaxSteps      *int
+	MaxWallclockS *float64
+	MaxCostUSD    *float64
+}
+
 // TaskBudget is one task's budget. Every field is a cap and is above 0: a task
 // always runs with all three.
 type TaskBudget struct {

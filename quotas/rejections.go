@@ -15,7 +15,7 @@ import (
 
 // Refused admissions are counted in Redis by the admission script itself (one HINCRBY
 // per refusal, see admitScript), per tenant, minute and combination of limits that
-// refused, and flushed to Postgres by a janitor pass (billing.Rejections). So a refusal
+// refused, and flushed to Postgres by a janitor pass (rejections.Rejections). So a refusal
 // costs no Postgres write and no extra round trip, and a tenant refused thousands of
 // times a second costs one row per limit per minute.
 

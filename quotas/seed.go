@@ -32,7 +32,7 @@ import (
 // seeding at once write once), and asks again. A marked tenant pays nothing for this
 // but one more field in a read the script makes anyway. The mark lives and dies with
 // the hash that holds the counters, so a restart with Redis intact rebuilds nothing.
-// Limits of the scheme, and the recount that corrects what it misses: billing/doc.go.
+// Limits of the scheme, and the recount that corrects what it misses: billing/usage/doc.go.
 
 // UsageSource reads what a tenant used from the system of record, the usage ledger.
 type UsageSource interface {

@@ -8,7 +8,7 @@ import (
 )
 
 // The counters carry a mark from the moment they are seeded; without it no script
-// decides on them or writes them. (Rebuilding from a real ledger: billing's tests.)
+// decides on them or writes them. (Rebuilding from a real ledger: billing/usage's tests.)
 func TestCountersWithoutTheirMarkAreSeededFirst(t *testing.T) {
 	f := newQ(t)
 	ctx := context.Background()

@@ -4,8 +4,9 @@
 Starts a local 3-master Redis Cluster (or, with --single, uses one Redis), a fresh
 Postgres database, and three agentq processes: api, scheduler+janitor, worker. Then:
 
-  1. runs the loadcmp load generator's agentq load (--loadcmp PATH, or the LOADCMP
-     environment variable) against the API and
+  1. runs the load generator's agentq load (internal/bench/loadgen, built to
+     bin/loadgen unless --loadcmp PATH or the LOADCMP environment variable names
+     another binary) against the API and
      reads each process's CPU time (/proc/<pid>/stat) before and after: CPU seconds
      per 1,000 tasks per role, Redis and Postgres included;
   2. counts the connections each side holds (pg_stat_activity, INFO clients);
@@ -13,20 +14,24 @@ Postgres database, and three agentq processes: api, scheduler+janitor, worker. T
      after: bytes per queued task. (Bytes per tenant: `agentq bench admission`.)
 
 Prints one JSON object. Needs redis-server, redis-cli, psql, a built bin/agentq (make
-build) and a built loadcmp. Nothing else may use the Redis or Postgres meanwhile.
+build). Nothing else may use the Redis or Postgres meanwhile.
 
-  python3 scripts/split-roles.py --loadcmp /path/to/loadcmp [--single] [--tasks 4000]
+  python3 scripts/split-roles.py [--single] [--tasks 4000] [--loadcmp PATH]
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tempfile, threading, time, urllib.request
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--loadcmp", default=os.environ.get("LOADCMP"), required="LOADCMP" not in os.environ,
-                help="the loadcmp load generator binary (default: $LOADCMP)")
+ap.add_argument("--loadcmp", default=os.environ.get("LOADCMP"),
+                help="the load generator binary (default: $LOADCMP, else bin/loadgen built by make loadgen)")
 ap.add_argument("--bin", default="bin/agentq")
 ap.add_argument("--single", action="store_true", help="one Redis (REDIS_URL db 13) instead of a cluster")
 ap.add_argument("--tasks", type=int, default=4000)
 ap.add_argument("--queued", type=int, default=2000)
 args = ap.parse_args()
+if not args.loadcmp:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run(["make", "-s", "-C", root, "loadgen"], check=True, stdout=sys.stderr)
+    args.loadcmp = os.path.join(root, "bin", "loadgen")
 
 TICK = os.sysconf("SC_CLK_TCK")
 ADMIN = "split-admin"

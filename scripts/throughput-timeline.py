@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # Prints, every 250 ms until the agentq at 127.0.0.1:PORT stops answering, the tasks
 # admitted, dispatched and finished in that interval (from /metrics) and how idle the
-# machine was (/proc/stat). scripts/throughput.sh runs it beside loadcmp when TIMELINE
+# machine was (/proc/stat). scripts/throughput.sh runs it beside the load generator when TIMELINE
 # is set, into /tmp/throughput-timeline.log: it shows a run's two halves (submissions,
 # then the backlog's drain) and whether each is bound by CPU.
 #

@@ -1,15 +1,16 @@
 #!/bin/bash
-# One run of the loadcmp load generator against `BIN serve`, set up as a production-like
-# deployment would be: a fresh Postgres database and Redis db 14, an OTLP receiver
-# taking traces and metrics, loadcmp's default load. Prints loadcmp's JSON line, then the CPU seconds
-# per 1,000 tasks of the agentq process, Redis and every Postgres backend, then the
-# whole machine's busy and idle milliseconds per task (/proc/stat), then (with
-# "river") River's run of the same load on a fresh database and its machine time per
-# job, for the same-run baseline.
+# One run of the load generator (internal/bench/loadgen) against `BIN serve`, set up as
+# a production-like deployment would be: a fresh Postgres database and Redis db 14, an
+# OTLP receiver taking traces and metrics, the load generator's default load. Prints its
+# JSON line, then the CPU seconds per 1,000 tasks of the agentq process, Redis and every
+# Postgres backend, then the whole machine's busy and idle milliseconds per task
+# (/proc/stat); then, for each of "river" and "asynq" named after BIN, the same load
+# through River on a fresh database, or through plain asynq on the same Redis db, and
+# the machine's time per job: the same-run baselines.
 # With pg_stat_statements loaded in the server, also the top statements.
 #
 #   make build
-#   LOADCMP=/path/to/loadcmp scripts/throughput.sh bin/agentq [river]
+#   scripts/throughput.sh bin/agentq [river] [asynq]
 #
 # NOOTEL=1 runs it without the OTLP exporter variables (tracing's cost);
 # PPROF_ADDR=host:port serves pprof from the agentq process (AGENTQ_PPROF_ADDR);
@@ -18,14 +19,18 @@
 # to /tmp/throughput-timeline.log. With pg_stat_statements.track_planning on, the
 # statements' planning time shows beside their running time.
 #
-# LOADCMP (required) names the loadcmp binary, or a wrapper giving it
-# flags (-tasks 16000 for a run long enough to profile); the figures per task divide
-# by the tasks loadcmp reports.
+# The load generator is built to bin/loadgen (make loadgen) unless LOADCMP names
+# another binary, or a wrapper giving it flags (-tasks 16000 for a run long enough to
+# profile); the figures per task divide by the tasks it reports.
 #
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
 set -u
-BIN=$1; MODE=${2:-}
-LOADCMP=${LOADCMP:?set LOADCMP to the loadcmp load generator binary (or a wrapper of it)}
+BIN=$1; shift
+if [ -z "${LOADCMP:-}" ]; then
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  make -s -C "$root" loadgen >&2 || exit 1
+  LOADCMP=$root/bin/loadgen
+fi
 DB=tp_$$
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $DB" >/dev/null
@@ -61,7 +66,7 @@ stmts=$(psql -h 127.0.0.1 -U postgres -Atc "select 1 from pg_extension where ext
 tick=$(getconf CLK_TCK)
 # the whole machine's busy and idle jiffies (user nice system irq softirq steal; idle iowait)
 machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
-# tasks (or jobs) a loadcmp JSON line says it ran
+# tasks (or jobs) a load generator's JSON line says it ran
 ran() { python3 -c 'import sys,json; print(json.loads(sys.argv[1])["tasks"])' "$1" 2>/dev/null || echo 0; }
 per_task() { python3 -c "t=$tick; n=max($5,1); print('machine ms per task: busy %.2f idle %.2f' % (($3-$1)*1000/t/n, ($4-$2)*1000/t/n))"; }
 a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu); read -r m0 i0 < <(machine)
@@ -73,10 +78,16 @@ python3 -c "t=$tick; k=max($n,1)/1000; print('cpu s/1000 tasks: agentq %.2f redi
 per_task "$m0" "$i0" "$m1" "$i1" "$n"
 [ -n "$stmts" ] && psql -h 127.0.0.1 -U postgres -c "select calls, round(total_exec_time::numeric) ms, round(total_plan_time::numeric) plan, plans, left(regexp_replace(query, '\s+', ' ', 'g'), 100) q
   from pg_stat_statements where dbid = (select oid from pg_database where datname = '$DB') order by total_exec_time desc limit 40"
-if [ "$MODE" = river ]; then
-  psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE ${DB}_r" >/dev/null
+for mode in "$@"; do
+  case $mode in
+  river)
+    psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE ${DB}_r" >/dev/null
+    target="postgres://postgres@127.0.0.1:5432/${DB}_r?sslmode=disable" ;;
+  asynq) target=redis://127.0.0.1:6379/14 ;;
+  *) echo "unknown baseline $mode (river, asynq)" >&2; continue ;;
+  esac
   read -r m0 i0 < <(machine)
-  out=$("$LOADCMP" river "postgres://postgres@127.0.0.1:5432/${DB}_r?sslmode=disable"); echo "$out"
+  out=$("$LOADCMP" "$mode" "$target"); echo "$out"
   read -r m1 i1 < <(machine)
   per_task "$m0" "$i0" "$m1" "$i1" "$(ran "$out")"
-fi
+done

@@ -3,14 +3,14 @@ package web
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
-
-	"fmt"
-	"github.com/jackc/pgx/v5/pgconn"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // Error codes of the error body.
@@ -100,36 +100,18 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 
 // unreachable tells a backing service that cannot be reached (Postgres restarting, a
 // dropped connection, a timeout) from a real internal error: the first is a 503 the
-// client retries, the second a 500.
+// client retries, the second a 500. The store marks its own (ErrUnavailable); the
+// rest are the network's and the context's, as Redis's calls return them.
 func unreachable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code[:2] == "57" || pgErr.Code[:2] == "08" // operator intervention, connection exception
-	}
-	var connErr *pgconn.ConnectError
 	var netErr net.Error
-	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
-		pgconn.Timeout(err) || pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+	return errors.Is(err, agentqtype.ErrUnavailable) || errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
 
 // refusedValue tells Postgres refusing a value as data (bad encoding, NUL, a number or
 // nesting it cannot hold). Requests are validated before anything is stored, so this
 // is the safety net for what validation misses: the client's input, not a 500.
-func refusedValue(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "22021", // character_not_in_repertoire: invalid UTF-8, NUL in text
-		"22P05", // untranslatable_character: \u0000 in jsonb
-		"22P02", // invalid_text_representation: e.g. a lone surrogate in jsonb
-		"22003", // numeric_value_out_of_range
-		"54001": // statement_too_complex: nesting deeper than Postgres's stack
-		return true
-	}
-	return false
-}
+func refusedValue(err error) bool { return errors.Is(err, agentqtype.ErrValueRefused) }
 
 func tooLarge() *APIError {
 	return apiErr(http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "Request body exceeds %d bytes.", maxBodyBytes)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/usage"
 )
 
 // MIMETextCSV is the CSV export's content type.
@@ -54,15 +54,15 @@ func (s *Server) adminUsage(c echo.Context) error {
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "format must be json or csv.")
 	}
 	if q.Get("period") == "" {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", billing.BadPeriodMessage)
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", usage.BadPeriodMessage)
 	}
-	usage := s.UsageExport
-	if usage == nil {
-		usage = s.Usage
+	src := s.UsageExport
+	if src == nil {
+		src = s.Usage
 	}
-	exp, err := usage.Export(c.Request().Context(), q.Get("period"))
-	if errors.Is(err, billing.ErrBadPeriod) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", billing.BadPeriodMessage)
+	exp, err := src.Export(c.Request().Context(), q.Get("period"))
+	if errors.Is(err, usage.ErrBadPeriod) {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", usage.BadPeriodMessage)
 	}
 	if err != nil {
 		return err
@@ -71,7 +71,7 @@ func (s *Server) adminUsage(c echo.Context) error {
 		return c.JSON(http.StatusOK, exp)
 	}
 	var b bytes.Buffer
-	if err := billing.WriteCSV(&b, exp); err != nil {
+	if err := usage.WriteCSV(&b, exp); err != nil {
 		return err
 	}
 	c.Response().Header().Set("Content-Disposition", `attachment; filename="usage-`+exp.Month+`.csv"`)

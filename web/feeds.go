@@ -9,13 +9,13 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 )
 
 // feedParams reads type, after and limit, and tenant when admin; every other query
 // parameter is refused.
-func feedParams(c echo.Context, admin bool) (billing.FeedParams, string, error) {
-	p := billing.FeedParams{Limit: billing.DefaultFeedLimit}
+func feedParams(c echo.Context, admin bool) (outbox.FeedParams, string, error) {
+	p := outbox.FeedParams{Limit: outbox.DefaultFeedLimit}
 	q := c.QueryParams()
 	for k := range q {
 		switch k {
@@ -30,21 +30,21 @@ func feedParams(c echo.Context, admin bool) (billing.FeedParams, string, error) 
 		}
 	}
 	if t := q.Get("type"); t != "" {
-		if !billing.KnownType(t) {
+		if !outbox.KnownType(t) {
 			return p, "", apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown event type %q: use %s or %s.",
-				t, billing.TypeLimitHit, billing.TypeApproachingLimit)
+				t, outbox.TypeLimitHit, outbox.TypeApproachingLimit)
 		}
 		p.Type = t
 	}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > billing.MaxFeedLimit {
-			return p, "", apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", billing.MaxFeedLimit)
+		if err != nil || n < 1 || n > outbox.MaxFeedLimit {
+			return p, "", apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", outbox.MaxFeedLimit)
 		}
 		p.Limit = n
 	}
 	p.After = q.Get("after")
-	if _, err := billing.DecodeCursor(p.After); err != nil {
+	if _, err := outbox.DecodeCursor(p.After); err != nil {
 		return p, "", badCursor()
 	}
 	return p, q.Get("tenant"), nil
@@ -57,8 +57,8 @@ func badCursor() *APIError {
 // writeEvents answers a page. The body is put together by hand, not re-encoded:
 // encoding/json would re-compact (and HTML-escape) each stored event, and the
 // contract is the stored bytes.
-func writeEvents(c echo.Context, page billing.FeedPage, err error) error {
-	if errors.Is(err, billing.ErrBadCursor) {
+func writeEvents(c echo.Context, page outbox.FeedPage, err error) error {
+	if errors.Is(err, outbox.ErrBadCursor) {
 		return badCursor()
 	}
 	if err != nil {
@@ -69,7 +69,7 @@ func writeEvents(c echo.Context, page billing.FeedPage, err error) error {
 
 // EventsBody is the JSON of a feed page, {"events":[…],"next_cursor":"…"}, each event
 // its stored bytes; the CLI prints the same.
-func EventsBody(page billing.FeedPage) []byte {
+func EventsBody(page outbox.FeedPage) []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"events":[`)
 	for i, e := range page.Events {

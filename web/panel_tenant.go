@@ -13,7 +13,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -120,7 +120,7 @@ func (s *Server) panelError(c echo.Context, status int, msg string) error {
 
 func (s *Server) panelPage(c echo.Context) error {
 	t := panelTenantOf(c)
-	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: billing.DefaultUsageDays})
+	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: usage.DefaultUsageDays})
 	if err != nil {
 		var ae *APIError
 		if errors.As(err, &ae) {
@@ -140,7 +140,7 @@ func (s *Server) panelPage(c echo.Context) error {
 // buckets (the panel has none).
 func (s *Server) panelUsage(c echo.Context) error {
 	t := panelTenantOf(c)
-	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: billing.DefaultUsageDays})
+	rep, _, err := s.usageReport(c.Request().Context(), t, usageQuery{Days: usage.DefaultUsageDays})
 	if err != nil {
 		return err
 	}
@@ -369,14 +369,14 @@ func fmtCountdown(d time.Duration) string {
 // The charts: one bar chart per meter, 600 x 120 user units.
 const chartW, chartH = 600.0, 120.0
 
-func newPanelCharts(days []billing.DayUsage) []panelChart {
+func newPanelCharts(days []usage.DayUsage) []panelChart {
 	series := []struct {
 		id, title, unit string
-		val             func(billing.DayUsage) float64
+		val             func(usage.DayUsage) float64
 	}{
-		{"steps", "Agent steps per day", "steps", func(d billing.DayUsage) float64 { return float64(d.Steps) }},
-		{"tokens", "AI tokens per day", "tokens", func(d billing.DayUsage) float64 { return float64(d.Tokens) }},
-		{"usd", "Spend per day", "usd", func(d billing.DayUsage) float64 { return float64(d.CostMicroUSD) / 1e6 }},
+		{"steps", "Agent steps per day", "steps", func(d usage.DayUsage) float64 { return float64(d.Steps) }},
+		{"tokens", "AI tokens per day", "tokens", func(d usage.DayUsage) float64 { return float64(d.Tokens) }},
+		{"usd", "Spend per day", "usd", func(d usage.DayUsage) float64 { return float64(d.CostMicroUSD) / 1e6 }},
 	}
 	out := make([]panelChart, 0, len(series))
 	for _, sr := range series {

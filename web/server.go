@@ -17,7 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/rejections"
+	"github.com/agentq/agentq/billing/usage"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/keys"
@@ -52,15 +55,15 @@ type Deps struct {
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue // nil: the tenant service's
 	Admission  *quotas.Guard
-	Events     *billing.Feed // the usage events feeds
+	Events     *outbox.Feed // the usage events feeds
 	// Rejections reports a tenant's refused admissions per limit (the usage report);
 	// nil reports none.
-	Rejections *billing.Rejections
-	Webhooks   *billing.Webhooks
-	Usage      *billing.Rollups // the usage report's rollups and limit hits
+	Rejections *rejections.Rejections
+	Webhooks   *webhooks.Webhooks
+	Usage      *usage.Rollups // the usage report's rollups and limit hits
 	// UsageExport runs the usage export (GET /v1/admin/usage), a long read that may go
 	// to a read replica; nil: Usage.
-	UsageExport *billing.Rollups
+	UsageExport *usage.Rollups
 	// Operator reads the operator view (/panel/admin); nil: the view answers 503.
 	Operator   *operator.Service
 	UpgradeURL string

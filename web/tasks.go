@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/tasks"
 )
 
@@ -30,7 +31,9 @@ type BudgetRequest struct {
 	MaxCostUSD    *float64 `json:"max_cost_usd"`
 }
 
-// TaskJSON is the task as the API shows it.
+// TaskJSON is the task as the API shows it: the wire format, whose JSON names and
+// nulls the OpenAPI document and clients rely on. client.Task reads the same format
+// in the client, which may import only the standard library.
 type TaskJSON struct {
 	ID         string          `json:"id"`
 	TenantID   string          `json:"tenant_id"`
@@ -97,10 +100,10 @@ func (r *BudgetRequest) params() *tasks.BudgetRequest {
 func (s *Server) taskErr(err error, id *uuid.UUID) error {
 	var (
 		inv       *tasks.InvalidError
-		unknown   *tasks.UnknownAgentError
-		suspended *tasks.SuspendedError
+		unknown   *agentqtype.UnknownAgentError
+		suspended *agentqtype.SuspendedError
 		scope     *tasks.ScopeError
-		conflict  *tasks.ConflictError
+		conflict  *agentqtype.IdempotencyConflictError
 		refused   *tasks.RefusedError
 		admission *tasks.AdmissionError
 		finished  *tasks.FinishedError

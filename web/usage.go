@@ -10,7 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
@@ -40,8 +40,8 @@ type UsageReport struct {
 	// UpgradeURL is where the plan is upgraded.
 	UpgradeURL string `json:"upgrade_url"`
 	// RecentLimitHits are the tenant's latest usage.limit_hit events, newest first
-	// (at most billing.DefaultRecentHits), with the ids the feeds and webhooks carry.
-	RecentLimitHits []billing.LimitHit `json:"recent_limit_hits"`
+	// (at most usage.DefaultRecentHits), with the ids the feeds and webhooks carry.
+	RecentLimitHits []usage.LimitHit `json:"recent_limit_hits"`
 	// Queue counts the tenant's live tasks.
 	Queue QueueUsage `json:"queue"`
 	// Tasks are the tenant's running and queued tasks (at most usageTasks), running
@@ -49,7 +49,7 @@ type UsageReport struct {
 	Tasks []UsageTask `json:"tasks"`
 	// Days is the tenant's use per day of its zone, oldest first, today last
 	// (?days=, default 30).
-	Days []billing.DayUsage `json:"days"`
+	Days []usage.DayUsage `json:"days"`
 }
 
 // QueueUsage is the tenant's tasks waiting (Depth: state queued) and running.
@@ -107,14 +107,14 @@ func (s *Server) usage(c echo.Context) error {
 	return c.JSON(http.StatusOK, rep)
 }
 
-// parseDays reads ?days=: 1..billing.MaxUsageDays, billing.DefaultUsageDays when absent.
+// parseDays reads ?days=: 1..usage.MaxUsageDays, usage.DefaultUsageDays when absent.
 func parseDays(v string, given bool) (int, error) {
 	if !given {
-		return billing.DefaultUsageDays, nil
+		return usage.DefaultUsageDays, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > billing.MaxUsageDays {
-		return 0, apiErr(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", billing.MaxUsageDays)
+	if err != nil || n < 1 || n > usage.MaxUsageDays {
+		return 0, apiErr(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", usage.MaxUsageDays)
 	}
 	return n, nil
 }
@@ -155,7 +155,7 @@ func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery
 		}
 	}
 	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}, UpgradeURL: s.UpgradeURL,
-		RecentLimitHits: []billing.LimitHit{}, Tasks: []UsageTask{}, Days: []billing.DayUsage{}}
+		RecentLimitHits: []usage.LimitHit{}, Tasks: []UsageTask{}, Days: []usage.DayUsage{}}
 	limitOf := map[string]quotas.Limit{}
 	for _, name := range quotas.LimitTypes {
 		limitOf[name] = quotas.Unlimited // a limit the plan leaves out is off
@@ -240,18 +240,18 @@ func (s *Server) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuer
 	if s.Usage == nil {
 		return nil
 	}
-	hits, err := s.Usage.RecentLimitHits(ctx, t.ID, billing.DefaultRecentHits)
+	hits, err := s.Usage.RecentLimitHits(ctx, t.ID, usage.DefaultRecentHits)
 	if err != nil {
 		return err
 	}
 	rep.RecentLimitHits = hits
 	days := q.Days
 	if days == 0 {
-		days = billing.DefaultUsageDays
+		days = usage.DefaultUsageDays
 	}
 	rep.Days, err = s.Usage.Days(ctx, t.ID, t.Anchor(), days, now)
-	if errors.Is(err, billing.ErrBadDays) {
-		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", billing.MaxUsageDays)
+	if errors.Is(err, usage.ErrBadDays) {
+		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", usage.MaxUsageDays)
 	}
 	return err
 }

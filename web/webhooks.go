@@ -10,7 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -60,7 +60,7 @@ type WebhookAttemptJSON struct {
 }
 
 // NewWebhookJSON is an endpoint as the API shows it (the CLI prints the same).
-func NewWebhookJSON(w billing.Webhook) WebhookJSON {
+func NewWebhookJSON(w webhooks.Webhook) WebhookJSON {
 	out := WebhookJSON{
 		ID: w.ID.String(), URL: w.URL, Types: w.Types, DisabledAt: w.DisabledAt,
 		PreviousSecretExpiresAt: w.PreviousSecretExpiresAt, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt,
@@ -83,7 +83,7 @@ func NewWebhookJSON(w billing.Webhook) WebhookJSON {
 
 // NewWebhooksJSON is the API's JSON of a list of endpoints (the admin and tenant
 // listings, and the CLI's).
-func NewWebhooksJSON(ws []billing.Webhook) []WebhookJSON {
+func NewWebhooksJSON(ws []webhooks.Webhook) []WebhookJSON {
 	out := make([]WebhookJSON, 0, len(ws))
 	for _, w := range ws {
 		out = append(out, NewWebhookJSON(w))
@@ -92,7 +92,7 @@ func NewWebhooksJSON(ws []billing.Webhook) []WebhookJSON {
 }
 
 // NewWebhookAttemptJSON is an attempt as the API shows it.
-func NewWebhookAttemptJSON(a billing.WebhookAttempt) WebhookAttemptJSON {
+func NewWebhookAttemptJSON(a webhooks.WebhookAttempt) WebhookAttemptJSON {
 	out := WebhookAttemptJSON{
 		ID: strconv.FormatInt(a.ID, 10), EventID: a.EventID, Attempt: a.Attempt, AttemptedAt: a.AttemptedAt,
 		DurationMS: a.Duration.Milliseconds(), Result: a.Result,
@@ -108,9 +108,9 @@ func NewWebhookAttemptJSON(a billing.WebhookAttempt) WebhookAttemptJSON {
 
 // webhookErr turns the webhook service's errors into the API's.
 func webhookErr(err error, upgradeURL string) error {
-	var inv *billing.InvalidWebhookError
-	var nf *billing.WebhookNotFoundError
-	var over *billing.WebhookLimitError
+	var inv *webhooks.InvalidWebhookError
+	var nf *webhooks.WebhookNotFoundError
+	var over *webhooks.WebhookLimitError
 	switch {
 	case errors.As(err, &over):
 		e := apiErr(http.StatusPaymentRequired, "QUOTA_EXCEEDED", "%s Upgrade your plan to continue.", over.Error())
@@ -135,7 +135,7 @@ func (s *Server) createWebhook(c echo.Context) error {
 	if err := decodeStrict(body, &r, false); err != nil {
 		return err
 	}
-	w, err := s.Webhooks.Create(c.Request().Context(), billing.CreateWebhookParams{URL: r.URL, Types: r.Types, TenantID: r.Tenant})
+	w, err := s.Webhooks.Create(c.Request().Context(), webhooks.CreateWebhookParams{URL: r.URL, Types: r.Types, TenantID: r.Tenant})
 	if err != nil {
 		return webhookErr(err, s.UpgradeURL)
 	}
@@ -202,25 +202,25 @@ func (s *Server) listTenantWebhookAttempts(c echo.Context) error {
 }
 
 // attemptsParams reads a page of attempts' query: after and limit, nothing else.
-func attemptsParams(c echo.Context) (billing.AttemptsParams, error) {
+func attemptsParams(c echo.Context) (webhooks.AttemptsParams, error) {
 	q := c.QueryParams()
 	for k := range q {
 		if k != "after" && k != "limit" {
-			return billing.AttemptsParams{}, apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
+			return webhooks.AttemptsParams{}, apiErr(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
 		}
 	}
-	p := billing.AttemptsParams{After: q.Get("after")}
+	p := webhooks.AttemptsParams{After: q.Get("after")}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > billing.MaxAttemptsLimit {
-			return p, apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", billing.MaxAttemptsLimit)
+		if err != nil || n < 1 || n > webhooks.MaxAttemptsLimit {
+			return p, apiErr(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", webhooks.MaxAttemptsLimit)
 		}
 		p.Limit = n
 	}
 	return p, nil
 }
 
-func attemptsJSON(c echo.Context, page billing.AttemptsPage) error {
+func attemptsJSON(c echo.Context, page webhooks.AttemptsPage) error {
 	out := make([]WebhookAttemptJSON, 0, len(page.Attempts))
 	for _, a := range page.Attempts {
 		out = append(out, NewWebhookAttemptJSON(a))
@@ -250,7 +250,7 @@ func (s *Server) createTenantWebhook(c echo.Context) error {
 	if err := decodeStrict(body, &r, false); err != nil {
 		return err
 	}
-	w, err := s.Webhooks.CreateForTenant(c.Request().Context(), billing.TenantWebhookParams{
+	w, err := s.Webhooks.CreateForTenant(c.Request().Context(), webhooks.TenantWebhookParams{
 		TenantID: keyRecord(c).TenantID, URL: r.URL, Types: r.Types,
 	})
 	if err != nil {

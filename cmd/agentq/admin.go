@@ -14,7 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/usage"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pg"
@@ -40,9 +42,9 @@ func migrationsUp(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 type adminEnv struct {
 	tenants  *tenants.Service
 	apiKeys  *keys.Service
-	events   *billing.Feed
-	webhooks *billing.Webhooks
-	usage    *billing.Rollups
+	events   *outbox.Feed
+	webhooks *webhooks.Webhooks
+	usage    *usage.Rollups
 }
 
 // adminServices builds the admin commands' services. With Redis, a changed key or
@@ -52,7 +54,7 @@ type adminEnv struct {
 func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys,
 	allowNets []netip.Prefix) adminEnv {
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk,
-		Webhooks: billing.WebhooksOptions{AllowNets: allowNets}})
+		Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}})
 	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage}
 }
 
@@ -366,15 +368,15 @@ func eventsCommand(withEnv adminEnvRunner) *cobra.Command {
 			"Pass next_cursor as --after for the next page; from it, every event shows once, in order.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if evType != "" && !billing.KnownType(evType) {
-				return fmt.Errorf("--type: unknown event type %q: use %s or %s", evType, billing.TypeLimitHit, billing.TypeApproachingLimit)
+			if evType != "" && !outbox.KnownType(evType) {
+				return fmt.Errorf("--type: unknown event type %q: use %s or %s", evType, outbox.TypeLimitHit, outbox.TypeApproachingLimit)
 			}
-			if evLimit < 1 || evLimit > billing.MaxFeedLimit {
-				return fmt.Errorf("--limit must be between 1 and %d", billing.MaxFeedLimit)
+			if evLimit < 1 || evLimit > outbox.MaxFeedLimit {
+				return fmt.Errorf("--limit must be between 1 and %d", outbox.MaxFeedLimit)
 			}
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
-				page, err := env.events.All(cmd.Context(), evTenant, billing.FeedParams{Type: evType, After: evAfter, Limit: evLimit})
-				if errors.Is(err, billing.ErrBadCursor) {
+				page, err := env.events.All(cmd.Context(), evTenant, outbox.FeedParams{Type: evType, After: evAfter, Limit: evLimit})
+				if errors.Is(err, outbox.ErrBadCursor) {
 					return errors.New("--after: malformed cursor: pass a next_cursor this feed gave")
 				}
 				if err != nil {
@@ -385,10 +387,10 @@ func eventsCommand(withEnv adminEnvRunner) *cobra.Command {
 			})
 		},
 	}
-	events.Flags().StringVar(&evType, "type", "", "only events of this type ("+billing.TypeLimitHit+" or "+billing.TypeApproachingLimit+")")
+	events.Flags().StringVar(&evType, "type", "", "only events of this type ("+outbox.TypeLimitHit+" or "+outbox.TypeApproachingLimit+")")
 	events.Flags().StringVar(&evTenant, "tenant", "", "only this tenant's events")
 	events.Flags().StringVar(&evAfter, "after", "", "the next_cursor of the previous page")
-	events.Flags().IntVar(&evLimit, "limit", billing.DefaultFeedLimit, "events per page")
+	events.Flags().IntVar(&evLimit, "limit", outbox.DefaultFeedLimit, "events per page")
 	return events
 }
 
@@ -404,14 +406,14 @@ func usageExportCommand(withEnv adminEnvRunner) *cobra.Command {
 			}
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
 				exp, err := env.usage.Export(cmd.Context(), period)
-				if errors.Is(err, billing.ErrBadPeriod) {
-					return fmt.Errorf("%s", billing.BadPeriodMessage) // the API's words
+				if errors.Is(err, usage.ErrBadPeriod) {
+					return fmt.Errorf("%s", usage.BadPeriodMessage) // the API's words
 				}
 				if err != nil {
 					return err
 				}
 				if format == "csv" {
-					return billing.WriteCSV(cmd.OutOrStdout(), exp)
+					return usage.WriteCSV(cmd.OutOrStdout(), exp)
 				}
 				return printJSON(cmd, exp)
 			})
@@ -433,7 +435,7 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 		Short: "Create a webhook endpoint for usage events; its secret is printed once",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
-				w, err := env.webhooks.Create(cmd.Context(), billing.CreateWebhookParams{
+				w, err := env.webhooks.Create(cmd.Context(), webhooks.CreateWebhookParams{
 					URL: hookURL, Types: splitList(types), TenantID: tenant,
 				})
 				if err != nil {
@@ -444,7 +446,7 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 		},
 	}
 	create.Flags().StringVar(&hookURL, "url", "", "absolute http or https URL the events are POSTed to (required)")
-	create.Flags().StringVar(&types, "types", billing.TypeLimitHit+","+billing.TypeApproachingLimit, "comma-separated event types")
+	create.Flags().StringVar(&types, "types", outbox.TypeLimitHit+","+outbox.TypeApproachingLimit, "comma-separated event types")
 	create.Flags().StringVar(&tenant, "tenant", "", "only this tenant's events (default every tenant's)")
 	_ = create.MarkFlagRequired("url")
 

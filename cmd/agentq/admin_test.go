@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
@@ -76,7 +75,7 @@ func newAdminHarness(t *testing.T) adminHarness {
 	}
 
 	// The CLI on the same database and Redis, with the server's catalogue.
-	plans, err := tenants.LoadCatalogue(config.Config(cfg))
+	plans, err := tenants.LoadCatalogue(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func benchCmd() *cobra.Command {
 	var e2eProfile string
 	e2e := &cobra.Command{
 		Use:   "e2e",
-		Short: "End-to-end tasks per second over HTTP (loadcmp's load) against plain asynq (DATABASE_URL and REDIS_URL)",
+		Short: "End-to-end tasks per second over HTTP (loadgen's load) against plain asynq (DATABASE_URL and REDIS_URL)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.FromEnv()
 			if err != nil {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -24,14 +24,14 @@ func TestCLIEventsPrintTheAdminFeed(t *testing.T) {
 		if st, msg := h.api("POST", "/v1/admin/tenants", `{"id":"`+id+`","plan":"pro"}`); st != 201 {
 			t.Fatalf("create %s: %d %s", id, st, msg)
 		}
-		period := billing.Span{Start: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
-		evs, err := billing.Events{}.Crossings(billing.Quota{TenantID: id, Plan: "pro", LimitType: quotas.AITokensMonthly, Limit: 10, Period: period}, 0, 10, period.Start)
+		period := outbox.Span{Start: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
+		evs, err := outbox.Events{}.Crossings(outbox.Quota{TenantID: id, Plan: "pro", LimitType: quotas.AITokensMonthly, Limit: 10, Period: period}, 0, 10, period.Start)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := h.store.InTx(ctx, func(tx *store.Store) error {
 			for _, ev := range evs {
-				if _, err := billing.WriteEvent(ctx, tx, ev); err != nil {
+				if _, err := outbox.WriteEvent(ctx, tx, ev); err != nil {
 					return err
 				}
 			}

@@ -21,9 +21,9 @@ import (
 
 // gcPercent is the garbage collector's target (GOGC) unless the environment sets one.
 // Under load an agentq process allocates about 125 KB per task around a live heap of
-// about 10 MB, so Go's default of 100 collected 65 times in a 4,000-task loadcmp run;
+// about 10 MB, so Go's default of 100 collected 65 times in a 4,000-task load-generator run;
 // at 400 the heap grows to about 50 MB and the collector runs a fifth as often. In alternating
-// loadcmp runs that took a tenth off agentq's CPU per task. GOGC=100 restores Go's
+// load-generator runs that took a tenth off agentq's CPU per task. GOGC=100 restores Go's
 // default; GOMEMLIMIT caps the heap.
 const gcPercent = 400
 

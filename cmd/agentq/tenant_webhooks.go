@@ -6,7 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/web"
 )
 
@@ -21,7 +22,7 @@ func tenantWebhookCommands(withEnv func(context.Context, bool, func(adminEnv) er
 		c.Flags().StringVar(&tenant, "tenant", "", "the tenant whose own endpoints these are (required)")
 		_ = c.MarkFlagRequired("tenant")
 	}
-	withSecret := func(cmd *cobra.Command, w billing.WebhookWithSecret) error {
+	withSecret := func(cmd *cobra.Command, w webhooks.WebhookWithSecret) error {
 		return printJSON(cmd, web.WebhookWithSecret{WebhookJSON: web.NewWebhookJSON(w.Webhook), Secret: w.Secret})
 	}
 	create := &cobra.Command{
@@ -29,7 +30,7 @@ func tenantWebhookCommands(withEnv func(context.Context, bool, func(adminEnv) er
 		Short: "Create a webhook endpoint of a tenant's own, for its events only; its secret is printed once",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withEnv(cmd.Context(), false, func(env adminEnv) error {
-				w, err := env.webhooks.CreateForTenant(cmd.Context(), billing.TenantWebhookParams{
+				w, err := env.webhooks.CreateForTenant(cmd.Context(), webhooks.TenantWebhookParams{
 					TenantID: tenant, URL: hookURL, Types: splitList(types),
 				})
 				if err != nil {
@@ -41,7 +42,7 @@ func tenantWebhookCommands(withEnv func(context.Context, bool, func(adminEnv) er
 	}
 	tenantFlag(create)
 	create.Flags().StringVar(&hookURL, "url", "", "absolute http or https URL the events are POSTed to (required)")
-	create.Flags().StringVar(&types, "types", billing.TypeLimitHit+","+billing.TypeApproachingLimit, "comma-separated event types")
+	create.Flags().StringVar(&types, "types", outbox.TypeLimitHit+","+outbox.TypeApproachingLimit, "comma-separated event types")
 	_ = create.MarkFlagRequired("url")
 	list := &cobra.Command{
 		Use:   "tenant-webhook-list",

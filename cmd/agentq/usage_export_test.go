@@ -11,7 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/store"
 )
@@ -77,7 +77,7 @@ func TestUsageExportAPIClientCLI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cliExp billing.UsageExport
+	var cliExp usage.UsageExport
 	if err := json.Unmarshal([]byte(out), &cliExp); err != nil || len(cliExp.Tenants) != 1 || cliExp.Totals[2].Quantity != 6000 {
 		t.Fatalf("CLI export %q %v", out, err)
 	}
@@ -87,7 +87,7 @@ func TestUsageExportAPIClientCLI(t *testing.T) {
 
 	for _, bad := range []string{"2026-13", "bogus", "2026-1"} {
 		st, msg := h.api("GET", "/v1/admin/usage?period="+bad, "")
-		if st != 400 || msg != billing.BadPeriodMessage {
+		if st != 400 || msg != usage.BadPeriodMessage {
 			t.Errorf("API period %q: %d %q", bad, st, msg)
 		}
 		if _, err := h.cli("usage-export", "--period", bad); err == nil || err.Error() != msg {

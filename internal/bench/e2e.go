@@ -25,7 +25,7 @@ import (
 	"github.com/agentq/agentq/quotas"
 )
 
-// E2E is the result of `agentq bench e2e`: the load shape of the loadcmp load generator
+// E2E is the result of `agentq bench e2e`: the load shape of internal/bench/loadgen
 // (C producers submit N one-step tasks of 0 ms one at a time over HTTP, W workers run
 // them, the clock stops when the last has ended), through one agentq process with
 // every role, and the same load through plain asynq on the same Redis: the ceiling of
@@ -47,7 +47,7 @@ type E2E struct {
 	FirstError string `json:"first_error,omitempty"`
 }
 
-// E2EOptions configure the benchmark; zero fields take loadcmp's defaults.
+// E2EOptions configure the benchmark; zero fields take loadgen's defaults.
 type E2EOptions struct {
 	DatabaseURL string
 	RedisURL    string
@@ -174,7 +174,7 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 		redisx.DeletePrefix(sctx, rdb, cfg.RedisPrefix)
 		redisx.DeletePrefix(sctx, rdb, "asynq:{"+cfg.RedisPrefix)
 	}()
-	// Every limit lifted, as loadcmp does: the benchmark measures the path, not a limit.
+	// Every limit lifted, as loadgen does: the benchmark measures the path, not a limit.
 	lifted := map[string]quotas.Limit{"concurrent_sessions": 1e6, "user_tasks_hourly": 1e8, "queue_backlog": 1e6,
 		"agent_steps_daily": 1e8, "tenant_rate": 1e6, "tenant_rate_burst": 1e6, "running": 1000,
 		"long_running_inflight": 1e6, "key_rate": 1e6, "key_rate_burst": 1e6}

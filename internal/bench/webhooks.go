@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,7 +12,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/store"
@@ -56,9 +56,9 @@ type WebhooksOptions struct {
 	Probes      int           // events to the healthy endpoints per phase, 100
 	Endpoints   int           // healthy endpoints, one tenant each, 4
 	Interval    time.Duration // between probes, 50 ms
-	// Relay is the relays' configuration (the production defaults when zero); its
-	// Logger and Client are the benchmark's.
-	Relay    billing.RelayConfig
+	// Relay is the relays' configuration (the production defaults when zero, whose
+	// archetype discards the logs); its AllowNets are the benchmark's.
+	Relay    webhooks.RelayConfig
 	Progress io.Writer
 }
 
@@ -72,7 +72,6 @@ func RunWebhooks(ctx context.Context, o WebhooksOptions) (Webhooks, error) {
 	if o.Interval <= 0 {
 		o.Interval = 50 * time.Millisecond
 	}
-	o.Relay.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	o.Relay.AllowNets = netguard.Loopback() // the receivers are local servers
 	out := Webhooks{Backlog: o.Backlog, Endpoints: o.Endpoints, HungCount: o.Hung}
 	log := func(f string, a ...any) {
@@ -120,7 +119,7 @@ func runWebhookPhase(ctx context.Context, o WebhooksOptions, hung bool, out *Web
 	}
 	p := &webhookPhase{st: store.New(pool), seen: map[string]time.Time{}}
 	// The receivers are this process's own local servers.
-	hooks := billing.NewWebhooks(p.st, billing.WebhooksOptions{AllowNets: netguard.Loopback()})
+	hooks := webhooks.NewWebhooks(p.st, webhooks.WebhooksOptions{AllowNets: netguard.Loopback()})
 	stopHung := make(chan struct{})
 	if hung {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -153,7 +152,7 @@ func runWebhookPhase(ctx context.Context, o WebhooksOptions, hung bool, out *Web
 			return WebhookDelays{}, err
 		}
 	}
-	relay := billing.NewRelay(p.st, o.Relay)
+	relay := webhooks.NewRelay(p.st, o.Relay)
 	cfg := relay.Config()
 	out.TimeoutS, out.Workers, out.PerEndpoint = cfg.Timeout.Seconds(), cfg.Workers, cfg.PerEndpoint
 	if err := relay.Start(ctx); err != nil {
@@ -168,13 +167,13 @@ func runWebhookPhase(ctx context.Context, o WebhooksOptions, hung bool, out *Web
 }
 
 // endpoint creates an endpoint for tenant ("" every tenant's events) and the tenant.
-func (p *webhookPhase) endpoint(ctx context.Context, hooks *billing.Webhooks, url, tenant string) error {
+func (p *webhookPhase) endpoint(ctx context.Context, hooks *webhooks.Webhooks, url, tenant string) error {
 	if tenant != "" {
 		if _, err := p.st.CreateTenant(ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
 			return err
 		}
 	}
-	_, err := hooks.Create(ctx, billing.CreateWebhookParams{URL: url, Types: []string{billing.TypeLimitHit}, TenantID: tenant})
+	_, err := hooks.Create(ctx, webhooks.CreateWebhookParams{URL: url, Types: []string{outbox.TypeLimitHit}, TenantID: tenant})
 	return err
 }
 
@@ -189,10 +188,10 @@ func (p *webhookPhase) arrived(id string, at time.Time) {
 var webhookEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // write commits evs in one transaction and returns when it committed.
-func (p *webhookPhase) write(ctx context.Context, evs []billing.Event) (time.Time, error) {
+func (p *webhookPhase) write(ctx context.Context, evs []outbox.Event) (time.Time, error) {
 	err := p.st.InTx(ctx, func(tx *store.Store) error {
 		for _, ev := range evs {
-			if _, err := billing.WriteEvent(ctx, tx, ev); err != nil {
+			if _, err := outbox.WriteEvent(ctx, tx, ev); err != nil {
 				return err
 			}
 		}
@@ -201,8 +200,8 @@ func (p *webhookPhase) write(ctx context.Context, evs []billing.Event) (time.Tim
 	return time.Now(), err
 }
 
-func hitEvent(tenant string, i int) (billing.Event, error) {
-	return billing.Events{}.LimitHit(billing.Refusal{TenantID: tenant, Plan: "pro", LimitType: quotas.TenantRate,
+func hitEvent(tenant string, i int) (outbox.Event, error) {
+	return outbox.Events{}.LimitHit(outbox.Refusal{TenantID: tenant, Plan: "pro", LimitType: quotas.TenantRate,
 		Limit: 1, Used: 1, At: webhookEpoch.Add(time.Duration(i) * time.Minute)})
 }
 
@@ -213,7 +212,7 @@ func (p *webhookPhase) backlog(ctx context.Context, n int) error {
 		return err
 	}
 	for i := 0; i < n; i += 1000 {
-		var evs []billing.Event
+		var evs []outbox.Event
 		for j := i; j < min(n, i+1000); j++ {
 			ev, err := hitEvent("backlog", j)
 			if err != nil {
@@ -247,7 +246,7 @@ func (p *webhookPhase) probe(ctx context.Context, o WebhooksOptions) (map[string
 		if err != nil {
 			return nil, err
 		}
-		at, err := p.write(ctx, []billing.Event{ev})
+		at, err := p.write(ctx, []outbox.Event{ev})
 		if err != nil {
 			return nil, err
 		}

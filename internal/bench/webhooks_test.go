@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/testenv"
 )
 
@@ -16,7 +16,7 @@ func TestWebhooksBenchDeliversEveryProbe(t *testing.T) {
 	testenv.Postgres(t) // makes sure the test database exists
 	res, err := RunWebhooks(context.Background(), WebhooksOptions{
 		DatabaseURL: testenv.DatabaseURL(), Backlog: 300, Probes: 12, Endpoints: 2, Interval: 20 * time.Millisecond,
-		Relay: billing.RelayConfig{Timeout: 30 * time.Second, PollInterval: 50 * time.Millisecond},
+		Relay: webhooks.RelayConfig{Timeout: 30 * time.Second, PollInterval: 50 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -117,10 +117,10 @@ type Quotas interface {
 	CorrectCounters(ctx context.Context, cs []quotas.Correction) ([]quotas.RecountResult, error)
 }
 
-// UsageLedger is what the quota recount reads of the usage ledger (*billing.Ledger):
+// UsageLedger is what the quota recount reads of the usage ledger (*usage.Ledger):
 // for a page of tenants, what their counters should hold and what their running tasks
 // may hold reserved besides (basis), read while their ledger holds still, and held
-// until correct returns (billing.Ledger.RecountHeld); an error matching store.ErrBusy
+// until correct returns (usage.Ledger.RecountHeld); an error matching store.ErrBusy
 // when it could not be held.
 type UsageLedger interface {
 	RecountHeld(ctx context.Context, tenants []string, now time.Time,

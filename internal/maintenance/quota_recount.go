@@ -35,7 +35,7 @@ func (c QuotaRecountConfig) withDefaults() QuotaRecountConfig {
 type QuotaRecountResult struct {
 	Corrected int // tenants whose counters it moved
 	// Busy counts the tenants it could not review: their ledger could not be held
-	// still (steps being recorded for them past billing.HoldWait). They are left for
+	// still (steps being recorded for them past usage.HoldWait). They are left for
 	// the next run, and counted on agentq.quotas.recount_skipped.
 	Busy int
 	// How far it moved the counters, summed over tenants as absolute values: steps of
@@ -157,7 +157,7 @@ func (p *QuotaRecount) review(ctx context.Context, tenants []string, res *QuotaR
 	var out []quotas.RecountResult
 	err = p.usage.RecountHeld(ctx, seeded, time.Now(), func(basis func() (map[string]quotas.LedgerCounts, error)) error {
 		// The snapshot the correction measures drift on is taken with the ledger held,
-		// before the basis is read (billing.Ledger.RecountHeld says why).
+		// before the basis is read (usage.Ledger.RecountHeld says why).
 		held, err := p.quotas.SnapshotCounters(ctx, seeded)
 		if err != nil {
 			return err

@@ -10,7 +10,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -20,7 +20,7 @@ import (
 func recountFixture(t *testing.T) (*fixture, *QuotaRecount) {
 	t.Helper()
 	f := newFixture(t)
-	ledger := billing.NewLedger(store.New(f.Pool))
+	ledger := usage.NewLedger(store.New(f.Pool))
 	f.q.SetUsageSource(ledger, nil, nil)
 	f.Usage = ledger
 	return f, NewQuotaRecount(f.Deps, NewElector(f.Deps, ElectorConfig{}), QuotaRecountConfig{})
@@ -265,7 +265,7 @@ func TestQuotaRecountCorrectsATenantAlwaysBusy(t *testing.T) {
 }
 
 // A tenant whose ledger cannot be held still (a step's record holds its rollups past
-// billing.HoldWait) is left uncorrected, and counted on agentq.quotas.recount_skipped;
+// usage.HoldWait) is left uncorrected, and counted on agentq.quotas.recount_skipped;
 // the next run corrects it.
 func TestQuotaRecountCountsTenantsLeftUncorrected(t *testing.T) {
 	t.Parallel()

@@ -11,7 +11,7 @@ import (
 )
 
 // RejectionFlusher copies admission's refusal counts from Redis into Postgres and
-// writes their limit_hit events (*billing.Rejections).
+// writes their limit_hit events (*rejections.Rejections).
 type RejectionFlusher interface {
 	// FlushRejections does one flush: how many counts it copied and events it wrote.
 	FlushRejections(ctx context.Context) (rows, events int, err error)

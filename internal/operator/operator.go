@@ -35,7 +35,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/scheduler"
@@ -70,16 +71,16 @@ type Tenants interface {
 	Policy(t tenants.Tenant) (tenants.Policy, error)
 }
 
-// Webhooks lists the endpoints with their deliveries' state (*billing.Webhooks).
+// Webhooks lists the endpoints with their deliveries' state (*webhooks.Webhooks).
 type Webhooks interface {
-	Health(ctx context.Context) ([]billing.WebhookHealth, error)
+	Health(ctx context.Context) ([]webhooks.WebhookHealth, error)
 }
 
 var (
 	_ Store     = (*store.Store)(nil)
 	_ Scheduler = (*scheduler.Scheduler)(nil)
 	_ Tenants   = (*tenants.Service)(nil)
-	_ Webhooks  = (*billing.Webhooks)(nil)
+	_ Webhooks  = (*webhooks.Webhooks)(nil)
 )
 
 // Deps are the view's sources. Now is the clock (nil: time.Now); Window the share
@@ -124,7 +125,7 @@ type Tenant struct {
 // Endpoint is a webhook endpoint with its deliveries' state. URL shows scheme, host
 // and path only: credentials in its user part or query are not shown.
 type Endpoint struct {
-	billing.WebhookHealth
+	webhooks.WebhookHealth
 	DisplayURL string
 }
 
@@ -229,7 +230,7 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 	if err != nil {
 		return Overview{}, err
 	}
-	hits, err := s.d.Store.UnscopedLimitHits(ctx, ids, billing.TypeLimitHit, now.Add(-LimitHitsOver))
+	hits, err := s.d.Store.UnscopedLimitHits(ctx, ids, outbox.TypeLimitHit, now.Add(-LimitHitsOver))
 	if err != nil {
 		return Overview{}, err
 	}

@@ -10,7 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -40,7 +41,7 @@ func newFixture(t *testing.T) *fixture {
 		now: time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)}
 	f.svc = New(Deps{
 		Store: st, Scheduler: f.sched, Tenants: tenants.New(st, plans, tenants.Options{}),
-		Webhooks: billing.NewWebhooks(st, billing.WebhooksOptions{}), Now: func() time.Time { return f.now },
+		Webhooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{}), Now: func() time.Time { return f.now },
 	})
 	return f
 }
@@ -190,7 +191,7 @@ func TestLimitHitsAndWebhooks(t *testing.T) {
 	f.tenant("b", 1)
 	for _, age := range []time.Duration{time.Hour, 25 * time.Hour} {
 		f.exec(`INSERT INTO events (id, tenant_id, type, dedupe_key, payload, created_at) VALUES ($1, 'b', $2, $1, '\x7b7d', $3)`,
-			uuid.NewString(), billing.TypeLimitHit, f.now.Add(-age))
+			uuid.NewString(), outbox.TypeLimitHit, f.now.Add(-age))
 	}
 	f.exec(`INSERT INTO limit_rejections (tenant_id, limit_type, minute, count) VALUES ('b', 'tenant_rate', $1, 7), ('b', 'tenant_rate', $2, 100)`,
 		f.now.Add(-10*time.Minute), f.now.Add(-30*time.Hour))

@@ -307,3 +307,35 @@ func (k Keys) AuthFailures(addr string) string { return k.prefix + "{af:" + addr
 func (k Keys) PanelLinkBucket(tenant, linkID string) string {
 	return k.tenantTag(tenant) + ":plink:" + tenant + ":" + linkID
 }
+
+// --- token capacity (quotas/tokens.go) -------------------------------------------
+
+// TenantTokens is the HASH of a tenant's ai_tokens_per_minute bucket: its level in
+// tokens (l; below zero while a step's excess is carried as debt) at a time in ms (t).
+// It expires once the bucket would be full again.
+func (k Keys) TenantTokens(tenant string) string { return k.tenantTag(tenant) + ":tpm:" + tenant }
+
+// poolTag is a model pool's own hash tag. Every tenant draws on a pool, so its keys
+// live in one slot of their own, apart from every tenant's shard; a step reserves
+// from its tenant and from its pool in two calls.
+func (k Keys) poolTag(pool string) string { return k.prefix + "{p:" + pool + "}" }
+
+// PoolState is the HASH of a model pool's bucket: level in tokens (l), requests level
+// (r), time in ms (t), effective rate in tokens a minute (e), time of the last
+// decrease (d) and of the last throttled answer (x), virtual time (v), and the use of
+// the last minute in 5-second slots (u0…u11, each "slot:tokens").
+func (k Keys) PoolState(pool string) string { return k.poolTag(pool) + ":pool" }
+
+// PoolPasses is the HASH of the tenants' fair-share positions in a pool: p:<tenant>
+// is the tenant's pass (tokens granted ÷ weight, in the pool's virtual time) and
+// w:<tenant> its weight. It expires with the pool's idleness.
+func (k Keys) PoolPasses(pool string) string { return k.poolTag(pool) + ":passes" }
+
+// PoolWaiters is the ZSET of the tenants waiting on a pool, scored by pass: the
+// smallest is next in line.
+func (k Keys) PoolWaiters(pool string) string { return k.poolTag(pool) + ":waiters" }
+
+// PoolClaims is the ZSET of the same tenants scored by the time (ms) their place in
+// line lapses: a tenant that does not come back by then (its tasks were cancelled)
+// stops holding the others up.
+func (k Keys) PoolClaims(pool string) string { return k.poolTag(pool) + ":claims" }

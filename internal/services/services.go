@@ -14,7 +14,9 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/usage"
+	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -60,7 +62,7 @@ type Deps struct {
 	Lifecycle *tasks.Lifecycle
 	// Webhooks configures the webhook endpoint service (the rotation grace, the
 	// clock).
-	Webhooks billing.WebhooksOptions
+	Webhooks webhooks.WebhooksOptions
 	Logger   *slog.Logger
 	// TracerProvider traces the task submissions (their admission); nil is the
 	// global one.
@@ -73,10 +75,10 @@ type Services struct {
 	Keys    *keys.Service
 	Tasks   *tasks.Service // nil without Deps.Admission or Deps.Agents
 	Agents  *agents.Service
-	Events  *billing.Feed // the usage events feeds
+	Events  *outbox.Feed // the usage events feeds
 	// Webhooks manages the endpoints the relays deliver the usage events to.
-	Webhooks *billing.Webhooks
-	Usage    *billing.Rollups // the usage rollups and their export
+	Webhooks *webhooks.Webhooks
+	Usage    *usage.Rollups // the usage rollups and their export
 }
 
 // New builds the services on d.
@@ -86,7 +88,7 @@ func New(d Deps) *Services {
 		log = slog.Default()
 	}
 	st := store.New(d.Pool)
-	events := billing.NewFeed(st)
+	events := outbox.NewFeed(st)
 	sched := d.Scheduler
 	if sched == nil && d.Redis != nil {
 		sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
@@ -109,20 +111,20 @@ func New(d Deps) *Services {
 	case d.Redis != nil:
 		q := quotas.New(d.Redis, d.Keys, nil)
 		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
-		q.SetUsageSource(billing.NewLedger(st), log, nil)
+		q.SetUsageSource(usage.NewLedger(st), log, nil)
 		ko.Limits, to.Counters = q, q
 	}
 	s := &Services{
 		Tenants: tenants.New(st, d.Plans, to),
 		Keys:    keys.New(st, ko),
 		Events:  events,
-		Usage:   billing.NewRollups(st),
+		Usage:   usage.NewRollups(st),
 	}
 	wo := d.Webhooks
 	if wo.EndpointLimit == nil {
 		wo.EndpointLimit = s.Tenants.WebhookEndpointLimit
 	}
-	s.Webhooks = billing.NewWebhooks(st, wo)
+	s.Webhooks = webhooks.NewWebhooks(st, wo)
 	var local agents.Local
 	if d.Agents != nil {
 		local = d.Agents

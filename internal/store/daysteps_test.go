@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -27,7 +27,7 @@ func TestDayStepsAcrossAnHourBoundaryCrossEachThresholdOnce(t *testing.T) {
 		Overrides: map[string]quotas.Limit{quotas.AgentStepsDaily: 10}}); err != nil {
 		t.Fatal(err)
 	}
-	cross := billing.Crossings{Limits: func(t store.Tenant) (quotas.Limits, error) {
+	cross := outbox.Crossings{Limits: func(t store.Tenant) (quotas.Limits, error) {
 		p, err := tenants.PolicyOf(plans, t)
 		return p.Limits, err
 	}}.Step

@@ -326,7 +326,7 @@ func (s *Store) UnscopedRebuildRollups(ctx context.Context, p RebuildRollupsPara
 	if !p.From.Before(p.To) {
 		return fmt.Errorf("store: rebuild range [%s, %s) is empty", p.From, p.To)
 	}
-	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	return s.beginFunc(ctx, func(tx pgx.Tx) error {
 		tenant, err := lockForRebuild(ctx, tx, p.TenantID)
 		if err != nil {
 			return err
@@ -349,7 +349,7 @@ func (s *Store) rebuildInPieces(ctx context.Context, tenantID string) error {
 	to := farFuture
 	var at *time.Time // in the next piece's period: nil, now
 	for to.After(farPast) {
-		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		err := s.beginFunc(ctx, func(tx pgx.Tx) error {
 			tenant, err := lockForRebuild(ctx, tx, tenantID)
 			if err != nil {
 				return err

@@ -28,9 +28,11 @@ var (
 	ErrBusy = errors.New("store: busy")
 )
 
-// Store runs the calls on a pool, or on one transaction (InTx).
+// Store runs the calls on a pool, or on one transaction (InTx). Its errors say what
+// the database meant (errors.go), so that no caller needs to know the driver's.
 type Store struct {
-	db   dbtx
+	db   interpreting
+	tx   pgx.Tx // the transaction db runs on; nil on the pool
 	pool *pgxpool.Pool
 }
 
@@ -44,41 +46,37 @@ type dbtx interface {
 }
 
 // New returns a Store on pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{db: pool, pool: pool} }
+func New(pool *pgxpool.Pool) *Store { return &Store{db: interpreting{pool}, pool: pool} }
 
 // Pool exposes the pool for migrations and health checks.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Ping checks that Postgres answers.
-func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+func (s *Store) Ping(ctx context.Context) error { return interpretError(s.pool.Ping(ctx)) }
 
 // InTx runs fn with a Store whose calls all run in one transaction: it commits when
 // fn returns nil and rolls back when fn returns an error (or panics). Inside a
 // transaction, InTx and the calls that need one of their own take a savepoint.
 func (s *Store) InTx(ctx context.Context, fn func(tx *Store) error) error {
-	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		return fn(&Store{db: tx, pool: s.pool})
+	return s.beginFunc(ctx, func(tx pgx.Tx) error {
+		return fn(&Store{db: interpreting{tx}, tx: tx, pool: s.pool})
 	})
+}
+
+// beginFunc is pgx.BeginFunc on s (a savepoint inside a transaction), its error
+// interpreted: the calls inside run on the driver's transaction.
+func (s *Store) beginFunc(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return interpretError(pgx.BeginFunc(ctx, s.db, fn))
 }
 
 // inTransaction runs fn in s's transaction when s is one, else in a transaction of
 // its own. Unlike InTx it takes no savepoint inside a transaction: for calls whose
 // every caller rolls back on their failure.
 func (s *Store) inTransaction(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	if tx, ok := s.db.(pgx.Tx); ok {
-		return fn(tx)
+	if s.tx != nil {
+		return interpretError(fn(s.tx))
 	}
-	return pgx.BeginFunc(ctx, s.db, fn)
-}
-
-func isUniqueViolation(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505"
-}
-
-func isForeignKeyViolation(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23503"
+	return s.beginFunc(ctx, fn)
 }
 
 // collect scans every row of a query with scan.

@@ -5,38 +5,31 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/agentqtype"
 )
 
-// TaskState is a task's state as stored. The values are the public API's: the client
-// package's list is the one source of the states and of which of them are terminal.
-type TaskState string
+// TaskState is a task's state as stored; the states and which of them are terminal
+// are agentqtype's.
+type TaskState = agentqtype.TaskState
 
-// Task states.
+// Task states, typed for the store's signatures.
 const (
-	StateQueued         TaskState = client.StateQueued
-	StateRunning        TaskState = client.StateRunning
-	StateCompleted      TaskState = client.StateCompleted
-	StateFailed         TaskState = client.StateFailed
-	StateKilled         TaskState = client.StateKilled
-	StateBudgetExceeded TaskState = client.StateBudgetExceeded
-	StateAbandoned      TaskState = client.StateAbandoned
+	StateQueued         TaskState = agentqtype.TaskStateQueued
+	StateRunning        TaskState = agentqtype.TaskStateRunning
+	StateCompleted      TaskState = agentqtype.TaskStateCompleted
+	StateFailed         TaskState = agentqtype.TaskStateFailed
+	StateKilled         TaskState = agentqtype.TaskStateKilled
+	StateBudgetExceeded TaskState = agentqtype.TaskStateBudgetExceeded
+	StateAbandoned      TaskState = agentqtype.TaskStateAbandoned
 )
 
 // TaskStates lists every state, for validating filters.
-var TaskStates = []TaskState{StateQueued, StateRunning, StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned}
-
-// Terminal reports whether a task in state s has ended for good.
-func (s TaskState) Terminal() bool { return client.IsTerminal(string(s)) }
-
-// Valid reports whether s is one of TaskStates.
-func (s TaskState) Valid() bool { return slices.Contains(TaskStates, s) }
+var TaskStates = agentqtype.TaskStates()
 
 // Usage is what a task has consumed so far. Money is kept in micro-dollars.
 type Usage struct {
@@ -45,7 +38,11 @@ type Usage struct {
 	CostMicroUSD int64
 }
 
-// Task is a task row.
+// Task is a task row: every column, the bookkeeping the API never shows among them
+// (the key it came with, the request hash of its idempotency key, the agent's state
+// between steps), money in micro-dollars and the budget as stored JSON. The task
+// service adds why a queued task waits (tasks.Task); the API and the library show
+// their own shapes of it.
 type Task struct {
 	ID             uuid.UUID
 	TenantID       string

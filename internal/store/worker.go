@@ -103,7 +103,7 @@ type RecordStepParams struct {
 // its reply) is not counted twice: recorded=false, no error, and the rollups are left
 // alone. r is the task as the step left it, its tenant and the step's rollups.
 func (s *Store) UnscopedRecordStep(ctx context.Context, p RecordStepParams) (r RecordedStep, recorded bool, err error) {
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err = s.beginFunc(ctx, func(tx pgx.Tx) error {
 		var tenant string
 		var state TaskState
 		var attempt, steps int

@@ -11,7 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
@@ -39,7 +39,7 @@ func crossSetup(t *testing.T, tenant string, ov map[string]quotas.Limit) *crossE
 		t.Fatal(err)
 	}
 	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{
-		StepRecorded: billing.Crossings{Limits: func(t store.Tenant) (quotas.Limits, error) {
+		StepRecorded: outbox.Crossings{Limits: func(t store.Tenant) (quotas.Limits, error) {
 			p, err := tenants.PolicyOf(plans, t)
 			return p.Limits, err
 		}}.Step,

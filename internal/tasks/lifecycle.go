@@ -54,13 +54,13 @@ type LifecycleOptions struct {
 	StaleAfter time.Duration
 	// BudgetExceeded, when set, runs inside the transaction of a change that ended a
 	// task budget_exceeded, with the task as it ended: it writes the end's
-	// usage.limit_hit into the events outbox (billing.Events.BudgetStop), so the
+	// usage.limit_hit into the events outbox (outbox.Events.BudgetStop), so the
 	// event exists exactly when the end committed. An error rolls the end back.
 	BudgetExceeded func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 	// StepRecorded, when set, runs inside the transaction of a step just recorded (not
 	// of a retry that recorded nothing), with the task, its tenant and the rollups the
 	// step left: it writes the usage.approaching_limit and usage.limit_hit events of
-	// the period quotas the step crossed (billing.Crossings.Step), so they exist
+	// the period quotas the step crossed (outbox.Crossings.Step), so they exist
 	// exactly when the step committed. An error rolls the step back.
 	StepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	// AfterChange, when set, runs inside each state change's transaction, after the

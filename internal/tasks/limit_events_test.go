@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/testenv"
@@ -31,7 +31,7 @@ func limitSetup(t *testing.T) *limitEnv {
 		}
 	}
 	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{
-		BudgetExceeded: billing.Events{UpgradeURL: "https://agentq.example/upgrade"}.BudgetStop,
+		BudgetExceeded: outbox.Events{UpgradeURL: "https://agentq.example/upgrade"}.BudgetStop,
 		AfterChange: func(_ context.Context, _ *store.Store, c tasks.Change) error {
 			if e.fail && c.Kind == tasks.ChangeFinished {
 				return errHook
@@ -98,9 +98,9 @@ func (e *limitEnv) eventually(t *testing.T, n int) []storedEvent {
 }
 
 type budgetEvent struct {
-	Type    string            `json:"type"`
-	Subject string            `json:"subject"`
-	Data    billing.LimitData `json:"data"`
+	Type    string           `json:"type"`
+	Subject string           `json:"subject"`
+	Data    outbox.LimitData `json:"data"`
 }
 
 func decodeEvent(t *testing.T, b []byte) (budgetEvent, map[string]any) {
@@ -138,15 +138,15 @@ func TestBudgetExceededWritesLimitHit(t *testing.T) {
 	}
 	ev, raw := decodeEvent(t, evs[0].Payload)
 	d := ev.Data
-	if evs[0].Type != billing.TypeLimitHit || ev.Type != billing.TypeLimitHit || ev.Subject != "acme" || evs[0].Tenant != "acme" ||
-		d.TenantID != "acme" || d.Plan != "pro" || d.LimitType != billing.LimitTaskMaxSteps ||
-		d.LimitValue != (billing.Amount{N: 2}) || d.CurrentUsage != (billing.Amount{N: 2}) ||
-		d.Enforcement != billing.EnforcementStopped || d.SLAClassification != billing.EnforcedLimit ||
+	if evs[0].Type != outbox.TypeLimitHit || ev.Type != outbox.TypeLimitHit || ev.Subject != "acme" || evs[0].Tenant != "acme" ||
+		d.TenantID != "acme" || d.Plan != "pro" || d.LimitType != outbox.LimitTaskMaxSteps ||
+		d.LimitValue != (outbox.Amount{N: 2}) || d.CurrentUsage != (outbox.Amount{N: 2}) ||
+		d.Enforcement != outbox.EnforcementStopped || d.SLAClassification != outbox.EnforcedLimit ||
 		d.UpgradeURL != "https://agentq.example/upgrade" || d.Window == nil || d.Window.End.Sub(d.Window.Start) != time.Minute ||
 		d.Period != nil {
 		t.Fatalf("limit_hit %s", evs[0].Payload)
 	}
-	if want := billing.WindowKey("acme", billing.LimitTaskMaxSteps, d.Window.Start); evs[0].Key != want {
+	if want := outbox.WindowKey("acme", outbox.LimitTaskMaxSteps, d.Window.Start); evs[0].Key != want {
 		t.Fatalf("dedupe key %q, want %q", evs[0].Key, want)
 	}
 	if _, ok := raw["window"]; !ok {
@@ -171,22 +171,22 @@ func TestBudgetExceededLimitTypes(t *testing.T) {
 		}
 	}
 	evs := e.eventually(t, 4)
-	got := map[string]billing.LimitData{}
+	got := map[string]outbox.LimitData{}
 	for _, ev := range evs {
 		d, _ := decodeEvent(t, ev.Payload)
 		got[d.Data.LimitType] = d.Data
 	}
-	if d := got[billing.LimitTaskMaxCostUSD]; d.LimitValue != (billing.Amount{N: 2000, USD: true}) || d.CurrentUsage != (billing.Amount{N: 2000, USD: true}) {
+	if d := got[outbox.LimitTaskMaxCostUSD]; d.LimitValue != (outbox.Amount{N: 2000, USD: true}) || d.CurrentUsage != (outbox.Amount{N: 2000, USD: true}) {
 		t.Errorf("cost: %+v", d)
 	}
-	if d := got[billing.LimitTaskMaxWallclock]; d.LimitValue != (billing.Amount{N: 60}) || d.Window == nil {
+	if d := got[outbox.LimitTaskMaxWallclock]; d.LimitValue != (outbox.Amount{N: 60}) || d.Window == nil {
 		t.Errorf("wall clock: %+v", d)
 	}
-	if d := got["agent_steps_daily"]; d.LimitValue != (billing.Amount{N: 2}) || d.CurrentUsage != (billing.Amount{N: 2}) ||
+	if d := got["agent_steps_daily"]; d.LimitValue != (outbox.Amount{N: 2}) || d.CurrentUsage != (outbox.Amount{N: 2}) ||
 		d.Period == nil || d.Threshold != 100 || d.Period.End.Sub(d.Period.Start) != 24*time.Hour {
 		t.Errorf("daily steps: %+v", d)
 	}
-	if d := got["usd_monthly"]; d.LimitValue != (billing.Amount{N: 500_000, USD: true}) || d.Period == nil || d.Enforcement != billing.EnforcementStopped {
+	if d := got["usd_monthly"]; d.LimitValue != (outbox.Amount{N: 500_000, USD: true}) || d.Period == nil || d.Enforcement != outbox.EnforcementStopped {
 		t.Errorf("usd: %+v", d)
 	}
 	if len(evs) != 4 {

@@ -30,6 +30,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/telemetry"
@@ -69,38 +70,21 @@ func invalid(field, format string, args ...any) *InvalidError {
 	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
 }
 
-// UnknownAgentError is a submission for an agent that is not registered.
-type UnknownAgentError struct{ Agent string }
-
-func (e *UnknownAgentError) Error() string { return fmt.Sprintf("unknown agent %q", e.Agent) }
-
-// SuspendedError is a submission by a suspended tenant.
-type SuspendedError struct{ TenantID string }
-
-func (e *SuspendedError) Error() string { return fmt.Sprintf("tenant %s is suspended", e.TenantID) }
-
 // ScopeError is a submission outside the key's scopes. Message is meant for the
 // caller.
 type ScopeError struct{ Message string }
 
 func (e *ScopeError) Error() string { return e.Message }
 
-// ConflictError is an idempotency key already used with a different request.
-type ConflictError struct{ Key string }
-
-func (e *ConflictError) Error() string {
-	return fmt.Sprintf("idempotency key %q was already used with a different request", e.Key)
-}
-
-// RefusedError is a submission a limit refused; Decision says which.
+// RefusedError is a submission a limit refused: the *quotas.LimitError it unwraps
+// to says which, Tenant is the tenant it judged (the HTTP answer names its plan).
 type RefusedError struct {
-	Decision quotas.Decision
-	Tenant   tenants.Tenant
+	quotas.LimitError
+	Tenant tenants.Tenant
 }
 
-func (e *RefusedError) Error() string {
-	return fmt.Sprintf("refused by limits %v", e.Decision.Violated)
-}
+// Unwrap gives the refusal the Go library returns.
+func (e *RefusedError) Unwrap() error { return &e.LimitError }
 
 // AdmissionError is a failure to check the limits at all (Redis unreachable, the
 // call cancelled).
@@ -109,12 +93,14 @@ type AdmissionError struct{ Err error }
 func (e *AdmissionError) Error() string { return "admission: " + e.Err.Error() }
 func (e *AdmissionError) Unwrap() error { return e.Err }
 
-// FinishedError is a cancel of a task that already ended.
+// FinishedError is a cancel of a task that already ended; State is how it ended.
+// The Go library returns it as agentq.TaskEndedError.
 type FinishedError struct {
 	ID    uuid.UUID
 	State string
 }
 
+// Error says how the task ended.
 func (e *FinishedError) Error() string { return fmt.Sprintf("task %s already ended %s", e.ID, e.State) }
 
 // Queue is what the service needs of the scheduler.
@@ -180,11 +166,7 @@ func New(d Deps) *Service {
 }
 
 // BudgetRequest is a task's requested budget; nil fields take the plan's default.
-type BudgetRequest struct {
-	MaxSteps      *int
-	MaxWallclockS *float64
-	MaxCostUSD    *float64
-}
+type BudgetRequest = quotas.BudgetRequest
 
 // SubmitParams is one submission by an API key.
 type SubmitParams struct {
@@ -312,7 +294,7 @@ func (s *Service) validate(ctx context.Context, p SubmitParams) (submission, err
 	}
 	if err := s.d.Agents.ValidateTask(ctx, p.Agent, sub.input); err != nil {
 		if isUnknownAgent(err) {
-			return sub, &UnknownAgentError{Agent: p.Agent}
+			return sub, &agentqtype.UnknownAgentError{Agent: p.Agent}
 		}
 		if !isInputError(err) {
 			return sub, err
@@ -334,7 +316,7 @@ func (s *Service) resolveBudget(ctx context.Context, sub *submission) error {
 		return err
 	}
 	if tenant.Status != "active" {
-		return &SuspendedError{TenantID: tenant.ID}
+		return &agentqtype.SuspendedError{TenantID: tenant.ID}
 	}
 	pol, err := s.d.Tenants.Policy(tenant)
 	if err != nil {
@@ -370,7 +352,7 @@ func (s *Service) answerReplay(ctx context.Context, sub submission) (res Submiss
 	}
 	res.Decision, res.At = &d, at
 	if !d.Allowed {
-		return res, true, &RefusedError{Decision: d, Tenant: sub.tenant}
+		return res, true, &RefusedError{LimitError: quotas.LimitError{Decision: d}, Tenant: sub.tenant}
 	}
 	res, err = replay(res, prev, sub.hash, sub.IdempotencyKey)
 	return res, true, err
@@ -404,7 +386,7 @@ func refusal(sub submission, d quotas.Decision) error {
 		return &ScopeError{Message: fmt.Sprintf("This API key may not act for user %q.", sub.User)}
 	}
 	if !d.Allowed {
-		return &RefusedError{Decision: d, Tenant: sub.tenant}
+		return &RefusedError{LimitError: quotas.LimitError{Decision: d}, Tenant: sub.tenant}
 	}
 	return nil
 }
@@ -494,7 +476,7 @@ func endAdmissionSpan(span trace.Span, d quotas.Decision, err error) {
 // replay answers a resubmission with an idempotency key already used by the tenant.
 func replay(res Submission, prev store.Task, hash []byte, idem string) (Submission, error) {
 	if !bytes.Equal(prev.RequestHash, hash) {
-		return res, &ConflictError{Key: idem}
+		return res, &agentqtype.IdempotencyConflictError{Key: idem}
 	}
 	res.Task, res.Replayed = Task{Task: prev}, true
 	return res, nil
@@ -635,7 +617,7 @@ func (s *Service) waitReasons(ctx context.Context) func(tenantID string) *string
 }
 
 // IsState tells a task state the listing can filter on.
-func IsState(st string) bool { return store.TaskState(st).Valid() }
+func IsState(st string) bool { return agentqtype.TaskState(st).Valid() }
 
 // ListParams selects a page of the tenant's tasks, newest first.
 type ListParams struct {
@@ -721,7 +703,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 }
 
 // Terminal reports whether a task state, as a string from an event, is final.
-func Terminal(state string) bool { return store.TaskState(state).Terminal() }
+func Terminal(state string) bool { return agentqtype.TaskState(state).Terminal() }
 
 // MaxLiveTasks bounds the tasks Live lists.
 const MaxLiveTasks = 100

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -112,9 +113,9 @@ func TestSubmitStoresQueuesAndReplays(t *testing.T) {
 		t.Errorf("replay: %+v %v", again, err)
 	}
 	p.User = "eve"
-	var conflict *tasks.ConflictError
+	var conflict *agentqtype.IdempotencyConflictError
 	if _, err := e.svc.Submit(ctx, p); !errors.As(err, &conflict) || conflict.Key != "order-1" {
-		t.Errorf("different request with the same key: %v, want a ConflictError", err)
+		t.Errorf("different request with the same key: %v, want an IdempotencyConflictError", err)
 	}
 	page, err := e.svc.List(ctx, tasks.ListParams{TenantID: "acme"})
 	if err != nil || len(page.Tasks) != 1 || page.Next != nil {
@@ -183,7 +184,7 @@ func TestRefusedSubmissionChangesNothing(t *testing.T) {
 			t.Errorf("%+v: %v (decision %v), want an InvalidError before admission", p, err, res.Decision)
 		}
 	}
-	var unknown *tasks.UnknownAgentError
+	var unknown *agentqtype.UnknownAgentError
 	if _, err := e.svc.Submit(ctx, tasks.SubmitParams{TenantID: "acme", Agent: "nope"}); !errors.As(err, &unknown) {
 		t.Errorf("unknown agent: %v", err)
 	}

@@ -1,4 +1,4 @@
-package billing
+package rejections
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/riverqueue/river/rivershared/startstop"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -65,7 +66,8 @@ func (r *Rejections) FlushLocal(ctx context.Context) (FlushResult, error) {
 type LocalRejectionFlushOptions struct {
 	Interval time.Duration // between flushes (1 s)
 	Timeout  time.Duration // a flush's time bound, the last one's at shutdown too (5 s)
-	Logger   *slog.Logger
+	// Archetype is where a failed flush is logged; nil: the defaults.
+	Archetype *baseservice.Archetype
 }
 
 // LocalRejectionFlush runs FlushLocal every Interval on an API replica (each counts
@@ -75,6 +77,7 @@ type LocalRejectionFlush struct {
 	startstop.BaseStartStop
 	r   *Rejections
 	cfg LocalRejectionFlushOptions
+	log *slog.Logger
 }
 
 // NewLocalRejectionFlush returns a stopped flush of r's in-process counts.
@@ -85,10 +88,7 @@ func NewLocalRejectionFlush(r *Rejections, o LocalRejectionFlushOptions) *LocalR
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Second
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	return &LocalRejectionFlush{r: r, cfg: o}
+	return &LocalRejectionFlush{r: r, cfg: o, log: o.Archetype.Defaults().Logger}
 }
 
 // Start flushes every Interval until Stop, which waits for one last flush.
@@ -119,6 +119,6 @@ func (f *LocalRejectionFlush) flush(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 	if _, err := f.r.FlushLocal(ctx); err != nil {
-		f.cfg.Logger.Warn("flushing degraded-mode refusal counts failed; retrying", "err", err)
+		f.log.Warn("flushing degraded-mode refusal counts failed; retrying", "err", err)
 	}
 }

@@ -1,4 +1,4 @@
-package billing
+package webhooks
 
 import (
 	"bytes"
@@ -19,10 +19,10 @@ import (
 	"github.com/riverqueue/river/rivershared/startstop"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 )
@@ -44,8 +44,6 @@ type RelayConfig struct {
 	// Jitter spreads a retry's delay, so that the deliveries of many events that
 	// failed together do not come back together; nil spreads it over ±10 %.
 	Jitter func(time.Duration) time.Duration
-	// Now is the clock every due time and lease is taken from (time.Now when nil).
-	Now func() time.Time
 	// PollInterval is how often an idle relay looks for new events and due
 	// deliveries (250 ms when 0).
 	PollInterval time.Duration
@@ -77,9 +75,9 @@ type RelayConfig struct {
 	// link-local, private, CGNAT or unique local, refused otherwise when the
 	// connection is made (so a name that resolves there is refused too).
 	AllowNets []netip.Prefix
-	// MeterProvider receives agentq.webhook_deliveries; nil is the global one.
-	MeterProvider metric.MeterProvider
-	Logger        *slog.Logger
+	// Archetype is where the relay logs and meters (agentq.webhook_deliveries), and
+	// the clock every due time and lease is taken from; nil: the defaults.
+	Archetype *baseservice.Archetype
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -88,9 +86,6 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	if c.Jitter == nil {
 		c.Jitter = defaultJitter
-	}
-	if c.Now == nil {
-		c.Now = time.Now
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = 250 * time.Millisecond
@@ -118,9 +113,6 @@ func (c RelayConfig) withDefaults() RelayConfig {
 			Transport:     netguard.Guard{Allow: c.AllowNets}.Transport(),
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return c
 }
@@ -165,12 +157,8 @@ type Relay struct {
 // NewRelay returns a relay on st. Nothing runs until Start (or RunOnce).
 func NewRelay(st *store.Store, c RelayConfig) *Relay {
 	c = c.withDefaults()
-	r := &Relay{st: st, cfg: c, log: c.Logger, freed: make(chan struct{}, 1)}
-	mp := c.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	r.deliveries, _ = mp.Meter("github.com/agentq/agentq/billing").Int64Counter("agentq.webhook_deliveries",
+	r := &Relay{st: st, cfg: c, log: c.Archetype.Defaults().Logger, freed: make(chan struct{}, 1)}
+	r.deliveries, _ = c.Archetype.Meter("github.com/agentq/agentq/billing").Int64Counter("agentq.webhook_deliveries",
 		metric.WithUnit("{attempt}"),
 		metric.WithDescription("Webhook delivery attempts by outcome: succeeded (2xx), retrying (failed, attempts left), failed (given up), gone (410: endpoint disabled)"))
 	for _, o := range []string{store.AttemptSucceeded, store.AttemptRetrying, store.AttemptFailed, store.AttemptGone} {
@@ -282,7 +270,7 @@ func (r *Relay) roundFailed(ctx context.Context, err error) {
 }
 
 func (r *Relay) fanOut(ctx context.Context) (store.FanOut, error) {
-	fo, err := r.st.UnscopedFanOutWebhooks(ctx, store.FanOutParams{Now: r.cfg.Now(), Limit: r.cfg.FanOutBatch})
+	fo, err := r.st.UnscopedFanOutWebhooks(ctx, store.FanOutParams{Now: r.cfg.Archetype.Now(), Limit: r.cfg.FanOutBatch})
 	if err != nil {
 		return fo, fmt.Errorf("fan-out: %w", err)
 	}
@@ -291,7 +279,7 @@ func (r *Relay) fanOut(ctx context.Context) (store.FanOut, error) {
 
 func (r *Relay) claim(ctx context.Context, n int) ([]store.DeliveryClaim, error) {
 	claims, err := r.st.UnscopedClaimWebhookDeliveries(ctx, store.ClaimDeliveriesParams{
-		Now: r.cfg.Now(), Lease: r.cfg.Lease, Limit: n, PerEndpoint: r.cfg.PerEndpoint,
+		Now: r.cfg.Archetype.Now(), Lease: r.cfg.Lease, Limit: n, PerEndpoint: r.cfg.PerEndpoint,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
@@ -336,9 +324,9 @@ func (r *Relay) RunOnce(ctx context.Context) (RelayRun, error) {
 
 // deliver sends one claimed delivery and records the attempt.
 func (r *Relay) deliver(ctx context.Context, c store.DeliveryClaim) error {
-	at := r.cfg.Now()
+	at := r.cfg.Archetype.Now()
 	status, sendErr := r.send(ctx, c, at)
-	took := r.cfg.Now().Sub(at)
+	took := r.cfg.Archetype.Now().Sub(at)
 	if ctx.Err() != nil {
 		// Stopping: the attempt was cut short by us, not by the endpoint. The lease
 		// lapses and another relay (or this one, restarted) sends it again.
@@ -352,7 +340,7 @@ func (r *Relay) deliver(ctx context.Context, c store.DeliveryClaim) error {
 		p.Result = store.AttemptGone
 	case c.Attempt < len(r.cfg.Schedule):
 		p.Result = store.AttemptRetrying
-		p.NextAttemptAt = r.cfg.Now().Add(r.cfg.Jitter(r.cfg.Schedule[c.Attempt]))
+		p.NextAttemptAt = r.cfg.Archetype.Now().Add(r.cfg.Jitter(r.cfg.Schedule[c.Attempt]))
 	default:
 		p.Result = store.AttemptFailed
 	}

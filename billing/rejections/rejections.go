@@ -1,4 +1,4 @@
-package billing
+package rejections
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -31,9 +33,10 @@ type Rejections struct {
 	Counts RejectionCounts
 	Shards int               // the key builder's shard count
 	Plans  *quotas.Catalogue // the limit values the events report
-	Events Events            // builds the events
-	Now    func() time.Time  // the flush's clock; time.Now when nil
-	Page   int               // tenants read from Redis per round trip; 100 when 0
+	Events outbox.Events     // builds the events
+	// Archetype holds the flush's clock; nil: the defaults.
+	Archetype *baseservice.Archetype
+	Page      int // tenants read from Redis per round trip; 100 when 0
 	// Local, when set, holds this replica's refusals decided in process while Redis
 	// was unreachable (FlushLocal).
 	Local LocalRejectionCounts
@@ -245,8 +248,8 @@ func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []s
 // written already: for a monthly quota the period of periodID, the one the admission
 // was decided in (its counters refused it), not the one the minute counted falls in,
 // so a refusal at a period's end never takes the next period's 100 % event.
-func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow, periodID string) Refusal {
-	ref := Refusal{TenantID: t.ID, Plan: t.Plan, LimitType: row.LimitType, At: row.Minute, Enforcement: EnforcementRefused}
+func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow, periodID string) outbox.Refusal {
+	ref := outbox.Refusal{TenantID: t.ID, Plan: t.Plan, LimitType: row.LimitType, At: row.Minute, Enforcement: outbox.EnforcementRefused}
 	if eff, err := r.Plans.Effective(t.Plan, t.Overrides); err == nil {
 		if v, ok := eff[row.LimitType]; ok && !v.Off() {
 			n := float64(v)
@@ -257,7 +260,7 @@ func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow, periodID st
 			ref.Used = ref.Limit
 		}
 	}
-	if IsPeriodQuota(row.LimitType) {
+	if outbox.IsPeriodQuota(row.LimitType) {
 		period, ok := t.Anchor().PeriodOf(periodID)
 		if !ok {
 			period = t.Anchor().PeriodAt(row.Minute)
@@ -271,23 +274,18 @@ func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow, periodID st
 // windowOf is the dedupe window holding at of a limit: the UTC day for the daily
 // steps, period (the tenant's billing period holding at) for the monthly quotas, the
 // minute for the others.
-func windowOf(limitType string, at time.Time, period quotas.Period) Span {
+func windowOf(limitType string, at time.Time, period quotas.Period) outbox.Span {
 	switch limitType {
 	case quotas.AgentStepsDaily:
-		return DaySpan(at)
+		return outbox.DaySpan(at)
 	case quotas.AITokensMonthly, quotas.USDMonthly:
-		return Span{Start: period.Start, End: period.End}
+		return outbox.Span{Start: period.Start, End: period.End}
 	}
-	start := WindowStart(at)
-	return Span{Start: start, End: start.Add(DedupeWindow)}
+	start := outbox.WindowStart(at)
+	return outbox.Span{Start: start, End: start.Add(outbox.DedupeWindow)}
 }
 
-func (r *Rejections) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
-}
+func (r *Rejections) now() time.Time { return r.Archetype.Now() }
 
 // Current returns how many of the tenant's admissions each limit refused in the
 // limit's current window, the one its limit_hit is deduplicated over: the minute for
@@ -314,9 +312,9 @@ func (r *Rejections) Current(ctx context.Context, tenantID string, period quotas
 	}
 	// Minutes from the cutoff on may be in Redis: read them one by one. Before it,
 	// Postgres alone has them: sum them there, per window. One statement for both.
-	var spans []Span
+	var spans []outbox.Span
 	var from []time.Time
-	for _, w := range []Span{DaySpan(now), windowOf(quotas.AITokensMonthly, now, period)} {
+	for _, w := range []outbox.Span{outbox.DaySpan(now), windowOf(quotas.AITokensMonthly, now, period)} {
 		if w.Start.Before(cutoff) {
 			spans, from = append(spans, w), append(from, w.Start)
 		}
@@ -330,7 +328,7 @@ func (r *Rejections) Current(ctx context.Context, tenantID string, period quotas
 		k := key{row.LimitType, row.Minute.Unix()}
 		counts[k] = max(counts[k], row.Count)
 	}
-	before := map[Span]map[string]int64{}
+	before := map[outbox.Span]map[string]int64{}
 	for i, w := range spans {
 		before[w] = stored.Totals[i]
 	}

@@ -1,4 +1,4 @@
-package billing
+package usage
 
 import (
 	"context"
@@ -11,69 +11,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
-
-// Crossings writes the threshold events of the period quotas a recorded step crossed,
-// on the step's transaction (tasks.LifecycleOptions.StepRecorded is Step).
-type Crossings struct {
-	Events Events
-	// Limits returns a tenant's limits: its plan with its overrides applied, as
-	// admission and the worker enforce them (tenants.Policy's Limits).
-	Limits func(store.Tenant) (quotas.Limits, error)
-}
-
-// Step writes, on tx, the events of the period quotas step r crossed. The measures:
-//
-//   - agent_steps_daily: the steps of the 24 UTC hours ending with the step's hour,
-//     the sliding day admission and the worker count; its events dedupe per UTC day
-//     (DaySpan).
-//   - ai_tokens_monthly, usd_monthly: the billing period's totals.
-//
-// In each, before is the total the step left less the step's own share: the rollup
-// row of the period is updated (and so locked) by the step's transaction, so two
-// steps of a tenant recorded at once see one another's totals in order (the sliding
-// day's too, summed once the period row is held, so a step of an earlier hour that
-// committed meanwhile is in it), and each threshold is crossed by exactly one step. The dedupe keys make each threshold one
-// event per period besides. A tenant whose plan is no longer in the catalogue has no
-// limits known here and no crossings.
-func (c Crossings) Step(ctx context.Context, tx *store.Store, r store.RecordedStep) error {
-	if c.Limits == nil {
-		return nil
-	}
-	lim, err := c.Limits(r.Tenant)
-	if err != nil {
-		return nil //nolint:nilerr // no plan, no limits: nothing to cross (the worker refuses such a tenant's steps)
-	}
-	u := r.Usage
-	day := DaySpan(u.RecordedAt)
-	period := Span{Start: u.Period.Start, End: u.Period.End}
-	checks := []struct {
-		limitType     string
-		limit         int64
-		before, after int64
-		span          Span
-	}{
-		{quotas.AgentStepsDaily, lim.StepsDaily, u.DaySteps - 1, u.DaySteps, day},
-		{quotas.AITokensMonthly, lim.TokensMonthly, u.PeriodTokens - u.Tokens, u.PeriodTokens, period},
-		{quotas.USDMonthly, lim.USDMonthlyMicro, u.PeriodCostMicro - u.CostMicro, u.PeriodCostMicro, period},
-	}
-	for _, ch := range checks {
-		evs, err := c.Events.Crossings(Quota{
-			TenantID: r.Tenant.ID, Plan: r.Tenant.Plan, LimitType: ch.limitType, Limit: ch.limit, Period: ch.span,
-		}, ch.before, ch.after, u.RecordedAt)
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs {
-			if _, err := WriteEvent(ctx, tx, ev); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
 
 // Rollups rebuilds and reads the usage rollups.
 type Rollups struct {
@@ -148,10 +89,10 @@ type MeterUsage struct {
 
 // TenantUsage is one tenant's use in its billing period.
 type TenantUsage struct {
-	TenantID string `json:"tenant_id"`
-	Plan     string `json:"plan"`
-	PeriodID string `json:"period_id"` // the period's start date in the tenant's zone, yyyymmdd
-	Period   Span   `json:"period"`
+	TenantID string      `json:"tenant_id"`
+	Plan     string      `json:"plan"`
+	PeriodID string      `json:"period_id"` // the period's start date in the tenant's zone, yyyymmdd
+	Period   outbox.Span `json:"period"`
 	// Meters: steps, tokens and cost_micro_usd, in that order, zeros included.
 	Meters []MeterUsage `json:"meters"`
 	// Rejections counts the tenant's refused submissions per limit_type in the period,
@@ -172,7 +113,7 @@ func meters(steps, tokens, micro int64) []MeterUsage {
 	return []MeterUsage{
 		{Meter: MeterSteps, Quantity: steps},
 		{Meter: MeterTokens, Quantity: tokens},
-		{Meter: MeterCostMicro, Quantity: micro, USD: FormatUSD(micro)},
+		{Meter: MeterCostMicro, Quantity: micro, USD: outbox.FormatUSD(micro)},
 	}
 }
 
@@ -226,7 +167,7 @@ func (r *Rollups) Export(ctx context.Context, month string) (UsageExport, error)
 		}
 		tu := TenantUsage{
 			TenantID: p.TenantID, Plan: plan, PeriodID: p.Period.ID,
-			Period: Span{Start: p.Period.Start, End: p.Period.End},
+			Period: outbox.Span{Start: p.Period.Start, End: p.Period.End},
 			Meters: meters(u.Steps, u.Tokens, u.CostMicro), Rejections: rej[p.TenantID],
 		}
 		if tu.Rejections == nil {

@@ -1,4 +1,4 @@
-package billing_test
+package usage_test
 
 import (
 	"sync/atomic"

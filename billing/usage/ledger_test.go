@@ -1,4 +1,4 @@
-package billing_test
+package usage_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -23,7 +23,7 @@ type fixture struct {
 	st     *store.Store
 	rdb    *redis.Client
 	keys   rkeys.Keys
-	ledger *billing.Ledger
+	ledger *usage.Ledger
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -31,7 +31,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
 	st := store.New(testenv.Postgres(t))
-	return &fixture{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys, ledger: billing.NewLedger(st)}
+	return &fixture{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys, ledger: usage.NewLedger(st)}
 }
 
 // replica is one process's limits, rebuilding lost counters from src.

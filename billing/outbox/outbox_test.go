@@ -1,4 +1,4 @@
-package billing_test
+package outbox_test
 
 import (
 	"bytes"
@@ -7,23 +7,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 )
 
-func outbox(t *testing.T) (context.Context, *store.Store, *billing.Feed) {
+func newOutbox(t *testing.T) (context.Context, *store.Store, *outbox.Feed) {
 	t.Helper()
 	t.Parallel()
 	st := store.New(testenv.Postgres(t))
-	return context.Background(), st, billing.NewFeed(st)
+	return context.Background(), st, outbox.NewFeed(st)
 }
 
 // settled reads the finance feed from the start until it holds want events: the feed
 // shows a commit once every older transaction of the server has ended, and another
 // test's may still be running.
-func settled(t *testing.T, ctx context.Context, f *billing.Feed, p billing.FeedParams, want int) billing.FeedPage {
+func settled(t *testing.T, ctx context.Context, f *outbox.Feed, p outbox.FeedParams, want int) outbox.FeedPage {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -45,14 +45,14 @@ func settled(t *testing.T, ctx context.Context, f *billing.Feed, p billing.FeedP
 // once: a quota reaching 100 % and three refusals after it in its period are one
 // limit_hit, stored as first built.
 func TestWriteEventWithTheChange(t *testing.T) {
-	ctx, st, feed := outbox(t)
+	ctx, st, feed := newOutbox(t)
 	crossed, err := events.Crossings(usd, 90_000_000, 100_000_000, eventAt)
 	if err != nil || len(crossed) != 1 {
 		t.Fatalf("%v %v", crossed, err)
 	}
 	boom := errors.New("the change failed")
 	err = st.InTx(ctx, func(tx *store.Store) error {
-		if written, err := billing.WriteEvent(ctx, tx, crossed[0]); err != nil || !written {
+		if written, err := outbox.WriteEvent(ctx, tx, crossed[0]); err != nil || !written {
 			t.Fatalf("written %v, %v", written, err)
 		}
 		return boom
@@ -61,40 +61,40 @@ func TestWriteEventWithTheChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.InTx(ctx, func(tx *store.Store) error {
-		_, err := billing.WriteEvent(ctx, tx, crossed[0])
+		_, err := outbox.WriteEvent(ctx, tx, crossed[0])
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		r, err := events.LimitHit(billing.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.USDMonthly,
+		r, err := events.LimitHit(outbox.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.USDMonthly,
 			Limit: usd.Limit, Used: usd.Limit + int64(i), Period: &novPeriod, At: eventAt.Add(time.Duration(i) * time.Minute)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if written, err := billing.WriteEvent(ctx, st, r); err != nil || written {
+		if written, err := outbox.WriteEvent(ctx, st, r); err != nil || written {
 			t.Fatalf("refusal %d after the quota's 100 %% event: written %v, %v", i, written, err)
 		}
 	}
-	pg := settled(t, ctx, feed, billing.FeedParams{}, 1)
-	if e := pg.Events[0]; !bytes.Equal(e.Payload, crossed[0].Payload) || e.ID != crossed[0].ID || e.Type != billing.TypeLimitHit || e.TenantID != "acme" {
+	pg := settled(t, ctx, feed, outbox.FeedParams{}, 1)
+	if e := pg.Events[0]; !bytes.Equal(e.Payload, crossed[0].Payload) || e.ID != crossed[0].ID || e.Type != outbox.TypeLimitHit || e.TenantID != "acme" {
 		t.Fatalf("stored %+v (%s)", e, e.Payload)
 	}
 }
 
 func TestCursor(t *testing.T) {
 	for _, c := range []store.EventCursor{{}, {XID: 1, Seq: 1}, {XID: 1<<64 - 1, Seq: 1<<63 - 1}} {
-		got, err := billing.DecodeCursor(billing.EncodeCursor(c))
+		got, err := outbox.DecodeCursor(outbox.EncodeCursor(c))
 		if err != nil || got != c {
 			t.Errorf("%+v came back as %+v, %v", c, got, err)
 		}
 	}
-	if c, err := billing.DecodeCursor(""); err != nil || c != (store.EventCursor{}) {
+	if c, err := outbox.DecodeCursor(""); err != nil || c != (store.EventCursor{}) {
 		t.Errorf("the empty cursor: %+v, %v", c, err)
 	}
-	neg := billing.EncodeCursor(store.EventCursor{XID: 1, Seq: -1})
-	for _, bad := range []string{"x", "12", "AAAA", neg, billing.EncodeCursor(store.EventCursor{XID: 1, Seq: 2}) + "A"} {
-		if _, err := billing.DecodeCursor(bad); !errors.Is(err, billing.ErrBadCursor) {
+	neg := outbox.EncodeCursor(store.EventCursor{XID: 1, Seq: -1})
+	for _, bad := range []string{"x", "12", "AAAA", neg, outbox.EncodeCursor(store.EventCursor{XID: 1, Seq: 2}) + "A"} {
+		if _, err := outbox.DecodeCursor(bad); !errors.Is(err, outbox.ErrBadCursor) {
 			t.Errorf("DecodeCursor(%q): %v, want ErrBadCursor", bad, err)
 		}
 	}
@@ -102,7 +102,7 @@ func TestCursor(t *testing.T) {
 
 // The feeds page by the cursor they give; a tenant's feed holds its events only.
 func TestFeedPages(t *testing.T) {
-	ctx, st, feed := outbox(t)
+	ctx, st, feed := newOutbox(t)
 	for _, tenant := range []string{"acme", "globex"} {
 		q := usd
 		q.TenantID = tenant
@@ -111,16 +111,16 @@ func TestFeedPages(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ev := range evs {
-			if _, err := billing.WriteEvent(ctx, st, ev); err != nil {
+			if _, err := outbox.WriteEvent(ctx, st, ev); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	settled(t, ctx, feed, billing.FeedParams{}, 6)
+	settled(t, ctx, feed, outbox.FeedParams{}, 6)
 	var ids []string
 	after := ""
 	for range 10 {
-		pg, err := feed.Tenant(ctx, "acme", billing.FeedParams{After: after, Limit: 2})
+		pg, err := feed.Tenant(ctx, "acme", outbox.FeedParams{After: after, Limit: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,21 +139,21 @@ func TestFeedPages(t *testing.T) {
 		after = pg.Next
 	}
 	want := []string{
-		billing.EventID(billing.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, 80)),
-		billing.EventID(billing.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, 90)),
-		billing.EventID(billing.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, 100)),
+		outbox.EventID(outbox.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, 80)),
+		outbox.EventID(outbox.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, 90)),
+		outbox.EventID(outbox.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, 100)),
 	}
 	if len(ids) != 3 || ids[0] != want[0] || ids[1] != want[1] || ids[2] != want[2] {
 		t.Fatalf("acme's pages: %v, want %v", ids, want)
 	}
-	pg, err := feed.All(ctx, "globex", billing.FeedParams{Type: billing.TypeLimitHit})
-	if err != nil || len(pg.Events) != 1 || pg.Events[0].TenantID != "globex" || pg.Events[0].Type != billing.TypeLimitHit {
+	pg, err := feed.All(ctx, "globex", outbox.FeedParams{Type: outbox.TypeLimitHit})
+	if err != nil || len(pg.Events) != 1 || pg.Events[0].TenantID != "globex" || pg.Events[0].Type != outbox.TypeLimitHit {
 		t.Fatalf("globex's limit hits: %+v, %v", pg, err)
 	}
-	if _, err := feed.Tenant(ctx, "", billing.FeedParams{}); !errors.Is(err, store.ErrNoTenant) {
+	if _, err := feed.Tenant(ctx, "", outbox.FeedParams{}); !errors.Is(err, store.ErrNoTenant) {
 		t.Fatalf("a tenant feed without a tenant: %v", err)
 	}
-	if _, err := feed.All(ctx, "", billing.FeedParams{After: "nope"}); !errors.Is(err, billing.ErrBadCursor) {
+	if _, err := feed.All(ctx, "", outbox.FeedParams{After: "nope"}); !errors.Is(err, outbox.ErrBadCursor) {
 		t.Fatalf("a bad cursor: %v", err)
 	}
 }

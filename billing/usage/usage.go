@@ -1,4 +1,4 @@
-package billing
+package usage
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -19,31 +20,31 @@ const DefaultRecentHits = 20
 // LimitHit is one usage.limit_hit event of a tenant, as the usage report and the
 // panel show it: the event id is the one the finance feed and the webhooks carry.
 type LimitHit struct {
-	EventID           string         `json:"event_id"`
-	Time              time.Time      `json:"time"`
-	LimitType         string         `json:"limit_type"`
-	LimitValue        Amount         `json:"limit_value"`
-	CurrentUsage      Amount         `json:"current_usage"`
-	SLAClassification Classification `json:"sla_classification"`
-	Enforcement       Enforcement    `json:"enforcement"`
+	EventID           string                `json:"event_id"`
+	Time              time.Time             `json:"time"`
+	LimitType         string                `json:"limit_type"`
+	LimitValue        outbox.Amount         `json:"limit_value"`
+	CurrentUsage      outbox.Amount         `json:"current_usage"`
+	SLAClassification outbox.Classification `json:"sla_classification"`
+	Enforcement       outbox.Enforcement    `json:"enforcement"`
 }
 
 // RecentLimitHits returns the tenant's latest n usage.limit_hit events (at most
 // store.MaxRecentEvents), newest first.
 func (r *Rollups) RecentLimitHits(ctx context.Context, tenantID string, n int) ([]LimitHit, error) {
 	if tenantID == "" {
-		return nil, ErrNoTenant
+		return nil, outbox.ErrNoTenant
 	}
-	evs, err := r.st.RecentEvents(ctx, store.RecentEventsParams{TenantID: tenantID, Type: TypeLimitHit, Limit: n})
+	evs, err := r.st.RecentEvents(ctx, store.RecentEventsParams{TenantID: tenantID, Type: outbox.TypeLimitHit, Limit: n})
 	if err != nil {
 		return nil, err
 	}
 	out := make([]LimitHit, 0, len(evs))
 	for _, e := range evs {
 		var ce struct {
-			ID   string    `json:"id"`
-			Time time.Time `json:"time"`
-			Data LimitData `json:"data"`
+			ID   string           `json:"id"`
+			Time time.Time        `json:"time"`
+			Data outbox.LimitData `json:"data"`
 		}
 		if err := json.Unmarshal(e.Payload, &ce); err != nil {
 			return nil, fmt.Errorf("billing: event %s: %w", e.ID, err)
@@ -81,7 +82,7 @@ type DayUsage struct {
 // with zeros. ErrBadDays unless 1 <= n <= MaxUsageDays.
 func (r *Rollups) Days(ctx context.Context, tenantID string, a quotas.Anchor, n int, now time.Time) ([]DayUsage, error) {
 	if tenantID == "" {
-		return nil, ErrNoTenant
+		return nil, outbox.ErrNoTenant
 	}
 	if n < 1 || n > MaxUsageDays {
 		return nil, ErrBadDays
@@ -107,7 +108,7 @@ func (r *Rollups) Days(ctx context.Context, tenantID string, a quotas.Anchor, n 
 		// noon steps over days whatever the zone's daylight saving time does
 		day := time.Date(first.Year(), first.Month(), first.Day()+i, 12, 0, 0, 0, loc).Format(time.DateOnly)
 		u := byDay[day]
-		out[i] = DayUsage{Day: day, Steps: u.Steps, Tokens: u.Tokens, CostMicroUSD: u.CostMicro, CostUSD: FormatUSD(u.CostMicro)}
+		out[i] = DayUsage{Day: day, Steps: u.Steps, Tokens: u.Tokens, CostMicroUSD: u.CostMicro, CostUSD: outbox.FormatUSD(u.CostMicro)}
 	}
 	return out, nil
 }

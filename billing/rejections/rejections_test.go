@@ -1,4 +1,4 @@
-package billing_test
+package rejections_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/rejections"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
@@ -25,7 +27,7 @@ type rejecting struct {
 	mu  sync.Mutex
 	now time.Time
 	q   *quotas.Quotas
-	rej *billing.Rejections
+	rej *rejections.Rejections
 	n   int
 }
 
@@ -44,8 +46,8 @@ func newRejectingOn(t *testing.T, shards int) *rejecting {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.rej = &billing.Rejections{Store: f.st, Counts: f.q, Shards: f.keys.Shards(), Plans: plans,
-		Events: billing.Events{UpgradeURL: "https://example.com/upgrade"}, Now: f.clock}
+	f.rej = &rejections.Rejections{Store: f.st, Counts: f.q, Shards: f.keys.Shards(), Plans: plans,
+		Events: outbox.Events{UpgradeURL: "https://example.com/upgrade"}, Archetype: &baseservice.Archetype{Clock: f.clock}}
 	return f
 }
 
@@ -69,7 +71,7 @@ func (f *rejecting) refuse(n int, l quotas.Limits) {
 	}
 }
 
-func (f *rejecting) flush() billing.FlushResult {
+func (f *rejecting) flush() rejections.FlushResult {
 	f.t.Helper()
 	res, err := f.rej.Flush(f.ctx)
 	if err != nil {
@@ -92,7 +94,7 @@ func (f *rejecting) current() map[string]int64 {
 // other tests' open transactions might still precede.
 func (f *rejecting) limitHits() []store.Event {
 	f.t.Helper()
-	rows, err := f.st.Pool().Query(f.ctx, `SELECT id, payload FROM events WHERE tenant_id = 'acme' AND type = $1 ORDER BY seq`, billing.TypeLimitHit)
+	rows, err := f.st.Pool().Query(f.ctx, `SELECT id, payload FROM events WHERE tenant_id = 'acme' AND type = $1 ORDER BY seq`, outbox.TypeLimitHit)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -140,9 +142,9 @@ func TestRefusalsFlushOneEventPerWindowWithCounts(t *testing.T) {
 	if len(hits) != 1 {
 		t.Fatalf("%d limit_hit events, want 1", len(hits))
 	}
-	_, d := decoded(t, billing.Event{Payload: hits[0].Payload})
-	if d.LimitType != quotas.QueueBacklog || d.LimitValue.N != 1000 || d.Enforcement != billing.EnforcementRefused ||
-		d.SLAClassification != billing.EnforcedLimit || d.Window == nil || !d.Window.Start.Equal(f.clock().Truncate(time.Minute)) {
+	_, d := decoded(t, outbox.Event{Payload: hits[0].Payload})
+	if d.LimitType != quotas.QueueBacklog || d.LimitValue.N != 1000 || d.Enforcement != outbox.EnforcementRefused ||
+		d.SLAClassification != outbox.EnforcedLimit || d.Window == nil || !d.Window.Start.Equal(f.clock().Truncate(time.Minute)) {
 		t.Fatalf("limit_hit data %+v", d)
 	}
 
@@ -166,13 +168,13 @@ func TestRefusalsFlushOneEventPerWindowWithCounts(t *testing.T) {
 // counted for the whole day, in Redis and, once pruned there, in Postgres.
 func TestQuotaRefusalsShareTheHundredPercentEvent(t *testing.T) {
 	f := newRejecting(t)
-	day := billing.DaySpan(f.clock())
-	crossed, err := billing.Events{}.Crossings(billing.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.AgentStepsDaily,
+	day := outbox.DaySpan(f.clock())
+	crossed, err := outbox.Events{}.Crossings(outbox.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.AgentStepsDaily,
 		Limit: 10, Period: day}, 9, 10, f.clock())
 	if err != nil || len(crossed) != 1 {
 		t.Fatal(crossed, err)
 	}
-	if _, err := billing.WriteEvent(f.ctx, f.st, crossed[0]); err != nil {
+	if _, err := outbox.WriteEvent(f.ctx, f.st, crossed[0]); err != nil {
 		t.Fatal(err)
 	}
 	l := quotas.NoLimits()
@@ -340,7 +342,7 @@ func TestRefusalFlushResumesWhereTheLastRunStopped(t *testing.T) {
 		t.Fatalf("every one of %d runs finished within its budget: the spike did not test resuming", runs)
 	}
 	var events int
-	if err := f.st.Pool().QueryRow(f.ctx, `SELECT count(DISTINCT tenant_id) FROM events WHERE type = $1`, billing.TypeLimitHit).Scan(&events); err != nil || events != tenants {
+	if err := f.st.Pool().QueryRow(f.ctx, `SELECT count(DISTINCT tenant_id) FROM events WHERE type = $1`, outbox.TypeLimitHit).Scan(&events); err != nil || events != tenants {
 		t.Fatalf("limit_hit events of %d tenants %v, want %d", events, err, tenants)
 	}
 	t.Logf("%d tenants flushed in %d runs, %d cut short by the budget", tenants, runs, cut)
@@ -403,7 +405,7 @@ func TestRefusalFlushResumesAcrossShards(t *testing.T) {
 // cancelAfterRead ends a flush's context when it reads its second page of counts:
 // the flush has committed its first page and stops there.
 type cancelAfterRead struct {
-	billing.RejectionCounts
+	rejections.RejectionCounts
 	cancel func()
 	reads  *int
 }
@@ -511,12 +513,12 @@ func TestDegradedRefusalsWaitForPostgres(t *testing.T) {
 	if len(hits) != 2 {
 		t.Fatalf("%d limit_hit events, want the platform's and the plan's", len(hits))
 	}
-	_, d := decoded(t, billing.Event{Payload: hits[0].Payload})
-	if d.LimitType != quotas.TenantRate || d.Enforcement != billing.EnforcementRefused || d.SLAClassification != billing.EligibleBreach ||
-		d.RefusedBy != billing.RefusedByPlatform || d.Window == nil {
+	_, d := decoded(t, outbox.Event{Payload: hits[0].Payload})
+	if d.LimitType != quotas.TenantRate || d.Enforcement != outbox.EnforcementRefused || d.SLAClassification != outbox.EligibleBreach ||
+		d.RefusedBy != outbox.RefusedByPlatform || d.Window == nil {
 		t.Fatalf("degraded limit_hit %+v", d)
 	}
-	if _, d := decoded(t, billing.Event{Payload: hits[1].Payload}); d.SLAClassification != billing.EnforcedLimit || d.RefusedBy != "" {
+	if _, d := decoded(t, outbox.Event{Payload: hits[1].Payload}); d.SLAClassification != outbox.EnforcedLimit || d.RefusedBy != "" {
 		t.Fatalf("the plan's limit_hit %+v", d)
 	}
 	if res, err := f.rej.FlushLocal(f.ctx); err != nil || res.Events != 0 {
@@ -552,7 +554,7 @@ func (f *rejecting) tokensUsedUp(p quotas.Period) quotas.Limits {
 
 func (f *rejecting) limitHitKeys() []string {
 	f.t.Helper()
-	rows, err := f.st.Pool().Query(f.ctx, `SELECT dedupe_key FROM events WHERE tenant_id = 'acme' AND type = $1 ORDER BY seq`, billing.TypeLimitHit)
+	rows, err := f.st.Pool().Query(f.ctx, `SELECT dedupe_key FROM events WHERE tenant_id = 'acme' AND type = $1 ORDER BY seq`, outbox.TypeLimitHit)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -580,7 +582,7 @@ func TestQuotaRefusalAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
 	if res := f.flush(); res.Events != 1 {
 		t.Fatalf("flush %+v, want the quota's event", res)
 	}
-	want := billing.PeriodKey("acme", quotas.AITokensMonthly, p.Start, 100)
+	want := outbox.PeriodKey("acme", quotas.AITokensMonthly, p.Start, 100)
 	if keys := f.limitHitKeys(); len(keys) != 1 || keys[0] != want {
 		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
 	}
@@ -602,10 +604,10 @@ func TestBudgetStopAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
 	stop := qe.Stop()
 	finished := p.End.Add(2 * time.Second)
 	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: store.StateBudgetExceeded, FinishedAt: &finished}
-	if err := (billing.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
+	if err := (outbox.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
 		t.Fatal(err)
 	}
-	want := billing.PeriodKey("acme", quotas.AITokensMonthly, p.Start, 100)
+	want := outbox.PeriodKey("acme", quotas.AITokensMonthly, p.Start, 100)
 	if keys := f.limitHitKeys(); len(keys) != 1 || keys[0] != want {
 		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
 	}
@@ -616,7 +618,7 @@ func TestBudgetStopAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
 func TestLocalRejectionFlushFlushesOnStop(t *testing.T) {
 	f := newRejecting(t)
 	g := f.degradedGuard()
-	fl := billing.NewLocalRejectionFlush(f.rej, billing.LocalRejectionFlushOptions{Interval: time.Hour})
+	fl := rejections.NewLocalRejectionFlush(f.rej, rejections.LocalRejectionFlushOptions{Interval: time.Hour})
 	if err := fl.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -648,10 +650,10 @@ func TestBudgetStopAtADayBoundaryKeysItsOwnDay(t *testing.T) {
 	stop := qe.Stop()
 	finished := f.clock().Add(2 * time.Second)
 	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: store.StateBudgetExceeded, FinishedAt: &finished}
-	if err := (billing.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
+	if err := (outbox.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
 		t.Fatal(err)
 	}
-	want := billing.PeriodKey("acme", quotas.AgentStepsDaily, billing.DaySpan(f.clock()).Start, 100)
+	want := outbox.PeriodKey("acme", quotas.AgentStepsDaily, outbox.DaySpan(f.clock()).Start, 100)
 	if keys := f.limitHitKeys(); len(keys) != 1 || keys[0] != want {
 		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
 	}

@@ -1,4 +1,4 @@
-package billing_test
+package webhooks_test
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,7 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -83,8 +84,8 @@ type relayEnv struct {
 	ctx   context.Context
 	st    *store.Store
 	clock *fakeClock
-	hooks *billing.Webhooks
-	evs   billing.Events
+	hooks *webhooks.Webhooks
+	evs   outbox.Events
 }
 
 func newRelayEnv(t *testing.T) *relayEnv {
@@ -93,8 +94,8 @@ func newRelayEnv(t *testing.T) *relayEnv {
 	st := store.New(testenv.Postgres(t))
 	clock := &fakeClock{t: time.Now().Truncate(time.Second)}
 	e := &relayEnv{ctx: context.Background(), st: st, clock: clock,
-		hooks: billing.NewWebhooks(st, billing.WebhooksOptions{RotationGrace: time.Hour, Now: clock.Now, AllowNets: netguard.Loopback()}),
-		evs:   billing.Events{UpgradeURL: "https://agentq.example/upgrade"}}
+		hooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{RotationGrace: time.Hour, Archetype: &baseservice.Archetype{Clock: clock.Now}, AllowNets: netguard.Loopback()}),
+		evs:   outbox.Events{UpgradeURL: "https://agentq.example/upgrade"}}
 	for _, id := range []string{"acme", "globex"} {
 		if _, err := st.CreateTenant(e.ctx, store.CreateTenantParams{ID: id, Name: id, Plan: "pro"}); err != nil {
 			t.Fatal(err)
@@ -104,10 +105,10 @@ func newRelayEnv(t *testing.T) *relayEnv {
 }
 
 // relay is a relay of the env with schedule (no jitter) and batch.
-func (e *relayEnv) relay(schedule []time.Duration, batch int) *billing.Relay {
-	return billing.NewRelay(e.st, billing.RelayConfig{
-		Schedule: schedule, Jitter: func(d time.Duration) time.Duration { return d }, Now: e.clock.Now,
-		Timeout: 5 * time.Second, Batch: batch, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+func (e *relayEnv) relay(schedule []time.Duration, batch int) *webhooks.Relay {
+	return webhooks.NewRelay(e.st, webhooks.RelayConfig{
+		Schedule: schedule, Jitter: func(d time.Duration) time.Duration { return d }, Archetype: &baseservice.Archetype{Clock: e.clock.Now},
+		Timeout: 5 * time.Second, Batch: batch,
 		AllowNets: netguard.Loopback(), // the receivers are local test servers
 	})
 }
@@ -115,9 +116,9 @@ func (e *relayEnv) relay(schedule []time.Duration, batch int) *billing.Relay {
 var relayEpoch = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 
 // hit is tenant's limit_hit number i, a minute of its own.
-func (e *relayEnv) hit(t *testing.T, tenant string, i int) billing.Event {
+func (e *relayEnv) hit(t *testing.T, tenant string, i int) outbox.Event {
 	t.Helper()
-	ev, err := e.evs.LimitHit(billing.Refusal{TenantID: tenant, Plan: "pro", LimitType: quotas.TenantRate,
+	ev, err := e.evs.LimitHit(outbox.Refusal{TenantID: tenant, Plan: "pro", LimitType: quotas.TenantRate,
 		Limit: 5, Used: 5, At: relayEpoch.Add(time.Duration(i) * time.Minute)})
 	if err != nil {
 		t.Fatal(err)
@@ -126,22 +127,22 @@ func (e *relayEnv) hit(t *testing.T, tenant string, i int) billing.Event {
 }
 
 // approaching is tenant's approaching_limit at 80 % of a daily steps quota on day i.
-func (e *relayEnv) approaching(t *testing.T, tenant string, i int) billing.Event {
+func (e *relayEnv) approaching(t *testing.T, tenant string, i int) outbox.Event {
 	t.Helper()
 	day := relayEpoch.AddDate(0, 0, i)
-	evs, err := e.evs.Crossings(billing.Quota{TenantID: tenant, Plan: "pro", LimitType: quotas.AgentStepsDaily,
-		Limit: 100, Period: billing.Span{Start: day, End: day.AddDate(0, 0, 1)}}, 0, 85, day)
+	evs, err := e.evs.Crossings(outbox.Quota{TenantID: tenant, Plan: "pro", LimitType: quotas.AgentStepsDaily,
+		Limit: 100, Period: outbox.Span{Start: day, End: day.AddDate(0, 0, 1)}}, 0, 85, day)
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("%v %v", evs, err)
 	}
 	return evs[0]
 }
 
-func (e *relayEnv) write(t *testing.T, evs ...billing.Event) {
+func (e *relayEnv) write(t *testing.T, evs ...outbox.Event) {
 	t.Helper()
 	err := e.st.InTx(e.ctx, func(tx *store.Store) error {
 		for _, ev := range evs {
-			if ok, err := billing.WriteEvent(e.ctx, tx, ev); err != nil || !ok {
+			if ok, err := outbox.WriteEvent(e.ctx, tx, ev); err != nil || !ok {
 				return fmt.Errorf("write %s: %v %v", ev.ID, ok, err)
 			}
 		}
@@ -152,9 +153,9 @@ func (e *relayEnv) write(t *testing.T, evs ...billing.Event) {
 	}
 }
 
-func (e *relayEnv) create(t *testing.T, url, tenant string, types ...string) billing.WebhookWithSecret {
+func (e *relayEnv) create(t *testing.T, url, tenant string, types ...string) webhooks.WebhookWithSecret {
 	t.Helper()
-	w, err := e.hooks.Create(e.ctx, billing.CreateWebhookParams{URL: url, Types: types, TenantID: tenant})
+	w, err := e.hooks.Create(e.ctx, webhooks.CreateWebhookParams{URL: url, Types: types, TenantID: tenant})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func (e *relayEnv) create(t *testing.T, url, tenant string, types ...string) bil
 
 // runUntil runs relay rounds until cond holds: the feed shows an event only once every
 // older transaction on the server ended, and other tests' may be running.
-func runUntil(t *testing.T, ctx context.Context, r *billing.Relay, cond func() bool) {
+func runUntil(t *testing.T, ctx context.Context, r *webhooks.Relay, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {
@@ -205,7 +206,7 @@ func TestRelaySignsAndDeliversTheStoredBytes(t *testing.T) {
 	before := e.hit(t, "acme", 1)
 	e.write(t, before)
 	// The endpoint comes after the first event: only the second is for it.
-	w := e.create(t, rcv.srv.URL+"/hook", "", billing.TypeLimitHit, billing.TypeApproachingLimit)
+	w := e.create(t, rcv.srv.URL+"/hook", "", outbox.TypeLimitHit, outbox.TypeApproachingLimit)
 	if !strings.HasPrefix(w.Secret, "whsec_") || w.Webhook.Secret != "" {
 		t.Fatalf("secret %q, endpoint carries %q", w.Secret, w.Webhook.Secret)
 	}
@@ -242,7 +243,7 @@ func TestRelaySignsAndDeliversTheStoredBytes(t *testing.T) {
 	if n := len(strings.Split(h.header.Get("webhook-signature"), " ")); n != 1 {
 		t.Errorf("%d signatures before any rotation", n)
 	}
-	page, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	page, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{})
 	if err != nil || len(page.Attempts) != 1 {
 		t.Fatalf("attempts %+v %v", page, err)
 	}
@@ -262,8 +263,8 @@ func TestRelayRetriesOnTheSchedule(t *testing.T) {
 		return 200
 	})
 	down := newReceiver(t, func(int, hook) int { return 503 })
-	wf := e.create(t, flaky.srv.URL, "", billing.TypeLimitHit)
-	wd := e.create(t, down.srv.URL, "", billing.TypeLimitHit)
+	wf := e.create(t, flaky.srv.URL, "", outbox.TypeLimitHit)
+	wd := e.create(t, down.srv.URL, "", outbox.TypeLimitHit)
 	schedule := []time.Duration{0, time.Minute, 2 * time.Minute, 4 * time.Minute}
 	r := e.relay(schedule, 0)
 	e.write(t, e.hit(t, "acme", 1))
@@ -290,9 +291,9 @@ func TestRelayRetriesOnTheSchedule(t *testing.T) {
 	if len(flaky.got()) != 4 || len(down.got()) != 4 {
 		t.Fatalf("requests %d and %d, want 4 each", len(flaky.got()), len(down.got()))
 	}
-	check := func(w billing.WebhookWithSecret, statuses []int, results []string, final string) {
+	check := func(w webhooks.WebhookWithSecret, statuses []int, results []string, final string) {
 		t.Helper()
-		page, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+		page, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{})
 		if err != nil || len(page.Attempts) != 4 {
 			t.Fatalf("attempts %+v %v", page, err)
 		}
@@ -321,13 +322,13 @@ func TestRelayRetriesOnTheSchedule(t *testing.T) {
 // Standard Webhooks one.
 func TestStandardScheduleAndJitter(t *testing.T) {
 	want := []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
-	if fmt.Sprint(billing.StandardSchedule) != fmt.Sprint(want) {
-		t.Errorf("schedule %v", billing.StandardSchedule)
+	if fmt.Sprint(webhooks.StandardSchedule) != fmt.Sprint(want) {
+		t.Errorf("schedule %v", webhooks.StandardSchedule)
 	}
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, func(int, hook) int { return 500 })
-	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
-	r := billing.NewRelay(e.st, billing.RelayConfig{Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
+	r := webhooks.NewRelay(e.st, webhooks.RelayConfig{Archetype: &baseservice.Archetype{Clock: e.clock.Now},
 		AllowNets: netguard.Loopback()})
 	for i := range 20 {
 		e.write(t, e.hit(t, "acme", i))
@@ -355,7 +356,7 @@ func TestStandardScheduleAndJitter(t *testing.T) {
 func TestRelayGoneDisablesTheEndpoint(t *testing.T) {
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, func(int, hook) int { return http.StatusGone })
-	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
 	r := e.relay([]time.Duration{0, time.Second}, 1) // one at a time
 	e.write(t, e.hit(t, "acme", 1), e.hit(t, "acme", 2))
 	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 1 })
@@ -365,7 +366,7 @@ func TestRelayGoneDisablesTheEndpoint(t *testing.T) {
 	}
 	e.write(t, e.hit(t, "acme", 3))
 	other := newReceiver(t, nil)
-	e.create(t, other.srv.URL, "", billing.TypeLimitHit) // shows when the later event was fanned out
+	e.create(t, other.srv.URL, "", outbox.TypeLimitHit) // shows when the later event was fanned out
 	e.write(t, e.hit(t, "acme", 4))
 	runUntil(t, e.ctx, r, func() bool { return len(other.got()) == 1 })
 	e.clock.Add(time.Hour)
@@ -381,7 +382,7 @@ func TestRelayGoneDisablesTheEndpoint(t *testing.T) {
 	if err != nil || len(ds) != 2 || ds[0].State != "failed" || ds[0].LastStatus != 410 || ds[1].State != "cancelled" {
 		t.Fatalf("deliveries %+v %v: want the sent one failed with 410, the other cancelled, none for later events", ds, err)
 	}
-	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{})
 	if len(page.Attempts) != 1 || page.Attempts[0].Result != store.AttemptGone {
 		t.Errorf("attempts %+v", page.Attempts)
 	}
@@ -391,7 +392,7 @@ func TestRelayGoneDisablesTheEndpoint(t *testing.T) {
 func TestRelayRotationSignsWithBothSecretsDuringTheGrace(t *testing.T) {
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, nil)
-	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
 	rot, err := e.hooks.RotateSecret(e.ctx, w.Webhook.ID.String())
 	if err != nil || rot.Secret == w.Secret || !strings.HasPrefix(rot.Secret, "whsec_") {
 		t.Fatalf("rotate: %q %v", rot.Secret, err)
@@ -420,8 +421,8 @@ func TestRelayFiltersByTypeAndTenant(t *testing.T) {
 	e := newRelayEnv(t)
 	acmeHits := newReceiver(t, nil)
 	allApproaching := newReceiver(t, nil)
-	e.create(t, acmeHits.srv.URL, "acme", billing.TypeLimitHit)
-	e.create(t, allApproaching.srv.URL, "", billing.TypeApproachingLimit)
+	e.create(t, acmeHits.srv.URL, "acme", outbox.TypeLimitHit)
+	e.create(t, allApproaching.srv.URL, "", outbox.TypeApproachingLimit)
 	ah, gh, aa, ga := e.hit(t, "acme", 1), e.hit(t, "globex", 1), e.approaching(t, "acme", 1), e.approaching(t, "globex", 1)
 	e.write(t, ah, gh, aa, ga)
 	last := e.hit(t, "acme", 2)
@@ -447,19 +448,19 @@ func TestRelayFiltersByTypeAndTenant(t *testing.T) {
 func TestRelayDeletedEndpointGetsNothingMore(t *testing.T) {
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, func(int, hook) int { return 500 })
-	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
 	r := e.relay([]time.Duration{0, time.Minute, time.Minute}, 0)
 	e.write(t, e.hit(t, "acme", 1))
 	runUntil(t, e.ctx, r, func() bool { return len(rcv.got()) == 1 })
 	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); !errors.Is(err, billing.ErrWebhookNotFound) {
+	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); !errors.Is(err, webhooks.ErrWebhookNotFound) {
 		t.Errorf("second delete: %v", err)
 	}
 	e.write(t, e.hit(t, "acme", 2))
 	other := newReceiver(t, nil)
-	e.create(t, other.srv.URL, "", billing.TypeLimitHit)
+	e.create(t, other.srv.URL, "", outbox.TypeLimitHit)
 	e.write(t, e.hit(t, "acme", 3))
 	runUntil(t, e.ctx, r, func() bool { return len(other.got()) == 1 })
 	e.clock.Add(time.Hour)
@@ -478,7 +479,7 @@ func TestRelayDeletedEndpointGetsNothingMore(t *testing.T) {
 func TestRelayResendsWhatADeadRelayHeld(t *testing.T) {
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, nil)
-	w := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	w := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
 	r := e.relay(nil, 0)
 	ev := e.hit(t, "acme", 1)
 	e.write(t, ev)
@@ -509,7 +510,7 @@ func TestRelayResendsWhatADeadRelayHeld(t *testing.T) {
 	if got := rcv.got()[0].header.Get("webhook-id"); got != ev.ID {
 		t.Errorf("webhook-id %q", got)
 	}
-	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{})
 	if len(page.Attempts) != 1 || page.Attempts[0].Attempt != 2 {
 		t.Errorf("attempts %+v: want one, numbered 2 (the dead relay's claim counts)", page.Attempts)
 	}
@@ -531,7 +532,7 @@ func TestRelaysShareTheWork(t *testing.T) {
 	t.Parallel()
 	st := store.New(testenv.Postgres(t))
 	ctx := context.Background()
-	evs := billing.Events{}
+	evs := outbox.Events{}
 	var mu sync.Mutex
 	inFlight, count := map[string]int{}, map[string]int{}
 	overlap := false
@@ -561,16 +562,16 @@ func TestRelaysShareTheWork(t *testing.T) {
 		}))
 		t.Cleanup(recvs[i].Close)
 	}
-	hooks := billing.NewWebhooks(st, billing.WebhooksOptions{AllowNets: netguard.Loopback()})
+	hooks := webhooks.NewWebhooks(st, webhooks.WebhooksOptions{AllowNets: netguard.Loopback()})
 	for _, s := range recvs {
-		if _, err := hooks.Create(ctx, billing.CreateWebhookParams{URL: s.URL, Types: []string{billing.TypeLimitHit}}); err != nil {
+		if _, err := hooks.Create(ctx, webhooks.CreateWebhookParams{URL: s.URL, Types: []string{outbox.TypeLimitHit}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 3 {
-		r := billing.NewRelay(st, billing.RelayConfig{
+		r := webhooks.NewRelay(st, webhooks.RelayConfig{
 			Schedule: []time.Duration{0, 20 * time.Millisecond, 20 * time.Millisecond}, PollInterval: 10 * time.Millisecond,
-			Batch: 8 + i, FanOutBatch: 7, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AllowNets: netguard.Loopback(),
+			Batch: 8 + i, FanOutBatch: 7, AllowNets: netguard.Loopback(),
 		})
 		if err := r.Start(ctx); err != nil {
 			t.Fatal(err)
@@ -580,9 +581,9 @@ func TestRelaysShareTheWork(t *testing.T) {
 	const n = 150
 	var ids []string
 	for i := 0; i < n; i += 3 {
-		var batch []billing.Event
+		var batch []outbox.Event
 		for j := i; j < i+3; j++ {
-			ev, err := evs.LimitHit(billing.Refusal{TenantID: "t" + fmt.Sprint(j%4), LimitType: quotas.TenantRate,
+			ev, err := evs.LimitHit(outbox.Refusal{TenantID: "t" + fmt.Sprint(j%4), LimitType: quotas.TenantRate,
 				Limit: 1, Used: 1, At: relayEpoch.Add(time.Duration(j) * time.Minute)})
 			if err != nil {
 				t.Fatal(err)
@@ -592,7 +593,7 @@ func TestRelaysShareTheWork(t *testing.T) {
 		}
 		if err := st.InTx(ctx, func(tx *store.Store) error {
 			for _, ev := range batch {
-				if _, err := billing.WriteEvent(ctx, tx, ev); err != nil {
+				if _, err := outbox.WriteEvent(ctx, tx, ev); err != nil {
 					return err
 				}
 			}
@@ -647,23 +648,23 @@ func TestWebhookServiceRules(t *testing.T) {
 	e := newRelayEnv(t)
 	for _, tc := range []struct {
 		name  string
-		p     billing.CreateWebhookParams
+		p     webhooks.CreateWebhookParams
 		field string
 	}{
-		{"no url", billing.CreateWebhookParams{Types: []string{billing.TypeLimitHit}}, "url"},
-		{"relative url", billing.CreateWebhookParams{URL: "/hook", Types: []string{billing.TypeLimitHit}}, "url"},
-		{"ftp", billing.CreateWebhookParams{URL: "ftp://x/", Types: []string{billing.TypeLimitHit}}, "url"},
-		{"space", billing.CreateWebhookParams{URL: "http://x/ y", Types: []string{billing.TypeLimitHit}}, "url"},
-		{"no types", billing.CreateWebhookParams{URL: "http://x/"}, "types"},
-		{"unknown type", billing.CreateWebhookParams{URL: "http://x/", Types: []string{"usage.other"}}, "types"},
-		{"unknown tenant", billing.CreateWebhookParams{URL: "http://x/", Types: []string{billing.TypeLimitHit}, TenantID: "nope"}, "tenant"},
+		{"no url", webhooks.CreateWebhookParams{Types: []string{outbox.TypeLimitHit}}, "url"},
+		{"relative url", webhooks.CreateWebhookParams{URL: "/hook", Types: []string{outbox.TypeLimitHit}}, "url"},
+		{"ftp", webhooks.CreateWebhookParams{URL: "ftp://x/", Types: []string{outbox.TypeLimitHit}}, "url"},
+		{"space", webhooks.CreateWebhookParams{URL: "http://x/ y", Types: []string{outbox.TypeLimitHit}}, "url"},
+		{"no types", webhooks.CreateWebhookParams{URL: "http://x/"}, "types"},
+		{"unknown type", webhooks.CreateWebhookParams{URL: "http://x/", Types: []string{"usage.other"}}, "types"},
+		{"unknown tenant", webhooks.CreateWebhookParams{URL: "http://x/", Types: []string{outbox.TypeLimitHit}, TenantID: "nope"}, "tenant"},
 	} {
-		var inv *billing.InvalidWebhookError
+		var inv *webhooks.InvalidWebhookError
 		if _, err := e.hooks.Create(e.ctx, tc.p); !errors.As(err, &inv) || inv.Field != tc.field {
 			t.Errorf("%s: %v, want an *InvalidWebhookError of %s", tc.name, err, tc.field)
 		}
 	}
-	w := e.create(t, "https://hooks.example/x", "acme", billing.TypeLimitHit, billing.TypeLimitHit)
+	w := e.create(t, "https://hooks.example/x", "acme", outbox.TypeLimitHit, outbox.TypeLimitHit)
 	if len(w.Webhook.Types) != 1 {
 		t.Errorf("types %v: a repeated type is kept once", w.Webhook.Types)
 	}
@@ -672,25 +673,25 @@ func TestWebhookServiceRules(t *testing.T) {
 		t.Fatalf("list %+v %v", list, err)
 	}
 	for _, id := range []string{"nope", "00000000-0000-0000-0000-000000000000", "{" + w.Webhook.ID.String() + "}"} {
-		if _, err := e.hooks.Get(e.ctx, id); !errors.Is(err, billing.ErrWebhookNotFound) {
+		if _, err := e.hooks.Get(e.ctx, id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
 			t.Errorf("get %q: %v", id, err)
 		}
 	}
-	var inv *billing.InvalidWebhookError
-	if _, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{After: "x"}); !errors.As(err, &inv) {
+	var inv *webhooks.InvalidWebhookError
+	if _, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{After: "x"}); !errors.As(err, &inv) {
 		t.Errorf("bad cursor: %v", err)
 	}
 
 	// Pages of attempts, newest first.
 	rcv := newReceiver(t, func(int, hook) int { return 500 })
-	w2 := e.create(t, rcv.srv.URL, "", billing.TypeLimitHit)
+	w2 := e.create(t, rcv.srv.URL, "", outbox.TypeLimitHit)
 	r := e.relay([]time.Duration{0, time.Second, time.Second, time.Second, time.Second}, 0)
 	e.write(t, e.hit(t, "acme", 1))
 	runUntil(t, e.ctx, r, func() bool { e.clock.Add(time.Second); return len(rcv.got()) == 5 })
 	var seen []int
 	after := ""
 	for {
-		page, err := e.hooks.Attempts(e.ctx, w2.Webhook.ID.String(), billing.AttemptsParams{After: after, Limit: 2})
+		page, err := e.hooks.Attempts(e.ctx, w2.Webhook.ID.String(), webhooks.AttemptsParams{After: after, Limit: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -763,11 +764,11 @@ func TestRelayHungEndpointDoesNotDelayOthers(t *testing.T) {
 	e := newRelayEnv(t)
 	hung := newHungReceiver(t)
 	healthy := newReceiver(t, nil)
-	e.create(t, hung.srv.URL, "", billing.TypeLimitHit)
-	e.create(t, healthy.srv.URL, "", billing.TypeLimitHit)
+	e.create(t, hung.srv.URL, "", outbox.TypeLimitHit)
+	e.create(t, healthy.srv.URL, "", outbox.TypeLimitHit)
 	const timeout = 20 * time.Second
-	r := billing.NewRelay(e.st, billing.RelayConfig{
-		Timeout: timeout, PollInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	r := webhooks.NewRelay(e.st, webhooks.RelayConfig{
+		Timeout: timeout, PollInterval: 10 * time.Millisecond,
 		AllowNets: netguard.Loopback(),
 	})
 	if err := r.Start(e.ctx); err != nil {
@@ -810,14 +811,14 @@ func (e *relayEnv) fanOutAll(t *testing.T, now time.Time, want int) {
 func TestClaimIsFairBetweenEndpoints(t *testing.T) {
 	e := newRelayEnv(t)
 	t0 := e.clock.Now()
-	busy := e.create(t, "https://busy.example/hook", "", billing.TypeLimitHit)
-	var backlog []billing.Event
+	busy := e.create(t, "https://busy.example/hook", "", outbox.TypeLimitHit)
+	var backlog []outbox.Event
 	for i := range 200 {
 		backlog = append(backlog, e.hit(t, "acme", i))
 	}
 	e.write(t, backlog...)
 	e.fanOutAll(t, t0, 200)
-	quiet := e.create(t, "https://quiet.example/hook", "", billing.TypeLimitHit)
+	quiet := e.create(t, "https://quiet.example/hook", "", outbox.TypeLimitHit)
 	e.write(t, e.hit(t, "globex", 1))
 	e.fanOutAll(t, t0.Add(time.Second), 2) // one each: the quiet endpoint's is due after the whole backlog
 	var claimed []store.DeliveryClaim
@@ -874,9 +875,9 @@ func TestClaimIsFairBetweenEndpoints(t *testing.T) {
 func TestEndpointWithoutASuccessGetsOneInFlight(t *testing.T) {
 	e := newRelayEnv(t)
 	t0 := e.clock.Now()
-	failing := e.create(t, "https://failing.example/hook", "acme", billing.TypeLimitHit)
-	healthy := e.create(t, "https://healthy.example/hook", "globex", billing.TypeLimitHit)
-	var evs []billing.Event
+	failing := e.create(t, "https://failing.example/hook", "acme", outbox.TypeLimitHit)
+	healthy := e.create(t, "https://healthy.example/hook", "globex", outbox.TypeLimitHit)
+	var evs []outbox.Event
 	for i := range 10 {
 		evs = append(evs, e.hit(t, "acme", i), e.hit(t, "globex", i))
 	}
@@ -942,16 +943,16 @@ func TestRelayRefusesPrivateDestinationsAtDialTime(t *testing.T) {
 	e := newRelayEnv(t)
 	rcv := newReceiver(t, nil)
 	port := rcv.srv.URL[strings.LastIndex(rcv.srv.URL, ":")+1:]
-	w := e.create(t, "http://localhost:"+port+"/hook?token=s3cret", "", billing.TypeLimitHit)
-	guarded := billing.NewRelay(e.st, billing.RelayConfig{
+	w := e.create(t, "http://localhost:"+port+"/hook?token=s3cret", "", outbox.TypeLimitHit)
+	guarded := webhooks.NewRelay(e.st, webhooks.RelayConfig{
 		Schedule: []time.Duration{0, time.Minute}, Jitter: func(d time.Duration) time.Duration { return d },
-		Now: e.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Archetype: &baseservice.Archetype{Clock: e.clock.Now},
 	})
 	e.write(t, e.hit(t, "acme", 1))
-	var page billing.AttemptsPage
+	var page webhooks.AttemptsPage
 	runUntil(t, e.ctx, guarded, func() bool {
 		var err error
-		page, err = e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+		page, err = e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -977,28 +978,28 @@ func TestRelayRefusesPrivateDestinationsAtDialTime(t *testing.T) {
 // (judged when dialled) and public addresses; the allow-list lets its networks in.
 func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
 	e := newRelayEnv(t)
-	strict := billing.NewWebhooks(e.st, billing.WebhooksOptions{})
+	strict := webhooks.NewWebhooks(e.st, webhooks.WebhooksOptions{})
 	for _, u := range []string{
 		"http://169.254.169.254/latest/meta-data/", "http://10.0.0.5:5432/", "http://[::1]:6379/", "http://127.0.0.1:8080/",
 		"https://192.168.1.10/hook", "http://100.64.0.1/", "http://[fd00::1]/", "http://[::ffff:10.0.0.5]/", "http://0.0.0.0/",
 		"http://[fe80::1%25eth0]/",
 	} {
-		_, err := strict.Create(e.ctx, billing.CreateWebhookParams{URL: u, Types: []string{billing.TypeLimitHit}})
-		var inv *billing.InvalidWebhookError
+		_, err := strict.Create(e.ctx, webhooks.CreateWebhookParams{URL: u, Types: []string{outbox.TypeLimitHit}})
+		var inv *webhooks.InvalidWebhookError
 		if !errors.As(err, &inv) || inv.Field != "url" || !strings.Contains(inv.Message, "refused") {
 			t.Errorf("%s: %v, want the url refused", u, err)
 		}
 	}
 	for _, u := range []string{"https://ops.example.com/agentq", "http://93.184.215.14/hook", "http://localhost:9/"} {
-		if _, err := strict.Create(e.ctx, billing.CreateWebhookParams{URL: u, Types: []string{billing.TypeLimitHit}}); err != nil {
+		if _, err := strict.Create(e.ctx, webhooks.CreateWebhookParams{URL: u, Types: []string{outbox.TypeLimitHit}}); err != nil {
 			t.Errorf("%s: %v", u, err)
 		}
 	}
 	// The env's service allows loopback, and nothing else.
-	if _, err := e.hooks.Create(e.ctx, billing.CreateWebhookParams{URL: "http://127.0.0.1:9/", Types: []string{billing.TypeLimitHit}}); err != nil {
+	if _, err := e.hooks.Create(e.ctx, webhooks.CreateWebhookParams{URL: "http://127.0.0.1:9/", Types: []string{outbox.TypeLimitHit}}); err != nil {
 		t.Errorf("loopback with loopback allowed: %v", err)
 	}
-	if _, err := e.hooks.Create(e.ctx, billing.CreateWebhookParams{URL: "http://10.0.0.5/", Types: []string{billing.TypeLimitHit}}); err == nil {
+	if _, err := e.hooks.Create(e.ctx, webhooks.CreateWebhookParams{URL: "http://10.0.0.5/", Types: []string{outbox.TypeLimitHit}}); err == nil {
 		t.Error("a private address passed a loopback allow-list")
 	}
 }
@@ -1009,23 +1010,23 @@ func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
 func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 	e := newRelayEnv(t)
 	limits := map[string]quotas.Limit{"acme": 2, "globex": quotas.Unlimited}
-	hooks := billing.NewWebhooks(e.st, billing.WebhooksOptions{AllowNets: netguard.Loopback(), Now: e.clock.Now,
+	hooks := webhooks.NewWebhooks(e.st, webhooks.WebhooksOptions{AllowNets: netguard.Loopback(), Archetype: &baseservice.Archetype{Clock: e.clock.Now},
 		EndpointLimit: func(_ context.Context, id string) (quotas.Limit, error) { return limits[id], nil }})
 	mine := newReceiver(t, nil)
-	operator := e.create(t, "https://ops.example/all", "", billing.TypeLimitHit)
+	operator := e.create(t, "https://ops.example/all", "", outbox.TypeLimitHit)
 
 	// Five at once against a limit of 2: exactly two are made.
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var made []billing.WebhookWithSecret
-	var over []*billing.WebhookLimitError
+	var made []webhooks.WebhookWithSecret
+	var over []*webhooks.WebhookLimitError
 	for range 5 {
 		wg.Go(func() {
-			w, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "acme", URL: mine.srv.URL + "/acme",
-				Types: []string{billing.TypeLimitHit}})
+			w, err := hooks.CreateForTenant(e.ctx, webhooks.TenantWebhookParams{TenantID: "acme", URL: mine.srv.URL + "/acme",
+				Types: []string{outbox.TypeLimitHit}})
 			mu.Lock()
 			defer mu.Unlock()
-			var le *billing.WebhookLimitError
+			var le *webhooks.WebhookLimitError
 			switch {
 			case err == nil:
 				made = append(made, w)
@@ -1043,15 +1044,15 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 	if !strings.HasPrefix(made[0].Secret, "whsec_") || !made[0].Webhook.TenantOwned || made[0].Webhook.TenantID != "acme" {
 		t.Errorf("made %+v", made[0].Webhook)
 	}
-	other, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "globex", URL: "https://globex.example/hook",
-		Types: []string{billing.TypeLimitHit}})
+	other, err := hooks.CreateForTenant(e.ctx, webhooks.TenantWebhookParams{TenantID: "globex", URL: "https://globex.example/hook",
+		Types: []string{outbox.TypeLimitHit}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The destination rules apply to tenants too.
-	var inv *billing.InvalidWebhookError
-	if _, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "globex", URL: "http://10.0.0.5/hook",
-		Types: []string{billing.TypeLimitHit}}); !errors.As(err, &inv) || inv.Field != "url" {
+	var inv *webhooks.InvalidWebhookError
+	if _, err := hooks.CreateForTenant(e.ctx, webhooks.TenantWebhookParams{TenantID: "globex", URL: "http://10.0.0.5/hook",
+		Types: []string{outbox.TypeLimitHit}}); !errors.As(err, &inv) || inv.Field != "url" {
 		t.Errorf("private address: %v", err)
 	}
 
@@ -1065,13 +1066,13 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 		}
 	}
 	for _, id := range []string{other.Webhook.ID.String(), operator.Webhook.ID.String()} {
-		if _, err := hooks.GetForTenant(e.ctx, "acme", id); !errors.Is(err, billing.ErrWebhookNotFound) {
+		if _, err := hooks.GetForTenant(e.ctx, "acme", id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
 			t.Errorf("acme gets %s: %v", id, err)
 		}
-		if _, err := hooks.RotateSecretForTenant(e.ctx, "acme", id); !errors.Is(err, billing.ErrWebhookNotFound) {
+		if _, err := hooks.RotateSecretForTenant(e.ctx, "acme", id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
 			t.Errorf("acme rotates %s: %v", id, err)
 		}
-		if err := hooks.DeleteForTenant(e.ctx, "acme", id); !errors.Is(err, billing.ErrWebhookNotFound) {
+		if err := hooks.DeleteForTenant(e.ctx, "acme", id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
 			t.Errorf("acme deletes %s: %v", id, err)
 		}
 	}
@@ -1106,8 +1107,8 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 	if err := hooks.DeleteForTenant(e.ctx, "acme", made[1].Webhook.ID.String()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := hooks.CreateForTenant(e.ctx, billing.TenantWebhookParams{TenantID: "acme", URL: "https://acme.example/new",
-		Types: []string{billing.TypeApproachingLimit}}); err != nil {
+	if _, err := hooks.CreateForTenant(e.ctx, webhooks.TenantWebhookParams{TenantID: "acme", URL: "https://acme.example/new",
+		Types: []string{outbox.TypeApproachingLimit}}); err != nil {
 		t.Errorf("create after a delete: %v", err)
 	}
 }
@@ -1121,18 +1122,18 @@ func TestRelaysKeepThePerEndpointCapAndStopPromptly(t *testing.T) {
 	// It answers once (an endpoint that never succeeded gets one send at a time),
 	// then holds every request.
 	hung := newReceiverThatHangsAfter(t, 1)
-	w := e.create(t, hung.srv.URL, "", billing.TypeLimitHit)
-	var evs []billing.Event
+	w := e.create(t, hung.srv.URL, "", outbox.TypeLimitHit)
+	var evs []outbox.Event
 	for i := range 30 {
 		evs = append(evs, e.hit(t, "acme", i))
 	}
 	e.write(t, evs...)
 	e.fanOutAll(t, e.clock.Now(), 30)
-	var relays []*billing.Relay
+	var relays []*webhooks.Relay
 	for range 3 {
-		r := billing.NewRelay(e.st, billing.RelayConfig{
-			Now: e.clock.Now, Timeout: 20 * time.Second, PollInterval: 5 * time.Millisecond, PerEndpoint: 3, Workers: 10,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AllowNets: netguard.Loopback(),
+		r := webhooks.NewRelay(e.st, webhooks.RelayConfig{
+			Archetype: &baseservice.Archetype{Clock: e.clock.Now}, Timeout: 20 * time.Second, PollInterval: 5 * time.Millisecond, PerEndpoint: 3, Workers: 10,
+			AllowNets: netguard.Loopback(),
 		})
 		if err := r.Start(e.ctx); err != nil {
 			t.Fatal(err)
@@ -1166,7 +1167,7 @@ func TestRelaysKeepThePerEndpointCapAndStopPromptly(t *testing.T) {
 	if pending != len(ds)-1 {
 		t.Fatalf("%d of %d deliveries pending after Stop: want all but the answered one (a cut send decides nothing)", pending, len(ds))
 	}
-	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), billing.AttemptsParams{})
+	page, _ := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{})
 	if len(page.Attempts) != 1 || page.Attempts[0].Result != store.AttemptSucceeded {
 		t.Errorf("attempts after Stop: %+v, want only the answered one's (none for the sends Stop cut short)", page.Attempts)
 	}

@@ -1,4 +1,4 @@
-package billing
+package webhooks
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -71,8 +73,9 @@ type WebhooksOptions struct {
 	// RotationGrace is how long a replaced secret keeps signing (DefaultRotationGrace
 	// when 0).
 	RotationGrace time.Duration
-	// Now is the clock (time.Now when nil).
-	Now func() time.Time
+	// Archetype holds the clock a rotation's grace is counted from; nil: the
+	// defaults.
+	Archetype *baseservice.Archetype
 	// AllowNets are the networks an endpoint's address literal may be in although
 	// they are loopback, link-local, private, CGNAT or unique local (refused
 	// otherwise); the relay's own allow-list judges every address it dials.
@@ -89,22 +92,19 @@ type WebhooksOptions struct {
 type Webhooks struct {
 	st    *store.Store
 	grace time.Duration
-	now   func() time.Time
+	arch  *baseservice.Archetype
 	guard netguard.Guard
 	limit func(ctx context.Context, tenantID string) (quotas.Limit, error)
 }
 
 // NewWebhooks returns the endpoint service on st.
 func NewWebhooks(st *store.Store, o WebhooksOptions) *Webhooks {
-	w := &Webhooks{st: st, grace: o.RotationGrace, now: o.Now, guard: netguard.Guard{Allow: o.AllowNets}, limit: o.EndpointLimit}
+	w := &Webhooks{st: st, grace: o.RotationGrace, arch: o.Archetype, guard: netguard.Guard{Allow: o.AllowNets}, limit: o.EndpointLimit}
 	if w.limit == nil {
 		w.limit = func(context.Context, string) (quotas.Limit, error) { return 0, nil }
 	}
 	if w.grace <= 0 {
 		w.grace = DefaultRotationGrace
-	}
-	if w.now == nil {
-		w.now = time.Now
 	}
 	return w
 }
@@ -173,13 +173,13 @@ func (w *Webhooks) check(rawURL string, given []string) ([]string, error) {
 	}
 	if len(given) == 0 {
 		return nil, invalidWebhook("types", "types must name at least one event type (%s, %s).",
-			TypeLimitHit, TypeApproachingLimit)
+			outbox.TypeLimitHit, outbox.TypeApproachingLimit)
 	}
 	var types []string
 	for _, t := range given {
-		if !KnownType(t) {
+		if !outbox.KnownType(t) {
 			return nil, invalidWebhook("types", "Unknown event type %s: use %s or %s.",
-				strconv.Quote(t), TypeLimitHit, TypeApproachingLimit)
+				strconv.Quote(t), outbox.TypeLimitHit, outbox.TypeApproachingLimit)
 		}
 		if !slices.Contains(types, t) {
 			types = append(types, t)
@@ -277,7 +277,7 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id string) (WebhookWithSecr
 		return WebhookWithSecret{}, err
 	}
 	ep, err := w.st.UnscopedRotateWebhookSecret(ctx, store.RotateWebhookParams{
-		ID: u, Secret: secret, PreviousExpiresAt: w.now().Add(w.grace),
+		ID: u, Secret: secret, PreviousExpiresAt: w.arch.Now().Add(w.grace),
 	})
 	if err != nil {
 		return WebhookWithSecret{}, w.notFound(err, id)
@@ -451,7 +451,7 @@ func (w *Webhooks) RotateSecretForTenant(ctx context.Context, tenantID, id strin
 		return WebhookWithSecret{}, err
 	}
 	ep, err := w.st.RotateTenantWebhookSecret(ctx, store.RotateTenantWebhookParams{TenantID: tenantID,
-		RotateWebhookParams: store.RotateWebhookParams{ID: u, Secret: secret, PreviousExpiresAt: w.now().Add(w.grace)}})
+		RotateWebhookParams: store.RotateWebhookParams{ID: u, Secret: secret, PreviousExpiresAt: w.arch.Now().Add(w.grace)}})
 	if err != nil {
 		return WebhookWithSecret{}, w.notFound(err, id)
 	}

@@ -1,4 +1,4 @@
-package billing_test
+package outbox_test
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -24,15 +24,15 @@ func TestClassify(t *testing.T) {
 	for _, c := range []struct {
 		threshold int
 		platform  bool
-		want      billing.Classification
+		want      outbox.Classification
 	}{
-		{80, false, billing.Informational},
-		{90, false, billing.AtRisk},
-		{100, false, billing.EnforcedLimit},
-		{100, true, billing.EligibleBreach},
-		{80, true, billing.EligibleBreach},
+		{80, false, outbox.Informational},
+		{90, false, outbox.AtRisk},
+		{100, false, outbox.EnforcedLimit},
+		{100, true, outbox.EligibleBreach},
+		{80, true, outbox.EligibleBreach},
 	} {
-		if got := billing.Classify(c.threshold, c.platform); got != c.want {
+		if got := outbox.Classify(c.threshold, c.platform); got != c.want {
 			t.Errorf("Classify(%d, platform %v) = %s, want %s", c.threshold, c.platform, got, c.want)
 		}
 	}
@@ -63,7 +63,7 @@ func TestCrossed(t *testing.T) {
 		{"huge limits do not overflow", 0, 1<<63 - 1, 1<<63 - 1, []int{80, 90, 100}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := billing.Crossed(c.before, c.after, c.limit); !slices.Equal(got, c.want) {
+			if got := outbox.Crossed(c.before, c.after, c.limit); !slices.Equal(got, c.want) {
 				t.Fatalf("Crossed(%d, %d, %d) = %v, want %v", c.before, c.after, c.limit, got, c.want)
 			}
 		})
@@ -79,7 +79,7 @@ func TestThresholdValue(t *testing.T) {
 		{1000, 80, 800}, {3, 80, 3}, {3, 90, 3}, {3, 100, 3}, {10, 85, 9}, {1, 80, 1},
 		{1<<63 - 1, 100, 1<<63 - 1}, {1<<63 - 1, 80, 7378697629483820646},
 	} {
-		if got := billing.ThresholdValue(c.limit, c.threshold); got != c.want {
+		if got := outbox.ThresholdValue(c.limit, c.threshold); got != c.want {
 			t.Errorf("ThresholdValue(%d, %d) = %d, want %d", c.limit, c.threshold, got, c.want)
 		}
 	}
@@ -87,37 +87,37 @@ func TestThresholdValue(t *testing.T) {
 
 func TestDedupeKeys(t *testing.T) {
 	start := time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)
-	if got := billing.PeriodKey("acme", quotas.USDMonthly, start, 80); got != "acme|usd_monthly|2026-11-15T00:00:00Z|80" {
+	if got := outbox.PeriodKey("acme", quotas.USDMonthly, start, 80); got != "acme|usd_monthly|2026-11-15T00:00:00Z|80" {
 		t.Errorf("PeriodKey = %s", got)
 	}
 	// The same instant in another zone is the same period.
-	if got := billing.PeriodKey("acme", quotas.USDMonthly, start.In(time.FixedZone("x", 3600)), 80); got != "acme|usd_monthly|2026-11-15T00:00:00Z|80" {
+	if got := outbox.PeriodKey("acme", quotas.USDMonthly, start.In(time.FixedZone("x", 3600)), 80); got != "acme|usd_monthly|2026-11-15T00:00:00Z|80" {
 		t.Errorf("PeriodKey in another zone = %s", got)
 	}
 	at := time.Date(2026, 12, 1, 14, 30, 59, 999_999_999, time.UTC)
-	if got := billing.WindowKey("acme", quotas.TenantRate, at); got != "acme|tenant_rate|2026-12-01T14:30:00Z" {
+	if got := outbox.WindowKey("acme", quotas.TenantRate, at); got != "acme|tenant_rate|2026-12-01T14:30:00Z" {
 		t.Errorf("WindowKey = %s", got)
 	}
-	if billing.WindowKey("acme", quotas.TenantRate, at) != billing.WindowKey("acme", quotas.TenantRate, at.Add(-59*time.Second)) {
+	if outbox.WindowKey("acme", quotas.TenantRate, at) != outbox.WindowKey("acme", quotas.TenantRate, at.Add(-59*time.Second)) {
 		t.Error("two refusals in one minute have different keys")
 	}
-	if billing.WindowKey("acme", quotas.TenantRate, at) == billing.WindowKey("acme", quotas.TenantRate, at.Add(time.Nanosecond)) {
+	if outbox.WindowKey("acme", quotas.TenantRate, at) == outbox.WindowKey("acme", quotas.TenantRate, at.Add(time.Nanosecond)) {
 		t.Error("refusals in two minutes share a key")
 	}
-	if d := billing.DaySpan(at); !d.Start.Equal(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)) || d.End.Sub(d.Start) != 24*time.Hour {
+	if d := outbox.DaySpan(at); !d.Start.Equal(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)) || d.End.Sub(d.Start) != 24*time.Hour {
 		t.Errorf("DaySpan = %+v", d)
 	}
 	for lt, want := range map[string]bool{quotas.AgentStepsDaily: true, quotas.AITokensMonthly: true, quotas.USDMonthly: true,
-		quotas.TenantRate: false, quotas.ConcurrentSessions: false, quotas.QueueBacklog: false, billing.LimitTaskBudget: false} {
-		if billing.IsPeriodQuota(lt) != want {
+		quotas.TenantRate: false, quotas.ConcurrentSessions: false, quotas.QueueBacklog: false, outbox.LimitTaskBudget: false} {
+		if outbox.IsPeriodQuota(lt) != want {
 			t.Errorf("IsPeriodQuota(%s) = %v", lt, !want)
 		}
 	}
 }
 
 func TestEventIDIsDeterministic(t *testing.T) {
-	a, b := billing.EventID("acme|usd_monthly|2026-11-15T00:00:00Z|80"), billing.EventID("acme|usd_monthly|2026-11-15T00:00:00Z|90")
-	if a != billing.EventID("acme|usd_monthly|2026-11-15T00:00:00Z|80") || a == b {
+	a, b := outbox.EventID("acme|usd_monthly|2026-11-15T00:00:00Z|80"), outbox.EventID("acme|usd_monthly|2026-11-15T00:00:00Z|90")
+	if a != outbox.EventID("acme|usd_monthly|2026-11-15T00:00:00Z|80") || a == b {
 		t.Fatalf("ids %s %s", a, b)
 	}
 	u, err := uuid.Parse(a)
@@ -133,32 +133,32 @@ func TestEventIDIsDeterministic(t *testing.T) {
 
 func TestUSDAmounts(t *testing.T) {
 	for micro, s := range map[int64]string{0: "0.000000", 1: "0.000001", 12_500_000: "12.500000", 100_000_000: "100.000000", -1_500_000: "-1.500000"} {
-		if got := billing.FormatUSD(micro); got != s {
+		if got := outbox.FormatUSD(micro); got != s {
 			t.Errorf("FormatUSD(%d) = %s, want %s", micro, got, s)
 		}
-		if got, err := billing.ParseUSD(s); err != nil || got != micro {
+		if got, err := outbox.ParseUSD(s); err != nil || got != micro {
 			t.Errorf("ParseUSD(%s) = %d, %v", s, got, err)
 		}
 	}
-	if got, err := billing.ParseUSD("12.5"); err != nil || got != 12_500_000 {
+	if got, err := outbox.ParseUSD("12.5"); err != nil || got != 12_500_000 {
 		t.Errorf("ParseUSD(12.5) = %d, %v", got, err)
 	}
 	for _, bad := range []string{"", "1.0000001", "x", "1.-5", "--1", ".5", "99999999999999999999"} {
-		if _, err := billing.ParseUSD(bad); err == nil {
+		if _, err := outbox.ParseUSD(bad); err == nil {
 			t.Errorf("ParseUSD(%q) accepted", bad)
 		}
 	}
 }
 
 var (
-	novPeriod = billing.Span{Start: time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 15, 0, 0, 0, 0, time.UTC)}
+	novPeriod = outbox.Span{Start: time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 12, 15, 0, 0, 0, 0, time.UTC)}
 	eventAt   = time.Date(2026, 12, 1, 14, 30, 12, 345678000, time.UTC)
-	events    = billing.Events{Source: "/agentq", UpgradeURL: "https://agentq.example/upgrade"}
-	usd       = billing.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.USDMonthly, Limit: 100_000_000, Period: novPeriod}
+	events    = outbox.Events{Source: "/agentq", UpgradeURL: "https://agentq.example/upgrade"}
+	usd       = outbox.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.USDMonthly, Limit: 100_000_000, Period: novPeriod}
 )
 
 // decoded is an event read back with the CloudEvents SDK.
-func decoded(t *testing.T, ev billing.Event) (cloudevents.Event, billing.LimitData) {
+func decoded(t *testing.T, ev outbox.Event) (cloudevents.Event, outbox.LimitData) {
 	t.Helper()
 	var ce cloudevents.Event
 	if err := json.Unmarshal(ev.Payload, &ce); err != nil {
@@ -167,7 +167,7 @@ func decoded(t *testing.T, ev billing.Event) (cloudevents.Event, billing.LimitDa
 	if err := ce.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	var d billing.LimitData
+	var d outbox.LimitData
 	if err := ce.DataAs(&d); err != nil {
 		t.Fatal(err)
 	}
@@ -182,17 +182,17 @@ func TestCrossingEvents(t *testing.T) {
 	for i, want := range []struct {
 		typ       string
 		threshold int
-		class     billing.Classification
-		enf       billing.Enforcement
+		class     outbox.Classification
+		enf       outbox.Enforcement
 	}{
-		{billing.TypeApproachingLimit, 80, billing.Informational, billing.EnforcementNone},
-		{billing.TypeApproachingLimit, 90, billing.AtRisk, billing.EnforcementNone},
-		{billing.TypeLimitHit, 100, billing.EnforcedLimit, billing.EnforcementRefused},
+		{outbox.TypeApproachingLimit, 80, outbox.Informational, outbox.EnforcementNone},
+		{outbox.TypeApproachingLimit, 90, outbox.AtRisk, outbox.EnforcementNone},
+		{outbox.TypeLimitHit, 100, outbox.EnforcedLimit, outbox.EnforcementRefused},
 	} {
 		ev := evs[i]
 		ce, d := decoded(t, ev)
-		key := billing.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, want.threshold)
-		if ev.Type != want.typ || ev.DedupeKey != key || ev.ID != billing.EventID(key) || ev.TenantID != "acme" {
+		key := outbox.PeriodKey("acme", quotas.USDMonthly, novPeriod.Start, want.threshold)
+		if ev.Type != want.typ || ev.DedupeKey != key || ev.ID != outbox.EventID(key) || ev.TenantID != "acme" {
 			t.Errorf("event %d: %+v", i, ev)
 		}
 		if ce.SpecVersion() != "1.0" || ce.ID() != ev.ID || ce.Type() != want.typ || ce.Subject() != "acme" || ce.Source() != "/agentq" ||
@@ -200,7 +200,7 @@ func TestCrossingEvents(t *testing.T) {
 			t.Errorf("event %d: %s", i, ev.Payload)
 		}
 		if d.Threshold != want.threshold || d.SLAClassification != want.class || d.Enforcement != want.enf ||
-			d.LimitValue != (billing.Amount{N: 100_000_000, USD: true}) || d.CurrentUsage != (billing.Amount{N: 100_000_000, USD: true}) ||
+			d.LimitValue != (outbox.Amount{N: 100_000_000, USD: true}) || d.CurrentUsage != (outbox.Amount{N: 100_000_000, USD: true}) ||
 			d.Period == nil || !d.Period.Start.Equal(novPeriod.Start) || d.Window != nil || d.Plan != "pro" || d.UpgradeURL != events.UpgradeURL {
 			t.Errorf("event %d data: %+v", i, d)
 		}
@@ -215,17 +215,17 @@ func TestCrossingEvents(t *testing.T) {
 			t.Fatalf("event %d built twice differs:\n%s\n%s", i, evs[i].Payload, again[i].Payload)
 		}
 	}
-	if _, err := events.Crossings(billing.Quota{TenantID: "acme", LimitType: quotas.TenantRate, Limit: 10}, 0, 10, eventAt); err == nil {
+	if _, err := events.Crossings(outbox.Quota{TenantID: "acme", LimitType: quotas.TenantRate, Limit: 10}, 0, 10, eventAt); err == nil {
 		t.Error("a rate limit's crossing was built")
 	}
-	if _, err := events.Crossings(billing.Quota{LimitType: quotas.USDMonthly, Limit: 10}, 0, 10, eventAt); err == nil {
+	if _, err := events.Crossings(outbox.Quota{LimitType: quotas.USDMonthly, Limit: 10}, 0, 10, eventAt); err == nil {
 		t.Error("an event without a tenant was built")
 	}
 }
 
 func TestLimitHitEvents(t *testing.T) {
 	// A refusal by a period quota shares its period's 100 % event.
-	quota, err := events.LimitHit(billing.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.USDMonthly,
+	quota, err := events.LimitHit(outbox.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.USDMonthly,
 		Limit: usd.Limit, Used: usd.Limit, Period: &novPeriod, At: eventAt.Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
@@ -234,28 +234,28 @@ func TestLimitHitEvents(t *testing.T) {
 	if quota.DedupeKey != crossed[2].DedupeKey || quota.ID != crossed[2].ID {
 		t.Errorf("a quota refusal's key %s, the 100 %% crossing's %s", quota.DedupeKey, crossed[2].DedupeKey)
 	}
-	if _, err := events.LimitHit(billing.Refusal{TenantID: "acme", LimitType: quotas.AITokensMonthly, At: eventAt}); err == nil {
+	if _, err := events.LimitHit(outbox.Refusal{TenantID: "acme", LimitType: quotas.AITokensMonthly, At: eventAt}); err == nil {
 		t.Error("a period quota's refusal without its period was built")
 	}
 	// A rate refusal dedupes per minute, and says its window.
-	rate, err := events.LimitHit(billing.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.TenantRate, Limit: 10, Used: 10, At: eventAt})
+	rate, err := events.LimitHit(outbox.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.TenantRate, Limit: 10, Used: 10, At: eventAt})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, d := decoded(t, rate)
 	if rate.DedupeKey != "acme|tenant_rate|2026-12-01T14:30:00Z" || d.Window == nil || d.Window.End.Sub(d.Window.Start) != time.Minute ||
-		d.Period != nil || d.Threshold != 0 || d.SLAClassification != billing.EnforcedLimit || d.Enforcement != billing.EnforcementRefused ||
-		d.LimitValue != (billing.Amount{N: 10}) {
+		d.Period != nil || d.Threshold != 0 || d.SLAClassification != outbox.EnforcedLimit || d.Enforcement != outbox.EnforcementRefused ||
+		d.LimitValue != (outbox.Amount{N: 10}) {
 		t.Errorf("rate refusal: %s", rate.Payload)
 	}
 	// Refused by the platform: eligible for the SLA.
-	platform, _ := events.LimitHit(billing.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.ConcurrentSessions, Limit: 4, Used: 2, Platform: true, At: eventAt})
-	if _, d := decoded(t, platform); d.SLAClassification != billing.EligibleBreach {
+	platform, _ := events.LimitHit(outbox.Refusal{TenantID: "acme", Plan: "pro", LimitType: quotas.ConcurrentSessions, Limit: 4, Used: 2, Platform: true, At: eventAt})
+	if _, d := decoded(t, platform); d.SLAClassification != outbox.EligibleBreach {
 		t.Errorf("platform refusal: %s", platform.Payload)
 	}
-	budget, _ := events.LimitHit(billing.Refusal{TenantID: "acme", Plan: "pro", LimitType: billing.LimitTaskBudget, Limit: 5, Used: 5,
-		Enforcement: billing.EnforcementStopped, At: eventAt})
-	if _, d := decoded(t, budget); d.Enforcement != billing.EnforcementStopped || d.SLAClassification != billing.EnforcedLimit {
+	budget, _ := events.LimitHit(outbox.Refusal{TenantID: "acme", Plan: "pro", LimitType: outbox.LimitTaskBudget, Limit: 5, Used: 5,
+		Enforcement: outbox.EnforcementStopped, At: eventAt})
+	if _, d := decoded(t, budget); d.Enforcement != outbox.EnforcementStopped || d.SLAClassification != outbox.EnforcedLimit {
 		t.Errorf("budget: %s", budget.Payload)
 	}
 }
@@ -267,17 +267,17 @@ func TestEventsGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens := billing.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.AITokensMonthly, Limit: 1_000_000, Period: novPeriod}
+	tokens := outbox.Quota{TenantID: "acme", Plan: "pro", LimitType: quotas.AITokensMonthly, Limit: 1_000_000, Period: novPeriod}
 	hit, err := events.Crossings(tokens, 999_999, 1_000_000, eventAt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rate, err := events.LimitHit(billing.Refusal{TenantID: "acme", Plan: "free", LimitType: quotas.TenantRate, Limit: 5, Used: 5, Platform: true, At: eventAt})
+	rate, err := events.LimitHit(outbox.Refusal{TenantID: "acme", Plan: "free", LimitType: quotas.TenantRate, Limit: 5, Used: 5, Platform: true, At: eventAt})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got bytes.Buffer
-	for _, ev := range []billing.Event{approaching[0], hit[0], rate} {
+	for _, ev := range []outbox.Event{approaching[0], hit[0], rate} {
 		fmt.Fprintf(&got, "%s\n", ev.Payload)
 	}
 	path := filepath.Join("testdata", "events.golden")

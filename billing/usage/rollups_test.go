@@ -1,4 +1,4 @@
-package billing_test
+package usage_test
 
 import (
 	"bytes"
@@ -10,7 +10,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/billing"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -43,7 +44,7 @@ func TestIncrementalRollupsEqualRebuilt(t *testing.T) {
 	if len(before.Periods) != 1 || before.Periods[0].Steps != int64(steps) {
 		t.Fatalf("period rollups %+v, want %d steps", before.Periods, steps)
 	}
-	if err := billing.NewRollups(f.st).Rebuild(f.ctx, "acme", time.Time{}, time.Time{}); err != nil {
+	if err := usage.NewRollups(f.st).Rebuild(f.ctx, "acme", time.Time{}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	after, err := f.st.UnscopedTenantRollups(f.ctx, "acme")
@@ -52,7 +53,7 @@ func TestIncrementalRollupsEqualRebuilt(t *testing.T) {
 	}
 	assertRollups(t, after, before)
 	// A range rebuild of the current period changes nothing either.
-	if err := billing.NewRollups(f.st).Rebuild(f.ctx, "acme", time.Now().Add(-time.Minute), time.Now().Add(time.Minute)); err != nil {
+	if err := usage.NewRollups(f.st).Rebuild(f.ctx, "acme", time.Now().Add(-time.Minute), time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	again, err := f.st.UnscopedTenantRollups(f.ctx, "acme")
@@ -126,7 +127,7 @@ func TestRebuildAndExportFollowTheAnchor(t *testing.T) {
 			f.ledgerRow(id, task[id], step, r.at, r.tokens, r.micro)
 		}
 	}
-	ro := billing.NewRollups(f.st)
+	ro := usage.NewRollups(f.st)
 	for _, id := range []string{"ny", "in", "utc"} {
 		if err := ro.Rebuild(f.ctx, id, time.Time{}, time.Time{}); err != nil {
 			t.Fatal(err)
@@ -187,8 +188,8 @@ func TestRebuildAndExportFollowTheAnchor(t *testing.T) {
 		if got != ledger || ledger.Steps == 0 {
 			t.Errorf("%s: export %+v, ledger %+v", tu.TenantID, got, ledger)
 		}
-		if tu.Meters[2].USD != billing.FormatUSD(ledger.CostMicro) {
-			t.Errorf("%s: usd %q, want %q", tu.TenantID, tu.Meters[2].USD, billing.FormatUSD(ledger.CostMicro))
+		if tu.Meters[2].USD != outbox.FormatUSD(ledger.CostMicro) {
+			t.Errorf("%s: usd %q, want %q", tu.TenantID, tu.Meters[2].USD, outbox.FormatUSD(ledger.CostMicro))
 		}
 		sum = store.Rollup{Steps: sum.Steps + ledger.Steps, Tokens: sum.Tokens + ledger.Tokens, CostMicro: sum.CostMicro + ledger.CostMicro}
 	}
@@ -198,7 +199,7 @@ func TestRebuildAndExportFollowTheAnchor(t *testing.T) {
 
 	// The CSV holds the same numbers, one row per tenant and meter.
 	var b bytes.Buffer
-	if err := billing.WriteCSV(&b, exp); err != nil {
+	if err := usage.WriteCSV(&b, exp); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := csv.NewReader(&b).ReadAll()
@@ -215,13 +216,13 @@ func TestRebuildAndExportFollowTheAnchor(t *testing.T) {
 			t.Fatal(err)
 		}
 		csvSum[r[6]] += n
-		if r[6] == billing.MeterCostMicro {
-			if usd, err := billing.ParseUSD(r[8]); err != nil || usd != n {
+		if r[6] == usage.MeterCostMicro {
+			if usd, err := outbox.ParseUSD(r[8]); err != nil || usd != n {
 				t.Errorf("csv usd %q for %d micro-dollars", r[8], n)
 			}
 		}
 	}
-	if csvSum[billing.MeterSteps] != sum.Steps || csvSum[billing.MeterTokens] != sum.Tokens || csvSum[billing.MeterCostMicro] != sum.CostMicro {
+	if csvSum[usage.MeterSteps] != sum.Steps || csvSum[usage.MeterTokens] != sum.Tokens || csvSum[usage.MeterCostMicro] != sum.CostMicro {
 		t.Errorf("csv sums %v, want %+v", csvSum, sum)
 	}
 
@@ -230,7 +231,7 @@ func TestRebuildAndExportFollowTheAnchor(t *testing.T) {
 		t.Errorf("export of an empty month: %+v %v", e, err)
 	}
 	for _, bad := range []string{"", "2026-3", "2026-13", "2026-00", "26-03", "2026-03-01", "1999-12", "２０２６-03"} {
-		if _, err := ro.Export(f.ctx, bad); err != billing.ErrBadPeriod {
+		if _, err := ro.Export(f.ctx, bad); err != usage.ErrBadPeriod {
 			t.Errorf("Export(%q): %v, want ErrBadPeriod", bad, err)
 		}
 	}
@@ -257,7 +258,7 @@ func TestExportShowsThePlanOfEachPeriod(t *testing.T) {
 	task := uuid.Must(uuid.NewV7())
 	f.exec(`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state) VALUES ($1, 'pl', 'k', 'sim', '\x01', 'completed')`, task)
 	f.ledgerRow("pl", task, 1, month(1).Add(48*time.Hour), 10, 20)
-	ro := billing.NewRollups(f.st)
+	ro := usage.NewRollups(f.st)
 	if err := ro.Rebuild(f.ctx, "pl", time.Time{}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestAnchorChangeRebuildsInPieces(t *testing.T) {
 		step++
 		f.ledgerRow("hist", task, step, at, int64(step), int64(10*step))
 	}
-	ro := billing.NewRollups(f.st)
+	ro := usage.NewRollups(f.st)
 	if err := ro.Rebuild(f.ctx, "hist", time.Time{}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}

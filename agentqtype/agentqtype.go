@@ -1,0 +1,82 @@
+// Package agentqtype holds the words every layer of agentq shares: the task states
+// and which of them are terminal, and the refusals that the task service, the Go
+// library and the HTTP API all speak of. It imports only the standard library, so
+// that any package can use it without pulling in the service; the client package,
+// which may not import it, has its state constants generated from it.
+package agentqtype
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// TaskState is a task's state, as stored, as the HTTP API shows it and as the Go
+// library returns it.
+type TaskState string
+
+// Task states. The constants are untyped so that they serve both as a TaskState and
+// as the plain string the library's and the wire's task types hold.
+const (
+	TaskStateQueued         = "queued"
+	TaskStateRunning        = "running"
+	TaskStateCompleted      = "completed"
+	TaskStateFailed         = "failed"
+	TaskStateKilled         = "killed" // cancelled
+	TaskStateBudgetExceeded = "budget_exceeded"
+	TaskStateAbandoned      = "abandoned"
+)
+
+var (
+	taskStates = []TaskState{TaskStateQueued, TaskStateRunning, TaskStateCompleted, TaskStateFailed,
+		TaskStateKilled, TaskStateBudgetExceeded, TaskStateAbandoned}
+	terminalStates = []TaskState{TaskStateCompleted, TaskStateFailed, TaskStateKilled,
+		TaskStateBudgetExceeded, TaskStateAbandoned}
+)
+
+// TaskStates returns every task state, in the order a task can pass through them.
+func TaskStates() []TaskState { return slices.Clone(taskStates) }
+
+// TerminalTaskStates returns the states a task never leaves.
+func TerminalTaskStates() []TaskState { return slices.Clone(terminalStates) }
+
+// Terminal reports whether a task in state s has ended for good.
+func (s TaskState) Terminal() bool { return slices.Contains(terminalStates, s) }
+
+// Valid reports whether s is one of TaskStates.
+func (s TaskState) Valid() bool { return slices.Contains(taskStates, s) }
+
+// UnknownAgentError refuses a task for an agent that neither runs in process nor is
+// registered as an HTTP agent.
+type UnknownAgentError struct{ Agent string }
+
+// Error says which agent is unknown.
+func (e *UnknownAgentError) Error() string { return fmt.Sprintf("unknown agent %q", e.Agent) }
+
+// SuspendedError refuses a task of a suspended tenant.
+type SuspendedError struct{ TenantID string }
+
+// Error says which tenant is suspended.
+func (e *SuspendedError) Error() string { return fmt.Sprintf("tenant %s is suspended", e.TenantID) }
+
+// IdempotencyConflictError refuses a task whose idempotency key was used with a
+// different request.
+type IdempotencyConflictError struct{ Key string }
+
+// Error says which key was used.
+func (e *IdempotencyConflictError) Error() string {
+	return fmt.Sprintf("idempotency key %q was already used with a different request", e.Key)
+}
+
+// Failures of a backing service, as the store reports them (wrapping the driver's
+// error, so its details stay at hand): callers tell them apart with errors.Is and
+// need not know the driver.
+var (
+	// ErrUnavailable: a backing service cannot be reached or is not taking work now
+	// (Postgres restarting, a dropped connection, a timeout); a retry later may pass.
+	ErrUnavailable = errors.New("agentq: a backing service is unavailable")
+	// ErrValueRefused: Postgres refused a value as data (bad encoding, NUL, a number
+	// or nesting it cannot hold). Requests are validated before anything is stored,
+	// so this is what validation missed: the caller's input, not a failure.
+	ErrValueRefused = errors.New("agentq: the database refused a value")
+)

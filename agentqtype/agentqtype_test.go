@@ -1,0 +1,37 @@
+package agentqtype_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/agentq/agentq/agentqtype"
+)
+
+func TestTaskStates(t *testing.T) {
+	for _, s := range agentqtype.TaskStates() {
+		want := s != agentqtype.TaskStateQueued && s != agentqtype.TaskStateRunning
+		if !s.Valid() || s.Terminal() != want {
+			t.Errorf("%s: valid %v, terminal %v", s, s.Valid(), s.Terminal())
+		}
+		if s.Terminal() != slices.Contains(agentqtype.TerminalTaskStates(), s) {
+			t.Errorf("%s: Terminal disagrees with TerminalTaskStates", s)
+		}
+	}
+	if agentqtype.TaskState("paused").Valid() || agentqtype.TaskState("paused").Terminal() {
+		t.Error("an unknown state passes")
+	}
+	// The lists are copies: a caller cannot change what Terminal answers.
+	agentqtype.TerminalTaskStates()[0] = agentqtype.TaskStateRunning
+	if agentqtype.TaskState(agentqtype.TaskStateRunning).Terminal() {
+		t.Error("changing a returned list changed the states")
+	}
+}
+
+func TestRefusalsMatchThroughWrapping(t *testing.T) {
+	err := errors.Join(errors.New("context"), &agentqtype.SuspendedError{TenantID: "acme"})
+	var suspended *agentqtype.SuspendedError
+	if !errors.As(err, &suspended) || suspended.TenantID != "acme" || suspended.Error() != "tenant acme is suspended" {
+		t.Errorf("errors.As: %v", err)
+	}
+}

@@ -1,0 +1,521 @@
+package quotas
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/redisx"
+)
+
+// Token capacity: the two buckets a step's tokens are reserved from before it runs,
+// its tenant's ai_tokens_per_minute and, when its agent is bound to one, a model pool
+// shared by every tenant. A reservation takes the step's estimate; settling after the
+// step refunds what it did not use or carries its excess as debt (the bucket's level
+// goes below zero), so a bucket never lets through more than its burst and rate by
+// more than the largest single step's excess.
+//
+// A pool shares its capacity in weighted fair order when tenants wait on it: stride
+// scheduling in tokens, the scheduler's idea applied to the pool. Each tenant has a
+// pass (tokens granted ÷ weight) in the pool's virtual time; only a tenant whose pass
+// is at or before every other waiting tenant's is served, and a tenant coming back
+// from idleness starts at the virtual time, so it banks no credit. A tenant that has
+// been drawing at or past the line (its pass has caught up with the virtual time) also
+// leaves one step's worth in the bucket while others wait: that reserve is what lets
+// a light tenant, whose pass lags behind, be served at once in a saturated pool. An
+// uncontended pool gives everything it has to whoever asks.
+//
+// The pool's effective rate adapts to its upstream: a throttled answer lowers it
+// (multiplicative decrease, at most once a second) and empties the bucket; it climbs
+// back by 2 % of the configured rate a second once nothing has been throttled for
+// 2 s, never above the configured rate.
+
+// Pool throttling's constants: the factor of a decrease, the least effective rate as
+// a fraction of the configured one, and the waits a refused step is told at most.
+const (
+	poolDecrease     = 0.7
+	poolFloor        = 0.01
+	poolMaxWait      = time.Minute
+	poolClaimGrace   = 2 * time.Second
+	poolIdleTTL      = 10 * time.Minute
+	tokensMinuteMs   = 60_000
+	tenantTokensName = "ai_tokens_per_minute"
+)
+
+// ErrNoCapacity is a reservation's configuration error: a bucket with no rate or
+// burst can never grant anything, so the caller must not wait on it.
+var ErrNoCapacity = errors.New("quotas: a token bucket needs a positive rate and burst")
+
+// TokenAnswer is the answer to a reservation. When not Granted, Wait is how long until
+// the capacity is expected (the step waits that long without holding a worker).
+// Level is the bucket's level after a grant, in tokens (negative: in debt).
+type TokenAnswer struct {
+	Granted bool
+	Wait    time.Duration
+	Level   int64
+}
+
+// TenantTokensParams names a tenant's ai_tokens_per_minute bucket and one step's
+// tokens: the estimate to reserve, or in a settlement the actual use minus the
+// estimate (negative refunds).
+type TenantTokensParams struct {
+	Tenant    string
+	PerMinute int64 // the plan's ai_tokens_per_minute (> 0)
+	Burst     int64 // tokens; 0: one minute's worth
+	Tokens    int64
+}
+
+func (p TenantTokensParams) args() (rate, burst int64, err error) {
+	burst = p.Burst
+	if burst <= 0 {
+		burst = p.PerMinute
+	}
+	if p.PerMinute <= 0 || burst <= 0 {
+		return 0, 0, ErrNoCapacity
+	}
+	return p.PerMinute, burst, nil
+}
+
+// luaTenantTokensLoad reads a tenant token bucket and refills it to now.
+const luaTenantTokensLoad = `
+local rate, burst = tonumber(ARGV[2]) / 60000, tonumber(ARGV[3])
+local st = redis.call('HMGET', KEYS[1], 'l', 't')
+local l, t = tonumber(st[1]), tonumber(st[2])
+if not l or not t then l, t = burst, now end
+if now > t then
+  l = math.min(burst, l + (now - t) * rate)
+  t = now
+end
+local function save()
+  redis.call('HSET', KEYS[1], 'l', string.format('%.17g', l), 't', t)
+  redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((burst - l) / rate)))
+end
+`
+
+// reserveTenantTokensScript takes a step's estimate from a tenant's tokens-per-minute
+// bucket when the bucket holds it (an estimate larger than the burst needs a full
+// bucket and leaves it in debt).
+//
+// KEYS[1] tenant token bucket (hash)   ARGV[1] now ms or ""   ARGV[2] tokens a minute
+// ARGV[3] burst tokens   ARGV[4] tokens asked
+// Returns {1, level after} when granted, {0, ms until the ask fits} when not.
+var reserveTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokensLoad + `
+local ask = tonumber(ARGV[4])
+local need = math.min(ask, burst)
+if l < need then return {0, math.ceil((need - l) / rate)} end
+l = l - ask
+save()
+return {1, math.floor(l)}
+`)
+
+// ReserveTenantTokens reserves p.Tokens from the tenant's ai_tokens_per_minute bucket.
+func (q *Quotas) ReserveTenantTokens(ctx context.Context, p TenantTokensParams) (TokenAnswer, error) {
+	rate, burst, err := p.args()
+	if err != nil {
+		return TokenAnswer{}, err
+	}
+	res, err := reserveTenantTokensScript.Run(ctx, q.rdb, []string{q.keys.TenantTokens(p.Tenant)},
+		q.nowArg(), rate, burst, max(p.Tokens, 0)).Int64Slice()
+	if err != nil {
+		return TokenAnswer{}, fmt.Errorf("quotas: reserve %s: %w", tenantTokensName, err)
+	}
+	return tokenAnswer(res, tenantTokensName)
+}
+
+// settleTenantTokensScript settles a step against its tenant's bucket: the actual
+// tokens minus the estimate come off the level (a refund when negative, never past
+// the burst; debt when positive).
+//
+// KEYS[1] tenant token bucket (hash)   ARGV[1] now ms or ""   ARGV[2] tokens a minute
+// ARGV[3] burst tokens   ARGV[4] actual minus estimate
+// Returns the level after, in tokens.
+var settleTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokensLoad + `
+l = math.min(burst, l - tonumber(ARGV[4]))
+save()
+return math.floor(l)
+`)
+
+// SettleTenantTokens settles one step: p.Tokens is its actual use minus its estimate.
+func (q *Quotas) SettleTenantTokens(ctx context.Context, p TenantTokensParams) (level int64, err error) {
+	rate, burst, err := p.args()
+	if err != nil {
+		return 0, err
+	}
+	level, err = settleTenantTokensScript.Run(ctx, q.rdb, []string{q.keys.TenantTokens(p.Tenant)},
+		q.nowArg(), rate, burst, p.Tokens).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("quotas: settle %s: %w", tenantTokensName, err)
+	}
+	return level, nil
+}
+
+// PoolConfig is a model pool's declared capacity.
+type PoolConfig struct {
+	Name              string
+	TokensPerMinute   int64 // > 0
+	BurstTokens       int64 // 0: one minute's worth; never more than that
+	RequestsPerMinute int64 // 0: not limited
+}
+
+// Burst is the pool bucket's burst in tokens.
+func (c PoolConfig) Burst() int64 {
+	if c.BurstTokens <= 0 || c.BurstTokens > c.TokensPerMinute {
+		return c.TokensPerMinute
+	}
+	return c.BurstTokens
+}
+
+func (c PoolConfig) check() error {
+	if c.Name == "" || strings.ContainsAny(c.Name, "{}") {
+		return fmt.Errorf("quotas: pool name %q", c.Name)
+	}
+	if c.TokensPerMinute <= 0 || c.RequestsPerMinute < 0 {
+		return ErrNoCapacity
+	}
+	return nil
+}
+
+func (q *Quotas) poolKeys(name string) []string {
+	return []string{q.keys.PoolState(name), q.keys.PoolPasses(name), q.keys.PoolWaiters(name), q.keys.PoolClaims(name)}
+}
+
+// luaPoolLoad reads a pool's bucket and refills it to now at its effective rate,
+// raising the effective rate by 2 % of the configured one a second from 2 s after the
+// last throttled answer. save writes it back; use adds tokens to the last minute's use.
+const luaPoolLoad = `
+local cfg, burst, rpm, idle = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local st = redis.call('HMGET', KEYS[1], 'l', 'r', 't', 'e', 'x', 'v')
+local l, r, t = tonumber(st[1]) or burst, tonumber(st[2]) or rpm, tonumber(st[3]) or now
+local eff, x, v = tonumber(st[4]) or cfg, tonumber(st[5]) or 0, tonumber(st[6]) or 0
+if now > t then
+  local from = math.max(t, x + 2000)
+  if now > from and eff < cfg then eff = eff + cfg * 0.02 * (now - from) / 1000 end
+  if eff > cfg then eff = cfg end
+  l = math.min(burst, l + (now - t) * eff / 60000)
+  if rpm > 0 then r = math.min(rpm, r + (now - t) * rpm / 60000) end
+  t = now
+end
+if eff > cfg then eff = cfg end
+local function f(n) return string.format('%.17g', n) end
+local function save()
+  redis.call('HSET', KEYS[1], 'l', f(l), 'r', f(r), 't', t, 'e', f(eff), 'v', f(v))
+  redis.call('PEXPIRE', KEYS[1], idle)
+end
+local function use(n)
+  local s = math.floor(now / 5000)
+  local k = 'u' .. (s % 12)
+  local cur = redis.call('HGET', KEYS[1], k)
+  local n0 = 0
+  if cur then
+    local i = string.find(cur, ':')
+    if tonumber(string.sub(cur, 1, i - 1)) == s then n0 = tonumber(string.sub(cur, i + 1)) end
+  end
+  redis.call('HSET', KEYS[1], k, s .. ':' .. f(n0 + n))
+end
+`
+
+// reservePoolScript reserves a step's estimate from a model pool in weighted fair
+// order: granted when the tenant is next in line (its pass at or before every other
+// waiting tenant's) and the bucket holds the estimate, plus one step's worth left for
+// others when the tenant has been drawing at or past the line while other tenants
+// draw too (they asked within the grace).
+// Otherwise the tenant takes (or keeps) its place in line until the wait it is told
+// plus a grace, and the wait counts the tokens the tenants ahead of it take first.
+//
+// KEYS[1] pool state (hash)   KEYS[2] passes (hash)   KEYS[3] waiters by pass (zset)
+// KEYS[4] tenants that asked lately, by the time their place (or their standing as
+// a contender) lapses (zset)
+// ARGV[1] now ms or ""   ARGV[2] configured tokens a minute   ARGV[3] burst tokens
+// ARGV[4] requests a minute (0: none)   ARGV[5] idle ttl ms   ARGV[6] tenant
+// ARGV[7] weight (> 0)   ARGV[8] tokens asked   ARGV[9] place grace ms   ARGV[10] max wait ms
+// Returns {1, level after, effective rate} when granted, {0, ms until expected,
+// effective rate} when not.
+var reservePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
+local tenant, w, ask = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+for _, m in ipairs(lapsed) do redis.call('ZREM', KEYS[3], m) end
+if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
+local hp
+local head = redis.call('ZRANGE', KEYS[3], 0, 1, 'WITHSCORES')
+for i = 1, #head, 2 do
+  if head[i] ~= tenant then hp = tonumber(head[i + 1]); break end
+end
+local others = redis.call('ZCARD', KEYS[4])
+if redis.call('ZSCORE', KEYS[4], tenant) then others = others - 1 end
+local p0 = tonumber(redis.call('HGET', KEYS[2], 'p:' .. tenant))
+local p = math.max(p0 or v, v)
+local need = math.min(ask, burst)
+local reserve = 0
+if (hp or others > 0) and p0 and p0 >= v then reserve = math.min(need, burst - need) end
+local eligible = (not hp) or p <= hp
+local rok = rpm <= 0 or r >= 1
+if eligible and rok and l - need >= reserve then
+  l = l - ask
+  if rpm > 0 then r = r - 1 end
+  v = math.max(v, p)
+  redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p + ask / w), 'w:' .. tenant, w)
+  redis.call('PEXPIRE', KEYS[2], idle)
+  redis.call('ZREM', KEYS[3], tenant)
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[9]), tenant)
+  redis.call('PEXPIRE', KEYS[4], idle)
+  use(ask)
+  save()
+  return {1, math.floor(l), math.floor(eff)}
+end
+local short = need + reserve - l
+if not eligible then
+  local ahead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. f(p), 'WITHSCORES', 'LIMIT', 0, 64)
+  for i = 1, #ahead, 2 do
+    if ahead[i] ~= tenant then
+      local ow = tonumber(redis.call('HGET', KEYS[2], 'w:' .. ahead[i])) or 1
+      short = short + (p - tonumber(ahead[i + 1])) * ow
+    end
+  end
+end
+local wait = math.max(short, 0) * 60000 / eff
+if not rok then wait = math.max(wait, (1 - r) * 60000 / rpm) end
+wait = math.min(math.max(1, math.ceil(wait)), tonumber(ARGV[10]))
+redis.call('ZADD', KEYS[3], f(p), tenant)
+redis.call('ZADD', KEYS[4], now + wait + tonumber(ARGV[9]), tenant)
+redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p), 'w:' .. tenant, w)
+redis.call('PEXPIRE', KEYS[2], idle)
+redis.call('PEXPIRE', KEYS[3], idle)
+redis.call('PEXPIRE', KEYS[4], idle)
+save()
+return {0, wait, math.floor(eff)}
+`)
+
+// PoolReserveParams is one step's reservation from a pool.
+type PoolReserveParams struct {
+	Pool   PoolConfig
+	Tenant string
+	Weight int   // the tenant's weight, as in the scheduler (>= 1)
+	Tokens int64 // the step's estimate
+}
+
+// ReservePool reserves p.Tokens from the pool for the tenant, in weighted fair order.
+func (q *Quotas) ReservePool(ctx context.Context, p PoolReserveParams) (TokenAnswer, error) {
+	if err := p.Pool.check(); err != nil {
+		return TokenAnswer{}, err
+	}
+	res, err := reservePoolScript.Run(ctx, q.rdb, q.poolKeys(p.Pool.Name), q.nowArg(),
+		p.Pool.TokensPerMinute, p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(),
+		p.Tenant, max(p.Weight, 1), max(p.Tokens, 0), poolClaimGrace.Milliseconds(), poolMaxWait.Milliseconds()).Int64Slice()
+	if err != nil {
+		return TokenAnswer{}, fmt.Errorf("quotas: reserve pool %s: %w", p.Pool.Name, err)
+	}
+	return tokenAnswer(res, "pool "+p.Pool.Name)
+}
+
+// settlePoolScript settles a step against its pool: the actual tokens minus the
+// estimate come off the level (refund or debt) and move the tenant's pass, so the
+// fair order is in the tokens really used.
+//
+// KEYS[1] pool state (hash)   KEYS[2] passes (hash)   ARGV[1] now ms or ""
+// ARGV[2] configured tokens a minute   ARGV[3] burst tokens   ARGV[4] requests a minute
+// ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] weight   ARGV[8] actual minus estimate
+// Returns the level after, in tokens.
+var settlePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
+local d, w = tonumber(ARGV[8]), tonumber(ARGV[7])
+l = math.min(burst, l - d)
+local p = tonumber(redis.call('HGET', KEYS[2], 'p:' .. ARGV[6]))
+if p then
+  redis.call('HSET', KEYS[2], 'p:' .. ARGV[6], f(p + d / w))
+  redis.call('PEXPIRE', KEYS[2], idle)
+end
+use(d)
+save()
+return math.floor(l)
+`)
+
+// PoolSettleParams settles one step against its pool: Tokens is its actual use minus
+// its estimate (negative refunds).
+type PoolSettleParams struct {
+	Pool   PoolConfig
+	Tenant string
+	Weight int
+	Tokens int64
+}
+
+// SettlePool settles one step against its pool.
+func (q *Quotas) SettlePool(ctx context.Context, p PoolSettleParams) (level int64, err error) {
+	if err := p.Pool.check(); err != nil {
+		return 0, err
+	}
+	keys := q.poolKeys(p.Pool.Name)[:2]
+	level, err = settlePoolScript.Run(ctx, q.rdb, keys, q.nowArg(), p.Pool.TokensPerMinute, p.Pool.Burst(),
+		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Weight, 1), p.Tokens).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("quotas: settle pool %s: %w", p.Pool.Name, err)
+	}
+	return level, nil
+}
+
+// throttlePoolScript records an upstream refusal: the effective rate drops by the
+// decrease factor (at most once a second, never below the floor) and the bucket is
+// emptied, since the upstream has just said it is full.
+//
+// KEYS[1] pool state (hash)   ARGV[1] now ms or ""   ARGV[2] configured tokens a minute
+// ARGV[3] burst tokens   ARGV[4] requests a minute   ARGV[5] idle ttl ms
+// ARGV[6] decrease factor   ARGV[7] floor in tokens a minute
+// Returns the effective rate after, in tokens a minute.
+var throttlePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
+local last = tonumber(redis.call('HGET', KEYS[1], 'd')) or 0
+if now - last >= 1000 then
+  eff = math.max(tonumber(ARGV[7]), eff * tonumber(ARGV[6]))
+  if l > 0 then l = 0 end
+  redis.call('HSET', KEYS[1], 'd', now)
+end
+redis.call('HSET', KEYS[1], 'x', now)
+save()
+return math.floor(eff)
+`)
+
+// ThrottlePool records that the pool's upstream refused a step, and returns the
+// pool's effective rate after it, in tokens a minute.
+func (q *Quotas) ThrottlePool(ctx context.Context, pool PoolConfig) (effective int64, err error) {
+	if err := pool.check(); err != nil {
+		return 0, err
+	}
+	floor := max(1, int64(math.Ceil(float64(pool.TokensPerMinute)*poolFloor)))
+	effective, err = throttlePoolScript.Run(ctx, q.rdb, q.poolKeys(pool.Name)[:1], q.nowArg(), pool.TokensPerMinute,
+		pool.Burst(), pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), poolDecrease, floor).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("quotas: throttle pool %s: %w", pool.Name, err)
+	}
+	return effective, nil
+}
+
+// PoolWaiter is a tenant waiting on a pool, with its share of the pool among the
+// waiting tenants (its weight over theirs).
+type PoolWaiter struct {
+	Tenant string
+	Weight int
+	Share  float64
+}
+
+// PoolStatus is a pool's state as the operator view shows it.
+type PoolStatus struct {
+	Level            int64 // tokens in the bucket now (negative: in debt)
+	EffectiveRate    int64 // tokens a minute
+	UsedLastMinute   int64 // tokens granted (and settled) in the last 60 s
+	LastThrottledAgo time.Duration
+	Throttled        bool // a throttled answer came in the last minute
+	Waiting          []PoolWaiter
+}
+
+// PoolStatus reads a pool's state without changing it. The level and effective rate
+// are as of the pool's last reservation, refilled to now.
+func (q *Quotas) PoolStatus(ctx context.Context, pool PoolConfig) (PoolStatus, error) {
+	if err := pool.check(); err != nil {
+		return PoolStatus{}, err
+	}
+	keys := q.poolKeys(pool.Name)
+	pipe := q.rdb.Pipeline()
+	stCmd := pipe.HGetAll(ctx, keys[0])
+	wCmd := pipe.ZRangeWithScores(ctx, keys[2], 0, 99)
+	clCmd := pipe.ZRangeWithScores(ctx, keys[3], 0, 99)
+	tCmd := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return PoolStatus{}, fmt.Errorf("quotas: pool %s status: %w", pool.Name, err)
+	}
+	nowMs := tCmd.Val().UnixMilli()
+	if q.nowMs != nil {
+		nowMs = q.nowMs()
+	}
+	s := poolStatusFrom(stCmd.Val(), pool, nowMs)
+	live := map[string]bool{}
+	for _, z := range clCmd.Val() {
+		if int64(z.Score) > nowMs {
+			live[z.Member.(string)] = true
+		}
+	}
+	for _, z := range wCmd.Val() {
+		if t := z.Member.(string); live[t] {
+			s.Waiting = append(s.Waiting, PoolWaiter{Tenant: t})
+		}
+	}
+	if err := q.poolWaiterWeights(ctx, keys[1], &s); err != nil {
+		return PoolStatus{}, err
+	}
+	return s, nil
+}
+
+func (q *Quotas) poolWaiterWeights(ctx context.Context, passes string, s *PoolStatus) error {
+	if len(s.Waiting) == 0 {
+		return nil
+	}
+	fields := make([]string, len(s.Waiting))
+	for i, w := range s.Waiting {
+		fields[i] = "w:" + w.Tenant
+	}
+	vals, err := q.rdb.HMGet(ctx, passes, fields...).Result()
+	total := 0
+	if err != nil {
+		return fmt.Errorf("quotas: pool weights: %w", err)
+	}
+	for i, v := range vals {
+		w := 1
+		if str, ok := v.(string); ok {
+			if n, err := strconv.Atoi(str); err == nil && n > 0 {
+				w = n
+			}
+		}
+		s.Waiting[i].Weight = w
+		total += w
+	}
+	for i := range s.Waiting {
+		s.Waiting[i].Share = float64(s.Waiting[i].Weight) / float64(total)
+	}
+	return nil
+}
+
+func poolStatusFrom(h map[string]string, pool PoolConfig, nowMs int64) PoolStatus {
+	num := func(k string, def float64) float64 {
+		if v, err := strconv.ParseFloat(h[k], 64); err == nil {
+			return v
+		}
+		return def
+	}
+	cfg, burst := float64(pool.TokensPerMinute), float64(pool.Burst())
+	eff := math.Min(num("e", cfg), cfg)
+	level := num("l", burst)
+	if t := num("t", float64(nowMs)); float64(nowMs) > t {
+		level = math.Min(burst, level+(float64(nowMs)-t)*eff/tokensMinuteMs)
+	}
+	s := PoolStatus{Level: int64(math.Floor(level)), EffectiveRate: int64(math.Floor(eff))}
+	if x := num("x", 0); x > 0 {
+		s.LastThrottledAgo = time.Duration(float64(nowMs)-x) * time.Millisecond
+		s.Throttled = s.LastThrottledAgo < time.Minute
+	}
+	slot := nowMs / 5000
+	for i := range 12 {
+		cur := h["u"+strconv.Itoa(i)]
+		ss, n, ok := strings.Cut(cur, ":")
+		if !ok {
+			continue
+		}
+		sv, err1 := strconv.ParseInt(ss, 10, 64)
+		nv, err2 := strconv.ParseFloat(n, 64)
+		if err1 == nil && err2 == nil && sv > slot-12 && sv <= slot {
+			s.UsedLastMinute += int64(nv)
+		}
+	}
+	return s
+}
+
+func tokenAnswer(res []int64, what string) (TokenAnswer, error) {
+	if len(res) < 2 {
+		return TokenAnswer{}, fmt.Errorf("quotas: %s: unexpected reply %v", what, res)
+	}
+	if res[0] == 1 {
+		return TokenAnswer{Granted: true, Level: res[1]}, nil
+	}
+	return TokenAnswer{Wait: time.Duration(res[1]) * time.Millisecond}, nil
+}

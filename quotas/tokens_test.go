@@ -1,0 +1,313 @@
+package quotas
+
+import (
+	"context"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+const tokensT0 = 1_700_000_000_000
+
+func newTokenQuotas(t *testing.T) (*Quotas, *atomic.Int64) {
+	t.Helper()
+	rdb, keys := testenv.Redis(t, 4)
+	var now atomic.Int64
+	now.Store(tokensT0)
+	return New(rdb, keys, now.Load), &now
+}
+
+func TestTenantTokensBurstRateRefundAndDebt(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	p := TenantTokensParams{Tenant: "tt", PerMinute: 6000} // 100 tokens a second, burst 6000
+	steps := []struct {
+		name     string
+		advance  time.Duration
+		reserve  int64
+		settle   int64 // applied when reserve == 0
+		granted  bool
+		wait     time.Duration
+		level    int64
+		settleTo int64
+	}{
+		{name: "a full bucket grants its burst", reserve: 6000, granted: true, level: 0},
+		{name: "an empty one says how long", reserve: 500, wait: 5 * time.Second},
+		{name: "refilled at the rate", advance: 5 * time.Second, reserve: 500, granted: true, level: 0},
+		{name: "a refund comes back", settle: -300, settleTo: 300},
+		{name: "a refund never passes the burst", settle: -1_000_000, settleTo: 6000},
+		{name: "an excess is debt", advance: 0, reserve: 6000, granted: true, level: 0},
+		{name: "debt settles below zero", settle: 1000, settleTo: -1000},
+		{name: "and delays the next grant", reserve: 100, wait: 11 * time.Second},
+		{name: "an ask above the burst needs a full bucket", advance: 70 * time.Second, reserve: 9000, granted: true, level: -3000},
+	}
+	for _, s := range steps {
+		now.Add(s.advance.Milliseconds())
+		if s.reserve == 0 {
+			p.Tokens = s.settle
+			lvl, err := q.SettleTenantTokens(ctx, p)
+			if err != nil {
+				t.Fatalf("%s: %v", s.name, err)
+			}
+			if lvl != s.settleTo {
+				t.Fatalf("%s: level %d, want %d", s.name, lvl, s.settleTo)
+			}
+			continue
+		}
+		p.Tokens = s.reserve
+		a, err := q.ReserveTenantTokens(ctx, p)
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if a.Granted != s.granted || a.Wait != s.wait || (s.granted && a.Level != s.level) {
+			t.Fatalf("%s: %+v, want granted %v wait %v level %d", s.name, a, s.granted, s.wait, s.level)
+		}
+	}
+	if _, err := q.ReserveTenantTokens(ctx, TenantTokensParams{Tenant: "tt"}); err == nil {
+		t.Fatal("a bucket without a rate reserved")
+	}
+}
+
+// simPool drives tenants that each want steps of a fixed size from one pool: a tenant
+// asks when its last wait is over, as a parked task comes back when it was told to.
+type simTenant struct {
+	name   string
+	weight int
+	step   int64
+	every  time.Duration // a light tenant asks at most this often; 0: as often as it may
+	next   int64
+	got    int64
+	waits  []time.Duration
+	asked  int64 // when the pending ask was first made (for waits)
+	asking bool
+}
+
+func runPool(t *testing.T, q *Quotas, now *atomic.Int64, pool PoolConfig, tenants []*simTenant, d, tick time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	end := now.Load() + d.Milliseconds()
+	for now.Load() < end {
+		for _, st := range tenants {
+			if now.Load() < st.next {
+				continue
+			}
+			if !st.asking {
+				st.asking, st.asked = true, now.Load()
+			}
+			a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: st.name, Weight: st.weight, Tokens: st.step})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !a.Granted {
+				st.next = now.Load() + a.Wait.Milliseconds()
+				continue
+			}
+			st.got += st.step
+			st.waits = append(st.waits, time.Duration(now.Load()-st.asked)*time.Millisecond)
+			st.asking = false
+			st.next = now.Load() + st.every.Milliseconds()
+		}
+		now.Add(tick.Milliseconds())
+	}
+}
+
+func TestPoolUncontendedGivesAll(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	pool := PoolConfig{Name: "solo", TokensPerMinute: 60_000, BurstTokens: 5000}
+	a := &simTenant{name: "a", weight: 1, step: 1000}
+	runPool(t, q, now, pool, []*simTenant{a}, 10*time.Second, 10*time.Millisecond)
+	// burst 5,000 plus 1,000 a second for 10 s
+	if a.got < 14_000 || a.got > 15_000 {
+		t.Fatalf("a lone tenant got %d tokens in 10 s, want about 15000 (all of burst and rate)", a.got)
+	}
+}
+
+func TestPoolSharesByWeightInTokens(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	pool := PoolConfig{Name: "shared", TokensPerMinute: 120_000, BurstTokens: 6000}
+	a := &simTenant{name: "a", weight: 1, step: 1000}
+	b := &simTenant{name: "b", weight: 2, step: 1000}
+	c := &simTenant{name: "c", weight: 1, step: 250} // smaller steps, same weight as a
+	runPool(t, q, now, pool, []*simTenant{a, b, c}, 2*time.Second, 5*time.Millisecond)
+	a.got, b.got, c.got = 0, 0, 0 // the first burst went to whoever came first
+	runPool(t, q, now, pool, []*simTenant{a, b, c}, 60*time.Second, 5*time.Millisecond)
+	tot := float64(a.got + b.got + c.got)
+	for _, w := range []struct {
+		st   *simTenant
+		want float64
+	}{{a, 0.25}, {b, 0.5}, {c, 0.25}} {
+		if got := float64(w.st.got) / tot; math.Abs(got-w.want) > 0.02 {
+			t.Errorf("tenant %s (weight %d, steps of %d) got %.3f of the pool, want %.2f", w.st.name, w.st.weight, w.st.step, got, w.want)
+		}
+	}
+	if tot > 120_000*1.01 || tot < 120_000*0.95 {
+		t.Errorf("the pool let %.0f tokens through in 60 s, want about its rate, 120000", tot)
+	}
+}
+
+// A tenant asking for less than its share is served at once in a saturated pool:
+// the tenants at or past the line leave one step's worth for it.
+func TestPoolServesALightTenantAtOnce(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	pool := PoolConfig{Name: "busy", TokensPerMinute: 60_000, BurstTokens: 3000}
+	heavy1 := &simTenant{name: "h1", weight: 1, step: 1000}
+	heavy2 := &simTenant{name: "h2", weight: 1, step: 1000}
+	light := &simTenant{name: "l", weight: 1, step: 500, every: 3 * time.Second}
+	runPool(t, q, now, pool, []*simTenant{heavy1, heavy2, light}, 60*time.Second, 5*time.Millisecond)
+	var worst time.Duration
+	for _, w := range light.waits {
+		worst = max(worst, w)
+	}
+	if worst > 10*time.Millisecond {
+		t.Fatalf("the light tenant waited up to %v beside two flooding tenants; want at once", worst)
+	}
+	if heavy1.got+heavy2.got < 50_000 {
+		t.Fatalf("the flooding tenants got %d of the pool's ~60000 a minute", heavy1.got+heavy2.got)
+	}
+}
+
+// In any 60 s window a pool lets through at most its burst plus a minute's rate, plus
+// the largest step's excess over its estimate.
+func TestPoolWindowBoundWithSettlement(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "window", TokensPerMinute: 30_000, BurstTokens: 10_000}
+	type grant struct{ at, tokens int64 }
+	var grants []grant
+	var maxExcess int64
+	end := now.Load() + 180_000
+	for i := 0; now.Load() < end; i++ {
+		est := int64(500)
+		a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "w", Weight: 1, Tokens: est})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Granted {
+			actual := est + int64(i%7-3)*100 // refunds and debts alike
+			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: "w", Weight: 1, Tokens: actual - est}); err != nil {
+				t.Fatal(err)
+			}
+			maxExcess = max(maxExcess, actual-est)
+			grants = append(grants, grant{now.Load(), actual})
+		}
+		now.Add(7)
+	}
+	allowed := pool.Burst() + pool.TokensPerMinute + maxExcess
+	for i := range grants {
+		var sum int64
+		for j := i; j < len(grants) && grants[j].at < grants[i].at+60_000; j++ {
+			sum += grants[j].tokens
+		}
+		if sum > allowed {
+			t.Fatalf("a window from %d ms let %d tokens through, the bucket allows %d", grants[i].at-tokensT0, sum, allowed)
+		}
+	}
+	st, err := q.PoolStatus(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.UsedLastMinute < 25_000 || st.UsedLastMinute > 31_000 {
+		t.Fatalf("used in the last minute %d, want about the rate, 30000", st.UsedLastMinute)
+	}
+}
+
+func TestPoolThrottlingLowersAndRestoresTheRate(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "aimd", TokensPerMinute: 100_000}
+	eff, err := q.ThrottlePool(ctx, pool)
+	if err != nil || eff != 70_000 {
+		t.Fatalf("after one throttle: %d %v, want 70000", eff, err)
+	}
+	if eff, _ = q.ThrottlePool(ctx, pool); eff != 70_000 {
+		t.Fatalf("a second throttle in the same second lowered the rate again: %d", eff)
+	}
+	a, _ := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 10})
+	if a.Granted {
+		t.Fatal("a throttle left the bucket full")
+	}
+	now.Add(1000)
+	if eff, _ = q.ThrottlePool(ctx, pool); eff != 49_000 {
+		t.Fatalf("a throttle a second later: %d, want 49000", eff)
+	}
+	for range 100 {
+		eff, _ = q.ThrottlePool(ctx, pool)
+		now.Add(1000)
+	}
+	if eff != 1000 {
+		t.Fatalf("rate after many throttles %d, want the floor 1000", eff)
+	}
+	// nothing throttled: +2 % of 100,000 a second from 2 s on (the last throttle was 1 s ago)
+	now.Add(12_000)
+	_, _ = q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 1})
+	st, _ := q.PoolStatus(ctx, pool)
+	if st.EffectiveRate != 23_000 {
+		t.Fatalf("rate 13 s after the last throttle %d, want 1000 + 11 s × 2000", st.EffectiveRate)
+	}
+	now.Add(120_000)
+	_, _ = q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 1})
+	if st, _ = q.PoolStatus(ctx, pool); st.EffectiveRate != 100_000 || st.Throttled {
+		t.Fatalf("rate long after %d (throttled %v), want the configured 100000", st.EffectiveRate, st.Throttled)
+	}
+}
+
+// A tenant that took a place in line and never came back (its tasks were cancelled)
+// holds the others up only until its place lapses.
+func TestPoolPlaceLapses(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "lapse", TokensPerMinute: 60_000, BurstTokens: 1000}
+	ask := func(tenant string) TokenAnswer {
+		t.Helper()
+		a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: tenant, Weight: 1, Tokens: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	if !ask("a").Granted {
+		t.Fatal("first ask refused")
+	}
+	ask("b") // b waits about 1 s, then never comes back
+	now.Add(200)
+	first := ask("a")
+	if first.Granted {
+		t.Fatal("a was served ahead of b, which waits with a smaller pass")
+	}
+	st, err := q.PoolStatus(ctx, pool)
+	if err != nil || len(st.Waiting) != 2 {
+		t.Fatalf("waiting %+v %v, want a and b", st.Waiting, err)
+	}
+	now.Add((first.Wait + poolClaimGrace + time.Second).Milliseconds())
+	if a := ask("a"); !a.Granted {
+		t.Fatalf("a is still held up by b's lapsed place: %+v", a)
+	}
+}
+
+func TestPoolRequestsPerMinute(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "rpm", TokensPerMinute: 1_000_000, RequestsPerMinute: 60}
+	granted := 0
+	for range 200 {
+		if a, _ := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 1}); a.Granted {
+			granted++
+		}
+		now.Add(100)
+	}
+	// 60 at once, then one a second for 20 s
+	if granted < 79 || granted > 81 {
+		t.Fatalf("granted %d requests in 20 s, want 60 + 20", granted)
+	}
+}
