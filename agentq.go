@@ -113,7 +113,6 @@ type App struct {
 
 	services    *services.Services
 	lifecycle   *tasks.Lifecycle
-	coalescer   *quotas.Coalescer
 	recovery    *maintenance.Recovery
 	janitor     *maintenance.Janitor
 	rejections  *rejections.Rejections
@@ -174,16 +173,21 @@ func New(ctx context.Context, o Options) (*App, error) {
 	// between share round trips across requests and workers.
 	a.batch = redisx.NewBatch(a.rdb, 0)
 	a.slotBatch = redisx.NewBatch(a.rdb, a.cfg.RedisTimeout)
-	a.quotas = quotas.New(a.rdb, a.keys, nil)
+	// The API's admissions come in concurrently: they share script calls, each within
+	// the admission timeout. Step reservations share the task path's batch.
+	a.quotas = quotas.New(a.rdb, a.keys, nil, quotas.Options{
+		Coalesce: a.cfg.Has(config.RoleAPI), CoalesceTimeout: a.cfg.RedisTimeout, Batch: a.batch,
+	})
 	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.log, mp)
-	a.coalescer = quotas.NewCoalescer(a.quotas, a.cfg.RedisTimeout)
 	// The request slots' calls have a batch of their own, bounded by the admission
 	// timeout: they must answer as fast as admission does.
 	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log,
 		MeterProvider: mp, Batch: a.slotBatch})
-	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{Prefetch: a.cfg.Prefetch, Batch: a.batch})
+	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{
+		Prefetch: a.cfg.Prefetch, Batch: a.batch, WakeInProcess: a.cfg.Has(config.RoleScheduler),
+	})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
-	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
+	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Archetype: a.archetype})
 	queues := map[string]int{}
 	for band, w := range scheduler.Bands {
 		queues[a.keys.AsynqQueue(band)] = w
@@ -207,8 +211,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
-		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Logger: a.log, Fetchers: a.cfg.WorkerFetchers,
-		Policies: a.services.Tenants, Events: a.keys.TaskEvents, TracerProvider: tp, MeterProvider: mp, Batch: a.batch,
+		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
+		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch,
 	})
 	a.rejections, a.localRejections = a.refusalFlushes()
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
@@ -338,7 +342,7 @@ func (a *App) roleServices() []startstop.Service {
 		svcs = append(svcs, a.relay)
 	}
 	if a.cfg.Has(config.RoleAPI) {
-		svcs = append(svcs, a.coalescer, a.admission, a.localRejections, a.api.CacheListener(), a.api)
+		svcs = append(svcs, a.admission, a.localRejections, a.api.CacheListener(), a.api)
 	} else {
 		svcs = append(svcs, a.api) // health, readiness and metrics only
 	}
@@ -360,7 +364,7 @@ func (a *App) roleServices() []startstop.Service {
 //     it starts before the API so an endpoint created through it is served at
 //     once, and on the way down it stops after the API, its sends in flight cut
 //     short (their leases lapse and they are sent again);
-//   - api: admission's batching, the degraded-mode guard, the flush of the refusals
+//   - api: the degraded-mode guard, the flush of the refusals
 //     the guard decided in process (its last flush runs on the way down, after the
 //     HTTP server stopped) and the listener that keeps the key and tenant caches
 //     current, then the HTTP server last, so that a request is accepted only once

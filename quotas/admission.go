@@ -14,7 +14,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
+	"golang.org/x/sync/singleflight"
 
+	"github.com/agentq/agentq/internal/groupcommit"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 )
@@ -113,20 +115,51 @@ type Quotas struct {
 	structErr  error
 	textNums   bool
 
-	mu       sync.Mutex
-	batchers []*batcher // set while a Coalescer runs
+	// admits are the shards' group commits of admissions (batcher.go); nil when
+	// Options.Coalesce is off.
+	admits          []groupcommit.Group[*admitReq]
+	coalesceTimeout time.Duration
+	// batch carries step reservations (Options.Batch); nil sends each alone.
+	batch *redisx.Batch
 
 	usage   UsageSource // what lost counters are rebuilt from (seed.go); nil: zero
 	log     *slog.Logger
 	rebuilt metric.Int64Counter // rebuilds (agentq.quotas.counters_rebuilt); nil: not counted
+	seeds   singleflight.Group  // rebuilds in progress, by tenant
 	seedMu  sync.Mutex
-	seeds   map[string]*seedCall // rebuilds in progress, by tenant
-	seeded  map[string]uint64    // rebuilds finished, by tenant (seed.go)
+	seeded  map[string]uint64 // rebuilds finished, by tenant (seed.go)
 }
 
-// New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests).
-func New(rdb redis.UniversalClient, keys rkeys.Keys, nowMs func() int64) *Quotas {
-	return &Quotas{rdb: rdb, keys: keys, nowMs: nowMs}
+// Options configure how a Quotas shares its calls to Redis with other callers. The
+// zero value sends every call alone.
+type Options struct {
+	// Coalesce sends the admissions of one shard that arrive while a script call of
+	// that shard is out together in the next one (batcher.go), each call bounded by
+	// CoalesceTimeout (0: 5 s) rather than by its callers' deadlines. The App sets it
+	// where the API runs, whose admissions come in concurrently.
+	Coalesce        bool
+	CoalesceTimeout time.Duration
+	// Batch carries step reservations (ReserveStep) in shared pipelines. The App gives
+	// the Batch the worker and the scheduler use, so that a task's "running" message,
+	// attached with redisx.Along, goes in the round trip of its first reservation.
+	Batch *redisx.Batch
+}
+
+// New returns a Quotas on rdb. nowMs, when not nil, replaces Redis TIME (tests). At
+// most one Options may be given.
+func New(rdb redis.UniversalClient, keys rkeys.Keys, nowMs func() int64, opts ...Options) *Quotas {
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	q := &Quotas{rdb: rdb, keys: keys, nowMs: nowMs, batch: o.Batch, coalesceTimeout: o.CoalesceTimeout}
+	if q.coalesceTimeout <= 0 {
+		q.coalesceTimeout = defaultCoalesceTimeout
+	}
+	if o.Coalesce {
+		q.admits = q.newAdmitGroups()
+	}
+	return q
 }
 
 // Keys returns the key builder.
@@ -537,7 +570,7 @@ func boolArg(b bool) string {
 
 // Admit runs the admission script: in ModeAdmit it checks and takes every scope in one
 // atomic call; ModePeek reports without taking; ModeKey spends the key bucket only.
-// While a Coalescer runs, concurrent calls are coalesced into one script call per shard.
+// With Options.Coalesce, concurrent calls are coalesced into one script call per shard.
 // Counters Redis lost are rebuilt from the ledger before anything is decided on them.
 func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 	var d Decision
@@ -554,13 +587,9 @@ func (q *Quotas) Admit(ctx context.Context, p AdmitParams) (Decision, error) {
 
 // admitRaw is one admission call, which may answer unseeded.
 func (q *Quotas) admitRaw(ctx context.Context, p AdmitParams) (Decision, error) {
-	if b := q.batcherFor(p.TenantID); b != nil {
-		return b.admit(ctx, p)
+	if q.admits != nil {
+		return q.admitCoalesced(ctx, p)
 	}
-	return q.admitOne(ctx, p)
-}
-
-func (q *Quotas) admitOne(ctx context.Context, p AdmitParams) (Decision, error) {
 	ds, err := q.admitBatch(ctx, []AdmitParams{p})
 	if err != nil {
 		return Decision{}, err
@@ -776,34 +805,21 @@ func (e *QuotaExceeded) Error() string {
 // step and reserves one step and the estimated tokens and cost. A refusal is a
 // *QuotaExceeded. The admission check reads the same counters; counters Redis lost
 // are rebuilt from the ledger first.
+//
+// The first call goes through Options.Batch, when set, with concurrent reservations
+// and whatever the caller attached to ctx with redisx.WithAlong (a task's "running"
+// message): one round trip for all of them. A call after a rebuild goes alone.
 func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
-	return q.ReserveStepQueued(ctx, p, nil)
-}
-
-// QueueReserveStep queues ReserveStep's script on pipe (a redisx.Batch's, to go out
-// with other calls); ReserveStepQueued, given its answer, finishes ReserveStep.
-func (q *Quotas) QueueReserveStep(ctx context.Context, pipe redis.Pipeliner, p StepParams) *redis.Cmd {
-	return q.reserveStep(ctx, pipe, p)
-}
-
-func (q *Quotas) reserveStep(ctx context.Context, c redis.Scripter, p StepParams) *redis.Cmd {
-	l := p.Limits
-	return reserveStepScript.Run(ctx, c,
-		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix)
-}
-
-// ReserveStepQueued is ReserveStep whose first call was sent already (sent; nil sends
-// it now). Counters Redis lost are rebuilt and the reservation asked again.
-func (q *Quotas) ReserveStepQueued(ctx context.Context, p StepParams, sent *redis.Cmd) error {
 	var refused error
+	first := true
 	err := q.untilSeeded(ctx, p.TenantID, p.Period, func() (bool, error) {
-		cmd := sent
-		sent = nil
-		if cmd == nil {
+		var cmd *redis.Cmd
+		if first && q.batch != nil {
+			_ = q.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = q.reserveStep(ctx, pipe, p) }) // its error is cmd's
+		} else {
 			cmd = q.reserveStep(ctx, q.rdb, p)
 		}
+		first = false
 		res, err := cmd.Slice()
 		if err != nil {
 			return false, fmt.Errorf("quotas: reserve step: %w", err)
@@ -822,6 +838,14 @@ func (q *Quotas) ReserveStepQueued(ctx context.Context, p StepParams, sent *redi
 		return err
 	}
 	return refused
+}
+
+func (q *Quotas) reserveStep(ctx context.Context, c redis.Scripter, p StepParams) *redis.Cmd {
+	l := p.Limits
+	return reserveStepScript.Run(ctx, c,
+		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
+		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix)
 }
 
 func str(v any) string { s, _ := v.(string); return s }

@@ -2,10 +2,9 @@ package quotas
 
 import (
 	"context"
-	"sync"
 	"time"
 
-	"github.com/riverqueue/river/rivershared/startstop"
+	"github.com/agentq/agentq/internal/groupcommit"
 )
 
 // Coalescing: while one admission script call of a shard is in flight, admissions that
@@ -18,105 +17,55 @@ import (
 // serves nothing else while a script runs.
 const maxBatch = 32
 
-// batchCallers is the number of script calls a shard may have in flight at once.
+// batchCallers is the number of script calls a shard may have in flight at once: one
+// batch builds and parses in Go while the other is in Redis. Admissions in flight
+// together have no order between them anyway.
 const batchCallers = 2
 
+// defaultCoalesceTimeout bounds a coalesced script call when Options give no bound.
+const defaultCoalesceTimeout = 5 * time.Second
+
+// admitReq is one admission in a shard's group commit, and its answer.
 type admitReq struct {
 	ctx context.Context
 	p   AdmitParams
-	res chan admitRes
-}
-
-type admitRes struct {
 	d   Decision
 	err error
 }
 
-type batcher struct {
-	q       *Quotas
-	reqs    chan admitReq
-	timeout time.Duration
-
-	// closed is set when the Coalescer stops: later admissions go straight to Redis.
-	// Senders hold mu for reading while they queue, so once closed is set under the
-	// write lock nothing more is queued and the runners can drain what is left.
-	mu     sync.RWMutex
-	closed bool
+// newAdmitGroups makes a group commit per shard.
+func (q *Quotas) newAdmitGroups() []groupcommit.Group[*admitReq] {
+	gs := make([]groupcommit.Group[*admitReq], q.keys.Shards())
+	for i := range gs {
+		gs[i].Flush = q.admitCall
+		gs[i].MaxBatch = maxBatch
+		gs[i].Flushers = batchCallers
+	}
+	return gs
 }
 
-func (b *batcher) admit(ctx context.Context, p AdmitParams) (Decision, error) {
-	r := admitReq{ctx: ctx, p: p, res: make(chan admitRes, 1)}
-	b.mu.RLock()
-	if b.closed {
-		b.mu.RUnlock()
-		return b.q.admitOne(ctx, p)
+// admitCoalesced sends p in its shard's next script call.
+func (q *Quotas) admitCoalesced(ctx context.Context, p AdmitParams) (Decision, error) {
+	r := &admitReq{ctx: ctx, p: p}
+	q.admits[q.keys.Shard(p.TenantID)].Do(r)
+	if r.err != nil {
+		return Decision{}, r.err
 	}
-	select {
-	case b.reqs <- r:
-		b.mu.RUnlock()
-	case <-ctx.Done():
-		b.mu.RUnlock()
-		return Decision{}, ctx.Err()
-	}
-	select {
-	case out := <-r.res:
-		return out.d, out.err
-	case <-ctx.Done():
-		// The call may still take the admission; the caller treats this as a failure
+	if err := ctx.Err(); err != nil {
+		// The call may have taken the admission; the caller treats this as a failure
 		// and its lease, if any, expires or is reconciled.
-		return Decision{}, ctx.Err()
+		return Decision{}, err
 	}
+	return r.d, nil
 }
 
-func (b *batcher) close() {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-}
-
-// run sends queued admissions a batch per call until quit is closed, then answers what
-// is still queued and returns.
-func (b *batcher) run(quit <-chan struct{}) {
-	batch := make([]admitReq, 0, maxBatch)
-	for {
-		batch = batch[:0]
-		select {
-		case <-quit:
-			for {
-				select {
-				case r := <-b.reqs:
-					if batch = append(batch, r); len(batch) == maxBatch {
-						b.call(batch)
-						batch = batch[:0]
-					}
-				default:
-					b.call(batch)
-					return
-				}
-			}
-		case r := <-b.reqs:
-			batch = append(batch, r)
-		}
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case r := <-b.reqs:
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		b.call(batch)
-	}
-}
-
-// call runs one batch in one script call and answers each caller.
-func (b *batcher) call(batch []admitReq) {
+// admitCall runs one batch in one script call and answers each caller.
+func (q *Quotas) admitCall(batch []*admitReq) {
 	live := batch[:0:0]
 	ps := make([]AdmitParams, 0, len(batch))
 	for _, r := range batch {
 		if r.ctx.Err() != nil { // the caller gave up: take nothing for it
-			r.res <- admitRes{err: r.ctx.Err()}
+			r.err = r.ctx.Err()
 			continue
 		}
 		live = append(live, r)
@@ -125,79 +74,16 @@ func (b *batcher) call(batch []admitReq) {
 	if len(ps) == 0 {
 		return
 	}
-	// Each caller bounds its own wait; the call itself is bounded by the timeout only,
-	// so a stopping coalescer still answers the batch it holds.
-	cctx, cancel := context.WithTimeout(context.Background(), b.timeout)
-	ds, err := b.q.admitBatch(cctx, ps)
+	// One caller leaving must not fail the others: the call is bounded by the
+	// coalescing timeout only.
+	cctx, cancel := context.WithTimeout(context.Background(), q.coalesceTimeout)
+	ds, err := q.admitBatch(cctx, ps)
 	cancel()
 	for i, r := range live {
 		if err != nil {
-			r.res <- admitRes{err: err}
+			r.err = err
 		} else {
-			r.res <- admitRes{d: ds[i]}
+			r.d = ds[i]
 		}
 	}
-}
-
-// Coalescer turns on coalescing for a Quotas while it runs: a batcher per shard, whose
-// goroutines send the admissions queued for that shard together. Stopped, admissions
-// go straight to Redis again.
-type Coalescer struct {
-	startstop.BaseStartStop
-
-	q       *Quotas
-	timeout time.Duration
-}
-
-// NewCoalescer returns a stopped Coalescer for q; timeout bounds each script call.
-func NewCoalescer(q *Quotas, timeout time.Duration) *Coalescer {
-	return &Coalescer{q: q, timeout: timeout}
-}
-
-// Start turns coalescing on until Stop or ctx ends.
-func (c *Coalescer) Start(ctx context.Context) error {
-	ctx, shouldStart, started, stopped := c.StartInit(ctx)
-	if !shouldStart {
-		return nil
-	}
-	bs := make([]*batcher, c.q.keys.Shards())
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range bs {
-		b := &batcher{q: c.q, reqs: make(chan admitReq, 4*maxBatch), timeout: c.timeout}
-		bs[i] = b
-		// Two callers per shard: one batch builds and parses in Go while the other is
-		// in Redis. Admissions in flight together have no order between them anyway.
-		for range batchCallers {
-			wg.Go(func() { b.run(quit) })
-		}
-	}
-	c.q.setBatchers(bs)
-	go func() {
-		started()
-		defer stopped()
-		<-ctx.Done()
-		c.q.setBatchers(nil)
-		for _, b := range bs {
-			b.close()
-		}
-		close(quit)
-		wg.Wait()
-	}()
-	return nil
-}
-
-func (q *Quotas) setBatchers(bs []*batcher) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.batchers = bs
-}
-
-func (q *Quotas) batcherFor(tenantID string) *batcher {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.batchers == nil {
-		return nil
-	}
-	return q.batchers[q.keys.Shard(tenantID)]
 }

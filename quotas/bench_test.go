@@ -21,14 +21,7 @@ func BenchmarkAdmit(b *testing.B) {
 	period := PeriodAt(time.Now(), time.Now())
 	for _, coalesced := range []bool{false, true} {
 		b.Run(fmt.Sprintf("coalesced=%v", coalesced), func(b *testing.B) {
-			q := New(rdb, keys, nil)
-			if coalesced {
-				co := NewCoalescer(q, time.Second)
-				if err := co.Start(context.Background()); err != nil {
-					b.Fatal(err)
-				}
-				defer co.Stop()
-			}
+			q := New(rdb, keys, nil, Options{Coalesce: coalesced, CoalesceTimeout: time.Second})
 			b.SetParallelism(8)
 			b.RunParallel(func(pb *testing.PB) {
 				i := 0

@@ -223,11 +223,7 @@ func TestQueueBacklogHoldsUnderConcurrentAdmissions(t *testing.T) {
 	f := newQ(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	co := NewCoalescer(f.q, 2*time.Second) // coalesced, as the API runs it
-	if err := co.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer co.Stop()
+	f.q = New(f.rdb, f.keys, f.clock, Options{Coalesce: true, CoalesceTimeout: 2 * time.Second}) // as the API runs it
 	l := NoLimits()
 	l.Backlog = 5
 	var wg sync.WaitGroup

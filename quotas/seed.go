@@ -123,11 +123,6 @@ redis.call('PEXPIRE', H, ttl)
 return 1
 `)
 
-type seedCall struct {
-	done chan struct{}
-	err  error
-}
-
 // untilSeeded runs attempt, which answers whether the script found the tenant's
 // counters unseeded; if it did, it rebuilds them and runs attempt again.
 func (q *Quotas) untilSeeded(ctx context.Context, tenantID string, period Period, attempt func() (unseeded bool, err error)) error {
@@ -159,34 +154,25 @@ func (q *Quotas) untilSeeded(ctx context.Context, tenantID string, period Period
 // share one rebuild, which runs to its own timeout even if the caller that started it
 // leaves; across processes the script's mark check makes the first write the only one.
 func (q *Quotas) seed(ctx context.Context, tenantID string, period Period) error {
-	q.seedMu.Lock()
-	c, ok := q.seeds[tenantID]
-	if !ok {
-		c = &seedCall{done: make(chan struct{})}
-		if q.seeds == nil {
-			q.seeds = map[string]*seedCall{}
+	c := q.seeds.DoChan(tenantID, func() (any, error) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seedTimeout)
+		defer cancel()
+		if _, err := q.Seed(sctx, tenantID, period); err != nil {
+			return nil, err
 		}
-		q.seeds[tenantID] = c
-		go func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seedTimeout)
-			_, c.err = q.Seed(sctx, tenantID, period)
-			cancel()
-			q.seedMu.Lock()
-			delete(q.seeds, tenantID)
-			if c.err == nil {
-				if q.seeded == nil {
-					q.seeded = map[string]uint64{}
-				}
-				q.seeded[tenantID]++
-			}
-			q.seedMu.Unlock()
-			close(c.done)
-		}()
-	}
-	q.seedMu.Unlock()
+		// Counted before the call is forgotten, so that an attempt which began before
+		// it sees the count moved (untilSeeded).
+		q.seedMu.Lock()
+		if q.seeded == nil {
+			q.seeded = map[string]uint64{}
+		}
+		q.seeded[tenantID]++
+		q.seedMu.Unlock()
+		return nil, nil
+	})
 	select {
-	case <-c.done:
-		return c.err
+	case r := <-c:
+		return r.Err
 	case <-ctx.Done():
 		return ctx.Err()
 	}

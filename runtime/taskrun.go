@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/telemetry"
@@ -72,12 +73,8 @@ type taskRun struct {
 	// The billing period is the step's: a task running across the boundary books its
 	// later steps into the new period. A settlement goes to its reservation's period.
 	period quotas.Period
-	// reservation is the current step's, reserved is Redis's answer to it, and
-	// queueReserve queues it on a pipe (r.queueReserveStep, bound once so that a
-	// step allocates no closure for it).
-	reservation  quotas.StepParams
-	reserved     *redis.Cmd
-	queueReserve func(redis.Pipeliner)
+	// reservation is the current step's.
+	reservation quotas.StepParams
 
 	// lost is set when a write found the task claimed by a later attempt (this worker
 	// stalled past its lease): the run then stops at once and touches nothing of the
@@ -255,7 +252,6 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	r.deadline = r.startedAt.Add(time.Duration(r.budget.MaxWallclockS * float64(time.Second)))
 	r.maxCostMicro = int64(math.Round(r.budget.MaxCostUSD * 1e6))
 	r.state = r.task.AgentState
-	r.queueReserve = r.queueReserveStep
 	return false, false
 }
 
@@ -376,9 +372,13 @@ func (r *taskRun) finishWallclock() {
 func (r *taskRun) reserve() (stop, requeued bool) {
 	r.period = r.tenant.Anchor().PeriodAt(time.Now())
 	r.reservation = r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
-	_ = r.w.batch.Do(r.ctx, r.queueReserve) // the answer is in r.reserved
-	r.running = nil
-	err := r.w.limits.ReserveStepQueued(r.ctx, r.reservation, r.reserved)
+	ctx, running := r.ctx, (*redisx.Along)(nil)
+	if r.running != nil {
+		ctx, running = redisx.WithAlong(r.ctx, r.running)
+		r.running = nil
+	}
+	err := r.w.limits.ReserveStep(ctx, r.reservation)
+	_ = running.Send(r.ctx, r.w.batch) // a lost message is re-read from Postgres
 	if err == nil {
 		return false, false
 	}
@@ -390,15 +390,6 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	}
 	// Money and token quotas fail closed: no step runs unchecked.
 	return true, r.requeue("the quota store is unreachable", err)
-}
-
-// queueReserveStep queues the step's reservation, after the "running" message while
-// it is still to send. r.queueReserve is it, bound once per delivery.
-func (r *taskRun) queueReserveStep(pipe redis.Pipeliner) {
-	if r.running != nil {
-		r.running(pipe)
-	}
-	r.reserved = r.w.limits.QueueReserveStep(r.ctx, pipe, r.reservation)
 }
 
 // callAgent runs one step of the agent, in its own span, within the wall-clock budget.

@@ -15,12 +15,12 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -59,10 +59,10 @@ type PolicySource interface {
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
 // advertise this process's capacity.
 type Slots interface {
-	// QueueDone and DoneQueued release a finished task's slots in two halves, so
-	// that the script goes out in the round trip of the task end's other calls.
-	QueueDone(ctx context.Context, pipe redis.Pipeliner, p wire.Payload, took time.Duration) *redis.Cmd
-	DoneQueued(ctx context.Context, cmd *redis.Cmd) error
+	// Done releases a finished task's slots. The worker attaches the task end's
+	// other calls to ctx (redisx.WithAlong): given the worker's Batch (the App's
+	// wiring), the scheduler sends them in Done's round trip.
+	Done(ctx context.Context, p wire.Payload, took time.Duration) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
 }
@@ -70,10 +70,10 @@ type Slots interface {
 // Limits is what the worker needs of the quotas package: count each step against the
 // tenant's period quotas and release a task's session lease when it ends.
 type Limits interface {
-	// QueueReserveStep and ReserveStepQueued reserve a step in two halves, so that the
-	// reservation shares a round trip (the first one with the "running" message).
-	QueueReserveStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams) *redis.Cmd
-	ReserveStepQueued(ctx context.Context, p quotas.StepParams, sent *redis.Cmd) error
+	// ReserveStep reserves a step. The worker attaches the "running" message to the
+	// first one's ctx (redisx.WithAlong): given the worker's Batch (the App's wiring),
+	// the quotas send it in the reservation's round trip.
+	ReserveStep(ctx context.Context, p quotas.StepParams) error
 	SettleStep(ctx context.Context, p quotas.StepParams) error
 	// QueueSettleStep and QueueRelease queue SettleStep and the release of a task's
 	// leases on a pipe.
@@ -95,21 +95,20 @@ type WorkerOptions struct {
 	// in, so several loops fetch side by side. Each polls empty queues Fetchers times
 	// less often, so an idle worker costs Redis about what one server did.
 	Fetchers int
-	Logger   *slog.Logger
+	// Archetype is where the worker logs, traces each delivery (agentq.task) and step
+	// (agentq.step), in the trace the task carries from its submission, and meters
+	// (agentq.task_wait, agentq.worker_busy_ratio); nil: the defaults.
+	Archetype *baseservice.Archetype
 	// Policies gives a tenant's limits, for the step-time quota checks
 	// (tenants.Service or tenants.Policies); nil checks none.
 	Policies PolicySource
 	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
 	Events func(taskID string) string
-	// TracerProvider traces each delivery (agentq.task) and step (agentq.step), in
-	// the trace the task carries from its submission; nil is the global one.
-	TracerProvider trace.TracerProvider
-	// MeterProvider receives agentq.task_wait and agentq.worker_busy_ratio; nil is
-	// the global one.
-	MeterProvider metric.MeterProvider
 	// Batch carries the progress messages and a finished task's Redis calls, shared
 	// with the other workers' calls of the same moment; nil makes one on the
-	// worker's client.
+	// worker's client. The App gives the one its Scheduler and Quotas use, so that
+	// the calls the worker attaches to Done and ReserveStep (redisx.WithAlong) share
+	// their round trips.
 	Batch *redisx.Batch
 }
 
@@ -155,9 +154,7 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 	if opts.Concurrency < 1 {
 		opts.Concurrency = 1
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
+	arch := opts.Archetype.Defaults()
 	if opts.Batch == nil {
 		opts.Batch = redisx.NewBatch(rdb, 0)
 	}
@@ -172,26 +169,19 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		rdb:       rdb,
 		batch:     opts.Batch,
 		opts:      opts,
-		log:       opts.Logger,
+		log:       arch.Logger,
 		running:   map[uuid.UUID]context.CancelCauseFunc{},
 		ends:      make(chan struct{}, opts.Concurrency),
 		warm:      newWarmGoroutines(warmIdle),
 	}
 	w.endCtx, w.endStop = context.WithCancel(context.Background())
-	tp := opts.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	w.tracer = tp.Tracer("github.com/agentq/agentq/runtime")
-	w.instrument(opts.MeterProvider)
+	w.tracer = arch.Tracer("github.com/agentq/agentq/runtime")
+	w.instrument(arch.MeterProvider)
 	return w
 }
 
 // instrument creates the worker's instruments.
 func (w *Worker) instrument(mp metric.MeterProvider) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
 	meter := mp.Meter("github.com/agentq/agentq/runtime")
 	w.wait, _ = meter.Float64Histogram("agentq.task_wait", metric.WithUnit("s"),
 		metric.WithDescription("Time from a task's admission to its first start on a worker"),
@@ -456,26 +446,14 @@ func (w *Worker) queueReleaseLease(tenantID, taskID string) func(redis.Pipeliner
 func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.Pipeliner)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var done *redis.Cmd
-	err := w.batch.Do(ctx, func(pipe redis.Pipeliner) {
-		for _, q := range tail {
-			q(pipe)
-		}
-		done = w.slots.QueueDone(ctx, pipe, p, took)
-	})
-	if done == nil || done.Err() != nil {
-		if done != nil {
-			err = done.Err()
-		}
-		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
-		return
-	}
-	if err != nil {
+	actx, along := redisx.WithAlong(ctx, tail...)
+	err := w.slots.Done(actx, p, took)
+	if tailErr := along.Send(ctx, w.batch); tailErr != nil && err == nil {
 		// The settlement or the lease release: the janitor repairs both (a lease also
 		// lapses with its TTL); a lost progress message is re-read from Postgres.
-		w.log.Warn("a finished task's quota settlement, lease release or last message failed", "task_id", p.TaskID, "err", err)
+		w.log.Warn("a finished task's quota settlement, lease release or last message failed", "task_id", p.TaskID, "err", tailErr)
 	}
-	if err := w.slots.DoneQueued(ctx, done); err != nil {
+	if err != nil {
 		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
 	}
 }

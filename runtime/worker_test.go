@@ -19,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -89,7 +90,7 @@ func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 		t.Fatal(err)
 	}
 	r := &rig{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys,
-		sched: scheduler.New(rdb, keys, scheduler.Options{}), q: quotas.New(rdb, keys, nil),
+		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: quotas.New(rdb, keys, nil),
 		lc: tasks.NewLifecycle(st, lcOpts), agents: runtime.NewRegistry(), log: &logBuffer{}}
 	if _, err := st.CreateTenant(r.ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
 		t.Fatal(err)
@@ -108,7 +109,7 @@ func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 		// Two asynq servers of one slot each, as a loaded worker runs several.
 		Concurrency: 2, Fetchers: 2, Queues: queues, CancelChannel: keys.CancelChannel(),
 		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
-		Logger: logger, Policies: tenants.NewPolicies(plans, 16), Events: keys.TaskEvents,
+		Archetype: &baseservice.Archetype{Logger: logger}, Policies: tenants.NewPolicies(plans, 16), Events: keys.TaskEvents,
 	})
 	return r
 }

@@ -66,20 +66,16 @@ return 0
 // dispatchers. Calling it twice is harmless. p's Priority and EstimateMs rebuild the
 // task's dispatching member, which is still there when its worker was quicker than
 // the dispatcher's confirm; once confirmed, the task is found by its id alone.
+//
+// The script goes through the Scheduler's Batch, with concurrent completions and
+// whatever the caller attached to ctx with redisx.WithAlong (a finished task's
+// settlement and last messages): one round trip for all of them.
 func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration) error {
-	return s.DoneQueued(ctx, s.done(ctx, s.rdb, p, took))
-}
-
-// QueueDone queues Done's script on pipe (a redisx.Batch's, to go out with the other
-// calls of a task's end); DoneQueued, given its answer once the pipe was sent,
-// finishes Done.
-func (s *Scheduler) QueueDone(ctx context.Context, pipe redis.Pipeliner, p wire.Payload, took time.Duration) *redis.Cmd {
-	return s.done(ctx, pipe, p, took)
-}
-
-// DoneQueued finishes a Done queued with QueueDone: it releases the task's pool slot
-// if the script found it held, and wakes the dispatchers.
-func (s *Scheduler) DoneQueued(ctx context.Context, cmd *redis.Cmd) error {
+	var cmd *redis.Cmd
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = s.done(ctx, pipe, p, took) })
+	if cmd == nil {
+		return fmt.Errorf("scheduler: done: %w", err)
+	}
 	held, err := cmd.Int()
 	if err != nil {
 		return fmt.Errorf("scheduler: done: %w", err)

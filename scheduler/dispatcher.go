@@ -14,12 +14,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/telemetry"
@@ -54,26 +53,21 @@ type Dispatcher struct {
 
 // DispatcherOptions configure a Dispatcher.
 type DispatcherOptions struct {
-	Logger        *slog.Logger
 	FallbackEvery time.Duration // default 1s
 	ResendAfter   time.Duration // default 5s
-	// TracerProvider traces each dispatch (agentq.dispatch) in its submission's
-	// trace; nil is the global one.
-	TracerProvider trace.TracerProvider
-	// MeterProvider receives the dispatch metrics (agentq.dispatched,
-	// agentq.queue_depth, agentq.fair_share_ratio); nil is the global one.
-	MeterProvider metric.MeterProvider
+	// Archetype is where the dispatcher logs, traces each dispatch (agentq.dispatch,
+	// in its submission's trace) and meters (agentq.dispatched, agentq.queue_depth,
+	// agentq.fair_share_ratio); nil: the defaults.
+	Archetype *baseservice.Archetype
 }
 
 // NewDispatcher returns a stopped dispatcher.
 func NewDispatcher(sched *Scheduler, rdb redis.UniversalClient, enq Enqueuer, opts DispatcherOptions) *Dispatcher {
+	arch := opts.Archetype.Defaults()
 	d := &Dispatcher{
-		sched: sched, rdb: rdb, asynq: enq, log: opts.Logger, inspector: asynq.NewInspectorFromRedisClient(rdb),
+		sched: sched, rdb: rdb, asynq: enq, log: arch.Logger, inspector: asynq.NewInspectorFromRedisClient(rdb),
 		fallback: opts.FallbackEvery, resend: opts.ResendAfter,
 		kick: make(chan struct{}, 1),
-	}
-	if d.log == nil {
-		d.log = slog.Default()
 	}
 	if d.fallback <= 0 {
 		d.fallback = time.Second
@@ -81,12 +75,8 @@ func NewDispatcher(sched *Scheduler, rdb redis.UniversalClient, enq Enqueuer, op
 	if d.resend <= 0 {
 		d.resend = 5 * time.Second
 	}
-	tp := opts.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	d.tracer = tp.Tracer("github.com/agentq/agentq/scheduler")
-	d.metrics = newDispatchMetrics(opts.MeterProvider, sched, d.log)
+	d.tracer = arch.Tracer("github.com/agentq/agentq/scheduler")
+	d.metrics = newDispatchMetrics(arch.MeterProvider, sched, d.log)
 	return d
 }
 

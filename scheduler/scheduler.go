@@ -67,6 +67,8 @@ type Scheduler struct {
 	prefetch int
 	nowMs    func() int64 // nil: scripts read Redis TIME
 	batch    *redisx.Batch
+	// kickHere: Options.WakeInProcess
+	kickHere bool
 
 	// cand holds, per shard, the tenants the last dispatch answered as the next one's
 	// candidates. Stale entries cost a retry, never a wrong pick.
@@ -86,9 +88,19 @@ type Scheduler struct {
 type Options struct {
 	Prefetch int          // dispatch may run this many tasks ahead of free worker slots
 	NowMs    func() int64 // test clock; nil uses Redis TIME
-	// Batch carries the pool slot releases of concurrent completions and a dispatch
-	// round's confirmations in shared round trips; nil makes one on rdb.
+	// Batch carries the pool slot releases of concurrent completions (Done) and a
+	// dispatch round's confirmations in shared round trips; nil makes one on rdb. The
+	// App gives the worker's, so that a finished task's other calls, attached with
+	// redisx.WithAlong, go in Done's round trip.
 	Batch *redisx.Batch
+	// WakeInProcess says a Dispatcher on this Scheduler runs in this process (the App
+	// sets it with the scheduler role). A wake-up (after an enqueue or a completion)
+	// then kicks the dispatchers running here instead of publishing through Redis:
+	// any dispatcher serves every shard, so the message's round trip, and the round
+	// it would start in every other dispatcher, are saved. While none runs here
+	// (before its start, after its stop) wake-ups are published, so none is lost.
+	// Off, every wake-up is published, whichever dispatchers run here.
+	WakeInProcess bool
 }
 
 // New returns a Scheduler on rdb.
@@ -96,7 +108,7 @@ func New(rdb redis.UniversalClient, keys rkeys.Keys, opts Options) *Scheduler {
 	if opts.Batch == nil {
 		opts.Batch = redisx.NewBatch(rdb, 0)
 	}
-	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs, batch: opts.Batch,
+	return &Scheduler{rdb: rdb, keys: keys, prefetch: opts.Prefetch, nowMs: opts.NowMs, batch: opts.Batch, kickHere: opts.WakeInProcess,
 		cand: make([][]string, keys.Shards())}
 }
 
@@ -128,10 +140,8 @@ const wakeDelay = time.Millisecond
 // wake asks the dispatchers for a round soon: within wakeDelay, in one wake-up with
 // every other of this process in that time. It does not wait for Redis.
 //
-// A process that runs a dispatcher wakes its own, in process: any dispatcher
-// dispatches every shard, and the round trip of a message (and the round it would
-// start in every other dispatcher) is saved. A process without one publishes the
-// wake-up to all of them.
+// With Options.WakeInProcess, a running dispatcher of this process is woken in
+// process; otherwise the wake-up is published to all of them.
 func (s *Scheduler) wake(context.Context) {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
@@ -142,7 +152,7 @@ func (s *Scheduler) wake(context.Context) {
 	time.AfterFunc(wakeDelay, func() {
 		s.wakeMu.Lock()
 		s.wakeArmed = false
-		kicked := len(s.local) > 0
+		kicked := s.kickHere && len(s.local) > 0
 		for d := range s.local {
 			d.Kick()
 		}

@@ -38,7 +38,7 @@ func newFixture(t *testing.T, slots, prefetch int) *fixture {
 func newShardedFixture(t *testing.T, slots, prefetch, shards int) *fixture {
 	rdb, keys := testenv.Redis(t, shards)
 	f := &fixture{t: t, rdb: rdb, keys: keys, clock: 1_800_000_000_000, base: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
-	f.s = New(rdb, keys, Options{Prefetch: prefetch, NowMs: f.now})
+	f.s = New(rdb, keys, Options{Prefetch: prefetch, NowMs: f.now, WakeInProcess: true})
 	if slots > 0 {
 		if err := f.s.Heartbeat(context.Background(), "w1", slots, time.Hour); err != nil {
 			t.Fatal(err)

@@ -118,6 +118,8 @@ func RunAdmission(ctx context.Context, rdb redis.UniversalClient, o AdmissionOpt
 	prefix := fmt.Sprintf("bench%d:", time.Now().UnixNano())
 	keys := rkeys.New(prefix, 1)
 	q := quotas.New(rdb, keys, nil)
+	// The same state, with admissions coalesced as the API runs them.
+	cq := quotas.New(rdb, keys, nil, quotas.Options{Coalesce: true, CoalesceTimeout: 2 * time.Second})
 	defer redisx.DeletePrefix(context.WithoutCancel(ctx), rdb, prefix)
 	for _, s := range []*redis.Script{gcraScript, emptyScript} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
@@ -150,28 +152,25 @@ func RunAdmission(ctx context.Context, rdb redis.UniversalClient, o AdmissionOpt
 		key := keys.BaselineBucket(fmt.Sprintf("t%d", (int64(w)*7919+seq)%int64(o.Tenants)))
 		return gcraScript.EvalSha(ctx, rdb, []string{key}, 1e6, 1e6, 1, 1).Err()
 	}
-	admitOne := func(ctx context.Context, w int, seq int64) error {
-		n := int64(w)*7919 + seq
-		tenant := fmt.Sprintf("t%d", n%int64(o.Tenants))
-		_, err := q.Admit(ctx, quotas.AdmitParams{
-			Mode: quotas.ModeAdmit, TenantID: tenant, Kid: tenant + "-k" + fmt.Sprint(n%3), Agent: "sim",
-			User: fmt.Sprintf("u%d", n%50), TaskID: fmt.Sprintf("%d-%d", w, seq), InScope: true, LongRunning: true,
-			Limits: lim, Period: period,
-		})
-		return err
+	admitVia := func(q *quotas.Quotas) func(ctx context.Context, w int, seq int64) error {
+		return func(ctx context.Context, w int, seq int64) error {
+			n := int64(w)*7919 + seq
+			tenant := fmt.Sprintf("t%d", n%int64(o.Tenants))
+			_, err := q.Admit(ctx, quotas.AdmitParams{
+				Mode: quotas.ModeAdmit, TenantID: tenant, Kid: tenant + "-k" + fmt.Sprint(n%3), Agent: "sim",
+				User: fmt.Sprintf("u%d", n%50), TaskID: fmt.Sprintf("%d-%d", w, seq), InScope: true, LongRunning: true,
+				Limits: lim, Period: period,
+			})
+			return err
+		}
 	}
 	progress("full admission, every scope on, one script call per admission…")
-	alone := benchutil.Run(ctx, o.Concurrency, o.Duration, admitOne)
-	co := quotas.NewCoalescer(q, 2*time.Second)
-	if err := co.Start(ctx); err != nil {
-		return out, err
-	}
+	alone := benchutil.Run(ctx, o.Concurrency, o.Duration, admitVia(q))
 	// The ratio is the figure: the baseline and the full admission take turns in
 	// slices of a second, so that a machine whose speed drifts slows both alike.
 	progress("single-key GCRA (redis_rate's algorithm) and the full admission with every scope on, coalesced, in turns…")
-	both, err := benchutil.RunInterleaved(ctx, rdb, o.Concurrency, o.Duration, admissionRounds(o.Duration), singleBucket, admitOne)
+	both, err := benchutil.RunInterleaved(ctx, rdb, o.Concurrency, o.Duration, admissionRounds(o.Duration), singleBucket, admitVia(cq))
 	if err != nil {
-		co.Stop()
 		return out, err
 	}
 	single, full := both[0], both[1]
@@ -188,7 +187,7 @@ func RunAdmission(ctx context.Context, rdb redis.UniversalClient, o AdmissionOpt
 	refused := benchutil.Run(ctx, o.Concurrency, o.Duration, func(ctx context.Context, w int, seq int64) error {
 		n := int64(w)*7919 + seq
 		tenant := fmt.Sprintf("t%d", n%int64(o.Tenants))
-		d, err := q.Admit(ctx, quotas.AdmitParams{
+		d, err := cq.Admit(ctx, quotas.AdmitParams{
 			Mode: quotas.ModeAdmit, TenantID: tenant, Kid: tenant + "-k" + fmt.Sprint(n%3), Agent: "sim",
 			User: fmt.Sprintf("u%d", n%50), TaskID: fmt.Sprintf("r%d-%d", w, seq), InScope: true, LongRunning: true,
 			Limits: refusing, Period: period,
@@ -198,7 +197,6 @@ func RunAdmission(ctx context.Context, rdb redis.UniversalClient, o AdmissionOpt
 		}
 		return err
 	})
-	co.Stop()
 	if n := notRefused.Load(); n > 0 {
 		return out, fmt.Errorf("bench: admission: %d admissions of the refusing phase were not refused by every limit but the key's", n)
 	}

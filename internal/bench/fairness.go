@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -192,8 +193,8 @@ func (b *fairBench) start(ctx context.Context, shards int) (*benchEnv, error) {
 	// The product's defaults (prefetch, dispatch timer, asynq's check interval) except
 	// the worker count, and the dispatcher the scheduler role would run.
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	e.sched = scheduler.New(b.rdb, e.keys, scheduler.Options{Prefetch: cfg.Prefetch})
-	e.dispatcher = scheduler.NewDispatcher(e.sched, b.rdb, asynq.NewClientFromRedisClient(b.rdb), scheduler.DispatcherOptions{Logger: quiet})
+	e.sched = scheduler.New(b.rdb, e.keys, scheduler.Options{Prefetch: cfg.Prefetch, WakeInProcess: true})
+	e.dispatcher = scheduler.NewDispatcher(e.sched, b.rdb, asynq.NewClientFromRedisClient(b.rdb), scheduler.DispatcherOptions{Archetype: &baseservice.Archetype{Logger: quiet}})
 	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: b.rdb, Pool: pool, Logger: quiet})
 	if err != nil {
 		return nil, err

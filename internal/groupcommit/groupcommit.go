@@ -1,10 +1,11 @@
 // Package groupcommit runs the work of concurrent calls together: each call adds its
-// item and waits; one of the waiting calls at a time flushes every item pending, so a
-// batch is as large as what arrived while the previous flush ran. Nothing waits on a
-// timer: a call that finds no flush running flushes its own item at once.
+// item and waits; a waiting call flushes every item pending, so a batch is as large as
+// what arrived while the previous flush ran. Nothing waits on a timer: a call that
+// finds a flush free flushes its own item at once.
 //
-// It is how the workers' task ends share one Postgres transaction (one commit, a few
-// statements for all of them) instead of one each.
+// It is the one batching mechanism of the task path: the workers' task ends share one
+// Postgres transaction through it, the Redis calls of concurrent callers one pipeline
+// (redisx.Batch), and concurrent admissions of a shard one script call (quotas).
 package groupcommit
 
 import "sync"
@@ -12,41 +13,52 @@ import "sync"
 // Group batches the items of concurrent Do calls into calls of Flush. The zero value
 // is not usable: set Flush.
 type Group[T any] struct {
-	// Flush does the work of a batch, one flush at a time, in the goroutine of one of
-	// the batch's Do calls. It reports each item's outcome through the item itself.
+	// Flush does the work of a batch in the goroutine of one of the batch's Do calls.
+	// It reports each item's outcome through the item itself.
 	Flush func(batch []T)
 	// MaxBatch bounds a batch; 0 means 64.
 	MaxBatch int
+	// Flushers bounds the flushes that run at once; 0 means 1. With more than one, a
+	// batch is built and its answers read in Go while another one is out, which pays
+	// where that work is a large part of a flush. Batches in flight together have no
+	// order between them.
+	Flushers int
 
-	mu      sync.Mutex
-	pending []*waiter[T]
-	busy    bool // a flush runs, or a call was handed the lead
+	mu       sync.Mutex
+	pending  []*waiter[T]
+	flushing int // flushes running, or handed to a waiting call
 }
 
 type waiter[T any] struct {
 	item T
-	lead chan struct{} // this call flushes next
-	done chan struct{} // the item's batch was flushed
+	lead chan []*waiter[T] // this call flushes the batch it is given
+	done chan struct{}     // the item's batch was flushed
 }
 
 // Do adds item to the next batch and returns once a Flush of that batch returned.
 func (g *Group[T]) Do(item T) {
-	w := &waiter[T]{item: item, lead: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &waiter[T]{item: item, lead: make(chan []*waiter[T], 1), done: make(chan struct{})}
 	g.mu.Lock()
 	g.pending = append(g.pending, w)
-	if g.busy {
+	var batch []*waiter[T]
+	if g.flushing < max(g.Flushers, 1) {
+		// A flush is free, so nothing was pending before this call: it goes at once.
+		g.flushing++
+		batch = g.take()
+		g.mu.Unlock()
+	} else {
 		g.mu.Unlock()
 		select {
 		case <-w.done:
 			return
-		case <-w.lead:
+		case batch = <-w.lead:
 		}
-	} else {
-		g.busy = true
-		g.mu.Unlock()
 	}
-	// This call leads, and is the oldest pending one: its item is in the batch.
-	g.mu.Lock()
+	g.flush(batch)
+}
+
+// take removes the next batch from pending, the oldest items first. g.mu is held.
+func (g *Group[T]) take() []*waiter[T] {
 	limit := g.MaxBatch
 	if limit <= 0 {
 		limit = 64
@@ -55,7 +67,12 @@ func (g *Group[T]) Do(item T) {
 	batch := make([]*waiter[T], n)
 	copy(batch, g.pending)
 	g.pending = append(g.pending[:0], g.pending[n:]...)
-	g.mu.Unlock()
+	return batch
+}
+
+// flush runs Flush on batch, then hands the next batch, if any is pending, to its
+// oldest call.
+func (g *Group[T]) flush(batch []*waiter[T]) {
 	defer func() {
 		// Even if Flush panicked: the batch's callers return and the next one leads.
 		for _, b := range batch {
@@ -63,13 +80,14 @@ func (g *Group[T]) Do(item T) {
 		}
 		g.mu.Lock()
 		if len(g.pending) > 0 {
-			g.pending[0].lead <- struct{}{}
+			next := g.take()
+			next[0].lead <- next // buffered, and each call is handed at most one batch
 		} else {
-			g.busy = false
+			g.flushing--
 		}
 		g.mu.Unlock()
 	}()
-	items := make([]T, n)
+	items := make([]T, len(batch))
 	for i, b := range batch {
 		items[i] = b.item
 	}

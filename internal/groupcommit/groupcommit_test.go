@@ -30,7 +30,7 @@ func TestCallsArrivingDuringAFlushShareTheNext(t *testing.T) {
 	wg.Go(func() { g.Do(0) })
 	for {
 		g.mu.Lock()
-		busy := g.busy
+		busy := g.flushing > 0
 		g.mu.Unlock()
 		if busy {
 			break
@@ -74,8 +74,8 @@ func TestCallsArrivingDuringAFlushShareTheNext(t *testing.T) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.busy || len(g.pending) != 0 {
-		t.Fatalf("after the last flush: busy %v, %d pending", g.busy, len(g.pending))
+	if g.flushing != 0 || len(g.pending) != 0 {
+		t.Fatalf("after the last flush: %d flushing, %d pending", g.flushing, len(g.pending))
 	}
 }
 
@@ -99,5 +99,63 @@ func TestPanickingFlushReleasesItsBatch(t *testing.T) {
 	g.Do(1)
 	if flushed.Load() != 1 {
 		t.Fatalf("after the panic: %d flushed, want 1", flushed.Load())
+	}
+}
+
+// With Flushers 2, a call that arrives while one flush runs goes out at once in a
+// second one; calls beyond that wait and share the next free flush. No more than two
+// run together, and every item is flushed exactly once.
+func TestSecondFlusherTakesACallAtOnce(t *testing.T) {
+	release := make(chan struct{})
+	var running, maxRunning atomic.Int32
+	var mu sync.Mutex
+	seen := map[int]int{}
+	g := &Group[int]{Flushers: 2, MaxBatch: 4, Flush: func(b []int) {
+		n := running.Add(1)
+		for {
+			m := maxRunning.Load()
+			if n <= m || maxRunning.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		if b[0] == 0 {
+			<-release // the first flush holds while the others arrive
+		}
+		mu.Lock()
+		for _, v := range b {
+			seen[v]++
+		}
+		mu.Unlock()
+		running.Add(-1)
+	}}
+	var wg sync.WaitGroup
+	wg.Go(func() { g.Do(0) })
+	for {
+		g.mu.Lock()
+		n := g.flushing
+		g.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		runtime.Gosched()
+	}
+	g.Do(1) // the second flusher is free: this returns while flush 0 still holds
+	for i := 2; i <= 20; i++ {
+		wg.Go(func() { g.Do(i) })
+	}
+	close(release)
+	wg.Wait()
+	if maxRunning.Load() > 2 {
+		t.Fatalf("%d flushes ran at once, want at most 2", maxRunning.Load())
+	}
+	for i := 0; i <= 20; i++ {
+		if seen[i] != 1 {
+			t.Fatalf("item %d flushed %d times", i, seen[i])
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.flushing != 0 || len(g.pending) != 0 {
+		t.Fatalf("after the last flush: %d flushing, %d pending", g.flushing, len(g.pending))
 	}
 }

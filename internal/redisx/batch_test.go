@@ -179,3 +179,40 @@ func TestBatchGoRunsUntilClose(t *testing.T) {
 		t.Fatalf("Go after Close ran: %d", n)
 	}
 }
+
+// Commands attached WithAlong go in the round trip of the next Do under that context,
+// ahead of its own; their failure is the Along's, not the Do's, and Send does not
+// send them again. An Along no Do carried is sent by Send itself.
+func TestAlongRidesInTheNextCallsRoundTrip(t *testing.T) {
+	rdb, prefix, b := newBatch(t)
+	ctx := context.Background()
+	list, n := prefix+"along:list", prefix+"along:n"
+	var pushed *redis.IntCmd
+	actx, along := redisx.WithAlong(ctx, func(pipe redis.Pipeliner) {
+		pushed = pipe.RPush(ctx, list, "running")
+		pipe.HSet(ctx, list, "f", "v") // WRONGTYPE: the Along's failure
+	})
+	var got *redis.Cmd
+	if err := b.Do(actx, func(pipe redis.Pipeliner) { got = incrBy.Run(ctx, pipe, []string{n}, 2) }); err != nil {
+		t.Fatalf("the carrying call failed with its rider's error: %v", err)
+	}
+	if v, _ := got.Int(); v != 2 || pushed.Val() != 1 {
+		t.Fatalf("incr %d, push %d", v, pushed.Val())
+	}
+	if err := along.Send(ctx, b); err == nil {
+		t.Fatal("the rider's failed command was not reported by Send")
+	}
+	if err := b.Do(actx, func(pipe redis.Pipeliner) { pipe.Incr(ctx, n) }); err != nil {
+		t.Fatal(err)
+	}
+	if l := rdb.LLen(ctx, list).Val(); l != 1 {
+		t.Fatalf("list length %d: the rider went more than once", l)
+	}
+	_, alone := redisx.WithAlong(ctx, func(pipe redis.Pipeliner) { pipe.RPush(ctx, list, "alone") })
+	if err := alone.Send(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if l := rdb.LLen(ctx, list).Val(); l != 2 {
+		t.Fatalf("list length %d: an Along no call carried was not sent by Send", l)
+	}
+}
