@@ -1,5 +1,5 @@
-// Package quotas holds agentq's limits: the plan catalogue and, as the admission issue
-// lands, the Redis scripts that check and take every limit in one atomic call.
+// Package quotas holds agentq's limits: the plan catalogue and the Redis scripts that
+// check and take every limit in one atomic call.
 //
 // The period quota counters (agent_steps_daily, ai_tokens_monthly, usd_monthly) are
 // rebuilt from a UsageSource (the usage ledger) when Redis lost them, before anything

@@ -32,7 +32,7 @@ import (
 	"github.com/agentq/agentq/scheduler"
 )
 
-// Fairness is the result of `agentq bench fairness` (issue "fair scheduler").
+// Fairness is the result of `agentq bench fairness` (the fair scheduler's benchmark).
 type Fairness struct {
 	LightP99WaitMs            float64            `json:"light_p99_wait_ms"`
 	LightP50WaitMs            float64            `json:"light_p50_wait_ms"`
