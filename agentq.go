@@ -301,6 +301,7 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
 			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
+			Archetype: a.archetype,
 		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 		OpsOnly: !a.cfg.Has(config.RoleAPI),

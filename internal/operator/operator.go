@@ -37,6 +37,7 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/scheduler"
@@ -83,14 +84,14 @@ var (
 	_ Webhooks  = (*webhooks.Webhooks)(nil)
 )
 
-// Deps are the view's sources. Now is the clock (nil: time.Now); Window the share
-// window (0: DefaultWindow).
+// Deps are the view's sources. Archetype gives the clock (nil: defaults); Window the
+// share window (0: DefaultWindow).
 type Deps struct {
 	Store     Store
 	Scheduler Scheduler
 	Tenants   Tenants
 	Webhooks  Webhooks
-	Now       func() time.Time
+	Archetype *baseservice.Archetype
 	Window    time.Duration
 }
 
@@ -99,9 +100,6 @@ type Service struct{ d Deps }
 
 // New returns the service.
 func New(d Deps) *Service {
-	if d.Now == nil {
-		d.Now = time.Now
-	}
 	if d.Window <= 0 {
 		d.Window = DefaultWindow
 	}
@@ -208,7 +206,7 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 	if !slices.Contains(SortKeys, q.Sort) {
 		return Overview{}, fmt.Errorf("%w: unknown sort %q", ErrBadQuery, q.Sort)
 	}
-	now := s.d.Now()
+	now := s.d.Archetype.Now()
 	ov := Overview{At: now, Window: s.d.Window, Query: q}
 	ts, err := s.d.Tenants.List(ctx)
 	if err != nil {

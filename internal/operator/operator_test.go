@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -41,7 +42,7 @@ func newFixture(t *testing.T) *fixture {
 		now: time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)}
 	f.svc = New(Deps{
 		Store: st, Scheduler: f.sched, Tenants: tenants.New(st, plans, tenants.Options{}),
-		Webhooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{}), Now: func() time.Time { return f.now },
+		Webhooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{}), Archetype: &baseservice.Archetype{Clock: func() time.Time { return f.now }},
 	})
 	return f
 }
