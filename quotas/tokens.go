@@ -59,6 +59,9 @@ type TokenAnswer struct {
 	Granted bool
 	Wait    time.Duration
 	Level   int64
+	// EffectiveRate is a pool's effective rate at the answer, in tokens a minute (0
+	// for a tenant's bucket).
+	EffectiveRate int64
 }
 
 // TenantTokensParams names a tenant's ai_tokens_per_minute bucket and one step's
@@ -514,8 +517,14 @@ func tokenAnswer(res []int64, what string) (TokenAnswer, error) {
 	if len(res) < 2 {
 		return TokenAnswer{}, fmt.Errorf("quotas: %s: unexpected reply %v", what, res)
 	}
-	if res[0] == 1 {
-		return TokenAnswer{Granted: true, Level: res[1]}, nil
+	var a TokenAnswer
+	if len(res) > 2 {
+		a.EffectiveRate = res[2]
 	}
-	return TokenAnswer{Wait: time.Duration(res[1]) * time.Millisecond}, nil
+	if res[0] == 1 {
+		a.Granted, a.Level = true, res[1]
+	} else {
+		a.Wait = time.Duration(res[1]) * time.Millisecond
+	}
+	return a, nil
 }

@@ -232,8 +232,8 @@ func TestPoolThrottlingLowersAndRestoresTheRate(t *testing.T) {
 		t.Fatalf("a second throttle in the same second lowered the rate again: %d", eff)
 	}
 	a, _ := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 10})
-	if a.Granted {
-		t.Fatal("a throttle left the bucket full")
+	if a.Granted || a.EffectiveRate != 70_000 {
+		t.Fatalf("after a throttle: %+v, want refused (the bucket emptied) at the lowered rate 70000", a)
 	}
 	now.Add(1000)
 	if eff, _ = q.ThrottlePool(ctx, pool); eff != 49_000 {
