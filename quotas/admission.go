@@ -35,6 +35,9 @@ type Limits struct {
 	StepsDaily                  int64
 	TokensMonthly               int64
 	USDMonthlyMicro             int64
+	// TokensPerMinute and TokensPerMinuteBurst are the ai_tokens_per_minute bucket,
+	// in tokens; reserved by the worker before each step, not by admission.
+	TokensPerMinute, TokensPerMinuteBurst int64
 }
 
 // Off is the value of a disabled limit in Limits and in the scripts.
@@ -45,7 +48,7 @@ func NoLimits() Limits {
 	return Limits{
 		KeyRate: Off, KeyBurst: 1, TenantRate: Off, TenantBurst: 1, KeyAgentRate: Off, KeyAgentBurst: 1,
 		UserHourly: Off, UserBurst: 1, Sessions: Off, LongRunning: Off, Backlog: Off, StepsDaily: Off,
-		TokensMonthly: Off, USDMonthlyMicro: Off,
+		TokensMonthly: Off, USDMonthlyMicro: Off, TokensPerMinute: Off, TokensPerMinuteBurst: 1,
 	}
 }
 
@@ -79,6 +82,7 @@ func LimitsOf(m map[string]Limit) Limits {
 		StepsDaily:      n(AgentStepsDaily),
 		TokensMonthly:   n(AITokensMonthly),
 		USDMonthlyMicro: Off,
+		TokensPerMinute: n(AITokensPerMinute),
 	}
 	if usd := f(USDMonthly); usd >= 0 {
 		l.USDMonthlyMicro = int64(math.Round(usd * 1e6))
@@ -87,6 +91,7 @@ func LimitsOf(m map[string]Limit) Limits {
 	l.TenantBurst = burstOr(m, TenantRate, l.TenantRate, 2)
 	l.KeyAgentBurst = burstOr(m, KeyAgentRate, l.KeyAgentRate, 1)
 	l.UserBurst = burstOr(m, UserTasksHourly, l.UserHourly, 1)
+	l.TokensPerMinuteBurst = int64(burstOr(m, AITokensPerMinute, float64(l.TokensPerMinute), 1))
 	return l
 }
 

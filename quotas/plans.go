@@ -27,6 +27,10 @@ const (
 	AgentStepsDaily     = "agent_steps_daily"
 	AITokensMonthly     = "ai_tokens_monthly"
 	USDMonthly          = "usd_monthly"
+	// AITokensPerMinute is a token bucket in tokens (burst: one minute's worth unless
+	// "ai_tokens_per_minute_burst" says otherwise), reserved before every step; a step
+	// that cannot reserve waits instead of failing.
+	AITokensPerMinute = "ai_tokens_per_minute"
 	// WebhookEndpoints is how many webhook endpoints of its own a tenant may have
 	// (POST /v1/webhooks): a count of things it keeps, checked where they are made,
 	// not by admission.
@@ -36,7 +40,7 @@ const (
 // LimitTypes lists every limit type, in the order the usage API reports them.
 var LimitTypes = []string{
 	KeyRate, TenantRate, KeyAgentRate, UserTasksHourly, ConcurrentSessions, InflightRequests,
-	LongRunningInflight, QueueBacklog, Running, AgentStepsDaily, AITokensMonthly, USDMonthly,
+	LongRunningInflight, QueueBacklog, Running, AgentStepsDaily, AITokensMonthly, USDMonthly, AITokensPerMinute,
 }
 
 // CountLimitTypes are the limits on what a tenant keeps, counted where it is made
@@ -45,7 +49,7 @@ var LimitTypes = []string{
 var CountLimitTypes = []string{WebhookEndpoints}
 
 // bursty are the token-bucket limits that take a "<name>_burst" override.
-var bursty = []string{KeyRate, TenantRate, KeyAgentRate, UserTasksHourly}
+var bursty = []string{KeyRate, TenantRate, KeyAgentRate, UserTasksHourly, AITokensPerMinute}
 
 //go:embed plans.yaml
 var defaultPlans []byte
