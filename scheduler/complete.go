@@ -11,12 +11,54 @@ import (
 	"github.com/agentq/agentq/internal/wire"
 )
 
-// doneScript ends a dispatched task: frees its running slot, corrects its tenant's
-// pass from the estimate to the worker time it really took, refines the estimate, and
-// brings a capped tenant back into the ready set. The correction goes to the pass in
-// ready or capped, or, when the tenant is in neither (its queue is empty), to its
-// finish pass, so a tenant that keeps its queue shallow is corrected like any other.
-// An idle tenant's conf stays, with its ttl, for its next submission.
+// luaRelease defines release(), which frees a dispatched task's running slot,
+// corrects its tenant's pass from the estimate to the worker time it really took,
+// refines the estimate, and brings a capped tenant back into the ready set. The
+// correction goes to the pass in ready or capped, or, when the tenant is in neither
+// (its queue is empty), to its finish pass, so a tenant that keeps its queue shallow
+// is corrected like any other. An idle tenant's conf stays, with its ttl, for its next
+// submission. It returns 1 if the task held a pool slot (the caller releases it), else
+// 0. The keys and arguments are doneScript's; parkScript shares them.
+const luaRelease = `
+local function release()
+  local held = redis.call('SREM', KEYS[1], ARGV[2])
+  local counted = redis.call('ZREM', KEYS[2], ARGV[2]) + redis.call('ZREM', KEYS[3], ARGV[4])
+  if held == 0 then return 0 end
+  local tenant = ARGV[3]
+  local took = tonumber(ARGV[6])
+  if took >= 0 then
+    local c = redis.call('HMGET', KEYS[7], 'w', 'est', 'fp')
+    local w = tonumber(c[1] or '1')
+    local delta = (took - tonumber(ARGV[5])) / w
+    if delta ~= 0 then
+      if redis.call('ZSCORE', KEYS[4], tenant) then redis.call('ZINCRBY', KEYS[4], delta, tenant)
+      elseif redis.call('ZSCORE', KEYS[5], tenant) then redis.call('ZINCRBY', KEYS[5], delta, tenant)
+      elseif c[3] then redis.call('HSET', KEYS[7], 'fp', tonumber(c[3]) + delta) end
+    end
+    local est = tonumber(c[2] or took)
+    redis.call('HSET', KEYS[7], 'est', math.floor(est * 0.8 + took * 0.2 + 0.5))
+    redis.call('EXPIRE', KEYS[7], ARGV[7])
+  end
+  local pass = redis.call('ZSCORE', KEYS[5], tenant)
+  if pass then
+    local cap = tonumber(redis.call('HGET', KEYS[7], 'cap') or '0')
+    if cap == 0 or redis.call('SCARD', KEYS[1]) < cap then
+      redis.call('ZREM', KEYS[5], tenant)
+      if redis.call('ZCARD', KEYS[6]) > 0 then
+        redis.call('ZADD', KEYS[4], pass, tenant)
+      else
+        -- its queue emptied while it was capped: it leaves with its pass
+        redis.call('HSET', KEYS[7], 'fp', pass)
+        redis.call('EXPIRE', KEYS[7], ARGV[7])
+      end
+    end
+  end
+  if counted > 0 then return 1 end
+  return 0
+end
+`
+
+// doneScript ends a dispatched task (luaRelease) and forgets its parks.
 //
 // KEYS[1] tenant running set   KEYS[2] inflight   KEYS[3] dispatching   KEYS[4] ready
 // KEYS[5] capped   KEYS[6] tenant queue   KEYS[7] tenant conf
@@ -24,41 +66,10 @@ import (
 // ARGV[5] estimate charged (ms)   ARGV[6] worker time taken (ms, -1 if unknown)
 // ARGV[7] ttl s
 // Returns 1 if the task held a pool slot (the caller releases it), else 0.
-var doneScript = redisx.NewScript(luaNow + `
-local held = redis.call('SREM', KEYS[1], ARGV[2])
-local counted = redis.call('ZREM', KEYS[2], ARGV[2]) + redis.call('ZREM', KEYS[3], ARGV[4])
-if held == 0 then return 0 end
-local tenant = ARGV[3]
-local took = tonumber(ARGV[6])
-if took >= 0 then
-  local c = redis.call('HMGET', KEYS[7], 'w', 'est', 'fp')
-  local w = tonumber(c[1] or '1')
-  local delta = (took - tonumber(ARGV[5])) / w
-  if delta ~= 0 then
-    if redis.call('ZSCORE', KEYS[4], tenant) then redis.call('ZINCRBY', KEYS[4], delta, tenant)
-    elseif redis.call('ZSCORE', KEYS[5], tenant) then redis.call('ZINCRBY', KEYS[5], delta, tenant)
-    elseif c[3] then redis.call('HSET', KEYS[7], 'fp', tonumber(c[3]) + delta) end
-  end
-  local est = tonumber(c[2] or took)
-  redis.call('HSET', KEYS[7], 'est', math.floor(est * 0.8 + took * 0.2 + 0.5))
-  redis.call('EXPIRE', KEYS[7], ARGV[7])
-end
-local pass = redis.call('ZSCORE', KEYS[5], tenant)
-if pass then
-  local cap = tonumber(redis.call('HGET', KEYS[7], 'cap') or '0')
-  if cap == 0 or redis.call('SCARD', KEYS[1]) < cap then
-    redis.call('ZREM', KEYS[5], tenant)
-    if redis.call('ZCARD', KEYS[6]) > 0 then
-      redis.call('ZADD', KEYS[4], pass, tenant)
-    else
-      -- its queue emptied while it was capped: it leaves with its pass
-      redis.call('HSET', KEYS[7], 'fp', pass)
-      redis.call('EXPIRE', KEYS[7], ARGV[7])
-    end
-  end
-end
-if counted > 0 then return 1 end
-return 0
+var doneScript = redisx.NewScript(luaNow + luaRelease + `
+local held = release()
+redis.call('HDEL', KEYS[7], 'g:' .. ARGV[2])
+return held
 `)
 
 // Done releases a dispatched task's running slot and pool slot, charges its tenant
@@ -90,16 +101,21 @@ func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration
 }
 
 func (s *Scheduler) done(ctx context.Context, c redis.Scripter, p wire.Payload, took time.Duration) *redis.Cmd {
+	keys, args := s.releaseArgs(p, took)
+	return doneScript.Run(ctx, c, keys, args...)
+}
+
+// releaseArgs are the keys and arguments of luaRelease for a dispatched task.
+func (s *Scheduler) releaseArgs(p wire.Payload, took time.Duration) ([]string, []any) {
 	shard := s.keys.Shard(p.TenantID)
 	keys := []string{
 		s.keys.TenantRunning(p.TenantID), s.keys.Inflight(shard), s.keys.Dispatching(shard), s.keys.Ready(shard),
 		s.keys.Capped(shard), s.keys.TenantQueue(p.TenantID), s.keys.TenantConf(p.TenantID),
 	}
-	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: p.Priority, EstimateMs: p.EstimateMs}
+	d := Dispatched{TenantID: p.TenantID, TaskID: p.TaskID, Priority: p.Priority, EstimateMs: p.EstimateMs, Gen: p.Gen}
 	tookMs := int64(-1)
 	if took >= 0 {
 		tookMs = took.Milliseconds()
 	}
-	return doneScript.Run(ctx, c, keys, s.nowArg(), p.TaskID, p.TenantID, d.member(), p.EstimateMs, tookMs,
-		int(queueTTL.Seconds()))
+	return keys, []any{s.nowArg(), p.TaskID, p.TenantID, d.member(), p.EstimateMs, tookMs, int(queueTTL.Seconds())}
 }

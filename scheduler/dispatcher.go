@@ -49,7 +49,17 @@ type Dispatcher struct {
 	kick chan struct{}
 	vtMu sync.Mutex
 	vt   float64 // the largest head pass seen: the global virtual time
+
+	// parkMu guards nextDue (when the next parked task known to this dispatcher is
+	// due; zero: none known) and parkCheck (when the parked sets were last read).
+	parkMu    sync.Mutex
+	nextDue   time.Time
+	parkCheck time.Time
 }
+
+// parkPoll is how often a dispatcher reads the parked sets when it knows of no parked
+// task due sooner: tasks parked by other processes are found within it.
+const parkPoll = 250 * time.Millisecond
 
 // DispatcherOptions configure a Dispatcher.
 type DispatcherOptions struct {
@@ -134,6 +144,9 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		case <-t.C:
 		case <-d.kick:
 		}
+		if err := d.unparkDue(ctx); err != nil && ctx.Err() == nil {
+			d.log.Warn("queueing parked tasks again failed", "err", err)
+		}
 		// Stale entries are looked for a few times per resend delay, not in every
 		// round: under load a round runs for nearly every completion.
 		var err error
@@ -146,8 +159,51 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("dispatch round failed", "err", err)
 		}
-		t.Reset(d.fallback)
+		t.Reset(d.untilNextRound())
 	}
+}
+
+// unparkDue queues again the parked tasks that are due, when one is known to be due
+// or the parked sets were not read for parkPoll: under load a round runs for nearly
+// every completion, and most rounds need not read them.
+func (d *Dispatcher) unparkDue(ctx context.Context) error {
+	now := time.Now()
+	d.parkMu.Lock()
+	due := (!d.nextDue.IsZero() && !now.Before(d.nextDue)) || now.Sub(d.parkCheck) >= parkPoll
+	d.parkMu.Unlock()
+	if !due {
+		return nil
+	}
+	_, next, err := d.sched.Unpark(ctx)
+	if err != nil {
+		return err
+	}
+	d.parkMu.Lock()
+	defer d.parkMu.Unlock()
+	d.parkCheck, d.nextDue = now, time.Time{}
+	if next >= 0 {
+		d.nextDue = now.Add(next)
+	}
+	return nil
+}
+
+// parkedDue notes a task parked in this process, due at due.
+func (d *Dispatcher) parkedDue(due time.Time) {
+	d.parkMu.Lock()
+	defer d.parkMu.Unlock()
+	if d.nextDue.IsZero() || due.Before(d.nextDue) {
+		d.nextDue = due
+	}
+}
+
+// untilNextRound is the fallback delay, or less when a parked task is due sooner.
+func (d *Dispatcher) untilNextRound() time.Duration {
+	d.parkMu.Lock()
+	defer d.parkMu.Unlock()
+	if d.nextDue.IsZero() {
+		return d.fallback
+	}
+	return max(min(d.fallback, time.Until(d.nextDue)), time.Millisecond)
 }
 
 // RunOnce re-sends stale "dispatching" entries, then dispatches until every shard is
@@ -384,9 +440,9 @@ func (d *Dispatcher) enqueue(ctx context.Context, job Dispatched) (err error) {
 		// (a re-send after a crash). Archived or completed: a leftover of an earlier
 		// attempt that would block this one for good, so it goes and the task is sent.
 		queue := d.sched.keys.AsynqQueue(BandOf(job.Priority))
-		if info, ierr := d.inspector.GetTaskInfo(queue, job.TaskID); ierr == nil &&
+		if info, ierr := d.inspector.GetTaskInfo(queue, job.asynqID()); ierr == nil &&
 			(info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted) {
-			if derr := d.inspector.DeleteTask(queue, job.TaskID); derr == nil {
+			if derr := d.inspector.DeleteTask(queue, job.asynqID()); derr == nil {
 				_, err = d.asynq.EnqueueContext(ctx, task)
 			}
 		}
@@ -453,7 +509,7 @@ const DefaultEstimateMs = 100
 // ARGV[4] global virtual time   ARGV[5] ready heads to answer   ARGV[6] capped heads
 // to answer   ARGV[7] most tasks to pop   ARGV[8...] candidate tenant ids
 // Returns {status, n, n × (tenant, task, priority, estimate ms, weight, traceparent
-// or ""), candidates...}: status "ok" when it popped ARGV[7] tasks, else "retry" or
+// or "", parks so far), candidates...}: status "ok" when it popped ARGV[7] tasks, else "retry" or
 // "empty" (the shard has no backlogged tenant); candidates are the heads of ready,
 // then of capped, after the call.
 var dispatchScript = redis.NewScript(luaNow + `
@@ -497,8 +553,11 @@ while n < want do
       redis.call('EXPIRE', run, ARGV[2])
       local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
       local est = math.floor(tonumber(c[3] or ARGV[3]))
-      -- rkeys.DispatchingMember
-      redis.call('ZADD', KEYS[3], now, prio .. ':' .. est .. ':' .. tenant .. ':' .. task[1])
+      local gen = tonumber(redis.call('HGET', conf, 'g:' .. task[1]) or '0')
+      -- rkeys.DispatchingMember, with rkeys.AsynqTaskID
+      local id = task[1]
+      if gen > 0 then id = id .. '.' .. gen end
+      redis.call('ZADD', KEYS[3], now, prio .. ':' .. est .. ':' .. tenant .. ':' .. id)
       local vt = math.max(pass, tonumber(ARGV[4]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
       redis.call('SET', KEYS[4], vt, 'EX', ARGV[2])
       local w = tonumber(c[2] or '1')
@@ -510,7 +569,7 @@ while n < want do
       else
         redis.call('ZADD', KEYS[1], finish, tenant)
       end
-      for _, v in ipairs({tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp}) do
+      for _, v in ipairs({tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp, tostring(gen)}) do
         out[#out+1] = v
       end
       n = n + 1
@@ -542,19 +601,28 @@ type Dispatched struct {
 	Weight int
 	// TraceParent is the submission's traceparent ("" for none, or a re-send).
 	TraceParent string
+	// Gen is how many times the task was parked before this dispatch.
+	Gen int
 }
+
+// asynqID is the dispatch's asynq message id.
+func (d Dispatched) asynqID() string { return rkeys.AsynqTaskID(d.TaskID, d.Gen) }
 
 // member is the task's entry in the dispatching set.
 func (d Dispatched) member() string {
-	return rkeys.DispatchingMember(d.Priority, d.EstimateMs, d.TenantID, d.TaskID)
+	return rkeys.DispatchingMember(d.Priority, d.EstimateMs, d.TenantID, d.asynqID())
 }
 
 func parseMember(m string) (Dispatched, error) {
-	p, est, tenant, task, err := rkeys.ParseDispatchingMember(m)
+	p, est, tenant, id, err := rkeys.ParseDispatchingMember(m)
 	if err != nil {
 		return Dispatched{}, fmt.Errorf("scheduler: %w", err)
 	}
-	return Dispatched{Priority: p, EstimateMs: est, TenantID: tenant, TaskID: task}, nil
+	task, gen, err := rkeys.ParseAsynqTaskID(id)
+	if err != nil {
+		return Dispatched{}, fmt.Errorf("scheduler: %w", err)
+	}
+	return Dispatched{Priority: p, EstimateMs: est, TenantID: tenant, TaskID: task, Gen: gen}, nil
 }
 
 // Why dispatch stopped.
@@ -586,6 +654,9 @@ func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64
 	return Dispatched{}, err
 }
 
+// poppedFields is how many values the dispatch script answers per popped task.
+const poppedFields = 7
+
 // dispatchMany pops up to want tasks of one shard in fair order, in one call of
 // dispatchScript when its candidates are current. The caller holds a pool slot for
 // each. It returns what it popped, and errEmpty or errBusy when that is fewer.
@@ -608,15 +679,16 @@ func (s *Scheduler) dispatchMany(ctx context.Context, shard int, globalVT float6
 			return out, fmt.Errorf("scheduler: dispatch: %w", err)
 		}
 		n, _ := strconv.Atoi(res[1])
-		popped := res[2 : 2+6*n]
-		for i := 0; i < len(popped); i += 6 {
+		popped := res[2 : 2+poppedFields*n]
+		for i := 0; i < len(popped); i += poppedFields {
 			prio, _ := strconv.Atoi(popped[i+2])
 			est, _ := strconv.ParseInt(popped[i+3], 10, 64)
 			w, _ := strconv.ParseFloat(popped[i+4], 64)
+			gen, _ := strconv.Atoi(popped[i+6])
 			out = append(out, Dispatched{TenantID: popped[i], TaskID: popped[i+1], Priority: prio, EstimateMs: est,
-				Weight: int(w), TraceParent: popped[i+5]})
+				Weight: int(w), TraceParent: popped[i+5], Gen: gen})
 		}
-		s.setCandidates(shard, res[2+6*n:])
+		s.setCandidates(shard, res[2+poppedFields*n:])
 		switch res[0] {
 		case "ok":
 			return out, nil
@@ -666,12 +738,12 @@ func (s *Scheduler) confirmAll(ctx context.Context, ds []Dispatched) error {
 // a re-send after a crash is refused as a duplicate instead of running twice.
 func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
 	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs,
-		TraceParent: d.TraceParent})
+		TraceParent: d.TraceParent, Gen: d.Gen})
 	if err != nil {
 		return nil, err
 	}
 	return asynq.NewTask(wire.TaskType, body,
-		asynq.TaskID(d.TaskID),
+		asynq.TaskID(d.asynqID()),
 		asynq.Queue(keys.AsynqQueue(BandOf(d.Priority))),
 		// Retries are for infrastructure errors and for redeliveries after a worker
 		// died (each counts as one); business outcomes end the task in Postgres.
@@ -699,7 +771,7 @@ func (s *Scheduler) Take(ctx context.Context) (wire.Payload, error) {
 			if err := s.confirm(ctx, d); err != nil {
 				return wire.Payload{}, err
 			}
-			return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs}, nil
+			return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs, Gen: d.Gen}, nil
 		}
 		if !errors.Is(err, errEmpty) && !errors.Is(err, errBusy) {
 			_ = s.release(ctx)

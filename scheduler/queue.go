@@ -87,18 +87,20 @@ func enqueueArgs(k rkeys.Keys, p EnqueueParams, now string) ([]string, []any) {
 		int(queueTTL.Seconds()), p.TenantID, p.TraceParent}
 }
 
-// Remove takes a queued task off its tenant's queue (cancel). It reports whether the
-// task was there.
+// Remove takes a queued task off its tenant's queue, or out of the parked set
+// (cancel). It reports whether the task was in either.
 func (s *Scheduler) Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error) {
+	id := taskID.String()
 	pipe := s.rdb.Pipeline()
-	rem := pipe.ZRem(ctx, s.keys.TenantQueue(tenantID), taskID.String())
-	pipe.HDel(ctx, s.keys.TenantConf(tenantID), "tp:"+taskID.String())
+	rem := pipe.ZRem(ctx, s.keys.TenantQueue(tenantID), id)
+	parked := pipe.ZRem(ctx, s.keys.Parked(s.keys.Shard(tenantID)), rkeys.ParkedMember(tenantID, id))
+	pipe.HDel(ctx, s.keys.TenantConf(tenantID), "tp:"+id, "pq:"+id, "g:"+id)
 	_, _ = pipe.Exec(ctx)
 	n, err := rem.Result()
 	if err != nil {
 		return false, fmt.Errorf("scheduler: remove: %w", err)
 	}
-	return n == 1, nil
+	return n == 1 || parked.Val() == 1, nil
 }
 
 // configureScript applies a tenant's new weight and running cap to its backlog.

@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/rkeys"
 )
 
 // Queued names a task Postgres holds as queued.
@@ -18,14 +20,16 @@ type Queued struct {
 }
 
 // Missing returns the tasks of qs that Redis knows nothing of: in neither their
-// tenant's queue nor its dispatched set. Those were lost (Redis restarted without
+// tenant's queue, nor its dispatched set, nor the parked set. Those were lost (Redis restarted without
 // persistence, or the push after the Postgres write failed) and must be pushed again.
 func (s *Scheduler) Missing(ctx context.Context, qs []Queued) ([]Queued, error) {
 	pipe := s.rdb.Pipeline()
 	scores := make([]*redis.FloatCmd, len(qs))
+	parked := make([]*redis.FloatCmd, len(qs))
 	members := make([]*redis.BoolCmd, len(qs))
 	for i, q := range qs {
 		scores[i] = pipe.ZScore(ctx, s.keys.TenantQueue(q.TenantID), q.TaskID.String())
+		parked[i] = pipe.ZScore(ctx, s.keys.Parked(s.keys.Shard(q.TenantID)), rkeys.ParkedMember(q.TenantID, q.TaskID.String()))
 		members[i] = pipe.SIsMember(ctx, s.keys.TenantRunning(q.TenantID), q.TaskID.String())
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -33,7 +37,7 @@ func (s *Scheduler) Missing(ctx context.Context, qs []Queued) ([]Queued, error) 
 	}
 	var out []Queued
 	for i, q := range qs {
-		if errors.Is(scores[i].Err(), redis.Nil) && !members[i].Val() {
+		if errors.Is(scores[i].Err(), redis.Nil) && errors.Is(parked[i].Err(), redis.Nil) && !members[i].Val() {
 			out = append(out, q)
 		}
 	}
@@ -101,15 +105,20 @@ func (s *Scheduler) Stranded(ctx context.Context, insp *asynq.Inspector, tenantI
 	if now-int64(score) < minAge.Milliseconds() {
 		return false, nil
 	}
+	gen, err := s.rdb.HGet(ctx, s.keys.TenantConf(tenantID), "g:"+taskID).Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return false, err
+	}
+	id := rkeys.AsynqTaskID(taskID, gen)
 	queue := s.keys.AsynqQueue(BandOf(priority))
-	info, err := insp.GetTaskInfo(queue, taskID)
+	info, err := insp.GetTaskInfo(queue, id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound):
 		return true, nil
 	case err != nil:
 		return false, err
 	case info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted:
-		return true, insp.DeleteTask(queue, taskID)
+		return true, insp.DeleteTask(queue, id)
 	}
 	return false, nil
 }

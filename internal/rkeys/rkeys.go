@@ -81,9 +81,50 @@ func (k Keys) Inflight(shard int) string { return k.tag(shard) + ":inflight" }
 // not yet confirmed in asynq, scored by pop time (ms).
 func (k Keys) Dispatching(shard int) string { return k.tag(shard) + ":dispatching" }
 
+// Parked is the shard's ZSET of tasks waiting for token capacity, ParkedMember
+// entries scored by when the capacity is expected (ms): the dispatcher puts each back
+// on its tenant's queue then.
+func (k Keys) Parked(shard int) string { return k.tag(shard) + ":parked" }
+
+// ParkedMember is a parked task's entry, "task:tenant" (task ids hold no ':').
+func ParkedMember(tenant, task string) string { return task + ":" + tenant }
+
+// ParseParkedMember splits a ParkedMember entry.
+func ParseParkedMember(m string) (tenant, task string, err error) {
+	task, tenant, ok := strings.Cut(m, ":")
+	if !ok || task == "" || tenant == "" {
+		return "", "", fmt.Errorf("rkeys: bad parked member %q", m)
+	}
+	return tenant, task, nil
+}
+
+// AsynqTaskID is the asynq message id of a task's dispatch: the task id, followed
+// by ".<n>" once the task has been parked n times. asynq keeps a message's id until
+// the message is done, and a parked task may be dispatched again before the delivery
+// that parked it has returned: each dispatch after a park has an id of its own.
+func AsynqTaskID(task string, gen int) string {
+	if gen <= 0 {
+		return task
+	}
+	return task + "." + strconv.Itoa(gen)
+}
+
+// ParseAsynqTaskID splits an AsynqTaskID.
+func ParseAsynqTaskID(id string) (task string, gen int, err error) {
+	task, g, ok := strings.Cut(id, ".")
+	if !ok {
+		return id, 0, nil
+	}
+	gen, err = strconv.Atoi(g)
+	if err != nil || gen <= 0 {
+		return "", 0, fmt.Errorf("rkeys: bad asynq task id %q", id)
+	}
+	return task, gen, nil
+}
+
 // DispatchingMember is a task's entry in its shard's dispatching set,
-// "priority:estimate:tenant:task": everything a re-send and a completion need (tenant
-// ids hold no ':'). The dispatch script writes the same format when it pops a task
+// "priority:estimate:tenant:task", task being the dispatch's AsynqTaskID: everything a
+// re-send and a completion need (tenant ids hold no ':'). The dispatch script writes the same format when it pops a task
 // (scheduler tests pin the two together).
 func DispatchingMember(priority int, estimateMs int64, tenant, task string) string {
 	return strconv.Itoa(priority) + ":" + strconv.FormatInt(estimateMs, 10) + ":" + tenant + ":" + task

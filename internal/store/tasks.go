@@ -63,10 +63,24 @@ type Task struct {
 	CreatedAt      time.Time
 	StartedAt      *time.Time
 	FinishedAt     *time.Time
+	// Wait is set while a queued task waits for token capacity (see Park).
+	Wait TaskWait
+	// WaitedMs is the time the task has spent waiting for capacity: its wall-clock
+	// budget does not count it.
+	WaitedMs int64
+}
+
+// TaskWait is what a task waits for while it is parked: the capacity (Reason, nil when
+// it is not parked), when it is expected, and the tokens its next step asks for.
+type TaskWait struct {
+	Reason       *string
+	Until        *time.Time
+	StepEstimate *int64
 }
 
 const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
-	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at`
+	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at,
+	wait_reason, wait_until, waited_ms, step_estimate`
 
 func scanTask(row pgx.Row) (Task, error) { return scanTaskWith(row) }
 
@@ -76,7 +90,8 @@ func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 	var input, budget, agentState, output []byte
 	err := row.Scan(append([]any{&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
 		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
-		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt}, extra...)...)
+		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt,
+		&t.Wait.Reason, &t.Wait.Until, &t.WaitedMs, &t.Wait.StepEstimate}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, ErrNotFound
 	}

@@ -20,7 +20,7 @@ import (
 // when the task is not queued (already running elsewhere, or terminal).
 func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, err error) {
 	t, err = scanTask(s.db.QueryRow(ctx, `
-		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now()
+		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
 		WHERE id = $1 AND state = 'queued' RETURNING `+taskCols, id))
 	if errors.Is(err, ErrNotFound) {
 		return t, false, nil
@@ -33,10 +33,17 @@ func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok
 // (running elsewhere, terminal, gone) are left as they are.
 func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task, error) {
 	rows, err := s.db.Query(ctx, `
-		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now()
+		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
 		WHERE id = ANY($1) AND state = 'queued' RETURNING `+taskCols, ids)
 	return collect(rows, err, scanTask)
 }
+
+// resumeCols end a parked task's wait as it starts: the wait is added to waited_ms
+// and the wait's fields are cleared. step_estimate stays for the delivery to read.
+const resumeCols = `
+		waited_ms = waited_ms + CASE WHEN parked_at IS NULL THEN 0
+			ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - parked_at) * 1000)::bigint) END,
+		parked_at = NULL, wait_reason = NULL, wait_until = NULL`
 
 // UnscopedTakeOverTask claims a running task whose worker stopped heartbeating for
 // staleAfter (its process died; asynq redelivered it) and counts a new attempt.
@@ -329,6 +336,28 @@ func (s *Store) UnscopedRequeueTask(ctx context.Context, c Claim) (t Task, err e
 		c.ID, c.Attempt))
 	if errors.Is(err, ErrNotFound) {
 		return Task{}, s.whyUnclaimed(ctx, c)
+	}
+	return t, err
+}
+
+// UnscopedParkTaskParams send a running task back to queued to wait for capacity.
+type UnscopedParkTaskParams struct {
+	Claim
+	Reason       string    // what it waits for: "tokens_per_minute" or "pool:<name>"
+	Until        time.Time // when the capacity is expected
+	StepEstimate int64     // the tokens its next step asks for
+}
+
+// UnscopedParkTask puts a running task back to queued, like UnscopedRequeueTask, and
+// records what it waits for. ErrTaskEnded or ErrLostClaim when the claim no longer
+// holds.
+func (s *Store) UnscopedParkTask(ctx context.Context, p UnscopedParkTaskParams) (t Task, err error) {
+	t, err = scanTask(s.db.QueryRow(ctx, `
+		UPDATE tasks SET state = 'queued', wait_reason = $3, wait_until = $4, parked_at = now(), step_estimate = $5
+		WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
+		p.ID, p.Attempt, p.Reason, p.Until, p.StepEstimate))
+	if errors.Is(err, ErrNotFound) {
+		return Task{}, s.whyUnclaimed(ctx, p.Claim)
 	}
 	return t, err
 }

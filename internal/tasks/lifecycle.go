@@ -34,6 +34,7 @@ const (
 	ChangeStep      ChangeKind = "step"       // a step's result recorded on the running task
 	ChangeFinished  ChangeKind = "finished"   // running → a terminal state, by its attempt
 	ChangeRequeued  ChangeKind = "requeued"   // running → queued, to resume from its last step
+	ChangeParked    ChangeKind = "parked"     // running → queued, to wait for token capacity
 	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned: its attempts keep dying
 	ChangeCancelled ChangeKind = "cancelled"  // queued or running → killed, by its tenant
 )
@@ -541,6 +542,22 @@ func (l *Lifecycle) Requeue(ctx context.Context, c store.Claim) error {
 			return err
 		}
 		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
+	})
+}
+
+// ParkParams send a claimed running task back to queued to wait for token capacity.
+type ParkParams = store.UnscopedParkTaskParams
+
+// Park puts the claimed running task back to queued until the capacity its next step
+// waits for is expected, keeping its recorded steps and agent state, and records what
+// it waits for. ErrLostClaim or ErrTaskEnded when the claim no longer holds.
+func (l *Lifecycle) Park(ctx context.Context, p ParkParams) error {
+	return l.store.InTx(ctx, func(tx *store.Store) error {
+		t, err := tx.UnscopedParkTask(ctx, p)
+		if err != nil {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeParked, Task: t})
 	})
 }
 

@@ -26,6 +26,9 @@ type Payload struct {
 	// the submission's: the worker's task span continues that trace. Empty when the
 	// task carried none (a re-send, or a task re-pushed from Postgres).
 	TraceParent string `json:"traceparent,omitempty"`
+	// Gen counts the task's parks before this dispatch: with TaskID it makes the
+	// dispatch's asynq message id (rkeys.AsynqTaskID).
+	Gen int `json:"gen,omitempty"`
 }
 
 // UnmarshalJSON decodes a payload, including one written before the priority was a

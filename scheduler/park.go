@@ -1,0 +1,210 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/redisx"
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/wire"
+)
+
+// Parking: a task whose next step cannot get token capacity gives its worker and its
+// running slot back and waits in its shard's parked set until the capacity is
+// expected; the dispatcher then puts it back on its tenant's queue with the score it
+// had (its place: priority, then admission time), and dispatches it like any other.
+// Its tenant is charged the worker time the delivery took, as at a completion.
+
+// parkScript frees a dispatched task's slots as doneScript does (luaRelease), then
+// parks it: it enters the shard's parked set, due when its capacity is expected; its
+// queue score is kept in its tenant's conf (field "pq:<task>") for its return, and its
+// park count (field "g:<task>") names its next dispatch's asynq message.
+//
+// KEYS[1..7] doneScript's   KEYS[8] parked
+// ARGV[1..7] doneScript's   ARGV[8] wait ms from now   ARGV[9] queue score
+// ARGV[10] parked member
+// Returns 1 if the task held a pool slot (the caller releases it), else 0.
+var parkScript = redisx.NewScript(luaNow + luaRelease + `
+local held = release()
+redis.call('ZADD', KEYS[8], now + math.max(0, tonumber(ARGV[8])), ARGV[10])
+redis.call('HSET', KEYS[7], 'pq:' .. ARGV[2], ARGV[9])
+redis.call('HINCRBY', KEYS[7], 'g:' .. ARGV[2], 1)
+redis.call('EXPIRE', KEYS[7], ARGV[7])
+return held
+`)
+
+// ParkParams park a dispatched task.
+type ParkParams struct {
+	Payload wire.Payload  // its dispatch
+	Took    time.Duration // the worker time the delivery took (its tenant is charged it)
+	Wait    time.Duration // until the capacity is expected
+	// Priority and CreatedAt give the task its place back on its queue.
+	Priority  int
+	CreatedAt time.Time
+}
+
+// Park frees a dispatched task's running and pool slots and keeps it out of its
+// tenant's queue until p.Wait has passed; the dispatchers then queue it again where it
+// was. Its session lease is left alone: the task is still live.
+func (s *Scheduler) Park(ctx context.Context, p ParkParams) error {
+	keys, args := s.releaseArgs(p.Payload, p.Took)
+	keys = append(keys, s.keys.Parked(s.keys.Shard(p.Payload.TenantID)))
+	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
+	args = append(args, p.Wait.Milliseconds(), score, rkeys.ParkedMember(p.Payload.TenantID, p.Payload.TaskID))
+	var cmd *redis.Cmd
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = parkScript.Run(ctx, pipe, keys, args...) })
+	if cmd == nil {
+		return fmt.Errorf("scheduler: park: %w", err)
+	}
+	held, err := cmd.Int()
+	if err != nil {
+		return fmt.Errorf("scheduler: park: %w", err)
+	}
+	if held == 1 {
+		if err := s.release(ctx); err != nil {
+			return err
+		}
+	}
+	s.parkedHere(time.Now().Add(p.Wait))
+	s.wake(ctx)
+	return nil
+}
+
+// dueParkedScript lists a shard's parked tasks whose capacity is due, and says when
+// the next one is due.
+//
+// KEYS[1] parked   ARGV[1] now ms or ""   ARGV[2] most to list
+// Returns {ms until the first not listed is due, or -1 when none, members...}.
+var dueParkedScript = redis.NewScript(luaNow + `
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local next = redis.call('ZRANGE', KEYS[1], #due, #due, 'WITHSCORES')
+local out = {-1}
+if #next > 0 then out[1] = math.max(0, math.ceil(tonumber(next[2]) - now)) end
+for _, m in ipairs(due) do out[#out+1] = m end
+return out
+`)
+
+// unparkScript puts a parked task back on its tenant's queue with the score it had,
+// and makes the tenant backlogged as enqueueScript does. A task no longer parked (a
+// cancel took it, or another dispatcher was first) is left alone.
+//
+// KEYS[1] parked   KEYS[2] tenant queue   KEYS[3] tenant conf   KEYS[4] ready
+// KEYS[5] capped   KEYS[6] virtual time   KEYS[7] tenant running set
+// ARGV[1] parked member   ARGV[2] task id   ARGV[3] tenant   ARGV[4] ttl s
+// Returns 1 if the task went back to its queue, else 0.
+var unparkScript = redisx.NewScript(`
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+local task, tenant = ARGV[2], ARGV[3]
+local score = redis.call('HGET', KEYS[3], 'pq:' .. task) or '0'
+redis.call('HDEL', KEYS[3], 'pq:' .. task)
+redis.call('ZADD', KEYS[2], score, task)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+if redis.call('ZSCORE', KEYS[4], tenant) or redis.call('ZSCORE', KEYS[5], tenant) then return 1 end
+local vt = math.max(tonumber(redis.call('GET', KEYS[6]) or '0'),
+  tonumber(redis.call('HGET', KEYS[3], 'fp') or '0'))
+local cap = tonumber(redis.call('HGET', KEYS[3], 'cap') or '0')
+if cap > 0 and redis.call('SCARD', KEYS[7]) >= cap then
+  redis.call('ZADD', KEYS[5], vt, tenant)
+else
+  redis.call('ZADD', KEYS[4], vt, tenant)
+end
+return 1
+`)
+
+// unparkBatch bounds the parked tasks one call lists.
+const unparkBatch = 256
+
+// Unpark queues again every parked task whose capacity is due, on every shard. It
+// returns how many went back and how long until the next parked task is due (-1:
+// none is parked).
+func (s *Scheduler) Unpark(ctx context.Context) (n int, next time.Duration, err error) {
+	next = -1
+	for shard := range s.keys.Shards() {
+		moved, after, err := s.unparkShard(ctx, shard)
+		n += moved
+		if err != nil {
+			return n, next, err
+		}
+		if after >= 0 && (next < 0 || after < next) {
+			next = after
+		}
+	}
+	return n, next, nil
+}
+
+func (s *Scheduler) unparkShard(ctx context.Context, shard int) (n int, next time.Duration, err error) {
+	for {
+		res, err := dueParkedScript.Run(ctx, s.rdb, []string{s.keys.Parked(shard)}, s.nowArg(), unparkBatch).Slice()
+		if err != nil {
+			return n, -1, fmt.Errorf("scheduler: due parked tasks: %w", err)
+		}
+		nextMs, _ := res[0].(int64)
+		members := res[1:]
+		if len(members) > 0 {
+			moved, err := s.unparkMembers(ctx, shard, members)
+			n += moved
+			if err != nil {
+				return n, -1, err
+			}
+		}
+		if len(members) < unparkBatch {
+			if nextMs < 0 {
+				return n, -1, nil
+			}
+			return n, time.Duration(nextMs) * time.Millisecond, nil
+		}
+	}
+}
+
+// unparkMembers runs unparkScript for each of a shard's due members, in one round
+// trip; it returns how many went back to their queues.
+func (s *Scheduler) unparkMembers(ctx context.Context, shard int, members []any) (int, error) {
+	cmds := make([]*redis.Cmd, 0, len(members))
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		for _, v := range members {
+			m, _ := v.(string)
+			tenant, task, err := rkeys.ParseParkedMember(m)
+			if err != nil {
+				pipe.ZRem(ctx, s.keys.Parked(shard), m)
+				continue
+			}
+			keys := []string{s.keys.Parked(shard), s.keys.TenantQueue(tenant), s.keys.TenantConf(tenant), s.keys.Ready(shard),
+				s.keys.Capped(shard), s.keys.VirtualTime(shard), s.keys.TenantRunning(tenant)}
+			cmds = append(cmds, unparkScript.Run(ctx, pipe, keys, m, task, tenant, int(queueTTL.Seconds())))
+		}
+	})
+	n := 0
+	for _, c := range cmds {
+		if v, _ := c.Int(); v == 1 {
+			n++
+		}
+	}
+	if err != nil {
+		return n, fmt.Errorf("scheduler: unpark: %w", err)
+	}
+	return n, nil
+}
+
+// IsParked reports whether a task waits in its shard's parked set.
+func (s *Scheduler) IsParked(ctx context.Context, tenantID, taskID string) (bool, error) {
+	_, err := s.rdb.ZScore(ctx, s.keys.Parked(s.keys.Shard(tenantID)), rkeys.ParkedMember(tenantID, taskID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// parkedHere notes that a task parked by this process is due at due, so that this
+// process's dispatchers look for it then without polling Redis before.
+func (s *Scheduler) parkedHere(due time.Time) {
+	s.wakeMu.Lock()
+	defer s.wakeMu.Unlock()
+	for d := range s.local {
+		d.parkedDue(due)
+	}
+}

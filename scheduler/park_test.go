@@ -1,0 +1,126 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/internal/wire"
+)
+
+func (f *fixture) advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.clock += d.Milliseconds()
+}
+
+func payloadOf(d Dispatched) wire.Payload {
+	return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs, Gen: d.Gen}
+}
+
+// park parks a dispatched task, created at the fixture's n-th admission, for wait.
+func (f *fixture) park(d Dispatched, createdN int, wait time.Duration) {
+	f.t.Helper()
+	err := f.s.Park(context.Background(), ParkParams{Payload: payloadOf(d), Took: 20 * time.Millisecond, Wait: wait,
+		Priority: d.Priority, CreatedAt: f.base.Add(time.Duration(createdN) * time.Millisecond)})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func TestParkFreesTheSlotsAndKeepsThePlace(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1, 0)
+	ctx := context.Background()
+	first := f.enqueue("a", 5, 1, 1)
+	second := f.enqueue("a", 5, 1, 1)
+	d := f.mustDispatch()
+	if d.TaskID != first.String() || d.Gen != 0 {
+		t.Fatalf("dispatched %+v, want the first task, never parked", d)
+	}
+	f.park(d, 1, 100*time.Millisecond)
+
+	// Its running slot and the pool slot are free: the second task goes at once,
+	// although the tenant's cap is 1 and the pool has one slot.
+	if parked, err := f.s.IsParked(ctx, "a", first.String()); err != nil || !parked {
+		t.Fatalf("IsParked = %v, %v; want true", parked, err)
+	}
+	if n := f.rdb.SCard(ctx, f.keys.TenantRunning("a")).Val(); n != 0 {
+		t.Fatalf("running set holds %d tasks after the park, want 0", n)
+	}
+	d2 := f.mustDispatch()
+	if d2.TaskID != second.String() {
+		t.Fatalf("dispatched %s, want the second task", d2.TaskID)
+	}
+	f.done(d2)
+
+	// Not due yet: nothing moves, and the next one is due in the rest of the wait.
+	n, next, err := f.s.Unpark(ctx)
+	if err != nil || n != 0 || next != 100*time.Millisecond {
+		t.Fatalf("Unpark before due = %d, %v, %v; want 0, 100ms", n, next, err)
+	}
+	f.advance(100 * time.Millisecond)
+	later := f.enqueue("a", 5, 1, 1)
+	n, next, err = f.s.Unpark(ctx)
+	if err != nil || n != 1 || next != -1 {
+		t.Fatalf("Unpark when due = %d, %v, %v; want 1, -1", n, next, err)
+	}
+	// Back at its place: ahead of a task admitted after it.
+	d3 := f.mustDispatch()
+	if d3.TaskID != first.String() || d3.Gen != 1 {
+		t.Fatalf("dispatched %+v, want the parked task again, its first re-dispatch", d3)
+	}
+	task, err := NewAsynqTask(f.keys, d3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p wire.Payload
+	if err := json.Unmarshal(task.Payload(), &p); err != nil || p.Gen != 1 || p.TaskID != first.String() {
+		t.Fatalf("payload %+v, %v; want the task id and gen 1", p, err)
+	}
+	f.doneTook(d3, 10*time.Millisecond)
+	if g := f.rdb.HExists(ctx, f.keys.TenantConf("a"), "g:"+first.String()).Val(); g {
+		t.Fatal("the park count outlived the task's end")
+	}
+	if d4 := f.mustDispatch(); d4.TaskID != later.String() {
+		t.Fatalf("dispatched %s, want the later task", d4.TaskID)
+	}
+}
+
+func TestParkedTasksAreNotMissingAndCancelTakesThem(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2, 0)
+	ctx := context.Background()
+	id := f.enqueue("a", 5, 1, 0)
+	d := f.mustDispatch()
+	f.park(d, 1, time.Minute)
+	missing, err := f.s.Missing(ctx, []Queued{{TenantID: "a", TaskID: id}, {TenantID: "a", TaskID: uuid.Must(uuid.NewV7())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(missing) != 1 || missing[0].TaskID == id {
+		t.Fatalf("Missing = %v; want only the task Redis never had", missing)
+	}
+	removed, err := f.s.Remove(ctx, "a", id)
+	if err != nil || !removed {
+		t.Fatalf("Remove = %v, %v; want true", removed, err)
+	}
+	if parked, _ := f.s.IsParked(ctx, "a", id.String()); parked {
+		t.Fatal("still parked after Remove")
+	}
+	for _, field := range []string{"pq:", "g:"} {
+		if f.rdb.HExists(ctx, f.keys.TenantConf("a"), field+id.String()).Val() {
+			t.Fatalf("conf field %s outlived the cancel", field)
+		}
+	}
+	f.advance(2 * time.Minute)
+	if n, _, err := f.s.Unpark(ctx); err != nil || n != 0 {
+		t.Fatalf("Unpark after cancel = %d, %v; want 0", n, err)
+	}
+	if _, err := f.dispatch(); err == nil {
+		t.Fatal("a cancelled parked task was dispatched")
+	}
+}
