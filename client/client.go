@@ -37,10 +37,15 @@ type Task struct {
 	Budget     *Budget         `json:"budget"`
 	Usage      Usage           `json:"usage"`
 	WaitReason *string         `json:"wait_reason"`
-	Attempt    int             `json:"attempt"`
-	CreatedAt  time.Time       `json:"created_at"`
-	StartedAt  *time.Time      `json:"started_at"`
-	FinishedAt *time.Time      `json:"finished_at"`
+	// WaitUntil is when the capacity a task waiting for tokens_per_minute or a
+	// pool:<name> is expected; WaitedS the time it spent waiting for capacity so far
+	// (not charged to its wall-clock budget).
+	WaitUntil  *time.Time `json:"wait_until"`
+	WaitedS    float64    `json:"waited_s"`
+	Attempt    int        `json:"attempt"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
 }
 
 // Terminal reports whether the task has ended for good.

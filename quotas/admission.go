@@ -36,7 +36,9 @@ type Limits struct {
 	TokensMonthly               int64
 	USDMonthlyMicro             int64
 	// TokensPerMinute and TokensPerMinuteBurst are the ai_tokens_per_minute bucket,
-	// in tokens; reserved by the worker before each step, not by admission.
+	// in tokens; reserved by the worker before each step, not by admission. A rate
+	// of 0 or below is not enforced (overrides refuse 0: a bucket that never fills
+	// could only keep steps waiting for good).
 	TokensPerMinute, TokensPerMinuteBurst int64
 }
 
@@ -688,11 +690,14 @@ func (q *Quotas) QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantI
 // ARGV[4] usd monthly limit (micro)   ARGV[5] estimated tokens   ARGV[6] estimated usd
 // ARGV[7] period id   ARGV[8] state ttl ms   ARGV[9] tokens field prefix "tok:"
 // ARGV[10] usd field prefix "usd:" (a field is prefix .. period id)
-// Returns {0} when reserved, {1, limit type, used, limit} when a quota refuses, or {2}
-// when the counters lack their "sd" mark (unseeded, see seed.go): nothing is taken.
+// KEYS[3] the tenant's ai_tokens_per_minute bucket   ARGV[11] its tokens a minute (<= 0:
+// off)   ARGV[12] its burst
+// Returns {0} when reserved, {1, limit type, used, limit} when a quota refuses, {3, ms}
+// when the step must wait that long for ai_tokens_per_minute, or {2} when the counters
+// lack their "sd" mark (unseeded, see seed.go): nothing is taken.
 // That holds even when every quota is off: a reservation writes the counters, and one
 // written before the seed would be wiped by it.
-var reserveStepScript = redisx.NewScript(luaNow + `
+var reserveStepScript = redisx.NewScript(luaNow + luaTenantTokens + `
 local H, S = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', H, 'per', 'sd', 'pe')
 if not m[2] then return {2} end -- unseeded: the caller rebuilds the counters first
@@ -725,6 +730,16 @@ local function refuses(used, est, limit)
 end
 if refuses(tok, est_tok, tok_max) then return {1, 'ai_tokens_monthly', tok, tok_max} end
 if refuses(usd, est_usd, usd_max) then return {1, 'usd_monthly', usd, usd_max} end
+local tpm, tpm_burst = tonumber(ARGV[11]), tonumber(ARGV[12])
+local tl, trate
+if tpm > 0 then
+  -- ai_tokens_per_minute: the step waits (nothing taken) until the bucket holds its
+  -- estimate, or a full bucket for an estimate above the burst; in debt, even an
+  -- estimate of 0 waits
+  tl, trate = tpm_load(KEYS[3], tpm, tpm_burst)
+  local need = math.min(math.max(est_tok, 0), tpm_burst)
+  if tl < need or tl < 0 then return {3, math.max(1, math.ceil((math.max(need, 0) - tl) / trate))} end
+end
 if redis.call('HINCRBY', S, hour, 1) == 1 then
   -- a new hour: drop the ones that left the 24 h window
   for _, f in ipairs(redis.call('HKEYS', S)) do
@@ -744,6 +759,7 @@ if newer then
 end
 if est_tok ~= 0 then redis.call('HINCRBY', H, tf, est_tok) end
 if est_usd ~= 0 then redis.call('HINCRBY', H, uf, est_usd) end
+if tl then tpm_save(KEYS[3], tl - math.max(est_tok, 0), trate, tpm_burst) end
 if (tonumber(v[3]) or 0) < now + tonumber(ARGV[8]) - 86400000 then
   redis.call('HSET', H, 'x', now + tonumber(ARGV[8]))
   redis.call('PEXPIRE', H, ARGV[8])
@@ -836,6 +852,9 @@ func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
 			used, _ := res[2].(int64)
 			limit, _ := res[3].(int64)
 			refused = &QuotaExceeded{LimitType: str(res[1]), Used: float64(used), Limit: float64(limit), Period: p.Period, At: q.now()}
+		case n == 3 && len(res) == 2:
+			ms, _ := res[1].(int64)
+			refused = &CapacityWait{Reason: WaitTokensPerMinute, Wait: time.Duration(ms) * time.Millisecond}
 		}
 		return false, nil
 	})
@@ -847,10 +866,40 @@ func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
 
 func (q *Quotas) reserveStep(ctx context.Context, c redis.Scripter, p StepParams) *redis.Cmd {
 	l := p.Limits
+	tpm, burst := l.tokensPerMinute()
 	return reserveStepScript.Run(ctx, c,
-		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
+		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID), q.keys.TenantTokens(p.TenantID)},
 		q.nowArg(), l.StepsDaily, l.TokensMonthly, l.USDMonthlyMicro, p.Tokens, p.CostMicro,
-		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix)
+		p.Period.ID, stateTTL.Milliseconds(), rkeys.TokensPrefix, rkeys.USDPrefix, tpm, burst)
+}
+
+// tokensPerMinute is the ai_tokens_per_minute bucket's rate and burst as the step
+// scripts take them: rate 0 when the limit is off.
+func (l Limits) tokensPerMinute() (rate, burst int64) {
+	if l.TokensPerMinute <= 0 {
+		return 0, 1
+	}
+	burst = l.TokensPerMinuteBurst
+	if burst <= 0 {
+		burst = l.TokensPerMinute
+	}
+	return l.TokensPerMinute, burst
+}
+
+// WaitTokensPerMinute is the wait_reason of a step waiting for its tenant's
+// ai_tokens_per_minute; a step waiting for a model pool waits for "pool:<name>".
+const WaitTokensPerMinute = "tokens_per_minute"
+
+// CapacityWait says a step cannot get its token capacity now: it waits Wait, without
+// holding a worker, for Reason (WaitTokensPerMinute or "pool:<name>"). Nothing was
+// taken.
+type CapacityWait struct {
+	Reason string
+	Wait   time.Duration
+}
+
+func (e *CapacityWait) Error() string {
+	return fmt.Sprintf("waiting %v for %s", e.Wait.Round(time.Millisecond), e.Reason)
 }
 
 func str(v any) string { s, _ := v.(string); return s }
@@ -863,11 +912,22 @@ func str(v any) string { s, _ := v.(string); return s }
 // lost them, the step is in the ledger already, and the seed that rebuilds them reads it
 // there (a settle must not create counters a seed would then overwrite or add to).
 //
-// KEYS[1] state hash   KEYS[2] steps hash
+// The tokens delta also settles the ai_tokens_per_minute bucket (when the limit is
+// on): a refund below the estimate (never past the burst), debt above it. The bucket
+// is Redis's alone (no ledger rebuilds it), so it is settled even when the counters
+// are unseeded.
+//
+// KEYS[1] state hash   KEYS[2] steps hash   KEYS[3] ai_tokens_per_minute bucket
 // ARGV[1] now ms or ""   ARGV[2] tokens delta   ARGV[3] usd delta   ARGV[4] steps delta
 // ARGV[5] period id   ARGV[6] tokens field prefix   ARGV[7] usd field prefix
-var settleScript = redisx.NewScript(luaNow + `
+// ARGV[8] tokens a minute (<= 0: off)   ARGV[9] burst
+var settleScript = redisx.NewScript(luaNow + luaTenantTokens + `
 local H = KEYS[1]
+local tpm, tpm_burst = tonumber(ARGV[8]), tonumber(ARGV[9])
+if tpm > 0 and tonumber(ARGV[2]) ~= 0 then
+  local tl, trate = tpm_load(KEYS[3], tpm, tpm_burst)
+  tpm_save(KEYS[3], math.min(tpm_burst, tl - tonumber(ARGV[2])), trate, tpm_burst)
+end
 local m = redis.call('HMGET', H, 'per', 'sd', 'pe')
 if not m[2] then return 0 end -- unseeded: the ledger has the step, the seed will read it
 local per, p = m[1], ARGV[5]
@@ -904,8 +964,10 @@ func (q *Quotas) settle(ctx context.Context, c redis.Scripter, p StepParams) err
 	if p.Tokens == 0 && p.CostMicro == 0 && p.Steps == 0 {
 		return nil
 	}
-	return settleScript.Run(ctx, c, []string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID)},
-		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, p.Period.ID, rkeys.TokensPrefix, rkeys.USDPrefix).Err()
+	tpm, burst := p.Limits.tokensPerMinute()
+	return settleScript.Run(ctx, c,
+		[]string{q.keys.AdmissionState(p.TenantID), q.keys.StepsDaily(p.TenantID), q.keys.TenantTokens(p.TenantID)},
+		q.nowArg(), p.Tokens, p.CostMicro, p.Steps, p.Period.ID, rkeys.TokensPrefix, rkeys.USDPrefix, tpm, burst).Err()
 }
 
 // DropKey deletes the live limit state of a removed (revoked) key: its key bucket and

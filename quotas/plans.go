@@ -272,6 +272,10 @@ func ValidateOverrides(m map[string]Limit) error {
 		case k == InflightRequests && v >= 0 && v < 1:
 			// 0 would refuse every request of the tenant, /v1/usage included
 			return fmt.Errorf("inflight_requests must be at least 1, or unlimited")
+		case k == AITokensPerMinute && v >= 0 && v < 1:
+			// a bucket that never fills would keep every step waiting for good;
+			// ai_tokens_monthly 0 is the way to allow no tokens
+			return fmt.Errorf("ai_tokens_per_minute must be at least 1, or unlimited")
 		}
 	}
 	return nil

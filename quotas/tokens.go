@@ -85,19 +85,23 @@ func (p TenantTokensParams) args() (rate, burst int64, err error) {
 	return p.PerMinute, burst, nil
 }
 
-// luaTenantTokensLoad reads a tenant token bucket and refills it to now.
-const luaTenantTokensLoad = `
-local rate, burst = tonumber(ARGV[2]) / 60000, tonumber(ARGV[3])
-local st = redis.call('HMGET', KEYS[1], 'l', 't')
-local l, t = tonumber(st[1]), tonumber(st[2])
-if not l or not t then l, t = burst, now end
-if now > t then
-  l = math.min(burst, l + (now - t) * rate)
-  t = now
+// luaTenantTokens defines the functions of a tenant's ai_tokens_per_minute bucket
+// (a hash: level "l", last refill "t"): tpm_load refills it to now and returns its
+// level and its rate a millisecond; tpm_save writes a level back, with a ttl of the
+// time it takes to fill up again (a full bucket is the same as none).
+const luaTenantTokens = `
+local function tpm_load(key, per_minute, burst)
+  local rate = per_minute / 60000
+  local st = redis.call('HMGET', key, 'l', 't')
+  local l, t = tonumber(st[1]), tonumber(st[2])
+  if not l or not t then return burst, rate end
+  if now > t then l = math.min(burst, l + (now - t) * rate) end
+  return l, rate
 end
-local function save()
-  redis.call('HSET', KEYS[1], 'l', string.format('%.17g', l), 't', t)
-  redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((burst - l) / rate)))
+local function tpm_save(key, l, rate, burst)
+  local t = tonumber(redis.call('HGET', key, 't') or '0')
+  redis.call('HSET', key, 'l', string.format('%.17g', l), 't', math.max(t, now))
+  redis.call('PEXPIRE', key, math.max(1, math.ceil((burst - l) / rate)))
 end
 `
 
@@ -108,12 +112,14 @@ end
 // KEYS[1] tenant token bucket (hash)   ARGV[1] now ms or ""   ARGV[2] tokens a minute
 // ARGV[3] burst tokens   ARGV[4] tokens asked
 // Returns {1, level after} when granted, {0, ms until the ask fits} when not.
-var reserveTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokensLoad + `
+var reserveTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokens + `
+local burst = tonumber(ARGV[3])
+local l, rate = tpm_load(KEYS[1], tonumber(ARGV[2]), burst)
 local ask = tonumber(ARGV[4])
 local need = math.min(ask, burst)
 if l < need then return {0, math.ceil((need - l) / rate)} end
 l = l - ask
-save()
+tpm_save(KEYS[1], l, rate, burst)
 return {1, math.floor(l)}
 `)
 
@@ -138,9 +144,11 @@ func (q *Quotas) ReserveTenantTokens(ctx context.Context, p TenantTokensParams) 
 // KEYS[1] tenant token bucket (hash)   ARGV[1] now ms or ""   ARGV[2] tokens a minute
 // ARGV[3] burst tokens   ARGV[4] actual minus estimate
 // Returns the level after, in tokens.
-var settleTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokensLoad + `
+var settleTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokens + `
+local burst = tonumber(ARGV[3])
+local l, rate = tpm_load(KEYS[1], tonumber(ARGV[2]), burst)
 l = math.min(burst, l - tonumber(ARGV[4]))
-save()
+tpm_save(KEYS[1], l, rate, burst)
 return math.floor(l)
 `)
 
@@ -293,6 +301,16 @@ redis.call('PEXPIRE', KEYS[4], idle)
 save()
 return {0, wait, math.floor(eff)}
 `)
+
+// PoolBinding is the model pool an agent's steps draw on, with the tokens a step is
+// estimated at before anything better is known.
+type PoolBinding struct {
+	Pool          PoolConfig
+	TokensPerStep int64
+}
+
+// WaitReason is the wait_reason of a step waiting for the pool.
+func (c PoolConfig) WaitReason() string { return "pool:" + c.Name }
 
 // PoolReserveParams is one step's reservation from a pool.
 type PoolReserveParams struct {

@@ -32,6 +32,18 @@ type StepResult struct {
 	State  json.RawMessage `json:"state"`
 	Done   bool            `json:"done"`
 	Usage  StepUsage       `json:"usage"`
+	// NextStepTokens is the agent's estimate of its next step's tokens (0: none): the
+	// next step reserves that much token capacity before it runs.
+	NextStepTokens int64 `json:"next_step_tokens,omitempty"`
+	// Throttled says the agent's upstream refused the step (its provider answered
+	// 429): the step does not count (no step, no usage, budget untouched) and the
+	// task waits RetryAfterS before it tries the step again.
+	Throttled *Throttle `json:"throttled,omitempty"`
+}
+
+// Throttle is a step's throttled answer.
+type Throttle struct {
+	RetryAfterS float64 `json:"retry_after_s"`
 }
 
 // Executor runs one step of an agent. It must return promptly when ctx ends.

@@ -85,6 +85,8 @@ func (Sim) Step(ctx context.Context, req StepRequest) (StepResult, error) {
 	}
 	if res.Done {
 		res.Output, _ = json.Marshal(map[string]any{"steps": req.Step, "tokens": in.TokensPerStep * int64(req.Step)})
+	} else {
+		res.NextStepTokens = in.TokensPerStep // its steps are alike: the estimate is exact
 	}
 	return res, nil
 }

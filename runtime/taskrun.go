@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/internal/redisx"
@@ -54,6 +55,7 @@ type taskRun struct {
 
 	tenant       store.Tenant
 	limits       quotas.Limits
+	weight       int // the tenant's fair-share weight, for its agent's pool
 	budget       quotas.TaskBudget
 	exec         Executor
 	startedAt    time.Time // the task's first start: the wall clock counts from it
@@ -67,9 +69,20 @@ type taskRun struct {
 	hbDone  chan struct{}
 
 	state json.RawMessage // the agent's state after the last recorded step
-	// Each step reserves what the previous one used; the first reserves nothing
-	// beyond the step itself, and settlement books the difference.
+	// estTokens is what the current step reserved of tokens (see tokenEstimate), and
+	// estMicro of cost: what the previous step cost (the first reserves nothing beyond
+	// the step itself). Settlement books the difference. nextTokens is the agent's
+	// estimate for its next step (0: none).
 	estTokens, estMicro int64
+	nextTokens          int64
+
+	// pool is the model pool the agent draws on (when bound); poolHeld says the
+	// current step holds a reservation from it.
+	pool     quotas.PoolBinding
+	bound    bool
+	poolHeld bool
+	// parked is when the capacity a parked task waits for is expected (end endParked).
+	parked time.Time
 	// The billing period is the step's: a task running across the boundary books its
 	// later steps into the new period. A settlement goes to its reservation's period.
 	period quotas.Period
@@ -94,6 +107,7 @@ const (
 	noEnd       endKind = iota // no write: re-queued, cancelled, lost, or left to the janitor
 	endFinish                  // the terminal state alone
 	endLastStep                // the last step's record and the terminal state, in one transaction
+	endParked                  // queued in Postgres to wait for token capacity: park it in Redis
 )
 
 // lastStep is a task's last step, recorded with its end.
@@ -156,8 +170,12 @@ func (r *taskRun) handOff() {
 	// The worker slot was busy from delivery to here: that is the task's worker time,
 	// which its tenant's fair share is charged.
 	took := time.Since(r.began)
-	if r.end == noEnd {
+	switch r.end {
+	case noEnd:
 		w.release(p, took)
+		return
+	case endParked:
+		w.park(r, took)
 		return
 	}
 	// The slots go back before the end is written, so that the next task starts while
@@ -219,11 +237,11 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if err != nil {
 		return true, r.requeue("reading the tenant failed", err)
 	}
-	r.limits = quotas.NoLimits()
+	r.limits, r.weight = quotas.NoLimits(), 1
 	var planBudget *quotas.Budget
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
-			r.limits, planBudget = p.Limits, &p.Budget
+			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
 		}
 	}
 	var unknown *UnknownAgentError
@@ -242,6 +260,9 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	case err != nil:
 		return true, r.requeue("looking the agent up failed", err)
 	}
+	if err := r.lookUpPool(); err != nil {
+		return true, r.requeue("looking the agent's model pool up failed", err)
+	}
 	r.budget = taskBudget(r.task.Budget, planBudget)
 	// The wall clock counts from the task's first start: a take-over or a requeue
 	// does not give it a fresh budget.
@@ -249,10 +270,29 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if r.task.StartedAt != nil {
 		r.startedAt = *r.task.StartedAt
 	}
-	r.deadline = r.startedAt.Add(time.Duration(r.budget.MaxWallclockS * float64(time.Second)))
+	// Time spent parked for token capacity is not charged to the wall clock.
+	r.deadline = r.startedAt.Add(time.Duration(r.budget.MaxWallclockS*float64(time.Second)) + r.waited())
 	r.maxCostMicro = int64(math.Round(r.budget.MaxCostUSD * 1e6))
 	r.state = r.task.AgentState
+	if e := r.task.Wait.StepEstimate; e != nil {
+		r.nextTokens = *e // the estimate the step asked for when it parked
+	}
 	return false, false
+}
+
+// waited is the time the task spent parked, waiting for token capacity.
+func (r *taskRun) waited() time.Duration { return time.Duration(r.task.WaitedMs) * time.Millisecond }
+
+// lookUpPool finds the model pool the task's agent draws on, if any.
+func (r *taskRun) lookUpPool() error {
+	if r.w.opts.Pools == nil {
+		return nil
+	}
+	return holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
+		var err error
+		r.pool, r.bound, err = r.w.opts.Pools.Binding(ctx, r.task.Agent)
+		return err
+	})
 }
 
 // startHeartbeat stamps the task alive while it runs, and keeps its session lease
@@ -363,14 +403,20 @@ func (r *taskRun) pastDeadline() bool {
 func (r *taskRun) finishWallclock() {
 	r.finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", r.budget.MaxWallclockS), nil,
 		&quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(r.budget.MaxWallclockS)),
-			Used: int64(math.Round(time.Since(r.startedAt).Seconds()))})
+			Used: int64(math.Round((time.Since(r.startedAt) - r.waited()).Seconds()))})
 }
 
-// reserve counts the next step against the tenant's period quotas, in one round trip
-// with the "running" message before the first step. It returns stop = true when a
-// quota ended the task or the quota store could not be asked.
+// reserve reserves the next step's capacity: its tokens from its agent's model pool,
+// when bound, then the step against the tenant's period quotas and its tokens per
+// minute, in one round trip with the "running" message before the first step. It
+// returns stop = true when the step cannot run now: a quota ended the task, the
+// capacity is not there (the task parks), or the quota store could not be asked.
 func (r *taskRun) reserve() (stop, requeued bool) {
 	r.period = r.tenant.Anchor().PeriodAt(time.Now())
+	r.estTokens = r.tokenEstimate()
+	if stop, requeued := r.reservePool(); stop {
+		return true, requeued
+	}
 	r.reservation = r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
 	ctx, running := r.ctx, (*redisx.Along)(nil)
 	if r.running != nil {
@@ -382,14 +428,102 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	if err == nil {
 		return false, false
 	}
+	r.givePoolBack()
 	var qe *quotas.QuotaExceeded
-	if errors.As(err, &qe) {
+	var wait *quotas.CapacityWait
+	switch {
+	case errors.As(err, &qe):
 		stop := qe.Stop()
 		r.finish(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil, &stop)
+		return true, false
+	case errors.As(err, &wait):
+		r.parkFor(wait.Reason, wait.Wait)
 		return true, false
 	}
 	// Money and token quotas fail closed: no step runs unchecked.
 	return true, r.requeue("the quota store is unreachable", err)
+}
+
+// tokenEstimate is what the next step reserves of tokens: the agent's own estimate
+// from its previous step, else the running average of its tenant's steps with this
+// agent, else its pool binding's default, else nothing (settlement books what it
+// used).
+func (r *taskRun) tokenEstimate() int64 {
+	if r.nextTokens > 0 {
+		return min(r.nextTokens, MaxStepTokens)
+	}
+	if avg, ok := r.w.est.get(r.task.TenantID, r.task.Agent); ok {
+		return avg
+	}
+	if r.bound {
+		return r.pool.TokensPerStep
+	}
+	return 0
+}
+
+// reservePool reserves the step's estimate from its agent's model pool, when bound.
+// stop = true when the task parks to wait for the pool, or the pool could not be
+// asked.
+func (r *taskRun) reservePool() (stop, requeued bool) {
+	if !r.bound {
+		return false, false
+	}
+	ans, err := r.w.limits.ReservePool(r.ctx, quotas.PoolReserveParams{
+		Pool: r.pool.Pool, Tenant: r.task.TenantID, Weight: r.weight, Tokens: r.estTokens})
+	switch {
+	case err != nil:
+		// Fails closed like the quotas: no step runs without its reservation.
+		return true, r.requeue("the model pool's store is unreachable", err)
+	case !ans.Granted:
+		r.parkFor(r.pool.Pool.WaitReason(), ans.Wait)
+		return true, false
+	}
+	r.poolHeld = true
+	return false, false
+}
+
+// settlePool books a step's actual tokens minus its estimate against the pool.
+func (r *taskRun) settlePool(delta int64) {
+	if !r.poolHeld {
+		return
+	}
+	r.poolHeld = false
+	if delta == 0 {
+		return
+	}
+	_, err := r.w.limits.SettlePool(context.WithoutCancel(r.ctx), quotas.PoolSettleParams{
+		Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: delta})
+	if err != nil {
+		r.log.Warn("settling a step's model pool reservation failed", "pool", r.pool.Pool.Name, "err", err)
+	}
+}
+
+// givePoolBack gives the step's pool reservation back: the step did not run.
+func (r *taskRun) givePoolBack() { r.settlePool(-r.estTokens) }
+
+// parkFor sends the task back to queued, to wait without a worker until its capacity
+// is expected (wait from now). The delivery then parks it in Redis (handOff).
+func (r *taskRun) parkFor(reason string, wait time.Duration) {
+	r.flushRunning()
+	until := time.Now().Add(wait)
+	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
+		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: reason, Until: until, StepEstimate: r.estTokens})
+	})
+	switch {
+	case errors.Is(err, store.ErrLostClaim):
+		r.lostClaim("park", err)
+	case errors.Is(err, store.ErrTaskEnded):
+		// cancelled meanwhile: the cancel released what the task held
+	case err != nil:
+		// Postgres stayed away: the task stays running there, its heartbeat stops,
+		// and the janitor re-queues it.
+		r.log.Error("parking the task failed; leaving it to the janitor", "wait_reason", reason, "err", err)
+	default:
+		r.end, r.parked = endParked, until
+		r.log.Debug("task parked for token capacity", "wait_reason", reason, "wait", wait)
+		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", reason)))
+		r.w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StateQueued), WaitReason: reason, WaitUntil: &until})
+	}
 }
 
 // callAgent runs one step of the agent, in its own span, within the wall-clock budget.
@@ -415,7 +549,7 @@ func (r *taskRun) callAgent(step int) (StepResult, error) {
 	if err != nil || r.taskCtx.Err() != nil {
 		// Failed, or interrupted: the step is recorded nowhere, so its reservation
 		// goes back.
-		r.settle(r.giveBack())
+		r.refund()
 	}
 	return res, err
 }
@@ -445,14 +579,43 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued
 		r.finish(store.StateFailed, err.Error(), nil, nil)
 		return true, false
 	}
+	if res.Throttled != nil {
+		r.throttled(res.Throttled)
+		return true, false
+	}
 	if err := checkUsage(res.Usage); err != nil {
 		// Nothing of this step is billed: give the reservation back, record nothing.
-		r.settle(r.giveBack())
+		r.refund()
 		r.log.Warn("agent reported unusable usage; failing the task", "step", step, "err", err)
 		r.finish(store.StateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, r.task.Agent, step, err), nil, nil)
 		return true, false
 	}
 	return false, false
+}
+
+// throttled handles a step the agent's upstream refused: the step does not count (its
+// reservation goes back, nothing is recorded), the pool's effective rate comes down,
+// and the task waits the retry time without a worker.
+func (r *taskRun) throttled(t *Throttle) {
+	r.refund()
+	reason := "throttled"
+	if r.bound {
+		reason = r.pool.Pool.WaitReason()
+		if _, err := r.w.limits.ThrottlePool(context.WithoutCancel(r.ctx), r.pool.Pool); err != nil {
+			r.log.Warn("lowering the model pool's rate failed", "pool", r.pool.Pool.Name, "err", err)
+		}
+	}
+	r.w.throttled.Add(context.WithoutCancel(r.ctx), 1, metric.WithAttributes(attribute.String("pool", r.pool.Pool.Name)))
+	r.parkFor(reason, retryAfter(t.RetryAfterS))
+}
+
+// retryAfter is a throttled answer's retry time: at least 100 ms (an agent that says
+// 0 is retried soon, not at once), at most an hour.
+func retryAfter(s float64) time.Duration {
+	if math.IsNaN(s) || s < 0.1 {
+		s = 0.1
+	}
+	return time.Duration(min(s, 3600) * float64(time.Second))
 }
 
 // record records a finished step, settles its reservation and sends its message. It
@@ -464,6 +627,9 @@ func (r *taskRun) record(step int, res StepResult) (more bool) {
 		ID: r.task.ID, Attempt: r.task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 	}
 	booked := quotas.StepParams{Tokens: res.Usage.Tokens - r.estTokens, CostMicro: costMicro - r.estMicro}
+	r.settlePool(res.Usage.Tokens - r.estTokens)
+	r.w.est.add(r.task.TenantID, r.task.Agent, res.Usage.Tokens)
+	r.nextTokens = min(max(res.NextStepTokens, 0), MaxStepTokens)
 	usage := res.Usage
 	ev := Event{Type: "step", TaskID: r.id, Step: step, Usage: &usage, Done: res.Done}
 	if res.Done {
@@ -487,7 +653,7 @@ func (r *taskRun) record(step int, res StepResult) (more bool) {
 		return false
 	}
 	r.settle(booked)
-	r.estTokens, r.estMicro = res.Usage.Tokens, costMicro
+	r.estMicro = costMicro
 	u := &r.task.Usage
 	u.Steps, u.Tokens, u.CostMicroUSD = step, u.Tokens+res.Usage.Tokens, u.CostMicroUSD+costMicro
 	r.state = res.State
@@ -508,6 +674,12 @@ func (r *taskRun) giveBack() quotas.StepParams {
 	return quotas.StepParams{Steps: -1, Tokens: -r.estTokens, CostMicro: -r.estMicro}
 }
 
+// refund gives the current step's reservations back, its quotas' and its pool's.
+func (r *taskRun) refund() {
+	r.settle(r.giveBack())
+	r.givePoolBack()
+}
+
 // settle books p against the step's reservation.
 func (r *taskRun) settle(p quotas.StepParams) {
 	if err := r.w.limits.SettleStep(context.WithoutCancel(r.ctx), r.ofTask(p)); err != nil {
@@ -518,7 +690,7 @@ func (r *taskRun) settle(p quotas.StepParams) {
 // unrecorded handles a step whose record failed; it says whether another attempt owns
 // the task now.
 func (r *taskRun) unrecorded(step int, err error) (lost bool) {
-	r.settle(r.giveBack()) // not in the ledger, so not billed in Redis either
+	r.settle(r.giveBack()) // not in the ledger, so not billed in Redis either (the pool's use was real)
 	switch {
 	case errors.Is(err, store.ErrLostClaim):
 		r.logLost("step record", err)

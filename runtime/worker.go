@@ -28,6 +28,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
 )
 
 // Lifecycle is what the worker needs of the task lifecycle (*tasks.Lifecycle): the
@@ -40,6 +41,8 @@ type Lifecycle interface {
 	RecordLastStep(ctx context.Context, p store.RecordStepParams, fin tasks.FinishParams) (bool, error)
 	Finish(ctx context.Context, p tasks.FinishParams) (bool, error)
 	Requeue(ctx context.Context, c store.Claim) error
+	// Park puts the task back to queued to wait for token capacity.
+	Park(ctx context.Context, p tasks.ParkParams) error
 	Heartbeat(ctx context.Context, c store.Claim) error
 	// StaleAfter is how long a running task's heartbeat must be silent before
 	// another delivery may take the task over.
@@ -63,6 +66,9 @@ type Slots interface {
 	// other calls to ctx (redisx.WithAlong): given the worker's Batch (the App's
 	// wiring), the scheduler sends them in Done's round trip.
 	Done(ctx context.Context, p wire.Payload, took time.Duration) error
+	// Park releases a parked task's slots and keeps it out of its queue until its
+	// capacity is expected.
+	Park(ctx context.Context, p scheduler.ParkParams) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
 }
@@ -80,6 +86,16 @@ type Limits interface {
 	QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams)
 	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
+	// ReservePool, SettlePool and ThrottlePool draw a step's tokens from its agent's
+	// model pool (see quotas.PoolBinding).
+	ReservePool(ctx context.Context, p quotas.PoolReserveParams) (quotas.TokenAnswer, error)
+	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
+	ThrottlePool(ctx context.Context, pool quotas.PoolConfig) (int64, error)
+}
+
+// PoolBindings says which model pool, if any, an agent's steps draw on.
+type PoolBindings interface {
+	Binding(ctx context.Context, agent string) (quotas.PoolBinding, bool, error)
 }
 
 // WorkerOptions configure a Worker.
@@ -102,6 +118,8 @@ type WorkerOptions struct {
 	// Policies gives a tenant's limits, for the step-time quota checks
 	// (tenants.Service or tenants.Policies); nil checks none.
 	Policies PolicySource
+	// Pools says which model pool each agent draws on; nil: no agent draws on one.
+	Pools PoolBindings
 	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
 	Events func(taskID string) string
 	// Batch carries the progress messages and a finished task's Redis calls, shared
@@ -130,6 +148,13 @@ type Worker struct {
 
 	tracer trace.Tracer
 	wait   metric.Float64Histogram
+	// capWait and throttled meter waits for token capacity and throttled steps.
+	capWait   metric.Float64Histogram
+	throttled metric.Int64Counter
+
+	// est holds the running average of each (tenant, agent)'s step tokens: a
+	// step's estimate when its agent gave none.
+	est *tokenAverages
 
 	mu      sync.Mutex
 	running map[uuid.UUID]context.CancelCauseFunc
@@ -173,6 +198,7 @@ func NewWorker(lc Lifecycle, tr TenantReader, agents *Registry, slots Slots, lim
 		running:   map[uuid.UUID]context.CancelCauseFunc{},
 		ends:      make(chan struct{}, opts.Concurrency),
 		warm:      newWarmGoroutines(warmIdle),
+		est:       newTokenAverages(),
 	}
 	w.endCtx, w.endStop = context.WithCancel(context.Background())
 	w.tracer = arch.Tracer("github.com/agentq/agentq/runtime")
@@ -186,6 +212,11 @@ func (w *Worker) instrument(mp metric.MeterProvider) {
 	w.wait, _ = meter.Float64Histogram("agentq.task_wait", metric.WithUnit("s"),
 		metric.WithDescription("Time from a task's admission to its first start on a worker"),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600))
+	w.capWait, _ = meter.Float64Histogram("agentq.capacity_wait", metric.WithUnit("s"),
+		metric.WithDescription("Time a step waits, parked without a worker, for token capacity, by what it waits for (tokens_per_minute, pool:<name>, throttled)"),
+		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+	w.throttled, _ = meter.Int64Counter("agentq.throttled_steps",
+		metric.WithDescription("Steps an agent answered throttled (its upstream refused them), by pool"))
 	busy, _ := meter.Float64ObservableGauge("agentq.worker_busy_ratio", metric.WithUnit("1"),
 		metric.WithDescription("The share of this worker's concurrency slots processing a task"))
 	_, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
@@ -434,6 +465,21 @@ func (w *Worker) endTask(ctx context.Context, r *taskRun) {
 	})
 }
 
+// park parks a delivery's task in Redis once Postgres holds it as queued: its slots
+// go back (its tenant is charged took of worker time) and it waits out of its queue
+// until its capacity is expected. Its session lease stays: the task is live.
+func (w *Worker) park(r *taskRun, took time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := w.slots.Park(ctx, scheduler.ParkParams{Payload: r.p, Took: took, Wait: max(time.Until(r.parked), 0),
+		Priority: r.task.Priority, CreatedAt: r.task.CreatedAt})
+	if err != nil {
+		// Queued in Postgres, still in its tenant's running set: the janitor takes
+		// it out and the recovery sweep queues it again.
+		w.log.Error("parking a task in Redis failed; the janitor queues it again", "task_id", r.p.TaskID, "err", err)
+	}
+}
+
 // queueReleaseLease queues the release of a task's session lease.
 func (w *Worker) queueReleaseLease(tenantID, taskID string) func(redis.Pipeliner) {
 	return func(pipe redis.Pipeliner) { w.limits.QueueRelease(context.Background(), pipe, tenantID, taskID) }
@@ -468,7 +514,10 @@ type Event struct {
 	Usage  *StepUsage      `json:"usage,omitempty"`
 	Done   bool            `json:"done,omitempty"`
 	Output json.RawMessage `json:"output,omitempty"`
-	Time   time.Time       `json:"time"`
+	// WaitReason and WaitUntil: a task parked for token capacity (state "queued").
+	WaitReason string     `json:"wait_reason,omitempty"`
+	WaitUntil  *time.Time `json:"wait_until,omitempty"`
+	Time       time.Time  `json:"time"`
 }
 
 // publish sends progress messages, in one round trip when there are several.

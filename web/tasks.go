@@ -47,10 +47,16 @@ type TaskJSON struct {
 	Budget     json.RawMessage `json:"budget"`
 	Usage      UsageJSON       `json:"usage"`
 	WaitReason *string         `json:"wait_reason"`
-	Attempt    int             `json:"attempt"`
-	CreatedAt  time.Time       `json:"created_at"`
-	StartedAt  *time.Time      `json:"started_at"`
-	FinishedAt *time.Time      `json:"finished_at"`
+	// WaitUntil is when the capacity a parked task waits for is expected (null
+	// unless it waits for tokens_per_minute or a pool).
+	WaitUntil *time.Time `json:"wait_until"`
+	// WaitedS is the time the task spent waiting for token capacity, not charged to
+	// its wall-clock budget.
+	WaitedS    float64    `json:"waited_s"`
+	Attempt    int        `json:"attempt"`
+	CreatedAt  time.Time  `json:"created_at"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
 }
 
 // UsageJSON is a task's usage.
@@ -78,6 +84,10 @@ func taskJSON(t tasks.Task) TaskJSON {
 		Attempt:   t.Attempt,
 		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
 		WaitReason: t.WaitReason,
+		WaitedS:    float64(t.WaitedMs) / 1000,
+	}
+	if t.State == agentqtype.TaskStateQueued && t.Wait.Reason != nil {
+		out.WaitUntil = t.Wait.Until
 	}
 	if t.User != "" {
 		u := t.User

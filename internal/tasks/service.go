@@ -594,7 +594,12 @@ func (s *Service) WithWaitReason(ctx context.Context, t Task) Task {
 func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
 	reasonOf := s.waitReasons(ctx)
 	for i := range tasks {
-		if tasks[i].State == store.StateQueued {
+		switch {
+		case tasks[i].State != store.StateQueued:
+		case tasks[i].Wait.Reason != nil:
+			// parked for token capacity: what it waits for, not where it stands
+			tasks[i].WaitReason = tasks[i].Wait.Reason
+		default:
 			tasks[i].WaitReason = reasonOf(tasks[i].TenantID)
 		}
 	}

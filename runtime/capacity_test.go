@@ -1,0 +1,181 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/runtime"
+)
+
+// setOverrides replaces the rig tenant's overrides.
+func (r *rig) setOverrides(ov map[string]quotas.Limit) {
+	r.t.Helper()
+	if _, err := r.st.UpdateTenant(r.ctx, store.UpdateTenantParams{ID: tenant, Overrides: ov}); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// A step that cannot get its tenant's tokens per minute parks the task: the task goes
+// back to queued with wait_reason tokens_per_minute, holds no running slot while it
+// waits, keeps its session lease, and resumes at its next step with its state. The
+// wait is not charged to its wall-clock budget, and the task reports it.
+func TestStepWaitsForTokensPerMinuteWithoutAWorker(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	// 1,000 tokens a second, a burst of 1,000: each 1,000-token step after the first
+	// waits about a second.
+	r.setOverrides(map[string]quotas.Limit{quotas.AITokensPerMinute: 60_000, quotas.AITokensPerMinute + "_burst": 1000})
+	var mu sync.Mutex
+	var stepped []time.Time
+	count := counter(t)
+	r.agents.Register("llm", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		mu.Lock()
+		stepped = append(stepped, time.Now())
+		mu.Unlock()
+		res, err := count(ctx, req)
+		res.NextStepTokens = 1000
+		return res, err
+	}))
+	r.start()
+	// Three steps take about two seconds of waiting; the wall clock allows 1.5 s.
+	id := r.submit("llm", `{"steps":3,"tokens":1000}`, &tasks.BudgetRequest{MaxWallclockS: ptr(1.5)})
+
+	// While it waits it is queued, says for what and until when, and holds no slot.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := r.task(id)
+		if got.State == store.StateQueued && got.Usage.Steps >= 1 && got.Wait.Reason != nil {
+			if *got.Wait.Reason != quotas.WaitTokensPerMinute || got.Wait.Until == nil {
+				t.Fatalf("parked task waits for %q until %v; want tokens_per_minute and a time", *got.Wait.Reason, got.Wait.Until)
+			}
+			if r.slotHeld(id) {
+				t.Fatal("a parked task holds its running slot")
+			}
+			if !r.leaseHeld(id) {
+				t.Fatal("a parked task lost its session lease")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the task never parked: %s, %d steps; log:\n%s", got.State, got.Usage.Steps, r.log)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	got := r.waitState(id, store.StateCompleted)
+	if got.Usage != (store.Usage{Steps: 3, Tokens: 3000}) || got.Error != nil {
+		t.Fatalf("completed task: usage %+v, error %v", got.Usage, deref(got.Error))
+	}
+	var out struct{ N int }
+	if err := json.Unmarshal(got.Output, &out); err != nil || out.N != 3 {
+		t.Fatalf("output %s: the state did not survive the waits", got.Output)
+	}
+	if got.WaitedMs < 1500 {
+		t.Fatalf("waited %d ms; want the two waits of about a second each", got.WaitedMs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(stepped); i++ {
+		// 1,000 tokens at 1,000 a second: never sooner than the bucket allows.
+		if gap := stepped[i].Sub(stepped[i-1]); gap < 900*time.Millisecond {
+			t.Fatalf("step %d ran %v after the previous one; the bucket allows one a second", i+1, gap)
+		}
+	}
+	r.wantReleased(id)
+}
+
+// A throttled answer does not count: no step, no usage, nothing of the budget; the
+// task waits the retry time without a worker and runs the step again.
+func TestThrottledStepDoesNotCountAndWaits(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	count := counter(t)
+	var mu sync.Mutex
+	calls := map[int]int{}
+	r.agents.Register("flaky", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		mu.Lock()
+		calls[req.Step]++
+		first := calls[req.Step] == 1
+		mu.Unlock()
+		if req.Step == 2 && first {
+			return runtime.StepResult{Throttled: &runtime.Throttle{RetryAfterS: 0.3}, Usage: runtime.StepUsage{Tokens: 999}}, nil
+		}
+		return count(ctx, req)
+	}))
+	r.start()
+	began := time.Now()
+	id := r.submit("flaky", `{"steps":2,"tokens":10}`, &tasks.BudgetRequest{MaxSteps: ptr(2)})
+	got := r.waitState(id, store.StateCompleted)
+	if got.Usage != (store.Usage{Steps: 2, Tokens: 20}) {
+		t.Fatalf("usage %+v; want the two steps that ran, and not the throttled one", got.Usage)
+	}
+	if n := r.ledgerRows(id); n != 6 {
+		t.Fatalf("ledger: %d rows, want 3 meters for each of 2 steps", n)
+	}
+	if took := time.Since(began); took < 300*time.Millisecond {
+		t.Fatalf("finished %v after submission; the throttled step waited less than its retry time", took)
+	}
+	if got.WaitedMs < 250 {
+		t.Fatalf("waited %d ms, want the retry time", got.WaitedMs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls[2] != 2 {
+		t.Fatalf("step 2 was called %d times, want 2 (throttled, then run)", calls[2])
+	}
+}
+
+// A task cancelled while parked ends killed and releases everything: its lease, and
+// its place in the parked set, so it is never dispatched again.
+func TestCancelWhileParkedReleasesEverything(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.setOverrides(map[string]quotas.Limit{quotas.AITokensPerMinute: 60, quotas.AITokensPerMinute + "_burst": 100})
+	var mu sync.Mutex
+	steps := 0
+	count := counter(t)
+	r.agents.Register("llm", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		mu.Lock()
+		steps++
+		mu.Unlock()
+		res, err := count(ctx, req)
+		res.NextStepTokens = 100
+		return res, err
+	}))
+	r.start()
+	id := r.submit("llm", `{"steps":3,"tokens":100}`, nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if got := r.task(id); got.State == store.StateQueued && got.Wait.Reason != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the task never parked; log:\n%s", r.log)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := r.svc.Cancel(r.ctx, tenant, id); err != nil {
+		t.Fatal(err)
+	}
+	got := r.waitState(id, store.StateKilled)
+	if got.Usage.Steps != 1 {
+		t.Fatalf("usage %+v; want the one step before the wait", got.Usage)
+	}
+	r.wantReleased(id)
+	if parked, err := r.sched.IsParked(r.ctx, tenant, id.String()); err != nil || parked {
+		t.Fatalf("IsParked = %v, %v after the cancel", parked, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if steps != 1 {
+		t.Fatalf("%d steps ran; a cancelled parked task ran again", steps)
+	}
+	_ = context.Background
+}
