@@ -195,13 +195,15 @@ func New(ctx context.Context, o Options) (*App, error) {
 	// One lifecycle for every task state change this process makes: submissions and
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
 	events := outbox.Events{UpgradeURL: a.cfg.UpgradeURL}
+	limitsOf := func(t store.Tenant) (quotas.Limits, error) {
+		pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
+		return pol.Limits, err
+	}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
 		MeterProvider:  mp,
 		BudgetExceeded: events.BudgetStop,
-		StepRecorded: outbox.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
-			pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
-			return pol.Limits, err
-		}}.Step,
+		StepRecorded:   outbox.Crossings{Events: events, Limits: limitsOf}.Step,
+		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,

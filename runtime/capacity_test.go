@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
 )
@@ -27,7 +29,15 @@ func (r *rig) setOverrides(ov map[string]quotas.Limit) {
 // wait is not charged to its wall-clock budget, and the task reports it.
 func TestStepWaitsForTokensPerMinuteWithoutAWorker(t *testing.T) {
 	t.Parallel()
-	r := newRig(t)
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := func(tn store.Tenant) (quotas.Limits, error) {
+		p, err := tenants.PolicyOf(plans, tn)
+		return p.Limits, err
+	}
+	r := newRig(t, tasks.LifecycleOptions{Parked: outbox.Waits{Events: outbox.Events{}, Limits: limits}.Parked})
 	// 1,000 tokens a second, a burst of 1,000: each 1,000-token step after the first
 	// waits about a second.
 	r.setOverrides(map[string]quotas.Limit{quotas.AITokensPerMinute: 60_000, quotas.AITokensPerMinute + "_burst": 1000})
@@ -88,6 +98,29 @@ func TestStepWaitsForTokensPerMinuteWithoutAWorker(t *testing.T) {
 		}
 	}
 	r.wantReleased(id)
+
+	// The waits on the tenant's own limit are one usage.limit_hit, "delayed", per
+	// minute (both waits fell in one minute, or in two).
+	evs, err := r.st.ListEvents(r.ctx, store.ListEventsParams{TenantID: tenant, Type: outbox.TypeLimitHit, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) < 1 || len(evs) > 2 {
+		t.Fatalf("%d limit_hit events for two waits; want one a minute", len(evs))
+	}
+	var ev struct {
+		Data struct {
+			LimitType   string `json:"limit_type"`
+			Enforcement string `json:"enforcement"`
+			LimitValue  int64  `json:"limit_value"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(evs[0].Payload, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Data.LimitType != quotas.AITokensPerMinute || ev.Data.Enforcement != "delayed" || ev.Data.LimitValue != 60_000 {
+		t.Fatalf("limit_hit %s; want ai_tokens_per_minute, delayed, limit 60000", evs[0].Payload)
+	}
 }
 
 // A throttled answer does not count: no step, no usage, nothing of the budget; the

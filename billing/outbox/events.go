@@ -53,6 +53,7 @@ const (
 	EnforcementNone    Enforcement = "none"    // a warning: nothing was refused
 	EnforcementRefused Enforcement = "refused" // work was refused: an admission, or a step
 	EnforcementStopped Enforcement = "stopped" // a running task was ended
+	EnforcementDelayed Enforcement = "delayed" // a step waited, without a worker, for token capacity
 )
 
 // Thresholds are the percentages of a period quota whose crossing writes an event:

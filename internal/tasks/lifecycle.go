@@ -64,6 +64,10 @@ type LifecycleOptions struct {
 	// the period quotas the step crossed (outbox.Crossings.Step), so they exist
 	// exactly when the step committed. An error rolls the step back.
 	StepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
+	// Parked, when set, runs inside the transaction that parked a task to wait for
+	// token capacity, with the task as parked: it writes the wait's usage.limit_hit
+	// (outbox.Waits.Parked).
+	Parked func(ctx context.Context, tx *store.Store, t store.Task) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
@@ -81,6 +85,8 @@ type Lifecycle struct {
 	staleAfter time.Duration
 	hook       func(ctx context.Context, tx *store.Store, c Change) error
 	budget     func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
+	// parked: LifecycleOptions.Parked
+	parked func(ctx context.Context, tx *store.Store, t store.Task) error
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
@@ -96,7 +102,8 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	if o.StaleAfter <= 0 {
 		o.StaleAfter = DefaultStaleAfter
 	}
-	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded}
+	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded,
+		parked: o.Parked}
 	l.lastSteps.Flush = l.completeLastSteps
 	l.starts.Flush = l.startTasks
 	l.creates.Flush = l.createTasks
@@ -144,6 +151,11 @@ func (l *Lifecycle) ended(ctx context.Context, st store.TaskState) {
 func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) error {
 	if l.budget != nil && c.Kind == ChangeFinished && c.Task.State == store.StateBudgetExceeded {
 		if err := l.budget(ctx, tx, c.Task, c.Stop); err != nil {
+			return err
+		}
+	}
+	if l.parked != nil && c.Kind == ChangeParked {
+		if err := l.parked(ctx, tx, c.Task); err != nil {
 			return err
 		}
 	}
