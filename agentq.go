@@ -178,11 +178,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.quotas = quotas.New(a.rdb, a.keys, nil, quotas.Options{
 		Coalesce: a.cfg.Has(config.RoleAPI), CoalesceTimeout: a.cfg.RedisTimeout, Batch: a.batch,
 	})
-	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.log, mp)
+	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.archetype)
 	// The request slots' calls have a batch of their own, bounded by the admission
 	// timeout: they must answer as fast as admission does.
-	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log,
-		MeterProvider: mp, Batch: a.slotBatch})
+	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Archetype: a.archetype,
+		Batch: a.slotBatch})
 	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{
 		Prefetch: a.cfg.Prefetch, Batch: a.batch, WakeInProcess: a.cfg.Has(config.RoleScheduler),
 	})

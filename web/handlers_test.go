@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tenants"
@@ -43,7 +44,7 @@ func newAPIFixture(t *testing.T) *apiFixture {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Logger: log})
+	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: &baseservice.Archetype{Logger: log}})
 	sched := scheduler.New(rdb, rk, scheduler.Options{})
 	svc := services.New(services.Deps{
 		Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Scheduler: sched, Admission: guard,

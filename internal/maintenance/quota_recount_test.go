@@ -22,7 +22,7 @@ func recountFixture(t *testing.T) (*fixture, *QuotaRecount) {
 	t.Helper()
 	f := newFixture(t)
 	ledger := usage.NewLedger(store.New(f.Pool))
-	f.q.SetUsageSource(ledger, nil, nil)
+	f.q.SetUsageSource(ledger, nil)
 	f.Usage = ledger
 	return f, NewQuotaRecount(f.Deps, NewElector(f.Deps, ElectorConfig{}), QuotaRecountConfig{})
 }

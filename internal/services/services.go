@@ -18,6 +18,7 @@ import (
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
@@ -111,7 +112,7 @@ func New(d Deps) *Services {
 	case d.Redis != nil:
 		q := quotas.New(d.Redis, d.Keys, nil)
 		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
-		q.SetUsageSource(usage.NewLedger(st), log, nil)
+		q.SetUsageSource(usage.NewLedger(st), &baseservice.Archetype{Logger: log})
 		ko.Limits, to.Counters = q, q
 	}
 	s := &Services{
