@@ -196,7 +196,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
 	events := outbox.Events{UpgradeURL: a.cfg.UpgradeURL}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
-		MeterProvider:  mp,
+		Archetype:      a.archetype,
 		BudgetExceeded: events.BudgetStop,
 		StepRecorded: outbox.Crossings{Events: events, Limits: func(t store.Tenant) (quotas.Limits, error) {
 			pol, err := a.services.Tenants.Policy(t) // set below, before any task runs

@@ -134,8 +134,8 @@ func New(d Deps) *Services {
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
-			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle, Logger: log,
-			TracerProvider: d.TracerProvider,
+			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle,
+			Archetype: &baseservice.Archetype{Logger: log, TracerProvider: d.TracerProvider},
 		})
 	}
 	return s
