@@ -205,8 +205,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
-		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log, TracerProvider: tp,
-		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets, Archetype: a.archetype},
+		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Archetype: a.archetype,
+		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{

@@ -44,11 +44,12 @@ func newAPIFixture(t *testing.T) *apiFixture {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: &baseservice.Archetype{Logger: log}})
+	arch := &baseservice.Archetype{Logger: log}
+	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
 	sched := scheduler.New(rdb, rk, scheduler.Options{})
 	svc := services.New(services.Deps{
 		Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Scheduler: sched, Admission: guard,
-		Agents: runtime.NewRegistry(), Logger: log,
+		Agents: runtime.NewRegistry(), Archetype: arch,
 	})
 	admin := "admin-" + testenv.ID()
 	s := New(Deps{
