@@ -416,8 +416,8 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store, Logger: a.log,
-		MeterProvider: a.tel.MeterProvider,
+		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store,
+		Archetype: a.archetype,
 	}
 }
 
