@@ -221,7 +221,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Archetype: a.archetype, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
-	a.api = a.newAPI(pool, readStore, tp, mp)
+	a.api = a.newAPI(pool, readStore)
 	a.svcs = a.roleServices()
 	return a, nil
 }
@@ -290,14 +290,14 @@ func (a *App) connectRedis(ctx context.Context, callTP trace.TracerProvider) err
 
 // newAPI builds the HTTP server over the domain services; readStore serves the
 // reads that may lag.
-func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.TracerProvider, mp metric.MeterProvider) *web.Server {
+func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 	return web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Events: outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
 		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
-		Logger:      a.log,
+		Archetype:   a.archetype,
 		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
 			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
@@ -306,7 +306,7 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 		OpsOnly: !a.cfg.Has(config.RoleAPI),
 		Telemetry: web.Telemetry{
-			TracerProvider: tp, MeterProvider: mp, Metrics: a.tel.MetricsHandler(),
+			Metrics:    a.tel.MetricsHandler(),
 			Migrations: func(ctx context.Context) (bool, error) { return migrations.Pending(ctx, pool) },
 		},
 	})
