@@ -328,7 +328,7 @@ func (a *App) refusalFlushes() (*rejections.Rejections, *rejections.LocalRejecti
 func (a *App) roleServices() []startstop.Service {
 	var svcs []startstop.Service
 	if a.cfg.PprofAddr != "" {
-		svcs = append(svcs, &telemetry.Pprof{Addr: a.cfg.PprofAddr, Log: a.log})
+		svcs = append(svcs, &telemetry.Pprof{Addr: a.cfg.PprofAddr, Archetype: a.archetype})
 	}
 	if a.cfg.Has(config.RoleWorker) {
 		svcs = append(svcs, a.worker)
