@@ -208,7 +208,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Archetype: a.archetype,
 		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
 	})
-	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
+	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.archetype)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
