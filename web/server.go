@@ -75,7 +75,7 @@ type Deps struct {
 	// PanelFrameAncestors is the panel's CSP frame-ancestors ("" is "*").
 	PanelFrameAncestors string
 	// Archetype is where the API logs, traces and meters its requests, and the clock
-	// of the panel links and the operator sessions (tests expire links); nil: the
+	// of the panel links and the operator view's sign-ins (tests expire links); nil: the
 	// defaults.
 	Archetype *baseservice.Archetype
 	// ListenAddr is where Start listens ("host:port"; port 0 picks a free one).
