@@ -178,11 +178,11 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.quotas = quotas.New(a.rdb, a.keys, nil, quotas.Options{
 		Coalesce: a.cfg.Has(config.RoleAPI), CoalesceTimeout: a.cfg.RedisTimeout, Batch: a.batch,
 	})
-	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.log, mp)
+	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.archetype)
 	// The request slots' calls have a batch of their own, bounded by the admission
 	// timeout: they must answer as fast as admission does.
-	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Logger: a.log,
-		MeterProvider: mp, Batch: a.slotBatch})
+	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Archetype: a.archetype,
+		Batch: a.slotBatch})
 	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{
 		Prefetch: a.cfg.Prefetch, Batch: a.batch, WakeInProcess: a.cfg.Has(config.RoleScheduler),
 	})
@@ -200,17 +200,17 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return pol.Limits, err
 	}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
-		MeterProvider:  mp,
+		Archetype:      a.archetype,
 		BudgetExceeded: events.BudgetStop,
 		StepRecorded:   outbox.Crossings{Events: events, Limits: limitsOf}.Step,
 		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
-		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Logger: a.log, TracerProvider: tp,
-		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets, Archetype: a.archetype},
+		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Archetype: a.archetype,
+		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
 	})
-	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.log)
+	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.archetype)
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
@@ -223,7 +223,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Archetype: a.archetype, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
-	a.api = a.newAPI(pool, readStore, tp, mp)
+	a.api = a.newAPI(pool, readStore)
 	a.svcs = a.roleServices()
 	return a, nil
 }
@@ -292,14 +292,14 @@ func (a *App) connectRedis(ctx context.Context, callTP trace.TracerProvider) err
 
 // newAPI builds the HTTP server over the domain services; readStore serves the
 // reads that may lag.
-func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.TracerProvider, mp metric.MeterProvider) *web.Server {
+func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 	return web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Events: outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
 		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
-		Logger:      a.log,
+		Archetype:   a.archetype,
 		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
 			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
@@ -308,7 +308,7 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 		OpsOnly: !a.cfg.Has(config.RoleAPI),
 		Telemetry: web.Telemetry{
-			TracerProvider: tp, MeterProvider: mp, Metrics: a.tel.MetricsHandler(),
+			Metrics:    a.tel.MetricsHandler(),
 			Migrations: func(ctx context.Context) (bool, error) { return migrations.Pending(ctx, pool) },
 		},
 	})
@@ -330,7 +330,7 @@ func (a *App) refusalFlushes() (*rejections.Rejections, *rejections.LocalRejecti
 func (a *App) roleServices() []startstop.Service {
 	var svcs []startstop.Service
 	if a.cfg.PprofAddr != "" {
-		svcs = append(svcs, &telemetry.Pprof{Addr: a.cfg.PprofAddr, Log: a.log})
+		svcs = append(svcs, &telemetry.Pprof{Addr: a.cfg.PprofAddr, Archetype: a.archetype})
 	}
 	if a.cfg.Has(config.RoleWorker) {
 		svcs = append(svcs, a.worker)
@@ -418,8 +418,8 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	return maintenance.Deps{
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
-		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store, Logger: a.log,
-		MeterProvider: a.tel.MeterProvider,
+		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store,
+		Archetype: a.archetype,
 	}
 }
 

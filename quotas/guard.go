@@ -12,9 +12,9 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/riverqueue/river/rivershared/startstop"
-	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/redisx"
 )
 
@@ -123,38 +123,30 @@ type GuardOptions struct {
 	Timeout  time.Duration // per admission call; default 50ms
 	Cooldown time.Duration // how long to skip Redis once the breaker opens; default 1s
 	ID       string        // this API replica's id
-	Logger   *slog.Logger
-	// MeterProvider receives agentq.admissions; nil is the global one.
-	MeterProvider metric.MeterProvider
+	// Archetype is where the guard logs and meters (agentq.admissions), and its
+	// Clock dates the refusals decided in process (their minute); nil: the defaults.
+	Archetype *baseservice.Archetype
 	// Batch, when set, carries request slots' acquisitions and releases in round
 	// trips shared with other requests, and releases each slot after its response;
 	// nil sends each alone, and releases before the response. Its timeout should be
 	// Timeout's; its owner closes it after the API stopped.
 	Batch *redisx.Batch
-	// Now is the clock that dates the refusals decided in process (their minute);
-	// time.Now when nil.
-	Now func() time.Time
 }
 
 // NewGuard wraps q.
 func NewGuard(q *Quotas, o GuardOptions) *Guard {
-	g := &Guard{q: q, log: o.Logger, timeout: o.Timeout, cooldown: o.Cooldown, id: o.ID, batch: o.Batch, now: o.Now}
+	arch := o.Archetype.Defaults()
+	g := &Guard{q: q, log: arch.Logger, timeout: o.Timeout, cooldown: o.Cooldown, id: o.ID, batch: o.Batch, now: arch.Clock}
 	if g.timeout <= 0 {
 		g.timeout = 50 * time.Millisecond
 	}
 	if g.cooldown <= 0 {
 		g.cooldown = time.Second
 	}
-	if g.log == nil {
-		g.log = slog.Default()
-	}
-	if g.now == nil {
-		g.now = time.Now
-	}
 	g.br = &breaker{cooldown: g.cooldown, lasting: g.timeout, log: g.log}
 	g.local, _ = lru.New[string, *rate.Limiter](100000)
 	g.replicas.Store(1)
-	g.admissions = newAdmissionCounter(o.MeterProvider)
+	g.admissions = newAdmissionCounter(arch.MeterProvider)
 	return g
 }
 

@@ -3,7 +3,6 @@ package quotas
 import (
 	"context"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -21,9 +20,6 @@ const (
 type admissionCounter struct{ c metric.Int64Counter }
 
 func newAdmissionCounter(mp metric.MeterProvider) admissionCounter {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
 	c, _ := mp.Meter("github.com/agentq/agentq/quotas").Int64Counter("agentq.admissions",
 		metric.WithUnit("{admission}"),
 		metric.WithDescription("Task admissions by outcome (admitted, refused, out_of_scope, error) and, for a refusal, the limit_type that refused it; a submission refused by several limits counts once per limit"))

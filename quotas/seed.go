@@ -3,14 +3,13 @@ package quotas
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 )
 
@@ -53,19 +52,17 @@ type Usage struct {
 // SetUsageSource makes the period counters rebuild from src when Redis lost them.
 // Without one (tests, a Quotas without a ledger) missing counters start at zero. Call
 // it before the Quotas is used.
-// Each rebuild is counted on mp's agentq.quotas.counters_rebuilt (nil: the global
-// meter provider).
-func (q *Quotas) SetUsageSource(src UsageSource, log *slog.Logger, mp metric.MeterProvider) {
-	q.usage, q.log = src, log
-	q.rebuilt = newRebuiltCounter(mp)
+// Each rebuild is logged to arch's logger and counted on its meter provider's
+// agentq.quotas.counters_rebuilt (nil: the defaults).
+func (q *Quotas) SetUsageSource(src UsageSource, arch *baseservice.Archetype) {
+	arch = arch.Defaults()
+	q.usage, q.log = src, arch.Logger
+	q.rebuilt = newRebuiltCounter(arch.MeterProvider)
 }
 
-// newRebuiltCounter makes agentq.quotas.counters_rebuilt on mp (nil: the global
-// provider), exported at 0 from the start.
+// newRebuiltCounter makes agentq.quotas.counters_rebuilt on mp, exported at 0 from
+// the start.
 func newRebuiltCounter(mp metric.MeterProvider) metric.Int64Counter {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
 	c, _ := mp.Meter("github.com/agentq/agentq/quotas").Int64Counter("agentq.quotas.counters_rebuilt",
 		metric.WithUnit("{tenant}"),
 		metric.WithDescription("Tenants whose period quota counters were rebuilt from the usage ledger"))

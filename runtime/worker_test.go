@@ -99,7 +99,7 @@ func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 	r.svc = tasks.New(tasks.Deps{
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}),
 		Admission: quotas.NewGuard(r.q, quotas.GuardOptions{Timeout: time.Second}),
-		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Logger: logger,
+		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Archetype: &baseservice.Archetype{Logger: logger},
 	})
 	queues := map[string]int{}
 	for band, weight := range scheduler.Bands {

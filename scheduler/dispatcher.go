@@ -86,7 +86,7 @@ func NewDispatcher(sched *Scheduler, rdb redis.UniversalClient, enq Enqueuer, op
 		d.resend = 5 * time.Second
 	}
 	d.tracer = arch.Tracer("github.com/agentq/agentq/scheduler")
-	d.metrics = newDispatchMetrics(arch.MeterProvider, sched, d.log)
+	d.metrics = newDispatchMetrics(arch, sched)
 	return d
 }
 

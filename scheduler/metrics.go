@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/telemetry"
 )
 
@@ -41,12 +41,12 @@ type fairBucket struct {
 	weight map[string]float64
 }
 
-func newDispatchMetrics(mp metric.MeterProvider, sched *Scheduler, log *slog.Logger) *dispatchMetrics {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	m := &dispatchMetrics{sched: sched, log: log, now: time.Now}
-	meter := mp.Meter("github.com/agentq/agentq/scheduler")
+// newDispatchMetrics makes the instruments on arch's meter provider; the fair-share
+// window follows arch's clock.
+func newDispatchMetrics(arch *baseservice.Archetype, sched *Scheduler) *dispatchMetrics {
+	arch = arch.Defaults()
+	m := &dispatchMetrics{sched: sched, log: arch.Logger, now: arch.Clock}
+	meter := arch.Meter("github.com/agentq/agentq/scheduler")
 	m.count, _ = meter.Int64Counter("agentq.dispatched", metric.WithUnit("{task}"),
 		metric.WithDescription("Tasks handed from the tenant queues to the workers' asynq queues"))
 	m.count.Add(context.Background(), 0)
@@ -60,7 +60,7 @@ func newDispatchMetrics(mp metric.MeterProvider, sched *Scheduler, log *slog.Log
 		return nil
 	}, depth, share)
 	if err != nil {
-		log.Warn("registering the scheduler's gauges failed", "err", err)
+		m.log.Warn("registering the scheduler's gauges failed", "err", err)
 	}
 	return m
 }

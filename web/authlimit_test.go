@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/testenv"
 )
 
@@ -112,7 +113,8 @@ func TestAdminTokenFailuresSharedAcrossReplicasAndSignIn(t *testing.T) {
 	t.Parallel()
 	f := newAPIFixture(t)
 	other := New(Deps{Tenants: f.s.Tenants, APIKeys: f.s.APIKeys, Redis: f.s.Redis, Keys: f.s.Keys,
-		Admission: f.s.Admission, AdminToken: f.admin, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Admission: f.s.Admission, AdminToken: f.admin,
+		Archetype: &baseservice.Archetype{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	const addr = "192.0.2.9:5000"
 	for i := range 5 {
 		if st, _, body := f.callFrom(addr, http.MethodGet, "/v1/admin/tenants", "wrong"); st != http.StatusUnauthorized {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tenants"
@@ -43,16 +44,17 @@ func newAPIFixture(t *testing.T) *apiFixture {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Logger: log})
+	arch := &baseservice.Archetype{Logger: log}
+	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
 	sched := scheduler.New(rdb, rk, scheduler.Options{})
 	svc := services.New(services.Deps{
 		Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Scheduler: sched, Admission: guard,
-		Agents: runtime.NewRegistry(), Logger: log,
+		Agents: runtime.NewRegistry(), Archetype: arch,
 	})
 	admin := "admin-" + testenv.ID()
 	s := New(Deps{
 		Tenants: svc.Tenants, APIKeys: svc.Keys, Tasks: svc.Tasks, HTTPAgents: svc.Agents,
-		Postgres: pool, Queue: sched, Redis: rdb, Keys: rk, Admission: guard, AdminToken: admin, Logger: log,
+		Postgres: pool, Queue: sched, Redis: rdb, Keys: rk, Admission: guard, AdminToken: admin, Archetype: arch,
 	})
 	return &apiFixture{t: t, s: s, svc: svc, pool: pool, admin: admin}
 }

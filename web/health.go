@@ -8,18 +8,15 @@ import (
 	"github.com/labstack/echo/v4"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/internal/telemetry"
 )
 
-// Telemetry is what the API needs for its observability: the providers its request
-// spans and metrics go to, the Prometheus handler of GET /metrics, and the schema
-// check of GET /readyz.
+// Telemetry is what the API needs for its observability besides the providers its
+// request spans and metrics go to (Deps.Archetype's): the Prometheus handler of GET
+// /metrics, and the schema check of GET /readyz.
 type Telemetry struct {
-	TracerProvider trace.TracerProvider // nil: the global one
-	MeterProvider  metric.MeterProvider // nil: the global one
 	// Metrics serves GET /metrics (the Prometheus text format); nil answers 404.
 	Metrics http.Handler
 	// Migrations reports whether schema migrations are pending; nil is not checked.
@@ -40,12 +37,8 @@ func (s *Server) traced(h http.Handler) http.Handler {
 			return true
 		}),
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }),
-	}
-	if tp := s.Telemetry.TracerProvider; tp != nil {
-		opts = append(opts, otelhttp.WithTracerProvider(tp))
-	}
-	if mp := s.Telemetry.MeterProvider; mp != nil {
-		opts = append(opts, otelhttp.WithMeterProvider(mp))
+		otelhttp.WithTracerProvider(s.arch.TracerProvider),
+		otelhttp.WithMeterProvider(s.arch.MeterProvider),
 	}
 	return otelhttp.NewHandler(h, "http.server", opts...)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
@@ -93,7 +94,7 @@ func panelTestServer(t *testing.T, now time.Time) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(Deps{Plans: plans, PanelSecret: "s3cret", PanelClock: fixedClock(now)})
+	return New(Deps{Plans: plans, PanelSecret: "s3cret", Archetype: &baseservice.Archetype{Clock: fixedClock(now)}})
 }
 
 func get(t *testing.T, s *Server, path string) *http.Response {

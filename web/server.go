@@ -23,6 +23,7 @@ import (
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -73,9 +74,10 @@ type Deps struct {
 	PanelSecret string
 	// PanelFrameAncestors is the panel's CSP frame-ancestors ("" is "*").
 	PanelFrameAncestors string
-	// PanelClock is the panel links' clock (time.Now when nil): tests expire links.
-	PanelClock func() time.Time
-	Logger     *slog.Logger
+	// Archetype is where the API logs, traces and meters its requests, and the clock
+	// of the panel links and the operator view's sign-ins (tests expire links); nil: the
+	// defaults.
+	Archetype *baseservice.Archetype
 	// ListenAddr is where Start listens ("host:port"; port 0 picks a free one).
 	ListenAddr string
 	// ShutdownTimeout bounds how long Stop waits for in-flight requests (default 10s).
@@ -92,6 +94,7 @@ type Deps struct {
 type Server struct {
 	startstop.BaseStartStop
 	Deps
+	arch    *baseservice.Archetype // Deps.Archetype with its defaults
 	log     *slog.Logger
 	e       *echo.Echo
 	handler http.Handler // e, traced
@@ -108,10 +111,8 @@ type Server struct {
 
 // New builds the API.
 func New(d Deps) *Server {
-	s := &Server{Deps: d, log: d.Logger, closing: make(chan struct{})}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
+	arch := d.Archetype.Defaults()
+	s := &Server{Deps: d, arch: arch, log: arch.Logger, closing: make(chan struct{})}
 	if s.Plans == nil && s.Tenants != nil {
 		s.Plans = s.Tenants.Plans()
 	}
@@ -120,12 +121,12 @@ func New(d Deps) *Server {
 	if ephemeral && d.Tenants != nil {
 		s.log.Warn("neither AGENTQ_PANEL_SECRET nor AGENTQ_ADMIN_TOKEN is set: tenant panel links are signed with a random key and stop working when this process restarts")
 	}
-	panel, err := NewPanelSigner(secret, d.PanelClock)
+	panel, err := NewPanelSigner(secret, arch.Clock)
 	if err != nil {
 		panic(err) // the secret is never empty
 	}
 	s.panel = panel
-	s.opAuth = newOperatorAuth(d.AdminToken, nil)
+	s.opAuth = newOperatorAuth(d.AdminToken, arch.Clock)
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler

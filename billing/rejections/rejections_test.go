@@ -41,7 +41,7 @@ func newRejectingOn(t *testing.T, shards int) *rejecting {
 	}
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at) VALUES ('acme', 'Acme', 'pro', '2026-11-15')`)
 	f.q = quotas.New(f.rdb, f.keys, func() int64 { return f.clock().UnixMilli() })
-	f.q.SetUsageSource(f.ledger, nil, nil)
+	f.q.SetUsageSource(f.ledger, nil)
 	plans, err := quotas.LoadCatalogue("")
 	if err != nil {
 		t.Fatal(err)
@@ -462,7 +462,7 @@ func TestRefusalFlushWritesEachRoundsEvents(t *testing.T) {
 func (f *rejecting) degradedGuard() *quotas.Guard {
 	f.t.Helper()
 	dead := testenv.DeadRedis(f.t)
-	g := quotas.NewGuard(quotas.New(dead, f.keys, nil), quotas.GuardOptions{ID: "replica-1", Timeout: 50 * time.Millisecond, Now: f.clock})
+	g := quotas.NewGuard(quotas.New(dead, f.keys, nil), quotas.GuardOptions{ID: "replica-1", Timeout: 50 * time.Millisecond, Archetype: &baseservice.Archetype{Clock: f.clock}})
 	f.rej.Local = g
 	return g
 }

@@ -20,7 +20,7 @@ func TestReseededPeriodHoldsUntilItEnds(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(time.Now().UnixMilli())
 	q := quotas.New(f.rdb, f.keys, clock.Load)
-	q.SetUsageSource(f.ledger, nil, nil)
+	q.SetUsageSource(f.ledger, nil)
 	anchor := quotas.Anchor{Day: time.Now().UTC().Day()%28 + 1}
 	cur := anchor.PeriodAt(time.UnixMilli(clock.Load()))
 	next := anchor.PeriodAt(cur.End)

@@ -37,7 +37,7 @@ func newFixture(t *testing.T) *fixture {
 // replica is one process's limits, rebuilding lost counters from src.
 func (f *fixture) replica(src quotas.UsageSource) *quotas.Quotas {
 	q := quotas.New(f.rdb, f.keys, nil)
-	q.SetUsageSource(src, nil, nil)
+	q.SetUsageSource(src, nil)
 	return q
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pg"
@@ -53,8 +55,9 @@ type adminEnv struct {
 // and the limit state expires on its own.
 func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys,
 	allowNets []netip.Prefix) adminEnv {
+	// The command's own logger, as set up by main, gets the services' warnings.
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk,
-		Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}})
+		Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: &baseservice.Archetype{Logger: slog.Default()}})
 	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage}
 }
 

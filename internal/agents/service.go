@@ -11,7 +11,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/textproto"
 	"net/url"
 	"regexp"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/runtime"
 )
@@ -255,11 +255,10 @@ const ResolverTTL = time.Second
 // (runtime.Registry.Remote). It caches each agent for ResolverTTL, so a step does not
 // cost a query. Each agent's steps are signed with its own secret; an agent registered
 // before per-agent secrets (none stored) falls back to the deployment-wide shared
-// secret until it is rotated, and without one its steps fail.
-func (s *Service) Resolver(shared []byte, log *slog.Logger) func(ctx context.Context, name string) (runtime.Executor, bool, error) {
-	if log == nil {
-		log = slog.Default()
-	}
+// secret until it is rotated, and without one its steps fail. It logs through arch
+// (nil: the defaults).
+func (s *Service) Resolver(shared []byte, arch *baseservice.Archetype) func(ctx context.Context, name string) (runtime.Executor, bool, error) {
+	log := arch.Defaults().Logger
 	var warned sync.Map
 	type entry struct {
 		exec  runtime.Executor

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -81,7 +82,8 @@ type LimitState interface {
 type Options struct {
 	Invalidator Invalidator
 	Limits      LimitState
-	Logger      *slog.Logger
+	// Archetype is where the service logs; nil: the defaults.
+	Archetype *baseservice.Archetype
 	// CacheTTL bounds how long Authenticate trusts a cached key (default 1s): a change
 	// whose invalidation message is lost still reaches every process within it.
 	CacheTTL time.Duration
@@ -104,10 +106,7 @@ type Service struct {
 
 // New returns a Service over st.
 func New(st *store.Store, o Options) *Service {
-	s := &Service{store: st, inval: o.Invalidator, limits: o.Limits, log: o.Logger}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
+	s := &Service{store: st, inval: o.Invalidator, limits: o.Limits, log: o.Archetype.Defaults().Logger}
 	ttl := o.CacheTTL
 	if ttl <= 0 {
 		ttl = DefaultCacheTTL

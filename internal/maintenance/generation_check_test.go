@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/riverqueue/river/rivershared/startstop"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/testenv"
 )
 
@@ -44,7 +45,7 @@ func TestGenerationCheckRepairsAfterDataLoss(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	var logs syncBuffer
-	f.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	f.Archetype = &baseservice.Archetype{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	f.tenant("g1")
 	f.tenant("g2")
 	j := NewJanitor(f.Deps, JanitorConfig{})

@@ -13,7 +13,6 @@ package maintenance
 
 import (
 	"context"
-	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -55,17 +55,13 @@ type Deps struct {
 	// Corrections records each pass run that corrected something (the operator
 	// view's janitor corrections); nil records nothing.
 	Corrections CorrectionLog
-	Logger      *slog.Logger
-	// MeterProvider receives agentq.janitor.drift; nil is the global one.
-	MeterProvider metric.MeterProvider
+	// Archetype is where the passes log and meter (agentq.janitor.drift,
+	// agentq.quotas.recount_skipped), and the clock the webhook retention counts
+	// from; nil: the defaults.
+	Archetype *baseservice.Archetype
 }
 
-func (d Deps) logger() *slog.Logger {
-	if d.Logger == nil {
-		return slog.Default()
-	}
-	return d.Logger
-}
+func (d Deps) logger() *slog.Logger { return d.Archetype.Defaults().Logger }
 
 func (d Deps) lifecycle() Lifecycle {
 	if d.Lifecycle == nil {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/riverqueue/river/rivershared/startstop"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -139,11 +138,7 @@ var DriftKinds = []string{
 // drift is the counter of the Redis state the passes found out of line with Postgres,
 // by kind. The SDK hands every caller the same instrument.
 func (d Deps) drift() metric.Int64Counter {
-	mp := d.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	c, _ := mp.Meter("github.com/agentq/agentq/internal/maintenance").Int64Counter("agentq.janitor.drift",
+	c, _ := d.Archetype.Meter("github.com/agentq/agentq/internal/maintenance").Int64Counter("agentq.janitor.drift",
 		metric.WithUnit("{item}"),
 		metric.WithDescription("Redis state the janitor found out of line with Postgres and corrected, by kind"))
 	return c

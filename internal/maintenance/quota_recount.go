@@ -10,7 +10,6 @@ import (
 	"github.com/riverqueue/river/rivershared/startstop"
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/agentq/agentq/internal/store"
@@ -90,11 +89,7 @@ func NewQuotaRecount(d Deps, leader Leadership, c QuotaRecountConfig) *QuotaReco
 // newRecountSkipped makes agentq.quotas.recount_skipped on d's meter provider,
 // exported at 0 from the start.
 func newRecountSkipped(d Deps) metric.Int64Counter {
-	mp := d.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	c, _ := mp.Meter("github.com/agentq/agentq/internal/maintenance").Int64Counter("agentq.quotas.recount_skipped",
+	c, _ := d.Archetype.Meter("github.com/agentq/agentq/internal/maintenance").Int64Counter("agentq.quotas.recount_skipped",
 		metric.WithUnit("{tenant}"),
 		metric.WithDescription("Tenants the quota recount could not review in a run (their ledger could not be held still): left uncorrected until a later run"))
 	c.Add(context.Background(), 0)

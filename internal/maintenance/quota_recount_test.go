@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/agentq/agentq/billing/usage"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
@@ -22,7 +23,7 @@ func recountFixture(t *testing.T) (*fixture, *QuotaRecount) {
 	t.Helper()
 	f := newFixture(t)
 	ledger := usage.NewLedger(store.New(f.Pool))
-	f.q.SetUsageSource(ledger, nil, nil)
+	f.q.SetUsageSource(ledger, nil)
 	f.Usage = ledger
 	return f, NewQuotaRecount(f.Deps, NewElector(f.Deps, ElectorConfig{}), QuotaRecountConfig{})
 }
@@ -272,7 +273,7 @@ func TestQuotaRecountCountsTenantsLeftUncorrected(t *testing.T) {
 	t.Parallel()
 	f, _ := recountFixture(t)
 	reader := sdkmetric.NewManualReader()
-	f.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	f.Archetype = &baseservice.Archetype{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
 	p := NewQuotaRecount(f.Deps, NewElector(f.Deps, ElectorConfig{}), QuotaRecountConfig{Budget: time.Minute})
 	f.tenant("held")
 	f.step("held", quotas.StepParams{Tokens: 500}) // drift: never recorded

@@ -9,6 +9,7 @@ import (
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -32,8 +33,7 @@ type WebhookRetentionConfig struct {
 	// BatchSize bounds the deliveries one statement deletes (1000), so a run holds no
 	// long lock and a large backlog is worked off batch by batch.
 	BatchSize int
-	Budget    time.Duration    // a run's time bound (5 s); the next run goes on
-	Now       func() time.Time // the clock (time.Now); tests fix it
+	Budget    time.Duration // a run's time bound (5 s); the next run goes on
 }
 
 func (c WebhookRetentionConfig) withDefaults() WebhookRetentionConfig {
@@ -41,9 +41,6 @@ func (c WebhookRetentionConfig) withDefaults() WebhookRetentionConfig {
 	c.Interval = orDefault(c.Interval, defaultInterval)
 	c.BatchSize = orDefault(c.BatchSize, 1000)
 	c.Budget = orDefault(c.Budget, defaultBudget)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 	return c
 }
 
@@ -74,12 +71,14 @@ type WebhookRetention struct {
 	pruner WebhookPruner
 	leader Leadership
 	log    *slog.Logger
+	arch   *baseservice.Archetype // its clock dates the retention's cut-off
 	cfg    WebhookRetentionConfig
 }
 
 // NewWebhookRetention returns a stopped pass that runs while leader leads.
 func NewWebhookRetention(d Deps, leader Leadership, c WebhookRetentionConfig) *WebhookRetention {
-	return &WebhookRetention{pruner: d.Webhooks, leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults()}
+	return &WebhookRetention{pruner: d.Webhooks, leader: leader, log: d.logger().With("component", "janitor"), arch: d.Archetype,
+		cfg: c.withDefaults()}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -107,7 +106,7 @@ func (p *WebhookRetention) nextRun(res WebhookRetentionResult, err error) time.D
 func (p *WebhookRetention) runOnce(ctx context.Context) (WebhookRetentionResult, error) {
 	var res WebhookRetentionResult
 	var err error
-	before := p.cfg.Now().Add(-p.cfg.Retention)
+	before := p.arch.Now().Add(-p.cfg.Retention)
 	res.Stats, err = withinBudget(ctx, passWebhookRetention, p.cfg.Budget, func(ctx context.Context, st *PassStats) error {
 		for p.pruner != nil {
 			d, a, err := p.pruner.UnscopedPruneWebhookDeliveries(ctx, store.PruneWebhookDeliveriesParams{Before: before, Limit: p.cfg.BatchSize})

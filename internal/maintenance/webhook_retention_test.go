@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -45,9 +46,8 @@ func TestWebhookRetentionPrunesOldFinishedDeliveries(t *testing.T) {
 	seed("failed", time.Hour, 2)          // recent
 
 	f.Webhooks = store.New(f.Pool)
-	p := NewWebhookRetention(f.Deps, NewElector(f.Deps, ElectorConfig{}), WebhookRetentionConfig{
-		BatchSize: 4, Now: func() time.Time { return now },
-	})
+	f.Archetype = &baseservice.Archetype{Clock: func() time.Time { return now }}
+	p := NewWebhookRetention(f.Deps, NewElector(f.Deps, ElectorConfig{}), WebhookRetentionConfig{BatchSize: 4})
 	if p.cfg.Retention != DefaultWebhookRetention || DefaultWebhookRetention != 720*time.Hour {
 		t.Fatalf("retention %v, want the default of 720h", p.cfg.Retention)
 	}
@@ -66,9 +66,7 @@ func TestWebhookRetentionPrunesOldFinishedDeliveries(t *testing.T) {
 		t.Fatalf("a second run: %+v %v", res, err)
 	}
 	// A shorter retention takes the delivery 29 days old too.
-	short := NewWebhookRetention(f.Deps, NewElector(f.Deps, ElectorConfig{}), WebhookRetentionConfig{
-		Retention: 7 * 24 * time.Hour, Now: func() time.Time { return now },
-	})
+	short := NewWebhookRetention(f.Deps, NewElector(f.Deps, ElectorConfig{}), WebhookRetentionConfig{Retention: 7 * 24 * time.Hour})
 	if res, err := short.runOnce(f.ctx); err != nil || res.Deliveries != 1 || res.Attempts != 1 {
 		t.Fatalf("a 7-day retention: %+v %v", res, err)
 	}

@@ -7,17 +7,15 @@ package services
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
@@ -63,10 +61,10 @@ type Deps struct {
 	// Webhooks configures the webhook endpoint service (the rotation grace, the
 	// clock).
 	Webhooks webhooks.WebhooksOptions
-	Logger   *slog.Logger
-	// TracerProvider traces the task submissions (their admission); nil is the
-	// global one.
-	TracerProvider trace.TracerProvider
+	// Archetype is where the services log and the task submissions are traced
+	// (their admission); nil: the defaults. It is the webhook service's too when
+	// Webhooks names none.
+	Archetype *baseservice.Archetype
 }
 
 // Services are the domain services of one process.
@@ -83,10 +81,6 @@ type Services struct {
 
 // New builds the services on d.
 func New(d Deps) *Services {
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
 	st := store.New(d.Pool)
 	events := outbox.NewFeed(st)
 	sched := d.Scheduler
@@ -97,8 +91,8 @@ func New(d Deps) *Services {
 	if d.Redis != nil {
 		pub = &Publisher{Redis: d.Redis, Keys: d.Keys}
 	}
-	to := tenants.Options{Logger: log}
-	ko := keys.Options{Logger: log}
+	to := tenants.Options{Archetype: d.Archetype}
+	ko := keys.Options{Archetype: d.Archetype}
 	if sched != nil {
 		to.Scheduler = sched
 	}
@@ -111,7 +105,7 @@ func New(d Deps) *Services {
 	case d.Redis != nil:
 		q := quotas.New(d.Redis, d.Keys, nil)
 		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
-		q.SetUsageSource(usage.NewLedger(st), log, nil)
+		q.SetUsageSource(usage.NewLedger(st), d.Archetype)
 		ko.Limits, to.Counters = q, q
 	}
 	s := &Services{
@@ -124,6 +118,9 @@ func New(d Deps) *Services {
 	if wo.EndpointLimit == nil {
 		wo.EndpointLimit = s.Tenants.WebhookEndpointLimit
 	}
+	if wo.Archetype == nil {
+		wo.Archetype = d.Archetype
+	}
 	s.Webhooks = webhooks.NewWebhooks(st, wo)
 	var local agents.Local
 	if d.Agents != nil {
@@ -133,8 +130,8 @@ func New(d Deps) *Services {
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
-			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle, Logger: log,
-			TracerProvider: d.TracerProvider,
+			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle,
+			Archetype: d.Archetype,
 		})
 	}
 	return s

@@ -9,10 +9,10 @@ import (
 
 	"github.com/google/uuid"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/groupcommit"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -71,8 +71,9 @@ type LifecycleOptions struct {
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
-	// MeterProvider receives agentq.tasks_finished; nil is the global one.
-	MeterProvider metric.MeterProvider
+	// Archetype is where the lifecycle meters (agentq.tasks_finished); nil: the
+	// defaults.
+	Archetype *baseservice.Archetype
 }
 
 // Lifecycle makes a task's state changes: create (a submission's); start or take
@@ -107,11 +108,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	l.lastSteps.Flush = l.completeLastSteps
 	l.starts.Flush = l.startTasks
 	l.creates.Flush = l.createTasks
-	mp := o.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	l.finished, _ = mp.Meter("github.com/agentq/agentq/internal/tasks").Int64Counter("agentq.tasks_finished",
+	l.finished, _ = o.Archetype.Meter("github.com/agentq/agentq/internal/tasks").Int64Counter("agentq.tasks_finished",
 		metric.WithUnit("{task}"), metric.WithDescription("Tasks that reached a terminal state, by state"))
 	for _, st := range terminalStates {
 		l.finished.Add(context.Background(), 0, finishedAttrs(st))

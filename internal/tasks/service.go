@@ -25,12 +25,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/telemetry"
@@ -131,10 +131,9 @@ type Deps struct {
 	// Lifecycle makes the submission's and the cancel's state changes; nil: one
 	// over Store.
 	Lifecycle *Lifecycle
-	Logger    *slog.Logger
-	// TracerProvider traces each submission's admission (agentq.admission); nil is
-	// the global one.
-	TracerProvider trace.TracerProvider
+	// Archetype is where the service logs and traces each submission's admission
+	// (agentq.admission); nil: the defaults.
+	Archetype *baseservice.Archetype
 }
 
 // Service submits, reads, lists and cancels tasks, always for one tenant.
@@ -147,21 +146,15 @@ type Service struct {
 
 // New returns a Service over d.
 func New(d Deps) *Service {
-	s := &Service{d: d, log: d.Logger}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
+	arch := d.Archetype.Defaults()
+	s := &Service{d: d, log: arch.Logger}
 	if s.d.Tenant == nil {
 		s.d.Tenant = d.Store.GetTenant
 	}
 	if s.d.Lifecycle == nil {
-		s.d.Lifecycle = NewLifecycle(d.Store, LifecycleOptions{})
+		s.d.Lifecycle = NewLifecycle(d.Store, LifecycleOptions{Archetype: d.Archetype})
 	}
-	tp := d.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	s.tracer = tp.Tracer("github.com/agentq/agentq/internal/tasks")
+	s.tracer = arch.Tracer("github.com/agentq/agentq/internal/tasks")
 	return s
 }
 

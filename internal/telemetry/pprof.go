@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/riverqueue/river/rivershared/startstop"
+
+	"github.com/agentq/agentq/internal/baseservice"
 )
 
 // Pprof serves net/http/pprof on its own listener, a service of the process's
@@ -20,7 +21,8 @@ import (
 type Pprof struct {
 	startstop.BaseStartStop
 	Addr string
-	Log  *slog.Logger
+	// Archetype is where the server logs; nil: the defaults.
+	Archetype *baseservice.Archetype
 
 	mu   sync.Mutex
 	addr net.Addr
@@ -47,10 +49,7 @@ func (p *Pprof) Start(ctx context.Context) error {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	log := p.Log
-	if log == nil {
-		log = slog.Default()
-	}
+	log := p.Archetype.Defaults().Logger
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

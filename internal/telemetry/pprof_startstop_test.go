@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/testenv"
 )
 
@@ -11,5 +12,5 @@ import (
 // (the race detector watches).
 func TestPprofStartStopStress(t *testing.T) {
 	t.Parallel()
-	testenv.Stress(t, &Pprof{Addr: "127.0.0.1:0", Log: slog.New(slog.DiscardHandler)})
+	testenv.Stress(t, &Pprof{Addr: "127.0.0.1:0", Archetype: &baseservice.Archetype{Logger: slog.New(slog.DiscardHandler)}})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -83,7 +84,8 @@ type Options struct {
 	// monthly quota counters for the new period; without it they keep the old period's
 	// until Redis loses them.
 	Counters Counters
-	Logger   *slog.Logger
+	// Archetype is where the service logs; nil: the defaults.
+	Archetype *baseservice.Archetype
 	// CacheTTL bounds how long Lookup trusts a cached tenant (default 1s).
 	CacheTTL time.Duration
 }
@@ -97,10 +99,7 @@ const cacheSize = 10000
 // New returns a Service over st, judging tenants against plans (with the
 // deployment's global limits applied).
 func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
-	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, counters: o.Counters, log: o.Logger}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
+	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, counters: o.Counters, log: o.Archetype.Defaults().Logger}
 	ttl := o.CacheTTL
 	if ttl <= 0 {
 		ttl = DefaultCacheTTL
