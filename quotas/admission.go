@@ -736,7 +736,7 @@ if tpm > 0 then
   -- ai_tokens_per_minute: the step waits (nothing taken) until the bucket holds its
   -- estimate, or a full bucket for an estimate above the burst; in debt, even an
   -- estimate of 0 waits
-  tl, trate = tpm_load(KEYS[3], tpm, tpm_burst)
+  tl, trate = tpm_load(3, tpm, tpm_burst)
   local need = math.min(math.max(est_tok, 0), tpm_burst)
   if tl < need or tl < 0 then return {3, math.max(1, math.ceil((math.max(need, 0) - tl) / trate))} end
 end
@@ -759,7 +759,7 @@ if newer then
 end
 if est_tok ~= 0 then redis.call('HINCRBY', H, tf, est_tok) end
 if est_usd ~= 0 then redis.call('HINCRBY', H, uf, est_usd) end
-if tl then tpm_save(KEYS[3], tl - math.max(est_tok, 0), trate, tpm_burst) end
+if tl then tpm_save(3, tl - math.max(est_tok, 0), trate, tpm_burst) end
 if (tonumber(v[3]) or 0) < now + tonumber(ARGV[8]) - 86400000 then
   redis.call('HSET', H, 'x', now + tonumber(ARGV[8]))
   redis.call('PEXPIRE', H, ARGV[8])
@@ -925,8 +925,8 @@ var settleScript = redisx.NewScript(luaNow + luaTenantTokens + `
 local H = KEYS[1]
 local tpm, tpm_burst = tonumber(ARGV[8]), tonumber(ARGV[9])
 if tpm > 0 and tonumber(ARGV[2]) ~= 0 then
-  local tl, trate = tpm_load(KEYS[3], tpm, tpm_burst)
-  tpm_save(KEYS[3], math.min(tpm_burst, tl - tonumber(ARGV[2])), trate, tpm_burst)
+  local tl, trate = tpm_load(3, tpm, tpm_burst)
+  tpm_save(3, math.min(tpm_burst, tl - tonumber(ARGV[2])), trate, tpm_burst)
 end
 local m = redis.call('HMGET', H, 'per', 'sd', 'pe')
 if not m[2] then return 0 end -- unseeded: the ledger has the step, the seed will read it

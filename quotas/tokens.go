@@ -86,11 +86,12 @@ func (p TenantTokensParams) args() (rate, burst int64, err error) {
 }
 
 // luaTenantTokens defines the functions of a tenant's ai_tokens_per_minute bucket
-// (a hash: level "l", last refill "t"): tpm_load refills it to now and returns its
+// (a hash: level "l", last refill "t", at KEYS[ki]): tpm_load refills it to now and returns its
 // level and its rate a millisecond; tpm_save writes a level back, with a ttl of the
 // time it takes to fill up again (a full bucket is the same as none).
 const luaTenantTokens = `
-local function tpm_load(key, per_minute, burst)
+local function tpm_load(ki, per_minute, burst)
+  local key = KEYS[ki]
   local rate = per_minute / 60000
   local st = redis.call('HMGET', key, 'l', 't')
   local l, t = tonumber(st[1]), tonumber(st[2])
@@ -98,7 +99,8 @@ local function tpm_load(key, per_minute, burst)
   if now > t then l = math.min(burst, l + (now - t) * rate) end
   return l, rate
 end
-local function tpm_save(key, l, rate, burst)
+local function tpm_save(ki, l, rate, burst)
+  local key = KEYS[ki]
   local t = tonumber(redis.call('HGET', key, 't') or '0')
   redis.call('HSET', key, 'l', string.format('%.17g', l), 't', math.max(t, now))
   redis.call('PEXPIRE', key, math.max(1, math.ceil((burst - l) / rate)))
@@ -114,12 +116,12 @@ end
 // Returns {1, level after} when granted, {0, ms until the ask fits} when not.
 var reserveTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokens + `
 local burst = tonumber(ARGV[3])
-local l, rate = tpm_load(KEYS[1], tonumber(ARGV[2]), burst)
+local l, rate = tpm_load(1, tonumber(ARGV[2]), burst)
 local ask = tonumber(ARGV[4])
 local need = math.min(ask, burst)
 if l < need then return {0, math.ceil((need - l) / rate)} end
 l = l - ask
-tpm_save(KEYS[1], l, rate, burst)
+tpm_save(1, l, rate, burst)
 return {1, math.floor(l)}
 `)
 
@@ -146,9 +148,9 @@ func (q *Quotas) ReserveTenantTokens(ctx context.Context, p TenantTokensParams) 
 // Returns the level after, in tokens.
 var settleTenantTokensScript = redisx.NewScript(luaNow + luaTenantTokens + `
 local burst = tonumber(ARGV[3])
-local l, rate = tpm_load(KEYS[1], tonumber(ARGV[2]), burst)
+local l, rate = tpm_load(1, tonumber(ARGV[2]), burst)
 l = math.min(burst, l - tonumber(ARGV[4]))
-tpm_save(KEYS[1], l, rate, burst)
+tpm_save(1, l, rate, burst)
 return math.floor(l)
 `)
 

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -211,4 +213,55 @@ func TestCancelWhileParkedReleasesEverything(t *testing.T) {
 		t.Fatalf("%d steps ran; a cancelled parked task ran again", steps)
 	}
 	_ = context.Background
+}
+
+// staticPools binds agents to pools from a map.
+type staticPools map[string]quotas.PoolBinding
+
+func (p staticPools) Binding(_ context.Context, agent string) (quotas.PoolBinding, bool, error) {
+	b, ok := p[agent]
+	return b, ok, nil
+}
+
+// With the quota store unreachable no step runs unreserved: a step of an agent bound
+// to a pool, and one of an agent bound to none, both send the task back to queued
+// without calling the agent.
+func TestNoStepRunsUnreservedWhenRedisIsDown(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []bool{true, false} {
+		t.Run(map[bool]string{true: "pool", false: "no pool"}[bound], func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			var mu sync.Mutex
+			called := 0
+			r.agents.Register("llm", stepFunc(func(context.Context, runtime.StepRequest) (runtime.StepResult, error) {
+				mu.Lock()
+				called++
+				mu.Unlock()
+				return runtime.StepResult{Done: true}, nil
+			}))
+			// A Redis nobody listens on, for the limits alone.
+			dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+			t.Cleanup(func() { _ = dead.Close() })
+			pools := staticPools{}
+			if bound {
+				pools["llm"] = quotas.PoolBinding{Pool: quotas.PoolConfig{Name: "llm", TokensPerMinute: 60_000}, TokensPerStep: 100}
+			}
+			w := runtime.NewWorker(r.lc, r.st, r.agents, r.sched, quotas.New(dead, r.keys, nil), r.rdb, runtime.WorkerOptions{
+				Concurrency: 1, Pools: pools, ShutdownTimeout: time.Second,
+			})
+			id := r.submit("llm", `{}`, nil)
+			if err := w.ProcessTask(r.ctx, r.take()); err == nil {
+				t.Fatal("the delivery succeeded with the quota store down; want it handed back")
+			}
+			if got := r.task(id); got.State != store.StateQueued || got.Usage.Steps != 0 {
+				t.Fatalf("task %s with %d steps; want queued with none", got.State, got.Usage.Steps)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if called != 0 {
+				t.Fatalf("the agent ran %d steps without a reservation", called)
+			}
+		})
+	}
 }
