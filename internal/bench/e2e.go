@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
@@ -131,49 +132,85 @@ func produce(n, c int, submit func(i int) error) (time.Duration, int64, error) {
 	return time.Since(start), errs.Load(), firstErr
 }
 
-func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, out *E2E) error {
+// benchApp is one agentq process with every role, on a fresh Postgres schema and
+// Redis prefix: what the end-to-end scenarios drive over HTTP.
+type benchApp struct {
+	app   *agentq.App
+	pool  *pgxpool.Pool
+	base  string // the API's URL
+	admin string // its admin token
+	// prefix and shards name its Redis keys.
+	prefix string
+	shards int
+	stop   func() // shuts it down and drops its schema and keys
+}
+
+// startBenchApp starts a benchApp with workers worker slots.
+func startBenchApp(ctx context.Context, databaseURL string, rdb redis.UniversalClient, workers int, redisTimeout time.Duration) (*benchApp, error) {
 	id := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	schema := "bench_e2e_" + id
-	admin, err := pg.Connect(ctx, o.DatabaseURL, "")
+	admin, err := pg.Connect(ctx, databaseURL, "")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer admin.Close()
+	var undo []func()
+	stop := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	undo = append(undo, admin.Close)
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return err
+		stop()
+		return nil, err
 	}
-	defer func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
-	pool, err := pg.Connect(ctx, o.DatabaseURL, schema)
+	undo = append(undo, func() { _, _ = admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") })
+	pool, err := pg.Connect(ctx, databaseURL, schema)
 	if err != nil {
-		return err
+		stop()
+		return nil, err
 	}
-	defer pool.Close()
+	undo = append(undo, pool.Close)
 	if _, err := migrations.Up(ctx, pool); err != nil {
-		return err
+		stop()
+		return nil, err
 	}
 	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.AdminToken = "bench-" + id
 	cfg.RedisPrefix = "benche2e" + id + ":"
-	cfg.WorkerConcurrency = o.Workers
+	cfg.WorkerConcurrency = workers
 	cfg.ShutdownTimeout = 5 * time.Second
-	if o.RedisTimeout > 0 {
-		cfg.RedisTimeout = o.RedisTimeout
+	if redisTimeout > 0 {
+		cfg.RedisTimeout = redisTimeout
 	}
 	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
-		return err
+		stop()
+		return nil, err
 	}
 	if err := app.Start(ctx); err != nil {
-		return err
+		stop()
+		return nil, err
 	}
-	defer func() {
+	undo = append(undo, func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		_ = app.Shutdown(sctx)
 		redisx.DeletePrefix(sctx, rdb, cfg.RedisPrefix)
 		redisx.DeletePrefix(sctx, rdb, "asynq:{"+cfg.RedisPrefix)
-	}()
+	})
+	return &benchApp{app: app, pool: pool, base: "http://" + app.Addr().String(), admin: cfg.AdminToken,
+		prefix: cfg.RedisPrefix, shards: cfg.Shards, stop: stop}, nil
+}
+
+func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, out *E2E) error {
+	b, err := startBenchApp(ctx, o.DatabaseURL, rdb, o.Workers, o.RedisTimeout)
+	if err != nil {
+		return err
+	}
+	defer b.stop()
+	app, pool := b.app, b.pool
 	// Every limit lifted, as loadgen does: the benchmark measures the path, not a limit.
 	lifted := map[string]quotas.Limit{"concurrent_sessions": 1e6, "user_tasks_hourly": 1e8, "queue_backlog": 1e6,
 		"agent_steps_daily": 1e8, "tenant_rate": 1e6, "tenant_rate_burst": 1e6, "running": 1000,
@@ -190,7 +227,7 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 		}
 		keys = append(keys, k.Token)
 	}
-	base := "http://" + app.Addr().String()
+	base := b.base
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	body := []byte(`{"agent":"sim","input":{"steps":1,"step_ms":0}}`)
 	start := time.Now()
