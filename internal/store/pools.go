@@ -58,9 +58,9 @@ type PutPoolParams struct {
 func (s *Store) PutPool(ctx context.Context, p PutPoolParams) (Pool, bool, error) {
 	return scanPoolRow(s.db.QueryRow(ctx, `
 		INSERT INTO pools (name, tokens_per_minute, burst_tokens, requests_per_minute)
-		VALUES ($1, $2, NULLIF($3, 0), NULLIF($4, 0))
-		ON CONFLICT (name) DO UPDATE SET tokens_per_minute = $2, burst_tokens = NULLIF($3, 0),
-			requests_per_minute = NULLIF($4, 0), updated_at = now()
+		VALUES ($1, $2, NULLIF($3::bigint, 0), NULLIF($4::bigint, 0))
+		ON CONFLICT (name) DO UPDATE SET tokens_per_minute = $2, burst_tokens = NULLIF($3::bigint, 0),
+			requests_per_minute = NULLIF($4::bigint, 0), updated_at = now()
 		RETURNING `+poolCols+`, (xmax = 0)`, p.Name, p.TokensPerMinute, p.BurstTokens, p.RequestsPerMinute), true)
 }
 
