@@ -293,6 +293,7 @@ func (a *App) connectRedis(ctx context.Context, callTP trace.TracerProvider) err
 func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.TracerProvider, mp metric.MeterProvider) *web.Server {
 	return web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
+		Pools:    a.services.Pools,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Events: outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
