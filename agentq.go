@@ -301,7 +301,7 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store, tp trace.Tracer
 		Logger:      a.log,
 		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
-			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
+			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks, Pools: a.services.Pools,
 			Archetype: a.archetype,
 		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
