@@ -214,7 +214,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
-		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch,
+		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch, Pools: a.services.Pools,
 	})
 	a.rejections, a.localRejections = a.refusalFlushes()
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
@@ -295,6 +295,7 @@ func (a *App) connectRedis(ctx context.Context, callTP trace.TracerProvider) err
 func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 	return web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
+		Pools:    a.services.Pools,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Events: outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
@@ -302,7 +303,7 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 		Archetype:   a.archetype,
 		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
-			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks,
+			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks, Pools: a.services.Pools,
 			Archetype: a.archetype,
 		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,

@@ -70,6 +70,29 @@ func fakeAPI() *httptest.Server {
 		reply(w, http.StatusCreated, map[string]any{"id": "wh_1", "url": req.URL, "types": req.Types,
 			"tenant": "acme", "owner": "tenant", "secret": "whsec_example"})
 	})
+	mux.HandleFunc("PUT /v1/admin/pools/{name}", func(w http.ResponseWriter, r *http.Request) {
+		var req client.PoolRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		burst := req.BurstTokens
+		if burst == 0 {
+			burst = req.TokensPerMinute
+		}
+		reply(w, http.StatusCreated, map[string]any{"name": r.PathValue("name"), "tokens_per_minute": req.TokensPerMinute,
+			"burst_tokens": burst, "requests_per_minute": nil, "effective_tokens_per_minute": req.TokensPerMinute,
+			"used_last_minute": 0, "level": burst, "throttled": false, "waiting": []any{}, "agents": []any{}})
+	})
+	mux.HandleFunc("PUT /v1/admin/agents/{name}/pool", func(w http.ResponseWriter, r *http.Request) {
+		var req map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		reply(w, http.StatusCreated, map[string]any{"agent": r.PathValue("name"), "pool": req["pool"], "tokens_per_step": req["tokens_per_step"]})
+	})
+	mux.HandleFunc("GET /v1/admin/pools/{name}", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK, map[string]any{"name": r.PathValue("name"), "tokens_per_minute": 120000,
+			"burst_tokens": 6000, "requests_per_minute": 600, "effective_tokens_per_minute": 84000,
+			"used_last_minute": 91000, "level": 0, "throttled": true,
+			"waiting": []any{map[string]any{"tenant_id": "acme", "weight": 3, "share": 0.75}, map[string]any{"tenant_id": "globex", "weight": 1, "share": 0.25}},
+			"agents":  []any{map[string]any{"agent": "sim", "tokens_per_step": 1000}}})
+	})
 	return httptest.NewServer(mux)
 }
 
@@ -195,4 +218,43 @@ func ExampleError() {
 	// Output:
 	// RATE_LIMIT_EXCEEDED tenant_rate 2s
 	// 404 NOT_FOUND
+}
+
+// An operator declares a model pool (an upstream model's rate limit, shared by every
+// tenant) and binds an agent to it: each of the agent's steps then reserves its
+// tokens from the pool before it runs. GetPool shows the pool's live state: its
+// effective rate (lowered while the upstream throttles) and the tenants waiting on it
+// with their shares.
+func ExampleAdmin_PutPool() {
+	srv := fakeAPI()
+	defer srv.Close()
+	a := client.NewAdmin(srv.URL, "admin-token")
+	ctx := context.Background()
+	p, err := a.PutPool(ctx, "llm", client.PoolRequest{TokensPerMinute: 120000, BurstTokens: 6000, RequestsPerMinute: 600})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(p.Name, p.TokensPerMinute, p.BurstTokens)
+	b, err := a.BindAgentPool(ctx, "sim", "llm", 1000)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(b.Agent, b.Pool, b.TokensPerStep)
+	p, err = a.GetPool(ctx, "llm")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(p.EffectiveTokensPerMinute, p.Throttled)
+	for _, w := range p.Waiting {
+		fmt.Println(w.TenantID, w.Share)
+	}
+	// Output:
+	// llm 120000 6000
+	// sim llm 1000
+	// 84000 true
+	// acme 0.75
+	// globex 0.25
 }

@@ -30,6 +30,9 @@ func newAdmissionCounter(mp metric.MeterProvider) admissionCounter {
 		c.Add(ctx, 0, a.attrs(o, "none"))
 	}
 	for _, lt := range LimitTypes {
+		if lt == AITokensPerMinute { // reserved by the worker per step: admission never refuses by it
+			continue
+		}
 		c.Add(ctx, 0, a.attrs(OutcomeRefused, lt))
 	}
 	return a

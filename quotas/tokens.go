@@ -168,6 +168,68 @@ func (q *Quotas) SettleTenantTokens(ctx context.Context, p TenantTokensParams) (
 	return level, nil
 }
 
+// TenantTokensState is a tenant's ai_tokens_per_minute bucket as the usage report
+// shows it: Level is the tokens in it now (negative: in debt), Used what has been
+// reserved from it and not yet refilled (burst − level, never below 0), FullIn how
+// long until it is full again.
+type TenantTokensState struct {
+	Level  int64
+	Used   int64
+	FullIn time.Duration
+}
+
+// TenantTokensLevel reads a tenant's ai_tokens_per_minute bucket without changing it,
+// refilled to now. A bucket never reserved from (or expired, being full) is full.
+// p.Tokens is not used.
+func (q *Quotas) TenantTokensLevel(ctx context.Context, p TenantTokensParams) (TenantTokensState, error) {
+	rate, burst, err := p.args()
+	if err != nil {
+		return TenantTokensState{}, err
+	}
+	pipe := q.rdb.Pipeline()
+	stCmd := pipe.HMGet(ctx, q.keys.TenantTokens(p.Tenant), "l", "t")
+	tCmd := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return TenantTokensState{}, fmt.Errorf("quotas: read %s: %w", tenantTokensName, err)
+	}
+	nowMs := tCmd.Val().UnixMilli()
+	if q.nowMs != nil {
+		nowMs = q.nowMs()
+	}
+	return tenantTokensState(stCmd.Val(), rate, burst, nowMs), nil
+}
+
+// tenantTokensState refills a bucket's stored level (l) from its time (t) to nowMs,
+// as luaTenantTokensLoad does.
+func tenantTokensState(vals []any, rate, burst, nowMs int64) TenantTokensState {
+	num := func(i int) (float64, bool) {
+		if i >= len(vals) {
+			return 0, false
+		}
+		s, ok := vals[i].(string)
+		if !ok {
+			return 0, false
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		return f, err == nil
+	}
+	level := float64(burst)
+	l, okL := num(0)
+	t, okT := num(1)
+	perMs := float64(rate) / tokensMinuteMs
+	if okL && okT {
+		level = l
+		if float64(nowMs) > t {
+			level = math.Min(float64(burst), l+(float64(nowMs)-t)*perMs)
+		}
+	}
+	st := TenantTokensState{Level: int64(math.Floor(level)), Used: max(0, int64(math.Ceil(float64(burst)-level)))}
+	if st.Used > 0 {
+		st.FullIn = time.Duration(math.Ceil((float64(burst)-level)/perMs)) * time.Millisecond
+	}
+	return st
+}
+
 // PoolConfig is a model pool's declared capacity.
 type PoolConfig struct {
 	Name              string

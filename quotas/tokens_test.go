@@ -370,3 +370,42 @@ func TestStepReservationWaitsForTokensPerMinute(t *testing.T) {
 		t.Fatalf("limit off: %v", err)
 	}
 }
+
+// The usage report's read of a tenant's bucket: full before any reservation, what a
+// reservation took as used, refilled at the rate as time passes, debt as more than
+// the burst, and nothing changed by reading.
+func TestTenantTokensLevel(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	p := TenantTokensParams{Tenant: "tl", PerMinute: 6000} // 100 tokens a second
+	check := func(name string, level, used int64, fullIn time.Duration) {
+		t.Helper()
+		st, err := q.TenantTokensLevel(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Level != level || st.Used != used || st.FullIn != fullIn {
+			t.Fatalf("%s: %+v, want level %d used %d full in %v", name, st, level, used, fullIn)
+		}
+	}
+	check("untouched", 6000, 0, 0)
+	p.Tokens = 1500
+	if a, err := q.ReserveTenantTokens(ctx, p); err != nil || !a.Granted {
+		t.Fatalf("reserve: %+v %v", a, err)
+	}
+	check("after a reservation", 4500, 1500, 15*time.Second)
+	check("reading changes nothing", 4500, 1500, 15*time.Second)
+	now.Add(5000)
+	check("refilled for 5 s", 5000, 1000, 10*time.Second)
+	p.Tokens = 7000
+	if _, err := q.SettleTenantTokens(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	check("in debt", -2000, 8000, 80*time.Second)
+	now.Add(120_000)
+	check("full again", 6000, 0, 0)
+	if _, err := q.TenantTokensLevel(ctx, TenantTokensParams{Tenant: "tl"}); err == nil {
+		t.Fatal("a bucket without a rate was read")
+	}
+}

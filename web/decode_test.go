@@ -188,11 +188,13 @@ func FuzzDecodeAdminBodies(f *testing.F) {
 		`{"name":"\u0000"}`, `{"scopes":{"agents":["\udfff"]}}`, `{"headers":{"A":"` + "\xff" + `"}}`, `{"weight":1e999}`,
 		`{"url":"http://127.0.0.1:9/hook","types":["usage.limit_hit"],"tenant":"acme"}`, `{"types":"usage.limit_hit"}`,
 		`{"types":["\ud800"]}`, `{"tenant":"\u0000"}`, `{"url":"http://x/","types":[1]}`,
+		`{"tokens_per_minute":120000,"burst_tokens":6000,"requests_per_minute":600}`, `{"tokens_per_minute":1e400}`,
+		`{"burst_tokens":-1.5}`, `{"pool":"llm","tokens_per_step":1000}`, `{"pool":"\u0000","tokens_per_step":"1"}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, dst := range []any{&TenantRequest{}, &KeyRequest{}, &AgentRequest{}, &WebhookRequest{}} {
+		for _, dst := range []any{&TenantRequest{}, &KeyRequest{}, &AgentRequest{}, &WebhookRequest{}, &PoolRequest{}, &AgentPoolRequest{}} {
 			err := decodeStrict(body, dst, true)
 			if err == nil {
 				cleanText(t, body, dst)

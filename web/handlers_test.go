@@ -53,7 +53,7 @@ func newAPIFixture(t *testing.T) *apiFixture {
 	})
 	admin := "admin-" + testenv.ID()
 	s := New(Deps{
-		Tenants: svc.Tenants, APIKeys: svc.Keys, Tasks: svc.Tasks, HTTPAgents: svc.Agents,
+		Tenants: svc.Tenants, APIKeys: svc.Keys, Tasks: svc.Tasks, HTTPAgents: svc.Agents, Pools: svc.Pools,
 		Postgres: pool, Queue: sched, Redis: rdb, Keys: rk, Admission: guard, AdminToken: admin, Archetype: arch,
 	})
 	return &apiFixture{t: t, s: s, svc: svc, pool: pool, admin: admin}

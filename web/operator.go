@@ -80,7 +80,8 @@ var operatorTmpl = template.Must(template.New("operator").Funcs(template.FuncMap
 		}
 		return d.String()
 	},
-	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"when":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"count": func(n int64) string { return groupDigits(strconv.FormatInt(n, 10)) },
 }).ParseFS(operatorTemplates, "templates/operator*.html"))
 
 func fmtWait(d time.Duration) string {

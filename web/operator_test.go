@@ -1,6 +1,7 @@
 package web
 
 import (
+	"bytes"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/internal/operator"
+	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -233,6 +236,35 @@ func TestOperatorHeadersAndAssets(t *testing.T) {
 	for path, ct := range map[string]string{"/panel/admin/assets/operator.css": "text/css", "/panel/admin/assets/operator.js": "text/javascript"} {
 		if r := opDo(t, s, http.MethodGet, path, nil, nil); r.status != http.StatusOK || !strings.HasPrefix(r.header.Get("Content-Type"), ct) || len(r.body) < 100 {
 			t.Errorf("%s: %d %q (%d bytes)", path, r.status, r.header.Get("Content-Type"), len(r.body))
+		}
+	}
+}
+
+// The overview's pools table: configured and effective rate, the last minute's use,
+// the waiting tenants with their shares, the agents; a note when there is none.
+func TestOperatorViewShowsPools(t *testing.T) {
+	t.Parallel()
+	render := func(ov operator.Overview) string {
+		t.Helper()
+		var buf bytes.Buffer
+		if err := operatorTmpl.ExecuteTemplate(&buf, "operator.html", viewPage{Overview: ov}); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	if html := render(operator.Overview{}); !strings.Contains(html, "No model pool.") {
+		t.Error("no note for a deployment without pools")
+	}
+	html := render(operator.Overview{Pools: []pools.Pool{{
+		Config: quotas.PoolConfig{Name: "llm", TokensPerMinute: 120000, BurstTokens: 6000, RequestsPerMinute: 600},
+		Status: quotas.PoolStatus{EffectiveRate: 84000, UsedLastMinute: 91500, Throttled: true,
+			Waiting: []quotas.PoolWaiter{{Tenant: "acme", Weight: 3, Share: 0.75}, {Tenant: "globex", Weight: 1, Share: 0.25}}},
+		Agents: []pools.AgentTokens{{Agent: "sim", TokensPerStep: 1000}},
+	}}})
+	for _, want := range []string{`<tr data-pool="llm" data-effective="84000" data-used="91500">`, "120,000 <span", "burst 6,000",
+		"600 steps/min", `84,000 <span class="tag">throttled</span>`, `data-tenant="acme">acme 75.0 %`, "globex 25.0 %", "sim 1,000/step"} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the pools table lacks %q", want)
 		}
 	}
 }

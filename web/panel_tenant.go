@@ -173,7 +173,8 @@ func (s *Server) panelAsset(c echo.Context) error {
 // with their size (each key and user has its own).
 var (
 	tenantWideLimits = []string{quotas.TenantRate, quotas.ConcurrentSessions, quotas.QueueBacklog, quotas.Running,
-		quotas.AgentStepsDaily, quotas.AITokensMonthly, quotas.USDMonthly, quotas.LongRunningInflight, quotas.InflightRequests}
+		quotas.AgentStepsDaily, quotas.AITokensMonthly, quotas.AITokensPerMinute, quotas.USDMonthly, quotas.LongRunningInflight,
+		quotas.InflightRequests}
 	perKeyLimits = []string{quotas.KeyRate, quotas.KeyAgentRate, quotas.UserTasksHourly}
 	limitLabels  = map[string]string{
 		quotas.TenantRate: "Requests per second", quotas.KeyRate: "Requests per second, per API key",
@@ -181,7 +182,7 @@ var (
 		quotas.ConcurrentSessions: "Concurrent agent sessions", quotas.LongRunningInflight: "Long-running tasks",
 		quotas.QueueBacklog: "Queued tasks", quotas.Running: "Running tasks", quotas.AgentStepsDaily: "Agent steps, last 24 hours",
 		quotas.AITokensMonthly: "AI tokens this billing period", quotas.USDMonthly: "Spend this billing period",
-		quotas.InflightRequests: "API requests in progress",
+		quotas.InflightRequests: "API requests in progress", quotas.AITokensPerMinute: "AI tokens per minute",
 	}
 )
 

@@ -26,6 +26,7 @@ import (
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/operator"
+	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tasks"
@@ -50,8 +51,9 @@ type Deps struct {
 	APIKeys    *keys.Service // also authenticates the tenant API's requests
 	Tasks      *tasks.Service
 	HTTPAgents *agents.Service
-	Postgres   Pinger // readiness
-	Queue      Queue  // the usage report's running count
+	Pools      *pools.Service // the model pools and their agents (admin API)
+	Postgres   Pinger         // readiness
+	Queue      Queue          // the usage report's running count
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue // nil: the tenant service's
@@ -202,6 +204,13 @@ func (s *Server) routes() {
 	admin(http.MethodGet, "/agents/:name", s.getAgent)
 	admin(http.MethodDelete, "/agents/:name", s.deleteAgent)
 	admin(http.MethodPost, "/agents/:name/rotate-secret", s.rotateAgentSecret)
+	admin(http.MethodPut, "/agents/:name/pool", s.putAgentPool)
+	admin(http.MethodGet, "/agents/:name/pool", s.getAgentPool)
+	admin(http.MethodDelete, "/agents/:name/pool", s.deleteAgentPool)
+	admin(http.MethodPut, "/pools/:name", s.putPool)
+	admin(http.MethodGet, "/pools", s.listPools)
+	admin(http.MethodGet, "/pools/:name", s.getPool)
+	admin(http.MethodDelete, "/pools/:name", s.deletePool)
 
 	s.operatorRoutes()
 }

@@ -77,6 +77,7 @@ var units = map[string]string{
 	quotas.UserTasksHourly: "tasks", quotas.ConcurrentSessions: "sessions", quotas.LongRunningInflight: "tasks",
 	quotas.QueueBacklog: "tasks", quotas.Running: "tasks", quotas.AgentStepsDaily: "steps",
 	quotas.AITokensMonthly: "tokens", quotas.USDMonthly: "usd", quotas.InflightRequests: "requests",
+	quotas.AITokensPerMinute: "tokens",
 }
 
 // usage reports the caller tenant's limits with the numbers admission enforces: it runs
@@ -197,6 +198,15 @@ func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery
 		if _, ok := rep.Limits[name]; ok {
 			continue
 		}
+		if name == quotas.AITokensPerMinute {
+			lu, err := s.tokensPerMinuteUsage(ctx, t.ID, limits, now)
+			if err != nil {
+				return UsageReport{}, d, admissionFailure(err)
+			}
+			lu.Rejected = rejected[name]
+			rep.Limits[name] = lu
+			continue
+		}
 		lu := LimitUsage{Unit: units[name], Rejected: rejected[name]}
 		if name == quotas.Running {
 			lu.Used = float64(running)
@@ -218,6 +228,34 @@ func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery
 		return UsageReport{}, d, err
 	}
 	return rep, d, nil
+}
+
+// tokensPerMinuteUsage is the tenant's ai_tokens_per_minute bucket, which the worker
+// reserves each step's tokens from (admission does not check it), reported as the
+// other buckets are: used is what was reserved and not yet refilled, remaining what a
+// step can reserve now, reset_at when the bucket is full again.
+func (s *Server) tokensPerMinuteUsage(ctx context.Context, tenant string, l quotas.Limits, now time.Time) (LimitUsage, error) {
+	lu := LimitUsage{Unit: units[quotas.AITokensPerMinute], WindowS: ptr(int64(60))}
+	switch {
+	case l.TokensPerMinute < 0: // off
+		return lu, nil
+	case l.TokensPerMinute == 0: // nothing may be reserved
+		lu.Limit, lu.Remaining = ptr(0.0), ptr(0.0)
+		return lu, nil
+	}
+	st, err := s.Admission.Quotas().TenantTokensLevel(ctx, quotas.TenantTokensParams{
+		Tenant: tenant, PerMinute: l.TokensPerMinute, Burst: l.TokensPerMinuteBurst,
+	})
+	if err != nil {
+		return lu, err
+	}
+	lu.Limit, lu.Used, lu.Remaining = ptr(float64(l.TokensPerMinute)), float64(st.Used), ptr(float64(max(0, st.Level)))
+	reset := now.Add(st.FullIn).UTC().Truncate(time.Second)
+	if st.FullIn%time.Second != 0 {
+		reset = reset.Add(time.Second)
+	}
+	lu.ResetAt = &reset
+	return lu, nil
 }
 
 // usageHistory adds the live tasks, the latest limit hits and the days to rep.

@@ -22,12 +22,14 @@ import (
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pg"
+	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/web"
 )
 
@@ -47,6 +49,7 @@ type adminEnv struct {
 	events   *outbox.Feed
 	webhooks *webhooks.Webhooks
 	usage    *usage.Rollups
+	pools    *pools.Service
 }
 
 // adminServices builds the admin commands' services. With Redis, a changed key or
@@ -55,10 +58,12 @@ type adminEnv struct {
 // and the limit state expires on its own.
 func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys,
 	allowNets []netip.Prefix) adminEnv {
-	// The command's own logger, as set up by main, gets the services' warnings.
-	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk,
+	// The command's own logger, as set up by main, gets the services' warnings; the
+	// runtime's registry names the built-in agent, which a pool may be bound to.
+	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Agents: runtime.NewRegistry(),
 		Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: &baseservice.Archetype{Logger: slog.Default()}})
-	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage}
+	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage,
+		pools: svc.Pools}
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -111,7 +116,7 @@ type adminEnvRunner = func(ctx context.Context, withRedis bool, f func(adminEnv)
 // Tenants and keys are created and changed through the tenant and key services, so the
 // CLI refuses exactly what the admin API refuses.
 func newAdminCmd(open adminOpener) *cobra.Command {
-	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants, API keys and webhook endpoints in Postgres"}
+	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants, API keys, webhook endpoints and model pools in Postgres"}
 	withEnv := func(ctx context.Context, withRedis bool, f func(adminEnv) error) error {
 		env, closeEnv, err := open(ctx, withRedis)
 		if err != nil {
@@ -125,6 +130,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	cmd.AddCommand(panelLinksRevokeCommand(withEnv), eventsCommand(withEnv), usageExportCommand(withEnv))
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
+	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv))
 	return cmd
 }
 

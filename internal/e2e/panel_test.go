@@ -43,7 +43,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 
 // The limits whose use the panel shows (the per-key buckets show their size only).
 var panelLimits = []string{"tenant_rate", "concurrent_sessions", "queue_backlog", "running", "agent_steps_daily",
-	"ai_tokens_monthly", "usd_monthly", "long_running_inflight", "inflight_requests"}
+	"ai_tokens_monthly", "ai_tokens_per_minute", "usd_monthly", "long_running_inflight", "inflight_requests"}
 
 func attr(t *testing.T, ctx context.Context, sel, name string) string {
 	t.Helper()
@@ -104,6 +104,11 @@ func TestTenantPanelInBrowser(t *testing.T) {
 		case "tenant_rate": // a bucket refilling at 10000/s: drained by at most a request or two
 			if err != nil || got < 0 || got > 2 {
 				t.Errorf("%s: data-used %v", name, got)
+			}
+			continue
+		case "ai_tokens_per_minute": // a bucket refilling at 100,000 a minute: the panel's read came first
+			if err != nil || got < want || got > 100000 {
+				t.Errorf("%s: data-used %v (%v), /v1/usage used %v", name, got, err, want)
 			}
 			continue
 		case "inflight_requests": // the panel reports none (its own request's slot is not shown); /v1/usage counts itself

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/quotas"
 )
 
 // /v1/usage reports the live tasks with why they wait, the latest limit hits with
@@ -181,5 +182,47 @@ func TestUsageEqualsAdmissionAtEachExhaustedLimit(t *testing.T) {
 				t.Fatalf("%s: the next submission: %v, want %d for %s", tc.limit, err, tc.status, tc.limit)
 			}
 		})
+	}
+}
+
+// /v1/usage reports a tenant's ai_tokens_per_minute bucket, which the worker reserves
+// each step's tokens from: its plan's limit, the tokens reserved and not yet
+// refilled, what remains; off when overridden so, nothing when overridden to 0.
+func TestUsageReportsTokensPerMinute(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	ctx := context.Background()
+	c, _ := h.tenantClient("tpm", "pro", nil) // 100,000 tokens a minute
+	off, _ := h.tenantClient("tpm-off", "pro", map[string]client.Limit{"ai_tokens_per_minute": client.Unlimited})
+	zero, _ := h.tenantClient("tpm-zero", "pro", map[string]client.Limit{"ai_tokens_per_minute": 0})
+
+	u, err := c.GetUsage(ctx, client.UsageQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lu, ok := u.Limits["ai_tokens_per_minute"]
+	if !ok || lu.Limit == nil || *lu.Limit != 100000 || lu.Used != 0 || lu.Remaining == nil || *lu.Remaining != 100000 ||
+		lu.Unit != "tokens" || lu.WindowS == nil || *lu.WindowS != 60 {
+		t.Fatalf("an untouched bucket: %+v", lu)
+	}
+	q := quotas.New(h.app.Redis(), h.app.Keys(), nil)
+	if a, err := q.ReserveTenantTokens(ctx, quotas.TenantTokensParams{Tenant: "tpm", PerMinute: 100000, Tokens: 30000}); err != nil || !a.Granted {
+		t.Fatalf("reserve: %+v %v", a, err)
+	}
+	if u, err = c.GetUsage(ctx, client.UsageQuery{}); err != nil {
+		t.Fatal(err)
+	}
+	lu = u.Limits["ai_tokens_per_minute"]
+	// The bucket refills at 100,000 a minute meanwhile: a few tokens a millisecond.
+	if lu.Used > 30000 || lu.Used < 25000 || *lu.Remaining < 70000 || *lu.Remaining > 75000 || lu.Used+*lu.Remaining > 100001 ||
+		lu.ResetAt == nil || lu.ResetAt.Sub(u.AsOf) > 19*time.Second || lu.ResetAt.Sub(u.AsOf) < 14*time.Second {
+		t.Fatalf("after a reservation: %+v (reset %v)", lu, lu.ResetAt)
+	}
+	if u, err = off.GetUsage(ctx, client.UsageQuery{}); err != nil || u.Limits["ai_tokens_per_minute"].Limit != nil {
+		t.Fatalf("off: %+v %v", u.Limits["ai_tokens_per_minute"], err)
+	}
+	u, err = zero.GetUsage(ctx, client.UsageQuery{})
+	if lz := u.Limits["ai_tokens_per_minute"]; err != nil || lz.Limit == nil || *lz.Limit != 0 || *lz.Remaining != 0 {
+		t.Fatalf("zero: %+v %v", lz, err)
 	}
 }

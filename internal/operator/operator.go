@@ -1,9 +1,11 @@
 // Package operator is the operator view's domain service: one read of the whole
 // deployment — every tenant with its fair share of worker time against its
 // entitlement, its queue, its waits and its limit hits; the worker pool; what the
-// janitor corrected; the webhook endpoints and their failing deliveries. It reads
-// Postgres (tasks, events, refusal counts, janitor runs, deliveries) and the
-// scheduler's Redis state, and changes nothing.
+// janitor corrected; the webhook endpoints and their failing deliveries; the model
+// pools with their configured and effective rates, their use in the last minute and
+// the tenants waiting on them. It reads Postgres (tasks, events, refusal counts,
+// janitor runs, deliveries, pools) and Redis (the scheduler's state, the pools'
+// buckets), and changes nothing.
 //
 // Definitions (docs/operations.md shows them to operators):
 //
@@ -38,6 +40,7 @@ import (
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/baseservice"
+	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/scheduler"
@@ -77,7 +80,13 @@ type Webhooks interface {
 	Health(ctx context.Context) ([]webhooks.WebhookHealth, error)
 }
 
+// Pools lists the model pools with their live state (*pools.Service).
+type Pools interface {
+	List(ctx context.Context) ([]pools.Pool, error)
+}
+
 var (
+	_ Pools     = (*pools.Service)(nil)
 	_ Store     = (*store.Store)(nil)
 	_ Scheduler = (*scheduler.Scheduler)(nil)
 	_ Tenants   = (*tenants.Service)(nil)
@@ -91,6 +100,7 @@ type Deps struct {
 	Scheduler Scheduler
 	Tenants   Tenants
 	Webhooks  Webhooks
+	Pools     Pools // nil: the view shows no pools
 	Archetype *baseservice.Archetype
 	Window    time.Duration
 }
@@ -146,6 +156,7 @@ type Overview struct {
 	JanitorRuns        []JanitorRun
 	JanitorTotals      []Correction // over LimitHitsOver, by kind
 	Endpoints          []Endpoint
+	Pools              []pools.Pool // by name, each with its live state
 	Query              Query
 }
 
@@ -283,6 +294,11 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 	}
 	for _, e := range eps {
 		ov.Endpoints = append(ov.Endpoints, Endpoint{WebhookHealth: e, DisplayURL: DisplayURL(e.URL)})
+	}
+	if s.d.Pools != nil {
+		if ov.Pools, err = s.d.Pools.List(ctx); err != nil {
+			return Overview{}, err
+		}
 	}
 	return ov, nil
 }

@@ -14,9 +14,12 @@ import (
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -26,6 +29,8 @@ type fixture struct {
 	pool  *pgxpool.Pool
 	sched *scheduler.Scheduler
 	svc   *Service
+	pools *pools.Service
+	q     *quotas.Quotas
 	now   time.Time
 }
 
@@ -40,9 +45,12 @@ func newFixture(t *testing.T) *fixture {
 	st := store.New(pool)
 	f := &fixture{t: t, ctx: context.Background(), pool: pool, sched: scheduler.New(rdb, keys, scheduler.Options{}),
 		now: time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)}
+	f.q = quotas.New(rdb, keys, func() int64 { return f.now.UnixMilli() })
+	f.pools = pools.New(pools.Deps{Store: st, Quotas: f.q, Agents: runtime.NewRegistry()})
 	f.svc = New(Deps{
 		Store: st, Scheduler: f.sched, Tenants: tenants.New(st, plans, tenants.Options{}),
 		Webhooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{}), Archetype: &baseservice.Archetype{Clock: func() time.Time { return f.now }},
+		Pools: f.pools,
 	})
 	return f
 }
@@ -243,5 +251,53 @@ func TestLimitHitsAndWebhooks(t *testing.T) {
 	}
 	if e.DisplayURL != "https://hooks.example/in" {
 		t.Errorf("display URL %q shows more than scheme, host and path", e.DisplayURL)
+	}
+}
+
+// The view shows each pool with its configuration, its live state and its agents.
+func TestPoolsInOverview(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if ov, err := f.svc.Overview(f.ctx, Query{}); err != nil || len(ov.Pools) != 0 {
+		t.Fatalf("no pool: %+v %v", ov.Pools, err)
+	}
+	cfg := quotas.PoolConfig{Name: "llm", TokensPerMinute: 60000, RequestsPerMinute: 600}
+	if _, err := f.pools.Put(f.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pools.Bind(f.ctx, pools.BindParams{Agent: "sim", Pool: "llm", TokensPerStep: 2000}); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := f.q.ReservePool(f.ctx, quotas.PoolReserveParams{Pool: cfg, Tenant: "a", Weight: 1, Tokens: 60000}); err != nil || !a.Granted {
+		t.Fatalf("reserve: %+v %v", a, err)
+	}
+	for _, w := range []struct {
+		tenant string
+		weight int
+	}{{"b", 3}, {"c", 1}} {
+		if a, err := f.q.ReservePool(f.ctx, quotas.PoolReserveParams{Pool: cfg, Tenant: w.tenant, Weight: w.weight, Tokens: 1000}); err != nil || a.Granted {
+			t.Fatalf("reserve from an empty pool: %+v %v", a, err)
+		}
+	}
+	if eff, err := f.q.ThrottlePool(f.ctx, cfg); err != nil || eff != 42000 {
+		t.Fatalf("throttle: %d %v", eff, err)
+	}
+	ov, err := f.svc.Overview(f.ctx, Query{})
+	if err != nil || len(ov.Pools) != 1 {
+		t.Fatalf("overview: %+v %v", ov.Pools, err)
+	}
+	p := ov.Pools[0]
+	if p.Config != cfg || p.Status.EffectiveRate != 42000 || !p.Status.Throttled || p.Status.UsedLastMinute != 60000 {
+		t.Errorf("pool %+v", p)
+	}
+	shares := map[string]float64{}
+	for _, w := range p.Status.Waiting {
+		shares[w.Tenant] = w.Share
+	}
+	if len(shares) != 2 || shares["b"] != 0.75 || shares["c"] != 0.25 {
+		t.Errorf("waiting %+v, want b 0.75 and c 0.25", p.Status.Waiting)
+	}
+	if len(p.Agents) != 1 || p.Agents[0] != (pools.AgentTokens{Agent: "sim", TokensPerStep: 2000}) {
+		t.Errorf("agents %+v", p.Agents)
 	}
 }

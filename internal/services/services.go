@@ -1,5 +1,5 @@
 // Package services assembles the domain services (tenants, API keys, tasks, HTTP
-// agents, webhook endpoints) over one Postgres pool and, when given, one Redis, the same way for every
+// agents, model pools, webhook endpoints) over one Postgres pool and, when given, one Redis, the same way for every
 // caller: the library, the HTTP API and the CLI. It also owns the change messages
 // through which a process that changed a key or a tenant tells the others' caches.
 package services
@@ -17,6 +17,7 @@ import (
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
+	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -77,6 +78,9 @@ type Services struct {
 	// Webhooks manages the endpoints the relays deliver the usage events to.
 	Webhooks *webhooks.Webhooks
 	Usage    *usage.Rollups // the usage rollups and their export
+	// Pools manages the model pools and the agents bound to them; its Binding is the
+	// workers' per-step lookup.
+	Pools *pools.Service
 }
 
 // New builds the services on d.
@@ -99,11 +103,13 @@ func New(d Deps) *Services {
 	if pub != nil {
 		to.Invalidator, ko.Invalidator = pub, pub
 	}
+	var q *quotas.Quotas // the limit state and the pools' live state; nil without Redis
 	switch {
 	case d.Admission != nil:
-		ko.Limits, to.Counters = d.Admission.Quotas(), d.Admission.Quotas()
+		q = d.Admission.Quotas()
+		ko.Limits, to.Counters = q, q
 	case d.Redis != nil:
-		q := quotas.New(d.Redis, d.Keys, nil)
+		q = quotas.New(d.Redis, d.Keys, nil)
 		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
 		q.SetUsageSource(usage.NewLedger(st), d.Archetype)
 		ko.Limits, to.Counters = q, q
@@ -127,6 +133,7 @@ func New(d Deps) *Services {
 		local = d.Agents
 	}
 	s.Agents = agents.New(st, local)
+	s.Pools = pools.New(pools.Deps{Store: st, Quotas: q, Agents: local})
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,

@@ -18,7 +18,8 @@
 //     maintenance passes (some through billing's ledger reads), authentication,
 //     operator listings and benchmarks call them;
 //     a handler serving a tenant never does.
-//   - Calls on the deployment's own configuration (HTTP agents) and on the
+//   - Calls on the deployment's own configuration (HTTP agents, model pools and
+//     the agents bound to them) and on the
 //     connection (Ping, Pool, InTx) hold no tenant's data and carry no prefix.
 //
 // # Transactions

@@ -155,8 +155,10 @@ func scopedCalls(fx fixture) []scopedCall {
 }
 
 // unprefixedGlobal are the exported calls that hold no tenant's data: the
-// connection, and the deployment's HTTP agents.
-var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgentSecret", "GetAgent", "ListAgents", "DeleteAgent"}
+// connection, the deployment's HTTP agents, and its model pools and their bindings.
+var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgentSecret", "GetAgent", "ListAgents", "DeleteAgent",
+	"PutPool", "GetPool", "ListPools", "DeletePool", "PutAgentPool", "GetAgentPool", "ListAgentPools", "ListPoolAgents",
+	"GetAgentBinding", "DeleteAgentPool"}
 
 // fixture is data of tenant acme the scoped calls name.
 type fixture struct {
