@@ -218,5 +218,6 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 	f.DurationVar(&o.AIMDWarmup, "aimd-warmup", time.Minute, "the throttled flood before its measured window")
 	f.DurationVar(&o.AIMDWindow, "aimd-window", 30*time.Second, "the throttled flood's measured window")
 	f.DurationVar(&o.RetryAfter, "retry-after", time.Second, "a throttled step's wait before it reserves again")
+	f.Int64Var(&o.UpstreamBurst, "upstream-burst", 0, "the simulated upstream's burst in tokens (0: one second of its rate)")
 	return cmd
 }

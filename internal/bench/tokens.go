@@ -81,8 +81,11 @@ type TokensConfig struct {
 	AIMDWarmup          time.Duration // before the throttling window, 60 s
 	AIMDWindow          time.Duration // the throttling window, 30 s
 	RetryAfter          time.Duration // a throttled step's wait, 1 s
-	Seed                uint64
-	Progress            io.Writer
+	// UpstreamBurst is the simulated upstream's burst in tokens; one second of its
+	// rate (half the pool's) by default.
+	UpstreamBurst int64
+	Seed          uint64
+	Progress      io.Writer
 }
 
 // tokenStepSizes are the flooding tenants' step estimates: each tenant draws every
@@ -255,7 +258,7 @@ func (b *tokBench) lightAlone(ctx context.Context, out *TokensResult) error {
 func (b *tokBench) aimd(ctx context.Context, out *TokensResult) error {
 	pool := b.pool("aimd")
 	upRate := pool.TokensPerMinute / 2
-	upBurst := upRate / 60 // one second of the upstream's rate
+	upBurst := orInt64(b.cfg.UpstreamBurst, upRate/60)
 	up := newUpstream(upRate, upBurst)
 	s := b.newSim(pool, up)
 	start := time.Now()
