@@ -25,11 +25,15 @@ import (
 // scheduling in tokens, the scheduler's idea applied to the pool. Each tenant has a
 // pass (tokens granted ÷ weight) in the pool's virtual time; only a tenant whose pass
 // is at or before every other waiting tenant's is served, and a tenant coming back
-// from idleness starts at the virtual time, so it banks no credit. A tenant that has
-// been drawing at or past the line (its pass has caught up with the virtual time) also
-// leaves one step's worth in the bucket while others wait: that reserve is what lets
-// a light tenant, whose pass lags behind, be served at once in a saturated pool. An
-// uncontended pool gives everything it has to whoever asks.
+// from idleness starts at the virtual time, so it banks no credit. A tenant with
+// several steps waiting (several workers) keeps its place in line when one of them is
+// granted, at its new pass, until the last of the others is due back: otherwise a
+// tenant further back is served between its asks, the virtual time passes it, and it
+// loses what it was owed. A tenant that has been drawing at or past the line (its
+// pass has caught up with the virtual time) also leaves one step's worth in the
+// bucket while others wait: that reserve is what lets a light tenant, whose pass lags
+// behind, be served at once in a saturated pool. An uncontended pool gives everything
+// it has to whoever asks.
 //
 // The pool's effective rate adapts to its upstream: a throttled answer lowers it
 // (multiplicative decrease, at most once a second) and empties the bucket; it climbs
@@ -302,10 +306,13 @@ end
 // draw too (they asked within the grace).
 // Otherwise the tenant takes (or keeps) its place in line until the wait it is told
 // plus a grace, and the wait counts the tokens the tenants ahead of it take first.
+// A grant takes the tenant out of line unless another of its asks is still due back
+// (the latest of its places lapses more than a grace from now): then it keeps its
+// place, at its new pass.
 //
 // KEYS[1] pool state (hash)   KEYS[2] passes (hash)   KEYS[3] waiters by pass (zset)
-// KEYS[4] tenants that asked lately, by the time their place (or their standing as
-// a contender) lapses (zset)
+// KEYS[4] tenants that asked lately, by the latest time their place (or their
+// standing as a contender) lapses (zset)
 // ARGV[1] now ms or ""   ARGV[2] configured tokens a minute   ARGV[3] burst tokens
 // ARGV[4] requests a minute (0: none)   ARGV[5] idle ttl ms   ARGV[6] tenant
 // ARGV[7] weight (> 0)   ARGV[8] tokens asked   ARGV[9] place grace ms   ARGV[10] max wait ms
@@ -336,8 +343,13 @@ if eligible and rok and l - need >= reserve then
   v = math.max(v, p)
   redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p + ask / w), 'w:' .. tenant, w)
   redis.call('PEXPIRE', KEYS[2], idle)
-  redis.call('ZREM', KEYS[3], tenant)
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[9]), tenant)
+  local back = tonumber(redis.call('ZSCORE', KEYS[4], tenant))
+  if back and back - tonumber(ARGV[9]) > now then
+    redis.call('ZADD', KEYS[3], f(p + ask / w), tenant)
+  else
+    redis.call('ZREM', KEYS[3], tenant)
+  end
+  redis.call('ZADD', KEYS[4], 'GT', now + tonumber(ARGV[9]), tenant)
   redis.call('PEXPIRE', KEYS[4], idle)
   use(ask)
   save()
@@ -357,7 +369,7 @@ local wait = math.max(short, 0) * 60000 / eff
 if not rok then wait = math.max(wait, (1 - r) * 60000 / rpm) end
 wait = math.min(math.max(1, math.ceil(wait)), tonumber(ARGV[10]))
 redis.call('ZADD', KEYS[3], f(p), tenant)
-redis.call('ZADD', KEYS[4], now + wait + tonumber(ARGV[9]), tenant)
+redis.call('ZADD', KEYS[4], 'GT', now + wait + tonumber(ARGV[9]), tenant)
 redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p), 'w:' .. tenant, w)
 redis.call('PEXPIRE', KEYS[2], idle)
 redis.call('PEXPIRE', KEYS[3], idle)
@@ -399,10 +411,11 @@ func (q *Quotas) ReservePool(ctx context.Context, p PoolReserveParams) (TokenAns
 }
 
 // settlePoolScript settles a step against its pool: the actual tokens minus the
-// estimate come off the level (refund or debt) and move the tenant's pass, so the
-// fair order is in the tokens really used.
+// estimate come off the level (refund or debt) and move the tenant's pass (and its
+// place in line, when it has one), so the fair order is in the tokens really used.
 //
-// KEYS[1] pool state (hash)   KEYS[2] passes (hash)   ARGV[1] now ms or ""
+// KEYS[1] pool state (hash)   KEYS[2] passes (hash)   KEYS[3] waiters by pass (zset)
+// ARGV[1] now ms or ""
 // ARGV[2] configured tokens a minute   ARGV[3] burst tokens   ARGV[4] requests a minute
 // ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] weight   ARGV[8] actual minus estimate
 // Returns the level after, in tokens.
@@ -413,6 +426,7 @@ local p = tonumber(redis.call('HGET', KEYS[2], 'p:' .. ARGV[6]))
 if p then
   redis.call('HSET', KEYS[2], 'p:' .. ARGV[6], f(p + d / w))
   redis.call('PEXPIRE', KEYS[2], idle)
+  redis.call('ZADD', KEYS[3], 'XX', f(p + d / w), ARGV[6])
 end
 use(d)
 save()
@@ -433,7 +447,7 @@ func (q *Quotas) SettlePool(ctx context.Context, p PoolSettleParams) (level int6
 	if err := p.Pool.check(); err != nil {
 		return 0, err
 	}
-	keys := q.poolKeys(p.Pool.Name)[:2]
+	keys := q.poolKeys(p.Pool.Name)[:3]
 	level, err = settlePoolScript.Run(ctx, q.rdb, keys, q.nowArg(), p.Pool.TokensPerMinute, p.Pool.Burst(),
 		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Weight, 1), p.Tokens).Int64()
 	if err != nil {

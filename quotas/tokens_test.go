@@ -409,3 +409,37 @@ func TestTenantTokensLevel(t *testing.T) {
 		t.Fatal("a bucket without a rate was read")
 	}
 }
+
+// Tenants with several steps waiting at once (several workers each, steps of mixed
+// sizes) still share the pool by weight: one of a tenant's grants does not let a
+// tenant further back pass it before its other asks come back.
+func TestPoolSharesByWeightWithSeveralWorkers(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	pool := PoolConfig{Name: "workers", TokensPerMinute: 600_000, BurstTokens: 20_000}
+	weights := map[string]int{"a": 1, "b": 2, "c": 4}
+	var sims []*simTenant
+	for _, name := range []string{"a", "b", "c"} {
+		for _, step := range []int64{500, 2000, 8000} {
+			// each step runs 100 ms before its worker asks again, so a tenant's asks
+			// come back at different times
+			sims = append(sims, &simTenant{name: name, weight: weights[name], step: step, every: 100 * time.Millisecond})
+		}
+	}
+	runPool(t, q, now, pool, sims, 2*time.Second, time.Millisecond)
+	for _, s := range sims {
+		s.got = 0
+	}
+	runPool(t, q, now, pool, sims, 30*time.Second, time.Millisecond)
+	got := map[string]float64{}
+	var tot float64
+	for _, s := range sims {
+		got[s.name] += float64(s.got)
+		tot += float64(s.got)
+	}
+	for name, w := range weights {
+		if share, want := got[name]/tot, float64(w)/7; math.Abs(share-want) > 0.02 {
+			t.Errorf("tenant %s (weight %d, three workers) got %.3f of the pool, want %.3f", name, w, share, want)
+		}
+	}
+}

@@ -119,7 +119,7 @@ func benchCmd() *cobra.Command {
 	e2e.Flags().IntVar(&e2eTenants, "tenants", 4, "tenants the load is spread over")
 	e2e.Flags().StringVar(&e2eProfile, "profile", "", "write a Go CPU profile of the run (the agentq process is this one) to this file")
 
-	cmd.AddCommand(webhooksBenchCmd(&asJSON))
+	cmd.AddCommand(webhooksBenchCmd(&asJSON), tokensBenchCmd(&asJSON))
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
 	cmd.AddCommand(admission, fairness, e2e)
 	return cmd
@@ -177,5 +177,47 @@ func webhooksBenchCmd(asJSON *bool) *cobra.Command {
 	cmd.Flags().DurationVar(&o.Interval, "interval", 50*time.Millisecond, "between probe events")
 	cmd.Flags().IntVar(&o.Relay.Workers, "workers", 0, "the relay's pool (0: its default)")
 	cmd.Flags().IntVar(&o.Relay.PerEndpoint, "per-endpoint", 0, "the relay's per-endpoint cap (0: its default)")
+	return cmd
+}
+
+func tokensBenchCmd(asJSON *bool) *cobra.Command {
+	var o bench.TokensConfig
+	cmd := &cobra.Command{
+		Use:   "tokens",
+		Short: "A model pool's weighted shares, 60 s window, light tenant's wait and throttling, through the real pool scripts (REDIS_URL)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.FromEnv()
+			if err != nil {
+				return err
+			}
+			rdb, err := redisx.Open(cmd.Context(), cfg.RedisURL, cfg.RedisClusterAddrs)
+			if err != nil {
+				return err
+			}
+			defer rdb.Close()
+			o.Redis, o.Progress = rdb, os.Stderr
+			res, err := bench.Tokens(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return printBench(*asJSON, res, fmt.Sprintf(
+				"pool shares %v (max error %.4f); 60 s window %.4f of burst + rate (slack %.6f); light wait p99 %.1f ms (alone %.1f ms); throttled %.4f of steps, achieved %.3f of the upstream",
+				res.PoolShares, res.PoolShareMaxError, res.PoolWindowMaxRatio, res.PoolWindowAllowedExcessRatio,
+				res.LightPoolWaitP99Ms, res.LightPoolWaitP99UncontendedMs, res.AIMDThrottledRatio, res.AIMDAchievedRatio))
+		},
+	}
+	f := cmd.Flags()
+	f.Int64Var(&o.PoolTokensPerMinute, "pool-tokens-per-minute", 6_000_000, "the pool's configured rate")
+	f.Int64Var(&o.PoolBurstTokens, "pool-burst", 500_000, "the pool's burst in tokens")
+	f.IntVar(&o.Workers, "workers", 8, "simulated workers per flooding tenant")
+	f.DurationVar(&o.Step, "step", 100*time.Millisecond, "how long a simulated step runs")
+	f.DurationVar(&o.Flood, "flood", 75*time.Second, "the flood measuring shares, the 60 s window and the light tenant's wait")
+	f.DurationVar(&o.Warmup, "warmup", 5*time.Second, "the flood's first part, left out of the shares (the initial burst)")
+	f.DurationVar(&o.LightEvery, "light-every", 200*time.Millisecond, "between the light tenant's asks")
+	f.DurationVar(&o.Uncontended, "uncontended", 10*time.Second, "the light tenant alone on an idle pool")
+	f.DurationVar(&o.AIMDWarmup, "aimd-warmup", time.Minute, "the throttled flood before its measured window")
+	f.DurationVar(&o.AIMDWindow, "aimd-window", 30*time.Second, "the throttled flood's measured window")
+	f.DurationVar(&o.RetryAfter, "retry-after", time.Second, "a throttled step's wait before it reserves again")
+	f.Int64Var(&o.UpstreamBurst, "upstream-burst", 0, "the simulated upstream's burst in tokens (0: one second of its rate)")
 	return cmd
 }
