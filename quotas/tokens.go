@@ -398,16 +398,48 @@ type PoolReserveParams struct {
 
 // ReservePool reserves p.Tokens from the pool for the tenant, in weighted fair order.
 func (q *Quotas) ReservePool(ctx context.Context, p PoolReserveParams) (TokenAnswer, error) {
-	if err := p.Pool.check(); err != nil {
-		return TokenAnswer{}, err
+	return q.reservePool(ctx, q.rdb, p).Answer()
+}
+
+// PoolReservation is a pool reservation queued on a pipeline (QueueReservePool): its
+// answer is there once the pipeline has run.
+type PoolReservation struct {
+	name string
+	cmd  *redis.Cmd
+	err  error
+}
+
+// QueueReservePool queues ReservePool on pipe, to go out with other calls (a step's
+// reservation of its period quotas: one round trip for both).
+func (q *Quotas) QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p PoolReserveParams) *PoolReservation {
+	return q.reservePool(ctx, pipe, p)
+}
+
+func (q *Quotas) reservePool(ctx context.Context, c redis.Scripter, p PoolReserveParams) *PoolReservation {
+	r := &PoolReservation{name: p.Pool.Name}
+	if r.err = p.Pool.check(); r.err != nil {
+		return r
 	}
-	res, err := reservePoolScript.Run(ctx, q.rdb, q.poolKeys(p.Pool.Name), q.nowArg(),
+	r.cmd = reservePoolScript.Run(ctx, c, q.poolKeys(p.Pool.Name), q.nowArg(),
 		p.Pool.TokensPerMinute, p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(),
-		p.Tenant, max(p.Weight, 1), max(p.Tokens, 0), poolClaimGrace.Milliseconds(), poolMaxWait.Milliseconds()).Int64Slice()
-	if err != nil {
-		return TokenAnswer{}, fmt.Errorf("quotas: reserve pool %s: %w", p.Pool.Name, err)
+		p.Tenant, max(p.Weight, 1), max(p.Tokens, 0), poolClaimGrace.Milliseconds(), poolMaxWait.Milliseconds())
+	return r
+}
+
+// Answer is the reservation's answer; an error when it could not be asked (or was
+// never sent: a nil reservation).
+func (r *PoolReservation) Answer() (TokenAnswer, error) {
+	if r == nil {
+		return TokenAnswer{}, errors.New("quotas: a pool reservation that was never sent")
 	}
-	return tokenAnswer(res, "pool "+p.Pool.Name)
+	if r.err != nil {
+		return TokenAnswer{}, r.err
+	}
+	res, err := r.cmd.Int64Slice()
+	if err != nil {
+		return TokenAnswer{}, fmt.Errorf("quotas: reserve pool %s: %w", r.name, err)
+	}
+	return tokenAnswer(res, "pool "+r.name)
 }
 
 // settlePoolScript settles a step against its pool: the actual tokens minus the

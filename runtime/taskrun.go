@@ -406,25 +406,31 @@ func (r *taskRun) finishWallclock() {
 			Used: int64(math.Round((time.Since(r.startedAt) - r.waited()).Seconds()))})
 }
 
-// reserve reserves the next step's capacity: its tokens from its agent's model pool,
-// when bound, then the step against the tenant's period quotas and its tokens per
-// minute, in one round trip with the "running" message before the first step. It
+// reserve reserves the next step's capacity: the step against the tenant's period
+// quotas and its tokens per minute, and its tokens from its agent's model pool when
+// bound, in one round trip (with the "running" message before the first step). It
 // returns stop = true when the step cannot run now: a quota ended the task, the
 // capacity is not there (the task parks), or the quota store could not be asked.
+// What one reservation took when the other refused goes back.
 func (r *taskRun) reserve() (stop, requeued bool) {
 	r.period = r.tenant.Anchor().PeriodAt(time.Now())
 	r.estTokens = r.tokenEstimate()
-	if stop, requeued := r.reservePool(); stop {
+	r.reservation = r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
+	var riders []func(redis.Pipeliner)
+	if r.running != nil {
+		riders, r.running = append(riders, r.running), nil
+	}
+	var pool *quotas.PoolReservation
+	if r.bound {
+		p := quotas.PoolReserveParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Weight: r.weight, Tokens: r.estTokens}
+		riders = append(riders, func(pipe redis.Pipeliner) { pool = r.w.limits.QueueReservePool(r.ctx, pipe, p) })
+	}
+	ctx, along := redisx.WithAlong(r.ctx, riders...)
+	err := r.w.limits.ReserveStep(ctx, r.reservation)
+	_ = along.Send(r.ctx, r.w.batch) // a lost message is re-read from Postgres; the pool's answer is its own
+	if stop, requeued := r.poolAnswer(pool, err == nil); stop {
 		return true, requeued
 	}
-	r.reservation = r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
-	ctx, running := r.ctx, (*redisx.Along)(nil)
-	if r.running != nil {
-		ctx, running = redisx.WithAlong(r.ctx, r.running)
-		r.running = nil
-	}
-	err := r.w.limits.ReserveStep(ctx, r.reservation)
-	_ = running.Send(r.ctx, r.w.batch) // a lost message is re-read from Postgres
 	if err == nil {
 		return false, false
 	}
@@ -444,6 +450,29 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	return true, r.requeue("the quota store is unreachable", err)
 }
 
+// poolAnswer reads the step's pool reservation (nil: the agent is bound to no pool).
+// When the pool refused or could not be asked, the step's own reservation (stepHeld)
+// goes back and stop = true: the task parks for the pool, or is handed back.
+func (r *taskRun) poolAnswer(pool *quotas.PoolReservation, stepHeld bool) (stop, requeued bool) {
+	if !r.bound {
+		return false, false
+	}
+	ans, err := pool.Answer()
+	if err == nil && ans.Granted {
+		r.poolHeld = true
+		return false, false
+	}
+	if stepHeld {
+		r.settle(r.giveBack())
+	}
+	if err != nil {
+		// Fails closed like the quotas: no step runs without its reservation.
+		return true, r.requeue("the model pool's store is unreachable", err)
+	}
+	r.parkFor(r.pool.Pool.WaitReason(), ans.Wait)
+	return true, false
+}
+
 // tokenEstimate is what the next step reserves of tokens: the agent's own estimate
 // from its previous step, else the running average of its tenant's steps with this
 // agent, else its pool binding's default, else nothing (settlement books what it
@@ -459,27 +488,6 @@ func (r *taskRun) tokenEstimate() int64 {
 		return r.pool.TokensPerStep
 	}
 	return 0
-}
-
-// reservePool reserves the step's estimate from its agent's model pool, when bound.
-// stop = true when the task parks to wait for the pool, or the pool could not be
-// asked.
-func (r *taskRun) reservePool() (stop, requeued bool) {
-	if !r.bound {
-		return false, false
-	}
-	ans, err := r.w.limits.ReservePool(r.ctx, quotas.PoolReserveParams{
-		Pool: r.pool.Pool, Tenant: r.task.TenantID, Weight: r.weight, Tokens: r.estTokens})
-	switch {
-	case err != nil:
-		// Fails closed like the quotas: no step runs without its reservation.
-		return true, r.requeue("the model pool's store is unreachable", err)
-	case !ans.Granted:
-		r.parkFor(r.pool.Pool.WaitReason(), ans.Wait)
-		return true, false
-	}
-	r.poolHeld = true
-	return false, false
 }
 
 // settlePool books a step's actual tokens minus its estimate against the pool.

@@ -86,9 +86,10 @@ type Limits interface {
 	QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams)
 	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
-	// ReservePool, SettlePool and ThrottlePool draw a step's tokens from its agent's
-	// model pool (see quotas.PoolBinding).
-	ReservePool(ctx context.Context, p quotas.PoolReserveParams) (quotas.TokenAnswer, error)
+	// QueueReservePool, SettlePool and ThrottlePool draw a step's tokens from its
+	// agent's model pool (see quotas.PoolBinding). The worker queues the reservation
+	// with the step's ReserveStep (redisx.WithAlong): one round trip for both.
+	QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) *quotas.PoolReservation
 	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
 	ThrottlePool(ctx context.Context, pool quotas.PoolConfig) (int64, error)
 }

@@ -180,11 +180,20 @@ func webhooksBenchCmd(asJSON *bool) *cobra.Command {
 	return cmd
 }
 
+// tokensOut is `agentq bench tokens`' answer: the pool scenarios', then the server's.
+type tokensOut struct {
+	bench.TokensResult
+	bench.TokensE2E
+}
+
 func tokensBenchCmd(asJSON *bool) *cobra.Command {
 	var o bench.TokensConfig
+	var e bench.TokensE2EOptions
+	var server bool
 	cmd := &cobra.Command{
-		Use:   "tokens",
-		Short: "A model pool's weighted shares, 60 s window, light tenant's wait and throttling, through the real pool scripts (REDIS_URL)",
+		Use: "tokens",
+		Short: "A model pool's weighted shares, 60 s window, light tenant's wait and throttling, through the real pool scripts (REDIS_URL); " +
+			"then, on a server of its own (DATABASE_URL), a tenant parked on its tokens per minute and an uncontended pool's cost",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.FromEnv()
 			if err != nil {
@@ -196,17 +205,31 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 			}
 			defer rdb.Close()
 			o.Redis, o.Progress = rdb, os.Stderr
-			res, err := bench.Tokens(cmd.Context(), o)
-			if err != nil {
+			var out tokensOut
+			if out.TokensResult, err = bench.Tokens(cmd.Context(), o); err != nil {
 				return err
 			}
-			return printBench(*asJSON, res, fmt.Sprintf(
-				"pool shares %v (max error %.4f); 60 s window %.4f of burst + rate (slack %.6f); light wait p99 %.1f ms (alone %.1f ms); throttled %.4f of steps, achieved %.3f of the upstream",
+			if server {
+				e.DatabaseURL, e.RedisURL, e.Progress = cfg.DatabaseURL, cfg.RedisURL, os.Stderr
+				if out.TokensE2E, err = bench.RunTokensE2E(cmd.Context(), e); err != nil {
+					return err
+				}
+			}
+			res, s := out.TokensResult, out.TokensE2E
+			return printBench(*asJSON, out, fmt.Sprintf(
+				"pool shares %v (max error %.4f); 60 s window %.4f of burst + rate (slack %.6f); light wait p99 %.1f ms (alone %.1f ms); "+
+					"throttled %.4f of steps, achieved %.3f of the upstream; parked tasks held %d worker slots, the other tenant kept %.3f of its throughput; "+
+					"an uncontended pool runs at %.3f of none",
 				res.PoolShares, res.PoolShareMaxError, res.PoolWindowMaxRatio, res.PoolWindowAllowedExcessRatio,
-				res.LightPoolWaitP99Ms, res.LightPoolWaitP99UncontendedMs, res.AIMDThrottledRatio, res.AIMDAchievedRatio))
+				res.LightPoolWaitP99Ms, res.LightPoolWaitP99UncontendedMs, res.AIMDThrottledRatio, res.AIMDAchievedRatio,
+				s.WorkerSlotsHeldByParked, s.OtherThroughputRatio, s.PoolOverheadRatio))
 		},
 	}
 	f := cmd.Flags()
+	f.BoolVar(&server, "server", true, "also run the scenarios that need a server (Postgres at DATABASE_URL)")
+	f.IntVar(&e.OtherTasks, "other-tasks", 60, "the other tenant's tasks (one 200 ms step) beside the parked one")
+	f.IntVar(&e.OverheadTasks, "overhead-tasks", 2000, "one-step tasks in each run of the pool-overhead pairs")
+	f.IntVar(&e.OverheadPairs, "overhead-pairs", 4, "pairs of runs, with and without a pool (in alternating order)")
 	f.Int64Var(&o.PoolTokensPerMinute, "pool-tokens-per-minute", 6_000_000, "the pool's configured rate")
 	f.Int64Var(&o.PoolBurstTokens, "pool-burst", 500_000, "the pool's burst in tokens")
 	f.IntVar(&o.Workers, "workers", 8, "simulated workers per flooding tenant")

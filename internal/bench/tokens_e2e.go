@@ -46,7 +46,7 @@ type TokensE2EOptions struct {
 	DatabaseURL, RedisURL string
 	OtherTasks            int // 60 tasks of one 200 ms step
 	OverheadTasks         int // 2,000 one-step tasks a run
-	OverheadPairs         int // 2
+	OverheadPairs         int // 4
 	Progress              io.Writer
 }
 
@@ -62,7 +62,7 @@ var liftedLimits = map[string]quotas.Limit{"concurrent_sessions": 1e6, "user_tas
 func RunTokensE2E(ctx context.Context, o TokensE2EOptions) (TokensE2E, error) {
 	o.OtherTasks = orInt(o.OtherTasks, 60)
 	o.OverheadTasks = orInt(o.OverheadTasks, 2000)
-	o.OverheadPairs = orInt(o.OverheadPairs, 2)
+	o.OverheadPairs = orInt(o.OverheadPairs, 4)
 	var out TokensE2E
 	rdb, err := redisx.Connect(ctx, o.RedisURL)
 	if err != nil {
@@ -277,7 +277,6 @@ func runPoolOverhead(ctx context.Context, o TokensE2EOptions, rdb redis.Universa
 	if st, body, err := b.call(ctx, http.MethodPut, "/v1/admin/pools/bench", b.admin, `{"tokens_per_minute":100000000000}`); err != nil || st/100 != 2 {
 		return fmt.Errorf("PUT pool: %d %s %v", st, body, err)
 	}
-	total := 0
 	load := func() (float64, error) {
 		body := []byte(`{"agent":"sim","input":{"steps":1,"step_ms":0,"tokens_per_step":10}}`)
 		start := time.Now()
@@ -291,19 +290,24 @@ func runPoolOverhead(ctx context.Context, o TokensE2EOptions, rdb redis.Universa
 		if errs > 0 {
 			return 0, fmt.Errorf("%d submissions failed: %w", errs, firstErr)
 		}
-		total += o.OverheadTasks
-		var ended int
+		// Done when none is live: the count reads the live tasks' index, not the
+		// table, which grows with every run.
 		for {
-			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE finished_at IS NOT NULL`).Scan(&ended); err != nil {
+			var live int
+			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE state IN ('queued', 'running')`).Scan(&live); err != nil {
 				return 0, err
 			}
-			if ended >= total {
+			if live == 0 {
 				return float64(o.OverheadTasks) / time.Since(start).Seconds(), nil
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	bound := false
 	bind := func(on bool) error {
+		if on == bound {
+			return nil
+		}
 		method, body := http.MethodDelete, ""
 		if on {
 			method, body = http.MethodPut, `{"pool":"bench","tokens_per_step":10}`
@@ -312,28 +316,30 @@ func runPoolOverhead(ctx context.Context, o TokensE2EOptions, rdb redis.Universa
 		if err != nil || st/100 != 2 {
 			return fmt.Errorf("%s binding: %d %s %v", method, st, resp, err)
 		}
+		bound = on
 		time.Sleep(1500 * time.Millisecond) // every process's binding cache has it
 		return nil
 	}
+	// Pairs alternate their order (none then pool, pool then none), so a drift of the
+	// machine over the runs does not favour either side.
 	var ratios []float64
-	for range o.OverheadPairs {
-		none, err := load()
-		if err != nil {
-			return err
+	for i := range o.OverheadPairs {
+		order := []bool{false, true}
+		if i%2 == 1 {
+			order = []bool{true, false}
 		}
-		if err := bind(true); err != nil {
-			return err
+		got := map[bool]float64{}
+		for _, withPool := range order {
+			if err := bind(withPool); err != nil {
+				return err
+			}
+			if got[withPool], err = load(); err != nil {
+				return err
+			}
 		}
-		with, err := load()
-		if err != nil {
-			return err
-		}
-		if err := bind(false); err != nil {
-			return err
-		}
-		out.NoPoolTasksPerS = append(out.NoPoolTasksPerS, round1(none))
-		out.PoolTasksPerS = append(out.PoolTasksPerS, round1(with))
-		ratios = append(ratios, with/none)
+		out.NoPoolTasksPerS = append(out.NoPoolTasksPerS, round1(got[false]))
+		out.PoolTasksPerS = append(out.PoolTasksPerS, round1(got[true]))
+		ratios = append(ratios, got[true]/got[false])
 	}
 	out.PoolOverheadRatio = roundTo(median(ratios), 3)
 	return nil

@@ -81,6 +81,14 @@ func clusterProcesses(t *testing.T, e *env) (apis []*harness) {
 	return []*harness{a1, a2}
 }
 
+// A model pool on a 3-master cluster: one slot of its own, shared by the workers of
+// every process and by tenants on different shards.
+func TestClusterPoolShared(t *testing.T) {
+	e, _ := newClusterEnv(t)
+	apis := clusterProcesses(t, e)
+	poolSharedByReplicas(t, apis[0], apis[1])
+}
+
 // waitCompleted waits until every task is completed and returns them.
 func waitCompleted(t *testing.T, c *client.Client, ids []string, within time.Duration) []*client.Task {
 	t.Helper()

@@ -1,75 +1,77 @@
 package e2e_test
 
 import (
-	"context"
-	"errors"
-	"net/http"
+	"fmt"
+	"maps"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/agentq/agentq/client"
 )
 
-// The operator's pools and bindings through the Go client, against the running
-// process: created, replaced whole, shown with the agents bound to them, refused
-// with the API's errors, and deleted with their bindings.
-func TestPoolsThroughTheClient(t *testing.T) {
+// A model pool is global: the workers of two replicas draw on one bucket, which lets
+// through no more than its burst and rate, and share it by the tenants' weights.
+func TestPoolSharedByTwoReplicas(t *testing.T) {
 	t.Parallel()
-	h := start(t)
-	a := h.adminClient()
-	ctx := context.Background()
+	e := newEnv(t)
+	poolSharedByReplicas(t, e.start(t), e.start(t))
+}
 
-	p, err := a.PutPool(ctx, "llm", client.PoolRequest{TokensPerMinute: 120000, BurstTokens: 6000, RequestsPerMinute: 600})
-	if err != nil || p.BurstTokens != 6000 || p.RequestsPerMinute == nil || *p.RequestsPerMinute != 600 || p.Level != 6000 {
-		t.Fatalf("put: %+v %v", p, err)
+// poolSharedByReplicas floods one pool with two tenants of weights 1 and 2, each
+// through its own API process, and checks the pool's bound and the shares. Both
+// processes run workers.
+func poolSharedByReplicas(t *testing.T, a, b *harness) {
+	t.Helper()
+	const rate, burst, step = 120_000, 2000, 500 // 2,000 tokens a second
+	if st, _ := a.do("PUT", "/v1/admin/pools/shared", a.admin, map[string]any{"tokens_per_minute": rate, "burst_tokens": burst}, nil); st/100 != 2 {
+		t.Fatalf("PUT pool: %d", st)
 	}
-	if p, err = a.PutPool(ctx, "llm", client.PoolRequest{TokensPerMinute: 60000}); err != nil || p.BurstTokens != 60000 || p.RequestsPerMinute != nil {
-		t.Fatalf("replace: %+v %v", p, err)
+	if st, _ := a.do("PUT", "/v1/admin/agents/sim/pool", a.admin, map[string]any{"pool": "shared", "tokens_per_step": step}, nil); st/100 != 2 {
+		t.Fatalf("PUT binding: %d", st)
 	}
-	b, err := a.BindAgentPool(ctx, "sim", "llm", 1000)
-	if err != nil || *b != (client.AgentPool{Agent: "sim", Pool: "llm", TokensPerStep: 1000}) {
-		t.Fatalf("bind: %+v %v", b, err)
+	keys := map[string]string{}
+	for tenant, h := range map[string]*harness{"wa": a, "wb": b} {
+		ov := maps.Clone(generous)
+		ov["ai_tokens_per_minute"] = client.Limit(1e9)
+		weight := map[string]int{"wa": 1, "wb": 2}[tenant]
+		if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, map[string]any{"id": tenant, "plan": "enterprise", "weight": weight, "overrides": ov}, nil); st != 201 {
+			t.Fatalf("create tenant %s: %d", tenant, st)
+		}
+		var k struct{ Key string }
+		h.do("POST", "/v1/admin/tenants/"+tenant+"/keys", h.admin, map[string]any{}, &k)
+		keys[tenant] = k.Key
 	}
-	if b, err = a.GetAgentPool(ctx, "sim"); err != nil || b.TokensPerStep != 1000 {
-		t.Fatalf("get binding: %+v %v", b, err)
+	began := time.Now()
+	task := map[string]any{"agent": "sim", "input": map[string]any{"steps": 4, "step_ms": 5, "tokens_per_step": step}}
+	for i := range 30 {
+		for tenant, h := range map[string]*harness{"wa": a, "wb": b} {
+			if st, _ := h.do("POST", "/v1/tasks", keys[tenant], task, nil); st != 202 {
+				t.Fatalf("submit %d for %s: %d", i, tenant, st)
+			}
+		}
 	}
-	if p, err = a.GetPool(ctx, "llm"); err != nil || len(p.Agents) != 1 || p.Agents[0] != (client.PoolAgent{Agent: "sim", TokensPerStep: 1000}) || p.EffectiveTokensPerMinute != 60000 {
-		t.Fatalf("get: %+v %v", p, err)
+	time.Sleep(6 * time.Second)
+	used := map[string]int64{}
+	for tenant := range keys {
+		var list struct{ Tasks []client.Task }
+		a.do("GET", "/v1/tasks?limit=500", keys[tenant], nil, &list)
+		for _, tk := range list.Tasks {
+			used[tenant] += tk.Usage.Tokens
+		}
 	}
-	ps, err := a.ListPools(ctx)
-	if err != nil || len(ps) != 1 || ps[0].Name != "llm" {
-		t.Fatalf("list: %+v %v", ps, err)
+	elapsed := time.Since(began).Seconds()
+	total := used["wa"] + used["wb"]
+	// sim's estimates are exact (next_step_tokens), so nothing is let through beyond
+	// the bucket; the burst is the first second's grant.
+	if allowed := burst + rate/60*elapsed; float64(total) > allowed {
+		t.Fatalf("the pool let %d tokens through in %.1f s; its bucket allows %.0f", total, elapsed, allowed)
 	}
-
-	var ae *client.Error
-	if _, err := a.PutPool(ctx, "llm", client.PoolRequest{TokensPerMinute: 100, BurstTokens: 200}); !errors.As(err, &ae) || ae.StatusCode != http.StatusBadRequest || ae.Code != "INVALID_REQUEST" {
-		t.Fatalf("burst above the rate: %v", err)
+	if total < 5*burst {
+		t.Fatalf("the pool let only %d tokens through in %.1f s", total, elapsed)
 	}
-	if _, err := a.BindAgentPool(ctx, "ghost", "llm", 1); !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound {
-		t.Fatalf("bind an unknown agent: %v", err)
-	}
-	if _, err := a.BindAgentPool(ctx, "sim", "nope", 1); !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound {
-		t.Fatalf("bind to an unknown pool: %v", err)
-	}
-
-	if err := a.DeletePool(ctx, "llm"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.GetAgentPool(ctx, "sim"); !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound {
-		t.Fatalf("binding after its pool's deletion: %v", err)
-	}
-	if _, err := a.PutPool(ctx, "llm", client.PoolRequest{TokensPerMinute: 10}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.BindAgentPool(ctx, "sim", "llm", 5); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.UnbindAgentPool(ctx, "sim"); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.UnbindAgentPool(ctx, "sim"); !errors.As(err, &ae) || ae.StatusCode != http.StatusNotFound {
-		t.Fatalf("unbind twice: %v", err)
-	}
-	if ps, err := a.ListPools(ctx); err != nil || len(ps) != 1 || len(ps[0].Agents) != 0 {
-		t.Fatalf("list at the end: %+v %v", ps, err)
+	// The first burst goes before the line forms: a loose bound on the shares.
+	if share := float64(used["wa"]) / float64(total); math.Abs(share-1.0/3) > 0.1 {
+		t.Fatalf("the weight-1 tenant got %.3f of the pool against weight 2 (%v), want about 0.333", share, fmt.Sprint(used))
 	}
 }
