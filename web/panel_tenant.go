@@ -248,6 +248,9 @@ func newPanelView(rep UsageReport) panelView {
 			Created: t.CreatedAt.UTC().Format("2006-01-02 15:04:05"), CreatedISO: t.CreatedAt.UTC().Format(time.RFC3339)}
 		if t.WaitReason != nil {
 			pt.Wait = *t.WaitReason
+			if t.WaitUntil != nil {
+				pt.Wait += " until " + t.WaitUntil.UTC().Format("15:04:05")
+			}
 		}
 		v.Tasks = append(v.Tasks, pt)
 	}

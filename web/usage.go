@@ -10,6 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -67,6 +68,8 @@ type UsageTask struct {
 	CreatedAt  time.Time  `json:"created_at"`
 	StartedAt  *time.Time `json:"started_at"`
 	WaitReason *string    `json:"wait_reason"`
+	// WaitUntil: when a task parked for token capacity expects it (null otherwise).
+	WaitUntil *time.Time `json:"wait_until"`
 }
 
 // usageTasks bounds the tasks of the usage report.
@@ -269,6 +272,9 @@ func (s *Server) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuer
 		for _, lt := range live.Tasks {
 			ut := UsageTask{ID: lt.ID.String(), State: string(lt.State), Agent: lt.Agent, CreatedAt: lt.CreatedAt.UTC(),
 				StartedAt: lt.StartedAt, WaitReason: lt.WaitReason}
+			if lt.State == agentqtype.TaskStateQueued && lt.PanelTask.WaitReason != nil {
+				ut.WaitUntil = lt.PanelTask.WaitUntil
+			}
 			if lt.User != "" {
 				ut.User = ptr(lt.User)
 			}

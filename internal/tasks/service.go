@@ -736,7 +736,11 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 	reasonOf := s.waitReasons(ctx)
 	for _, t := range rows.Tasks {
 		pt := PanelTask{PanelTask: t}
-		if t.State == store.StateQueued {
+		switch {
+		case t.State != store.StateQueued:
+		case t.WaitReason != nil:
+			pt.WaitReason = t.WaitReason // parked for token capacity
+		default:
 			pt.WaitReason = reasonOf(t.TenantID)
 		}
 		out.Tasks = append(out.Tasks, pt)
