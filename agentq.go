@@ -211,6 +211,9 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
 	})
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.archetype)
+	if err := a.services.Pools.Instrument(mp); err != nil {
+		a.log.Warn("registering the model pools' gauges failed", "err", err)
+	}
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,

@@ -635,6 +635,10 @@ func (r *taskRun) record(step int, res StepResult) (more bool) {
 		ID: r.task.ID, Attempt: r.task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 	}
 	booked := quotas.StepParams{Tokens: res.Usage.Tokens - r.estTokens, CostMicro: costMicro - r.estMicro}
+	if r.poolHeld {
+		r.w.poolTokens.Add(context.WithoutCancel(r.ctx), res.Usage.Tokens, metric.WithAttributes(
+			attribute.String("pool", r.pool.Pool.Name), attribute.String("tenant_id", r.task.TenantID)))
+	}
 	r.settlePool(res.Usage.Tokens - r.estTokens)
 	r.w.est.add(r.task.TenantID, r.task.Agent, res.Usage.Tokens)
 	r.nextTokens = min(max(res.NextStepTokens, 0), MaxStepTokens)

@@ -150,8 +150,9 @@ type Worker struct {
 	tracer trace.Tracer
 	wait   metric.Float64Histogram
 	// capWait and throttled meter waits for token capacity and throttled steps.
-	capWait   metric.Float64Histogram
-	throttled metric.Int64Counter
+	capWait    metric.Float64Histogram
+	throttled  metric.Int64Counter
+	poolTokens metric.Int64Counter
 
 	// est holds the running average of each (tenant, agent)'s step tokens: a
 	// step's estimate when its agent gave none.
@@ -218,6 +219,8 @@ func (w *Worker) instrument(mp metric.MeterProvider) {
 		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 	w.throttled, _ = meter.Int64Counter("agentq.throttled_steps",
 		metric.WithDescription("Steps an agent answered throttled (its upstream refused them), by pool"))
+	w.poolTokens, _ = meter.Int64Counter("agentq.pool_tokens", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens the steps of each tenant used from each model pool"))
 	busy, _ := meter.Float64ObservableGauge("agentq.worker_busy_ratio", metric.WithUnit("1"),
 		metric.WithDescription("The share of this worker's concurrency slots processing a task"))
 	_, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {

@@ -15,7 +15,26 @@ import (
 func TestPoolSharedByTwoReplicas(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	poolSharedByReplicas(t, e.start(t), e.start(t))
+	a := e.start(t)
+	poolSharedByReplicas(t, a, e.start(t))
+	// The pool's series: its rates and last minute's use, the waiting tenants'
+	// entitlements, and the tokens each tenant drew (from this process's workers).
+	fams := a.scrape()
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+	}{
+		{"agentq_pool_configured_rate", map[string]string{"pool": "shared"}},
+		{"agentq_pool_effective_rate", map[string]string{"pool": "shared"}},
+		{"agentq_pool_used_last_minute", map[string]string{"pool": "shared"}},
+		{"agentq_pool_entitlement_ratio", map[string]string{"pool": "shared", "tenant_id": "wb"}},
+		{"agentq_pool_tokens_total", map[string]string{"pool": "shared"}},
+		{"agentq_capacity_wait_seconds", map[string]string{"reason": "pool:shared"}},
+	} {
+		if v, ok := sample(fams, c.name, c.labels); !ok || v <= 0 {
+			t.Errorf("%s%v = %v (present %v), want above 0", c.name, c.labels, v, ok)
+		}
+	}
 }
 
 // poolSharedByReplicas floods one pool with two tenants of weights 1 and 2, each

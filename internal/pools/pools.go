@@ -15,6 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -285,4 +288,44 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 		return fmt.Errorf("pools: delete %s: %w", name, err)
 	}
 	return nil
+}
+
+// Instrument registers the pools' gauges on mp: each pool's configured and effective
+// rate and the tokens it granted in the last minute, and each waiting tenant's
+// entitlement (its weight's share among the tenants waiting). With the workers'
+// agentq.pool_tokens counter (tokens each tenant drew from each pool) they show each
+// tenant's share of a pool against its entitlement. The pools are read at each
+// collection.
+func (s *Service) Instrument(mp metric.MeterProvider) error {
+	m := mp.Meter("github.com/agentq/agentq/internal/pools")
+	configured, err1 := m.Int64ObservableGauge("agentq.pool_configured_rate", metric.WithUnit("{token}"),
+		metric.WithDescription("A model pool's configured tokens a minute"))
+	effective, err2 := m.Int64ObservableGauge("agentq.pool_effective_rate", metric.WithUnit("{token}"),
+		metric.WithDescription("A model pool's effective tokens a minute: lowered by throttled answers, climbing back while none comes"))
+	used, err3 := m.Int64ObservableGauge("agentq.pool_used_last_minute", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens a model pool granted in the last minute"))
+	entitled, err4 := m.Float64ObservableGauge("agentq.pool_entitlement", metric.WithUnit("1"),
+		metric.WithDescription("A waiting tenant's entitled share of a model pool: its weight over the waiting tenants' weights"))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return fmt.Errorf("pools: instruments: %w", err)
+	}
+	_, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		ps, err := s.List(ctx)
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			pool := attribute.String("pool", p.Config.Name)
+			o.ObserveInt64(configured, p.Config.TokensPerMinute, metric.WithAttributes(pool))
+			o.ObserveInt64(effective, p.Status.EffectiveRate, metric.WithAttributes(pool))
+			o.ObserveInt64(used, p.Status.UsedLastMinute, metric.WithAttributes(pool))
+			for _, w := range p.Status.Waiting {
+				o.ObserveFloat64(entitled, w.Share, metric.WithAttributes(pool, attribute.String("tenant_id", w.Tenant)))
+			}
+		}
+		return nil
+	}, configured, effective, used, entitled)
+	return err
 }
