@@ -127,7 +127,10 @@ type Tenant struct {
 	Queued, Running        int64
 	Started                int
 	P99Wait                time.Duration
-	LimitHits, Refusals    int64
+	// CapacityWaits: queued tasks waiting for token capacity (tokens per minute, a
+	// model pool, a throttled agent's retry), without a worker.
+	CapacityWaits       int
+	LimitHits, Refusals int64
 }
 
 // Endpoint is a webhook endpoint with its deliveries' state. URL shows scheme, host
@@ -249,7 +252,7 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 		a := act[t.ID]
 		r := Tenant{
 			ID: t.ID, Name: t.Name, Plan: t.Plan, Status: t.Status, Weight: pol.Weight,
-			WorkerSeconds: a.WorkerSeconds, Started: a.Started, P99Wait: a.P99Wait,
+			WorkerSeconds: a.WorkerSeconds, Started: a.Started, P99Wait: a.P99Wait, CapacityWaits: a.CapacityWaits,
 			LimitHits: hits[t.ID].Events, Refusals: hits[t.ID].Refusals,
 		}
 		if i < len(depths) {

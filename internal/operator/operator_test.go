@@ -113,8 +113,12 @@ func TestSharesAndEntitlements(t *testing.T) {
 	f.task("b", "queued", -30*time.Second, nil, nil)
 	// c: done before the window: inactive.
 	f.task("c", "completed", -8*time.Minute, ago(7*time.Minute), ago(6*time.Minute))
-	// d: a task handed back to its queue: waiting, no worker time while it waits.
+	// d: a task handed back to its queue: waiting, no worker time while it waits; and
+	// one parked for its tokens per minute.
 	f.task("d", "queued", -4*time.Minute, ago(2*time.Minute), nil)
+	f.exec(`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state, created_at, started_at, wait_reason, wait_until)
+		VALUES ($1, 'd', 'k', 'sim', '\x01', 'queued', $2, $3, 'tokens_per_minute', $4)`,
+		uuid.Must(uuid.NewV7()), f.now.Add(-3*time.Minute), f.now.Add(-2*time.Minute), f.now.Add(10*time.Second))
 	// e: nothing in Postgres's window, but a task in its Redis queue.
 	if err := f.sched.Enqueue(f.ctx, scheduler.EnqueueParams{TenantID: "e", TaskID: uuid.Must(uuid.NewV7()), Priority: 5, CreatedAt: f.now, Weight: 1}); err != nil {
 		t.Fatal(err)
@@ -145,6 +149,9 @@ func TestSharesAndEntitlements(t *testing.T) {
 	}
 	if b := rowOf(t, ov, "b"); b.Started != 1 || b.P99Wait != 10*time.Second {
 		t.Errorf("b: %d started, p99 wait %v; want 1 and 10s", b.Started, b.P99Wait)
+	}
+	if d := rowOf(t, ov, "d"); d.CapacityWaits != 1 {
+		t.Errorf("d: %d tasks waiting for token capacity, want 1", d.CapacityWaits)
 	}
 	if e := rowOf(t, ov, "e"); e.Queued != 1 {
 		t.Errorf("e: queued %d, want 1 (from Redis)", e.Queued)

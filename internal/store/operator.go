@@ -27,6 +27,9 @@ type TenantActivity struct {
 	// percentile of their waits (created → first start); 0 when none started.
 	Started int
 	P99Wait time.Duration
+	// CapacityWaits is how many of its tasks are queued now waiting for token capacity
+	// (its tokens per minute, a model pool, or a throttled agent's retry time).
+	CapacityWaits int
 }
 
 // ActivityParams select the window [At − Window, At]. A nil At is Postgres's now().
@@ -44,10 +47,10 @@ func (s *Store) UnscopedTenantActivity(ctx context.Context, p ActivityParams) ([
 		WITH w AS (
 			SELECT COALESCE($1::timestamptz, now()) AS hi, COALESCE($1::timestamptz, now()) - $2::interval AS lo
 		), t AS (
-			SELECT tenant_id, state, created_at, started_at, finished_at FROM tasks
+			SELECT tenant_id, state, created_at, started_at, finished_at, wait_reason FROM tasks
 			WHERE state IN ('queued', 'running')
 			UNION ALL
-			SELECT tenant_id, state, created_at, started_at, finished_at FROM tasks, w
+			SELECT tenant_id, state, created_at, started_at, finished_at, NULL FROM tasks, w
 			WHERE finished_at IS NOT NULL AND finished_at > w.lo
 		)
 		SELECT t.tenant_id,
@@ -56,14 +59,15 @@ func (s *Store) UnscopedTenantActivity(ctx context.Context, p ActivityParams) ([
 			COALESCE(bool_or(t.created_at < w.hi AND (t.state = 'queued' OR (t.started_at IS NULL AND t.finished_at IS NOT NULL))), false),
 			count(*) FILTER (WHERE t.started_at >= w.lo AND t.started_at < w.hi),
 			COALESCE(percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM t.started_at - t.created_at))
-				FILTER (WHERE t.started_at >= w.lo AND t.started_at < w.hi), 0)::float8
+				FILTER (WHERE t.started_at >= w.lo AND t.started_at < w.hi), 0)::float8,
+			count(*) FILTER (WHERE t.state = 'queued' AND t.wait_reason IS NOT NULL)
 		FROM t, w
 		GROUP BY t.tenant_id
 		ORDER BY t.tenant_id`, p.At, interval(p.Window))
 	return collect(rows, err, func(row pgx.Row) (TenantActivity, error) {
 		var a TenantActivity
 		var p99 float64
-		err := row.Scan(&a.TenantID, &a.WorkerSeconds, &a.Waited, &a.Started, &p99)
+		err := row.Scan(&a.TenantID, &a.WorkerSeconds, &a.Waited, &a.Started, &p99, &a.CapacityWaits)
 		a.P99Wait = time.Duration(p99 * float64(time.Second))
 		return a, err
 	})
