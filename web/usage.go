@@ -273,7 +273,7 @@ func (s *Server) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuer
 			ut := UsageTask{ID: lt.ID.String(), State: string(lt.State), Agent: lt.Agent, CreatedAt: lt.CreatedAt.UTC(),
 				StartedAt: lt.StartedAt, WaitReason: lt.WaitReason}
 			if lt.State == agentqtype.TaskStateQueued && lt.PanelTask.WaitReason != nil {
-				ut.WaitUntil = lt.PanelTask.WaitUntil
+				ut.WaitUntil = lt.WaitUntil
 			}
 			if lt.User != "" {
 				ut.User = ptr(lt.User)
