@@ -194,7 +194,6 @@ func TestUsageReportsTokensPerMinute(t *testing.T) {
 	ctx := context.Background()
 	c, _ := h.tenantClient("tpm", "pro", nil) // 100,000 tokens a minute
 	off, _ := h.tenantClient("tpm-off", "pro", map[string]client.Limit{"ai_tokens_per_minute": client.Unlimited})
-	zero, _ := h.tenantClient("tpm-zero", "pro", map[string]client.Limit{"ai_tokens_per_minute": 0})
 
 	u, err := c.GetUsage(ctx, client.UsageQuery{})
 	if err != nil {
@@ -221,8 +220,10 @@ func TestUsageReportsTokensPerMinute(t *testing.T) {
 	if u, err = off.GetUsage(ctx, client.UsageQuery{}); err != nil || u.Limits["ai_tokens_per_minute"].Limit != nil {
 		t.Fatalf("off: %+v %v", u.Limits["ai_tokens_per_minute"], err)
 	}
-	u, err = zero.GetUsage(ctx, client.UsageQuery{})
-	if lz := u.Limits["ai_tokens_per_minute"]; err != nil || lz.Limit == nil || *lz.Limit != 0 || *lz.Remaining != 0 {
-		t.Fatalf("zero: %+v %v", lz, err)
+	// A bucket that never fills could only keep steps waiting: 0 is refused.
+	var e errBody
+	if st, _ := h.do("POST", "/v1/admin/tenants", h.admin, map[string]any{"id": "tpm-zero", "plan": "pro",
+		"overrides": map[string]any{"ai_tokens_per_minute": 0}}, &e); st != 400 || !strings.Contains(e.Error.Message, "ai_tokens_per_minute must be at least 1") {
+		t.Fatalf("ai_tokens_per_minute 0: %d %+v; want 400 naming the limit", st, e)
 	}
 }
