@@ -82,21 +82,29 @@ return held
 // whatever the caller attached to ctx with redisx.WithAlong (a finished task's
 // settlement and last messages): one round trip for all of them.
 func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration) error {
+	if err := s.freeSlots(ctx, "done", func(pipe redis.Pipeliner) *redis.Cmd { return s.done(ctx, pipe, p, took) }); err != nil {
+		return err
+	}
+	s.wake(ctx)
+	return nil
+}
+
+// freeSlots runs a script that frees a dispatched task's running slot (luaRelease's
+// callers) through the Batch, and gives the task's pool slot back when the script
+// says the task held one.
+func (s *Scheduler) freeSlots(ctx context.Context, what string, script func(redis.Pipeliner) *redis.Cmd) error {
 	var cmd *redis.Cmd
-	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = s.done(ctx, pipe, p, took) })
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = script(pipe) })
 	if cmd == nil {
-		return fmt.Errorf("scheduler: done: %w", err)
+		return fmt.Errorf("scheduler: %s: %w", what, err)
 	}
 	held, err := cmd.Int()
 	if err != nil {
-		return fmt.Errorf("scheduler: done: %w", err)
+		return fmt.Errorf("scheduler: %s: %w", what, err)
 	}
 	if held == 1 {
-		if err := s.release(ctx); err != nil {
-			return err
-		}
+		return s.release(ctx)
 	}
-	s.wake(ctx)
 	return nil
 }
 

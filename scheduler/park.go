@@ -56,19 +56,8 @@ func (s *Scheduler) Park(ctx context.Context, p ParkParams) error {
 	keys = append(keys, s.keys.Parked(s.keys.Shard(p.Payload.TenantID)))
 	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
 	args = append(args, p.Wait.Milliseconds(), score, rkeys.ParkedMember(p.Payload.TenantID, p.Payload.TaskID))
-	var cmd *redis.Cmd
-	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = parkScript.Run(ctx, pipe, keys, args...) })
-	if cmd == nil {
-		return fmt.Errorf("scheduler: park: %w", err)
-	}
-	held, err := cmd.Int()
-	if err != nil {
-		return fmt.Errorf("scheduler: park: %w", err)
-	}
-	if held == 1 {
-		if err := s.release(ctx); err != nil {
-			return err
-		}
+	if err := s.freeSlots(ctx, "park", func(pipe redis.Pipeliner) *redis.Cmd { return parkScript.Run(ctx, pipe, keys, args...) }); err != nil {
+		return err
 	}
 	s.parkedHere(time.Now().Add(p.Wait))
 	s.wake(ctx)
