@@ -10,6 +10,15 @@
 // claim is fresh). What the phases share lives on the taskRun, so a step allocates
 // little beyond what the calls it makes need.
 //
+// Token capacity: each step reserves its estimated tokens from its tenant's
+// ai_tokens_per_minute (inside the step's quota reservation) and, when its agent is
+// bound to a model pool, from the pool (in the same round trip). A step that cannot
+// get them does not wait on its worker: the task is parked (queued in Postgres with
+// what it waits for, out of its queue in Redis until the capacity is expected) and
+// the delivery returns, so the worker and the tenant's running slot go to others. The
+// next delivery resumes at the step that waited. A throttled answer (the agent's
+// upstream refused the step) counts nothing and parks the task for its retry time.
+//
 // The terminal transition is a conditional UPDATE (state must still be running), so
 // exactly one party ends a task — the worker, a tenant's cancel, or the janitor
 // abandoning a task whose workers keep dying — and that party owns the side effects

@@ -31,9 +31,15 @@
 //     no leader. Like every script it gets the keys it touches in KEYS: the caller
 //     names candidate tenants (the shard's heads as the previous pop answered them),
 //     and the script answers "retry" with fresh ones when the head is not among them. The popped task goes to a "dispatching" ZSET before it is handed to
-//     asynq with TaskID = task id; a confirmation moves it to "inflight". An entry left
+//     asynq with TaskID = task id (see parking below); a confirmation moves it to "inflight". An entry left
 //     in "dispatching" by a crash is re-sent (asynq refuses the duplicate id).
 //   - Dispatchers wake on pub/sub messages published after admissions and completions,
 //     at most one per millisecond per process (a round takes every task that can go);
 //     a timer is only the fallback.
+//   - A task whose next step waits for token capacity is parked (park.go): its slots
+//     go back as at a completion and it waits in its shard's parked set, scored by
+//     when its capacity is expected; a dispatch round puts the due ones back on their
+//     queues with their old score. Each dispatch after a park has an asynq id of its
+//     own (task id and park count), since asynq keeps an id until the delivery that
+//     parked the task has returned.
 package scheduler
