@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -122,5 +124,39 @@ func TestParkedTasksAreNotMissingAndCancelTakesThem(t *testing.T) {
 	}
 	if _, err := f.dispatch(); err == nil {
 		t.Fatal("a cancelled parked task was dispatched")
+	}
+}
+
+// With several shards, one Unpark reads every shard's parked set and queues the due
+// tasks of each, and says when the earliest of the others is due.
+func TestUnparkAcrossShards(t *testing.T) {
+	t.Parallel()
+	f := newShardedFixture(t, 8, 0, 4)
+	ctx := context.Background()
+	tenants := []string{}
+	for i := 0; len(tenants) < 3; i++ {
+		name := fmt.Sprintf("t%d", i)
+		if slices.IndexFunc(tenants, func(o string) bool { return f.keys.Shard(o) == f.keys.Shard(name) }) < 0 {
+			tenants = append(tenants, name)
+		}
+	}
+	for i, tn := range tenants {
+		f.enqueue(tn, 5, 1, 0)
+		shard := f.keys.Shard(tn)
+		d, err := f.s.dispatchOne(ctx, shard, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.park(d, f.n, time.Duration(i+1)*100*time.Millisecond)
+	}
+	f.advance(200 * time.Millisecond)
+	n, next, err := f.s.Unpark(ctx)
+	if err != nil || n != 2 || next != 100*time.Millisecond {
+		t.Fatalf("Unpark = %d, %v, %v; want the two due tasks of two shards, the third due in 100ms", n, next, err)
+	}
+	for _, tn := range tenants[:2] {
+		if q := f.rdb.ZCard(ctx, f.keys.TenantQueue(tn)).Val(); q != 1 {
+			t.Fatalf("tenant %s has %d queued, want its task back", tn, q)
+		}
 	}
 }
