@@ -269,9 +269,17 @@ func (q *Quotas) poolKeys(name string) []string {
 // last throttled answer. save writes it back; use adds tokens to the last minute's use.
 const luaPoolLoad = `
 local cfg, burst, rpm, idle = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local st = redis.call('HMGET', KEYS[1], 'l', 'r', 't', 'e', 'x', 'v')
+-- the last minute's use: 12 slots of 5 s, field "u<slot mod 12>" = "<slot>:<tokens>"
+local us = math.floor(now / 5000)
+local uk = 'u' .. (us % 12)
+local st = redis.call('HMGET', KEYS[1], 'l', 'r', 't', 'e', 'x', 'v', uk)
 local l, r, t = tonumber(st[1]) or burst, tonumber(st[2]) or rpm, tonumber(st[3]) or now
 local eff, x, v = tonumber(st[4]) or cfg, tonumber(st[5]) or 0, tonumber(st[6]) or 0
+local un, used = 0, false
+if st[7] then
+  local i = string.find(st[7], ':')
+  if tonumber(string.sub(st[7], 1, i - 1)) == us then un = tonumber(string.sub(st[7], i + 1)) end
+end
 if now > t then
   local from = math.max(t, x + 2000)
   if now > from and eff < cfg then eff = eff + cfg * 0.02 * (now - from) / 1000 end
@@ -283,20 +291,15 @@ end
 if eff > cfg then eff = cfg end
 local function f(n) return string.format('%.17g', n) end
 local function save()
-  redis.call('HSET', KEYS[1], 'l', f(l), 'r', f(r), 't', t, 'e', f(eff), 'v', f(v))
+  if used then
+    redis.call('HSET', KEYS[1], 'l', f(l), 'r', f(r), 't', t, 'e', f(eff), 'v', f(v), uk, us .. ':' .. f(un))
+  else
+    redis.call('HSET', KEYS[1], 'l', f(l), 'r', f(r), 't', t, 'e', f(eff), 'v', f(v))
+  end
   redis.call('PEXPIRE', KEYS[1], idle)
 end
-local function use(n)
-  local s = math.floor(now / 5000)
-  local k = 'u' .. (s % 12)
-  local cur = redis.call('HGET', KEYS[1], k)
-  local n0 = 0
-  if cur then
-    local i = string.find(cur, ':')
-    if tonumber(string.sub(cur, 1, i - 1)) == s then n0 = tonumber(string.sub(cur, i + 1)) end
-  end
-  redis.call('HSET', KEYS[1], k, s .. ':' .. f(n0 + n))
-end
+-- use adds tokens to the current slot's use; save writes it
+local function use(n) un, used = un + n, true end
 `
 
 // reservePoolScript reserves a step's estimate from a model pool in weighted fair
@@ -329,7 +332,8 @@ for i = 1, #head, 2 do
   if head[i] ~= tenant then hp = tonumber(head[i + 1]); break end
 end
 local others = redis.call('ZCARD', KEYS[4])
-if redis.call('ZSCORE', KEYS[4], tenant) then others = others - 1 end
+local back = tonumber(redis.call('ZSCORE', KEYS[4], tenant))
+if back then others = others - 1 end
 local p0 = tonumber(redis.call('HGET', KEYS[2], 'p:' .. tenant))
 local p = math.max(p0 or v, v)
 local need = math.min(ask, burst)
@@ -343,7 +347,6 @@ if eligible and rok and l - need >= reserve then
   v = math.max(v, p)
   redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p + ask / w), 'w:' .. tenant, w)
   redis.call('PEXPIRE', KEYS[2], idle)
-  local back = tonumber(redis.call('ZSCORE', KEYS[4], tenant))
   if back and back - tonumber(ARGV[9]) > now then
     redis.call('ZADD', KEYS[3], f(p + ask / w), tenant)
   else
