@@ -111,9 +111,12 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 				select {
 				case <-ctx.Done():
 					return
-				case _, ok := <-ch:
+				case msg, ok := <-ch:
 					if !ok {
 						return
+					}
+					if due, ok := parkedDueOf(msg.Payload); ok {
+						d.parkedDue(due) // parked in another process
 					}
 					d.Kick()
 				}

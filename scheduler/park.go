@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,9 +60,30 @@ func (s *Scheduler) Park(ctx context.Context, p ParkParams) error {
 	if err := s.freeSlots(ctx, "park", func(pipe redis.Pipeliner) *redis.Cmd { return parkScript.Run(ctx, pipe, keys, args...) }); err != nil {
 		return err
 	}
-	s.parkedHere(time.Now().Add(p.Wait))
+	due := time.Now().Add(p.Wait)
+	if !s.parkedHere(due) {
+		// No dispatcher runs here: tell the others when to look, or they would find
+		// the task only at their next poll of the parked sets.
+		_ = s.rdb.Publish(ctx, s.keys.WakeChannel(), parkedMessage(due)).Err()
+	}
 	s.wake(ctx)
 	return nil
+}
+
+// parkedMessage is the wake-up message of a park: "p" and the due time (unix ms).
+func parkedMessage(due time.Time) string { return "p" + strconv.FormatInt(due.UnixMilli(), 10) }
+
+// parkedDueOf reads a parkedMessage; ok is false for any other wake-up.
+func parkedDueOf(msg string) (time.Time, bool) {
+	ms, found := strings.CutPrefix(msg, "p")
+	if !found {
+		return time.Time{}, false
+	}
+	v, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(v), true
 }
 
 // dueParkedScript lists a shard's parked tasks whose capacity is due, and says when
@@ -206,11 +228,13 @@ func (s *Scheduler) IsParked(ctx context.Context, tenantID, taskID string) (bool
 }
 
 // parkedHere notes that a task parked by this process is due at due, so that this
-// process's dispatchers look for it then without polling Redis before.
-func (s *Scheduler) parkedHere(due time.Time) {
+// process's dispatchers look for it then without polling Redis before. It reports
+// whether one runs here to take it (Options.WakeInProcess).
+func (s *Scheduler) parkedHere(due time.Time) bool {
 	s.wakeMu.Lock()
 	defer s.wakeMu.Unlock()
 	for d := range s.local {
 		d.parkedDue(due)
 	}
+	return s.kickHere && len(s.local) > 0
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/internal/wire"
 )
 
@@ -158,5 +159,69 @@ func TestUnparkAcrossShards(t *testing.T) {
 		if q := f.rdb.ZCard(ctx, f.keys.TenantQueue(tn)).Val(); q != 1 {
 			t.Fatalf("tenant %s has %d queued, want its task back", tn, q)
 		}
+	}
+}
+
+func TestParkedMessageRoundTrip(t *testing.T) {
+	t.Parallel()
+	due := time.UnixMilli(1_800_000_000_123)
+	if got, ok := parkedDueOf(parkedMessage(due)); !ok || !got.Equal(due) {
+		t.Fatalf("parkedDueOf(parkedMessage) = %v, %v", got, ok)
+	}
+	for _, m := range []string{"1", "", "p", "px"} {
+		if _, ok := parkedDueOf(m); ok {
+			t.Fatalf("parkedDueOf(%q) read a due time", m)
+		}
+	}
+}
+
+// A task parked by a process with no dispatcher (a worker-only process) is queued
+// again when it is due by the dispatcher of another process, which learns the due
+// time from the park's message rather than at its next poll of the parked sets.
+func TestParkInAnotherProcessIsUnparkedWhenDue(t *testing.T) {
+	t.Parallel()
+	rdb, keys := testenv.Redis(t, 1)
+	ctx := context.Background()
+	here := New(rdb, keys, Options{WakeInProcess: true})
+	worker := New(rdb, keys, Options{}) // a worker-only process
+	if err := here.Heartbeat(ctx, "w1", 4, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	enq := &recordingEnqueuer{}
+	// a fallback far longer than the test: only the park's message can time the round
+	d := NewDispatcher(here, rdb, enq, DispatcherOptions{FallbackEvery: time.Minute})
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	id := uuid.Must(uuid.NewV7())
+	created := time.Now()
+	if err := here.Enqueue(ctx, EnqueueParams{TenantID: "a", TaskID: id, Priority: 5, CreatedAt: created, Weight: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			enq.mu.Lock()
+			got := len(enq.tasks)
+			enq.mu.Unlock()
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d dispatches, want %d", what, got, n)
+			}
+		}
+	}
+	waitFor("first dispatch", 1)
+	time.Sleep(50 * time.Millisecond) // past the dispatcher's last read of the parked sets
+	p := wire.Payload{TaskID: id.String(), TenantID: "a", Priority: 5, EstimateMs: DefaultEstimateMs}
+	parkedAt := time.Now()
+	if err := worker.Park(ctx, ParkParams{Payload: p, Took: time.Millisecond, Wait: 400 * time.Millisecond, Priority: 5, CreatedAt: created}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("dispatch after the wait", 2)
+	if took := time.Since(parkedAt); took < 400*time.Millisecond || took > 2*time.Second {
+		t.Fatalf("dispatched again %v after the park; want soon after its 400 ms wait", took)
 	}
 }

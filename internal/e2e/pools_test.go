@@ -86,7 +86,9 @@ func poolSharedByReplicas(t *testing.T, a, b *harness) {
 	if allowed := burst + rate/60*elapsed; float64(total) > allowed {
 		t.Fatalf("the pool let %d tokens through in %.1f s; its bucket allows %.0f", total, elapsed, allowed)
 	}
-	if total < 5*burst {
+	// and it keeps granting past its first burst (a loose bound: a loaded machine
+	// runs fewer steps, never more)
+	if total < 2*burst {
 		t.Fatalf("the pool let only %d tokens through in %.1f s", total, elapsed)
 	}
 	// The first burst goes before the line forms: a loose bound on the shares.
