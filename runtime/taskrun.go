@@ -288,6 +288,10 @@ func (r *taskRun) lookUpPool() error {
 	if r.w.opts.Pools == nil {
 		return nil
 	}
+	var err error
+	if r.pool, r.bound, err = r.w.opts.Pools.Binding(r.ctx, r.task.Agent); err == nil {
+		return nil // nearly always: from the binding cache, no timer needed
+	}
 	return holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
 		var err error
 		r.pool, r.bound, err = r.w.opts.Pools.Binding(ctx, r.task.Agent)

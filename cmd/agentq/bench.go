@@ -7,6 +7,7 @@ import (
 	"runtime/pprof"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq/internal/bench"
@@ -24,11 +25,7 @@ func benchCmd() *cobra.Command {
 		Use:   "admission",
 		Short: "Decisions per second of the full admission script vs a single-key GCRA limiter",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.FromEnv()
-			if err != nil {
-				return err
-			}
-			rdb, err := redisx.Open(cmd.Context(), cfg.RedisURL, cfg.RedisClusterAddrs)
+			_, rdb, err := benchRedis(cmd)
 			if err != nil {
 				return err
 			}
@@ -195,11 +192,7 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 		Short: "A model pool's weighted shares, 60 s window, light tenant's wait and throttling, through the real pool scripts (REDIS_URL); " +
 			"then, on a server of its own (DATABASE_URL), a tenant parked on its tokens per minute and an uncontended pool's cost",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.FromEnv()
-			if err != nil {
-				return err
-			}
-			rdb, err := redisx.Open(cmd.Context(), cfg.RedisURL, cfg.RedisClusterAddrs)
+			cfg, rdb, err := benchRedis(cmd)
 			if err != nil {
 				return err
 			}
@@ -243,4 +236,16 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 	f.DurationVar(&o.RetryAfter, "retry-after", time.Second, "a throttled step's wait before it reserves again")
 	f.Int64Var(&o.UpstreamBurst, "upstream-burst", 0, "the simulated upstream's burst in tokens (0: one second of its rate)")
 	return cmd
+}
+
+// benchRedis reads the configuration from the environment and opens its Redis
+// (REDIS_URL, or the cluster's addresses), for the scenarios that drive Redis
+// directly.
+func benchRedis(cmd *cobra.Command) (config.Config, redis.UniversalClient, error) {
+	cfg, err := config.FromEnv()
+	if err != nil {
+		return cfg, nil, err
+	}
+	rdb, err := redisx.Open(cmd.Context(), cfg.RedisURL, cfg.RedisClusterAddrs)
+	return cfg, rdb, err
 }
