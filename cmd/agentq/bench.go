@@ -180,7 +180,7 @@ func webhooksBenchCmd(asJSON *bool) *cobra.Command {
 // tokensOut is `agentq bench tokens`' answer: the pool scenarios', then the server's.
 type tokensOut struct {
 	bench.TokensResult
-	bench.TokensE2E
+	*bench.TokensE2E // nil (and absent from the JSON) with --server=false
 }
 
 func tokensBenchCmd(asJSON *bool) *cobra.Command {
@@ -204,11 +204,16 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 			}
 			if server {
 				e.DatabaseURL, e.RedisURL, e.Progress = cfg.DatabaseURL, cfg.RedisURL, os.Stderr
-				if out.TokensE2E, err = bench.RunTokensE2E(cmd.Context(), e); err != nil {
+				s, err := bench.RunTokensE2E(cmd.Context(), e)
+				if err != nil {
 					return err
 				}
+				out.TokensE2E = &s
 			}
-			res, s := out.TokensResult, out.TokensE2E
+			res, s := out.TokensResult, bench.TokensE2E{}
+			if out.TokensE2E != nil {
+				s = *out.TokensE2E
+			}
 			return printBench(*asJSON, out, fmt.Sprintf(
 				"pool shares %v (max error %.4f); 60 s window %.4f of burst + rate (slack %.6f); light wait p99 %.1f ms (alone %.1f ms); "+
 					"throttled %.4f of steps, achieved %.3f of the upstream; parked tasks held %d worker slots, the other tenant kept %.3f of its throughput; "+
