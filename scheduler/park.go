@@ -101,29 +101,21 @@ return out
 `)
 
 // unparkScript puts a parked task back on its tenant's queue with the score it had,
-// and makes the tenant backlogged as enqueueScript does. A task no longer parked (a
+// and makes the tenant backlogged (luaBacklog), as enqueueScript does. A task no longer parked (a
 // cancel took it, or another dispatcher was first) is left alone.
 //
 // KEYS[1] parked   KEYS[2] tenant queue   KEYS[3] tenant conf   KEYS[4] ready
 // KEYS[5] capped   KEYS[6] virtual time   KEYS[7] tenant running set
 // ARGV[1] parked member   ARGV[2] task id   ARGV[3] tenant   ARGV[4] ttl s
 // Returns 1 if the task went back to its queue, else 0.
-var unparkScript = redisx.NewScript(`
+var unparkScript = redisx.NewScript(luaBacklog + `
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-local task, tenant = ARGV[2], ARGV[3]
+local task = ARGV[2]
 local score = redis.call('HGET', KEYS[3], 'pq:' .. task) or '0'
 redis.call('HDEL', KEYS[3], 'pq:' .. task)
 redis.call('ZADD', KEYS[2], score, task)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
-if redis.call('ZSCORE', KEYS[4], tenant) or redis.call('ZSCORE', KEYS[5], tenant) then return 1 end
-local vt = math.max(tonumber(redis.call('GET', KEYS[6]) or '0'),
-  tonumber(redis.call('HGET', KEYS[3], 'fp') or '0'))
-local cap = tonumber(redis.call('HGET', KEYS[3], 'cap') or '0')
-if cap > 0 and redis.call('SCARD', KEYS[7]) >= cap then
-  redis.call('ZADD', KEYS[5], vt, tenant)
-else
-  redis.call('ZADD', KEYS[4], vt, tenant)
-end
+backlog(ARGV[3], tonumber(redis.call('HGET', KEYS[3], 'cap') or '0'), 3, 4, 5, 6, 7)
 return 1
 `)
 

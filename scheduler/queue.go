@@ -13,10 +13,8 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 )
 
-// enqueueScript adds a task to its tenant's queue and makes the tenant backlogged. A
-// newly backlogged tenant starts at the later of the virtual time and the finish pass
-// of its last dispatch (conf field fp): idle time banks no credit, and a tenant whose
-// queue emptied at its last dispatch still pays for it.
+// enqueueScript adds a task to its tenant's queue and makes the tenant backlogged
+// (luaBacklog).
 //
 // KEYS[1] tenant queue   KEYS[2] tenant conf   KEYS[3] ready   KEYS[4] capped
 // KEYS[5] virtual time   KEYS[6] tenant running set
@@ -26,28 +24,36 @@ import (
 // ARGV[8] the submission's traceparent or "" (kept in the tenant conf, field
 // "tp:<task id>", until the task is dispatched or removed)
 // Returns 1 if the task was added, 0 if it was already queued.
-var enqueueScript = redisx.NewScript(luaNow + `
+var enqueueScript = redisx.NewScript(luaNow + luaBacklog + `
 local added = redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('ZREM', KEYS[7], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], 'w', ARGV[4], 'cap', ARGV[5])
 if ARGV[8] and ARGV[8] ~= '' then redis.call('HSET', KEYS[2], 'tp:' .. ARGV[2], ARGV[8]) end
 redis.call('EXPIRE', KEYS[2], ARGV[6])
-local tenant = ARGV[7]
-if redis.call('ZSCORE', KEYS[3], tenant) or redis.call('ZSCORE', KEYS[4], tenant) then
-  return added
-end
--- newly backlogged: no banked credit, no escaped charge
-local vt = math.max(tonumber(redis.call('GET', KEYS[5]) or '0'),
-  tonumber(redis.call('HGET', KEYS[2], 'fp') or '0'))
-local cap = tonumber(ARGV[5])
-if cap > 0 and redis.call('SCARD', KEYS[6]) >= cap then
-  redis.call('ZADD', KEYS[4], vt, tenant)
-else
-  redis.call('ZADD', KEYS[3], vt, tenant)
-end
+backlog(ARGV[7], tonumber(ARGV[5]), 2, 3, 4, 5, 6)
 return added
 `)
+
+// luaBacklog defines backlog(), which makes a tenant with queued tasks backlogged,
+// in its shard's ready set or, at its running cap, its capped set, unless it is in
+// either already. A newly backlogged tenant starts at the later of the virtual time
+// and the finish pass of its last dispatch (conf field fp): idle time banks no
+// credit, and a tenant whose queue emptied at its last dispatch still pays for it.
+// Its key arguments are KEYS indexes: the tenant's conf, the shard's ready, capped and
+// virtual time, the tenant's running set. enqueueScript and unparkScript share it.
+const luaBacklog = `
+local function backlog(tenant, cap, kconf, kready, kcapped, kvt, krun)
+  local conf, ready, capped, vtkey, run = KEYS[kconf], KEYS[kready], KEYS[kcapped], KEYS[kvt], KEYS[krun]
+  if redis.call('ZSCORE', ready, tenant) or redis.call('ZSCORE', capped, tenant) then return end
+  local vt = math.max(tonumber(redis.call('GET', vtkey) or '0'), tonumber(redis.call('HGET', conf, 'fp') or '0'))
+  if cap > 0 and redis.call('SCARD', run) >= cap then
+    redis.call('ZADD', capped, vt, tenant)
+  else
+    redis.call('ZADD', ready, vt, tenant)
+  end
+end
+`
 
 // EnqueueParams describe a queued task and its tenant's scheduling parameters.
 type EnqueueParams struct {
