@@ -214,7 +214,6 @@ func TestCancelWhileParkedReleasesEverything(t *testing.T) {
 	if steps != 1 {
 		t.Fatalf("%d steps ran; a cancelled parked task ran again", steps)
 	}
-	_ = context.Background
 }
 
 // staticPools binds agents to pools from a map.

@@ -23,7 +23,6 @@ import (
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/migrations"
-	"github.com/agentq/agentq/quotas"
 )
 
 // E2E is the result of `agentq bench e2e`: the load shape of internal/bench/loadgen
@@ -210,22 +209,14 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 		return err
 	}
 	defer b.stop()
-	app, pool := b.app, b.pool
-	// Every limit lifted, as loadgen does: the benchmark measures the path, not a limit.
-	lifted := map[string]quotas.Limit{"concurrent_sessions": 1e6, "user_tasks_hourly": 1e8, "queue_backlog": 1e6,
-		"agent_steps_daily": 1e8, "tenant_rate": 1e6, "tenant_rate_burst": 1e6, "running": 1000,
-		"long_running_inflight": 1e6, "key_rate": 1e6, "key_rate_burst": 1e6}
+	pool := b.pool
 	var keys []string
 	for t := range o.Tenants {
-		tid := fmt.Sprintf("load%d", t)
-		if _, err := app.CreateTenant(ctx, agentq.NewTenant{ID: tid, Plan: "pro", Overrides: lifted}); err != nil {
-			return err
-		}
-		k, err := app.CreateAPIKey(ctx, agentq.NewAPIKey{TenantID: tid})
+		k, err := b.tenantKey(ctx, fmt.Sprintf("load%d", t), "pro", nil)
 		if err != nil {
 			return err
 		}
-		keys = append(keys, k.Token)
+		keys = append(keys, k)
 	}
 	base := b.base
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}

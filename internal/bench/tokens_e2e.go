@@ -50,8 +50,8 @@ type TokensE2EOptions struct {
 	Progress              io.Writer
 }
 
-// liftedLimits lifts every admission limit, as loadgen does: the scenarios measure
-// the path and the token limits, not the others.
+// liftedLimits lifts every admission limit and period quota, as loadgen does: the
+// scenarios measure the path (and the token limits they name), not the others.
 var liftedLimits = map[string]quotas.Limit{"concurrent_sessions": 1e6, "user_tasks_hourly": 1e8, "queue_backlog": 1e6,
 	"agent_steps_daily": 1e8, "tenant_rate": 1e6, "tenant_rate_burst": 1e6, "running": 1000,
 	"long_running_inflight": 1e6, "key_rate": 1e6, "key_rate_burst": 1e6, "ai_tokens_monthly": quotas.Unlimited,
@@ -86,11 +86,12 @@ func progress(w io.Writer, f string, a ...any) {
 	}
 }
 
-// tenantKey creates a tenant with the lifted limits plus extra, and returns its key.
-func (b *benchApp) tenantKey(ctx context.Context, id string, extra map[string]quotas.Limit) (string, error) {
+// tenantKey creates a tenant on plan with the lifted limits plus extra, and returns
+// its key.
+func (b *benchApp) tenantKey(ctx context.Context, id, plan string, extra map[string]quotas.Limit) (string, error) {
 	ov := maps.Clone(liftedLimits)
 	maps.Copy(ov, extra)
-	if _, err := b.app.CreateTenant(ctx, agentq.NewTenant{ID: id, Plan: "enterprise", Overrides: ov}); err != nil {
+	if _, err := b.app.CreateTenant(ctx, agentq.NewTenant{ID: id, Plan: plan, Overrides: ov}); err != nil {
 		return "", err
 	}
 	k, err := b.app.CreateAPIKey(ctx, agentq.NewAPIKey{TenantID: id})
@@ -161,11 +162,11 @@ func runParked(ctx context.Context, o TokensE2EOptions, rdb redis.UniversalClien
 	}
 	defer b.stop()
 	out.ParkedWorkers = parkedWorkers
-	other, err := b.tenantKey(ctx, "other", nil)
+	other, err := b.tenantKey(ctx, "other", "enterprise", nil)
 	if err != nil {
 		return err
 	}
-	parked, err := b.tenantKey(ctx, "parked", map[string]quotas.Limit{quotas.AITokensPerMinute: 3000, quotas.AITokensPerMinute + "_burst": 3000})
+	parked, err := b.tenantKey(ctx, "parked", "enterprise", map[string]quotas.Limit{quotas.AITokensPerMinute: 3000, quotas.AITokensPerMinute + "_burst": 3000})
 	if err != nil {
 		return err
 	}
@@ -268,7 +269,7 @@ func runPoolOverhead(ctx context.Context, o TokensE2EOptions, rdb redis.Universa
 	defer b.stop()
 	var keys []string
 	for t := range 4 {
-		k, err := b.tenantKey(ctx, fmt.Sprintf("load%d", t), nil)
+		k, err := b.tenantKey(ctx, fmt.Sprintf("load%d", t), "enterprise", nil)
 		if err != nil {
 			return err
 		}

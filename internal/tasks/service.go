@@ -587,22 +587,23 @@ func (s *Service) WithWaitReason(ctx context.Context, t Task) Task {
 func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
 	reasonOf := s.waitReasons(ctx)
 	for i := range tasks {
-		switch {
-		case tasks[i].State != store.StateQueued:
-		case tasks[i].Wait.Reason != nil:
-			// parked for token capacity: what it waits for, not where it stands
-			tasks[i].WaitReason = tasks[i].Wait.Reason
-		default:
-			tasks[i].WaitReason = reasonOf(tasks[i].TenantID)
-		}
+		tasks[i].WaitReason = reasonOf(tasks[i].TenantID, tasks[i].State, tasks[i].Wait.Reason)
 	}
 }
 
-// waitReasons returns why a tenant's queued tasks wait, asking Redis once per tenant
+// waitReasons returns why a task waits: nil unless it is queued; what it waits for
+// when it is parked for token capacity (parked, as Postgres holds it), not where it
+// stands; otherwise why its tenant's queued tasks wait, asking Redis once per tenant
 // (one round trip each). A failure gives nil rather than failing the read.
-func (s *Service) waitReasons(ctx context.Context) func(tenantID string) *string {
+func (s *Service) waitReasons(ctx context.Context) func(tenantID string, state store.TaskState, parked *string) *string {
 	reasons := map[string]*string{}
-	return func(tenantID string) *string {
+	return func(tenantID string, state store.TaskState, parked *string) *string {
+		if state != store.StateQueued {
+			return nil
+		}
+		if parked != nil {
+			return parked
+		}
 		r, ok := reasons[tenantID]
 		if !ok {
 			if why, err := s.d.Queue.WaitReason(ctx, tenantID); err == nil {
@@ -735,15 +736,7 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 	out := Live{Running: rows.Running, Queued: rows.Queued, Tasks: make([]PanelTask, 0, len(rows.Tasks))}
 	reasonOf := s.waitReasons(ctx)
 	for _, t := range rows.Tasks {
-		pt := PanelTask{PanelTask: t}
-		switch {
-		case t.State != store.StateQueued:
-		case t.WaitReason != nil:
-			pt.WaitReason = t.WaitReason // parked for token capacity
-		default:
-			pt.WaitReason = reasonOf(t.TenantID)
-		}
-		out.Tasks = append(out.Tasks, pt)
+		out.Tasks = append(out.Tasks, PanelTask{PanelTask: t, WaitReason: reasonOf(t.TenantID, t.State, t.WaitReason)})
 	}
 	return out, nil
 }
