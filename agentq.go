@@ -30,6 +30,7 @@ import (
 	"github.com/agentq/agentq/billing/rejections"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/approval"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/maintenance"
@@ -37,6 +38,7 @@ import (
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/sealed"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -111,9 +113,13 @@ type App struct {
 	worker      *runtime.Worker
 	api         *web.Server
 
-	services    *services.Services
-	lifecycle   *tasks.Lifecycle
+	services  *services.Services
+	lifecycle *tasks.Lifecycle
+	// approvals signs the approval links of paused tasks (in their pause's event)
+	// and checks them (the API's /approve).
+	approvals   *approval.Signer
 	recovery    *maintenance.Recovery
+	pauseWatch  *maintenance.PauseWatcher
 	janitor     *maintenance.Janitor
 	rejections  *rejections.Rejections
 	relay       *webhooks.Relay
@@ -199,11 +205,17 @@ func New(ctx context.Context, o Options) (*App, error) {
 		pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
 		return pol.Limits, err
 	}
+	secret, _ := sealed.Secret(a.cfg.PanelSecret, a.cfg.AdminToken)
+	if a.approvals, err = approval.NewSigner(secret, a.cfg.PublicBase(), nil); err != nil {
+		a.close()
+		return nil, err
+	}
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
 		Archetype:      a.archetype,
 		BudgetExceeded: events.BudgetStop,
 		StepRecorded:   outbox.Crossings{Events: events, Limits: limitsOf}.Step,
 		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
+		Paused:         a.pauses(events).Paused,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
@@ -223,12 +235,31 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
+	a.pauseWatch = maintenance.NewPauseWatcher(a.maintenanceDeps(), a.services.Tasks, maintenance.PauseWatcherConfig{})
 	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Archetype: a.archetype, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
 	a.api = a.newAPI(pool, readStore)
 	a.svcs = a.roleServices()
 	return a, nil
+}
+
+// pauses writes the events of tasks paused at a limit, with their approval links,
+// valid as long as the tenant's plan lets a task stay paused.
+func (a *App) pauses(events outbox.Events) outbox.Pauses {
+	return outbox.Pauses{
+		Events: events,
+		Timeout: func(t store.Tenant) time.Duration {
+			pol, err := a.services.Tenants.Policy(t) // set before any task runs
+			if err != nil {
+				return quotas.DefaultPauseTimeout
+			}
+			return pol.PauseTimeout
+		},
+		Link: func(tenantID string, task uuid.UUID, pause int, expires time.Time) string {
+			return a.approvals.Link(approval.Claims{TenantID: tenantID, TaskID: task, Pause: pause, Expires: expires})
+		},
+	}
 }
 
 // connectPostgres connects to Postgres (unless given a pool), to the read replica
@@ -301,7 +332,8 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 		Pools:    a.services.Pools,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
-		Events: outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
+		Approvals: a.approvals,
+		Events:    outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
 		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
 		Archetype:   a.archetype,
 		UsageExport: usage.NewRollups(readStore),
@@ -340,7 +372,7 @@ func (a *App) roleServices() []startstop.Service {
 		svcs = append(svcs, a.worker)
 	}
 	if a.cfg.Has(config.RoleScheduler) {
-		svcs = append(svcs, a.dispatcher, a.recovery)
+		svcs = append(svcs, a.dispatcher, a.recovery, a.pauseWatch)
 	}
 	if a.cfg.Has(config.RoleJanitor) {
 		svcs = append(svcs, a.janitor.Services()...)
@@ -363,7 +395,9 @@ func (a *App) roleServices() []startstop.Service {
 //   - worker: registers its capacity and consumes the task queues before anything
 //     dispatches, and stops last, so running steps finish after dispatching stopped;
 //   - scheduler: the dispatcher, then the sweep that re-pushes queued tasks missing
-//     from Redis; tasks are dispatched only once workers may be there to take them;
+//     from Redis, then the pause watcher (paused tasks whose quota allows again go
+//     back to their queues); tasks are dispatched only once workers may be there to
+//     take them;
 //   - janitor: the leader election, then the repairs of drift between Postgres and
 //     Redis, which run only while this process leads; they stop before it gives up
 //     the lead;

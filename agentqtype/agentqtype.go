@@ -20,6 +20,7 @@ type TaskState string
 const (
 	TaskStateQueued         = "queued"
 	TaskStateRunning        = "running"
+	TaskStatePaused         = "paused" // at a budget or quota limit, until resumed
 	TaskStateCompleted      = "completed"
 	TaskStateFailed         = "failed"
 	TaskStateKilled         = "killed" // cancelled
@@ -28,7 +29,7 @@ const (
 )
 
 var (
-	taskStates = []TaskState{TaskStateQueued, TaskStateRunning, TaskStateCompleted, TaskStateFailed,
+	taskStates = []TaskState{TaskStateQueued, TaskStateRunning, TaskStatePaused, TaskStateCompleted, TaskStateFailed,
 		TaskStateKilled, TaskStateBudgetExceeded, TaskStateAbandoned}
 	terminalStates = []TaskState{TaskStateCompleted, TaskStateFailed, TaskStateKilled,
 		TaskStateBudgetExceeded, TaskStateAbandoned}

@@ -10,7 +10,7 @@ import (
 
 func TestTaskStates(t *testing.T) {
 	for _, s := range agentqtype.TaskStates() {
-		want := s != agentqtype.TaskStateQueued && s != agentqtype.TaskStateRunning
+		want := s != agentqtype.TaskStateQueued && s != agentqtype.TaskStateRunning && s != agentqtype.TaskStatePaused
 		if !s.Valid() || s.Terminal() != want {
 			t.Errorf("%s: valid %v, terminal %v", s, s.Valid(), s.Terminal())
 		}
@@ -18,7 +18,7 @@ func TestTaskStates(t *testing.T) {
 			t.Errorf("%s: Terminal disagrees with TerminalTaskStates", s)
 		}
 	}
-	if agentqtype.TaskState("paused").Valid() || agentqtype.TaskState("paused").Terminal() {
+	if agentqtype.TaskState("sleeping").Valid() || agentqtype.TaskState("sleeping").Terminal() {
 		t.Error("an unknown state passes")
 	}
 	// The lists are copies: a caller cannot change what Terminal answers.

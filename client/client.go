@@ -40,12 +40,16 @@ type Task struct {
 	// WaitUntil is when the capacity a task waiting for tokens_per_minute or a
 	// pool:<name> is expected; WaitedS the time it spent waiting for capacity so far
 	// (not charged to its wall-clock budget).
-	WaitUntil  *time.Time `json:"wait_until"`
-	WaitedS    float64    `json:"waited_s"`
-	Attempt    int        `json:"attempt"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
+	WaitUntil *time.Time `json:"wait_until"`
+	WaitedS   float64    `json:"waited_s"`
+	// PausedReason is the limit_type that paused a paused task: a field of its budget
+	// (task_max_steps, task_max_cost_usd, task_max_wallclock_s) or one of its
+	// tenant's period quotas; nil when it is not paused.
+	PausedReason *string    `json:"paused_reason"`
+	Attempt      int        `json:"attempt"`
+	CreatedAt    time.Time  `json:"created_at"`
+	StartedAt    *time.Time `json:"started_at"`
+	FinishedAt   *time.Time `json:"finished_at"`
 }
 
 // Terminal reports whether the task has ended for good.
@@ -354,6 +358,22 @@ func (c *Client) ListTasks(ctx context.Context, p ListTasksParams) (*TaskList, e
 func (c *Client) CancelTask(ctx context.Context, id string) (*Task, error) {
 	var t Task
 	if err := c.t.do(ctx, http.MethodPost, "/v1/tasks/"+url.PathEscape(id)+"/cancel", nil, nil, nil, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// ResumeTask resumes a paused task: it goes back to its tenant's queue to run its
+// next step, with its state and usage as they were. raise, when not nil, raises
+// fields of its budget, each at most the plan's ceiling (more is a 400). The task is
+// admitted again against its tenant's concurrent sessions: a 429 when they are full.
+// A task that is not paused is a 409 (TASK_NOT_PAUSED).
+func (c *Client) ResumeTask(ctx context.Context, id string, raise *BudgetRequest) (*Task, error) {
+	body := struct {
+		Budget *BudgetRequest `json:"budget,omitempty"`
+	}{raise}
+	var t Task
+	if err := c.t.do(ctx, http.MethodPost, "/v1/tasks/"+url.PathEscape(id)+"/resume", nil, nil, body, &t); err != nil {
 		return nil, err
 	}
 	return &t, nil

@@ -6,6 +6,7 @@ package client
 const (
 	StateQueued         = "queued"
 	StateRunning        = "running"
+	StatePaused         = "paused"
 	StateCompleted      = "completed"
 	StateFailed         = "failed"
 	StateKilled         = "killed"

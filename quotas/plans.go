@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -161,6 +162,56 @@ type Plan struct {
 	Weight int              `yaml:"weight"`
 	Limits map[string]Limit `yaml:"limits"`
 	Budget Budget           `yaml:"budget"`
+	// OnLimit is what a step that would go past its task's budget or its tenant's
+	// period quota does to the task: OnLimitStop ends it budget_exceeded,
+	// OnLimitPause pauses it. Empty is OnLimitStop.
+	OnLimit OnLimit `yaml:"on_limit"`
+	// PauseTimeoutS is how long a task may stay paused before it ends
+	// budget_exceeded; 0 is DefaultPauseTimeout.
+	PauseTimeoutS float64 `yaml:"pause_timeout_s"`
+}
+
+// OnLimit is a plan's answer to a step that would go past a limit of its task's
+// budget or its tenant's period quotas.
+type OnLimit string
+
+// The answers: stop ends the task budget_exceeded; pause keeps its state and usage,
+// gives back its worker, running slot and session, and waits for a resume.
+const (
+	OnLimitStop  OnLimit = "stop"
+	OnLimitPause OnLimit = "pause"
+)
+
+// DefaultPauseTimeout is how long a task stays paused when its plan does not say.
+const DefaultPauseTimeout = 24 * time.Hour
+
+// MaxPauseTimeout bounds a plan's pause_timeout_s: a paused task's approval link
+// lives as long as its pause may, and a link valid for more than a month is one
+// nobody remembers handing out.
+const MaxPauseTimeout = 30 * 24 * time.Hour
+
+// Pauses reports whether the plan pauses a task at a limit rather than stopping it.
+func (p Plan) Pauses() bool { return p.OnLimit == OnLimitPause }
+
+// PauseTimeout is how long a task of the plan may stay paused.
+func (p Plan) PauseTimeout() time.Duration {
+	if p.PauseTimeoutS <= 0 {
+		return DefaultPauseTimeout
+	}
+	return time.Duration(p.PauseTimeoutS * float64(time.Second))
+}
+
+// validatePause checks on_limit and pause_timeout_s.
+func (p Plan) validatePause() error {
+	switch p.OnLimit {
+	case "", OnLimitStop, OnLimitPause:
+	default:
+		return fmt.Errorf("on_limit %q: want stop or pause", p.OnLimit)
+	}
+	if p.PauseTimeoutS < 0 || math.IsNaN(p.PauseTimeoutS) || p.PauseTimeoutS > MaxPauseTimeout.Seconds() {
+		return fmt.Errorf("pause_timeout_s %g: want 0 (the default, %s) to %g seconds", p.PauseTimeoutS, DefaultPauseTimeout, MaxPauseTimeout.Seconds())
+	}
+	return nil
 }
 
 // Catalogue is the set of plans a deployment offers.
@@ -204,6 +255,9 @@ func ParseCatalogue(data []byte) (*Catalogue, error) {
 			p.Weight = 1
 		}
 		if err := p.Budget.validate(); err != nil {
+			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
+		}
+		if err := p.validatePause(); err != nil {
 			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
 		}
 		p.Name = name

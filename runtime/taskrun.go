@@ -57,6 +57,7 @@ type taskRun struct {
 	limits       quotas.Limits
 	weight       int // the tenant's fair-share weight, for its agent's pool
 	budget       quotas.TaskBudget
+	pauses       bool // the plan pauses the task at a limit (on_limit: pause) rather than stop it
 	exec         Executor
 	startedAt    time.Time // the task's first start: the wall clock counts from it
 	deadline     time.Time
@@ -108,6 +109,7 @@ const (
 	endFinish                  // the terminal state alone
 	endLastStep                // the last step's record and the terminal state, in one transaction
 	endParked                  // queued in Postgres to wait for token capacity: park it in Redis
+	endPaused                  // paused in Postgres at a limit: free its slots and its session
 )
 
 // lastStep is a task's last step, recorded with its end.
@@ -177,6 +179,12 @@ func (r *taskRun) handOff() {
 	case endParked:
 		w.park(r, took)
 		return
+	case endPaused:
+		// A paused task holds no worker, running slot or session: a resume admits it
+		// again against its tenant's sessions.
+		w.release(p, took, w.queueReleaseLease(p.TenantID, p.TaskID),
+			w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StatePaused), Error: r.fin.Error}))
+		return
 	}
 	// The slots go back before the end is written, so that the next task starts while
 	// Postgres records this one (as River's completer does): the pool's slots count
@@ -242,6 +250,7 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
+			r.pauses = p.OnLimit == quotas.OnLimitPause
 		}
 	}
 	var unknown *UnknownAgentError
@@ -381,18 +390,22 @@ func (r *taskRun) steps() (requeued bool) {
 	}
 }
 
-// overBudget ends the task when its next step would go past its budget.
+// overBudget stops or pauses the task (its plan's on_limit) when its next step would
+// go past its budget: past its step cap, past its wall clock, or past its cost cap by
+// what the previous step cost (the estimate the step reserves). The check comes
+// before the step, so the step that would cross the limit never runs unpaid.
 func (r *taskRun) overBudget(step int) bool {
 	b := &r.budget
+	used := r.task.Usage.CostMicroUSD
 	switch {
 	case b.MaxSteps > 0 && step > b.MaxSteps:
-		r.finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), nil,
-			&quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: int64(b.MaxSteps), Used: int64(r.task.Usage.Steps)})
-	case r.maxCostMicro > 0 && r.task.Usage.CostMicroUSD >= r.maxCostMicro:
-		r.finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), nil,
-			&quotas.Stop{LimitType: quotas.TaskMaxCostUSD, Limit: r.maxCostMicro, Used: r.task.Usage.CostMicroUSD})
+		r.atLimit(fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps),
+			quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: int64(b.MaxSteps), Used: int64(r.task.Usage.Steps)})
+	case r.maxCostMicro > 0 && (used >= r.maxCostMicro || used+r.estMicro > r.maxCostMicro):
+		r.atLimit(fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD),
+			quotas.Stop{LimitType: quotas.TaskMaxCostUSD, Limit: r.maxCostMicro, Used: used})
 	case r.pastDeadline():
-		r.finishWallclock()
+		r.atLimit(r.wallclockStop())
 	default:
 		return false
 	}
@@ -403,11 +416,52 @@ func (r *taskRun) pastDeadline() bool {
 	return !r.deadline.IsZero() && !time.Now().Before(r.deadline)
 }
 
-// finishWallclock ends the task over its wall-clock budget.
+// finishWallclock ends the task over its wall-clock budget: a step that ran past it
+// was cut short, so the task stops whatever its plan's on_limit says.
 func (r *taskRun) finishWallclock() {
-	r.finish(store.StateBudgetExceeded, fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", r.budget.MaxWallclockS), nil,
-		&quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(r.budget.MaxWallclockS)),
-			Used: int64(math.Round((time.Since(r.startedAt) - r.waited()).Seconds()))})
+	text, stop := r.wallclockStop()
+	r.finish(store.StateBudgetExceeded, text, nil, &stop)
+}
+
+// wallclockStop is the error text and the limit of a task at its wall-clock budget.
+func (r *taskRun) wallclockStop() (string, quotas.Stop) {
+	return fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", r.budget.MaxWallclockS),
+		quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(r.budget.MaxWallclockS)),
+			Used: int64(math.Round((time.Since(r.startedAt) - r.waited()).Seconds()))}
+}
+
+// atLimit stops the task budget_exceeded at the limit stop names, or pauses it there
+// when its plan says so (on_limit: pause).
+func (r *taskRun) atLimit(text string, stop quotas.Stop) {
+	if r.pauses {
+		r.pauseAt(text, stop)
+		return
+	}
+	r.finish(store.StateBudgetExceeded, text, nil, &stop)
+}
+
+// pauseAt pauses the task at the limit stop names: it keeps its state and usage, and
+// the delivery then frees its worker, running slot and session (handOff).
+func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
+	r.flushRunning()
+	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
+		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop})
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrLostClaim):
+		r.lostClaim("pause", err)
+	case errors.Is(err, store.ErrTaskEnded):
+		// cancelled meanwhile: the cancel released what the task held
+	case err != nil:
+		// Postgres stayed away: the task stays running there, its heartbeat stops,
+		// and the janitor re-queues it; its next delivery meets the limit again.
+		r.log.Error("pausing the task failed; leaving it to the janitor", "limit_type", stop.LimitType, "err", err)
+	default:
+		r.end = endPaused
+		r.fin = tasks.FinishParams{Claim: r.claim, To: store.StatePaused, Error: text}
+		r.log.Info("task paused at a limit", "limit_type", stop.LimitType, "limit", stop.Limit, "used", stop.Used)
+	}
 }
 
 // reserve reserves the next step's capacity: the step against the tenant's period
@@ -443,8 +497,7 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	var wait *quotas.CapacityWait
 	switch {
 	case errors.As(err, &qe):
-		stop := qe.Stop()
-		r.finish(store.StateBudgetExceeded, "budget exceeded: tenant "+qe.Error(), nil, &stop)
+		r.atLimit("budget exceeded: tenant "+qe.Error(), qe.Stop())
 		return true, false
 	case errors.As(err, &wait):
 		r.parkFor(wait.Reason, wait.Wait)

@@ -43,6 +43,8 @@ type Lifecycle interface {
 	Requeue(ctx context.Context, c store.Claim) error
 	// Park puts the task back to queued to wait for token capacity.
 	Park(ctx context.Context, p tasks.ParkParams) error
+	// Pause moves the task to paused at a limit (its plan's on_limit: pause).
+	Pause(ctx context.Context, p tasks.PauseParams) (store.Task, error)
 	Heartbeat(ctx context.Context, c store.Claim) error
 	// StaleAfter is how long a running task's heartbeat must be silent before
 	// another delivery may take the task over.

@@ -27,6 +27,7 @@ const (
 	CodeIdempotencyConflict = "IDEMPOTENCY_CONFLICT"
 	CodeConflict            = "CONFLICT"
 	CodeTaskFinished        = "TASK_ALREADY_FINISHED"
+	CodeTaskNotPaused       = "TASK_NOT_PAUSED"
 	CodeUnsupportedMedia    = "UNSUPPORTED_MEDIA_TYPE"
 	CodeInternal            = "INTERNAL"
 	CodeUnavailable         = "SERVICE_UNAVAILABLE"

@@ -2,12 +2,13 @@ package web
 
 import (
 	"crypto/hkdf"
-	"crypto/rand"
 	"crypto/sha256"
 	"errors"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentq/agentq/internal/sealed"
 )
 
 // Tenant panel links: GET /panel/t?token=<token> shows one tenant's usage page to
@@ -63,19 +64,8 @@ func NewPanelSigner(secret []byte, now func() time.Time) (*PanelSigner, error) {
 	return &PanelSigner{key: key, now: now}, nil
 }
 
-// panelSecret picks the secret panel keys are derived from: the configured one, else
-// the admin token, else random bytes (ephemeral: links end with the process).
-func panelSecret(configured, adminToken string) (secret []byte, ephemeral bool) {
-	switch {
-	case configured != "":
-		return []byte(configured), false
-	case adminToken != "":
-		return []byte("admin-token|" + adminToken), false
-	}
-	b := make([]byte, 32)
-	_, _ = rand.Read(b) // never fails (crypto/rand)
-	return b, true
-}
+// panelSecret picks the secret panel keys are derived from (sealed.Secret).
+var panelSecret = sealed.Secret
 
 // Sign returns a token for tenantID valid until exp (whole seconds), issued now.
 func (p *PanelSigner) Sign(tenantID string, exp time.Time) string {

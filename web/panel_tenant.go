@@ -24,14 +24,14 @@ import (
 // /panel/t/assets/{file} its CSS and JS. The tenant always comes from the token;
 // nothing in the request names another.
 
-//go:embed templates/panel_tenant.html templates/panel_tenant_error.html
+//go:embed templates/panel_tenant.html templates/panel_tenant_error.html templates/approve.html
 var panelTemplates embed.FS
 
 //go:embed assets/panel.css assets/panel.js
 var panelAssets embed.FS
 
 var panelTmpl = template.Must(template.New("panel").ParseFS(panelTemplates,
-	"templates/panel_tenant.html", "templates/panel_tenant_error.html"))
+	"templates/panel_tenant.html", "templates/panel_tenant_error.html", "templates/approve.html"))
 
 // PanelLinkRequest is the optional body of POST /v1/admin/tenants/{id}/panel-links.
 type PanelLinkRequest struct {

@@ -23,6 +23,7 @@ import (
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/approval"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/operator"
@@ -58,7 +59,10 @@ type Deps struct {
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue // nil: the tenant service's
 	Admission  *quotas.Guard
-	Events     *outbox.Feed // the usage events feeds
+	// Approvals checks the approval links of paused tasks (GET/POST /approve); nil
+	// serves no approvals.
+	Approvals *approval.Signer
+	Events    *outbox.Feed // the usage events feeds
 	// Rejections reports a tenant's refused admissions per limit (the usage report);
 	// nil reports none.
 	Rejections *rejections.Rejections
@@ -165,6 +169,7 @@ func (s *Server) routes() {
 	read(http.MethodGet, "/v1/tasks", s.listTasks)
 	read(http.MethodGet, "/v1/tasks/:id", s.getTask)
 	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
+	read(http.MethodPost, "/v1/tasks/:id/resume", s.resumeTask)
 	read(http.MethodGet, "/v1/tasks/:id/events", s.taskEvents)
 	read(http.MethodGet, "/v1/events", s.tenantEvents)
 	read(http.MethodPost, "/v1/webhooks", s.createTenantWebhook)
@@ -178,6 +183,9 @@ func (s *Server) routes() {
 	e.GET("/panel/t", s.panelPage, s.panelGuard(true))
 	e.GET("/panel/t/usage", s.panelUsage, s.panelGuard(false))
 	e.GET("/panel/t/assets/:file", s.panelAsset)
+	// A paused task's approval page: authorized by its signed link, not by a key.
+	e.GET(approval.Path, s.approvalPage)
+	e.POST(approval.Path, s.approve)
 
 	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
 	admin(http.MethodGet, "/plans", s.listPlans)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/quotas"
 )
 
 // SubmitRequest is the body of POST /v1/tasks.
@@ -52,11 +53,15 @@ type TaskJSON struct {
 	WaitUntil *time.Time `json:"wait_until"`
 	// WaitedS is the time the task spent waiting for token capacity, not charged to
 	// its wall-clock budget.
-	WaitedS    float64    `json:"waited_s"`
-	Attempt    int        `json:"attempt"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
+	WaitedS float64 `json:"waited_s"`
+	// PausedReason is the limit_type that paused a paused task (null otherwise):
+	// one of its budget's (task_max_steps, task_max_cost_usd,
+	// task_max_wallclock_s) or its tenant's period quotas.
+	PausedReason *string    `json:"paused_reason"`
+	Attempt      int        `json:"attempt"`
+	CreatedAt    time.Time  `json:"created_at"`
+	StartedAt    *time.Time `json:"started_at"`
+	FinishedAt   *time.Time `json:"finished_at"`
 }
 
 // UsageJSON is a task's usage.
@@ -85,6 +90,9 @@ func taskJSON(t tasks.Task) TaskJSON {
 		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
 		WaitReason: t.WaitReason,
 		WaitedS:    float64(t.WaitedMs) / 1000,
+	}
+	if t.State == agentqtype.TaskStatePaused {
+		out.PausedReason = t.Pause.Reason
 	}
 	if t.State == agentqtype.TaskStateQueued && t.Wait.Reason != nil {
 		out.WaitUntil = t.Wait.Until
@@ -117,6 +125,8 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		refused   *tasks.RefusedError
 		admission *tasks.AdmissionError
 		finished  *tasks.FinishedError
+		notPaused *tasks.NotPausedError
+		resume    *tasks.ResumeRefusedError
 	)
 	switch {
 	case errors.As(err, &inv):
@@ -139,6 +149,13 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		return admissionFailure(admission.Err)
 	case errors.Is(err, tasks.ErrUnavailable):
 		return unavailable()
+	case errors.As(err, &notPaused):
+		if notPaused.Stale {
+			return apiErr(http.StatusConflict, CodeTaskNotPaused, "Task %s was resumed since; a new pause needs a new approval.", notPaused.ID)
+		}
+		return apiErr(http.StatusConflict, CodeTaskNotPaused, "Task %s is %s, not paused.", notPaused.ID, notPaused.State)
+	case errors.As(err, &resume):
+		return s.refusal(resumeDecision(resume), resume.Tenant)
 	case errors.As(err, &finished):
 		return apiErr(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", finished.ID, finished.State)
 	case id != nil && errors.Is(err, tasks.ErrNotFound):
@@ -268,4 +285,39 @@ func (s *Server) cancelTask(c echo.Context) error {
 		return s.taskErr(err, &id)
 	}
 	return c.JSON(http.StatusOK, taskJSON(t))
+}
+
+// ResumeRequest is the body of POST /v1/tasks/{id}/resume: an optional raise of the
+// task's budget, each field at most the plan's ceiling.
+type ResumeRequest struct {
+	Budget *BudgetRequest `json:"budget"`
+}
+
+func (s *Server) resumeTask(c echo.Context) error {
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var req ResumeRequest
+	if len(body) > 0 {
+		if err := decodeStrict(body, &req, false); err != nil {
+			return err
+		}
+	}
+	t, err := s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{TenantID: keyRecord(c).TenantID, ID: id, Budget: req.Budget.params()})
+	if err != nil {
+		return s.taskErr(err, &id)
+	}
+	return c.JSON(http.StatusOK, taskJSON(s.Tasks.WithWaitReason(c.Request().Context(), t)))
+}
+
+// resumeDecision is a resume its tenant's sessions refused, as the admission
+// decision the refusal body and headers are made from.
+func resumeDecision(e *tasks.ResumeRefusedError) quotas.Decision {
+	sc := quotas.Scope{Name: e.LimitType, Limit: float64(e.Limit), Used: float64(e.Held), Violated: true, RetryAfter: time.Second}
+	return quotas.Decision{Scopes: []quotas.Scope{sc}, Violated: []string{e.LimitType}}
 }

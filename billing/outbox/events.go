@@ -54,6 +54,7 @@ const (
 	EnforcementRefused Enforcement = "refused" // work was refused: an admission, or a step
 	EnforcementStopped Enforcement = "stopped" // a running task was ended
 	EnforcementDelayed Enforcement = "delayed" // a step waited, without a worker, for token capacity
+	EnforcementPaused  Enforcement = "paused"  // a task was paused at the limit, to resume on approval or by itself
 )
 
 // Thresholds are the percentages of a period quota whose crossing writes an event:
@@ -232,8 +233,14 @@ type LimitData struct {
 	Enforcement Enforcement `json:"enforcement"`
 	// RefusedBy is RefusedByPlatform when the platform refused the work (degraded
 	// mode, a shared pool, a global limit), not the tenant's plan; absent otherwise.
-	RefusedBy         string         `json:"refused_by,omitempty"`
-	UpgradeURL        string         `json:"upgrade_url"`
+	RefusedBy  string `json:"refused_by,omitempty"`
+	UpgradeURL string `json:"upgrade_url"`
+	// TaskID is the task a pause stopped (a pause's event only), and ApprovalURL the
+	// signed link through which a person sees its usage and approves a raise that
+	// resumes it, valid until ApprovalExpires (when its pause times out).
+	TaskID            string         `json:"task_id,omitempty"`
+	ApprovalURL       string         `json:"approval_url,omitempty"`
+	ApprovalExpires   *time.Time     `json:"approval_expires_at,omitempty"`
 	SLAClassification Classification `json:"sla_classification"`
 }
 
@@ -318,6 +325,15 @@ type Refusal struct {
 // say so (refused_by) and are keyed apart from the plan's: a window in which both the
 // plan and the platform refused has one event of each.
 func (e Events) LimitHit(r Refusal) (Event, error) {
+	d, key, err := refusalData(r)
+	if err != nil {
+		return Event{}, err
+	}
+	return e.build(TypeLimitHit, key, r.At, d)
+}
+
+// refusalData is the data of a refusal's limit_hit and its dedupe key (see LimitHit).
+func refusalData(r Refusal) (LimitData, string, error) {
 	d := LimitData{
 		TenantID: r.TenantID, Plan: r.Plan, LimitType: r.LimitType,
 		LimitValue: amount(r.LimitType, r.Limit), CurrentUsage: amount(r.LimitType, r.Used),
@@ -332,7 +348,7 @@ func (e Events) LimitHit(r Refusal) (Event, error) {
 	var key string
 	if IsPeriodQuota(r.LimitType) {
 		if r.Period == nil {
-			return Event{}, fmt.Errorf("billing: a refusal by %s needs its period", r.LimitType)
+			return LimitData{}, "", fmt.Errorf("billing: a refusal by %s needs its period", r.LimitType)
 		}
 		period := *r.Period
 		d.Threshold, d.Period = 100, &period
@@ -345,7 +361,7 @@ func (e Events) LimitHit(r Refusal) (Event, error) {
 	if r.Platform {
 		key += "|" + RefusedByPlatform
 	}
-	return e.build(TypeLimitHit, key, r.At, d)
+	return d, key, nil
 }
 
 func amount(limitType string, n int64) Amount {

@@ -4,7 +4,9 @@ package config
 import (
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -106,6 +108,12 @@ type Config struct {
 	// from AdminToken, so links die when the admin token changes; with neither set it
 	// is random per process and links die with it.
 	PanelSecret string
+	// PublicURL is the API's address as people reach it (scheme://host[:port]): the
+	// approval links of paused tasks start with it. AGENTQ_PUBLIC_URL, default
+	// "http://" + HTTPAddr (with "localhost" for an empty or unspecified host). The
+	// links are signed with the panel links' secret, so every process that runs
+	// tasks must share AGENTQ_PANEL_SECRET (or the admin token) with the API.
+	PublicURL string
 	// PanelFrameAncestors is the tenant panel's CSP frame-ancestors: the origins
 	// that may embed it in an iframe. AGENTQ_PANEL_FRAME_ANCESTORS, default "*" (any:
 	// the signed link is the credential).
@@ -199,6 +207,7 @@ func FromEnv() (Config, error) {
 	str("AGENTQ_AGENT_SECRET", &c.AgentSecret)
 	str("AGENTQ_PANEL_SECRET", &c.PanelSecret)
 	str("AGENTQ_PANEL_FRAME_ANCESTORS", &c.PanelFrameAncestors)
+	str("AGENTQ_PUBLIC_URL", &c.PublicURL)
 	if v := os.Getenv("REDIS_CLUSTER_ADDRS"); v != "" {
 		for a := range strings.SplitSeq(v, ",") {
 			if a = strings.TrimSpace(a); a != "" {
@@ -309,6 +318,11 @@ func (c Config) Check(haveRedis, havePool bool) error {
 	if c.Has(RoleAPI) && c.HTTPAddr == "" {
 		return bad("HTTPAddr", "is empty; the api role needs an address to listen on (host:port)")
 	}
+	if c.PublicURL != "" {
+		if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("PublicURL", "is not an http(s) URL (https://agentq.example.com)")
+		}
+	}
 	// The URLs are parsed as the connections will parse them; the parsers' errors
 	// are not shown, since they may quote a password.
 	if !haveRedis {
@@ -363,3 +377,18 @@ func (c Config) Check(haveRedis, havePool bool) error {
 
 // Has reports whether the process runs role.
 func (c Config) Has(role string) bool { return slices.Contains(c.Roles, role) }
+
+// PublicBase is the API's public base URL: PublicURL, or one made from HTTPAddr.
+func (c Config) PublicBase() string {
+	if c.PublicURL != "" {
+		return strings.TrimRight(c.PublicURL, "/")
+	}
+	host, port, err := net.SplitHostPort(c.HTTPAddr)
+	if err != nil {
+		return "http://localhost:8080"
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}

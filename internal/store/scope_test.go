@@ -97,6 +97,10 @@ func scopedCalls(fx fixture) []scopedCall {
 				To: store.StateKilled, Error: "cancelled"})
 			return err
 		}},
+		{"ResumeTask", func(ctx context.Context, st *store.Store) error {
+			_, _, err := st.ResumeTask(ctx, store.ResumeTaskParams{ID: fx.task})
+			return err
+		}},
 		{"TaskLedger", func(ctx context.Context, st *store.Store) error {
 			_, err := st.TaskLedger(ctx, store.TaskLedgerParams{TaskID: fx.task})
 			return err

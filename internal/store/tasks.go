@@ -21,6 +21,7 @@ type TaskState = agentqtype.TaskState
 const (
 	StateQueued         TaskState = agentqtype.TaskStateQueued
 	StateRunning        TaskState = agentqtype.TaskStateRunning
+	StatePaused         TaskState = agentqtype.TaskStatePaused
 	StateCompleted      TaskState = agentqtype.TaskStateCompleted
 	StateFailed         TaskState = agentqtype.TaskStateFailed
 	StateKilled         TaskState = agentqtype.TaskStateKilled
@@ -65,9 +66,21 @@ type Task struct {
 	FinishedAt     *time.Time
 	// Wait is set while a queued task waits for token capacity (see Park).
 	Wait TaskWait
-	// WaitedMs is the time the task has spent waiting for capacity: its wall-clock
-	// budget does not count it.
+	// WaitedMs is the time the task has spent waiting for capacity or paused: its
+	// wall-clock budget does not count it.
 	WaitedMs int64
+	// Pause is set while the task is paused; Pause.Count counts its pauses so far.
+	Pause TaskPause
+}
+
+// TaskPause is why a paused task is paused: the limit_type that paused it (Reason,
+// nil when it is not paused), since when, the limit's value and the use that met it;
+// Count is how many times the task has been paused, this pause included.
+type TaskPause struct {
+	Reason      *string
+	At          *time.Time
+	Limit, Used *int64
+	Count       int
 }
 
 // TaskWait is what a task waits for while it is parked: the capacity (Reason, nil when
@@ -80,7 +93,7 @@ type TaskWait struct {
 
 const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
 	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at,
-	wait_reason, wait_until, waited_ms, step_estimate`
+	wait_reason, wait_until, waited_ms, step_estimate, paused_reason, paused_at, pause_limit, pause_used, pauses`
 
 func scanTask(row pgx.Row) (Task, error) { return scanTaskWith(row) }
 
@@ -91,7 +104,8 @@ func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 	err := row.Scan(append([]any{&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
 		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
 		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt,
-		&t.Wait.Reason, &t.Wait.Until, &t.WaitedMs, &t.Wait.StepEstimate}, extra...)...)
+		&t.Wait.Reason, &t.Wait.Until, &t.WaitedMs, &t.Wait.StepEstimate,
+		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, ErrNotFound
 	}
@@ -324,4 +338,42 @@ func statesText(states []TaskState) []string {
 		out[i] = string(st)
 	}
 	return out
+}
+
+// ResumeTaskParams resume one of a tenant's paused tasks.
+type ResumeTaskParams struct {
+	TenantID string
+	ID       uuid.UUID
+	// Pause, when above 0, is the pause the resume was made for (an approval link's):
+	// a task paused again since is left as it is.
+	Pause int
+	// Budget, when set, replaces the task's budget (a raise the resume carries).
+	Budget json.RawMessage
+}
+
+// ResumeTask moves a paused task back to queued, where it waits to run its next step:
+// the time it was paused is added to waited_ms (its wall-clock budget does not count
+// it) and the pause's fields are cleared; Pause.Count stays. ok=false when the task is
+// not paused (or not under p.Pause); ErrNotFound when it is not the tenant's.
+func (s *Store) ResumeTask(ctx context.Context, p ResumeTaskParams) (t Task, ok bool, err error) {
+	if p.TenantID == "" {
+		return t, false, ErrNoTenant
+	}
+	var budget []byte
+	if len(p.Budget) > 0 {
+		budget = p.Budget
+	}
+	t, err = scanTask(s.db.QueryRow(ctx, `
+		UPDATE tasks SET state = 'queued', budget = COALESCE($4::jsonb, budget),
+			waited_ms = waited_ms + GREATEST(0, (EXTRACT(EPOCH FROM now() - paused_at) * 1000)::bigint),
+			paused_reason = NULL, paused_at = NULL, pause_limit = NULL, pause_used = NULL
+		WHERE id = $1 AND tenant_id = $2 AND state = 'paused' AND ($3 = 0 OR pauses = $3) RETURNING `+taskCols,
+		p.ID, p.TenantID, p.Pause, budget))
+	if errors.Is(err, ErrNotFound) {
+		if _, gerr := s.GetTask(ctx, GetTaskParams{TenantID: p.TenantID, ID: p.ID}); gerr != nil {
+			return Task{}, false, gerr
+		}
+		return Task{}, false, nil
+	}
+	return t, err == nil, err
 }

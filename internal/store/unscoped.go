@@ -162,3 +162,28 @@ func (s *Store) UnscopedTaskTimings(ctx context.Context, tenants []string) ([]Ta
 		return t, err
 	})
 }
+
+// PausedTask is a paused task as the pause watcher reads it.
+type PausedTask struct {
+	ID       uuid.UUID
+	TenantID string
+	Reason   string // the limit_type that paused it
+	PausedAt time.Time
+	Pauses   int
+	// Limit and Used are the limit's value and the use that met it at the pause.
+	Limit, Used int64
+}
+
+// UnscopedListPaused returns a page of paused tasks across tenants, in id order
+// after the cursor.
+func (s *Store) UnscopedListPaused(ctx context.Context, after uuid.UUID, limit int) ([]PausedTask, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT id, tenant_id, COALESCE(paused_reason, ''), COALESCE(paused_at, now()), pauses,
+			COALESCE(pause_limit, 0), COALESCE(pause_used, 0) FROM tasks
+		WHERE state = 'paused' AND id > $1 ORDER BY id LIMIT $2`, after, limit)
+	return collect(rows, err, func(row pgx.Row) (PausedTask, error) {
+		var t PausedTask
+		err := row.Scan(&t.ID, &t.TenantID, &t.Reason, &t.PausedAt, &t.Pauses, &t.Limit, &t.Used)
+		return t, err
+	})
+}

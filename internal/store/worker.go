@@ -377,3 +377,25 @@ func (s *Store) UnscopedHeartbeat(ctx context.Context, c Claim) error {
 
 // interval is d as a Postgres interval literal, to the millisecond.
 func interval(d time.Duration) string { return fmt.Sprintf("%d milliseconds", d.Milliseconds()) }
+
+// UnscopedPauseTaskParams pause a running task at a limit.
+type UnscopedPauseTaskParams struct {
+	Claim
+	Reason      string // the limit_type that paused it
+	Limit, Used int64  // the limit's value and the use that met it
+}
+
+// UnscopedPauseTask moves the claimed running task to paused, keeping its recorded
+// steps and agent state, and counts the pause. ErrTaskEnded or ErrLostClaim when the
+// claim no longer holds.
+func (s *Store) UnscopedPauseTask(ctx context.Context, p UnscopedPauseTaskParams) (t Task, err error) {
+	t, err = scanTask(s.db.QueryRow(ctx, `
+		UPDATE tasks SET state = 'paused', paused_reason = $3, paused_at = now(), pause_limit = $4, pause_used = $5,
+			pauses = pauses + 1, wait_reason = NULL, wait_until = NULL, parked_at = NULL
+		WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
+		p.ID, p.Attempt, p.Reason, p.Limit, p.Used))
+	if errors.Is(err, ErrNotFound) {
+		return Task{}, s.whyUnclaimed(ctx, p.Claim)
+	}
+	return t, err
+}

@@ -35,6 +35,8 @@ const (
 	ChangeFinished  ChangeKind = "finished"   // running → a terminal state, by its attempt
 	ChangeRequeued  ChangeKind = "requeued"   // running → queued, to resume from its last step
 	ChangeParked    ChangeKind = "parked"     // running → queued, to wait for token capacity
+	ChangePaused    ChangeKind = "paused"     // running → paused, at a budget or quota limit
+	ChangeResumed   ChangeKind = "resumed"    // paused → queued, by a resume
 	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned: its attempts keep dying
 	ChangeCancelled ChangeKind = "cancelled"  // queued or running → killed, by its tenant
 )
@@ -68,6 +70,10 @@ type LifecycleOptions struct {
 	// token capacity, with the task as parked: it writes the wait's usage.limit_hit
 	// (outbox.Waits.Parked).
 	Parked func(ctx context.Context, tx *store.Store, t store.Task) error
+	// Paused, when set, runs inside the transaction that paused a task at a limit,
+	// with the task as paused and the limit: it writes the pause's usage.limit_hit,
+	// with its approval link (outbox.Events.Pause).
+	Paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
@@ -88,6 +94,8 @@ type Lifecycle struct {
 	budget     func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 	// parked: LifecycleOptions.Parked
 	parked func(ctx context.Context, tx *store.Store, t store.Task) error
+	// paused: LifecycleOptions.Paused
+	paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
@@ -104,7 +112,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 		o.StaleAfter = DefaultStaleAfter
 	}
 	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded,
-		parked: o.Parked}
+		parked: o.Parked, paused: o.Paused}
 	l.lastSteps.Flush = l.completeLastSteps
 	l.starts.Flush = l.startTasks
 	l.creates.Flush = l.createTasks
@@ -153,6 +161,11 @@ func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) 
 	}
 	if l.parked != nil && c.Kind == ChangeParked {
 		if err := l.parked(ctx, tx, c.Task); err != nil {
+			return err
+		}
+	}
+	if l.paused != nil && c.Kind == ChangePaused {
+		if err := l.paused(ctx, tx, c.Task, c.Stop); err != nil {
 			return err
 		}
 	}
@@ -570,6 +583,64 @@ func (l *Lifecycle) Park(ctx context.Context, p ParkParams) error {
 	})
 }
 
+// PauseParams pause a claimed running task at a limit.
+type PauseParams struct {
+	Claim store.Claim
+	// Stop is the limit that paused the task: its limit_type, value and the use
+	// that met it.
+	Stop quotas.Stop
+}
+
+// Pause moves the claimed running task to paused at the limit in p, keeping its
+// recorded steps and agent state; the pause's event is written with it (Paused).
+// ErrLostClaim or ErrTaskEnded when the claim no longer holds.
+func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error) {
+	var t store.Task
+	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, err = tx.UnscopedPauseTask(ctx, store.UnscopedPauseTaskParams{
+			Claim: p.Claim, Reason: p.Stop.LimitType, Limit: p.Stop.Limit, Used: p.Stop.Used})
+		if err != nil {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangePaused, Task: t, Stop: &p.Stop})
+	})
+	return t, err
+}
+
+// Resume moves one of the tenant's paused tasks back to queued (see
+// store.ResumeTask). ok=false when it is not paused (or was paused again since the
+// pause p names).
+func (l *Lifecycle) Resume(ctx context.Context, p store.ResumeTaskParams) (t store.Task, ok bool, err error) {
+	err = l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, ok, err = tx.ResumeTask(ctx, p)
+		if err != nil || !ok {
+			return err
+		}
+		return l.afterChange(ctx, tx, Change{Kind: ChangeResumed, Task: t})
+	})
+	return t, ok, err
+}
+
+// ExpirePause ends one of the tenant's paused tasks budget_exceeded: it stayed paused
+// past its plan's pause_timeout_s. stop is the limit that paused it (the end's
+// event names it). ok=false when the task is no longer paused.
+func (l *Lifecycle) ExpirePause(ctx context.Context, tenantID string, id uuid.UUID, stop *quotas.Stop) (t store.Task, ok bool, err error) {
+	ok, err = l.end(ctx, store.StateBudgetExceeded, func(tx *store.Store) (bool, error) {
+		var won bool
+		var err error
+		t, won, err = tx.FinishTask(ctx, store.FinishTaskParams{TenantID: tenantID, ID: id,
+			From: []store.TaskState{store.StatePaused}, To: store.StateBudgetExceeded,
+			Error: fmt.Sprintf("budget exceeded: paused at %s longer than the plan's pause timeout", stop.LimitType)})
+		if err != nil || !won {
+			return false, err
+		}
+		return true, l.afterChange(ctx, tx, Change{Kind: ChangeFinished, Task: t, Stop: stop})
+	})
+	return t, ok, err
+}
+
 // RequeueStale puts a running task whose heartbeat has been silent for staleAfter
 // back to queued, whatever attempt runs it (that worker is gone), keeping its recorded
 // steps and agent state. The silence is checked in the same statement as the change:
@@ -604,14 +675,14 @@ type CancelParams struct {
 	Reason   string // the error the task ends with
 }
 
-// Cancel ends one of the tenant's queued or running tasks as killed, whatever attempt
+// Cancel ends one of the tenant's queued, running or paused tasks as killed, whatever attempt
 // runs it. ok=true when this call made the transition; false when the task had
 // already ended (or is not the tenant's: store.ErrNotFound from a read tells which).
 func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, ok bool, err error) {
 	err = l.store.InTx(ctx, func(tx *store.Store) error {
 		var err error
 		t, ok, err = tx.FinishTask(ctx, store.FinishTaskParams{
-			TenantID: p.TenantID, ID: p.ID, From: []store.TaskState{store.StateQueued, store.StateRunning},
+			TenantID: p.TenantID, ID: p.ID, From: []store.TaskState{store.StateQueued, store.StateRunning, store.StatePaused},
 			To: store.StateKilled, Error: p.Reason,
 		})
 		if err != nil || !ok {

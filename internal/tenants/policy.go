@@ -7,6 +7,7 @@ package tenants
 
 import (
 	"maps"
+	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
@@ -28,6 +29,10 @@ type Policy struct {
 	// Budget is the plan's per-task budget: the default a task gets, the ceiling it
 	// may ask for.
 	Budget quotas.Budget
+	// OnLimit is the plan's answer to a step that would go past a budget or a period
+	// quota (stop or pause), and PauseTimeout how long a paused task waits.
+	OnLimit      quotas.OnLimit
+	PauseTimeout time.Duration
 }
 
 // PolicyOf computes t's policy from the catalogue (with the deployment's global
@@ -53,6 +58,9 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 		Limits:     quotas.LimitsOf(eff),
 		RunningCap: quotas.RunningCap(eff),
 		Budget:     p.Budget,
+		OnLimit:    p.OnLimit,
+		// PauseTimeout is the plan's, or the default when the plan is missing.
+		PauseTimeout: p.PauseTimeout(),
 	}, nil
 }
 

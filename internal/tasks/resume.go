@@ -1,0 +1,170 @@
+package tasks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// NotPausedError is a resume of a task that is not paused (State says what it is),
+// or of a pause that is over: an approval link made for an earlier pause.
+type NotPausedError struct {
+	ID    uuid.UUID
+	State string
+	// Stale: the task was paused again since the pause the resume named.
+	Stale bool
+}
+
+func (e *NotPausedError) Error() string {
+	if e.Stale {
+		return fmt.Sprintf("task %s was resumed since this approval was made", e.ID)
+	}
+	return fmt.Sprintf("task %s is %s, not paused", e.ID, e.State)
+}
+
+// ResumeRefusedError is a resume its tenant's sessions are too full to take: the task
+// stays paused. Tenant is the tenant it judged (the HTTP answer names its plan).
+type ResumeRefusedError struct {
+	quotas.ReAdmitRefusal
+	Tenant tenants.Tenant
+}
+
+// Unwrap gives the refusal.
+func (e *ResumeRefusedError) Unwrap() error { return &e.ReAdmitRefusal }
+
+// ResumeParams resume one of a tenant's paused tasks.
+type ResumeParams struct {
+	TenantID string
+	ID       uuid.UUID
+	// Budget raises (or lowers) fields of the task's budget, each at most the plan's
+	// ceiling; nil keeps the budget as it is.
+	Budget *BudgetRequest
+	// Pause, when above 0, is the pause the resume was made for (an approval link's):
+	// a task paused again since is a *NotPausedError with Stale set.
+	Pause int
+}
+
+// Resume sends a paused task back to its tenant's queue to run its next step, with
+// its state and usage as they were: it is admitted again against its tenant's
+// sessions (a full limit is a *ResumeRefusedError and the task stays paused), its
+// budget takes the raise p carries (within the plan's ceiling, else an
+// *InvalidError and nothing changes), and the time it was paused is not charged to
+// its wall clock.
+func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
+	if p.TenantID == "" {
+		return Task{}, ErrNoTenant
+	}
+	t, err := s.d.Store.GetTask(ctx, store.GetTaskParams{TenantID: p.TenantID, ID: p.ID})
+	if err != nil {
+		return Task{}, err
+	}
+	if t.State != store.StatePaused {
+		return Task{}, &NotPausedError{ID: p.ID, State: string(t.State)}
+	}
+	if p.Pause > 0 && t.Pause.Count != p.Pause {
+		return Task{}, &NotPausedError{ID: p.ID, State: string(t.State), Stale: true}
+	}
+	tenant, err := s.d.Tenant(ctx, p.TenantID)
+	if err != nil {
+		return Task{}, err
+	}
+	pol, err := s.d.Tenants.Policy(tenant)
+	if err != nil {
+		return Task{}, err
+	}
+	budget, err := RaiseBudget(pol.Budget, StoredBudget(pol.Budget, t.Budget), p.Budget)
+	if err != nil {
+		return Task{}, err
+	}
+	budgetJSON, _ := json.Marshal(budget)
+	if err := s.readmit(ctx, tenant, pol, t, budget); err != nil {
+		return Task{}, err
+	}
+	resumed, ok, err := s.d.Lifecycle.Resume(ctx, store.ResumeTaskParams{TenantID: p.TenantID, ID: p.ID, Pause: p.Pause, Budget: budgetJSON})
+	if err != nil || !ok {
+		return Task{}, s.notResumed(ctx, p, err)
+	}
+	if err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
+		TenantID: p.TenantID, TaskID: resumed.ID, Priority: resumed.Priority, CreatedAt: resumed.CreatedAt,
+		Weight: pol.Weight, RunningCap: pol.RunningCap,
+	}); err != nil {
+		// Queued in Postgres: the recovery sweep pushes queued tasks missing from Redis.
+		s.log.Error("pushing a resumed task to its queue failed; it stays queued in Postgres", "task_id", resumed.ID, "err", err)
+	}
+	s.publishState(ctx, resumed.ID, store.StateQueued, "")
+	return Task{Task: resumed}, nil
+}
+
+// notResumed gives back the lease a resume took when its write did not resume the
+// task (err: it failed), and says why. A concurrent resume that won holds the same
+// lease (a task's lease is its id): that one is kept.
+func (s *Service) notResumed(ctx context.Context, p ResumeParams, err error) error {
+	release := func() { s.d.Admission.Release(context.WithoutCancel(ctx), p.TenantID, p.ID.String()) }
+	if err != nil {
+		release()
+		return err
+	}
+	cur, err := s.d.Store.GetTask(ctx, store.GetTaskParams{TenantID: p.TenantID, ID: p.ID})
+	if err != nil {
+		return err
+	}
+	if cur.State == store.StatePaused || cur.State.Terminal() {
+		release()
+	}
+	return &NotPausedError{ID: p.ID, State: string(cur.State), Stale: cur.State == store.StatePaused}
+}
+
+// readmit takes the resuming task's session lease.
+func (s *Service) readmit(ctx context.Context, tenant tenants.Tenant, pol tenants.Policy, t store.Task, b quotas.TaskBudget) error {
+	err := s.d.Admission.Quotas().ReAdmit(ctx, quotas.ReAdmitParams{
+		TenantID: t.TenantID, TaskID: t.ID.String(), Limits: pol.Limits,
+		LongRunning: b.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
+	})
+	var refused *quotas.ReAdmitRefusal
+	switch {
+	case errors.As(err, &refused):
+		return &ResumeRefusedError{ReAdmitRefusal: *refused, Tenant: tenant}
+	case err != nil:
+		return &AdmissionError{Err: err}
+	}
+	return nil
+}
+
+// publishState tells the task's progress stream its new state.
+func (s *Service) publishState(ctx context.Context, id uuid.UUID, state store.TaskState, errText string) {
+	m := map[string]any{"type": "state", "task_id": id.String(), "state": state, "time": time.Now().UTC()}
+	if errText != "" {
+		m["error"] = errText
+	}
+	ev, _ := json.Marshal(m)
+	_ = s.d.Redis.Publish(ctx, s.d.Keys.TaskEvents(id.String()), ev).Err()
+}
+
+// StoredBudget reads a task's stored budget, a field missing or not above 0 taking
+// the plan's default (as the worker does).
+func StoredBudget(plan quotas.Budget, raw json.RawMessage) quotas.TaskBudget {
+	var b quotas.TaskBudget
+	_ = json.Unmarshal(raw, &b)
+	return plan.Fill(b)
+}
+
+// RaiseBudget applies a resume's budget request to a task's budget b: each field
+// given replaces b's, and must be above 0 and at most the plan's ceiling (never past
+// it: the ceiling is what the plan sells).
+func RaiseBudget(plan quotas.Budget, b quotas.TaskBudget, req *BudgetRequest) (quotas.TaskBudget, error) {
+	if req == nil {
+		return b, nil
+	}
+	full := plan
+	full.Default = b
+	return ResolveBudget(full, req)
+}

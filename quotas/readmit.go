@@ -1,0 +1,74 @@
+package quotas
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// reAdmitScript takes a session lease for a task that is already stored, as
+// admission does for a new one, but checks nothing else: a paused task resuming
+// counts against its tenant's concurrent_sessions (and long_running_inflight, for a
+// long-running task) again, and is refused when they are full. A task that holds its
+// lease already keeps it (a retried resume).
+//
+// KEYS[1] session leases   KEYS[2] long-running leases
+// ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] lease ttl ms   ARGV[4] "1" if long-running
+// ARGV[5] concurrent_sessions (< 0: off)   ARGV[6] long_running_inflight (< 0: off)
+// ARGV[7] lease set keep ms
+// Returns {1 granted or 0, the limit that refused ("" when granted), leases held}.
+var reAdmitScript = redis.NewScript(luaNow + `
+local SL, LL, task = KEYS[1], KEYS[2], ARGV[2]
+local is_long, sessions, long = ARGV[4] == '1', tonumber(ARGV[5]), tonumber(ARGV[6])
+if redis.call('ZSCORE', SL, task) or redis.call('ZSCORE', LL, task) then return {1, '', 0} end
+redis.call('ZREMRANGEBYSCORE', SL, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', LL, '-inf', now)
+local l = redis.call('ZCARD', LL)
+local s = redis.call('ZCARD', SL) + l
+if sessions >= 0 and s >= sessions then return {0, 'concurrent_sessions', s} end
+if is_long and long >= 0 and l >= long then return {0, 'long_running_inflight', l} end
+local k = is_long and LL or SL
+redis.call('ZADD', k, now + tonumber(ARGV[3]), task)
+redis.call('PEXPIRE', k, ARGV[7])
+return {1, '', s + 1}
+`)
+
+// ReAdmitParams re-admit a stored task against its tenant's sessions.
+type ReAdmitParams struct {
+	TenantID, TaskID string
+	Limits           Limits
+	LongRunning      bool // the task asked for more than LongRunningThreshold of wall clock
+}
+
+// ReAdmitRefusal is a re-admission refused by a full session limit.
+type ReAdmitRefusal struct {
+	LimitType string // concurrent_sessions or long_running_inflight
+	Limit     int64
+	Held      int64
+}
+
+func (e *ReAdmitRefusal) Error() string {
+	return fmt.Sprintf("%s limit of %d reached (%d held)", e.LimitType, e.Limit, e.Held)
+}
+
+// ReAdmit takes a session lease for a stored task (a paused task resuming). A full
+// limit is a *ReAdmitRefusal.
+func (q *Quotas) ReAdmit(ctx context.Context, p ReAdmitParams) error {
+	res, err := reAdmitScript.Run(ctx, q.rdb, []string{q.keys.Sessions(p.TenantID), q.keys.LongRunning(p.TenantID)},
+		q.nowArg(), p.TaskID, leaseTTL.Milliseconds(), boolArg(p.LongRunning), p.Limits.Sessions, p.Limits.LongRunning,
+		(leaseTTL + leaseSlack).Milliseconds()).Slice()
+	if err != nil {
+		return fmt.Errorf("quotas: re-admit: %w", err)
+	}
+	if ok, _ := res[0].(int64); ok == 1 {
+		return nil
+	}
+	lt, _ := res[1].(string)
+	held, _ := res[2].(int64)
+	limit := p.Limits.Sessions
+	if lt == LongRunningInflight {
+		limit = p.Limits.LongRunning
+	}
+	return &ReAdmitRefusal{LimitType: lt, Limit: limit, Held: held}
+}

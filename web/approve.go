@@ -1,0 +1,182 @@
+package web
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/approval"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/quotas"
+)
+
+// The approval page of a paused task: GET /approve?token= shows whoever holds the
+// link (sent in the pause's usage.limit_hit event) the task's usage so far, why it is
+// paused, its budget and the plan's ceiling; POST /approve?token= with the budget
+// fields to raise (each at most the ceiling) resumes it. The token is the credential
+// and names the tenant, the task and the pause (approval package): a forged one is
+// 401, an expired one 403, one whose pause is over (the task resumed, ended or was
+// paused again) 409.
+
+// approvalView is what the approval page shows.
+type approvalView struct {
+	Status  int
+	Message string
+	Done    bool // the task was resumed by this request
+	Token   string
+	Task    tasks.Task
+	Reason  string
+	CostUSD float64
+	Budget  quotas.TaskBudget
+	Ceiling quotas.TaskBudget
+}
+
+// approvalClaims checks the request's token; on failure it has answered.
+func (s *Server) approvalClaims(c echo.Context) (approval.Claims, bool, error) {
+	tok := c.QueryParam("token")
+	if s.Approvals == nil {
+		return approval.Claims{}, false, s.approvalError(c, http.StatusNotFound, "Approval links are not served here.")
+	}
+	claims, err := s.Approvals.Verify(tok)
+	switch {
+	case errors.Is(err, approval.ErrExpired):
+		return claims, false, s.approvalError(c, http.StatusForbidden, "This approval link has expired: the task's pause timed out.")
+	case err != nil:
+		return claims, false, s.approvalError(c, http.StatusUnauthorized, "This approval link is not valid.")
+	}
+	return claims, true, nil
+}
+
+// approvalTask reads the task a link is for, with its budget and the plan's ceiling.
+func (s *Server) approvalTask(c echo.Context, cl approval.Claims) (approvalView, error) {
+	ctx := c.Request().Context()
+	v := approvalView{Status: http.StatusOK, Token: c.QueryParam("token")}
+	t, err := s.Tasks.Get(ctx, cl.TenantID, cl.TaskID)
+	if err != nil {
+		return v, err
+	}
+	tenant, err := s.Tenants.Get(ctx, cl.TenantID)
+	if err != nil {
+		return v, err
+	}
+	pol, err := s.Tenants.Policy(tenant)
+	if err != nil {
+		return v, err
+	}
+	v.Task, v.Ceiling, v.CostUSD = t, pol.Budget.Ceiling, float64(t.Usage.CostMicroUSD)/1e6
+	v.Budget = tasks.StoredBudget(pol.Budget, t.Budget)
+	if t.Pause.Reason != nil {
+		v.Reason = *t.Pause.Reason
+	}
+	return v, nil
+}
+
+func (s *Server) approvalPage(c echo.Context) error {
+	cl, ok, err := s.approvalClaims(c)
+	if !ok {
+		return err
+	}
+	v, err := s.approvalTask(c, cl)
+	if err != nil {
+		return s.approvalFailed(c, err)
+	}
+	if v.Task.State != agentqtype.TaskStatePaused || v.Task.Pause.Count != cl.Pause {
+		v.Status, v.Message = http.StatusConflict, "This pause is over: the task is "+string(v.Task.State)+" now."
+	}
+	return s.renderApproval(c, v)
+}
+
+func (s *Server) approve(c echo.Context) error {
+	cl, ok, err := s.approvalClaims(c)
+	if !ok {
+		return err
+	}
+	req, err := approvalBudget(c)
+	if err != nil {
+		return s.approvalError(c, http.StatusBadRequest, err.Error())
+	}
+	_, err = s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{TenantID: cl.TenantID, ID: cl.TaskID, Budget: req, Pause: cl.Pause})
+	if err != nil {
+		return s.approvalFailed(c, err)
+	}
+	v, err := s.approvalTask(c, cl)
+	if err != nil {
+		return s.approvalFailed(c, err)
+	}
+	v.Done, v.Message = true, "Approved: the task is queued to run its next step."
+	return s.renderApproval(c, v)
+}
+
+// approvalBudget reads the form's budget fields: empty ones keep the task's value.
+func approvalBudget(c echo.Context) (*tasks.BudgetRequest, error) {
+	var req tasks.BudgetRequest
+	given := false
+	num := func(name string) (*float64, error) {
+		v := strings.TrimSpace(c.FormValue(name))
+		if v == "" {
+			return nil, nil
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, errors.New(name + " must be a number.")
+		}
+		given = true
+		return &f, nil
+	}
+	var err error
+	if req.MaxWallclockS, err = num("max_wallclock_s"); err != nil {
+		return nil, err
+	}
+	if req.MaxCostUSD, err = num("max_cost_usd"); err != nil {
+		return nil, err
+	}
+	steps, err := num("max_steps")
+	if err != nil {
+		return nil, err
+	}
+	if steps != nil {
+		if *steps != float64(int(*steps)) {
+			return nil, errors.New("max_steps must be a whole number.")
+		}
+		n := int(*steps)
+		req.MaxSteps = &n
+	}
+	if !given {
+		return nil, nil
+	}
+	return &req, nil
+}
+
+// approvalFailed answers a resume or a read that failed, as the API would, on a page.
+func (s *Server) approvalFailed(c echo.Context, err error) error {
+	var ae *APIError
+	if !errors.As(s.taskErr(err, nil), &ae) {
+		if errors.Is(err, tasks.ErrNotFound) {
+			return s.approvalError(c, http.StatusNotFound, "The task is gone.")
+		}
+		s.log.Error("approval: failed", "err", err)
+		return s.approvalError(c, http.StatusServiceUnavailable, "The approval cannot be made right now. Retry in a moment.")
+	}
+	return s.approvalError(c, ae.Status, ae.Message)
+}
+
+func (s *Server) approvalError(c echo.Context, status int, msg string) error {
+	return s.renderApproval(c, approvalView{Status: status, Message: msg})
+}
+
+func (s *Server) renderApproval(c echo.Context, v approvalView) error {
+	h := c.Response().Header()
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set(echo.HeaderCacheControl, "no-store")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set(echo.HeaderXContentTypeOptions, "nosniff")
+	var b strings.Builder
+	if err := panelTmpl.ExecuteTemplate(&b, "approve.html", v); err != nil {
+		return err
+	}
+	return c.HTML(v.Status, b.String())
+}
