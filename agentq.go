@@ -206,7 +206,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return pol.Limits, err
 	}
 	secret, _ := sealed.Secret(a.cfg.PanelSecret, a.cfg.AdminToken)
-	if a.approvals, err = approval.NewSigner(secret, a.cfg.PublicBase(), nil); err != nil {
+	if a.approvals, err = approval.NewSigner(secret, a.publicBase, nil); err != nil {
 		a.close()
 		return nil, err
 	}
@@ -242,6 +242,20 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.api = a.newAPI(pool, readStore)
 	a.svcs = a.roleServices()
 	return a, nil
+}
+
+// publicBase is the API's public base URL: the configured one, else this process's
+// listening address when it serves the API on a port it picked, else one made from
+// the configured address.
+func (a *App) publicBase() string {
+	if a.cfg.PublicURL == "" && a.api != nil && a.cfg.Has(config.RoleAPI) {
+		if addr := a.api.Addr(); addr != nil {
+			c := a.cfg
+			c.HTTPAddr = addr.String()
+			return c.PublicBase()
+		}
+	}
+	return a.cfg.PublicBase()
 }
 
 // pauses writes the events of tasks paused at a limit, with their approval links,

@@ -632,7 +632,9 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued
 		// Shutdown outlasted the step: hand the task back so it resumes elsewhere.
 		return true, r.requeue("worker shutdown", r.ctx.Err())
 	case err != nil && r.pastDeadline():
-		r.finishWallclock()
+		// The wall clock cut the step short: it is recorded nowhere (its reservation
+		// went back), so a paused task resumes at that step.
+		r.atLimit(r.wallclockStop())
 		return true, false
 	case err != nil:
 		// The tenant sees the agent, the step and the kind of failure; the

@@ -290,24 +290,25 @@ func TestWorkerRunsAGoHandlerToCompletion(t *testing.T) {
 	r.wantReleased(id)
 }
 
-// A task ends budget_exceeded when a step takes it past its budget: a step still
-// running at the wall-clock deadline is stopped and not recorded; a step that spends
-// the cost budget is recorded and is the last; no step runs beyond max_steps.
-func TestWorkerEndsATaskOverItsBudget(t *testing.T) {
+// A pro task (on_limit: pause) pauses when its next step would take it past its
+// budget: a step still running at the wall-clock deadline is stopped and not
+// recorded; no step runs that would pass the cost cap by what the previous step cost,
+// nor beyond max_steps. It names the limit, and keeps its usage.
+func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name   string
 		input  string
 		budget tasks.BudgetRequest
 		usage  store.Usage
-		error  string
+		limit  string
 	}{
 		{"wall clock", `{"block":true}`, tasks.BudgetRequest{MaxWallclockS: ptr(0.2)},
-			store.Usage{}, "budget exceeded: max_wallclock_s 0.2 reached"},
+			store.Usage{}, "task_max_wallclock_s"},
 		{"cost", `{"tokens":1,"cost_usd":0.6}`, tasks.BudgetRequest{MaxCostUSD: ptr(1.0)},
-			store.Usage{Steps: 2, Tokens: 2, CostMicroUSD: 1_200_000}, "budget exceeded: max_cost_usd 1 reached"},
+			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 600_000}, "task_max_cost_usd"},
 		{"steps", `{"tokens":1}`, tasks.BudgetRequest{MaxSteps: ptr(2)},
-			store.Usage{Steps: 2, Tokens: 2}, "budget exceeded: max_steps 2 reached"},
+			store.Usage{Steps: 2, Tokens: 2}, "task_max_steps"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -326,8 +327,8 @@ func TestWorkerEndsATaskOverItsBudget(t *testing.T) {
 			began := time.Now()
 			r.process()
 			got := r.task(id)
-			if got.State != store.StateBudgetExceeded || got.Error == nil || *got.Error != c.error || got.Usage != c.usage {
-				t.Fatalf("task: %s, error %v, usage %+v; want budget_exceeded, %q, %+v", got.State, deref(got.Error), got.Usage, c.error, c.usage)
+			if got.State != store.StatePaused || got.Pause.Reason == nil || *got.Pause.Reason != c.limit || got.Usage != c.usage || got.Error != nil {
+				t.Fatalf("task: %s at %v, error %v, usage %+v; want paused at %s, %+v", got.State, got.Pause.Reason, deref(got.Error), got.Usage, c.limit, c.usage)
 			}
 			if strings.Contains(c.input, "block") && (!stopped || time.Since(began) > 2*time.Second) {
 				t.Fatalf("the step past the deadline was not stopped at it (stopped %v after %v)", stopped, time.Since(began))

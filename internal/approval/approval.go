@@ -53,13 +53,14 @@ type Claims struct {
 // Signer signs and checks approval tokens and builds the links.
 type Signer struct {
 	key  []byte
-	base string // the public base URL the links start with
+	base func() string // the public base URL the links start with
 	now  func() time.Time
 }
 
-// NewSigner derives the key from secret; base is the API's public base URL
-// (scheme://host[:port]); now is the clock (time.Now when nil).
-func NewSigner(secret []byte, base string, now func() time.Time) (*Signer, error) {
+// NewSigner derives the key from secret; base gives the API's public base URL
+// (scheme://host[:port]), asked at each link (an API on port 0 knows its port only
+// once it listens); now is the clock (time.Now when nil).
+func NewSigner(secret []byte, base func() string, now func() time.Time) (*Signer, error) {
 	if len(secret) == 0 {
 		return nil, errors.New("approval: empty secret")
 	}
@@ -70,7 +71,10 @@ func NewSigner(secret []byte, base string, now func() time.Time) (*Signer, error
 	if now == nil {
 		now = time.Now
 	}
-	return &Signer{key: key, base: strings.TrimRight(base, "/"), now: now}, nil
+	if base == nil {
+		base = func() string { return "" }
+	}
+	return &Signer{key: key, base: base, now: now}, nil
 }
 
 // Sign returns a token for c.
@@ -82,7 +86,7 @@ func (s *Signer) Sign(c Claims) string {
 
 // Link is the approval link of c: the public base URL, Path and the token.
 func (s *Signer) Link(c Claims) string {
-	return s.base + Path + "?token=" + url.QueryEscape(s.Sign(c))
+	return strings.TrimRight(s.base(), "/") + Path + "?token=" + url.QueryEscape(s.Sign(c))
 }
 
 // Verify returns what a token says. A token that does not parse or whose signature

@@ -13,7 +13,7 @@ import (
 
 func TestSignVerify(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	s, err := approval.NewSigner([]byte("secret"), "http://agentq.test:8080/", func() time.Time { return now })
+	s, err := approval.NewSigner([]byte("secret"), func() string { return "http://agentq.test:8080/" }, func() time.Time { return now })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestSignVerify(t *testing.T) {
 	if forged == tok {
 		forged = tok[:len(tok)-2] + "BB"
 	}
-	other, _ := approval.NewSigner([]byte("other"), "http://x", nil)
+	other, _ := approval.NewSigner([]byte("other"), nil, nil)
 	for name, bad := range map[string]string{"changed": forged, "other key": other.Sign(c), "empty": "", "junk": "a.b"} {
 		if _, err := s.Verify(bad); !errors.Is(err, approval.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
@@ -41,14 +41,14 @@ func TestSignVerify(t *testing.T) {
 	}
 
 	// Past its expiry it is expired, and still says what it was for.
-	later, _ := approval.NewSigner([]byte("secret"), "", func() time.Time { return now.Add(2 * time.Hour) })
+	later, _ := approval.NewSigner([]byte("secret"), nil, func() time.Time { return now.Add(2 * time.Hour) })
 	if got, err := later.Verify(tok); !errors.Is(err, approval.ErrExpired) || got.TaskID != c.TaskID {
 		t.Fatalf("expired: %+v %v", got, err)
 	}
 }
 
 func FuzzVerify(f *testing.F) {
-	s, _ := approval.NewSigner([]byte("secret"), "", nil)
+	s, _ := approval.NewSigner([]byte("secret"), nil, nil)
 	f.Add(s.Sign(approval.Claims{TenantID: "acme", TaskID: uuid.New(), Pause: 1, Expires: time.Now().Add(time.Hour)}))
 	f.Add("x.y")
 	f.Fuzz(func(t *testing.T, tok string) {

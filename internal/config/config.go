@@ -110,7 +110,8 @@ type Config struct {
 	PanelSecret string
 	// PublicURL is the API's address as people reach it (scheme://host[:port]): the
 	// approval links of paused tasks start with it. AGENTQ_PUBLIC_URL, default
-	// "http://" + HTTPAddr (with "localhost" for an empty or unspecified host). The
+	// "": made from HTTPAddr, "http://host:port" with "localhost" for an empty or
+	// unspecified host (PublicBase). The
 	// links are signed with the panel links' secret, so every process that runs
 	// tasks must share AGENTQ_PANEL_SECRET (or the admin token) with the API.
 	PublicURL string

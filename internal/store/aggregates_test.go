@@ -218,10 +218,10 @@ func TestTaskStatesMatchClientAndSchema(t *testing.T) {
 			t.Errorf("the schema refuses state %s: %v", s, err)
 		}
 	}
-	if store.TaskState("paused").Valid() || store.StateRunning.Terminal() || !store.StateAbandoned.Terminal() {
+	if store.TaskState("sleeping").Valid() || store.StatePaused.Terminal() || store.StateRunning.Terminal() || !store.StateAbandoned.Terminal() {
 		t.Error("Valid or Terminal misjudge a state")
 	}
-	if err := testfactory.SetTaskState(ctx, pool, id, "paused"); err == nil {
+	if err := testfactory.SetTaskState(ctx, pool, id, "sleeping"); err == nil {
 		t.Error("the schema accepts a state the store does not know")
 	}
 }
