@@ -80,6 +80,9 @@ func rawOrNull(r json.RawMessage) json.RawMessage {
 	return r
 }
 
+// NewTaskJSON is t as the API shows it (the CLI prints the same).
+func NewTaskJSON(t tasks.Task) TaskJSON { return taskJSON(t) }
+
 // taskJSON is t as the API shows it, with its wait reason when it has one.
 func taskJSON(t tasks.Task) TaskJSON {
 	out := TaskJSON{

@@ -26,6 +26,7 @@ import (
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/services"
+	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
@@ -50,6 +51,9 @@ type adminEnv struct {
 	webhooks *webhooks.Webhooks
 	usage    *usage.Rollups
 	pools    *pools.Service
+	// tasks is nil without Redis: a resume takes a session lease and queues the
+	// task there.
+	tasks *tasks.Service
 }
 
 // adminServices builds the admin commands' services. With Redis, a changed key or
@@ -60,10 +64,15 @@ func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.Univer
 	allowNets []netip.Prefix) adminEnv {
 	// The command's own logger, as set up by main, gets the services' warnings; the
 	// runtime's registry names the built-in agent, which a pool may be bound to.
+	arch := &baseservice.Archetype{Logger: slog.Default()}
+	var guard *quotas.Guard
+	if rdb != nil {
+		guard = quotas.NewGuard(quotas.New(rdb, rk, nil, quotas.Options{}), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
+	}
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Agents: runtime.NewRegistry(),
-		Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: &baseservice.Archetype{Logger: slog.Default()}})
+		Admission: guard, Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: arch})
 	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage,
-		pools: svc.Pools}
+		pools: svc.Pools, tasks: svc.Tasks}
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -130,7 +139,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	cmd.AddCommand(panelLinksRevokeCommand(withEnv), eventsCommand(withEnv), usageExportCommand(withEnv))
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
-	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv))
+	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv), taskResumeCommand(withEnv))
 	return cmd
 }
 
