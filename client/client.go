@@ -383,7 +383,9 @@ func (c *Client) ResumeTask(ctx context.Context, id string, raise *BudgetRequest
 const DefaultPollInterval = 500 * time.Millisecond
 
 // WaitTask polls the task every pollEvery until it reaches a terminal state
-// (completed, failed, killed, budget_exceeded, abandoned) and returns it.
+// (completed, failed, killed, budget_exceeded, abandoned) or is paused at a limit
+// (StatePaused: it waits for a resume, which the caller may give with ResumeTask),
+// and returns it.
 //
 // Answers that say "try again later" (429, 502, 503, 504) do not end the wait: the
 // next poll comes after Retry-After, or pollEvery if that is longer. Any other error
@@ -406,7 +408,7 @@ func (c *Client) WaitTask(ctx context.Context, id string, pollEvery time.Duratio
 		t, err := c.GetTask(ctx, id)
 		switch {
 		case err == nil:
-			if t.Terminal() {
+			if t.Terminal() || t.State == StatePaused {
 				return t, nil
 			}
 			last = t

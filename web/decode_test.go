@@ -190,11 +190,12 @@ func FuzzDecodeAdminBodies(f *testing.F) {
 		`{"types":["\ud800"]}`, `{"tenant":"\u0000"}`, `{"url":"http://x/","types":[1]}`,
 		`{"tokens_per_minute":120000,"burst_tokens":6000,"requests_per_minute":600}`, `{"tokens_per_minute":1e400}`,
 		`{"burst_tokens":-1.5}`, `{"pool":"llm","tokens_per_step":1000}`, `{"pool":"\u0000","tokens_per_step":"1"}`,
+		`{"budget":{"max_cost_usd":0.2}}`, `{"budget":{"max_steps":1e400}}`, `{"budget":null}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, dst := range []any{&TenantRequest{}, &KeyRequest{}, &AgentRequest{}, &WebhookRequest{}, &PoolRequest{}, &AgentPoolRequest{}} {
+		for _, dst := range []any{&TenantRequest{}, &KeyRequest{}, &AgentRequest{}, &WebhookRequest{}, &PoolRequest{}, &AgentPoolRequest{}, &ResumeRequest{}} {
 			err := decodeStrict(body, dst, true)
 			if err == nil {
 				cleanText(t, body, dst)
