@@ -44,6 +44,7 @@ const (
 	TaskKilled         = agentqtype.TaskStateKilled // cancelled
 	TaskBudgetExceeded = agentqtype.TaskStateBudgetExceeded
 	TaskAbandoned      = agentqtype.TaskStateAbandoned
+	TaskExpired        = agentqtype.TaskStateExpired // not started by its start deadline
 )
 
 // Task is a task and where it stands, as the library returns it: money in dollars,
@@ -67,6 +68,9 @@ type Task struct {
 	// WaitReason says why a queued task waits (as the HTTP API's wait_reason); ""
 	// when it is not queued or that could not be told.
 	WaitReason string
+	// StartDeadline is when the task expires if no worker has started it by then;
+	// nil when it was submitted without one.
+	StartDeadline *time.Time
 	// Attempt counts the times a worker started or took over the task, from 1 once
 	// it started.
 	Attempt    int
@@ -90,7 +94,7 @@ func taskOf(t tasks.Task) Task {
 		ID: t.ID, TenantID: t.TenantID, Agent: t.Agent, User: t.User, State: string(t.State), Priority: t.Priority,
 		Input: t.Input, Output: t.Output, Attempt: t.Attempt,
 		Usage:     TaskUsage{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
-		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
+		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt, StartDeadline: t.StartDeadline,
 	}
 	if t.Error != nil {
 		out.Error = *t.Error
@@ -118,6 +122,10 @@ type NewTask struct {
 	// IdempotencyKey, when set, makes a resubmission of the same request return the
 	// task the first one made.
 	IdempotencyKey string
+	// StartWithin, when above 0, is how long the task may wait to start (at most 7
+	// days): one no worker started by then ends expired (TaskExpired), charged
+	// nothing.
+	StartWithin time.Duration
 }
 
 // TaskBudget is a requested task budget (NewTask.Budget): nil fields take the plan's
@@ -132,12 +140,22 @@ type TaskBudget = quotas.BudgetRequest
 func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
 	res, err := a.services.Tasks.Submit(ctx, tasks.SubmitParams{
 		TenantID: p.TenantID, Agent: p.Agent, Input: p.Input, User: p.User, Budget: p.Budget,
-		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey,
+		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey, StartWithinS: startWithinS(p.StartWithin),
 	})
 	if err != nil {
 		return Task{}, invalidOf(err)
 	}
 	return taskOf(res.Task), nil
+}
+
+// startWithinS is a NewTask's StartWithin as the task service takes it: nil for none.
+// A negative one is passed on, for the service to refuse.
+func startWithinS(d time.Duration) *float64 {
+	if d == 0 {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
 }
 
 // GetTask returns one of the tenant's tasks, or ErrNotFound.

@@ -40,12 +40,15 @@ type Task struct {
 	// WaitUntil is when the capacity a task waiting for tokens_per_minute or a
 	// pool:<name> is expected; WaitedS the time it spent waiting for capacity so far
 	// (not charged to its wall-clock budget).
-	WaitUntil  *time.Time `json:"wait_until"`
-	WaitedS    float64    `json:"waited_s"`
-	Attempt    int        `json:"attempt"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
+	WaitUntil *time.Time `json:"wait_until"`
+	WaitedS   float64    `json:"waited_s"`
+	// StartDeadline is when the task expires if it has not started by then; nil
+	// when it was submitted without StartWithinS.
+	StartDeadline *time.Time `json:"start_deadline"`
+	Attempt       int        `json:"attempt"`
+	CreatedAt     time.Time  `json:"created_at"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
 }
 
 // Terminal reports whether the task has ended for good.
@@ -94,6 +97,10 @@ type SubmitTaskRequest struct {
 	// same request with the same key returns the same task; the same key with a
 	// different request answers 409 IDEMPOTENCY_CONFLICT.
 	IdempotencyKey string `json:"-"`
+	// StartWithinS, when set, is how many seconds the task may wait to start (above
+	// 0, at most 7 days): one no worker started by then ends expired
+	// (StateExpired), charged nothing.
+	StartWithinS *float64 `json:"start_within_s,omitempty"`
 }
 
 // BudgetRequest is a requested task budget; nil fields take the plan's default.

@@ -22,6 +22,9 @@ type SubmitRequest struct {
 	Budget         *BudgetRequest  `json:"budget"`
 	Priority       *int            `json:"priority"`
 	IdempotencyKey string          `json:"idempotency_key"`
+	// StartWithinS is how many seconds the task may wait to start; one no worker
+	// started by then ends expired.
+	StartWithinS *float64 `json:"start_within_s"`
 }
 
 // BudgetRequest is a task's requested budget; omitted fields take the plan's default.
@@ -52,11 +55,14 @@ type TaskJSON struct {
 	WaitUntil *time.Time `json:"wait_until"`
 	// WaitedS is the time the task spent waiting for token capacity, not charged to
 	// its wall-clock budget.
-	WaitedS    float64    `json:"waited_s"`
-	Attempt    int        `json:"attempt"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
+	WaitedS float64 `json:"waited_s"`
+	// StartDeadline is when the task expires if it has not started by then (null
+	// when it was submitted without start_within_s).
+	StartDeadline *time.Time `json:"start_deadline"`
+	Attempt       int        `json:"attempt"`
+	CreatedAt     time.Time  `json:"created_at"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
 }
 
 // UsageJSON is a task's usage.
@@ -84,7 +90,7 @@ func taskJSON(t tasks.Task) TaskJSON {
 		Attempt:   t.Attempt,
 		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
 		WaitReason: t.WaitReason,
-		WaitedS:    float64(t.WaitedMs) / 1000,
+		WaitedS:    float64(t.WaitedMs) / 1000, StartDeadline: t.StartDeadline,
 	}
 	if t.State == agentqtype.TaskStateQueued && t.Wait.Reason != nil {
 		out.WaitUntil = t.Wait.Until
@@ -172,7 +178,7 @@ func (s *Server) submitTask(c echo.Context) error {
 	res, err := s.Tasks.Submit(c.Request().Context(), tasks.SubmitParams{
 		TenantID: key.TenantID, Kid: key.Kid, KeyAgents: key.Agents, KeyPrincipals: key.Principals,
 		Agent: req.Agent, Input: req.Input, User: req.User, Budget: req.Budget.params(),
-		Priority: req.Priority, IdempotencyKey: idem,
+		Priority: req.Priority, IdempotencyKey: idem, StartWithinS: req.StartWithinS,
 	})
 	if res.Decision != nil {
 		setRateHeaders(c.Response().Header(), *res.Decision, res.At)

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -54,12 +55,15 @@ const (
 	MaxUser           = 255
 	DefaultListLimit  = 50
 	MaxListLimit      = 500
+	// MaxStartWithin bounds a task's start deadline: a week, the longest a task
+	// waits in its queue before the queue's keys may expire.
+	MaxStartWithin = 7 * 24 * time.Hour
 )
 
 // InvalidError is a refused submission field. Message is a sentence meant for the
 // person who sent the value.
 type InvalidError struct {
-	Field   string // agent, user, priority, input, idempotency_key or budget
+	Field   string // agent, user, priority, input, idempotency_key, budget or start_within_s
 	Message string
 	NotJSON bool // the field is not valid JSON
 }
@@ -174,6 +178,9 @@ type SubmitParams struct {
 	Budget         *BudgetRequest
 	Priority       *int
 	IdempotencyKey string
+	// StartWithinS, when set, is how many seconds the task may wait to start (above
+	// 0, at most MaxStartWithin): one no worker started by then ends expired.
+	StartWithinS *float64
 }
 
 // Submission is the outcome of Submit. Decision is the admission decision when the
@@ -241,6 +248,8 @@ type submission struct {
 	SubmitParams
 	input    json.RawMessage // compacted
 	priority int
+	// startWithin is StartWithinS as a duration, 0 for none.
+	startWithin time.Duration
 	// inScope is whether the key's scopes allow the agent and the user.
 	inScope bool
 
@@ -272,6 +281,14 @@ func (s *Service) validate(ctx context.Context, p SubmitParams) (submission, err
 		if sub.priority < scheduler.MinPriority || sub.priority > scheduler.MaxPriority {
 			return sub, invalid("priority", "Field priority must be between %d and %d.", scheduler.MinPriority, scheduler.MaxPriority)
 		}
+	}
+	if p.StartWithinS != nil {
+		v := *p.StartWithinS
+		if !(v > 0) || v > MaxStartWithin.Seconds() {
+			return sub, invalid("start_within_s", "Field start_within_s must be above 0 and at most %d seconds (7 days).", int(MaxStartWithin.Seconds()))
+		}
+		// Stored in milliseconds: a positive value never rounds down to no deadline.
+		sub.startWithin = max(time.Duration(math.Ceil(v*1000))*time.Millisecond, time.Millisecond)
 	}
 	sub.input = p.Input
 	if len(sub.input) == 0 {
@@ -321,7 +338,7 @@ func (s *Service) resolveBudget(ctx context.Context, sub *submission) error {
 	}
 	sub.tenant, sub.pol, sub.budget = tenant, pol, budget
 	sub.budgetJSON, _ = json.Marshal(budget)
-	sub.hash = requestHash(sub.Agent, canonicalJSON(sub.input), sub.User, sub.budgetJSON, sub.priority)
+	sub.hash = requestHash(sub.Agent, canonicalJSON(sub.input), sub.User, sub.budgetJSON, sub.priority, sub.startWithin)
 	return nil
 }
 
@@ -391,6 +408,7 @@ func (s *Service) insert(ctx context.Context, sub submission, id uuid.UUID) (tas
 	task, created, err = s.d.Lifecycle.Create(ctx, store.InsertTaskParams{
 		ID: id, TenantID: sub.tenant.ID, Kid: sub.Kid, Agent: sub.Agent, User: sub.User, Input: sub.input,
 		Budget: sub.budgetJSON, Priority: sub.priority, IdempotencyKey: sub.IdempotencyKey, RequestHash: sub.hash,
+		StartWithin: sub.startWithin,
 	})
 	s.postgresAnswered(err == nil)
 	if err != nil || !created {
@@ -520,10 +538,15 @@ func ResolveBudget(plan quotas.Budget, req *BudgetRequest) (quotas.TaskBudget, e
 }
 
 // requestHash fingerprints what a submission asks for, so a replay with the same
-// idempotency key can be told from a different request.
-func requestHash(agent string, input json.RawMessage, user string, budget []byte, priority int) []byte {
+// idempotency key can be told from a different request. A start deadline is a part
+// only when there is one, so that the requests without one hash as they always did.
+func requestHash(agent string, input json.RawMessage, user string, budget []byte, priority int, startWithin time.Duration) []byte {
 	h := sha256.New()
-	for _, part := range [][]byte{[]byte(agent), input, []byte(user), budget, []byte(strconv.Itoa(priority))} {
+	parts := [][]byte{[]byte(agent), input, []byte(user), budget, []byte(strconv.Itoa(priority))}
+	if startWithin > 0 {
+		parts = append(parts, []byte("start_within_ms="+strconv.FormatInt(startWithin.Milliseconds(), 10)))
+	}
+	for _, part := range parts {
 		h.Write([]byte(strconv.Itoa(len(part))))
 		h.Write([]byte{0})
 		h.Write(part)
