@@ -370,7 +370,7 @@ func (c *Client) CancelTask(ctx context.Context, id string) (*Task, error) {
 const DefaultPollInterval = 500 * time.Millisecond
 
 // WaitTask polls the task every pollEvery until it reaches a terminal state
-// (completed, failed, killed, budget_exceeded, abandoned) and returns it.
+// (completed, failed, killed, budget_exceeded, abandoned, expired) and returns it.
 //
 // Answers that say "try again later" (429, 502, 503, 504) do not end the wait: the
 // next poll comes after Retry-After, or pollEvery if that is longer. Any other error
