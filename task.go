@@ -65,9 +65,9 @@ type Task struct {
 	Budget quotas.TaskBudget
 	// Usage is what it spent so far.
 	Usage TaskUsage
-	// WaitReason says why a queued task waits (as the HTTP API's wait_reason); ""
-	// when it is not queued or that could not be told.
-	WaitReason string
+	// WaitReason says why a queued task waits and where it stands (as the HTTP API's
+	// wait_reason); nil when it is not queued or that could not be told.
+	WaitReason *WaitReason
 	// StartDeadline is when the task expires if no worker has started it by then;
 	// nil when it was submitted without one.
 	StartDeadline *time.Time
@@ -77,6 +77,22 @@ type Task struct {
 	CreatedAt  time.Time
 	StartedAt  *time.Time // when a worker first started it; nil while queued
 	FinishedAt *time.Time // when it ended; nil before
+}
+
+// WaitReason is why a queued task waits and where it stands.
+type WaitReason struct {
+	// Reason is behind_fair_share, tenant_running_cap or no_worker_capacity while
+	// the task stands in its tenant's queue; tokens_per_minute, pool:<name> or
+	// throttled while it is parked for token capacity.
+	Reason string
+	// Position is the task's 1-based place among its tenant's queued tasks, in the
+	// order they are dispatched; 0 for a parked task, which is out of the queue.
+	Position int
+	// ExpectedStart is when the task is expected to start at its tenant's measured
+	// start rate (for a parked task, Until); nil while no rate is measured.
+	ExpectedStart *time.Time
+	// Until is when the capacity a parked task waits for is expected; nil otherwise.
+	Until *time.Time
 }
 
 // Ended reports whether the task reached a final state.
@@ -99,8 +115,8 @@ func taskOf(t tasks.Task) Task {
 	if t.Error != nil {
 		out.Error = *t.Error
 	}
-	if t.WaitReason != nil {
-		out.WaitReason = *t.WaitReason
+	if w := t.WaitReason; w != nil {
+		out.WaitReason = &WaitReason{Reason: w.Reason, Position: int(w.Position), ExpectedStart: w.ExpectedStart, Until: w.Until}
 	}
 	_ = json.Unmarshal(t.Budget, &out.Budget) // stored by Submit from a TaskBudget
 	return out

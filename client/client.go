@@ -31,12 +31,13 @@ type Task struct {
 	Priority int     `json:"priority"`
 	// Input is the agent's input; Output is the agent's output, JSON null until the
 	// task produces one.
-	Input      json.RawMessage `json:"input"`
-	Output     json.RawMessage `json:"output"`
-	Error      *string         `json:"error"`
-	Budget     *Budget         `json:"budget"`
-	Usage      Usage           `json:"usage"`
-	WaitReason *string         `json:"wait_reason"`
+	Input  json.RawMessage `json:"input"`
+	Output json.RawMessage `json:"output"`
+	Error  *string         `json:"error"`
+	Budget *Budget         `json:"budget"`
+	Usage  Usage           `json:"usage"`
+	// WaitReason says why a queued task waits and where it stands; nil otherwise.
+	WaitReason *WaitReason `json:"wait_reason"`
 	// WaitUntil is when the capacity a task waiting for tokens_per_minute or a
 	// pool:<name> is expected; WaitedS the time it spent waiting for capacity so far
 	// (not charged to its wall-clock budget).
@@ -49,6 +50,22 @@ type Task struct {
 	CreatedAt     time.Time  `json:"created_at"`
 	StartedAt     *time.Time `json:"started_at"`
 	FinishedAt    *time.Time `json:"finished_at"`
+}
+
+// WaitReason is why a queued task waits and where it stands.
+type WaitReason struct {
+	// Reason is behind_fair_share, tenant_running_cap or no_worker_capacity while
+	// the task stands in its tenant's queue; tokens_per_minute, pool:<name> or
+	// throttled while it is parked for token capacity.
+	Reason string `json:"reason"`
+	// Position is the task's 1-based place among its tenant's queued tasks, in the
+	// order they are dispatched; 0 for a parked task, which is out of the queue.
+	Position int `json:"position"`
+	// ExpectedStart is when the task is expected to start at its tenant's measured
+	// start rate (for a parked task, Until); nil while no rate is measured.
+	ExpectedStart *time.Time `json:"expected_start"`
+	// Until is when the capacity a parked task waits for is expected; nil otherwise.
+	Until *time.Time `json:"until"`
 }
 
 // Terminal reports whether the task has ended for good.

@@ -49,7 +49,7 @@ type TaskJSON struct {
 	Error      *string         `json:"error"`
 	Budget     json.RawMessage `json:"budget"`
 	Usage      UsageJSON       `json:"usage"`
-	WaitReason *string         `json:"wait_reason"`
+	WaitReason *WaitReasonJSON `json:"wait_reason"`
 	// WaitUntil is when the capacity a parked task waits for is expected (null
 	// unless it waits for tokens_per_minute or a pool).
 	WaitUntil *time.Time `json:"wait_until"`
@@ -63,6 +63,29 @@ type TaskJSON struct {
 	CreatedAt     time.Time  `json:"created_at"`
 	StartedAt     *time.Time `json:"started_at"`
 	FinishedAt    *time.Time `json:"finished_at"`
+}
+
+// WaitReasonJSON is why a queued task waits and where it stands (see
+// tasks.WaitReason): position is null for a task parked for token capacity (out of
+// its queue), expected_start null while its tenant's start rate is not measured,
+// until null unless it is parked.
+type WaitReasonJSON struct {
+	Reason        string     `json:"reason"`
+	Position      *int64     `json:"position"`
+	ExpectedStart *time.Time `json:"expected_start"`
+	Until         *time.Time `json:"until"`
+}
+
+// waitReasonJSON is r as the API shows it; nil for nil.
+func waitReasonJSON(r *tasks.WaitReason) *WaitReasonJSON {
+	if r == nil {
+		return nil
+	}
+	out := &WaitReasonJSON{Reason: r.Reason, ExpectedStart: r.ExpectedStart, Until: r.Until}
+	if r.Position > 0 {
+		out.Position = &r.Position
+	}
+	return out
 }
 
 // UsageJSON is a task's usage.
@@ -89,7 +112,7 @@ func taskJSON(t tasks.Task) TaskJSON {
 		Usage:     UsageJSON{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
 		Attempt:   t.Attempt,
 		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
-		WaitReason: t.WaitReason,
+		WaitReason: waitReasonJSON(t.WaitReason),
 		WaitedS:    float64(t.WaitedMs) / 1000, StartDeadline: t.StartDeadline,
 	}
 	if t.State == agentqtype.TaskStateQueued && t.Wait.Reason != nil {

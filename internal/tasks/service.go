@@ -111,7 +111,7 @@ func (e *FinishedError) Error() string { return fmt.Sprintf("task %s already end
 type Queue interface {
 	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
-	WaitReason(ctx context.Context, tenantID string) (string, error)
+	Standing(ctx context.Context, tenantID string, taskIDs []string) (scheduler.Standing, error)
 }
 
 // Agents validates a task's input for its agent. An error with UnknownAgent() true
@@ -574,7 +574,26 @@ func canonicalJSON(raw json.RawMessage) []byte {
 // not be told).
 type Task struct {
 	store.Task
-	WaitReason *string
+	WaitReason *WaitReason
+}
+
+// WaitReason is why a queued task waits and where it stands.
+type WaitReason struct {
+	// Reason is scheduler.WaitBehindFairShare, WaitTenantRunningCap or
+	// WaitNoWorkerCapacity for a task in its tenant's queue; for a task parked for
+	// token capacity, what it waits for (tokens_per_minute, pool:<name>, throttled).
+	Reason string
+	// Position is the task's 1-based place among its tenant's queued tasks, in the
+	// order dispatch hands them out; 0 for a parked task, which is out of the queue
+	// until its capacity is expected (it then joins by its priority and admission).
+	Position int64
+	// ExpectedStart is when the task is expected to be dispatched: for a task in the
+	// queue, now plus the time its tenant needs to start Position tasks at its
+	// measured start rate (nil when the tenant started too few tasks recently to
+	// measure one); for a parked task, Until.
+	ExpectedStart *time.Time
+	// Until is when the capacity a parked task waits for is expected; nil otherwise.
+	Until *time.Time
 }
 
 // Get returns one of the tenant's tasks, with why it waits when it is queued.
@@ -608,34 +627,67 @@ func (s *Service) WithWaitReason(ctx context.Context, t Task) Task {
 
 // fillWaitReasons says why queued tasks wait.
 func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
-	reasonOf := s.waitReasons(ctx)
-	for i := range tasks {
-		tasks[i].WaitReason = reasonOf(tasks[i].TenantID, tasks[i].State, tasks[i].Wait.Reason)
+	ws := make([]waiting, len(tasks))
+	for i, t := range tasks {
+		ws[i] = waiting{tenantID: t.TenantID, id: t.ID, state: t.State, parked: t.Wait.Reason, until: t.Wait.Until}
+	}
+	for i, r := range s.waitReasons(ctx, ws) {
+		tasks[i].WaitReason = r
 	}
 }
 
-// waitReasons returns why a task waits: nil unless it is queued; what it waits for
-// when it is parked for token capacity (parked, as Postgres holds it), not where it
-// stands; otherwise why its tenant's queued tasks wait, asking Redis once per tenant
-// (one round trip each). A failure gives nil rather than failing the read.
-func (s *Service) waitReasons(ctx context.Context) func(tenantID string, state store.TaskState, parked *string) *string {
-	reasons := map[string]*string{}
-	return func(tenantID string, state store.TaskState, parked *string) *string {
-		if state != store.StateQueued {
-			return nil
-		}
-		if parked != nil {
-			return parked
-		}
-		r, ok := reasons[tenantID]
-		if !ok {
-			if why, err := s.d.Queue.WaitReason(ctx, tenantID); err == nil {
-				r = &why
+// waiting is a task whose wait reason is asked for: its parked reason and until as
+// Postgres holds them.
+type waiting struct {
+	tenantID string
+	id       uuid.UUID
+	state    store.TaskState
+	parked   *string
+	until    *time.Time
+}
+
+// waitReasons says why each of ws waits: nil unless it is queued; what it waits for
+// when it is parked for token capacity (as Postgres holds it), not where it stands;
+// otherwise why its tenant's queued tasks wait, its place in the tenant's queue and
+// when it is expected to start, asking Redis once per tenant however many of its
+// tasks are asked for. A tenant whose read fails gets nil rather than failing the
+// read.
+func (s *Service) waitReasons(ctx context.Context, ws []waiting) []*WaitReason {
+	out := make([]*WaitReason, len(ws))
+	queued := map[string][]int{} // by tenant: the indexes of its tasks in the queue
+	var tenants []string
+	for i, w := range ws {
+		switch {
+		case w.state != store.StateQueued:
+		case w.parked != nil:
+			out[i] = &WaitReason{Reason: *w.parked, ExpectedStart: w.until, Until: w.until}
+		default:
+			if _, seen := queued[w.tenantID]; !seen {
+				tenants = append(tenants, w.tenantID)
 			}
-			reasons[tenantID] = r
+			queued[w.tenantID] = append(queued[w.tenantID], i)
 		}
-		return r
 	}
+	for _, tenantID := range tenants {
+		idx := queued[tenantID]
+		ids := make([]string, len(idx))
+		for j, i := range idx {
+			ids[j] = ws[i].id.String()
+		}
+		st, err := s.d.Queue.Standing(ctx, tenantID, ids)
+		if err != nil {
+			continue
+		}
+		for j, i := range idx {
+			r := &WaitReason{Reason: st.Reason, Position: st.Positions[j]}
+			if at, ok := st.ExpectedStart(r.Position); ok {
+				at = at.UTC().Round(time.Millisecond)
+				r.ExpectedStart = &at
+			}
+			out[i] = r
+		}
+	}
+	return out
 }
 
 // IsState tells a task state the listing can filter on.
@@ -734,7 +786,7 @@ const MaxLiveTasks = 100
 // is queued.
 type PanelTask struct {
 	store.PanelTask
-	WaitReason *string
+	WaitReason *WaitReason
 }
 
 // Live is a tenant's running and queued tasks: how many of each, and up to the limit
@@ -757,9 +809,12 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 		return Live{}, err
 	}
 	out := Live{Running: rows.Running, Queued: rows.Queued, Tasks: make([]PanelTask, 0, len(rows.Tasks))}
-	reasonOf := s.waitReasons(ctx)
-	for _, t := range rows.Tasks {
-		out.Tasks = append(out.Tasks, PanelTask{PanelTask: t, WaitReason: reasonOf(t.TenantID, t.State, t.WaitReason)})
+	ws := make([]waiting, len(rows.Tasks))
+	for i, t := range rows.Tasks {
+		ws[i] = waiting{tenantID: t.TenantID, id: t.ID, state: t.State, parked: t.WaitReason, until: t.WaitUntil}
+	}
+	for i, r := range s.waitReasons(ctx, ws) {
+		out.Tasks = append(out.Tasks, PanelTask{PanelTask: rows.Tasks[i], WaitReason: r})
 	}
 	return out, nil
 }
