@@ -286,3 +286,52 @@ func TestSubmitStoresAStartDeadline(t *testing.T) {
 		t.Fatalf("the key again with another deadline: %v, want a conflict", err)
 	}
 }
+
+// countingQueue is the scheduler, counting the Standing reads.
+type countingQueue struct {
+	*scheduler.Scheduler
+	reads atomic.Int64
+}
+
+func (q *countingQueue) Standing(ctx context.Context, tenantID string, taskIDs []string) (scheduler.Standing, error) {
+	q.reads.Add(1)
+	return q.Scheduler.Standing(ctx, tenantID, taskIDs)
+}
+
+// A listing gives each queued task its place in its tenant's queue with one read of
+// the scheduler for them all; no expected start while nothing was started (no worker
+// runs here, so they wait for worker capacity).
+func TestListGivesPositionsInOneRead(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	q := &countingQueue{Scheduler: e.sched}
+	d := e.deps
+	d.Queue = q
+	svc := tasks.New(d)
+	const n = 3 // the pro plan's concurrent sessions
+	for i := range n {
+		prio := 5
+		if i == n-1 {
+			prio = 9 // submitted last, dispatched first
+		}
+		if _, err := svc.Submit(ctx, tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim", Priority: &prio}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := svc.List(ctx, tasks.ListParams{TenantID: "acme"})
+	if err != nil || len(page.Tasks) != n {
+		t.Fatalf("list: %d tasks, %v", len(page.Tasks), err)
+	}
+	if r := q.reads.Load(); r != 1 {
+		t.Fatalf("%d scheduler reads for one tenant's tasks, want 1", r)
+	}
+	// Newest first: the urgent one is first in the queue, the others follow oldest
+	// first.
+	want := []int64{1, 3, 2}
+	for i, task := range page.Tasks {
+		w := task.WaitReason
+		if w == nil || w.Position != want[i] || w.ExpectedStart != nil || w.Reason != scheduler.WaitNoWorkerCapacity {
+			t.Fatalf("task %d: %+v, want position %d and no expected start", i, w, want[i])
+		}
+	}
+}
