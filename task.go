@@ -44,6 +44,7 @@ const (
 	TaskKilled         = agentqtype.TaskStateKilled // cancelled
 	TaskBudgetExceeded = agentqtype.TaskStateBudgetExceeded
 	TaskAbandoned      = agentqtype.TaskStateAbandoned
+	TaskExpired        = agentqtype.TaskStateExpired // not started by its start deadline
 )
 
 // Task is a task and where it stands, as the library returns it: money in dollars,
@@ -64,15 +65,34 @@ type Task struct {
 	Budget quotas.TaskBudget
 	// Usage is what it spent so far.
 	Usage TaskUsage
-	// WaitReason says why a queued task waits (as the HTTP API's wait_reason); ""
-	// when it is not queued or that could not be told.
-	WaitReason string
+	// WaitReason says why a queued task waits and where it stands (as the HTTP API's
+	// wait_reason); nil when it is not queued or that could not be told.
+	WaitReason *WaitReason
+	// StartDeadline is when the task expires if no worker has started it by then;
+	// nil when it was submitted without one.
+	StartDeadline *time.Time
 	// Attempt counts the times a worker started or took over the task, from 1 once
 	// it started.
 	Attempt    int
 	CreatedAt  time.Time
 	StartedAt  *time.Time // when a worker first started it; nil while queued
 	FinishedAt *time.Time // when it ended; nil before
+}
+
+// WaitReason is why a queued task waits and where it stands.
+type WaitReason struct {
+	// Reason is behind_fair_share, tenant_running_cap or no_worker_capacity while
+	// the task stands in its tenant's queue; tokens_per_minute, pool:<name> or
+	// throttled while it is parked for token capacity.
+	Reason string
+	// Position is the task's 1-based place among its tenant's queued tasks, in the
+	// order they are dispatched; 0 for a parked task, which is out of the queue.
+	Position int
+	// ExpectedStart is when the task is expected to start at its tenant's measured
+	// start rate (for a parked task, Until); nil while no rate is measured.
+	ExpectedStart *time.Time
+	// Until is when the capacity a parked task waits for is expected; nil otherwise.
+	Until *time.Time
 }
 
 // Ended reports whether the task reached a final state.
@@ -90,13 +110,13 @@ func taskOf(t tasks.Task) Task {
 		ID: t.ID, TenantID: t.TenantID, Agent: t.Agent, User: t.User, State: string(t.State), Priority: t.Priority,
 		Input: t.Input, Output: t.Output, Attempt: t.Attempt,
 		Usage:     TaskUsage{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
-		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
+		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt, StartDeadline: t.StartDeadline,
 	}
 	if t.Error != nil {
 		out.Error = *t.Error
 	}
-	if t.WaitReason != nil {
-		out.WaitReason = *t.WaitReason
+	if w := t.WaitReason; w != nil {
+		out.WaitReason = &WaitReason{Reason: w.Reason, Position: int(w.Position), ExpectedStart: w.ExpectedStart, Until: w.Until}
 	}
 	_ = json.Unmarshal(t.Budget, &out.Budget) // stored by Submit from a TaskBudget
 	return out
@@ -118,6 +138,10 @@ type NewTask struct {
 	// IdempotencyKey, when set, makes a resubmission of the same request return the
 	// task the first one made.
 	IdempotencyKey string
+	// StartWithin, when above 0, is how long the task may wait to start (at most 7
+	// days): one no worker started by then ends expired (TaskExpired), charged
+	// nothing.
+	StartWithin time.Duration
 }
 
 // TaskBudget is a requested task budget (NewTask.Budget): nil fields take the plan's
@@ -132,12 +156,22 @@ type TaskBudget = quotas.BudgetRequest
 func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
 	res, err := a.services.Tasks.Submit(ctx, tasks.SubmitParams{
 		TenantID: p.TenantID, Agent: p.Agent, Input: p.Input, User: p.User, Budget: p.Budget,
-		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey,
+		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey, StartWithinS: startWithinS(p.StartWithin),
 	})
 	if err != nil {
 		return Task{}, invalidOf(err)
 	}
 	return taskOf(res.Task), nil
+}
+
+// startWithinS is a NewTask's StartWithin as the task service takes it: nil for none.
+// A negative one is passed on, for the service to refuse.
+func startWithinS(d time.Duration) *float64 {
+	if d == 0 {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
 }
 
 // GetTask returns one of the tenant's tasks, or ErrNotFound.

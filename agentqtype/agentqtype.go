@@ -26,13 +26,14 @@ const (
 	TaskStateKilled         = "killed" // cancelled
 	TaskStateBudgetExceeded = "budget_exceeded"
 	TaskStateAbandoned      = "abandoned"
+	TaskStateExpired        = "expired" // not started by its start deadline
 )
 
 var (
 	taskStates = []TaskState{TaskStateQueued, TaskStateRunning, TaskStatePaused, TaskStateCompleted, TaskStateFailed,
-		TaskStateKilled, TaskStateBudgetExceeded, TaskStateAbandoned}
+		TaskStateKilled, TaskStateBudgetExceeded, TaskStateAbandoned, TaskStateExpired}
 	terminalStates = []TaskState{TaskStateCompleted, TaskStateFailed, TaskStateKilled,
-		TaskStateBudgetExceeded, TaskStateAbandoned}
+		TaskStateBudgetExceeded, TaskStateAbandoned, TaskStateExpired}
 )
 
 // TaskStates returns every task state, in the order a task can pass through them.

@@ -31,12 +31,13 @@ type Task struct {
 	Priority int     `json:"priority"`
 	// Input is the agent's input; Output is the agent's output, JSON null until the
 	// task produces one.
-	Input      json.RawMessage `json:"input"`
-	Output     json.RawMessage `json:"output"`
-	Error      *string         `json:"error"`
-	Budget     *Budget         `json:"budget"`
-	Usage      Usage           `json:"usage"`
-	WaitReason *string         `json:"wait_reason"`
+	Input  json.RawMessage `json:"input"`
+	Output json.RawMessage `json:"output"`
+	Error  *string         `json:"error"`
+	Budget *Budget         `json:"budget"`
+	Usage  Usage           `json:"usage"`
+	// WaitReason says why a queued task waits and where it stands; nil otherwise.
+	WaitReason *WaitReason `json:"wait_reason"`
 	// WaitUntil is when the capacity a task waiting for tokens_per_minute or a
 	// pool:<name> is expected; WaitedS the time it spent waiting for capacity so far
 	// (not charged to its wall-clock budget).
@@ -45,11 +46,30 @@ type Task struct {
 	// PausedReason is the limit_type that paused a paused task: a field of its budget
 	// (task_max_steps, task_max_cost_usd, task_max_wallclock_s) or one of its
 	// tenant's period quotas; nil when it is not paused.
-	PausedReason *string    `json:"paused_reason"`
-	Attempt      int        `json:"attempt"`
-	CreatedAt    time.Time  `json:"created_at"`
-	StartedAt    *time.Time `json:"started_at"`
-	FinishedAt   *time.Time `json:"finished_at"`
+	PausedReason *string `json:"paused_reason"`
+	// StartDeadline is when the task expires if it has not started by then; nil
+	// when it was submitted without StartWithinS.
+	StartDeadline *time.Time `json:"start_deadline"`
+	Attempt       int        `json:"attempt"`
+	CreatedAt     time.Time  `json:"created_at"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+}
+
+// WaitReason is why a queued task waits and where it stands.
+type WaitReason struct {
+	// Reason is behind_fair_share, tenant_running_cap or no_worker_capacity while
+	// the task stands in its tenant's queue; tokens_per_minute, pool:<name> or
+	// throttled while it is parked for token capacity.
+	Reason string `json:"reason"`
+	// Position is the task's 1-based place among its tenant's queued tasks, in the
+	// order they are dispatched; 0 for a parked task, which is out of the queue.
+	Position int `json:"position"`
+	// ExpectedStart is when the task is expected to start at its tenant's measured
+	// start rate (for a parked task, Until); nil while no rate is measured.
+	ExpectedStart *time.Time `json:"expected_start"`
+	// Until is when the capacity a parked task waits for is expected; nil otherwise.
+	Until *time.Time `json:"until"`
 }
 
 // Terminal reports whether the task has ended for good.
@@ -98,6 +118,10 @@ type SubmitTaskRequest struct {
 	// same request with the same key returns the same task; the same key with a
 	// different request answers 409 IDEMPOTENCY_CONFLICT.
 	IdempotencyKey string `json:"-"`
+	// StartWithinS, when set, is how many seconds the task may wait to start (above
+	// 0, at most 7 days): one no worker started by then ends expired
+	// (StateExpired), charged nothing.
+	StartWithinS *float64 `json:"start_within_s,omitempty"`
 }
 
 // BudgetRequest is a requested task budget; nil fields take the plan's default.
@@ -383,9 +407,9 @@ func (c *Client) ResumeTask(ctx context.Context, id string, raise *BudgetRequest
 const DefaultPollInterval = 500 * time.Millisecond
 
 // WaitTask polls the task every pollEvery until it reaches a terminal state
-// (completed, failed, killed, budget_exceeded, abandoned) or is paused at a limit
-// (StatePaused: it waits for a resume, which the caller may give with ResumeTask),
-// and returns it.
+// (completed, failed, killed, budget_exceeded, abandoned, expired) or is paused at a
+// limit (StatePaused: it waits for a resume, which the caller may give with
+// ResumeTask), and returns it.
 //
 // Answers that say "try again later" (429, 502, 503, 504) do not end the wait: the
 // next poll comes after Retry-After, or pollEvery if that is longer. Any other error

@@ -183,9 +183,15 @@ func deref(t *Task) string {
 		}
 		return p.UTC().Format(time.RFC3339Nano)
 	}
+	wait := func(w *WaitReason) string {
+		if w == nil {
+			return "<nil>"
+		}
+		return fmt.Sprintf("%s@%d:%s:%s", w.Reason, w.Position, tm(w.ExpectedStart), tm(w.Until))
+	}
 	return fmt.Sprintf("id=%s tenant=%s agent=%s user=%s state=%s prio=%d in=%s out=%s err=%s budget=%+v usage=%+v wait=%s attempt=%d created=%s started=%s finished=%s",
 		t.ID, t.TenantID, t.Agent, s(t.User), t.State, t.Priority, t.Input, t.Output, s(t.Error), *t.Budget, t.Usage,
-		s(t.WaitReason), t.Attempt, t.CreatedAt.UTC().Format(time.RFC3339Nano), tm(t.StartedAt), tm(t.FinishedAt))
+		wait(t.WaitReason), t.Attempt, t.CreatedAt.UTC().Format(time.RFC3339Nano), tm(t.StartedAt), tm(t.FinishedAt))
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -698,5 +704,31 @@ func TestStandardLibraryOnly(t *testing.T) {
 				t.Errorf("%s imports %s; package client may import only the standard library", name, path)
 			}
 		}
+	}
+}
+
+// start_within_s goes in the body when set; a queued task's wait_reason decodes with
+// its position and expected start, and a start deadline with it.
+func TestStartDeadlineAndWaitReason(t *testing.T) {
+	body := strings.Replace(taskBody(StateQueued), `"wait_reason":null`,
+		`"wait_reason":{"reason":"behind_fair_share","position":3,"expected_start":"2025-01-02T03:05:00Z","until":null},`+
+			`"wait_until":null,"waited_s":0,"start_deadline":"2025-01-02T03:06:05Z"`, 1)
+	f := newFake(t, reply(http.StatusAccepted, body))
+	c := New(f.URL, testKey)
+	task, err := c.SubmitTask(context.Background(), SubmitTaskRequest{Agent: "sim", StartWithinS: ptr(120.0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsonEqual(t, f.last(t).Body, `{"agent":"sim","start_within_s":120}`)
+	w := task.WaitReason
+	if w == nil || w.Reason != "behind_fair_share" || w.Position != 3 || w.Until != nil ||
+		w.ExpectedStart == nil || !w.ExpectedStart.Equal(time.Date(2025, 1, 2, 3, 5, 0, 0, time.UTC)) {
+		t.Fatalf("wait reason %+v", w)
+	}
+	if task.StartDeadline == nil || !task.StartDeadline.Equal(time.Date(2025, 1, 2, 3, 6, 5, 0, time.UTC)) {
+		t.Fatalf("start deadline %v", task.StartDeadline)
+	}
+	if IsTerminal(StateQueued) || !IsTerminal(StateExpired) {
+		t.Fatal("expired must be terminal, queued not")
 	}
 }

@@ -47,13 +47,13 @@ type QueueUsage struct {
 
 // UsageTask is one of the tenant's live tasks.
 type UsageTask struct {
-	ID         string     `json:"id"`
-	State      string     `json:"state"`
-	Agent      string     `json:"agent"`
-	User       *string    `json:"user"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at"`
-	WaitReason *string    `json:"wait_reason"`
+	ID         string      `json:"id"`
+	State      string      `json:"state"`
+	Agent      string      `json:"agent"`
+	User       *string     `json:"user"`
+	CreatedAt  time.Time   `json:"created_at"`
+	StartedAt  *time.Time  `json:"started_at"`
+	WaitReason *WaitReason `json:"wait_reason"` // as Task's; nil for a running task
 }
 
 // DayUsage is the tenant's use on one day of its time zone.

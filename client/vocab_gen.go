@@ -2,7 +2,7 @@
 
 package client
 
-// Task states. Terminal: completed, failed, killed, budget_exceeded, abandoned.
+// Task states. Terminal: completed, failed, killed, budget_exceeded, abandoned, expired.
 const (
 	StateQueued         = "queued"
 	StateRunning        = "running"
@@ -12,12 +12,13 @@ const (
 	StateKilled         = "killed"
 	StateBudgetExceeded = "budget_exceeded"
 	StateAbandoned      = "abandoned"
+	StateExpired        = "expired"
 )
 
 // IsTerminal reports whether a task in state has ended for good.
 func IsTerminal(state string) bool {
 	switch state {
-	case StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned:
+	case StateCompleted, StateFailed, StateKilled, StateBudgetExceeded, StateAbandoned, StateExpired:
 		return true
 	}
 	return false

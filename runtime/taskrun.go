@@ -153,8 +153,14 @@ func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
 	switch outcome {
 	case tasks.Ended:
 		// Cancelled while dispatched, or a duplicate delivery of a finished task.
-		// Releasing again is harmless; it covers a release lost to a crash.
-		w.release(p, -1, w.queueReleaseLease(p.TenantID, p.TaskID))
+		// Releasing again is harmless; it covers a release lost to a crash. Or this
+		// start found the task past its start deadline and ended it expired: its end,
+		// and so its state message, are this delivery's.
+		tail := []func(redis.Pipeliner){w.queueReleaseLease(p.TenantID, p.TaskID)}
+		if task.State == store.StateExpired {
+			tail = append(tail, w.queuePublish(r.ctx, Event{Type: "state", TaskID: p.TaskID, State: string(task.State), Error: store.ExpiredError}))
+		}
+		w.release(p, -1, tail...)
 		return false, nil
 	case tasks.Busy:
 		return false, nil // another live delivery owns it

@@ -703,10 +703,13 @@ func (s *Scheduler) dispatchMany(ctx context.Context, shard int, globalVT float6
 	return out, errBusy
 }
 
-// confirmScript records that asynq holds a dispatched task.
+// confirmScript records that asynq holds a dispatched task, and counts it among its
+// tenant's recent starts (trimmed to ARGV[4] ms and ARGV[5] entries).
 //
 // KEYS[1] dispatching   KEYS[2] inflight   KEYS[3] tenant running set
+// KEYS[4] tenant starts
 // ARGV[1] now ms or ""   ARGV[2] dispatching member   ARGV[3] task id
+// ARGV[4] start window ms   ARGV[5] starts kept
 // A task that already finished (its worker was quicker than this call) is not added
 // to inflight.
 var confirmScript = redisx.NewScript(luaNow + `
@@ -714,6 +717,10 @@ redis.call('ZREM', KEYS[1], ARGV[2])
 if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
   redis.call('ZADD', KEYS[2], now, ARGV[3])
 end
+redis.call('ZADD', KEYS[4], now, ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[4])))
+redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[5]) - 1)
+redis.call('PEXPIRE', KEYS[4], ARGV[4])
 return 1
 `)
 
@@ -727,8 +734,9 @@ func (s *Scheduler) confirmAll(ctx context.Context, ds []Dispatched) error {
 	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
 		for _, d := range ds {
 			shard := s.keys.Shard(d.TenantID)
-			keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID)}
-			confirmScript.Run(ctx, pipe, keys, s.nowArg(), d.member(), d.TaskID)
+			keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID),
+				s.keys.TenantStarts(d.TenantID)}
+			confirmScript.Run(ctx, pipe, keys, s.nowArg(), d.member(), d.TaskID, startWindow.Milliseconds(), startsKept)
 		}
 	})
 	if err != nil {

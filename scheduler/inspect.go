@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -25,25 +26,98 @@ const (
 // the worker pool is full, or other tenants are ahead in fair order (or dispatch is
 // about to reach it).
 func (s *Scheduler) WaitReason(ctx context.Context, tenantID string) (string, error) {
+	st, err := s.Standing(ctx, tenantID, nil)
+	return st.Reason, err
+}
+
+// The start rate a queued task's expected start is estimated from is measured on the
+// tenant's dispatches of the last startWindow, at most startsKept of them: enough to
+// span a few of a slow tenant's tasks, and a bounded set for a busy one.
+const (
+	startWindow = 10 * time.Minute
+	startsKept  = 1000
+)
+
+// Standing is where a tenant's queued tasks stand: why they wait, the place of each
+// asked for in the tenant's queue, and the rate the tenant starts tasks at.
+type Standing struct {
+	Reason string // WaitBehindFairShare, WaitTenantRunningCap or WaitNoWorkerCapacity
+	// Positions are the 1-based places of the tasks asked for in the tenant's queue,
+	// in the order dispatch hands them out (priority first, then admission); 0 for a
+	// task not in it (parked, dispatched, ended).
+	Positions []int64
+	// StartRate is the tasks per second the tenant was dispatched over its recent
+	// starts: the starts after its oldest one in the window, over the time since that
+	// one. 0 when it started fewer than two tasks in the window: no rate is measured.
+	StartRate float64
+	// At is when it was read, by the clock the dispatches were stamped with.
+	At time.Time
+}
+
+// ExpectedStart is when a task at position is expected to be dispatched at the
+// tenant's measured start rate; ok=false without a rate or a position.
+func (st Standing) ExpectedStart(position int64) (at time.Time, ok bool) {
+	if st.StartRate <= 0 || position <= 0 {
+		return time.Time{}, false
+	}
+	return st.At.Add(time.Duration(float64(position) / st.StartRate * float64(time.Second))), true
+}
+
+// startRateScript reads a tenant's recent starts: how many there were in the window,
+// and when the oldest of them was.
+//
+// KEYS[1] tenant starts
+// ARGV[1] now ms or ""   ARGV[2] window ms
+// Returns {now, count, oldest (now when none)}.
+const startRateScript = luaNow + `
+local from = now - tonumber(ARGV[2])
+local n = redis.call('ZCOUNT', KEYS[1], from, '+inf')
+local first = redis.call('ZRANGEBYSCORE', KEYS[1], from, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+return {now, n, tonumber(first[2] or now)}
+`
+
+// Standing reads why the tenant's queued tasks wait, the queue positions of taskIDs
+// and the tenant's start rate, in one round trip however many tasks are asked for.
+func (s *Scheduler) Standing(ctx context.Context, tenantID string, taskIDs []string) (Standing, error) {
 	pipe := s.rdb.Pipeline()
 	capped := pipe.ZScore(ctx, s.keys.Capped(s.keys.Shard(tenantID)), tenantID)
 	inflight := pipe.Get(ctx, s.keys.PoolInflight())
 	slots := pipe.HVals(ctx, s.keys.WorkerSlots())
+	ranks := make([]*redis.IntCmd, len(taskIDs))
+	for i, id := range taskIDs {
+		ranks[i] = pipe.ZRank(ctx, s.keys.TenantQueue(tenantID), id)
+	}
+	// Sent whole (EVAL, not EVALSHA): a pipeline cannot load a script Redis lost,
+	// and this one is a few lines.
+	rate := pipe.Eval(ctx, startRateScript, []string{s.keys.TenantStarts(tenantID)}, s.nowArg(), startWindow.Milliseconds())
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return "", fmt.Errorf("scheduler: wait reason: %w", err)
+		return Standing{}, fmt.Errorf("scheduler: standing: %w", err)
 	}
-	if capped.Err() == nil {
-		return WaitTenantRunningCap, nil
-	}
+	st := Standing{Reason: WaitBehindFairShare, Positions: make([]int64, len(taskIDs)), At: time.Now()}
 	total := s.prefetch
 	for _, v := range slots.Val() {
 		n, _ := strconv.Atoi(v)
 		total += n
 	}
-	if n, _ := inflight.Int(); n >= total {
-		return WaitNoWorkerCapacity, nil
+	switch n, _ := inflight.Int(); {
+	case capped.Err() == nil:
+		st.Reason = WaitTenantRunningCap
+	case n >= total:
+		st.Reason = WaitNoWorkerCapacity
 	}
-	return WaitBehindFairShare, nil
+	for i, r := range ranks {
+		if r.Err() == nil {
+			st.Positions[i] = r.Val() + 1
+		}
+	}
+	if v, err := rate.Int64Slice(); err == nil && len(v) == 3 {
+		now, n, oldest := v[0], v[1], v[2]
+		st.At = time.UnixMilli(now)
+		if n >= 2 && now > oldest {
+			st.StartRate = float64(n-1) / (float64(now-oldest) / 1000)
+		}
+	}
+	return st, nil
 }
 
 // RunningMembers lists the tenant's dispatched, unfinished task ids as Redis has them.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -876,5 +877,52 @@ func TestWakeUpGoesToTheDispatcherOfThisProcess(t *testing.T) {
 	f.enqueue("a", 5, 1, 0)
 	if !published() {
 		t.Fatal("after its dispatcher stopped, the process did not publish its wake-up")
+	}
+}
+
+// Standing gives each asked task its place in its tenant's queue (priority first,
+// then admission; 0 when not in it) in one round trip, and the tenant's start rate
+// measured on its dispatches: none before two, then the starts after the first over
+// the time since it, until they leave the window.
+func TestStandingPositionsAndStartRate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10, 0)
+	ctx := context.Background()
+	first := f.enqueue("a", 5, 1, 0)
+	second := f.enqueue("a", 5, 1, 0)
+	urgent := f.enqueue("a", 9, 1, 0)
+	ids := []string{first.String(), second.String(), urgent.String(), uuid.NewString()}
+	st, err := f.s.Standing(ctx, "a", ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{2, 3, 1, 0}; !slices.Equal(st.Positions, want) || st.Reason != WaitBehindFairShare {
+		t.Fatalf("positions %v (%s), want %v", st.Positions, st.Reason, want)
+	}
+	if _, ok := st.ExpectedStart(1); ok || st.StartRate != 0 {
+		t.Fatalf("a rate %v before any start", st.StartRate)
+	}
+	if d := f.mustDispatch(); d.TaskID != urgent.String() {
+		t.Fatalf("dispatched %s first, want the urgent task", d.TaskID)
+	}
+	if st, _ = f.s.Standing(ctx, "a", ids); st.StartRate != 0 || st.Positions[0] != 1 || st.Positions[2] != 0 {
+		t.Fatalf("after one start: rate %v, positions %v", st.StartRate, st.Positions)
+	}
+	f.advance(2 * time.Second)
+	f.mustDispatch()
+	st, _ = f.s.Standing(ctx, "a", ids)
+	if st.StartRate != 0.5 || st.Positions[1] != 1 {
+		t.Fatalf("two starts 2 s apart: rate %v, positions %v", st.StartRate, st.Positions)
+	}
+	if at, ok := st.ExpectedStart(3); !ok || !at.Equal(time.UnixMilli(f.now()).Add(6*time.Second)) {
+		t.Fatalf("expected start of position 3: %v %v", at, ok)
+	}
+	f.advance(2 * time.Second) // nothing started since: the rate falls
+	if st, _ = f.s.Standing(ctx, "a", nil); st.StartRate != 0.25 {
+		t.Fatalf("2 s later: rate %v", st.StartRate)
+	}
+	f.advance(startWindow)
+	if st, _ = f.s.Standing(ctx, "a", nil); st.StartRate != 0 {
+		t.Fatalf("past the window: rate %v", st.StartRate)
 	}
 }

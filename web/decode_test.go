@@ -141,6 +141,7 @@ func FuzzDecodeSubmit(f *testing.F) {
 		`{"budget":{"max_steps":"x"}}`, `{"agent":"sim"} {}`, "\xff", `{"agent":"a","input":{"x":"\u0000"}}`,
 		`{"agent":"a","input":["\ud800"]}`, `{"agent":"a","user":"\u0001"}`, `{"agent":"a","input":{"n":1e-999}}`,
 		`{"agent":"a","input":"\ud83d\ude00"}`, "{\"agent\":\"a\",\"input\":\"\xc0\x80\"}", `{"agent":"a","input":[[[[[[[[[[]]]]]]]]]]}`,
+		`{"agent":"a","start_within_s":-1}`, `{"agent":"a","start_within_s":"1"}`, `{"agent":"a","start_within_s":1e-400}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -228,6 +228,8 @@ type panelBar struct {
 
 type panelTask struct {
 	ID, ShortID, State, Agent, Created, CreatedISO, Wait string
+	// Position and ExpectedStart: where a queued task stands ("" when not known).
+	Position, ExpectedStart, ExpectedStartISO string
 }
 
 type panelHit struct {
@@ -246,10 +248,17 @@ func newPanelView(rep UsageReport) panelView {
 	for _, t := range rep.Tasks {
 		pt := panelTask{ID: t.ID, ShortID: shortID(t.ID), State: t.State, Agent: t.Agent,
 			Created: t.CreatedAt.UTC().Format("2006-01-02 15:04:05"), CreatedISO: t.CreatedAt.UTC().Format(time.RFC3339)}
-		if t.WaitReason != nil {
-			pt.Wait = *t.WaitReason
-			if t.WaitUntil != nil {
-				pt.Wait += " until " + t.WaitUntil.UTC().Format("15:04:05")
+		if w := t.WaitReason; w != nil {
+			pt.Wait = w.Reason
+			if w.Until != nil {
+				pt.Wait += " until " + w.Until.UTC().Format("15:04:05")
+			}
+			if w.Position != nil {
+				pt.Position = strconv.FormatInt(*w.Position, 10)
+			}
+			if w.ExpectedStart != nil {
+				pt.ExpectedStart = w.ExpectedStart.UTC().Format("15:04:05")
+				pt.ExpectedStartISO = w.ExpectedStart.UTC().Format(time.RFC3339)
 			}
 		}
 		v.Tasks = append(v.Tasks, pt)

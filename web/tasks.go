@@ -23,6 +23,9 @@ type SubmitRequest struct {
 	Budget         *BudgetRequest  `json:"budget"`
 	Priority       *int            `json:"priority"`
 	IdempotencyKey string          `json:"idempotency_key"`
+	// StartWithinS is how many seconds the task may wait to start; one no worker
+	// started by then ends expired.
+	StartWithinS *float64 `json:"start_within_s"`
 }
 
 // BudgetRequest is a task's requested budget; omitted fields take the plan's default.
@@ -47,7 +50,7 @@ type TaskJSON struct {
 	Error      *string         `json:"error"`
 	Budget     json.RawMessage `json:"budget"`
 	Usage      UsageJSON       `json:"usage"`
-	WaitReason *string         `json:"wait_reason"`
+	WaitReason *WaitReasonJSON `json:"wait_reason"`
 	// WaitUntil is when the capacity a parked task waits for is expected (null
 	// unless it waits for tokens_per_minute or a pool).
 	WaitUntil *time.Time `json:"wait_until"`
@@ -57,11 +60,37 @@ type TaskJSON struct {
 	// PausedReason is the limit_type that paused a paused task (null otherwise):
 	// one of its budget's (task_max_steps, task_max_cost_usd,
 	// task_max_wallclock_s) or its tenant's period quotas.
-	PausedReason *string    `json:"paused_reason"`
-	Attempt      int        `json:"attempt"`
-	CreatedAt    time.Time  `json:"created_at"`
-	StartedAt    *time.Time `json:"started_at"`
-	FinishedAt   *time.Time `json:"finished_at"`
+	PausedReason *string `json:"paused_reason"`
+	// StartDeadline is when the task expires if it has not started by then (null
+	// when it was submitted without start_within_s).
+	StartDeadline *time.Time `json:"start_deadline"`
+	Attempt       int        `json:"attempt"`
+	CreatedAt     time.Time  `json:"created_at"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+}
+
+// WaitReasonJSON is why a queued task waits and where it stands (see
+// tasks.WaitReason): position is null for a task parked for token capacity (out of
+// its queue), expected_start null while its tenant's start rate is not measured,
+// until null unless it is parked.
+type WaitReasonJSON struct {
+	Reason        string     `json:"reason"`
+	Position      *int64     `json:"position"`
+	ExpectedStart *time.Time `json:"expected_start"`
+	Until         *time.Time `json:"until"`
+}
+
+// waitReasonJSON is r as the API shows it; nil for nil.
+func waitReasonJSON(r *tasks.WaitReason) *WaitReasonJSON {
+	if r == nil {
+		return nil
+	}
+	out := &WaitReasonJSON{Reason: r.Reason, ExpectedStart: r.ExpectedStart, Until: r.Until}
+	if r.Position > 0 {
+		out.Position = &r.Position
+	}
+	return out
 }
 
 // UsageJSON is a task's usage.
@@ -91,8 +120,8 @@ func taskJSON(t tasks.Task) TaskJSON {
 		Usage:     UsageJSON{Steps: t.Usage.Steps, Tokens: t.Usage.Tokens, CostUSD: float64(t.Usage.CostMicroUSD) / 1e6},
 		Attempt:   t.Attempt,
 		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
-		WaitReason: t.WaitReason,
-		WaitedS:    float64(t.WaitedMs) / 1000,
+		WaitReason: waitReasonJSON(t.WaitReason),
+		WaitedS:    float64(t.WaitedMs) / 1000, StartDeadline: t.StartDeadline,
 	}
 	if t.State == agentqtype.TaskStatePaused {
 		out.PausedReason = t.Pause.Reason
@@ -192,7 +221,7 @@ func (s *Server) submitTask(c echo.Context) error {
 	res, err := s.Tasks.Submit(c.Request().Context(), tasks.SubmitParams{
 		TenantID: key.TenantID, Kid: key.Kid, KeyAgents: key.Agents, KeyPrincipals: key.Principals,
 		Agent: req.Agent, Input: req.Input, User: req.User, Budget: req.Budget.params(),
-		Priority: req.Priority, IdempotencyKey: idem,
+		Priority: req.Priority, IdempotencyKey: idem, StartWithinS: req.StartWithinS,
 	})
 	if res.Decision != nil {
 		setRateHeaders(c.Response().Header(), *res.Decision, res.At)

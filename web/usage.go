@@ -61,13 +61,14 @@ type QueueUsage struct {
 
 // UsageTask is a live task in the usage report.
 type UsageTask struct {
-	ID         string     `json:"id"`
-	State      string     `json:"state"`
-	Agent      string     `json:"agent"`
-	User       *string    `json:"user"`
-	CreatedAt  time.Time  `json:"created_at"`
-	StartedAt  *time.Time `json:"started_at"`
-	WaitReason *string    `json:"wait_reason"`
+	ID        string     `json:"id"`
+	State     string     `json:"state"`
+	Agent     string     `json:"agent"`
+	User      *string    `json:"user"`
+	CreatedAt time.Time  `json:"created_at"`
+	StartedAt *time.Time `json:"started_at"`
+	// WaitReason: as a task's (TaskJSON.WaitReason); null for a running one.
+	WaitReason *WaitReasonJSON `json:"wait_reason"`
 	// WaitUntil: when a task parked for token capacity expects it (null otherwise).
 	WaitUntil *time.Time `json:"wait_until"`
 }
@@ -271,7 +272,7 @@ func (s *Server) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuer
 		rep.Queue = QueueUsage{Depth: live.Queued, Running: live.Running}
 		for _, lt := range live.Tasks {
 			ut := UsageTask{ID: lt.ID.String(), State: string(lt.State), Agent: lt.Agent, CreatedAt: lt.CreatedAt.UTC(),
-				StartedAt: lt.StartedAt, WaitReason: lt.WaitReason}
+				StartedAt: lt.StartedAt, WaitReason: waitReasonJSON(lt.WaitReason)}
 			if lt.State == agentqtype.TaskStateQueued && lt.PanelTask.WaitReason != nil {
 				ut.WaitUntil = lt.WaitUntil
 			}

@@ -485,16 +485,20 @@ func TestWaitReasons(t *testing.T) {
 	for {
 		a, _ := capped.GetTask(ctx, behind.ID)
 		b, _ := other.GetTask(ctx, starved.ID)
-		if a.WaitReason != nil && *a.WaitReason == "tenant_running_cap" && b.WaitReason != nil && *b.WaitReason == "no_worker_capacity" {
+		if reasonOf(a.WaitReason) == "tenant_running_cap" && reasonOf(b.WaitReason) == "no_worker_capacity" {
+			// Each is first in its tenant's queue.
+			if a.WaitReason.Position != 1 || b.WaitReason.Position != 1 || a.WaitReason.Until != nil {
+				t.Fatalf("wait reasons %+v and %+v, want each at position 1", *a.WaitReason, *b.WaitReason)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("wait reasons %v and %v, want tenant_running_cap and no_worker_capacity", deref(a.WaitReason), deref(b.WaitReason))
+			t.Fatalf("wait reasons %v and %v, want tenant_running_cap and no_worker_capacity", reasonOf(a.WaitReason), reasonOf(b.WaitReason))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	l, _ := other.ListTasks(ctx, client.ListTasksParams{State: "queued"})
-	if len(l.Tasks) != 1 || deref(l.Tasks[0].WaitReason) != "no_worker_capacity" {
+	if len(l.Tasks) != 1 || reasonOf(l.Tasks[0].WaitReason) != "no_worker_capacity" {
 		t.Fatalf("list: %+v", l.Tasks)
 	}
 	if _, err := capped.CancelTask(ctx, long.ID); err != nil {
@@ -502,15 +506,15 @@ func TestWaitReasons(t *testing.T) {
 	}
 	done := waitState(t, other, starved.ID, "completed", 10*time.Second)
 	if done.WaitReason != nil {
-		t.Fatalf("a finished task reports wait_reason %q", *done.WaitReason)
+		t.Fatalf("a finished task reports wait_reason %+v", *done.WaitReason)
 	}
 }
 
-func deref(s *string) string {
-	if s == nil {
+func reasonOf(w *client.WaitReason) string {
+	if w == nil {
 		return "<nil>"
 	}
-	return *s
+	return w.Reason
 }
 
 // asynq never holds more than the live pool's capacity plus the prefetch, however
@@ -560,4 +564,11 @@ func TestAsynqStaysShort(t *testing.T) {
 	if maxHeld == 0 {
 		t.Fatal("never saw a task in asynq: the test measured nothing")
 	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
 }

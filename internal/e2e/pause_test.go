@@ -271,15 +271,18 @@ func TestPauseTimesOut(t *testing.T) {
 	if st, _ := getPage(t, "GET", link, nil); st != 403 {
 		t.Fatalf("an expired approval link: %d, want 403", st)
 	}
+	// The feeds show an event once the transactions before it ended: poll.
 	var feed struct {
 		Events []struct {
 			Data map[string]any `json:"data"`
 		} `json:"events"`
 	}
-	h.do("GET", "/v1/events?type=usage.limit_hit", key, nil, &feed)
 	var stopped bool
-	for _, ev := range feed.Events {
-		stopped = stopped || ev.Data["enforcement"] == "stopped" && ev.Data["limit_type"] == "task_max_steps"
+	for wait := time.Now().Add(10 * time.Second); !stopped && time.Now().Before(wait); time.Sleep(100 * time.Millisecond) {
+		h.do("GET", "/v1/events?type=usage.limit_hit", key, nil, &feed)
+		for _, ev := range feed.Events {
+			stopped = stopped || ev.Data["enforcement"] == "stopped" && ev.Data["limit_type"] == "task_max_steps"
+		}
 	}
 	if !stopped {
 		b, _ := json.Marshal(feed)

@@ -55,8 +55,9 @@ func TestUsageReportTasksHitsAndDays(t *testing.T) {
 			continue
 		}
 		// the same logic as GET /v1/tasks/{id} (whose words may move on between reads)
-		if got, _ := c.GetTask(ctx, tk.ID); got.WaitReason == nil || *got.WaitReason == "" || *tk.WaitReason == "" {
-			t.Fatalf("usage says %s waits for %q, GET /v1/tasks/{id} says %v", tk.ID, *tk.WaitReason, got.WaitReason)
+		if got, _ := c.GetTask(ctx, tk.ID); got.WaitReason == nil || got.WaitReason.Reason == "" || tk.WaitReason.Reason == "" ||
+			got.WaitReason.Position < 1 || tk.WaitReason.Position < 1 {
+			t.Fatalf("usage says %s waits as %+v, GET /v1/tasks/{id} says %+v", tk.ID, *tk.WaitReason, got.WaitReason)
 		}
 	}
 	today := time.Now().UTC().Format(time.DateOnly)

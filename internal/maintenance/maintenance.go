@@ -87,11 +87,13 @@ type Store interface {
 type Lifecycle interface {
 	RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
 	Abandon(ctx context.Context, c store.Claim, reason string) (bool, error)
+	ExpireOverdue(ctx context.Context, limit int) ([]store.Task, error)
 }
 
 // Scheduler is the part of the fair scheduler the passes use (*scheduler.Scheduler).
 type Scheduler interface {
 	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
+	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Missing(ctx context.Context, qs []scheduler.Queued) ([]scheduler.Queued, error)
 	Done(ctx context.Context, p wire.Payload, took time.Duration) error
 	AddRunning(ctx context.Context, tenantID, taskID string) error

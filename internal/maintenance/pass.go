@@ -40,6 +40,8 @@ const (
 	passRecount    = "quota_recount"
 	passRejections = "rejection_flush"
 
+	passStartDeadlines = "start_deadlines"
+
 	passWebhookRetention = "webhook_retention"
 )
 

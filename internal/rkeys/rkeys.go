@@ -63,6 +63,12 @@ func (k Keys) TenantConf(tenant string) string { return k.tenantTag(tenant) + ":
 // TenantRunning is the SET of the tenant's task ids dispatched and not yet finished.
 func (k Keys) TenantRunning(tenant string) string { return k.tenantTag(tenant) + ":run:" + tenant }
 
+// TenantStarts is the ZSET of the tenant's recently dispatched task ids, scored by
+// dispatch time (ms): its measured start rate, which a queued task's expected start
+// is estimated from. It is trimmed to a window and a count at each dispatch, and
+// expires once the tenant stops dispatching.
+func (k Keys) TenantStarts(tenant string) string { return k.tenantTag(tenant) + ":starts:" + tenant }
+
 // Ready is the shard's ZSET of backlogged tenants below their running cap, scored by pass.
 func (k Keys) Ready(shard int) string { return k.tag(shard) + ":ready" }
 

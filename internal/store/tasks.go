@@ -27,6 +27,7 @@ const (
 	StateKilled         TaskState = agentqtype.TaskStateKilled
 	StateBudgetExceeded TaskState = agentqtype.TaskStateBudgetExceeded
 	StateAbandoned      TaskState = agentqtype.TaskStateAbandoned
+	StateExpired        TaskState = agentqtype.TaskStateExpired
 )
 
 // TaskStates lists every state, for validating filters.
@@ -71,6 +72,9 @@ type Task struct {
 	WaitedMs int64
 	// Pause is set while the task is paused; Pause.Count counts its pauses so far.
 	Pause TaskPause
+	// StartDeadline is when the task expires if no worker has started it by then
+	// (nil: it waits as long as it takes).
+	StartDeadline *time.Time
 }
 
 // TaskPause is why a paused task is paused: the limit_type that paused it (Reason,
@@ -93,7 +97,8 @@ type TaskWait struct {
 
 const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
 	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at,
-	wait_reason, wait_until, waited_ms, step_estimate, paused_reason, paused_at, pause_limit, pause_used, pauses`
+	wait_reason, wait_until, waited_ms, step_estimate, paused_reason, paused_at, pause_limit, pause_used, pauses,
+	start_deadline`
 
 func scanTask(row pgx.Row) (Task, error) { return scanTaskWith(row) }
 
@@ -105,7 +110,7 @@ func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
 		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt,
 		&t.Wait.Reason, &t.Wait.Until, &t.WaitedMs, &t.Wait.StepEstimate,
-		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count}, extra...)...)
+		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count, &t.StartDeadline}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, ErrNotFound
 	}
@@ -125,6 +130,9 @@ type InsertTaskParams struct {
 	Priority       int
 	IdempotencyKey string // "" for none
 	RequestHash    []byte
+	// StartWithin, when above 0, gives the task a start deadline: its creation time
+	// plus StartWithin.
+	StartWithin time.Duration
 }
 
 // InsertTask writes a queued task. With an idempotency key already used by the tenant,
@@ -138,11 +146,12 @@ func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, cre
 		idem = &p.IdempotencyKey
 	}
 	t, err = scanTask(s.db.QueryRow(ctx, `
-		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, start_deadline)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, `+startDeadlineOf("$11")+`)
 		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 		RETURNING `+taskCols,
-		p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, idem, p.RequestHash))
+		p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, idem, p.RequestHash,
+		p.StartWithin.Milliseconds()))
 	if err == nil {
 		return t, true, nil
 	}
@@ -164,25 +173,36 @@ func (s *Store) InsertTasks(ctx context.Context, ps []InsertTaskParams) ([]Task,
 	inputs, budgets, idems := make([]string, n), make([]string, n), make([]*string, n)
 	priorities := make([]int32, n)
 	hashes := make([][]byte, n)
+	within := make([]int64, n)
 	for i, p := range ps {
 		if p.TenantID == "" {
 			return nil, fmt.Errorf("task %d of %d: %w", i+1, n, ErrNoTenant)
 		}
 		ids[i], tenantIDs[i], kids[i], agents[i], users[i] = p.ID, p.TenantID, p.Kid, p.Agent, p.User
 		inputs[i], budgets[i], priorities[i], hashes[i] = string(p.Input), string(p.Budget), int32(p.Priority), p.RequestHash
+		within[i] = p.StartWithin.Milliseconds()
 		if p.IdempotencyKey != "" {
 			idems[i] = &ps[i].IdempotencyKey
 		}
 	}
 	rows, err := s.db.Query(ctx, `
-		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
-		SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, idempotency_key, request_hash
-		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::text[], $10::bytea[])
-			AS i(id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash)
+		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, start_deadline)
+		SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, idempotency_key, request_hash,
+			`+startDeadlineOf("within_ms")+`
+		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::text[], $10::bytea[],
+			$11::bigint[])
+			AS i(id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, within_ms)
 		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 		RETURNING `+taskCols,
-		ids, tenantIDs, kids, agents, users, inputs, budgets, priorities, idems, hashes)
+		ids, tenantIDs, kids, agents, users, inputs, budgets, priorities, idems, hashes, within)
 	return collect(rows, err, scanTask)
+}
+
+// startDeadlineOf is the start deadline of a task inserted now with ms, an SQL
+// expression of milliseconds, to start within (0: none). now() is the statement's
+// transaction time, which created_at defaults to: the deadline is created_at + ms.
+func startDeadlineOf(ms string) string {
+	return `CASE WHEN ` + ms + `::bigint > 0 THEN now() + ` + ms + `::bigint * interval '1 millisecond' END`
 }
 
 // BulkInsertQueued writes many queued tasks at once with COPY (benchmarks and

@@ -17,24 +17,63 @@ import (
 // service calls them (for the worker and the janitor), nothing serving a tenant does.
 
 // UnscopedStartTask moves a queued task to running and counts the attempt. ok=false
-// when the task is not queued (already running elsewhere, or terminal).
+// when the task is not queued (already running elsewhere, or terminal), or when it
+// never started and its start deadline has passed: then the same statement ended it
+// expired, and t is the expired task (the caller owns the end's side effects).
 func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, err error) {
-	t, err = scanTask(s.db.QueryRow(ctx, `
-		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
-		WHERE id = $1 AND state = 'queued' RETURNING `+taskCols, id))
-	if errors.Is(err, ErrNotFound) {
-		return t, false, nil
+	ts, err := s.UnscopedStartTasks(ctx, []uuid.UUID{id})
+	if err != nil || len(ts) == 0 {
+		return t, false, err
 	}
-	return t, err == nil, err
+	return ts[0], ts[0].State == StateRunning, nil
 }
 
 // UnscopedStartTasks is UnscopedStartTask for many tasks in one statement: it starts
-// those of ids that are queued and returns them, in no particular order; the others
-// (running elsewhere, terminal, gone) are left as they are.
+// those of ids that are queued and returns them, in no particular order, with those
+// it ended expired instead (State tells which); the others (running elsewhere,
+// terminal, gone) are left as they are.
+//
+// Both changes are one statement on one snapshot, and their conditions exclude each
+// other: a task is started or expired, never both, and a concurrent expiry pass
+// (UnscopedExpireOverdue) that won the row leaves it to neither.
 func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task, error) {
 	rows, err := s.db.Query(ctx, `
-		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
-		WHERE id = ANY($1) AND state = 'queued' RETURNING `+taskCols, ids)
+		WITH expired AS (
+			UPDATE tasks SET state = 'expired', error = $2, finished_at = clock_timestamp()
+			WHERE id = ANY($1) AND state = 'queued' AND `+startOverdue+`
+			RETURNING `+taskCols+`
+		), started AS (
+			UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
+			WHERE id = ANY($1) AND state = 'queued' AND NOT `+startOverdue+`
+			RETURNING `+taskCols+`
+		)
+		SELECT * FROM started UNION ALL SELECT * FROM expired`, ids, ExpiredError)
+	return collect(rows, err, scanTask)
+}
+
+// ExpiredError is the error a task ends with when it expires.
+const ExpiredError = "not started by its start deadline"
+
+// startOverdue holds for a task that never started and whose start deadline has
+// passed. A task that started once (and was parked or re-queued since) is past its
+// deadline's reach: the deadline is about the first start only.
+const startOverdue = `(started_at IS NULL AND start_deadline IS NOT NULL AND start_deadline <= now())`
+
+// UnscopedExpireOverdue ends as expired up to limit queued tasks, of any tenant, that
+// never started and whose start deadline has passed, oldest deadline first, and
+// returns them. It reads the partial index on such tasks, and skips a row another
+// transaction holds (a start under way decides it; the next run sees what it left).
+// Each task is ended by one conditional update: of several callers at once, one
+// ends it and gets it back, and owns the end's side effects.
+func (s *Store) UnscopedExpireOverdue(ctx context.Context, limit int) ([]Task, error) {
+	rows, err := s.db.Query(ctx, `
+		UPDATE tasks SET state = 'expired', error = $2, finished_at = clock_timestamp()
+		WHERE id IN (
+			SELECT id FROM tasks
+			WHERE state = 'queued' AND start_deadline IS NOT NULL AND started_at IS NULL AND start_deadline <= now()
+			ORDER BY start_deadline LIMIT $1 FOR UPDATE SKIP LOCKED
+		) AND state = 'queued' AND `+startOverdue+`
+		RETURNING `+taskCols, limit, ExpiredError)
 	return collect(rows, err, scanTask)
 }
 

@@ -39,6 +39,7 @@ const (
 	ChangeResumed   ChangeKind = "resumed"    // paused → queued, by a resume
 	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned: its attempts keep dying
 	ChangeCancelled ChangeKind = "cancelled"  // queued or running → killed, by its tenant
+	ChangeExpired   ChangeKind = "expired"    // queued → expired: not started by its start deadline
 )
 
 // Change is one committed-together state change of a task.
@@ -127,7 +128,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 // terminalStates are the states a task ends in, the state label of
 // agentq.tasks_finished.
 var terminalStates = []store.TaskState{store.StateCompleted, store.StateFailed, store.StateKilled,
-	store.StateBudgetExceeded, store.StateAbandoned}
+	store.StateBudgetExceeded, store.StateAbandoned, store.StateExpired}
 
 // finishedOpts are the terminal states' label sets, made once: every task's end
 // counts under one, and making a set anew hashes and allocates it.
@@ -309,13 +310,22 @@ func (o StartOutcome) String() string {
 // queue redelivered it), counting a new attempt either way. The claim is the returned
 // task's id and attempt.
 //
+// A queued task that never started and whose start deadline has passed is not
+// started: the same statement ends it expired, and Start returns it, expired, with
+// Ended. The caller then owns the end's side effects (lease, state message), as the
+// winner of any end does.
+//
 // Concurrent workers' starts of queued tasks (the common case) are written together,
 // in one statement and commit (group commit); a task the shared start did not start
 // goes through the rest alone.
 func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartOutcome, error) {
 	c := &start{ctx: ctx, id: id}
 	l.starts.Do(c)
-	if c.started {
+	if c.written {
+		if c.task.State == store.StateExpired {
+			l.ended(ctx, store.StateExpired)
+			return c.task, Ended, nil
+		}
 		return c.task, Started, nil
 	}
 	return l.startAlone(ctx, id)
@@ -326,10 +336,11 @@ type start struct {
 	ctx     context.Context
 	id      uuid.UUID
 	task    store.Task
-	started bool
+	written bool // started, or expired, by the shared write
 }
 
-// startTasks starts a batch of queued tasks together (see sharedWrite).
+// startTasks starts a batch of queued tasks together, and expires those of them past
+// their start deadline (see sharedWrite).
 func (l *Lifecycle) startTasks(batch []*start) {
 	ids := make([]uuid.UUID, len(batch))
 	for i, c := range batch {
@@ -340,11 +351,24 @@ func (l *Lifecycle) startTasks(batch []*start) {
 		if err != nil {
 			return nil, err
 		}
-		return ts, l.afterEach(ctx, st, ChangeStarted, ts)
+		for _, t := range ts {
+			if err := l.afterChange(ctx, st, Change{Kind: startChange(t), Task: t}); err != nil {
+				return nil, err
+			}
+		}
+		return ts, nil
 	})
 	for _, c := range batch {
-		c.task, c.started = takeFirst(byID, c.id)
+		c.task, c.written = takeFirst(byID, c.id)
 	}
+}
+
+// startChange is the change a start statement made to t: started, or expired.
+func startChange(t store.Task) ChangeKind {
+	if t.State == store.StateExpired {
+		return ChangeExpired
+	}
+	return ChangeStarted
 }
 
 // startAlone is Start in a transaction of its own.
@@ -356,9 +380,12 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 		if err != nil {
 			return err
 		}
-		if ok {
+		if ok || t.State == store.StateExpired {
 			task, out = t, Started
-			return l.afterChange(ctx, tx, Change{Kind: ChangeStarted, Task: t})
+			if !ok {
+				out = Ended
+			}
+			return l.afterChange(ctx, tx, Change{Kind: startChange(t), Task: t})
 		}
 		states, err := tx.UnscopedTaskStates(ctx, []uuid.UUID{id})
 		if err != nil {
@@ -384,7 +411,32 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 	if err != nil {
 		return store.Task{}, 0, err
 	}
+	if task.State == store.StateExpired {
+		l.ended(ctx, store.StateExpired)
+	}
 	return task, out, nil
+}
+
+// ExpireOverdue ends as expired up to limit queued tasks that never started and whose
+// start deadline has passed (see store.UnscopedExpireOverdue), in one transaction,
+// and returns them: the caller won each end and owns its side effects (lease, queue
+// entry, state message).
+func (l *Lifecycle) ExpireOverdue(ctx context.Context, limit int) ([]store.Task, error) {
+	var ts []store.Task
+	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		if ts, err = tx.UnscopedExpireOverdue(ctx, limit); err != nil {
+			return err
+		}
+		return l.afterEach(ctx, tx, ChangeExpired, ts)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for range ts {
+		l.ended(ctx, store.StateExpired)
+	}
+	return ts, nil
 }
 
 // RecordStep records a finished step's result (usage, ledger rows, agent state) under

@@ -640,3 +640,116 @@ func concurrentCreatesAndStarts(t *testing.T, hooked bool) {
 		t.Fatalf("%d start changes, want %d", n, len(fresh))
 	}
 }
+
+// insertDue writes a queued task whose start deadline has just passed.
+func (e *lcEnv) insertDue(t *testing.T, tenant string) uuid.UUID {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7())
+	if _, _, err := e.st.InsertTask(context.Background(), store.InsertTaskParams{ID: id, TenantID: tenant, Kid: "k", Agent: "sim",
+		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}, StartWithin: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(context.Background(), `UPDATE tasks SET start_deadline = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// Start never starts a task past its start deadline: the same statement ends it
+// expired, and the caller gets it back as Ended. A task that started once (parked
+// since) is past the deadline's reach, and one within its deadline starts.
+func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	id := e.insertDue(t, "acme")
+	e.took()
+	task := e.start(t, id, tasks.Ended)
+	if task.State != store.StateExpired || task.StartedAt != nil || task.Attempt != 0 || task.FinishedAt == nil ||
+		task.Error == nil || *task.Error != store.ExpiredError {
+		t.Fatalf("expired task %+v", task)
+	}
+	if c := e.wantChanges(t, tasks.ChangeExpired); c[0].Task.ID != id {
+		t.Fatalf("change %+v", c[0])
+	}
+	// A second delivery finds it ended, and changes nothing.
+	if again := e.start(t, id, tasks.Ended); again.State != "" {
+		t.Fatalf("a second delivery got the end: %+v", again)
+	}
+	e.wantChanges(t)
+
+	// Started once, then parked back to queued: the deadline no longer applies.
+	resumed := e.insert(t, "acme")
+	run := e.start(t, resumed, tasks.Started)
+	if err := e.lc.Park(ctx, tasks.ParkParams{Claim: claimOf(run), Reason: "tokens_per_minute", Until: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE tasks SET start_deadline = now() - interval '1 second' WHERE id = $1`, resumed); err != nil {
+		t.Fatal(err)
+	}
+	e.took()
+	if again := e.start(t, resumed, tasks.Started); again.State != store.StateRunning || again.Attempt != 2 {
+		t.Fatalf("a parked task past its deadline: %+v", again)
+	}
+	e.wantChanges(t, tasks.ChangeStarted)
+
+	// Within its deadline: it starts.
+	timely := e.insert(t, "acme")
+	if _, err := e.pool.Exec(ctx, `UPDATE tasks SET start_deadline = now() + interval '1 hour' WHERE id = $1`, timely); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.start(t, timely, tasks.Started); got.State != store.StateRunning {
+		t.Fatalf("a task within its deadline: %s", got.State)
+	}
+}
+
+// ExpireOverdue ends the queued tasks past their start deadline once, whoever else
+// tries at the same time, and leaves running, parked and timely tasks alone.
+func TestLifecycleExpireOverdue(t *testing.T) {
+	t.Parallel()
+	e := lifecycleSetup(t)
+	ctx := context.Background()
+	due := []uuid.UUID{e.insertDue(t, "acme"), e.insertDue(t, "globex"), e.insertDue(t, "acme")}
+	timely := e.insert(t, "acme")
+	running := e.insertDue(t, "acme")
+	testfactory.TaskRunning(t, e.pool, running)
+	e.took()
+	var mu sync.Mutex
+	won := map[uuid.UUID]int{}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			ts, err := e.lc.ExpireOverdue(ctx, 10)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, x := range ts {
+				if x.State != store.StateExpired {
+					t.Errorf("returned %s", x.State)
+				}
+				won[x.ID]++
+			}
+		})
+	}
+	wg.Wait()
+	if len(won) != len(due) {
+		t.Fatalf("expired %v, want %v", won, due)
+	}
+	for _, id := range due {
+		if won[id] != 1 {
+			t.Errorf("task %s expired %d times", id, won[id])
+		}
+	}
+	e.wantChanges(t, tasks.ChangeExpired, tasks.ChangeExpired, tasks.ChangeExpired)
+	if got := e.get(t, timely); got.State != store.StateQueued {
+		t.Errorf("a task without a deadline: %s", got.State)
+	}
+	if got := e.get(t, running); got.State != store.StateRunning {
+		t.Errorf("a running task: %s", got.State)
+	}
+	if ts, err := e.lc.ExpireOverdue(ctx, 10); err != nil || len(ts) != 0 {
+		t.Errorf("a second pass: %v %v", ts, err)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -54,12 +55,15 @@ const (
 	MaxUser           = 255
 	DefaultListLimit  = 50
 	MaxListLimit      = 500
+	// MaxStartWithin bounds a task's start deadline: a week, the longest a task
+	// waits in its queue before the queue's keys may expire.
+	MaxStartWithin = 7 * 24 * time.Hour
 )
 
 // InvalidError is a refused submission field. Message is a sentence meant for the
 // person who sent the value.
 type InvalidError struct {
-	Field   string // agent, user, priority, input, idempotency_key or budget
+	Field   string // agent, user, priority, input, idempotency_key, budget or start_within_s
 	Message string
 	NotJSON bool // the field is not valid JSON
 }
@@ -107,7 +111,7 @@ func (e *FinishedError) Error() string { return fmt.Sprintf("task %s already end
 type Queue interface {
 	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
-	WaitReason(ctx context.Context, tenantID string) (string, error)
+	Standing(ctx context.Context, tenantID string, taskIDs []string) (scheduler.Standing, error)
 }
 
 // Agents validates a task's input for its agent. An error with UnknownAgent() true
@@ -174,6 +178,9 @@ type SubmitParams struct {
 	Budget         *BudgetRequest
 	Priority       *int
 	IdempotencyKey string
+	// StartWithinS, when set, is how many seconds the task may wait to start (above
+	// 0, at most MaxStartWithin): one no worker started by then ends expired.
+	StartWithinS *float64
 }
 
 // Submission is the outcome of Submit. Decision is the admission decision when the
@@ -241,6 +248,8 @@ type submission struct {
 	SubmitParams
 	input    json.RawMessage // compacted
 	priority int
+	// startWithin is StartWithinS as a duration, 0 for none.
+	startWithin time.Duration
 	// inScope is whether the key's scopes allow the agent and the user.
 	inScope bool
 
@@ -272,6 +281,14 @@ func (s *Service) validate(ctx context.Context, p SubmitParams) (submission, err
 		if sub.priority < scheduler.MinPriority || sub.priority > scheduler.MaxPriority {
 			return sub, invalid("priority", "Field priority must be between %d and %d.", scheduler.MinPriority, scheduler.MaxPriority)
 		}
+	}
+	if p.StartWithinS != nil {
+		v := *p.StartWithinS
+		if !(v > 0) || v > MaxStartWithin.Seconds() {
+			return sub, invalid("start_within_s", "Field start_within_s must be above 0 and at most %d seconds (7 days).", int(MaxStartWithin.Seconds()))
+		}
+		// Stored in milliseconds: a positive value never rounds down to no deadline.
+		sub.startWithin = max(time.Duration(math.Ceil(v*1000))*time.Millisecond, time.Millisecond)
 	}
 	sub.input = p.Input
 	if len(sub.input) == 0 {
@@ -321,7 +338,7 @@ func (s *Service) resolveBudget(ctx context.Context, sub *submission) error {
 	}
 	sub.tenant, sub.pol, sub.budget = tenant, pol, budget
 	sub.budgetJSON, _ = json.Marshal(budget)
-	sub.hash = requestHash(sub.Agent, canonicalJSON(sub.input), sub.User, sub.budgetJSON, sub.priority)
+	sub.hash = requestHash(sub.Agent, canonicalJSON(sub.input), sub.User, sub.budgetJSON, sub.priority, sub.startWithin)
 	return nil
 }
 
@@ -391,6 +408,7 @@ func (s *Service) insert(ctx context.Context, sub submission, id uuid.UUID) (tas
 	task, created, err = s.d.Lifecycle.Create(ctx, store.InsertTaskParams{
 		ID: id, TenantID: sub.tenant.ID, Kid: sub.Kid, Agent: sub.Agent, User: sub.User, Input: sub.input,
 		Budget: sub.budgetJSON, Priority: sub.priority, IdempotencyKey: sub.IdempotencyKey, RequestHash: sub.hash,
+		StartWithin: sub.startWithin,
 	})
 	s.postgresAnswered(err == nil)
 	if err != nil || !created {
@@ -520,10 +538,15 @@ func ResolveBudget(plan quotas.Budget, req *BudgetRequest) (quotas.TaskBudget, e
 }
 
 // requestHash fingerprints what a submission asks for, so a replay with the same
-// idempotency key can be told from a different request.
-func requestHash(agent string, input json.RawMessage, user string, budget []byte, priority int) []byte {
+// idempotency key can be told from a different request. A start deadline is a part
+// only when there is one, so that the requests without one hash as they always did.
+func requestHash(agent string, input json.RawMessage, user string, budget []byte, priority int, startWithin time.Duration) []byte {
 	h := sha256.New()
-	for _, part := range [][]byte{[]byte(agent), input, []byte(user), budget, []byte(strconv.Itoa(priority))} {
+	parts := [][]byte{[]byte(agent), input, []byte(user), budget, []byte(strconv.Itoa(priority))}
+	if startWithin > 0 {
+		parts = append(parts, []byte("start_within_ms="+strconv.FormatInt(startWithin.Milliseconds(), 10)))
+	}
+	for _, part := range parts {
 		h.Write([]byte(strconv.Itoa(len(part))))
 		h.Write([]byte{0})
 		h.Write(part)
@@ -551,7 +574,26 @@ func canonicalJSON(raw json.RawMessage) []byte {
 // not be told).
 type Task struct {
 	store.Task
-	WaitReason *string
+	WaitReason *WaitReason
+}
+
+// WaitReason is why a queued task waits and where it stands.
+type WaitReason struct {
+	// Reason is scheduler.WaitBehindFairShare, WaitTenantRunningCap or
+	// WaitNoWorkerCapacity for a task in its tenant's queue; for a task parked for
+	// token capacity, what it waits for (tokens_per_minute, pool:<name>, throttled).
+	Reason string
+	// Position is the task's 1-based place among its tenant's queued tasks, in the
+	// order dispatch hands them out; 0 for a parked task, which is out of the queue
+	// until its capacity is expected (it then joins by its priority and admission).
+	Position int64
+	// ExpectedStart is when the task is expected to be dispatched: for a task in the
+	// queue, now plus the time its tenant needs to start Position tasks at its
+	// measured start rate (nil when the tenant started too few tasks recently to
+	// measure one); for a parked task, Until.
+	ExpectedStart *time.Time
+	// Until is when the capacity a parked task waits for is expected; nil otherwise.
+	Until *time.Time
 }
 
 // Get returns one of the tenant's tasks, with why it waits when it is queued.
@@ -585,34 +627,67 @@ func (s *Service) WithWaitReason(ctx context.Context, t Task) Task {
 
 // fillWaitReasons says why queued tasks wait.
 func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
-	reasonOf := s.waitReasons(ctx)
-	for i := range tasks {
-		tasks[i].WaitReason = reasonOf(tasks[i].TenantID, tasks[i].State, tasks[i].Wait.Reason)
+	ws := make([]waiting, len(tasks))
+	for i, t := range tasks {
+		ws[i] = waiting{tenantID: t.TenantID, id: t.ID, state: t.State, parked: t.Wait.Reason, until: t.Wait.Until}
+	}
+	for i, r := range s.waitReasons(ctx, ws) {
+		tasks[i].WaitReason = r
 	}
 }
 
-// waitReasons returns why a task waits: nil unless it is queued; what it waits for
-// when it is parked for token capacity (parked, as Postgres holds it), not where it
-// stands; otherwise why its tenant's queued tasks wait, asking Redis once per tenant
-// (one round trip each). A failure gives nil rather than failing the read.
-func (s *Service) waitReasons(ctx context.Context) func(tenantID string, state store.TaskState, parked *string) *string {
-	reasons := map[string]*string{}
-	return func(tenantID string, state store.TaskState, parked *string) *string {
-		if state != store.StateQueued {
-			return nil
-		}
-		if parked != nil {
-			return parked
-		}
-		r, ok := reasons[tenantID]
-		if !ok {
-			if why, err := s.d.Queue.WaitReason(ctx, tenantID); err == nil {
-				r = &why
+// waiting is a task whose wait reason is asked for: its parked reason and until as
+// Postgres holds them.
+type waiting struct {
+	tenantID string
+	id       uuid.UUID
+	state    store.TaskState
+	parked   *string
+	until    *time.Time
+}
+
+// waitReasons says why each of ws waits: nil unless it is queued; what it waits for
+// when it is parked for token capacity (as Postgres holds it), not where it stands;
+// otherwise why its tenant's queued tasks wait, its place in the tenant's queue and
+// when it is expected to start, asking Redis once per tenant however many of its
+// tasks are asked for. A tenant whose read fails gets nil rather than failing the
+// read.
+func (s *Service) waitReasons(ctx context.Context, ws []waiting) []*WaitReason {
+	out := make([]*WaitReason, len(ws))
+	queued := map[string][]int{} // by tenant: the indexes of its tasks in the queue
+	var tenants []string
+	for i, w := range ws {
+		switch {
+		case w.state != store.StateQueued:
+		case w.parked != nil:
+			out[i] = &WaitReason{Reason: *w.parked, ExpectedStart: w.until, Until: w.until}
+		default:
+			if _, seen := queued[w.tenantID]; !seen {
+				tenants = append(tenants, w.tenantID)
 			}
-			reasons[tenantID] = r
+			queued[w.tenantID] = append(queued[w.tenantID], i)
 		}
-		return r
 	}
+	for _, tenantID := range tenants {
+		idx := queued[tenantID]
+		ids := make([]string, len(idx))
+		for j, i := range idx {
+			ids[j] = ws[i].id.String()
+		}
+		st, err := s.d.Queue.Standing(ctx, tenantID, ids)
+		if err != nil {
+			continue
+		}
+		for j, i := range idx {
+			r := &WaitReason{Reason: st.Reason, Position: st.Positions[j]}
+			if at, ok := st.ExpectedStart(r.Position); ok {
+				at = at.UTC().Round(time.Millisecond)
+				r.ExpectedStart = &at
+			}
+			out[i] = r
+		}
+	}
+	return out
 }
 
 // IsState tells a task state the listing can filter on.
@@ -711,7 +786,7 @@ const MaxLiveTasks = 100
 // is queued.
 type PanelTask struct {
 	store.PanelTask
-	WaitReason *string
+	WaitReason *WaitReason
 }
 
 // Live is a tenant's running and queued tasks: how many of each, and up to the limit
@@ -734,9 +809,12 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 		return Live{}, err
 	}
 	out := Live{Running: rows.Running, Queued: rows.Queued, Tasks: make([]PanelTask, 0, len(rows.Tasks))}
-	reasonOf := s.waitReasons(ctx)
-	for _, t := range rows.Tasks {
-		out.Tasks = append(out.Tasks, PanelTask{PanelTask: t, WaitReason: reasonOf(t.TenantID, t.State, t.WaitReason)})
+	ws := make([]waiting, len(rows.Tasks))
+	for i, t := range rows.Tasks {
+		ws[i] = waiting{tenantID: t.TenantID, id: t.ID, state: t.State, parked: t.WaitReason, until: t.WaitUntil}
+	}
+	for i, r := range s.waitReasons(ctx, ws) {
+		out.Tasks = append(out.Tasks, PanelTask{PanelTask: rows.Tasks[i], WaitReason: r})
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -177,6 +178,11 @@ func TestRefusedSubmissionChangesNothing(t *testing.T) {
 		{TenantID: "acme", Agent: "sim", Budget: &tasks.BudgetRequest{MaxCostUSD: ptr(1e6)}},
 		{TenantID: "acme", Agent: "sim", Priority: ptr(scheduler.MaxPriority + 1)},
 		{TenantID: "acme", Agent: ""},
+		{TenantID: "acme", Agent: "sim", StartWithinS: ptr(0.0)},
+		{TenantID: "acme", Agent: "sim", StartWithinS: ptr(-1.0)},
+		{TenantID: "acme", Agent: "sim", StartWithinS: ptr(math.NaN())},
+		{TenantID: "acme", Agent: "sim", StartWithinS: ptr(math.Inf(1))},
+		{TenantID: "acme", Agent: "sim", StartWithinS: ptr(tasks.MaxStartWithin.Seconds() + 1)},
 	} {
 		res, err := e.svc.Submit(ctx, p)
 		var inv *tasks.InvalidError
@@ -247,5 +253,85 @@ func TestCancelQueuedTask(t *testing.T) {
 	}
 	if _, err := e.svc.Cancel(ctx, "globex", res.Task.ID); !errors.Is(err, tasks.ErrNotFound) {
 		t.Errorf("another tenant's cancel: %v, want ErrNotFound", err)
+	}
+}
+
+// A submission's start_within_s becomes its start deadline, counted from its creation;
+// the same request with another deadline is another request for its idempotency key.
+func TestSubmitStoresAStartDeadline(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	p := tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim", IdempotencyKey: "d1", StartWithinS: ptr(90.5)}
+	res, err := e.svc.Submit(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := res.Task.StartDeadline
+	if got == nil || !got.Equal(res.Task.CreatedAt.Add(90500*time.Millisecond)) {
+		t.Fatalf("start deadline %v, created %v", got, res.Task.CreatedAt)
+	}
+	// The smallest deadline is still one.
+	tiny, err := e.svc.Submit(ctx, tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim", StartWithinS: ptr(1e-9)})
+	if err != nil || tiny.Task.StartDeadline == nil {
+		t.Fatalf("a tiny start_within_s: %+v %v", tiny.Task.StartDeadline, err)
+	}
+	none, err := e.svc.Submit(ctx, tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim"})
+	if err != nil || none.Task.StartDeadline != nil {
+		t.Fatalf("without start_within_s: %v %v", none.Task.StartDeadline, err)
+	}
+	other := p
+	other.StartWithinS = ptr(60.0)
+	var conflict *agentqtype.IdempotencyConflictError
+	if _, err := e.svc.Submit(ctx, other); !errors.As(err, &conflict) {
+		t.Fatalf("the key again with another deadline: %v, want a conflict", err)
+	}
+}
+
+// countingQueue is the scheduler, counting the Standing reads.
+type countingQueue struct {
+	*scheduler.Scheduler
+	reads atomic.Int64
+}
+
+func (q *countingQueue) Standing(ctx context.Context, tenantID string, taskIDs []string) (scheduler.Standing, error) {
+	q.reads.Add(1)
+	return q.Scheduler.Standing(ctx, tenantID, taskIDs)
+}
+
+// A listing gives each queued task its place in its tenant's queue with one read of
+// the scheduler for them all; no expected start while nothing was started (no worker
+// runs here, so they wait for worker capacity).
+func TestListGivesPositionsInOneRead(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, "acme")
+	q := &countingQueue{Scheduler: e.sched}
+	d := e.deps
+	d.Queue = q
+	svc := tasks.New(d)
+	const n = 3 // the pro plan's concurrent sessions
+	for i := range n {
+		prio := 5
+		if i == n-1 {
+			prio = 9 // submitted last, dispatched first
+		}
+		if _, err := svc.Submit(ctx, tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim", Priority: &prio}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := svc.List(ctx, tasks.ListParams{TenantID: "acme"})
+	if err != nil || len(page.Tasks) != n {
+		t.Fatalf("list: %d tasks, %v", len(page.Tasks), err)
+	}
+	if r := q.reads.Load(); r != 1 {
+		t.Fatalf("%d scheduler reads for one tenant's tasks, want 1", r)
+	}
+	// Newest first: the urgent one is first in the queue, the others follow oldest
+	// first.
+	want := []int64{1, 3, 2}
+	for i, task := range page.Tasks {
+		w := task.WaitReason
+		if w == nil || w.Position != want[i] || w.ExpectedStart != nil || w.Reason != scheduler.WaitNoWorkerCapacity {
+			t.Fatalf("task %d: %+v, want position %d and no expected start", i, w, want[i])
+		}
 	}
 }

@@ -162,7 +162,7 @@
     if (!rep.tasks.length) {
       var tr = document.createElement("tr");
       tr.className = "empty";
-      cell(tr, "No task is running or queued.").colSpan = 5;
+      cell(tr, "No task is running or queued.").colSpan = 7;
       tb.appendChild(tr);
       return;
     }
@@ -177,7 +177,10 @@
       st.appendChild(sp);
       cell(tr, t.agent);
       cell(tr, utc(t.created_at));
-      cell(tr, t.wait_reason || "");
+      var w = t.wait_reason;
+      cell(tr, w ? w.reason + (w.until ? " until " + utc(w.until).slice(11) : "") : "");
+      cell(tr, w && w.position ? String(w.position) : "");
+      cell(tr, w && w.expected_start ? utc(w.expected_start).slice(11) : "");
       tb.appendChild(tr);
     });
   }

@@ -21,7 +21,7 @@ var lifted = map[string]float64{
 }
 
 // endedOtherwise are the end states other than completed.
-var endedOtherwise = []string{"failed", "killed", "budget_exceeded", "abandoned"}
+var endedOtherwise = []string{"failed", "killed", "budget_exceeded", "abandoned", "expired"}
 
 // agentqAPI is the few calls of agentq's HTTP API the load needs.
 type agentqAPI struct {
