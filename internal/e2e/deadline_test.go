@@ -59,6 +59,9 @@ func TestStartDeadlineExpiresAWaitingTask(t *testing.T) {
 	if _, err := c.CancelTask(ctx, doomed.ID); err == nil {
 		t.Fatal("cancelled an expired task")
 	}
+	if v, ok := sample(h.scrape(), "agentq_tasks_finished_total", map[string]string{"state": "expired"}); !ok || v != 1 {
+		t.Fatalf("agentq_tasks_finished_total{state=expired} = %v (present %v), want 1", v, ok)
+	}
 
 	if _, err := c.CancelTask(ctx, long.ID); err != nil {
 		t.Fatal(err)

@@ -118,6 +118,10 @@ func TestLibraryTasksRefuseWhatTheAPIRefuses(t *testing.T) {
 			agentq.NewTask{TenantID: "acme", Agent: "sim", Input: json.RawMessage(`{"steps":1}`), Budget: &agentq.TaskBudget{MaxSteps: ptr(100000000)}}, "budget"},
 		{"input the agent refuses", `{"agent":"sim","input":{"steps":0}}`,
 			agentq.NewTask{TenantID: "acme", Agent: "sim", Input: json.RawMessage(`{"steps":0}`)}, "input"},
+		{"negative start deadline", `{"agent":"sim","input":{"steps":1},"start_within_s":-1}`,
+			agentq.NewTask{TenantID: "acme", Agent: "sim", Input: json.RawMessage(`{"steps":1}`), StartWithin: -time.Second}, "start_within_s"},
+		{"start deadline beyond a week", `{"agent":"sim","input":{"steps":1},"start_within_s":604801}`,
+			agentq.NewTask{TenantID: "acme", Agent: "sim", Input: json.RawMessage(`{"steps":1}`), StartWithin: 7*24*time.Hour + time.Second}, "start_within_s"},
 	} {
 		var eb errBody
 		st, _ := h.do("POST", "/v1/tasks", key, tc.body, &eb)
@@ -187,7 +191,7 @@ func TestLibraryTasksRefuseWhatTheAPIRefuses(t *testing.T) {
 func TestLibraryTaskStates(t *testing.T) {
 	ended := map[string]bool{
 		agentq.TaskQueued: false, agentq.TaskRunning: false, agentq.TaskCompleted: true, agentq.TaskFailed: true,
-		agentq.TaskKilled: true, agentq.TaskBudgetExceeded: true, agentq.TaskAbandoned: true,
+		agentq.TaskKilled: true, agentq.TaskBudgetExceeded: true, agentq.TaskAbandoned: true, agentq.TaskExpired: true,
 	}
 	for st, want := range ended {
 		if !tasks.IsState(st) {

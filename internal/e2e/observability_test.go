@@ -83,6 +83,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		{"agentq_admissions_total", map[string]string{"outcome": "admitted", "limit_type": "none"}},
 		{"agentq_tasks_finished_total", map[string]string{"state": "completed"}},
 		{"agentq_tasks_finished_total", map[string]string{"state": "abandoned"}},
+		{"agentq_tasks_finished_total", map[string]string{"state": "expired"}},
 		{"agentq_janitor_drift_total", map[string]string{"kind": "leases_released"}},
 		{"agentq_webhook_deliveries_total", map[string]string{"outcome": "succeeded"}},
 		{"agentq_webhook_deliveries_total", map[string]string{"outcome": "gone"}},

@@ -381,8 +381,10 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 			return err
 		}
 		if ok || t.State == store.StateExpired {
+			// Started, or ended expired by this very statement: either way this
+			// call made the change.
 			task, out = t, Started
-			if !ok {
+			if t.State == store.StateExpired {
 				out = Ended
 			}
 			return l.afterChange(ctx, tx, Change{Kind: startChange(t), Task: t})
