@@ -161,6 +161,8 @@ type Plan struct {
 	Weight int              `yaml:"weight"`
 	Limits map[string]Limit `yaml:"limits"`
 	Budget Budget           `yaml:"budget"`
+	// SLA is what the plan commits to (nil: nothing); see Commitments.
+	SLA *SLA `yaml:"sla"`
 }
 
 // Catalogue is the set of plans a deployment offers.
@@ -199,6 +201,11 @@ func ParseCatalogue(data []byte) (*Catalogue, error) {
 	for name, p := range doc.Plans {
 		if err := ValidateOverrides(p.Limits); err != nil {
 			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
+		}
+		for _, k := range SLAKeys {
+			if _, ok := p.Limits[k]; ok {
+				return nil, fmt.Errorf("quotas: plan %q: %s is a tenant override; a plan's commitments are its sla entry", name, k)
+			}
 		}
 		if p.Weight < 1 {
 			p.Weight = 1
@@ -244,9 +251,10 @@ func (c *Catalogue) Effective(plan string, overrides map[string]Limit) (map[stri
 	return out, nil
 }
 
-// ValidOverride reports whether name is a limit type or a bursty limit's "_burst" key.
+// ValidOverride reports whether name is a limit type, a bursty limit's "_burst" key
+// or a commitment (SLAKeys).
 func ValidOverride(name string) bool {
-	if slices.Contains(LimitTypes, name) || slices.Contains(CountLimitTypes, name) {
+	if slices.Contains(LimitTypes, name) || slices.Contains(CountLimitTypes, name) || slices.Contains(SLAKeys, name) {
 		return true
 	}
 	base, ok := strings.CutSuffix(name, "_burst")
@@ -267,6 +275,10 @@ func ValidateOverrides(m map[string]Limit) error {
 			return fmt.Errorf("limit %q is negative", k)
 		case strings.HasSuffix(k, "_burst") && v < 1:
 			return fmt.Errorf("%s must be a number of at least 1", k)
+		case slices.Contains(SLAKeys, k):
+			if err := checkCommitment(k, v); err != nil {
+				return err
+			}
 		case k == Running && v >= 0 && v < 1:
 			return fmt.Errorf("running must be at least 1, or unlimited")
 		case k == InflightRequests && v >= 0 && v < 1:

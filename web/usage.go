@@ -38,6 +38,9 @@ type UsageReport struct {
 	AsOf     time.Time             `json:"as_of"`
 	Degraded bool                  `json:"degraded,omitempty"`
 	Limits   map[string]LimitUsage `json:"limits"`
+	// SLA is what the tenant's plan (with its overrides) commits to: seconds, or
+	// "unlimited" (no commitment).
+	SLA quotas.SLA `json:"sla"`
 	// UpgradeURL is where the plan is upgraded.
 	UpgradeURL string `json:"upgrade_url"`
 	// RecentLimitHits are the tenant's latest usage.limit_hit events, newest first
@@ -159,7 +162,10 @@ func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery
 		}
 	}
 	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}, UpgradeURL: s.UpgradeURL,
-		RecentLimitHits: []usage.LimitHit{}, Tasks: []UsageTask{}, Days: []usage.DayUsage{}}
+		RecentLimitHits: []usage.LimitHit{}, Tasks: []UsageTask{}, Days: []usage.DayUsage{}, SLA: quotas.NoSLA}
+	if pol, err := s.Tenants.Policy(t); err == nil {
+		rep.SLA = pol.SLA
+	}
 	limitOf := map[string]quotas.Limit{}
 	for _, name := range quotas.LimitTypes {
 		limitOf[name] = quotas.Unlimited // a limit the plan leaves out is off

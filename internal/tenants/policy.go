@@ -28,6 +28,8 @@ type Policy struct {
 	// Budget is the plan's per-task budget: the default a task gets, the ceiling it
 	// may ask for.
 	Budget quotas.Budget
+	// SLA is what the plan commits to, with the tenant's sla_* overrides applied.
+	SLA quotas.SLA
 }
 
 // PolicyOf computes t's policy from the catalogue (with the deployment's global
@@ -45,7 +47,7 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 	}
 	eff, err := plans.Effective(t.Plan, t.Overrides)
 	if err != nil {
-		return Policy{Weight: w}, err
+		return Policy{Weight: w, SLA: quotas.NoSLA}, err
 	}
 	return Policy{
 		Weight:     w,
@@ -53,6 +55,7 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 		Limits:     quotas.LimitsOf(eff),
 		RunningCap: quotas.RunningCap(eff),
 		Budget:     p.Budget,
+		SLA:        plans.SLAOf(t.Plan, t.Overrides),
 	}, nil
 }
 
