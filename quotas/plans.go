@@ -168,6 +168,9 @@ type Plan struct {
 // Catalogue is the set of plans a deployment offers.
 type Catalogue struct {
 	plans map[string]Plan
+	// stricter lists, per plan, the limits a global value (ApplyGlobals) made
+	// stricter than the plan's own: their refusals are the platform's, not the plan's.
+	stricter map[string]map[string]bool
 }
 
 // LoadCatalogue reads the plan catalogue from path, or the embedded default when path
@@ -326,6 +329,9 @@ func (c *Catalogue) ApplyGlobals(g Globals) error {
 			case *v == 0:
 				limits[k] = Unlimited
 			default:
+				if own, ok := p.Limits[k]; !ok || own.Off() || Limit(*v) < own {
+					c.markStricter(name, strings.TrimSuffix(k, "_burst"))
+				}
 				limits[k] = Limit(*v)
 			}
 		}
@@ -337,6 +343,29 @@ func (c *Catalogue) ApplyGlobals(g Globals) error {
 		c.plans[name] = p
 	}
 	return nil
+}
+
+func (c *Catalogue) markStricter(plan, limit string) {
+	if c.stricter == nil {
+		c.stricter = map[string]map[string]bool{}
+	}
+	if c.stricter[plan] == nil {
+		c.stricter[plan] = map[string]bool{}
+	}
+	c.stricter[plan][limit] = true
+}
+
+// ByPlatform reports whether a refusal by limit of a tenant on plan with overrides
+// is the platform's: a global value (ApplyGlobals) made the limit (or its burst)
+// stricter than the plan's own, and the tenant has no override of it (an override is
+// the tenant's own limit, whatever the global value).
+func (c *Catalogue) ByPlatform(plan string, overrides map[string]Limit, limit string) bool {
+	if !c.stricter[plan][limit] {
+		return false
+	}
+	_, own := overrides[limit]
+	_, ownBurst := overrides[limit+"_burst"]
+	return !own && !ownBurst
 }
 
 // RunningCap is the dispatcher's running cap for effective limits: the running limit,
