@@ -214,6 +214,11 @@ type LimitData struct {
 	Period      *Span       `json:"period,omitempty"` // period quotas
 	Window      *Span       `json:"window,omitempty"` // the others: the DedupeWindow of the refusal
 	Enforcement Enforcement `json:"enforcement"`
+	// CommittedMs and MeasuredMs are, on a missed commitment (limit_type
+	// sla_start_within_s or sla_pool_wait_within_s), what the plan commits to and what
+	// was measured, in milliseconds; absent otherwise.
+	CommittedMs *int64 `json:"committed_ms,omitempty"`
+	MeasuredMs  *int64 `json:"measured_ms,omitempty"`
 	// RefusedBy is RefusedByPlatform when the platform refused the work (degraded
 	// mode, a shared pool, a global limit), not the tenant's plan; absent otherwise.
 	RefusedBy         string         `json:"refused_by,omitempty"`

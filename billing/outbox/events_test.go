@@ -320,8 +320,13 @@ func TestEventsGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	breach, err := events.Breach(outbox.Breach{TenantID: "acme", Plan: "pro", LimitType: outbox.LimitSLAStart,
+		Committed: time.Minute, Measured: 61500 * time.Millisecond, At: eventAt})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got bytes.Buffer
-	for _, ev := range []outbox.Event{approaching[0], hit[0], rate} {
+	for _, ev := range []outbox.Event{approaching[0], hit[0], rate, breach} {
 		fmt.Fprintf(&got, "%s\n", ev.Payload)
 	}
 	path := filepath.Join("testdata", "events.golden")

@@ -68,6 +68,16 @@ type Task struct {
 	// WaitedMs is the time the task has spent waiting for capacity: its wall-clock
 	// budget does not count it.
 	WaitedMs int64
+	// Resumed is, on a task a start just took out of a wait (UnscopedStartTask), what
+	// it waited for and how long that wait was; nil otherwise.
+	Resumed *ResumedWait
+}
+
+// ResumedWait is a wait a start ended: its reason ("tokens_per_minute" or
+// "pool:<name>") and its length.
+type ResumedWait struct {
+	Reason   string
+	WaitedMs int64
 }
 
 // TaskWait is what a task waits for while it is parked: the capacity (Reason, nil when

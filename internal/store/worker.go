@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -19,9 +20,7 @@ import (
 // UnscopedStartTask moves a queued task to running and counts the attempt. ok=false
 // when the task is not queued (already running elsewhere, or terminal).
 func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok bool, err error) {
-	t, err = scanTask(s.db.QueryRow(ctx, `
-		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
-		WHERE id = $1 AND state = 'queued' RETURNING `+taskCols, id))
+	t, err = scanStarted(s.db.QueryRow(ctx, startSQL+`tasks.id = $1`+startReturning, id))
 	if errors.Is(err, ErrNotFound) {
 		return t, false, nil
 	}
@@ -32,18 +31,46 @@ func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok
 // those of ids that are queued and returns them, in no particular order; the others
 // (running elsewhere, terminal, gone) are left as they are.
 func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task, error) {
-	rows, err := s.db.Query(ctx, `
-		UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
-		WHERE id = ANY($1) AND state = 'queued' RETURNING `+taskCols, ids)
-	return collect(rows, err, scanTask)
+	rows, err := s.db.Query(ctx, startSQL+`tasks.id = ANY($1)`+startReturning, ids)
+	return collect(rows, err, scanStarted)
 }
 
-// resumeCols end a parked task's wait as it starts: the wait is added to waited_ms
-// and the wait's fields are cleared. step_estimate stays for the delivery to read.
-const resumeCols = `
-		waited_ms = waited_ms + CASE WHEN parked_at IS NULL THEN 0
-			ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - parked_at) * 1000)::bigint) END,
-		parked_at = NULL, wait_reason = NULL, wait_until = NULL`
+// startSQL starts queued tasks (the condition on tasks.id follows it), ending a parked
+// task's wait: the wait is added to waited_ms and the wait's fields are cleared
+// (step_estimate stays for the delivery to read). It joins the
+// row as it was (w) to return, with the started task, the wait the start ended
+// (Task.Resumed): after the update the wait's fields are cleared.
+const startSQL = `
+		UPDATE tasks SET state = 'running', attempt = tasks.attempt + 1, started_at = COALESCE(tasks.started_at, now()),
+			heartbeat_at = now(),
+			waited_ms = tasks.waited_ms + CASE WHEN tasks.parked_at IS NULL THEN 0
+				ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - tasks.parked_at) * 1000)::bigint) END,
+			parked_at = NULL, wait_reason = NULL, wait_until = NULL
+		FROM tasks w WHERE w.id = tasks.id AND tasks.state = 'queued' AND `
+
+// startReturning returns the started task and the wait its start ended.
+var startReturning = ` RETURNING ` + qualified("tasks", taskCols) + `, w.wait_reason,
+		CASE WHEN w.parked_at IS NULL THEN 0 ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - w.parked_at) * 1000)::bigint) END`
+
+// scanStarted scans a started task and the wait its start ended.
+func scanStarted(row pgx.Row) (Task, error) {
+	var reason *string
+	var waited int64
+	t, err := scanTaskWith(row, &reason, &waited)
+	if err == nil && reason != nil {
+		t.Resumed = &ResumedWait{Reason: *reason, WaitedMs: waited}
+	}
+	return t, err
+}
+
+// qualified prefixes each column of cols with table.
+func qualified(table, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, c := range parts {
+		parts[i] = table + "." + strings.TrimSpace(c)
+	}
+	return strings.Join(parts, ", ")
+}
 
 // UnscopedTakeOverTask claims a running task whose worker stopped heartbeating for
 // staleAfter (its process died; asynq redelivered it) and counts a new attempt.
