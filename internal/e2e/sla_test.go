@@ -1,0 +1,110 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/client"
+)
+
+// slaBreaches are the tenant's limit_hits of a commitment, read from the table.
+func (h *harness) slaBreaches(tenant, limitType string) []outbox.LimitData {
+	h.t.Helper()
+	rows, err := h.app.Store().Pool().Query(context.Background(),
+		`SELECT payload FROM events WHERE tenant_id = $1 AND type = $2 ORDER BY seq`, tenant, outbox.TypeLimitHit)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []outbox.LimitData
+	for _, p := range payloads {
+		var ev struct {
+			Data outbox.LimitData `json:"data"`
+		}
+		if err := json.Unmarshal(p, &ev); err != nil {
+			h.t.Fatal(err)
+		}
+		if ev.Data.LimitType == limitType {
+			out = append(out, ev.Data)
+		}
+	}
+	return out
+}
+
+// A full worker pool delays a tenant within its limits and share past its plan's
+// start commitment: one eligible_breach with the committed and measured values,
+// counted in agentq_sla_breaches_total. A tenant on a plan without the commitment
+// waits as long and has none; one its own running cap held has none either.
+func TestStartDelayedByAFullPoolIsABreach(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 1; o.Config.Prefetch = 0 })
+	ctx := context.Background()
+	fast := map[string]client.Limit{"sla_start_within_s": 0.5}
+	hog, _ := h.tenantClient("hog", "free", nil)
+	acme, _ := h.tenantClient("acme", "pro", fast)
+	free, _ := h.tenantClient("freeloader", "free", nil)
+	long, err := hog.SubmitTask(ctx, sim(15, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, hog, long.ID, "running", 10*time.Second)
+	late, err := acme.SubmitTask(ctx, sim(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	also, err := free.SubmitTask(ctx, sim(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, acme, late.ID, "completed", 20*time.Second)
+	waitState(t, free, also.ID, "completed", 20*time.Second)
+
+	got := h.slaBreaches("acme", outbox.LimitSLAStart)
+	if len(got) != 1 {
+		t.Fatalf("%d start breaches of acme, want 1: %+v", len(got), got)
+	}
+	d := got[0]
+	if d.SLAClassification != outbox.EligibleBreach || d.RefusedBy != outbox.RefusedByPlatform || d.Plan != "pro" ||
+		d.CommittedMs == nil || *d.CommittedMs != 500 || d.MeasuredMs == nil || *d.MeasuredMs <= 500 || d.LimitValue.N != 1 {
+		t.Fatalf("breach %+v", d)
+	}
+	if b := h.slaBreaches("freeloader", outbox.LimitSLAStart); len(b) != 0 {
+		t.Fatalf("a plan without the commitment: %+v", b)
+	}
+	if v, ok := sample(h.scrape(), "agentq_sla_breaches_total", map[string]string{"limit_type": "sla_start_within_s", "tenant_id": "acme"}); !ok || v != 1 {
+		t.Fatalf("agentq_sla_breaches_total = %v (present %v), want 1", v, ok)
+	}
+}
+
+// A start its tenant's own running cap delayed is not a breach.
+func TestStartHeldByTheTenantsOwnCapIsNoBreach(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	ctx := context.Background()
+	capped, _ := h.tenantClient("capped", "pro", map[string]client.Limit{"running": 1, "sla_start_within_s": 0.5})
+	first, err := capped.SubmitTask(ctx, sim(10, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, capped, first.ID, "running", 10*time.Second)
+	second, err := capped.SubmitTask(ctx, sim(1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := waitState(t, capped, second.ID, "completed", 20*time.Second)
+	if done.StartedAt == nil || done.StartedAt.Sub(done.CreatedAt) < 500*time.Millisecond {
+		t.Fatalf("the second task started %v after its creation: the cap did not hold it", done.StartedAt.Sub(done.CreatedAt))
+	}
+	if b := h.slaBreaches("capped", outbox.LimitSLAStart); len(b) != 0 {
+		t.Fatalf("a start the tenant's own cap held: %+v", b)
+	}
+}
