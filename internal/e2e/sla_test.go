@@ -3,14 +3,17 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/internal/browsertest"
 )
 
 // slaBreaches are the tenant's limit_hits of a commitment, read from the table.
@@ -40,17 +43,15 @@ func (h *harness) slaBreaches(tenant, limitType string) []outbox.LimitData {
 	return out
 }
 
-// A full worker pool delays a tenant within its limits and share past its plan's
-// start commitment: one eligible_breach with the committed and measured values,
-// counted in agentq_sla_breaches_total. A tenant on a plan without the commitment
-// waits as long and has none; one its own running cap held has none either.
-func TestStartDelayedByAFullPoolIsABreach(t *testing.T) {
-	t.Parallel()
+// lateStart runs a server with one worker slot that a long task of "hog" (free: no
+// commitment) holds while "acme" (pro, start_within_s 0.5) and "freeloader" (free)
+// submit a task each: both wait past half a second for the slot.
+func lateStart(t *testing.T) *harness {
+	t.Helper()
 	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 1; o.Config.Prefetch = 0 })
 	ctx := context.Background()
-	fast := map[string]client.Limit{"sla_start_within_s": 0.5}
 	hog, _ := h.tenantClient("hog", "free", nil)
-	acme, _ := h.tenantClient("acme", "pro", fast)
+	acme, _ := h.tenantClient("acme", "pro", map[string]client.Limit{"sla_start_within_s": 0.5})
 	free, _ := h.tenantClient("freeloader", "free", nil)
 	long, err := hog.SubmitTask(ctx, sim(15, 100))
 	if err != nil {
@@ -67,7 +68,16 @@ func TestStartDelayedByAFullPoolIsABreach(t *testing.T) {
 	}
 	waitState(t, acme, late.ID, "completed", 20*time.Second)
 	waitState(t, free, also.ID, "completed", 20*time.Second)
+	return h
+}
 
+// A full worker pool delays a tenant within its limits and share past its plan's
+// start commitment: one eligible_breach with the committed and measured values,
+// counted in agentq_sla_breaches_total. A tenant on a plan without the commitment
+// waits as long and has none.
+func TestStartDelayedByAFullPoolIsABreach(t *testing.T) {
+	t.Parallel()
+	h := lateStart(t)
 	got := h.slaBreaches("acme", outbox.LimitSLAStart)
 	if len(got) != 1 {
 		t.Fatalf("%d start breaches of acme, want 1: %+v", len(got), got)
@@ -106,5 +116,42 @@ func TestStartHeldByTheTenantsOwnCapIsNoBreach(t *testing.T) {
 	}
 	if b := h.slaBreaches("capped", outbox.LimitSLAStart); len(b) != 0 {
 		t.Fatalf("a start the tenant's own cap held: %+v", b)
+	}
+}
+
+// The operator view lists a tenant's missed commitments, and the tenant's panel its
+// own.
+func TestBreachesShowInTheOperatorViewAndThePanel(t *testing.T) {
+	t.Parallel()
+	browser := browsertest.New(t)
+	h := lateStart(t)
+	ctx, cancel := browsertest.Within(browser, 60*time.Second)
+	defer cancel()
+	sel := `#tenants tr[data-tenant="acme"] [data-sla="sla_start_within_s"]`
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(h.base+"/panel/admin"),
+		chromedp.WaitVisible("#token"),
+		chromedp.SendKeys("#token", h.admin),
+		chromedp.Click(`button[type="submit"]`),
+		chromedp.WaitVisible(sel),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if text, err := chromedp.Run(ctx, chromedp.Text(sel)); err != nil || !strings.Contains(text, "sla_start_within_s: 1,") {
+		t.Errorf("operator view: %q %v, want one start breach", text, err)
+	}
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('#tenants tr[data-tenant="freeloader"] [data-sla]').length`)); err != nil || n != 0 {
+		t.Errorf("freeloader shows %d breaches (%v), want none", n, err)
+	}
+	st, link := h.panelLink("acme", nil)
+	if st != 201 {
+		t.Fatalf("panel link: %d", st)
+	}
+	row := `#sla-breaches tr[data-sla="sla_start_within_s"]`
+	if err := chromedp.Do(ctx, chromedp.Navigate(link), chromedp.WaitVisible(row)); err != nil {
+		t.Fatal(err)
+	}
+	if text, err := chromedp.Run(ctx, chromedp.Text(row)); err != nil || !strings.Contains(text, "/ 0.5 s") {
+		t.Errorf("panel row %q %v, want the committed 0.5 s", text, err)
 	}
 }
