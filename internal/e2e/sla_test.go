@@ -90,6 +90,30 @@ func TestStartDelayedByAFullPoolIsABreach(t *testing.T) {
 	if b := h.slaBreaches("freeloader", outbox.LimitSLAStart); len(b) != 0 {
 		t.Fatalf("a plan without the commitment: %+v", b)
 	}
+	// The usage report shows the commitment and the breach; the plan listing the plans'.
+	ctx := context.Background()
+	k, err := h.adminClient().CreateKey(ctx, "acme", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := client.New(h.base, k.Key).GetUsage(ctx, client.UsageQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.SLA.StartWithinS != 0.5 || u.SLA.PoolWaitWithinS != 30 || len(u.SLABreaches) != 1 ||
+		u.SLABreaches[0].LimitType != "sla_start_within_s" || u.SLABreaches[0].Count != 1 || u.SLABreaches[0].LastCommittedMs != 500 {
+		t.Fatalf("usage report sla %+v breaches %+v", u.SLA, u.SLABreaches)
+	}
+	plans, err := h.adminClient().ListPlans(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range plans {
+		if p.Name == "enterprise" && (p.SLA.StartWithinS != 10 || p.SLA.PoolWaitWithinS != 10) ||
+			p.Name == "free" && (p.SLA.StartWithinS != client.Unlimited || p.SLA.PoolWaitWithinS != client.Unlimited) {
+			t.Errorf("plan %s sla %+v", p.Name, p.SLA)
+		}
+	}
 	if v, ok := sample(h.scrape(), "agentq_sla_breaches_total", map[string]string{"limit_type": "sla_start_within_s", "tenant_id": "acme"}); !ok || v != 1 {
 		t.Fatalf("agentq_sla_breaches_total = %v (present %v), want 1", v, ok)
 	}
