@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"strings"
 	"time"
@@ -98,16 +97,17 @@ func NewCommitments(c Commitments, a *baseservice.Archetype) *Commitments {
 // Started runs in the transaction that started task t (tasks.LifecycleOptions.Started)
 // and writes there the usage.limit_hit of each commitment the start shows missed. A
 // start within its commitments reads nothing but the (cached) tenant; the checks of
-// the tenant's limits and share run only for a late one.
+// the tenant's limits and share run only for a late one. Nothing here fails a start:
+// a wait that cannot be judged (the tenant or Redis not answering) is not credited.
 func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task) error {
 	firstStart := t.Attempt == 1 && t.StartedAt != nil
-	pool, poolWait := "", t.Resumed != nil && strings.HasPrefix(t.Resumed.Reason, "pool:")
+	poolWait := t.Resumed != nil && strings.HasPrefix(t.Resumed.Reason, "pool:")
 	if !firstStart && !poolWait {
 		return nil
 	}
 	tenant, err := c.tenant(ctx, tx, t.TenantID)
 	if err != nil {
-		return fmt.Errorf("billing: the tenant of a started task: %w", err)
+		return nil
 	}
 	sla, err := c.SLA(tenant)
 	if err != nil {
@@ -115,29 +115,29 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 	}
 	if within, ok := quotas.Within(sla.StartWithinS); ok && firstStart {
 		if measured := t.StartedAt.Sub(t.CreatedAt); measured > within {
-			// Redis not answering is no reason to fail the start: an unjudged wait
-			// is not credited.
-			held := false
-			if c.Starts != nil {
-				if held, err = c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt); err != nil {
-					held = true
-				}
-			}
-			if !held {
-				if err := c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: tenant.Plan, LimitType: LimitSLAStart,
-					Committed: within, Measured: measured, At: *t.StartedAt}); err != nil {
-					return err
-				}
+			if err := c.startBreach(ctx, tx, t, tenant.Plan, within, measured); err != nil {
+				return err
 			}
 		}
 	}
 	if within, ok := quotas.Within(sla.PoolWaitWithinS); ok && poolWait {
-		pool = strings.TrimPrefix(t.Resumed.Reason, "pool:")
 		if measured := time.Duration(t.Resumed.WaitedMs) * time.Millisecond; measured > within {
-			return c.poolBreach(ctx, tx, t, tenant.Plan, pool, within, measured)
+			return c.poolBreach(ctx, tx, t, tenant.Plan, strings.TrimPrefix(t.Resumed.Reason, "pool:"), within, measured)
 		}
 	}
 	return nil
+}
+
+// startBreach writes the breach of a first start later than committed unless the
+// tenant's own running cap or demand held it (StartHolds).
+func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.Task, plan string, committed, measured time.Duration) error {
+	if c.Starts != nil {
+		if held, err := c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt); err != nil || held {
+			return nil
+		}
+	}
+	return c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAStart,
+		Committed: committed, Measured: measured, At: *t.StartedAt})
 }
 
 // poolBreach writes the breach of a pool wait longer than committed unless the tenant
