@@ -21,6 +21,9 @@ type SLABreaches struct {
 
 // SLABreaches lists the tenant's missed commitments since since, by limit_type.
 func (s *Store) SLABreaches(ctx context.Context, tenantID string, since time.Time) ([]SLABreaches, error) {
+	if tenantID == "" {
+		return nil, ErrNoTenant
+	}
 	return s.slaBreaches(ctx, []string{tenantID}, since)
 }
 
