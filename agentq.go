@@ -210,12 +210,18 @@ func New(ctx context.Context, o Options) (*App, error) {
 		a.close()
 		return nil, err
 	}
+	commitments := outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: appTenants{a}, Starts: a.sched, Pools: a.quotas,
+		SLA: func(t store.Tenant) (quotas.SLA, error) {
+			pol, err := a.services.Tenants.Policy(t)
+			return pol.SLA, err
+		}}, a.archetype)
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
 		Archetype:      a.archetype,
 		BudgetExceeded: events.BudgetStop,
 		StepRecorded:   outbox.Crossings{Events: events, Limits: limitsOf}.Step,
 		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
 		Paused:         a.pauses(events).Paused,
+		Started:        commitments.Started,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
@@ -459,6 +465,14 @@ type cachedTenants struct{ s *tenants.Service }
 
 func (c cachedTenants) GetTenant(ctx context.Context, id string) (store.Tenant, error) {
 	return c.s.Lookup(ctx, id)
+}
+
+// appTenants reads a started task's tenant through the tenant service's cache, as
+// cachedTenants does; the service is set after the lifecycle that needs it is made.
+type appTenants struct{ a *App }
+
+func (t appTenants) GetTenant(ctx context.Context, id string) (store.Tenant, error) {
+	return t.a.services.Tenants.Lookup(ctx, id)
 }
 
 // maintenanceDeps are what the recovery sweep and the janitor work on.

@@ -256,6 +256,7 @@ type Plan struct {
 	Weight int              `json:"weight"`
 	Limits map[string]Limit `json:"limits"`
 	Budget PlanBudget       `json:"budget"`
+	SLA    SLA              `json:"sla"`
 }
 
 // Error is a non-2xx answer. Use errors.As to get it.

@@ -39,6 +39,22 @@ type LimitHit struct {
 	Enforcement       string    `json:"enforcement"`
 }
 
+// SLA is what a plan commits to, in seconds: a number, or "unlimited" (none).
+type SLA struct {
+	StartWithinS    Limit `json:"start_within_s"`
+	PoolWaitWithinS Limit `json:"pool_wait_within_s"`
+}
+
+// SLABreaches are a tenant's missed commitments of one kind (limit_type
+// sla_start_within_s or sla_pool_wait_within_s) in the last 30 days.
+type SLABreaches struct {
+	LimitType       string    `json:"limit_type"`
+	Count           int64     `json:"count"`
+	Last            time.Time `json:"last"`
+	LastCommittedMs int64     `json:"last_committed_ms"`
+	LastMeasuredMs  int64     `json:"last_measured_ms"`
+}
+
 // QueueUsage counts the tenant's queued (Depth) and running tasks.
 type QueueUsage struct {
 	Depth   int64 `json:"depth"`
@@ -73,6 +89,8 @@ type UsageReport struct {
 	Degraded        bool                  `json:"degraded"`
 	Limits          map[string]LimitUsage `json:"limits"`
 	UpgradeURL      string                `json:"upgrade_url"`
+	SLA             SLA                   `json:"sla"`
+	SLABreaches     []SLABreaches         `json:"sla_breaches"`
 	RecentLimitHits []LimitHit            `json:"recent_limit_hits"`
 	Queue           QueueUsage            `json:"queue"`
 	Tasks           []UsageTask           `json:"tasks"`

@@ -162,6 +162,8 @@ type Plan struct {
 	Weight int              `yaml:"weight"`
 	Limits map[string]Limit `yaml:"limits"`
 	Budget Budget           `yaml:"budget"`
+	// SLA is what the plan commits to (nil: nothing); see Commitments.
+	SLA *SLA `yaml:"sla"`
 	// OnLimit is what a step that would go past its task's budget or its tenant's
 	// period quota does to the task: OnLimitStop ends it budget_exceeded,
 	// OnLimitPause pauses it. Empty is OnLimitStop.
@@ -217,6 +219,9 @@ func (p Plan) validatePause() error {
 // Catalogue is the set of plans a deployment offers.
 type Catalogue struct {
 	plans map[string]Plan
+	// stricter lists, per plan, the limits a global value (ApplyGlobals) made
+	// stricter than the plan's own: their refusals are the platform's, not the plan's.
+	stricter map[string]map[string]bool
 }
 
 // LoadCatalogue reads the plan catalogue from path, or the embedded default when path
@@ -250,6 +255,11 @@ func ParseCatalogue(data []byte) (*Catalogue, error) {
 	for name, p := range doc.Plans {
 		if err := ValidateOverrides(p.Limits); err != nil {
 			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
+		}
+		for _, k := range SLAKeys {
+			if _, ok := p.Limits[k]; ok {
+				return nil, fmt.Errorf("quotas: plan %q: %s is a tenant override; a plan's commitments are its sla entry", name, k)
+			}
 		}
 		if p.Weight < 1 {
 			p.Weight = 1
@@ -298,9 +308,10 @@ func (c *Catalogue) Effective(plan string, overrides map[string]Limit) (map[stri
 	return out, nil
 }
 
-// ValidOverride reports whether name is a limit type or a bursty limit's "_burst" key.
+// ValidOverride reports whether name is a limit type, a bursty limit's "_burst" key
+// or a commitment (SLAKeys).
 func ValidOverride(name string) bool {
-	if slices.Contains(LimitTypes, name) || slices.Contains(CountLimitTypes, name) {
+	if slices.Contains(LimitTypes, name) || slices.Contains(CountLimitTypes, name) || slices.Contains(SLAKeys, name) {
 		return true
 	}
 	base, ok := strings.CutSuffix(name, "_burst")
@@ -321,6 +332,10 @@ func ValidateOverrides(m map[string]Limit) error {
 			return fmt.Errorf("limit %q is negative", k)
 		case strings.HasSuffix(k, "_burst") && v < 1:
 			return fmt.Errorf("%s must be a number of at least 1", k)
+		case slices.Contains(SLAKeys, k):
+			if err := checkCommitment(k, v); err != nil {
+				return err
+			}
 		case k == Running && v >= 0 && v < 1:
 			return fmt.Errorf("running must be at least 1, or unlimited")
 		case k == InflightRequests && v >= 0 && v < 1:
@@ -368,6 +383,9 @@ func (c *Catalogue) ApplyGlobals(g Globals) error {
 			case *v == 0:
 				limits[k] = Unlimited
 			default:
+				if own, ok := p.Limits[k]; !ok || own.Off() || Limit(*v) < own {
+					c.markStricter(name, strings.TrimSuffix(k, "_burst"))
+				}
 				limits[k] = Limit(*v)
 			}
 		}
@@ -379,6 +397,29 @@ func (c *Catalogue) ApplyGlobals(g Globals) error {
 		c.plans[name] = p
 	}
 	return nil
+}
+
+func (c *Catalogue) markStricter(plan, limit string) {
+	if c.stricter == nil {
+		c.stricter = map[string]map[string]bool{}
+	}
+	if c.stricter[plan] == nil {
+		c.stricter[plan] = map[string]bool{}
+	}
+	c.stricter[plan][limit] = true
+}
+
+// ByPlatform reports whether a refusal by limit of a tenant on plan with overrides
+// is the platform's: a global value (ApplyGlobals) made the limit (or its burst)
+// stricter than the plan's own, and the tenant has no override of it (an override is
+// the tenant's own limit, whatever the global value).
+func (c *Catalogue) ByPlatform(plan string, overrides map[string]Limit, limit string) bool {
+	if !c.stricter[plan][limit] {
+		return false
+	}
+	_, own := overrides[limit]
+	_, ownBurst := overrides[limit+"_burst"]
+	return !own && !ownBurst
 }
 
 // RunningCap is the dispatcher's running cap for effective limits: the running limit,

@@ -16,7 +16,8 @@ import (
 // refines the estimate, and brings a capped tenant back into the ready set. The
 // correction goes to the pass in ready or capped, or, when the tenant is in neither
 // (its queue is empty), to its finish pass, so a tenant that keeps its queue shallow
-// is corrected like any other. An idle tenant's conf stays, with its ttl, for its next
+// is corrected like any other. A tenant leaving capped is stamped (conf "uncap", see
+// HeldBack). An idle tenant's conf stays, with its ttl, for its next
 // submission. It returns 1 if the task held a pool slot (the caller releases it), else
 // 0. The keys and arguments are doneScript's; parkScript shares them.
 const luaRelease = `
@@ -44,6 +45,8 @@ local function release()
     local cap = tonumber(redis.call('HGET', KEYS[7], 'cap') or '0')
     if cap == 0 or redis.call('SCARD', KEYS[1]) < cap then
       redis.call('ZREM', KEYS[5], tenant)
+      -- when its own cap last held it: a late start since then is not a breach
+      redis.call('HSET', KEYS[7], 'uncap', now)
       if redis.call('ZCARD', KEYS[6]) > 0 then
         redis.call('ZADD', KEYS[4], pass, tenant)
       else

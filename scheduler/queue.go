@@ -122,6 +122,8 @@ local pass = redis.call('ZSCORE', KEYS[3], tenant)
 if pass and (cap == 0 or redis.call('SCARD', KEYS[4]) < cap) and redis.call('ZCARD', KEYS[5]) > 0 then
   redis.call('ZREM', KEYS[3], tenant)
   redis.call('ZADD', KEYS[2], pass, tenant)
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'uncap', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
 return 1
 `)

@@ -261,13 +261,15 @@ type PlanJSON struct {
 	Weight int                     `json:"weight"`
 	Limits map[string]quotas.Limit `json:"limits"` // a number, or "unlimited"
 	Budget quotas.Budget           `json:"budget"`
+	// SLA is what the plan commits to: seconds, or "unlimited" (no commitment).
+	SLA quotas.SLA `json:"sla"`
 }
 
 func (s *Server) listPlans(c echo.Context) error {
 	out := []PlanJSON{}
 	for _, n := range s.Plans.Names() {
 		p, _ := s.Plans.Plan(n)
-		out = append(out, PlanJSON{Name: n, Weight: p.Weight, Limits: p.Limits, Budget: p.Budget})
+		out = append(out, PlanJSON{Name: n, Weight: p.Weight, Limits: p.Limits, Budget: p.Budget, SLA: p.Commitments()})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"plans": out})
 }

@@ -183,6 +183,7 @@ var (
 		quotas.QueueBacklog: "Queued tasks", quotas.Running: "Running tasks", quotas.AgentStepsDaily: "Agent steps, last 24 hours",
 		quotas.AITokensMonthly: "AI tokens this billing period", quotas.USDMonthly: "Spend this billing period",
 		quotas.InflightRequests: "API requests in progress", quotas.AITokensPerMinute: "AI tokens per minute",
+		quotas.SLAStartWithin: "Task start", quotas.SLAPoolWaitWithin: "Model pool wait",
 	}
 )
 
@@ -194,7 +195,15 @@ type panelView struct {
 	Charts    []panelChart
 	Tasks     []panelTask
 	Hits      []panelHit
+	Breaches  []panelBreach
 	TasksMore bool
+}
+
+// panelBreach is one commitment the platform missed for the tenant (last 30 days).
+type panelBreach struct {
+	LimitType, Label, Committed string
+	Count                       int64
+	Last, LastISO, Measured     string
 }
 
 type panelLimit struct {
@@ -272,7 +281,17 @@ func newPanelView(rep UsageReport) panelView {
 			Classification: string(h.SLAClassification), Enforcement: string(h.Enforcement),
 			Value: strings.Trim(string(val), `"`) + " / " + strings.Trim(string(lim), `"`)})
 	}
+	for _, b := range rep.SLABreaches {
+		v.Breaches = append(v.Breaches, panelBreach{LimitType: b.LimitType, Label: labelOf(b.LimitType), Count: b.Count,
+			Last: b.Last.UTC().Format("2006-01-02 15:04:05"), LastISO: b.Last.UTC().Format(time.RFC3339),
+			Committed: seconds(b.LastCommittedMs), Measured: seconds(b.LastMeasuredMs)})
+	}
 	return v
+}
+
+// seconds writes milliseconds as seconds, to the millisecond.
+func seconds(ms int64) string {
+	return strconv.FormatFloat(float64(ms)/1000, 'f', -1, 64) + " s"
 }
 
 func labelOf(limitType string) string {

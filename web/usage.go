@@ -38,6 +38,12 @@ type UsageReport struct {
 	AsOf     time.Time             `json:"as_of"`
 	Degraded bool                  `json:"degraded,omitempty"`
 	Limits   map[string]LimitUsage `json:"limits"`
+	// SLA is what the tenant's plan (with its overrides) commits to: seconds, or
+	// "unlimited" (no commitment).
+	SLA quotas.SLA `json:"sla"`
+	// SLABreaches are the commitments the platform missed for the tenant in the last
+	// 30 days, per commitment: the eligible_breach events and the last one.
+	SLABreaches []usage.SLABreaches `json:"sla_breaches"`
 	// UpgradeURL is where the plan is upgraded.
 	UpgradeURL string `json:"upgrade_url"`
 	// RecentLimitHits are the tenant's latest usage.limit_hit events, newest first
@@ -160,7 +166,11 @@ func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery
 		}
 	}
 	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}, UpgradeURL: s.UpgradeURL,
-		RecentLimitHits: []usage.LimitHit{}, Tasks: []UsageTask{}, Days: []usage.DayUsage{}}
+		RecentLimitHits: []usage.LimitHit{}, Tasks: []UsageTask{}, Days: []usage.DayUsage{}, SLA: quotas.NoSLA,
+		SLABreaches: []usage.SLABreaches{}}
+	if pol, err := s.Tenants.Policy(t); err == nil {
+		rep.SLA = pol.SLA
+	}
 	limitOf := map[string]quotas.Limit{}
 	for _, name := range quotas.LimitTypes {
 		limitOf[name] = quotas.Unlimited // a limit the plan leaves out is off
@@ -290,6 +300,11 @@ func (s *Server) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuer
 		return err
 	}
 	rep.RecentLimitHits = hits
+	breaches, err := s.Usage.SLABreaches(ctx, t.ID, rep.AsOf)
+	if err != nil {
+		return err
+	}
+	rep.SLABreaches = append(rep.SLABreaches, breaches...)
 	days := q.Days
 	if days == 0 {
 		days = usage.DefaultUsageDays

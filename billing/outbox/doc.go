@@ -81,8 +81,9 @@
 // type, subject (the tenant id), time, datacontenttype application/json, and data
 // (LimitData): tenant_id, plan, limit_type, limit_value, current_usage, threshold,
 // period (period quotas) or window (the others: the refusal's minute), enforcement
-// (none, refused, stopped), refused_by ("platform" on the platform's refusals, absent
-// otherwise), upgrade_url and sla_classification. Counts are JSON
+// (none, refused, stopped, delayed), committed_ms and measured_ms (a missed
+// commitment only), refused_by ("platform" on the platform's refusals and missed
+// commitments, absent otherwise), upgrade_url and sla_classification. Counts are JSON
 // numbers; USD amounts, held as integer micro-dollars, are decimal strings of dollars
 // with six decimals, so no float rounds them. The bytes of each type are fixed by a
 // golden test: a change to them is a change of the contract.
@@ -95,8 +96,25 @@
 // before was below and after is at or above it (Crossed). One change may cross several
 // thresholds; each is its own event. A limit of 0 or off has no thresholds.
 //
-// sla_classification: informational at 80 %, at_risk at 90 %, enforced_limit when the
-// tenant's own plan limit refused work (its quota at 100 %, its rates, its
-// concurrency), eligible_breach when the platform refused it rather than the plan:
-// degraded mode, a shared pool, a global limit.
+// sla_classification comes from one rule table (Rules, classify.go; the same table in
+// docs/limits.md, fixed by testdata/classification.golden) whose inputs are what
+// happened: the threshold reached, who limited the work (the tenant's own limit or
+// the platform) and how (refused, delayed, paused, stopped, a commitment missed).
+// informational at 80 %, at_risk at 90 %, enforced_limit when the tenant's own limit
+// refused, delayed, paused or stopped work, eligible_breach when the platform did:
+// degraded mode, a global limit stricter than the plan, a missed commitment.
+//
+// # Missed commitments
+//
+// A plan's commitments (quotas.SLA) are checked at a task's start, in its
+// transaction (Commitments.Started, the lifecycle's Started hook): a first start later
+// than start_within_s after the task's creation, and a resume after a wait for a
+// shared model pool longer than pool_wait_within_s, write a usage.limit_hit of
+// limit_type sla_start_within_s or sla_pool_wait_within_s, enforcement "delayed",
+// refused_by "platform", eligible_breach, with committed_ms and measured_ms besides
+// limit_value and current_usage (whole seconds, rounded up). They are keyed as the
+// platform's per window: one per tenant, commitment and minute. A wait the tenant's
+// own running cap, demand above its share of the worker pool, or draw above its share
+// of the model pool caused is not the platform's and writes nothing (the judges are
+// StartHolds and PoolShares); each event written counts in agentq.sla_breaches.
 package outbox

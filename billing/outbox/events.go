@@ -42,7 +42,7 @@ const (
 	Informational  Classification = "informational"   // 80 % of a period quota
 	AtRisk         Classification = "at_risk"         // 90 %
 	EnforcedLimit  Classification = "enforced_limit"  // the tenant's own plan limit refused work (100 %)
-	EligibleBreach Classification = "eligible_breach" // the platform refused work, not the tenant's plan
+	EligibleBreach Classification = "eligible_breach" // the platform limited work, not the tenant's plan (Rules)
 )
 
 // Enforcement is what was done to the tenant's work when the event was written.
@@ -65,22 +65,6 @@ var Thresholds = []int{80, 90, 100}
 // concurrency, backlog, a task's budget, the platform's own limits): at most one
 // limit_hit per tenant and limit in it.
 const DedupeWindow = time.Minute
-
-// Classify returns the classification of an event at threshold percent of a limit
-// (100 for any refusal). platform: the platform refused the work (degraded mode, a
-// shared pool, a global limit), not the tenant's plan.
-func Classify(threshold int, platform bool) Classification {
-	switch {
-	case platform:
-		return EligibleBreach
-	case threshold >= 100:
-		return EnforcedLimit
-	case threshold >= 90:
-		return AtRisk
-	default:
-		return Informational
-	}
-}
 
 // ThresholdValue is the usage at which threshold percent of limit is reached: the
 // smallest integer u with u >= limit·threshold/100. Computed without overflowing for
@@ -231,6 +215,11 @@ type LimitData struct {
 	Period      *Span       `json:"period,omitempty"` // period quotas
 	Window      *Span       `json:"window,omitempty"` // the others: the DedupeWindow of the refusal
 	Enforcement Enforcement `json:"enforcement"`
+	// CommittedMs and MeasuredMs are, on a missed commitment (limit_type
+	// sla_start_within_s or sla_pool_wait_within_s), what the plan commits to and what
+	// was measured, in milliseconds; absent otherwise.
+	CommittedMs *int64 `json:"committed_ms,omitempty"`
+	MeasuredMs  *int64 `json:"measured_ms,omitempty"`
 	// RefusedBy is RefusedByPlatform when the platform refused the work (degraded
 	// mode, a shared pool, a global limit), not the tenant's plan; absent otherwise.
 	RefusedBy  string `json:"refused_by,omitempty"`
@@ -292,7 +281,7 @@ func (e Events) Crossings(q Quota, before, after int64, at time.Time) ([]Event, 
 		ev, err := e.build(typ, PeriodKey(q.TenantID, q.LimitType, q.Period.Start, t), at, LimitData{
 			TenantID: q.TenantID, Plan: q.Plan, LimitType: q.LimitType,
 			LimitValue: amount(q.LimitType, q.Limit), CurrentUsage: amount(q.LimitType, after),
-			Threshold: t, Period: &period, Enforcement: enf, SLAClassification: Classify(t, false),
+			Threshold: t, Period: &period, Enforcement: enf, SLAClassification: Classify(Cause{Threshold: t, By: LimitedByTenant, How: How(enf)}),
 		})
 		if err != nil {
 			return nil, err
@@ -337,7 +326,7 @@ func refusalData(r Refusal) (LimitData, string, error) {
 	d := LimitData{
 		TenantID: r.TenantID, Plan: r.Plan, LimitType: r.LimitType,
 		LimitValue: amount(r.LimitType, r.Limit), CurrentUsage: amount(r.LimitType, r.Used),
-		Enforcement: r.Enforcement, SLAClassification: Classify(100, r.Platform),
+		Enforcement: r.Enforcement, SLAClassification: Classify(causeOf(r)),
 	}
 	if r.Platform {
 		d.RefusedBy = RefusedByPlatform

@@ -22,19 +22,63 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 func TestClassify(t *testing.T) {
 	for _, c := range []struct {
-		threshold int
-		platform  bool
-		want      outbox.Classification
+		cause outbox.Cause
+		want  outbox.Classification
 	}{
-		{80, false, outbox.Informational},
-		{90, false, outbox.AtRisk},
-		{100, false, outbox.EnforcedLimit},
-		{100, true, outbox.EligibleBreach},
-		{80, true, outbox.EligibleBreach},
+		{outbox.Cause{Threshold: 80}, outbox.Informational},
+		{outbox.Cause{Threshold: 85, By: outbox.LimitedByPlatform}, outbox.Informational}, // a warning limits nothing
+		{outbox.Cause{Threshold: 90}, outbox.AtRisk},
+		{outbox.Cause{Threshold: 100}, outbox.EnforcedLimit}, // a refusal by default
+		{outbox.Cause{Threshold: 100, By: outbox.LimitedByTenant, How: outbox.HowDelayed}, outbox.EnforcedLimit},
+		{outbox.Cause{Threshold: 100, By: outbox.LimitedByTenant, How: outbox.HowPaused}, outbox.EnforcedLimit},
+		{outbox.Cause{Threshold: 100, By: outbox.LimitedByPlatform, How: outbox.HowRefused}, outbox.EligibleBreach},
+		{outbox.Cause{Threshold: 100, By: outbox.LimitedByPlatform, How: outbox.HowCommitmentMissed}, outbox.EligibleBreach},
+		{outbox.Cause{Threshold: 100, By: outbox.LimitedByPlatform, How: outbox.HowDelayed}, outbox.EligibleBreach}, // no row: the platform's
 	} {
-		if got := outbox.Classify(c.threshold, c.platform); got != c.want {
-			t.Errorf("Classify(%d, platform %v) = %s, want %s", c.threshold, c.platform, got, c.want)
+		if got := outbox.Classify(c.cause); got != c.want {
+			t.Errorf("Classify(%+v) = %s, want %s", c.cause, got, c.want)
 		}
+	}
+}
+
+// The classification table is fixed: every rule's inputs and class, rendered as
+// docs/limits.md shows them. A change is a change of what finance credits, made on
+// purpose with -update.
+func TestClassificationGolden(t *testing.T) {
+	var got bytes.Buffer
+	fmt.Fprintln(&got, "| threshold | limited by | how | sla_classification | when |")
+	fmt.Fprintln(&got, "| --- | --- | --- | --- | --- |")
+	seen := map[outbox.Cause]bool{}
+	for _, r := range outbox.Rules {
+		if seen[r.Cause] {
+			t.Errorf("two rules for %+v", r.Cause)
+		}
+		seen[r.Cause] = true
+		if c := outbox.Classify(r.Cause); c != r.Class {
+			t.Errorf("Classify(%+v) = %s, its rule says %s", r.Cause, c, r.Class)
+		}
+		fmt.Fprintf(&got, "| %d %% | %s | %s | %s | %s |\n", r.Threshold, r.By, r.How, r.Class, r.When)
+	}
+	path := filepath.Join("testdata", "classification.golden")
+	if *update {
+		if err := os.WriteFile(path, got.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatalf("classification table changed (go test -update to accept):\ngot\n%s\nwant\n%s", got.Bytes(), want)
+	}
+	// docs/limits.md shows the same table.
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "limits.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(doc, want) {
+		t.Errorf("docs/limits.md lacks the classification table of testdata/classification.golden")
 	}
 }
 
@@ -276,8 +320,13 @@ func TestEventsGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	breach, err := events.Breach(outbox.Breach{TenantID: "acme", Plan: "pro", LimitType: outbox.LimitSLAStart,
+		Committed: time.Minute, Measured: 61500 * time.Millisecond, At: eventAt})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got bytes.Buffer
-	for _, ev := range []outbox.Event{approaching[0], hit[0], rate} {
+	for _, ev := range []outbox.Event{approaching[0], hit[0], rate, breach} {
 		fmt.Fprintf(&got, "%s\n", ev.Payload)
 	}
 	path := filepath.Join("testdata", "events.golden")

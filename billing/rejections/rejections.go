@@ -227,7 +227,9 @@ func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []s
 			continue
 		}
 		ref := r.refusal(t, row, periods[periodKey(row)])
-		ref.Platform = periods == nil
+		// The platform's: degraded mode (no periods), or a global limit stricter
+		// than the tenant's plan (ByPlatform, set by refusal).
+		ref.Platform = ref.Platform || periods == nil
 		ev, err := r.Events.LimitHit(ref)
 		if err != nil {
 			return 0, err
@@ -249,7 +251,8 @@ func (r *Rejections) writeEvents(ctx context.Context, tx *store.Store, first []s
 // was decided in (its counters refused it), not the one the minute counted falls in,
 // so a refusal at a period's end never takes the next period's 100 % event.
 func (r *Rejections) refusal(t store.Tenant, row store.RejectionRow, periodID string) outbox.Refusal {
-	ref := outbox.Refusal{TenantID: t.ID, Plan: t.Plan, LimitType: row.LimitType, At: row.Minute, Enforcement: outbox.EnforcementRefused}
+	ref := outbox.Refusal{TenantID: t.ID, Plan: t.Plan, LimitType: row.LimitType, At: row.Minute, Enforcement: outbox.EnforcementRefused,
+		Platform: r.Plans.ByPlatform(t.Plan, t.Overrides, row.LimitType)}
 	if eff, err := r.Plans.Effective(t.Plan, t.Overrides); err == nil {
 		if v, ok := eff[row.LimitType]; ok && !v.Off() {
 			n := float64(v)

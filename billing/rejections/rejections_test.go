@@ -671,3 +671,45 @@ func TestBudgetStopAtADayBoundaryKeysItsOwnDay(t *testing.T) {
 		t.Fatalf("limit_hit keys %q, want [%q]", keys, want)
 	}
 }
+
+// A refusal by a global limit stricter than the tenant's plan (AGENTQ_RATE_*,
+// AGENTQ_TENANT_MAX_INFLIGHT) is the platform's: eligible_breach, refused_by
+// platform. A tenant's own override of that limit is its own again.
+func TestRefusalByAStricterGlobalLimitIsThePlatforms(t *testing.T) {
+	t.Parallel()
+	f := newRejecting(t)
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, twoHundred := 1.0, 200.0
+	if err := plans.ApplyGlobals(quotas.Globals{TenantRPS: &one, KeyRPS: &twoHundred}); err != nil {
+		t.Fatal(err)
+	}
+	f.rej.Plans = plans
+	l := quotas.NoLimits()
+	l.TenantRate, l.TenantBurst = 1, 1
+	if d, err := f.q.Admit(f.ctx, quotas.AdmitParams{Mode: quotas.ModeAdmit, TenantID: "acme", Kid: "k1", TaskID: "first",
+		InScope: true, Limits: l, Period: quotas.PeriodAt(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC), f.clock())}); err != nil || !d.Allowed {
+		t.Fatalf("the first admission: %+v %v", d, err)
+	}
+	f.refuse(2, l)
+	if res := f.flush(); res.Events != 1 {
+		t.Fatalf("flush %+v, want one event", res)
+	}
+	hits := f.limitHits()
+	if len(hits) != 1 {
+		t.Fatalf("%d limit_hit events, want 1", len(hits))
+	}
+	_, d := decoded(t, outbox.Event{Payload: hits[0].Payload})
+	if d.LimitType != quotas.TenantRate || d.SLAClassification != outbox.EligibleBreach || d.RefusedBy != outbox.RefusedByPlatform {
+		t.Fatalf("a refusal by the stricter global tenant_rate: %+v", d)
+	}
+	// key_rate 200 is looser than pro's 20: the plan's own.
+	if plans.ByPlatform("pro", nil, quotas.KeyRate) || !plans.ByPlatform("pro", nil, quotas.TenantRate) {
+		t.Error("ByPlatform: only the stricter global limit is the platform's")
+	}
+	if plans.ByPlatform("pro", map[string]quotas.Limit{quotas.TenantRate: 1}, quotas.TenantRate) {
+		t.Error("a tenant's own override is its own limit")
+	}
+}

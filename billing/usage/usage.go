@@ -112,3 +112,34 @@ func (r *Rollups) Days(ctx context.Context, tenantID string, a quotas.Anchor, n 
 	}
 	return out, nil
 }
+
+// BreachesOver is how far back a tenant's missed commitments are reported.
+const BreachesOver = 30 * 24 * time.Hour
+
+// SLABreaches is a tenant's missed commitments of one kind over BreachesOver: its
+// eligible_breach events and the last one's committed and measured milliseconds.
+type SLABreaches struct {
+	LimitType       string    `json:"limit_type"` // sla_start_within_s or sla_pool_wait_within_s
+	Count           int64     `json:"count"`
+	Last            time.Time `json:"last"`
+	LastCommittedMs int64     `json:"last_committed_ms"`
+	LastMeasuredMs  int64     `json:"last_measured_ms"`
+}
+
+// SLABreaches returns the tenant's missed commitments since now − BreachesOver, by
+// limit_type.
+func (r *Rollups) SLABreaches(ctx context.Context, tenantID string, now time.Time) ([]SLABreaches, error) {
+	if tenantID == "" {
+		return nil, outbox.ErrNoTenant
+	}
+	bs, err := r.st.SLABreaches(ctx, tenantID, now.Add(-BreachesOver))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SLABreaches, len(bs))
+	for i, b := range bs {
+		out[i] = SLABreaches{LimitType: b.LimitType, Count: b.Count, Last: b.Last.UTC(),
+			LastCommittedMs: b.LastCommittedMs, LastMeasuredMs: b.LastMeasuredMs}
+	}
+	return out, nil
+}

@@ -24,6 +24,8 @@
 //   - Limit hits: usage.limit_hit events written in the last 24 h; refusals:
 //     admissions refused in the last 24 h (as flushed by the janitor, about a minute
 //     behind).
+//   - SLA breaches: per commitment, the eligible_breach events of missed commitments
+//     (a late first start, a long pool wait) of the last 30 days, and the last one.
 package operator
 
 import (
@@ -50,7 +52,9 @@ import (
 const (
 	DefaultWindow = 5 * time.Minute
 	LimitHitsOver = 24 * time.Hour // how far back limit hits and janitor corrections go
-	janitorRuns   = 20             // janitor runs listed
+	// BreachesOver is how far back the missed commitments go: a month of credits.
+	BreachesOver = 30 * 24 * time.Hour
+	janitorRuns  = 20 // janitor runs listed
 )
 
 // JanitorRun is one janitor pass run that corrected something.
@@ -61,6 +65,7 @@ type Store interface {
 	UnscopedTenantActivity(ctx context.Context, p store.ActivityParams) ([]store.TenantActivity, error)
 	UnscopedLimitHits(ctx context.Context, ids []string, eventType string, since time.Time) (map[string]store.LimitHits, error)
 	UnscopedJanitorRuns(ctx context.Context, since time.Time, limit int) ([]store.JanitorRun, map[string]int64, error)
+	UnscopedSLABreaches(ctx context.Context, ids []string, since time.Time) ([]store.SLABreaches, error)
 }
 
 // Scheduler is what the view reads of the scheduler (*scheduler.Scheduler).
@@ -131,6 +136,9 @@ type Tenant struct {
 	// model pool, a throttled agent's retry), without a worker.
 	CapacityWaits       int
 	LimitHits, Refusals int64
+	// Breaches are its missed commitments over BreachesOver, one entry per
+	// commitment (limit_type): how many eligible_breach events, and the last one.
+	Breaches []store.SLABreaches
 }
 
 // Endpoint is a webhook endpoint with its deliveries' state. URL shows scheme, host
@@ -246,6 +254,14 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 	if err != nil {
 		return Overview{}, err
 	}
+	breaches, err := s.d.Store.UnscopedSLABreaches(ctx, ids, now.Add(-BreachesOver))
+	if err != nil {
+		return Overview{}, err
+	}
+	byTenant := map[string][]store.SLABreaches{}
+	for _, b := range breaches {
+		byTenant[b.TenantID] = append(byTenant[b.TenantID], b)
+	}
 	rows := make([]Tenant, len(ts))
 	for i, t := range ts {
 		pol, _ := s.d.Tenants.Policy(t) // a removed plan still has a weight to show
@@ -253,7 +269,7 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 		r := Tenant{
 			ID: t.ID, Name: t.Name, Plan: t.Plan, Status: t.Status, Weight: pol.Weight,
 			WorkerSeconds: a.WorkerSeconds, Started: a.Started, P99Wait: a.P99Wait, CapacityWaits: a.CapacityWaits,
-			LimitHits: hits[t.ID].Events, Refusals: hits[t.ID].Refusals,
+			LimitHits: hits[t.ID].Events, Refusals: hits[t.ID].Refusals, Breaches: byTenant[t.ID],
 		}
 		if i < len(depths) {
 			r.Queued, r.Running = depths[i].Queued, depths[i].Running

@@ -114,6 +114,10 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.InsertEvent(ctx, store.InsertEventParams{ID: "new", Type: "usage.limit_hit", DedupeKey: "new", Payload: []byte("{}")})
 			return err
 		}},
+		{"SLABreaches", func(ctx context.Context, st *store.Store) error {
+			_, err := st.SLABreaches(ctx, "", time.Time{})
+			return err
+		}},
 		{"RecentEvents", func(ctx context.Context, st *store.Store) error {
 			_, err := st.RecentEvents(ctx, store.RecentEventsParams{Limit: 10})
 			return err

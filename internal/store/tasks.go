@@ -75,6 +75,9 @@ type Task struct {
 	// StartDeadline is when the task expires if no worker has started it by then
 	// (nil: it waits as long as it takes).
 	StartDeadline *time.Time
+	// Resumed is, on a task a start just took out of a wait (UnscopedStartTask), what
+	// it waited for and how long that wait was; nil otherwise.
+	Resumed *ResumedWait
 }
 
 // TaskPause is why a paused task is paused: the limit_type that paused it (Reason,
@@ -85,6 +88,13 @@ type TaskPause struct {
 	At          *time.Time
 	Limit, Used *int64
 	Count       int
+}
+
+// ResumedWait is a wait a start ended: its reason ("tokens_per_minute" or
+// "pool:<name>") and its length.
+type ResumedWait struct {
+	Reason   string
+	WaitedMs int64
 }
 
 // TaskWait is what a task waits for while it is parked: the capacity (Reason, nil when

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,9 +30,9 @@ func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok
 }
 
 // UnscopedStartTasks is UnscopedStartTask for many tasks in one statement: it starts
-// those of ids that are queued and returns them, in no particular order, with those
-// it ended expired instead (State tells which); the others (running elsewhere,
-// terminal, gone) are left as they are.
+// those of ids that are queued and returns them, in no particular order, each with the
+// wait its start ended (Task.Resumed), with those it ended expired instead (State
+// tells which); the others (running elsewhere, terminal, gone) are left as they are.
 //
 // Both changes are one statement on one snapshot, and their conditions exclude each
 // other: a task is started or expired, never both, and a concurrent expiry pass
@@ -41,14 +42,11 @@ func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task
 		WITH expired AS (
 			UPDATE tasks SET state = 'expired', error = $2, finished_at = clock_timestamp()
 			WHERE id = ANY($1) AND state = 'queued' AND `+startOverdue+`
-			RETURNING `+taskCols+`
-		), started AS (
-			UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = COALESCE(started_at, now()), heartbeat_at = now(),`+resumeCols+`
-			WHERE id = ANY($1) AND state = 'queued' AND NOT `+startOverdue+`
-			RETURNING `+taskCols+`
+			RETURNING `+taskCols+`, NULL::text, 0::bigint
+		), started AS (`+startSQL+`tasks.id = ANY($1) AND NOT `+startOverdueOf("tasks")+startReturning+`
 		)
 		SELECT * FROM started UNION ALL SELECT * FROM expired`, ids, ExpiredError)
-	return collect(rows, err, scanTask)
+	return collect(rows, err, scanStarted)
 }
 
 // ExpiredError is the error a task ends with when it expires.
@@ -57,7 +55,15 @@ const ExpiredError = "not started by its start deadline"
 // startOverdue holds for a task that never started and whose start deadline has
 // passed. A task that started once (and was parked or re-queued since) is past its
 // deadline's reach: the deadline is about the first start only.
-const startOverdue = `(started_at IS NULL AND start_deadline IS NOT NULL AND start_deadline <= now())`
+var startOverdue = startOverdueOf("")
+
+// startOverdueOf is startOverdue on the columns of table ("": unqualified).
+func startOverdueOf(table string) string {
+	if table != "" {
+		table += "."
+	}
+	return "(" + table + "started_at IS NULL AND " + table + "start_deadline IS NOT NULL AND " + table + "start_deadline <= now())"
+}
 
 // UnscopedExpireOverdue ends as expired up to limit queued tasks, of any tenant, that
 // never started and whose start deadline has passed, oldest deadline first, and
@@ -77,12 +83,42 @@ func (s *Store) UnscopedExpireOverdue(ctx context.Context, limit int) ([]Task, e
 	return collect(rows, err, scanTask)
 }
 
-// resumeCols end a parked task's wait as it starts: the wait is added to waited_ms
-// and the wait's fields are cleared. step_estimate stays for the delivery to read.
-const resumeCols = `
-		waited_ms = waited_ms + CASE WHEN parked_at IS NULL THEN 0
-			ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - parked_at) * 1000)::bigint) END,
-		parked_at = NULL, wait_reason = NULL, wait_until = NULL`
+// startSQL starts queued tasks (the condition on tasks.id follows it), ending a parked
+// task's wait: the wait is added to waited_ms and the wait's fields are cleared
+// (step_estimate stays for the delivery to read). It joins the
+// row as it was (w) to return, with the started task, the wait the start ended
+// (Task.Resumed): after the update the wait's fields are cleared.
+const startSQL = `
+		UPDATE tasks SET state = 'running', attempt = tasks.attempt + 1, started_at = COALESCE(tasks.started_at, now()),
+			heartbeat_at = now(),
+			waited_ms = tasks.waited_ms + CASE WHEN tasks.parked_at IS NULL THEN 0
+				ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - tasks.parked_at) * 1000)::bigint) END,
+			parked_at = NULL, wait_reason = NULL, wait_until = NULL
+		FROM tasks w WHERE w.id = tasks.id AND tasks.state = 'queued' AND `
+
+// startReturning returns the started task and the wait its start ended.
+var startReturning = ` RETURNING ` + qualified("tasks", taskCols) + `, w.wait_reason,
+		CASE WHEN w.parked_at IS NULL THEN 0 ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - w.parked_at) * 1000)::bigint) END`
+
+// scanStarted scans a started task and the wait its start ended.
+func scanStarted(row pgx.Row) (Task, error) {
+	var reason *string
+	var waited int64
+	t, err := scanTaskWith(row, &reason, &waited)
+	if err == nil && reason != nil {
+		t.Resumed = &ResumedWait{Reason: *reason, WaitedMs: waited}
+	}
+	return t, err
+}
+
+// qualified prefixes each column of cols with table.
+func qualified(table, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, c := range parts {
+		parts[i] = table + "." + strings.TrimSpace(c)
+	}
+	return strings.Join(parts, ", ")
+}
 
 // UnscopedTakeOverTask claims a running task whose worker stopped heartbeating for
 // staleAfter (its process died; asynq redelivered it) and counts a new attempt.

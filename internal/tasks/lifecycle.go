@@ -75,6 +75,11 @@ type LifecycleOptions struct {
 	// with the task as paused and the limit: it writes the pause's usage.limit_hit,
 	// with its approval link (outbox.Events.Pause).
 	Paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
+	// Started, when set, runs inside the transaction that started a queued task (the
+	// group commit's too), with the task as started (Task.Resumed: the wait it
+	// ended): it writes the usage.limit_hit of a start or a pool wait later than the
+	// plan commits to (outbox.Commitments.Started). An error rolls the start back.
+	Started func(ctx context.Context, tx *store.Store, t store.Task) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
@@ -97,6 +102,8 @@ type Lifecycle struct {
 	parked func(ctx context.Context, tx *store.Store, t store.Task) error
 	// paused: LifecycleOptions.Paused
 	paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
+	// started: LifecycleOptions.Started
+	started func(ctx context.Context, tx *store.Store, t store.Task) error
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
@@ -113,7 +120,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 		o.StaleAfter = DefaultStaleAfter
 	}
 	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded,
-		parked: o.Parked, paused: o.Paused}
+		parked: o.Parked, paused: o.Paused, started: o.Started}
 	l.lastSteps.Flush = l.completeLastSteps
 	l.starts.Flush = l.startTasks
 	l.creates.Flush = l.createTasks
@@ -157,6 +164,11 @@ func (l *Lifecycle) ended(ctx context.Context, st store.TaskState) {
 func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) error {
 	if l.budget != nil && c.Kind == ChangeFinished && c.Task.State == store.StateBudgetExceeded {
 		if err := l.budget(ctx, tx, c.Task, c.Stop); err != nil {
+			return err
+		}
+	}
+	if l.started != nil && c.Kind == ChangeStarted {
+		if err := l.started(ctx, tx, c.Task); err != nil {
 			return err
 		}
 	}
@@ -346,7 +358,7 @@ func (l *Lifecycle) startTasks(batch []*start) {
 	for i, c := range batch {
 		ids[i] = c.id
 	}
-	byID := l.sharedWrite(batch[0].ctx, l.hook != nil, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
+	byID := l.sharedWrite(batch[0].ctx, l.hook != nil || l.started != nil, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
 		ts, err := st.UnscopedStartTasks(ctx, ids)
 		if err != nil {
 			return nil, err

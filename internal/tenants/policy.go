@@ -33,6 +33,8 @@ type Policy struct {
 	// quota (stop or pause), and PauseTimeout how long a paused task waits.
 	OnLimit      quotas.OnLimit
 	PauseTimeout time.Duration
+	// SLA is what the plan commits to, with the tenant's sla_* overrides applied.
+	SLA quotas.SLA
 }
 
 // PolicyOf computes t's policy from the catalogue (with the deployment's global
@@ -50,7 +52,7 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 	}
 	eff, err := plans.Effective(t.Plan, t.Overrides)
 	if err != nil {
-		return Policy{Weight: w}, err
+		return Policy{Weight: w, SLA: quotas.NoSLA}, err
 	}
 	return Policy{
 		Weight:     w,
@@ -61,6 +63,7 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 		OnLimit:    p.OnLimit,
 		// PauseTimeout is the plan's, or the default when the plan is missing.
 		PauseTimeout: p.PauseTimeout(),
+		SLA:          plans.SLAOf(t.Plan, t.Overrides),
 	}, nil
 }
 

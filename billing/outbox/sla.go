@@ -1,0 +1,182 @@
+package outbox
+
+import (
+	"context"
+	"math"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/agentq/agentq/internal/baseservice"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/quotas"
+)
+
+// The limit_types of a missed commitment: the override keys of the commitments.
+const (
+	LimitSLAStart    = quotas.SLAStartWithin
+	LimitSLAPoolWait = quotas.SLAPoolWaitWithin
+)
+
+// Breach is a commitment of a tenant's plan the platform missed.
+type Breach struct {
+	TenantID  string
+	Plan      string
+	LimitType string // LimitSLAStart or LimitSLAPoolWait
+	Committed time.Duration
+	Measured  time.Duration
+	At        time.Time
+}
+
+// Breach returns the usage.limit_hit of a missed commitment: eligible_breach,
+// enforcement "delayed", refused_by platform, limit_value and current_usage the
+// committed and measured seconds (rounded up), committed_ms and measured_ms exact.
+// One per tenant, commitment and DedupeWindow: its key is the window's, marked as the
+// platform's.
+func (e Events) Breach(b Breach) (Event, error) {
+	start := WindowStart(b.At)
+	committed, measured := b.Committed.Milliseconds(), b.Measured.Milliseconds()
+	d := LimitData{
+		TenantID: b.TenantID, Plan: b.Plan, LimitType: b.LimitType,
+		LimitValue: Amount{N: ceilSeconds(b.Committed)}, CurrentUsage: Amount{N: ceilSeconds(b.Measured)},
+		CommittedMs: &committed, MeasuredMs: &measured,
+		Window: &Span{Start: start, End: start.Add(DedupeWindow)}, Enforcement: EnforcementDelayed, RefusedBy: RefusedByPlatform,
+		SLAClassification: Classify(Cause{Threshold: 100, By: LimitedByPlatform, How: HowCommitmentMissed}),
+	}
+	return e.build(TypeLimitHit, WindowKey(b.TenantID, b.LimitType, b.At)+"|"+RefusedByPlatform, b.At, d)
+}
+
+func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
+
+// StartHolds tells whether a tenant's own running cap or demand may have held back a
+// task created at since that starts now (scheduler.Scheduler.HeldBack).
+type StartHolds interface {
+	HeldBack(ctx context.Context, tenantID string, since time.Time) (bool, error)
+}
+
+// PoolShares tells whether a tenant asking a model pool for ask tokens is within its
+// weighted share of it (quotas.Quotas.PoolWithinShare).
+type PoolShares interface {
+	PoolWithinShare(ctx context.Context, pool, tenant string, ask int64) (bool, error)
+}
+
+// TenantReader reads a tenant (the server's is a cache).
+type TenantReader interface {
+	GetTenant(ctx context.Context, id string) (store.Tenant, error)
+}
+
+// Commitments writes the events of the commitments a task's start shows missed
+// (quotas.SLA): a first start later than start_within_s after the task's creation,
+// and a wait for a shared model pool longer than pool_wait_within_s, each only while
+// the tenant was within its own limits and share (docs/limits.md). Build it with
+// NewCommitments.
+type Commitments struct {
+	Events Events
+	// SLA returns a tenant's commitments (tenants.Policy's SLA).
+	SLA func(store.Tenant) (quotas.SLA, error)
+	// Tenants reads the started task's tenant; nil: read on the start's transaction.
+	Tenants TenantReader
+	// Starts and Pools judge whether the tenant was within its limits and share; a
+	// nil one judges it always within.
+	Starts StartHolds
+	Pools  PoolShares
+
+	breaches metric.Int64Counter
+}
+
+// NewCommitments returns c with its meter (agentq.sla_breaches) from a.
+func NewCommitments(c Commitments, a *baseservice.Archetype) *Commitments {
+	c.breaches, _ = a.Meter("github.com/agentq/agentq/billing/outbox").Int64Counter("agentq.sla_breaches",
+		metric.WithUnit("{breach}"),
+		metric.WithDescription("Commitments of a plan the platform missed (eligible_breach events written), by limit_type and tenant"))
+	return &c
+}
+
+// Started runs in the transaction that started task t (tasks.LifecycleOptions.Started)
+// and writes there the usage.limit_hit of each commitment the start shows missed. A
+// start within its commitments reads nothing but the (cached) tenant; the checks of
+// the tenant's limits and share run only for a late one. Nothing here fails a start:
+// a wait that cannot be judged (the tenant or Redis not answering) is not credited.
+func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task) error {
+	firstStart := t.Attempt == 1 && t.StartedAt != nil
+	poolWait := t.Resumed != nil && strings.HasPrefix(t.Resumed.Reason, "pool:")
+	if !firstStart && !poolWait {
+		return nil
+	}
+	tenant, err := c.tenant(ctx, tx, t.TenantID)
+	if err != nil {
+		return nil
+	}
+	sla, err := c.SLA(tenant)
+	if err != nil {
+		return nil // a tenant whose plan is gone has no commitments to keep
+	}
+	if within, ok := quotas.Within(sla.StartWithinS); ok && firstStart {
+		if measured := t.StartedAt.Sub(t.CreatedAt); measured > within {
+			if err := c.startBreach(ctx, tx, t, tenant.Plan, within, measured); err != nil {
+				return err
+			}
+		}
+	}
+	if within, ok := quotas.Within(sla.PoolWaitWithinS); ok && poolWait {
+		if measured := time.Duration(t.Resumed.WaitedMs) * time.Millisecond; measured > within {
+			return c.poolBreach(ctx, tx, t, tenant.Plan, strings.TrimPrefix(t.Resumed.Reason, "pool:"), within, measured)
+		}
+	}
+	return nil
+}
+
+// startBreach writes the breach of a first start later than committed unless the
+// tenant's own running cap or demand held it (StartHolds).
+func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.Task, plan string, committed, measured time.Duration) error {
+	if c.Starts != nil {
+		if held, err := c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt); err != nil || held {
+			return nil
+		}
+	}
+	return c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAStart,
+		Committed: committed, Measured: measured, At: *t.StartedAt})
+}
+
+// poolBreach writes the breach of a pool wait longer than committed unless the tenant
+// had drawn more than its share of the pool.
+func (c *Commitments) poolBreach(ctx context.Context, tx *store.Store, t store.Task, plan, pool string, committed, measured time.Duration) error {
+	if c.Pools != nil {
+		var ask int64
+		if t.Wait.StepEstimate != nil {
+			ask = *t.Wait.StepEstimate
+		}
+		if within, err := c.Pools.PoolWithinShare(ctx, pool, t.TenantID, ask); err != nil || !within {
+			return nil // over its share, or not judged (Redis not answering): not credited
+		}
+	}
+	return c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAPoolWait,
+		Committed: committed, Measured: measured, At: time.Now()})
+}
+
+func (c *Commitments) tenant(ctx context.Context, tx *store.Store, id string) (store.Tenant, error) {
+	if c.Tenants != nil {
+		return c.Tenants.GetTenant(ctx, id)
+	}
+	return tx.GetTenant(ctx, id)
+}
+
+// write writes a breach's event on tx and counts it when it is the first of its
+// window.
+func (c *Commitments) write(ctx context.Context, tx *store.Store, b Breach) error {
+	ev, err := c.Events.Breach(b)
+	if err != nil {
+		return err
+	}
+	written, err := WriteEvent(ctx, tx, ev)
+	if err != nil {
+		return err
+	}
+	if written && c.breaches != nil {
+		c.breaches.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
+			attribute.String("limit_type", b.LimitType), attribute.String("tenant_id", b.TenantID)))
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package tasks_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/internal/rkeys"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/scheduler"
+)
+
+// slaEnv is a lifecycle whose starts check the plans' commitments against the real
+// scheduler and pools in Redis.
+type slaEnv struct {
+	*limitEnv
+	q    *quotas.Quotas
+	rdb  *redis.Client
+	keys rkeys.Keys
+}
+
+func slaSetup(t *testing.T) *slaEnv {
+	t.Helper()
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb, keys := testenv.Redis(t, 1)
+	e := &slaEnv{limitEnv: &limitEnv{st: store.New(testenv.Postgres(t))}, q: quotas.New(rdb, keys, nil), rdb: rdb, keys: keys}
+	fast := map[string]quotas.Limit{quotas.SLAStartWithin: 0.2, quotas.SLAPoolWaitWithin: 0.2}
+	for id, p := range map[string]store.CreateTenantParams{
+		"acme": {Plan: "pro", Overrides: fast}, "free": {Plan: "free"}, "flood": {Plan: "pro", Overrides: fast},
+	} {
+		p.ID, p.Name = id, id
+		if _, err := e.st.CreateTenant(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := outbox.NewCommitments(outbox.Commitments{Events: outbox.Events{}, Starts: scheduler.New(rdb, keys, scheduler.Options{}), Pools: e.q,
+		SLA: func(t store.Tenant) (quotas.SLA, error) { return plans.SLAOf(t.Plan, t.Overrides), nil }}, nil)
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Started: c.Started})
+	return e
+}
+
+// create makes a queued task of tenant created age ago.
+func (e *slaEnv) create(t *testing.T, tenant string, age time.Duration) uuid.UUID {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7())
+	if _, _, err := e.lc.Create(context.Background(), store.InsertTaskParams{ID: id, TenantID: tenant, Kid: "k", Agent: "sim",
+		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET created_at = now() - $2::interval WHERE id = $1`,
+		id, age.String()); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func (e *slaEnv) start(t *testing.T, id uuid.UUID) store.Task {
+	t.Helper()
+	task, out, err := e.lc.Start(context.Background(), id)
+	if err != nil || out != tasks.Started {
+		t.Fatalf("start: %v %v", out, err)
+	}
+	return task
+}
+
+// breaches are the tenant's limit_hits of a commitment, read from the table: the
+// feeds hold back what other tests' open transactions might still precede.
+func (e *slaEnv) breaches(t *testing.T, tenant, limitType string) []outbox.LimitData {
+	t.Helper()
+	rows, err := e.st.Pool().Query(context.Background(),
+		`SELECT payload FROM events WHERE tenant_id = $1 AND type = $2 ORDER BY seq`, tenant, outbox.TypeLimitHit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []outbox.LimitData
+	for _, p := range payloads {
+		if d, _ := decodeEvent(t, p); d.Data.LimitType == limitType {
+			out = append(out, d.Data)
+		}
+	}
+	return out
+}
+
+// A first start later than the plan's start_within_s, with the tenant within its
+// limits and share, is one eligible_breach with the committed and measured values;
+// a second late start in the minute shares it. A plan without the commitment has none.
+func TestLateFirstStartIsABreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	e.start(t, e.create(t, "acme", 0)) // on time
+	e.start(t, e.create(t, "acme", 3*time.Second))
+	e.start(t, e.create(t, "acme", 5*time.Second))
+	e.start(t, e.create(t, "free", time.Hour))
+	got := e.breaches(t, "acme", outbox.LimitSLAStart)
+	if len(got) != 1 {
+		t.Fatalf("%d breaches, want 1: %+v", len(got), got)
+	}
+	d := got[0]
+	if d.SLAClassification != outbox.EligibleBreach || d.RefusedBy != outbox.RefusedByPlatform || d.Enforcement != outbox.EnforcementDelayed ||
+		d.CommittedMs == nil || *d.CommittedMs != 200 || d.MeasuredMs == nil || *d.MeasuredMs < 3000 || d.LimitValue.N != 1 || d.CurrentUsage.N < 3 {
+		t.Fatalf("breach %+v", d)
+	}
+	if b := e.breaches(t, "free", outbox.LimitSLAStart); len(b) != 0 {
+		t.Fatalf("free plan (no commitment): %+v", b)
+	}
+}
+
+// A late start of a tenant asking for more than its share of the worker pool (its
+// own tasks queued behind it: its flood) is not a breach.
+func TestLateStartOfAFloodingTenantIsNoBreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	ctx := context.Background()
+	sched := scheduler.New(e.rdb, e.keys, scheduler.Options{})
+	id := e.create(t, "flood", 3*time.Second)
+	for range 3 { // its backlog: queued in Redis behind the late one
+		other := e.create(t, "flood", 0)
+		task, err := e.st.GetTask(ctx, store.GetTaskParams{TenantID: "flood", ID: other})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sched.Enqueue(ctx, scheduler.EnqueueParams{TenantID: "flood", TaskID: other, Weight: 2,
+			Priority: task.Priority, CreatedAt: task.CreatedAt}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if held, err := sched.HeldBack(ctx, "flood", time.Now().Add(-time.Hour)); err != nil || !held {
+		t.Fatalf("HeldBack(flood) = %v %v, want held by its own demand", held, err)
+	}
+	if held, err := sched.HeldBack(ctx, "acme", time.Now().Add(-time.Hour)); err != nil || held {
+		t.Fatalf("HeldBack(acme) = %v %v, want within its share", held, err)
+	}
+	e.start(t, id)
+	if b := e.breaches(t, "flood", outbox.LimitSLAStart); len(b) != 0 {
+		t.Fatalf("a flooding tenant's late start: %+v", b)
+	}
+}
+
+// A wait for a shared model pool longer than pool_wait_within_s is a breach at the
+// resume; a wait for the tenant's own tokens_per_minute never is, and neither is one
+// of a tenant that drew more than its share of the pool.
+func TestPoolWaitBeyondTheCommitmentIsABreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	ctx := context.Background()
+	park := func(id uuid.UUID, reason string) {
+		task := e.start(t, id)
+		if err := e.lc.Park(ctx, tasks.ParkParams{Claim: claimOf(task), Reason: reason, Until: time.Now(), StepEstimate: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pooled, own := e.create(t, "acme", 0), e.create(t, "acme", 0)
+	park(pooled, "pool:gpt")
+	park(own, quotas.WaitTokensPerMinute)
+	time.Sleep(300 * time.Millisecond)
+	e.start(t, pooled)
+	e.start(t, own)
+	got := e.breaches(t, "acme", outbox.LimitSLAPoolWait)
+	if len(got) != 1 || *got[0].CommittedMs != 200 || *got[0].MeasuredMs < 300 || got[0].SLAClassification != outbox.EligibleBreach {
+		t.Fatalf("pool wait breaches %+v, want one", got)
+	}
+
+	// flood drew far ahead of the pool's line: its wait is its own draw.
+	if err := e.rdb.HSet(ctx, e.keys.PoolPasses("gpt"), "p:flood", 1e6, "w:flood", 2).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ahead := e.create(t, "flood", 0)
+	task := e.start(t, ahead)
+	if err := e.lc.Park(ctx, tasks.ParkParams{Claim: claimOf(task), Reason: "pool:gpt", Until: time.Now(), StepEstimate: 100}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	e.start(t, ahead)
+	if b := e.breaches(t, "flood", outbox.LimitSLAPoolWait); len(b) != 0 {
+		t.Fatalf("a tenant over its pool share: %+v", b)
+	}
+}

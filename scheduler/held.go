@@ -1,0 +1,98 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// HeldBack reports whether a tenant's own limits or its own demand, rather than the
+// worker pool, may have held back a task of it created at since that starts now
+// (the plans' start commitment, docs/limits.md). It is asked only about a start that
+// came later than the commitment, so its reads cost nothing on the common path.
+//
+//   - Its own running cap: a tenant leaves its shard's capped set only when a slot of
+//     its own frees (or its cap is raised), and that exit stamps its conf ("uncap").
+//     A capped tenant is never dispatched, so a stamp at or after since means the cap
+//     held it at some moment of the wait.
+//   - Its share: its demand now, the tasks it has running (the one starting
+//     included) and queued, is above its weighted share of the live worker slots
+//     among the tenants waiting for one (its shard sets' ready and capped, it
+//     included), at least one slot. A tenant asking for more than its share waits
+//     behind its own tasks: that flood is its own.
+func (s *Scheduler) HeldBack(ctx context.Context, tenantID string, since time.Time) (bool, error) {
+	pipe := s.rdb.Pipeline()
+	conf := pipe.HMGet(ctx, s.keys.TenantConf(tenantID), "uncap", "w")
+	running := pipe.SCard(ctx, s.keys.TenantRunning(tenantID))
+	queued := pipe.ZCard(ctx, s.keys.TenantQueue(tenantID))
+	sets := make([]*redis.StringSliceCmd, 0, 2*s.keys.Shards())
+	for shard := range s.keys.Shards() {
+		sets = append(sets, pipe.ZRange(ctx, s.keys.Ready(shard), 0, -1), pipe.ZRange(ctx, s.keys.Capped(shard), 0, -1))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return false, fmt.Errorf("scheduler: held back: %w", err)
+	}
+	vals := conf.Val()
+	if uncap, ok := num(vals[0]); ok && uncap >= since.UnixMilli() {
+		return true, nil
+	}
+	own := max(1, int64(num1(vals[1])))
+	total, err := s.backloggedWeight(ctx, tenantID, sets)
+	if err != nil {
+		return false, err
+	}
+	pool, err := s.PoolUsage(ctx)
+	if err != nil {
+		return false, err
+	}
+	share := max(1, float64(pool.Capacity)*float64(own)/float64(total+own))
+	return float64(running.Val()+queued.Val()) > share, nil
+}
+
+// backloggedWeight is the total weight of the tenants in sets (ready and capped
+// sets), tenantID left out.
+func (s *Scheduler) backloggedWeight(ctx context.Context, tenantID string, sets []*redis.StringSliceCmd) (int64, error) {
+	pipe := s.rdb.Pipeline()
+	var ws []*redis.Cmd
+	for _, set := range sets {
+		for _, t := range set.Val() {
+			if t != tenantID {
+				ws = append(ws, pipe.Do(ctx, "HGET", s.keys.TenantConf(t), "w"))
+			}
+		}
+	}
+	if len(ws) == 0 {
+		return 0, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, fmt.Errorf("scheduler: weights: %w", err)
+	}
+	var total int64
+	for _, w := range ws {
+		v, _ := w.Text()
+		total += max(1, int64(num1(v)))
+	}
+	return total, nil
+}
+
+// num reads a conf field.
+func num(v any) (int64, bool) {
+	str, ok := v.(string)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseFloat(str, 64)
+	return int64(n), err == nil
+}
+
+// num1 reads a weight: 1 when absent.
+func num1(v any) float64 {
+	if n, ok := num(v); ok && n > 0 {
+		return float64(n)
+	}
+	return 1
+}
