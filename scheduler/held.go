@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,17 +23,13 @@ import (
 //   - Its share: its demand now, the tasks it has running (the one starting
 //     included) and queued, is above its weighted share of the live worker slots
 //     among the tenants waiting for one (its shard sets' ready and capped, it
-//     included), at least one slot. A tenant asking for more than its share waits
-//     behind its own tasks: that flood is its own.
+//     included; read at most once a second), at least one slot. A tenant asking for
+//     more than its share waits behind its own tasks: that flood is its own.
 func (s *Scheduler) HeldBack(ctx context.Context, tenantID string, since time.Time) (bool, error) {
 	pipe := s.rdb.Pipeline()
 	conf := pipe.HMGet(ctx, s.keys.TenantConf(tenantID), "uncap", "w")
 	running := pipe.SCard(ctx, s.keys.TenantRunning(tenantID))
 	queued := pipe.ZCard(ctx, s.keys.TenantQueue(tenantID))
-	sets := make([]*redis.StringSliceCmd, 0, 2*s.keys.Shards())
-	for shard := range s.keys.Shards() {
-		sets = append(sets, pipe.ZRange(ctx, s.keys.Ready(shard), 0, -1), pipe.ZRange(ctx, s.keys.Capped(shard), 0, -1))
-	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return false, fmt.Errorf("scheduler: held back: %w", err)
 	}
@@ -41,42 +38,72 @@ func (s *Scheduler) HeldBack(ctx context.Context, tenantID string, since time.Ti
 		return true, nil
 	}
 	own := max(1, int64(num1(vals[1])))
-	total, err := s.backloggedWeight(ctx, tenantID, sets)
+	total, of, err := s.backloggedWeights(ctx)
 	if err != nil {
 		return false, err
 	}
+	others := total - of[tenantID]
 	pool, err := s.PoolUsage(ctx)
 	if err != nil {
 		return false, err
 	}
-	share := max(1, float64(pool.Capacity)*float64(own)/float64(total+own))
+	share := max(1, float64(pool.Capacity)*float64(own)/float64(others+own))
 	return float64(running.Val()+queued.Val()) > share, nil
 }
 
-// backloggedWeight is the total weight of the tenants in sets (ready and capped
-// sets), tenantID left out.
-func (s *Scheduler) backloggedWeight(ctx context.Context, tenantID string, sets []*redis.StringSliceCmd) (int64, error) {
+// backlogWeightsTTL is how long HeldBack reuses the backlogged tenants' weights: it
+// runs inside a start's transaction, and under load many late starts come at once,
+// each of which would otherwise read every backlogged tenant.
+const backlogWeightsTTL = time.Second
+
+// backlogWeights are the weights of the tenants in the shards' ready and capped sets.
+type backlogWeights struct {
+	mu    sync.Mutex
+	at    time.Time
+	total int64
+	of    map[string]int64
+}
+
+// backloggedWeights returns the backlogged tenants' total weight and each one's,
+// read at most once per backlogWeightsTTL. The map is never written once returned.
+func (s *Scheduler) backloggedWeights(ctx context.Context) (total int64, of map[string]int64, err error) {
+	b := &s.backlog
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.of != nil && time.Since(b.at) < backlogWeightsTTL {
+		return b.total, b.of, nil
+	}
 	pipe := s.rdb.Pipeline()
+	sets := make([]*redis.StringSliceCmd, 0, 2*s.keys.Shards())
+	for shard := range s.keys.Shards() {
+		sets = append(sets, pipe.ZRange(ctx, s.keys.Ready(shard), 0, -1), pipe.ZRange(ctx, s.keys.Capped(shard), 0, -1))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, nil, fmt.Errorf("scheduler: backlogged tenants: %w", err)
+	}
+	var tenants []string
+	pipe = s.rdb.Pipeline()
 	var ws []*redis.Cmd
 	for _, set := range sets {
 		for _, t := range set.Val() {
-			if t != tenantID {
-				ws = append(ws, pipe.Do(ctx, "HGET", s.keys.TenantConf(t), "w"))
-			}
+			tenants = append(tenants, t)
+			ws = append(ws, pipe.Do(ctx, "HGET", s.keys.TenantConf(t), "w"))
 		}
 	}
-	if len(ws) == 0 {
-		return 0, nil
+	if len(ws) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return 0, nil, fmt.Errorf("scheduler: weights: %w", err)
+		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return 0, fmt.Errorf("scheduler: weights: %w", err)
-	}
-	var total int64
-	for _, w := range ws {
+	of = make(map[string]int64, len(tenants))
+	for i, w := range ws {
 		v, _ := w.Text()
-		total += max(1, int64(num1(v)))
+		n := max(1, int64(num1(v)))
+		of[tenants[i]] = n
+		total += n
 	}
-	return total, nil
+	b.at, b.total, b.of = time.Now(), total, of
+	return total, of, nil
 }
 
 // num reads a conf field.

@@ -82,6 +82,9 @@ type Scheduler struct {
 	// every shard, so a wake-up that one of them takes needs no other: it is kicked
 	// in process instead of published through Redis.
 	local map[*Dispatcher]struct{}
+
+	// backlog is the backlogged tenants' weights as HeldBack last read them.
+	backlog backlogWeights
 }
 
 // Options configure a Scheduler.
