@@ -20,15 +20,15 @@ import (
 //     its own frees (or its cap is raised), and that exit stamps its conf ("uncap").
 //     A capped tenant is never dispatched, so a stamp at or after since means the cap
 //     held it at some moment of the wait.
-//   - Its share: its demand now, the tasks it has running (the one starting
-//     included) and queued, is above its weighted share of the live worker slots
+//   - Its share: its demand now, the tasks it has started (started, as Postgres
+//     counts them, the one starting included: its running set also holds tasks
+//     handed to the workers ahead of time) and queued, is above its weighted share of the live worker slots
 //     among the tenants waiting for one (its shard sets' ready and capped, it
 //     included; read at most once a second), at least one slot. A tenant asking for
 //     more than its share waits behind its own tasks: that flood is its own.
-func (s *Scheduler) HeldBack(ctx context.Context, tenantID string, since time.Time) (bool, error) {
+func (s *Scheduler) HeldBack(ctx context.Context, tenantID string, since time.Time, started int64) (bool, error) {
 	pipe := s.rdb.Pipeline()
 	conf := pipe.HMGet(ctx, s.keys.TenantConf(tenantID), "uncap", "w")
-	running := pipe.SCard(ctx, s.keys.TenantRunning(tenantID))
 	queued := pipe.ZCard(ctx, s.keys.TenantQueue(tenantID))
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return false, fmt.Errorf("scheduler: held back: %w", err)
@@ -48,7 +48,7 @@ func (s *Scheduler) HeldBack(ctx context.Context, tenantID string, since time.Ti
 		return false, err
 	}
 	share := max(1, float64(pool.Capacity)*float64(own)/float64(others+own))
-	return float64(running.Val()+queued.Val()) > share, nil
+	return float64(started+queued.Val()) > share, nil
 }
 
 // backlogWeightsTTL is how long HeldBack reuses the backlogged tenants' weights: it

@@ -53,7 +53,7 @@ func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
 // StartHolds tells whether a tenant's own running cap or demand may have held back a
 // task created at since that starts now (scheduler.Scheduler.HeldBack).
 type StartHolds interface {
-	HeldBack(ctx context.Context, tenantID string, since time.Time) (bool, error)
+	HeldBack(ctx context.Context, tenantID string, since time.Time, started int64) (bool, error)
 }
 
 // PoolShares tells whether a tenant asking a model pool for ask tokens is within its
@@ -132,7 +132,14 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 // tenant's own running cap or demand held it (StartHolds).
 func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.Task, plan string, committed, measured time.Duration) error {
 	if c.Starts != nil {
-		if held, err := c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt); err != nil || held {
+		// The tenant's started tasks, this one included, as the start's transaction
+		// sees them: its running set in Redis also holds tasks handed to the workers
+		// ahead of time (prefetched), which are not its use of the pool.
+		started, err := tx.CountTasks(ctx, store.CountTasksParams{TenantID: t.TenantID, State: store.StateRunning})
+		if err != nil {
+			return nil
+		}
+		if held, err := c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt, int64(started)); err != nil || held {
 			return nil
 		}
 	}

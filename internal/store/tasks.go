@@ -285,19 +285,22 @@ func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error
 	return collect(rows, err, scanTask)
 }
 
-// CountTasksParams name the tenant whose tasks to count.
+// CountTasksParams name the tenant whose tasks to count, and optionally a state.
 type CountTasksParams struct {
 	TenantID string
+	State    TaskState // "": every state
 }
 
-// CountTasks counts a tenant's tasks: tests use it to prove refused requests wrote
-// nothing.
+// CountTasks counts a tenant's tasks (in State, when set): tests use it to prove
+// refused requests wrote nothing; a late start's commitment check counts the
+// tenant's started tasks.
 func (s *Store) CountTasks(ctx context.Context, p CountTasksParams) (int, error) {
 	if p.TenantID == "" {
 		return 0, ErrNoTenant
 	}
 	var n int
-	err := s.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE tenant_id = $1`, p.TenantID).Scan(&n)
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE tenant_id = $1 AND ($2 = '' OR state = $2)`,
+		p.TenantID, string(p.State)).Scan(&n)
 	return n, err
 }
 

@@ -103,6 +103,10 @@ func (e *slaEnv) breaches(t *testing.T, tenant, limitType string) []outbox.Limit
 func TestLateFirstStartIsABreach(t *testing.T) {
 	t.Parallel()
 	e := slaSetup(t)
+	// A pool of 8 worker slots: acme's two started tasks are within its share.
+	if err := scheduler.New(e.rdb, e.keys, scheduler.Options{}).Heartbeat(context.Background(), "w1", 8, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	e.start(t, e.create(t, "acme", 0)) // on time
 	e.start(t, e.create(t, "acme", 3*time.Second))
 	e.start(t, e.create(t, "acme", 5*time.Second))
@@ -140,10 +144,10 @@ func TestLateStartOfAFloodingTenantIsNoBreach(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if held, err := sched.HeldBack(ctx, "flood", time.Now().Add(-time.Hour)); err != nil || !held {
+	if held, err := sched.HeldBack(ctx, "flood", time.Now().Add(-time.Hour), 1); err != nil || !held {
 		t.Fatalf("HeldBack(flood) = %v %v, want held by its own demand", held, err)
 	}
-	if held, err := sched.HeldBack(ctx, "acme", time.Now().Add(-time.Hour)); err != nil || held {
+	if held, err := sched.HeldBack(ctx, "acme", time.Now().Add(-time.Hour), 1); err != nil || held {
 		t.Fatalf("HeldBack(acme) = %v %v, want within its share", held, err)
 	}
 	e.start(t, id)
@@ -189,5 +193,26 @@ func TestPoolWaitBeyondTheCommitmentIsABreach(t *testing.T) {
 	e.start(t, ahead)
 	if b := e.breaches(t, "flood", outbox.LimitSLAPoolWait); len(b) != 0 {
 		t.Fatalf("a tenant over its pool share: %+v", b)
+	}
+}
+
+// A late start is the platform's even when another task of the tenant was handed to
+// the workers ahead of time (prefetched: in its running set, not started): only
+// started tasks count as the tenant's use of its share.
+func TestLateStartWithAPrefetchedTaskIsABreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	ctx := context.Background()
+	sched := scheduler.New(e.rdb, e.keys, scheduler.Options{})
+	late := e.create(t, "acme", 3*time.Second)
+	prefetched := e.create(t, "acme", 0)
+	for _, id := range []uuid.UUID{late, prefetched} {
+		if err := sched.AddRunning(ctx, "acme", id.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.start(t, late)
+	if b := e.breaches(t, "acme", outbox.LimitSLAStart); len(b) != 1 {
+		t.Fatalf("%d breaches, want 1: a prefetched task is not the tenant's use of its share", len(b))
 	}
 }
