@@ -113,6 +113,7 @@ type App struct {
 
 	services    *services.Services
 	lifecycle   *tasks.Lifecycle
+	commitments *outbox.Commitments // the plans' commitments, checked at starts and by the janitor
 	recovery    *maintenance.Recovery
 	janitor     *maintenance.Janitor
 	rejections  *rejections.Rejections
@@ -199,7 +200,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
 		return pol.Limits, err
 	}
-	commitments := outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: appTenants{a}, Starts: a.sched, Pools: a.quotas,
+	a.commitments = outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: appTenants{a}, Starts: a.sched, Pools: a.quotas,
 		SLA: func(t store.Tenant) (quotas.SLA, error) {
 			pol, err := a.services.Tenants.Policy(t)
 			return pol.SLA, err
@@ -209,7 +210,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		BudgetExceeded: events.BudgetStop,
 		StepRecorded:   outbox.Crossings{Events: events, Limits: limitsOf}.Step,
 		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
-		Started:        commitments.Started,
+		Started:        a.commitments.Started,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
@@ -427,6 +428,20 @@ func (t appTenants) GetTenant(ctx context.Context, id string) (store.Tenant, err
 	return t.a.services.Tenants.Lookup(ctx, id)
 }
 
+// lateStarts is the janitor's late-start pass over the tasks still waiting for their
+// first start.
+type lateStarts struct {
+	c  *outbox.Commitments
+	st *store.Store
+}
+
+// lateStartsPerRun bounds the waiting tasks one run looks at, the oldest first.
+const lateStartsPerRun = 200
+
+func (l lateStarts) WatchLateStarts(ctx context.Context) (checked, written int, err error) {
+	return l.c.Waiting(ctx, l.st, lateStartsPerRun)
+}
+
 // maintenanceDeps are what the recovery sweep and the janitor work on.
 func (a *App) maintenanceDeps() maintenance.Deps {
 	leaderPool := a.store.Pool()
@@ -437,7 +452,8 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
 		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store,
-		Archetype: a.archetype,
+		LateStarts: lateStarts{a.commitments, a.store},
+		Archetype:  a.archetype,
 	}
 }
 

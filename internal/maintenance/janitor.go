@@ -27,6 +27,8 @@ type JanitorConfig struct {
 	Rejections  RejectionFlushConfig
 	// WebhookRetention: its Interval is its own (5 min), not Interval.
 	WebhookRetention WebhookRetentionConfig
+	// LateStarts: its Interval is its own (10 s), not Interval.
+	LateStarts LateStartsConfig
 }
 
 // Janitor reconciles Redis with Postgres, the system of record, so that crashes and
@@ -46,6 +48,7 @@ type Janitor struct {
 	generation *GenerationCheck
 	rejections *RejectionFlush
 	webhooks   *WebhookRetention
+	lateStarts *LateStarts
 }
 
 // NewJanitor builds the elector and the passes. Nothing runs until their Start.
@@ -75,6 +78,8 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		rejections: NewRejectionFlush(d, e, c.Rejections),
 		// Nor does the webhook retention: it deletes history no pass reads.
 		webhooks: NewWebhookRetention(d, e, c.WebhookRetention),
+		// Nor does the late-start pass: it only reports.
+		lateStarts: NewLateStarts(d, e, c.LateStarts),
 	}
 	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
 	// and two passes acting on one task at once (the stale pass re-queueing it while
@@ -92,7 +97,7 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // Services are the elector and the passes, in the order they start: the elector
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
-	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections, j.webhooks}
+	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections, j.webhooks, j.lateStarts}
 }
 
 // Report says what one run of every drift pass found and fixed, per kind of drift,
