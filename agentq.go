@@ -113,8 +113,9 @@ type App struct {
 	worker      *runtime.Worker
 	api         *web.Server
 
-	services  *services.Services
-	lifecycle *tasks.Lifecycle
+	services    *services.Services
+	lifecycle   *tasks.Lifecycle
+	commitments *outbox.Commitments // the plans' commitments, checked at starts and by the janitor
 	// approvals signs the approval links of paused tasks (in their pause's event)
 	// and checks them (the API's /approve).
 	approvals   *approval.Signer
@@ -210,7 +211,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		a.close()
 		return nil, err
 	}
-	commitments := outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: appTenants{a}, Starts: a.sched, Pools: a.quotas,
+	a.commitments = outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: appTenants{a}, Starts: a.sched, Pools: a.quotas,
 		SLA: func(t store.Tenant) (quotas.SLA, error) {
 			pol, err := a.services.Tenants.Policy(t)
 			return pol.SLA, err
@@ -221,7 +222,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		StepRecorded:   outbox.Crossings{Events: events, Limits: limitsOf}.Step,
 		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
 		Paused:         a.pauses(events).Paused,
-		Started:        commitments.Started,
+		Started:        a.commitments.Started,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
@@ -475,6 +476,20 @@ func (t appTenants) GetTenant(ctx context.Context, id string) (store.Tenant, err
 	return t.a.services.Tenants.Lookup(ctx, id)
 }
 
+// lateStarts is the janitor's late-start pass over the tasks still waiting for their
+// first start.
+type lateStarts struct {
+	c  *outbox.Commitments
+	st *store.Store
+}
+
+// lateStartsPerRun bounds the waiting tasks one run looks at, the oldest first.
+const lateStartsPerRun = 200
+
+func (l lateStarts) WatchLateStarts(ctx context.Context) (checked, written int, err error) {
+	return l.c.Waiting(ctx, l.st, lateStartsPerRun)
+}
+
 // maintenanceDeps are what the recovery sweep and the janitor work on.
 func (a *App) maintenanceDeps() maintenance.Deps {
 	leaderPool := a.store.Pool()
@@ -485,7 +500,8 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
 		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store,
-		Archetype: a.archetype,
+		LateStarts: lateStarts{a.commitments, a.store},
+		Archetype:  a.archetype,
 	}
 }
 

@@ -113,7 +113,9 @@
 // limit_type sla_start_within_s or sla_pool_wait_within_s, enforcement "delayed",
 // refused_by "platform", eligible_breach, with committed_ms and measured_ms besides
 // limit_value and current_usage (whole seconds, rounded up). They are keyed as the
-// platform's per window: one per tenant, commitment and minute. A wait the tenant's
+// platform's per window, the minute the commitment lapsed: one per tenant, commitment
+// and minute. Commitments.Waiting, a janitor pass, reports tasks still waiting for
+// their first start the same way, so a lapse is one event whichever sees it first. A wait the tenant's
 // own running cap, demand above its share of the worker pool, or draw above its share
 // of the model pool caused is not the platform's and writes nothing (the judges are
 // StartHolds and PoolShares); each event written counts in agentq.sla_breaches.

@@ -33,10 +33,14 @@ type Breach struct {
 // Breach returns the usage.limit_hit of a missed commitment: eligible_breach,
 // enforcement "delayed", refused_by platform, limit_value and current_usage the
 // committed and measured seconds (rounded up), committed_ms and measured_ms exact.
-// One per tenant, commitment and DedupeWindow: its key is the window's, marked as the
-// platform's.
+// One per tenant, commitment and DedupeWindow in which the commitment lapsed: its key
+// is that window's, marked as the platform's.
 func (e Events) Breach(b Breach) (Event, error) {
-	start := WindowStart(b.At)
+	// The window is the minute the commitment lapsed (At − Measured + Committed), so a
+	// wait reported while it goes on (Commitments.Waiting) and at its start share one
+	// event.
+	due := b.At.Add(b.Committed - b.Measured)
+	start := WindowStart(due)
 	committed, measured := b.Committed.Milliseconds(), b.Measured.Milliseconds()
 	d := LimitData{
 		TenantID: b.TenantID, Plan: b.Plan, LimitType: b.LimitType,
@@ -45,7 +49,7 @@ func (e Events) Breach(b Breach) (Event, error) {
 		Window: &Span{Start: start, End: start.Add(DedupeWindow)}, Enforcement: EnforcementDelayed, RefusedBy: RefusedByPlatform,
 		SLAClassification: Classify(Cause{Threshold: 100, By: LimitedByPlatform, How: HowCommitmentMissed}),
 	}
-	return e.build(TypeLimitHit, WindowKey(b.TenantID, b.LimitType, b.At)+"|"+RefusedByPlatform, b.At, d)
+	return e.build(TypeLimitHit, WindowKey(b.TenantID, b.LimitType, due)+"|"+RefusedByPlatform, b.At, d)
 }
 
 func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
@@ -115,7 +119,7 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 	}
 	if within, ok := quotas.Within(sla.StartWithinS); ok && firstStart {
 		if measured := t.StartedAt.Sub(t.CreatedAt); measured > within {
-			if err := c.startBreach(ctx, tx, t, tenant.Plan, within, measured); err != nil {
+			if _, err := c.startBreach(ctx, tx, t, tenant.Plan, within, measured, *t.StartedAt); err != nil {
 				return err
 			}
 		}
@@ -128,23 +132,62 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 	return nil
 }
 
-// startBreach writes the breach of a first start later than committed unless the
-// tenant's own running cap or demand held it (StartHolds).
-func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.Task, plan string, committed, measured time.Duration) error {
+// startBreach writes the breach of a first start (or a wait for it, at) later than
+// committed unless the tenant's own running cap or demand held it (StartHolds).
+func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.Task, plan string, committed, measured time.Duration,
+	at time.Time) (bool, error) {
 	if c.Starts != nil {
-		// The tenant's started tasks, this one included, as the start's transaction
-		// sees them: its running set in Redis also holds tasks handed to the workers
-		// ahead of time (prefetched), which are not its use of the pool.
+		// The tenant's started tasks (this one included, at a start) as the
+		// transaction sees them: its running set in Redis also holds tasks handed to
+		// the workers ahead of time (prefetched), which are not its use of the pool.
 		started, err := tx.CountTasks(ctx, store.CountTasksParams{TenantID: t.TenantID, State: store.StateRunning})
 		if err != nil {
-			return nil
+			return false, nil
 		}
 		if held, err := c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt, int64(started)); err != nil || held {
-			return nil
+			return false, nil
 		}
 	}
 	return c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAStart,
-		Committed: committed, Measured: measured, At: *t.StartedAt})
+		Committed: committed, Measured: measured, At: at})
+}
+
+// Waiting writes the breaches of tasks still waiting for their first start past their
+// plan's start_within_s (at most limit, the oldest), without waiting for the start:
+// the janitor runs it periodically. Each is written in a transaction of its own and
+// judged as at a start (StartHolds, with the wait so far); the start writes nothing
+// more for the same lapse (Breach's window). It returns how many tasks it looked at
+// and how many events it wrote.
+func (c *Commitments) Waiting(ctx context.Context, st *store.Store, limit int) (checked, written int, err error) {
+	ts, err := st.UnscopedFirstStartsWaiting(ctx, limit)
+	if err != nil {
+		return 0, 0, err
+	}
+	now := time.Now()
+	for _, t := range ts {
+		tenant, err := c.tenant(ctx, st, t.TenantID)
+		if err != nil {
+			continue
+		}
+		sla, err := c.SLA(tenant)
+		within, ok := quotas.Within(sla.StartWithinS)
+		if err != nil || !ok || now.Sub(t.CreatedAt) <= within {
+			continue
+		}
+		var wrote bool
+		err = st.InTx(ctx, func(tx *store.Store) error {
+			var err error
+			wrote, err = c.startBreach(ctx, tx, t, tenant.Plan, within, now.Sub(t.CreatedAt), now)
+			return err
+		})
+		if err != nil {
+			return len(ts), written, err
+		}
+		if wrote {
+			written++
+		}
+	}
+	return len(ts), written, nil
 }
 
 // poolBreach writes the breach of a pool wait longer than committed unless the tenant
@@ -159,8 +202,9 @@ func (c *Commitments) poolBreach(ctx context.Context, tx *store.Store, t store.T
 			return nil // over its share, or not judged (Redis not answering): not credited
 		}
 	}
-	return c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAPoolWait,
+	_, err := c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAPoolWait,
 		Committed: committed, Measured: measured, At: time.Now()})
+	return err
 }
 
 func (c *Commitments) tenant(ctx context.Context, tx *store.Store, id string) (store.Tenant, error) {
@@ -171,19 +215,18 @@ func (c *Commitments) tenant(ctx context.Context, tx *store.Store, id string) (s
 }
 
 // write writes a breach's event on tx and counts it when it is the first of its
-// window.
-func (c *Commitments) write(ctx context.Context, tx *store.Store, b Breach) error {
+// window (written).
+func (c *Commitments) write(ctx context.Context, tx *store.Store, b Breach) (written bool, err error) {
 	ev, err := c.Events.Breach(b)
 	if err != nil {
-		return err
+		return false, err
 	}
-	written, err := WriteEvent(ctx, tx, ev)
-	if err != nil {
-		return err
+	if written, err = WriteEvent(ctx, tx, ev); err != nil {
+		return false, err
 	}
 	if written && c.breaches != nil {
 		c.breaches.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
 			attribute.String("limit_type", b.LimitType), attribute.String("tenant_id", b.TenantID)))
 	}
-	return nil
+	return written, nil
 }

@@ -29,6 +29,8 @@ type JanitorConfig struct {
 	WebhookRetention WebhookRetentionConfig
 	// StartDeadlines: its Interval is its own (1 s), not Interval.
 	StartDeadlines StartDeadlinesConfig
+	// LateStarts: its Interval is its own (10 s), not Interval.
+	LateStarts LateStartsConfig
 }
 
 // Janitor reconciles Redis with Postgres, the system of record, so that crashes and
@@ -49,6 +51,7 @@ type Janitor struct {
 	rejections *RejectionFlush
 	webhooks   *WebhookRetention
 	deadlines  *StartDeadlines
+	lateStarts *LateStarts
 }
 
 // NewJanitor builds the elector and the passes. Nothing runs until their Start.
@@ -81,6 +84,8 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		// Nor does the start-deadline pass: it ends tasks no other pass touches
 		// (queued, never started), by conditional updates.
 		deadlines: NewStartDeadlines(d, e, c.StartDeadlines),
+		// Nor does the late-start pass: it only reports.
+		lateStarts: NewLateStarts(d, e, c.LateStarts),
 	}
 	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
 	// and two passes acting on one task at once (the stale pass re-queueing it while
@@ -98,7 +103,8 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // Services are the elector and the passes, in the order they start: the elector
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
-	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections, j.webhooks, j.deadlines}
+	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections, j.webhooks,
+		j.deadlines, j.lateStarts}
 }
 
 // Report says what one run of every drift pass found and fixed, per kind of drift,

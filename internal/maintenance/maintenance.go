@@ -49,6 +49,9 @@ type Deps struct {
 	Usage UsageLedger
 	// Rejections flushes admission's refusal counts to Postgres; nil turns it off.
 	Rejections RejectionFlusher
+	// LateStarts reports tasks still waiting for their first start past their plan's
+	// commitment; nil turns the late-start pass off.
+	LateStarts LateStartWatcher
 	// Webhooks prunes finished webhook deliveries past their retention; nil turns
 	// the retention pass off.
 	Webhooks WebhookPruner

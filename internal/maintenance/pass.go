@@ -39,6 +39,7 @@ const (
 	passGeneration = "generation"
 	passRecount    = "quota_recount"
 	passRejections = "rejection_flush"
+	passLateStarts = "late_starts"
 
 	passStartDeadlines = "start_deadlines"
 

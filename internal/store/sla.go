@@ -54,3 +54,11 @@ func (s *Store) slaBreaches(ctx context.Context, ids []string, since time.Time) 
 		return b, err
 	})
 }
+
+// UnscopedFirstStartsWaiting lists up to limit queued tasks that never started, oldest
+// first (tasks_live_idx): the tasks whose start commitment may be lapsing.
+func (s *Store) UnscopedFirstStartsWaiting(ctx context.Context, limit int) ([]Task, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+taskCols+` FROM tasks
+		WHERE state = 'queued' AND started_at IS NULL ORDER BY created_at LIMIT $1`, limit)
+	return collect(rows, err, scanTask)
+}

@@ -26,6 +26,7 @@ type slaEnv struct {
 	q    *quotas.Quotas
 	rdb  *redis.Client
 	keys rkeys.Keys
+	c    *outbox.Commitments
 }
 
 func slaSetup(t *testing.T) *slaEnv {
@@ -47,6 +48,7 @@ func slaSetup(t *testing.T) *slaEnv {
 	}
 	c := outbox.NewCommitments(outbox.Commitments{Events: outbox.Events{}, Starts: scheduler.New(rdb, keys, scheduler.Options{}), Pools: e.q,
 		SLA: func(t store.Tenant) (quotas.SLA, error) { return plans.SLAOf(t.Plan, t.Overrides), nil }}, nil)
+	e.c = c
 	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Started: c.Started})
 	return e
 }
@@ -54,13 +56,18 @@ func slaSetup(t *testing.T) *slaEnv {
 // create makes a queued task of tenant created age ago.
 func (e *slaEnv) create(t *testing.T, tenant string, age time.Duration) uuid.UUID {
 	t.Helper()
+	return e.createAt(t, tenant, time.Now().Add(-age))
+}
+
+// createAt makes a queued task of tenant created at at.
+func (e *slaEnv) createAt(t *testing.T, tenant string, at time.Time) uuid.UUID {
+	t.Helper()
 	id := uuid.Must(uuid.NewV7())
 	if _, _, err := e.lc.Create(context.Background(), store.InsertTaskParams{ID: id, TenantID: tenant, Kid: "k", Agent: "sim",
 		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET created_at = now() - $2::interval WHERE id = $1`,
-		id, age.String()); err != nil {
+	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET created_at = $2 WHERE id = $1`, id, at); err != nil {
 		t.Fatal(err)
 	}
 	return id
@@ -99,7 +106,8 @@ func (e *slaEnv) breaches(t *testing.T, tenant, limitType string) []outbox.Limit
 
 // A first start later than the plan's start_within_s, with the tenant within its
 // limits and share, is one eligible_breach with the committed and measured values;
-// a second late start in the minute shares it. A plan without the commitment has none.
+// a second late start whose commitment lapsed in the same minute shares it. A plan
+// without the commitment has none.
 func TestLateFirstStartIsABreach(t *testing.T) {
 	t.Parallel()
 	e := slaSetup(t)
@@ -108,8 +116,9 @@ func TestLateFirstStartIsABreach(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start(t, e.create(t, "acme", 0)) // on time
-	e.start(t, e.create(t, "acme", 3*time.Second))
-	e.start(t, e.create(t, "acme", 5*time.Second))
+	created := time.Now().Add(-3 * time.Second)
+	e.start(t, e.createAt(t, "acme", created))
+	e.start(t, e.createAt(t, "acme", created))
 	e.start(t, e.create(t, "free", time.Hour))
 	got := e.breaches(t, "acme", outbox.LimitSLAStart)
 	if len(got) != 1 {
@@ -214,5 +223,27 @@ func TestLateStartWithAPrefetchedTaskIsABreach(t *testing.T) {
 	e.start(t, late)
 	if b := e.breaches(t, "acme", outbox.LimitSLAStart); len(b) != 1 {
 		t.Fatalf("%d breaches, want 1: a prefetched task is not the tenant's use of its share", len(b))
+	}
+}
+
+// A task still waiting past its commitment is reported by the periodic pass before it
+// starts; its start then writes nothing more for the same lapse.
+func TestWaitingPastTheCommitmentIsReportedBeforeTheStart(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	id := e.create(t, "acme", 3*time.Second)
+	e.create(t, "acme", 0)              // within its commitment so far
+	e.create(t, "free", 10*time.Minute) // no commitment
+	checked, written, err := e.c.Waiting(context.Background(), e.st, 100)
+	if err != nil || checked < 3 || written != 1 {
+		t.Fatalf("Waiting: checked %d written %d %v, want one breach", checked, written, err)
+	}
+	got := e.breaches(t, "acme", outbox.LimitSLAStart)
+	if len(got) != 1 || *got[0].MeasuredMs < 3000 || *got[0].CommittedMs != 200 {
+		t.Fatalf("breaches %+v", got)
+	}
+	e.start(t, id)
+	if got := e.breaches(t, "acme", outbox.LimitSLAStart); len(got) != 1 {
+		t.Fatalf("the start reported the lapse again: %+v", got)
 	}
 }
