@@ -165,9 +165,9 @@ type Plan struct {
 	// SLA is what the plan commits to (nil: nothing); see Commitments.
 	SLA *SLA `yaml:"sla"`
 	// OnLimit is what a step that would go past its task's budget or its tenant's
-	// period quota does to the task: OnLimitStop ends it budget_exceeded,
-	// OnLimitPause pauses it. Empty is OnLimitStop.
-	OnLimit OnLimit `yaml:"on_limit"`
+	// period quota does to the task, per limit: OnLimitStop ends it
+	// budget_exceeded, OnLimitPause pauses it. Unset is OnLimitStop.
+	OnLimit OnLimits `yaml:"on_limit"`
 	// PauseTimeoutS is how long a task may stay paused before it ends
 	// budget_exceeded; 0 is DefaultPauseTimeout.
 	PauseTimeoutS float64 `yaml:"pause_timeout_s"`
@@ -184,6 +184,44 @@ const (
 	OnLimitPause OnLimit = "pause"
 )
 
+// PausableLimits are the limits a plan's on_limit may name: a task's own budget's and
+// its tenant's period quotas, which a step meets before it runs.
+var PausableLimits = []string{TaskMaxSteps, TaskMaxCostUSD, TaskMaxWallclock, AgentStepsDaily, AITokensMonthly, USDMonthly}
+
+// OnLimits is a plan's answer at each limit: Default for every limit By does not
+// name. In the catalogue it is one word (on_limit: pause) or a map
+// (on_limit: {default: pause, task_max_steps: stop}).
+type OnLimits struct {
+	Default OnLimit
+	By      map[string]OnLimit
+}
+
+// For is the answer at limitType.
+func (o OnLimits) For(limitType string) OnLimit {
+	if a, ok := o.By[limitType]; ok {
+		return a
+	}
+	if o.Default == "" {
+		return OnLimitStop
+	}
+	return o.Default
+}
+
+// UnmarshalYAML reads one word or a map of "default" and limit types to words.
+func (o *OnLimits) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		return n.Decode(&o.Default)
+	}
+	var m map[string]OnLimit
+	if err := n.Decode(&m); err != nil {
+		return fmt.Errorf("line %d: on_limit: want stop, pause or a map of limit types to them", n.Line)
+	}
+	o.Default = m["default"]
+	delete(m, "default")
+	o.By = m
+	return nil
+}
+
 // DefaultPauseTimeout is how long a task stays paused when its plan does not say.
 const DefaultPauseTimeout = 24 * time.Hour
 
@@ -191,9 +229,6 @@ const DefaultPauseTimeout = 24 * time.Hour
 // lives as long as its pause may, and a link valid for more than a month is one
 // nobody remembers handing out.
 const MaxPauseTimeout = 30 * 24 * time.Hour
-
-// Pauses reports whether the plan pauses a task at a limit rather than stopping it.
-func (p Plan) Pauses() bool { return p.OnLimit == OnLimitPause }
 
 // PauseTimeout is how long a task of the plan may stay paused.
 func (p Plan) PauseTimeout() time.Duration {
@@ -205,10 +240,17 @@ func (p Plan) PauseTimeout() time.Duration {
 
 // validatePause checks on_limit and pause_timeout_s.
 func (p Plan) validatePause() error {
-	switch p.OnLimit {
-	case "", OnLimitStop, OnLimitPause:
-	default:
-		return fmt.Errorf("on_limit %q: want stop or pause", p.OnLimit)
+	valid := func(a OnLimit) bool { return a == "" || a == OnLimitStop || a == OnLimitPause }
+	if !valid(p.OnLimit.Default) {
+		return fmt.Errorf("on_limit %q: want stop or pause", p.OnLimit.Default)
+	}
+	for k, a := range p.OnLimit.By {
+		if !slices.Contains(PausableLimits, k) {
+			return fmt.Errorf("on_limit.%s: not a limit a task pauses at (want default or one of %s)", k, strings.Join(PausableLimits, ", "))
+		}
+		if a == "" || !valid(a) {
+			return fmt.Errorf("on_limit.%s %q: want stop or pause", k, a)
+		}
 	}
 	if p.PauseTimeoutS < 0 || math.IsNaN(p.PauseTimeoutS) || p.PauseTimeoutS > MaxPauseTimeout.Seconds() {
 		return fmt.Errorf("pause_timeout_s %g: want 0 (the default, %s) to %g seconds", p.PauseTimeoutS, DefaultPauseTimeout, MaxPauseTimeout.Seconds())

@@ -28,9 +28,13 @@ local l = redis.call('ZCARD', LL)
 local s = redis.call('ZCARD', SL) + l
 if sessions >= 0 and s >= sessions then return {0, 'concurrent_sessions', s} end
 if is_long and long >= 0 and l >= long then return {0, 'long_running_inflight', l} end
-local k = is_long and LL or SL
-redis.call('ZADD', k, now + tonumber(ARGV[3]), task)
-redis.call('PEXPIRE', k, ARGV[7])
+if is_long then
+  redis.call('ZADD', LL, now + tonumber(ARGV[3]), task)
+  redis.call('PEXPIRE', LL, ARGV[7])
+else
+  redis.call('ZADD', SL, now + tonumber(ARGV[3]), task)
+  redis.call('PEXPIRE', SL, ARGV[7])
+end
 return {1, '', s + 1}
 `)
 

@@ -57,7 +57,7 @@ type taskRun struct {
 	limits       quotas.Limits
 	weight       int // the tenant's fair-share weight, for its agent's pool
 	budget       quotas.TaskBudget
-	pauses       bool // the plan pauses the task at a limit (on_limit: pause) rather than stop it
+	onLimit      quotas.OnLimits // the plan's answer at each limit: stop or pause
 	exec         Executor
 	startedAt    time.Time // the task's first start: the wall clock counts from it
 	deadline     time.Time
@@ -256,7 +256,7 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
-			r.pauses = p.OnLimit == quotas.OnLimitPause
+			r.onLimit = p.OnLimit
 		}
 	}
 	var unknown *UnknownAgentError
@@ -437,9 +437,9 @@ func (r *taskRun) wallclockStop() (string, quotas.Stop) {
 }
 
 // atLimit stops the task budget_exceeded at the limit stop names, or pauses it there
-// when its plan says so (on_limit: pause).
+// when its plan says so for that limit (on_limit).
 func (r *taskRun) atLimit(text string, stop quotas.Stop) {
-	if r.pauses {
+	if r.onLimit.For(stop.LimitType) == quotas.OnLimitPause {
 		r.pauseAt(text, stop)
 		return
 	}

@@ -128,13 +128,15 @@ func TestDefaultWallclockBudgetStopsTheTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The pro plan's default wall clock becomes 1 s; everything else as shipped.
+	// The pro plan's default wall clock becomes 1 s, and it stops at its limits;
+	// everything else as shipped.
 	re := regexp.MustCompile(`(?s)(pro:.*?default: \{max_steps: \d+, max_wallclock_s: )\d+`)
 	if !re.Match(src) {
 		t.Fatal("quotas/plans.yaml has no pro default budget line")
 	}
 	plans := filepath.Join(t.TempDir(), "plans.yaml")
-	if err := os.WriteFile(plans, re.ReplaceAll(src, []byte("${1}1")), 0o600); err != nil {
+	src = regexp.MustCompile(`(?m)^    on_limit: .*$`).ReplaceAll(re.ReplaceAll(src, []byte("${1}1")), []byte("    on_limit: stop"))
+	if err := os.WriteFile(plans, src, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = plans })

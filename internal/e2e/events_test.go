@@ -264,7 +264,7 @@ func TestAdminEventsFeedFilters(t *testing.T) {
 func TestBudgetStopShowsInTheFeed(t *testing.T) {
 	t.Parallel()
 	h := start(t)
-	acme, _ := h.tenantClient("acme", "pro", nil)
+	acme, _ := h.tenantClient("acme", "pro_stop", nil)
 	ctx := context.Background()
 	steps, cost := 2, 0.0025
 	for _, b := range []*client.BudgetRequest{{MaxSteps: &steps}, {MaxCostUSD: &cost}} {
@@ -290,7 +290,9 @@ func TestBudgetStopShowsInTheFeed(t *testing.T) {
 		d.Enforcement != "stopped" || d.SLAClassification != "enforced_limit" || d.Window == nil {
 		t.Fatalf("limit_hit events %+v", got)
 	}
-	if d := byType[outbox.LimitTaskMaxCostUSD]; d.LimitValue != "0.002500" || d.CurrentUsage != "0.003000" {
+	// Stopped before the step that would pass the cap: $0.002 spent, a third $0.001
+	// step would make $0.003.
+	if d := byType[outbox.LimitTaskMaxCostUSD]; d.LimitValue != "0.002500" || d.CurrentUsage != "0.002000" {
 		t.Fatalf("cost limit_hit %+v", d)
 	}
 }

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,6 +94,7 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	cfg.RedisTimeout = 2 * time.Second
 	// The tests' webhook receivers are local servers.
 	cfg.WebhookAllowNets = netguard.Loopback()
+	cfg.PlansFile = testPlans(t)
 	o := agentq.Options{
 		Config: cfg, Redis: e.rdb, Pool: e.pool,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -114,6 +120,45 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	t.Cleanup(func() { h.stop() })
 	return h
 }
+
+// testPlans is the shipped plan catalogue with one plan more, pro_stop: pro, but
+// stopping a task at every limit (on_limit: stop), for the tests of what a stop does
+// on a paid plan (pro pauses at most limits).
+func testPlans(t *testing.T) string {
+	t.Helper()
+	testPlansOnce.Do(func() {
+		src, err := os.ReadFile(filepath.Join("..", "..", "quotas", "plans.yaml"))
+		if err != nil {
+			testPlansErr = err
+			return
+		}
+		pro := regexp.MustCompile(`(?s)\n  pro:\n.*?\n  enterprise:`).FindString(string(src))
+		pro = strings.TrimSuffix(strings.Replace(pro, "\n  pro:\n", "\n  pro_stop:\n", 1), "\n  enterprise:")
+		pro = regexp.MustCompile(`(?m)^    on_limit: .*$`).ReplaceAllString(pro, "    on_limit: stop")
+		if !strings.Contains(pro, "on_limit: stop") {
+			testPlansErr = errors.New("the shipped pro plan has no on_limit line to replace")
+			return
+		}
+		f, err := os.CreateTemp("", "agentq-e2e-plans-*.yaml")
+		if err != nil {
+			testPlansErr = err
+			return
+		}
+		defer f.Close()
+		_, testPlansErr = f.WriteString(strings.TrimRight(string(src), "\n") + pro + "\n")
+		testPlansFile = f.Name()
+	})
+	if testPlansErr != nil {
+		t.Fatal(testPlansErr)
+	}
+	return testPlansFile
+}
+
+var (
+	testPlansOnce sync.Once
+	testPlansFile string
+	testPlansErr  error
+)
 
 // stop shuts the process down gracefully (once).
 func (h *harness) stop() {

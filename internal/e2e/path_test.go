@@ -164,7 +164,7 @@ func TestTaskOutcomes(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	ctx := context.Background()
-	c, _ := h.tenantClient("acme", "pro", nil)
+	c, _ := h.tenantClient("acme", "pro_stop", nil)
 	steps := 3
 	cases := []struct {
 		name      string
@@ -175,7 +175,7 @@ func TestTaskOutcomes(t *testing.T) {
 	}{
 		{"fails at the asked step", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 5, "fail_at_step": 2}}, client.StateFailed, 1, "fail_at_step"},
 		{"max_steps budget", client.SubmitTaskRequest{Agent: "sim", Input: map[string]int{"steps": 10}, Budget: &client.BudgetRequest{MaxSteps: &steps}}, client.StateBudgetExceeded, 3, "max_steps"},
-		{"max_cost budget", client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 10, "cost_usd_per_step": 0.4}}, client.StateBudgetExceeded, 3, "max_cost_usd"},
+		{"max_cost budget", client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 10, "cost_usd_per_step": 0.4}}, client.StateBudgetExceeded, 2, "max_cost_usd"}, // a third step would pass $1
 	}
 	for _, tc := range cases {
 		task, err := c.SubmitTask(ctx, tc.req)

@@ -181,24 +181,33 @@ func TestPauseAtCostBudgetAndResumeWithRaise(t *testing.T) {
 	}
 }
 
-// A task paused at its step cap resumes through the API with a raise; one paused by
-// its tenant's daily steps resumes by itself when an admin raises the quota; a free
-// task still stops.
+// A task paused at its wall clock resumes through the API with a raise, the pause not
+// charged to its wall clock; one paused by its tenant's daily steps resumes by itself
+// when an admin raises the quota; a task at its step cap (pro stops there: the guard
+// against an agent that never ends), a pro_stop task and a free task stop.
 func TestPauseCausesAndResumes(t *testing.T) {
 	t.Parallel()
 	h := start(t)
-	key := h.tenantWith("pz-steps", "pro", nil, nil)
-	id := h.submitSim(key, `{"agent":"sim","budget":{"max_steps":2},"input":{"steps":4,"step_ms":5,"tokens_per_step":7}}`)
+	key := h.tenantWith("pz-wall", "pro", nil, nil)
+	id := h.submitSim(key, `{"agent":"sim","budget":{"max_wallclock_s":1},"input":{"steps":4,"step_ms":400,"tokens_per_step":7}}`)
 	p := h.waitState(key, id, 20*time.Second, "paused", "completed", "budget_exceeded")
-	if p.State != "paused" || p.Usage.Steps != 2 || *p.PausedReason != "task_max_steps" {
-		t.Fatalf("at its step cap: %+v", p)
+	if p.State != "paused" || p.Usage.Steps < 1 || p.Usage.Steps > 3 || *p.PausedReason != "task_max_wallclock_s" {
+		t.Fatalf("at its wall clock: %+v", p)
 	}
+	time.Sleep(1200 * time.Millisecond) // paused longer than its whole wall clock
 	var r pauseTask
-	if st, _ := h.do("POST", "/v1/tasks/"+id+"/resume", key, `{"budget":{"max_steps":4}}`, &r); st != 200 || r.State != "queued" || r.Budget.MaxSteps != 4 {
+	if st, _ := h.do("POST", "/v1/tasks/"+id+"/resume", key, `{"budget":{"max_wallclock_s":30}}`, &r); st != 200 || r.State != "queued" || r.Budget.MaxWallclockS != 30 || r.WaitedS < 1 {
 		t.Fatalf("resume: %d %+v", st, r)
 	}
 	if d := h.waitState(key, id, 20*time.Second, "completed", "paused", "budget_exceeded"); d.State != "completed" || d.Usage.Steps != 4 || d.Usage.Tokens != 28 {
 		t.Fatalf("after resume: %+v", d)
+	}
+	for _, plan := range []string{"pro", "pro_stop"} {
+		ks := h.tenantWith("pz-steps-"+strings.ReplaceAll(plan, "_", "-"), plan, nil, nil)
+		sid := h.submitSim(ks, `{"agent":"sim","budget":{"max_steps":2,"max_cost_usd":0.01},"input":{"steps":4,"step_ms":5}}`)
+		if s := h.waitState(ks, sid, 20*time.Second, "budget_exceeded", "paused", "completed"); s.State != "budget_exceeded" || s.Usage.Steps != 2 {
+			t.Fatalf("%s at its step cap: %+v", plan, s)
+		}
 	}
 
 	kq := h.tenantWith("pz-quota", "pro", map[string]client.Limit{"agent_steps_daily": client.Limit(3)}, nil)
@@ -232,7 +241,7 @@ func TestResumeNeedsASessionAndCancelWorksOnPaused(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	key := h.tenantWith("pz-sess", "pro", map[string]client.Limit{"concurrent_sessions": client.Limit(1)}, nil)
-	id := h.submitSim(key, `{"agent":"sim","budget":{"max_steps":1},"input":{"steps":3,"step_ms":5}}`)
+	id := h.submitSim(key, `{"agent":"sim","budget":{"max_cost_usd":0.01},"input":{"steps":3,"step_ms":5,"cost_usd_per_step":0.01}}`)
 	h.waitState(key, id, 20*time.Second, "paused")
 	long := h.submitSim(key, `{"agent":"sim","input":{"steps":1,"step_ms":3000}}`)
 	var e errBody
@@ -261,7 +270,7 @@ func TestPauseTimesOut(t *testing.T) {
 	}
 	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = file })
 	key := h.tenantWith("pz-time", "pro", nil, nil)
-	id := h.submitSim(key, `{"agent":"sim","budget":{"max_steps":1},"input":{"steps":2,"step_ms":5}}`)
+	id := h.submitSim(key, `{"agent":"sim","budget":{"max_cost_usd":0.01},"input":{"steps":2,"step_ms":5,"cost_usd_per_step":0.01}}`)
 	h.waitState(key, id, 20*time.Second, "paused")
 	link := h.approvalLink(key, id)
 	end := h.waitState(key, id, 20*time.Second, "budget_exceeded")
@@ -281,7 +290,7 @@ func TestPauseTimesOut(t *testing.T) {
 	for wait := time.Now().Add(10 * time.Second); !stopped && time.Now().Before(wait); time.Sleep(100 * time.Millisecond) {
 		h.do("GET", "/v1/events?type=usage.limit_hit", key, nil, &feed)
 		for _, ev := range feed.Events {
-			stopped = stopped || ev.Data["enforcement"] == "stopped" && ev.Data["limit_type"] == "task_max_steps"
+			stopped = stopped || ev.Data["enforcement"] == "stopped" && ev.Data["limit_type"] == "task_max_cost_usd"
 		}
 	}
 	if !stopped {

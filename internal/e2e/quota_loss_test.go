@@ -46,7 +46,7 @@ func TestExhaustedQuotaStaysExhaustedAfterRedisLoss(t *testing.T) {
 	}
 	for i, tc := range cases {
 		tenant := fmt.Sprintf("ex%d", i)
-		key := h.tenantWith(tenant, "pro", map[string]client.Limit{tc.limit: tc.value}, nil)
+		key := h.tenantWith(tenant, "pro_stop", map[string]client.Limit{tc.limit: tc.value}, nil)
 		task := run(t, client.New(h.base, key), client.SubmitTaskRequest{Agent: "sim", Input: tc.input})
 		if task.State != "budget_exceeded" {
 			t.Fatalf("%s: the task ended %s (%s), want budget_exceeded", tc.limit, task.State, deref(task.Error))
@@ -132,7 +132,7 @@ func TestRestartWithRedisIntactRebuildsNothing(t *testing.T) {
 func TestRunningTaskMeetsTheRebuiltQuota(t *testing.T) {
 	t.Parallel()
 	h := start(t)
-	key := h.tenantWith("rt", "pro", map[string]client.Limit{"agent_steps_daily": 5}, nil)
+	key := h.tenantWith("rt", "pro_stop", map[string]client.Limit{"agent_steps_daily": 5}, nil)
 	c := client.New(h.base, key)
 	task, err := c.SubmitTask(context.Background(), client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 20, "step_ms": 100}})
 	if err != nil {

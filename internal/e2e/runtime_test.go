@@ -191,14 +191,14 @@ func TestBudgetsAndTenantQuotasEndTasks(t *testing.T) {
 		errSubstr string
 	}{
 		{"max_steps", nil, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}, Budget: &client.BudgetRequest{MaxSteps: &four}}, 4, "max_steps 4"},
-		{"max_cost_usd", nil, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}, Budget: &client.BudgetRequest{MaxCostUSD: &cost}}, 3, "max_cost_usd"},
+		{"max_cost_usd", nil, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}, Budget: &client.BudgetRequest{MaxCostUSD: &cost}}, 2, "max_cost_usd"},
 		{"max_wallclock_s", nil, client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 100, "step_ms": 300}, Budget: &client.BudgetRequest{MaxWallclockS: &wall}}, -1, "max_wallclock_s"},
 		{"agent_steps_daily", map[string]client.Limit{"agent_steps_daily": 2}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "agent_steps_daily limit of 2"},
 		{"ai_tokens_monthly", map[string]client.Limit{"ai_tokens_monthly": 20}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "ai_tokens_monthly limit of 20"},
 		{"usd_monthly", map[string]client.Limit{"usd_monthly": 0.0025}, client.SubmitTaskRequest{Agent: "echo", Input: map[string]any{"forever": true}}, 2, "usd_monthly"},
 	}
 	for i, tc := range cases {
-		c, _ := h.tenantClient("b"+strings.Repeat("x", i), "pro", tc.overrides)
+		c, _ := h.tenantClient("b"+strings.Repeat("x", i), "pro_stop", tc.overrides)
 		task := run(t, c, tc.req)
 		stepsOK := task.Usage.Steps == tc.steps || (tc.steps < 0 && task.Usage.Steps >= 1 && task.Usage.Steps <= 3) // 1 s of 300 ms steps, however slow the machine
 		if task.State != "budget_exceeded" || !stepsOK || !strings.Contains(deref(task.Error), tc.errSubstr) {

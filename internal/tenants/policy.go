@@ -31,7 +31,7 @@ type Policy struct {
 	Budget quotas.Budget
 	// OnLimit is the plan's answer to a step that would go past a budget or a period
 	// quota (stop or pause), and PauseTimeout how long a paused task waits.
-	OnLimit      quotas.OnLimit
+	OnLimit      quotas.OnLimits
 	PauseTimeout time.Duration
 	// SLA is what the plan commits to, with the tenant's sla_* overrides applied.
 	SLA quotas.SLA
