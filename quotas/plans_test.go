@@ -119,3 +119,48 @@ func TestFillGivesEveryFieldACap(t *testing.T) {
 		t.Fatalf("Fill = %+v", got)
 	}
 }
+
+// on_limit is one word or a map with a default; the shipped plans stop on free, and
+// on pro and enterprise pause at every limit but max_steps. Bad answers, limits a
+// task does not pause at and timeouts out of range are refused.
+func TestOnLimitAndPauseTimeout(t *testing.T) {
+	c, err := LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for plan, want := range map[string]map[string]OnLimit{
+		"free":       {TaskMaxSteps: OnLimitStop, TaskMaxCostUSD: OnLimitStop, AgentStepsDaily: OnLimitStop},
+		"pro":        {TaskMaxSteps: OnLimitStop, TaskMaxCostUSD: OnLimitPause, TaskMaxWallclock: OnLimitPause, AgentStepsDaily: OnLimitPause, USDMonthly: OnLimitPause},
+		"enterprise": {TaskMaxSteps: OnLimitStop, AITokensMonthly: OnLimitPause},
+	} {
+		p, _ := c.Plan(plan)
+		for limit, a := range want {
+			if got := p.OnLimit.For(limit); got != a {
+				t.Errorf("%s at %s: %s, want %s", plan, limit, got, a)
+			}
+		}
+		if p.PauseTimeout() != DefaultPauseTimeout {
+			t.Errorf("%s: pause timeout %s", plan, p.PauseTimeout())
+		}
+	}
+	one, err := ParseCatalogue([]byte("plans:\n  p:\n    on_limit: pause\n    pause_timeout_s: 60\n" + budgetYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := one.Plan("p"); p.OnLimit.For(USDMonthly) != OnLimitPause || p.PauseTimeout().Seconds() != 60 {
+		t.Errorf("one word: %+v %s", p.OnLimit, p.PauseTimeout())
+	}
+	for name, doc := range map[string]string{
+		"unknown answer":     "    on_limit: wait\n",
+		"unknown in a map":   "    on_limit: {default: pause, task_max_steps: later}\n",
+		"not a pause limit":  "    on_limit: {tenant_rate: pause}\n",
+		"negative timeout":   "    pause_timeout_s: -1\n",
+		"timeout past month": "    pause_timeout_s: 2592001\n",
+	} {
+		if _, err := ParseCatalogue([]byte("plans:\n  p:\n" + doc + budgetYAML)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+const budgetYAML = "    budget:\n      default: {max_steps: 1, max_wallclock_s: 1, max_cost_usd: 1}\n      ceiling: {max_steps: 1, max_wallclock_s: 1, max_cost_usd: 1}\n"
