@@ -30,6 +30,12 @@ type (
 	// TaskEndedError refuses to cancel a task that already ended: ID is the task,
 	// State how it ended.
 	TaskEndedError = tasks.FinishedError
+	// TaskNotPausedError refuses to resume a task that is not paused: State is what
+	// it is (Stale: it was resumed, or paused again, since the pause named).
+	TaskNotPausedError = tasks.NotPausedError
+	// ResumeRefusedError refuses to resume a paused task while its tenant's
+	// concurrent sessions are full; the task stays paused.
+	ResumeRefusedError = tasks.ResumeRefusedError
 )
 
 // TaskState is a task's state; Task.State and TaskQuery.State hold one as a string.
@@ -39,6 +45,7 @@ type TaskState = agentqtype.TaskState
 const (
 	TaskQueued         = agentqtype.TaskStateQueued
 	TaskRunning        = agentqtype.TaskStateRunning
+	TaskPaused         = agentqtype.TaskStatePaused // at a budget or quota limit, until resumed
 	TaskCompleted      = agentqtype.TaskStateCompleted
 	TaskFailed         = agentqtype.TaskStateFailed
 	TaskKilled         = agentqtype.TaskStateKilled // cancelled
@@ -71,6 +78,10 @@ type Task struct {
 	// StartDeadline is when the task expires if no worker has started it by then;
 	// nil when it was submitted without one.
 	StartDeadline *time.Time
+	// PausedReason is the limit that paused a paused task (TaskPaused): a budget
+	// field (task_max_steps, task_max_cost_usd, task_max_wallclock_s) or one of its
+	// tenant's period quotas; "" otherwise.
+	PausedReason string
 	// Attempt counts the times a worker started or took over the task, from 1 once
 	// it started.
 	Attempt    int
@@ -117,6 +128,9 @@ func taskOf(t tasks.Task) Task {
 	}
 	if w := t.WaitReason; w != nil {
 		out.WaitReason = &WaitReason{Reason: w.Reason, Position: int(w.Position), ExpectedStart: w.ExpectedStart, Until: w.Until}
+	}
+	if t.State == agentqtype.TaskStatePaused && t.Pause.Reason != nil {
+		out.PausedReason = *t.Pause.Reason
 	}
 	_ = json.Unmarshal(t.Budget, &out.Budget) // stored by Submit from a TaskBudget
 	return out
@@ -216,6 +230,20 @@ func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 // *TaskEndedError; one the tenant does not have ErrNotFound.
 func (a *App) CancelTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	t, err := a.services.Tasks.Cancel(ctx, tenantID, id)
+	if err != nil {
+		return Task{}, invalidOf(err)
+	}
+	return taskOf(t), nil
+}
+
+// ResumeTask sends one of the tenant's paused tasks back to its queue to run its next
+// step, its state and usage as they were. raise, when not nil, raises fields of its
+// budget, each at most the plan's ceiling (more is an *InvalidError, and nothing
+// changes). The task is admitted again against its tenant's sessions: a
+// *ResumeRefusedError while they are full. A task that is not paused is a
+// *TaskNotPausedError; one the tenant does not have ErrNotFound.
+func (a *App) ResumeTask(ctx context.Context, tenantID string, id uuid.UUID, raise *TaskBudget) (Task, error) {
+	t, err := a.services.Tasks.Resume(ctx, tasks.ResumeParams{TenantID: tenantID, ID: id, Budget: raise})
 	if err != nil {
 		return Task{}, invalidOf(err)
 	}

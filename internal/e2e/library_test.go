@@ -185,12 +185,16 @@ func TestLibraryTasksRefuseWhatTheAPIRefuses(t *testing.T) {
 	if _, err := h.app.CancelTask(ctx, "acme", uuid.New()); !errors.Is(err, agentq.ErrNotFound) {
 		t.Errorf("cancelling no task: %v", err)
 	}
+	var notPaused *agentq.TaskNotPausedError
+	if _, err := h.app.ResumeTask(ctx, "acme", task.ID, nil); !errors.As(err, &notPaused) || notPaused.State != agentq.TaskCompleted {
+		t.Errorf("resuming a completed task: %v", err)
+	}
 }
 
 // The task states the library names are the states tasks have.
 func TestLibraryTaskStates(t *testing.T) {
 	ended := map[string]bool{
-		agentq.TaskQueued: false, agentq.TaskRunning: false, agentq.TaskCompleted: true, agentq.TaskFailed: true,
+		agentq.TaskQueued: false, agentq.TaskRunning: false, agentq.TaskPaused: false, agentq.TaskCompleted: true, agentq.TaskFailed: true,
 		agentq.TaskKilled: true, agentq.TaskBudgetExceeded: true, agentq.TaskAbandoned: true, agentq.TaskExpired: true,
 	}
 	for st, want := range ended {

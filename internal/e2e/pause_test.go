@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"net/http"
 	"net/url"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
@@ -247,6 +250,11 @@ func TestResumeNeedsASessionAndCancelWorksOnPaused(t *testing.T) {
 	var e errBody
 	if st, hd := h.do("POST", "/v1/tasks/"+id+"/resume", key, nil, &e); st != 429 || e.Error.Code != "CONCURRENCY_LIMIT_EXCEEDED" || hd.Get("Retry-After") == "" {
 		t.Fatalf("resume with sessions full: %d %+v", st, e)
+	}
+	// The library refuses it alike.
+	var refused *agentq.ResumeRefusedError
+	if _, err := h.app.ResumeTask(context.Background(), "pz-sess", uuid.MustParse(id), nil); !errors.As(err, &refused) || refused.LimitType != "concurrent_sessions" {
+		t.Fatalf("library resume with sessions full: %v", err)
 	}
 	h.waitState(key, id, time.Second, "paused")
 	var k pauseTask
