@@ -290,10 +290,10 @@ func TestWorkerRunsAGoHandlerToCompletion(t *testing.T) {
 	r.wantReleased(id)
 }
 
-// A pro task (on_limit: pause) pauses when its next step would take it past its
-// budget: a step still running at the wall-clock deadline is stopped and not
-// recorded; no step runs that would pass the cost cap by what the previous step cost,
-// nor beyond max_steps. It names the limit, and keeps its usage.
+// A pro task pauses when its next step would take it past its cost or its wall
+// clock (a step still running at the deadline is stopped and not recorded; no step
+// runs that would pass the cost cap by what the previous step cost), naming the limit
+// and keeping its usage; at max_steps it stops (pro's on_limit for the step cap).
 func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -302,13 +302,14 @@ func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 		budget tasks.BudgetRequest
 		usage  store.Usage
 		limit  string
+		state  store.TaskState
 	}{
 		{"wall clock", `{"block":true}`, tasks.BudgetRequest{MaxWallclockS: ptr(0.2)},
-			store.Usage{}, "task_max_wallclock_s"},
+			store.Usage{}, "task_max_wallclock_s", store.StatePaused},
 		{"cost", `{"tokens":1,"cost_usd":0.6}`, tasks.BudgetRequest{MaxCostUSD: ptr(1.0)},
-			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 600_000}, "task_max_cost_usd"},
+			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 600_000}, "task_max_cost_usd", store.StatePaused},
 		{"steps", `{"tokens":1}`, tasks.BudgetRequest{MaxSteps: ptr(2)},
-			store.Usage{Steps: 2, Tokens: 2}, "task_max_steps"},
+			store.Usage{Steps: 2, Tokens: 2}, "task_max_steps", store.StateBudgetExceeded},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -327,8 +328,10 @@ func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 			began := time.Now()
 			r.process()
 			got := r.task(id)
-			if got.State != store.StatePaused || got.Pause.Reason == nil || *got.Pause.Reason != c.limit || got.Usage != c.usage || got.Error != nil {
-				t.Fatalf("task: %s at %v, error %v, usage %+v; want paused at %s, %+v", got.State, got.Pause.Reason, deref(got.Error), got.Usage, c.limit, c.usage)
+			paused := got.State == store.StatePaused && got.Pause.Reason != nil && *got.Pause.Reason == c.limit && got.Error == nil
+			ended := got.State == store.StateBudgetExceeded && got.Error != nil && strings.Contains(*got.Error, strings.TrimPrefix(c.limit, "task_"))
+			if got.State != c.state || !(paused || ended) || got.Usage != c.usage {
+				t.Fatalf("task: %s at %v, error %v, usage %+v; want %s at %s, %+v", got.State, got.Pause.Reason, deref(got.Error), got.Usage, c.state, c.limit, c.usage)
 			}
 			if strings.Contains(c.input, "block") && (!stopped || time.Since(began) > 2*time.Second) {
 				t.Fatalf("the step past the deadline was not stopped at it (stopped %v after %v)", stopped, time.Since(began))
