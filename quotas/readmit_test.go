@@ -63,7 +63,7 @@ func TestReAdmit(t *testing.T) {
 				t.Fatalf("err %v, want a refusal by %s", err, tc.refusedBy)
 			}
 			live := func(key string) []string {
-				m, _ := f.rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(f.clock(), 10), Max: "+inf"}).Result()
+				m, _ := f.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: key, ByScore: true, Start: "(" + strconv.FormatInt(f.clock(), 10), Stop: "+inf"}).Result()
 				return m
 			}
 			if got := live(f.keys.Sessions("acme")); !sameSet(got, tc.wantSessions) {

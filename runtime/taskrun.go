@@ -422,13 +422,6 @@ func (r *taskRun) pastDeadline() bool {
 	return !r.deadline.IsZero() && !time.Now().Before(r.deadline)
 }
 
-// finishWallclock ends the task over its wall-clock budget: a step that ran past it
-// was cut short, so the task stops whatever its plan's on_limit says.
-func (r *taskRun) finishWallclock() {
-	text, stop := r.wallclockStop()
-	r.finish(store.StateBudgetExceeded, text, nil, &stop)
-}
-
 // wallclockStop is the error text and the limit of a task at its wall-clock budget.
 func (r *taskRun) wallclockStop() (string, quotas.Stop) {
 	return fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", r.budget.MaxWallclockS),

@@ -97,7 +97,7 @@ func (s *Server) approve(c echo.Context) error {
 	}
 	req, err := approvalBudget(c)
 	if err != nil {
-		return s.approvalError(c, http.StatusBadRequest, err.Error())
+		return s.approvalError(c, http.StatusBadRequest, err.Error()+".")
 	}
 	_, err = s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{TenantID: cl.TenantID, ID: cl.TaskID, Budget: req, Pause: cl.Pause})
 	if err != nil {
@@ -122,7 +122,7 @@ func approvalBudget(c echo.Context) (*tasks.BudgetRequest, error) {
 		}
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			return nil, errors.New(name + " must be a number.")
+			return nil, errors.New(name + " must be a number")
 		}
 		given = true
 		return &f, nil
@@ -140,7 +140,7 @@ func approvalBudget(c echo.Context) (*tasks.BudgetRequest, error) {
 	}
 	if steps != nil {
 		if *steps != float64(int(*steps)) {
-			return nil, errors.New("max_steps must be a whole number.")
+			return nil, errors.New("max_steps must be a whole number")
 		}
 		n := int(*steps)
 		req.MaxSteps = &n
