@@ -231,6 +231,22 @@ func TestPauseCausesAndResumes(t *testing.T) {
 		t.Fatalf("after the raise: %+v", d)
 	}
 
+	// Its monthly money: paused, then resumed by itself when the admin raises it.
+	ku := h.tenantWith("pz-usd", "pro", map[string]client.Limit{"usd_monthly": 0.02}, nil)
+	uid := h.submitSim(ku, `{"agent":"sim","input":{"steps":4,"step_ms":5,"cost_usd_per_step":0.01}}`)
+	u := h.waitState(ku, uid, 20*time.Second, "paused", "completed", "budget_exceeded")
+	if u.State != "paused" || u.Usage.Steps != 2 || *u.PausedReason != "usd_monthly" {
+		t.Fatalf("at its monthly money: %+v", u)
+	}
+	ovu := maps.Clone(generous)
+	ovu["usd_monthly"] = 1
+	if st, _ := h.do("PATCH", "/v1/admin/tenants/pz-usd", h.admin, map[string]any{"overrides": ovu}, nil); st != 200 {
+		t.Fatalf("raise: %d", st)
+	}
+	if d := h.waitState(ku, uid, 20*time.Second, "completed", "budget_exceeded"); d.State != "completed" || d.Usage.Steps != 4 || d.Usage.CostUSD != 0.04 {
+		t.Fatalf("after the money raise: %+v", d)
+	}
+
 	kf := h.tenantWith("pz-free", "free", nil, nil)
 	fid := h.submitSim(kf, `{"agent":"sim","budget":{"max_steps":2},"input":{"steps":4}}`)
 	if f := h.waitState(kf, fid, 20*time.Second, "budget_exceeded", "paused", "completed"); f.State != "budget_exceeded" {
@@ -264,18 +280,48 @@ func TestResumeNeedsASessionAndCancelWorksOnPaused(t *testing.T) {
 	h.waitState(key, long, 20*time.Second, "completed")
 }
 
-// A task paused longer than its plan's pause_timeout_s ends budget_exceeded, and its
-// approval link has expired with the pause.
-func TestPauseTimesOut(t *testing.T) {
-	t.Parallel()
+// pausingPlans is the shipped catalogue with pro pausing at every limit, its step cap
+// included, and tasks paused at most timeout s.
+func pausingPlans(t *testing.T, timeout string) string {
+	t.Helper()
 	plans, err := os.ReadFile(filepath.Join("..", "..", "quotas", "plans.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	src := strings.ReplaceAll(string(plans), "pause_timeout_s: 86400", "pause_timeout_s: "+timeout)
+	src = strings.ReplaceAll(src, "on_limit: {default: pause, task_max_steps: stop}", "on_limit: pause")
 	file := filepath.Join(t.TempDir(), "plans.yaml")
-	if err := os.WriteFile(file, []byte(strings.ReplaceAll(string(plans), "pause_timeout_s: 86400", "pause_timeout_s: 2")), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return file
+}
+
+// On a plan that pauses at every limit, a task at its step cap pauses too, and a
+// raise of the cap resumes it to its end.
+func TestPauseAtTheStepCapWhenThePlanSaysSo(t *testing.T) {
+	t.Parallel()
+	file := pausingPlans(t, "86400")
+	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = file })
+	key := h.tenantWith("pz-cap", "pro", nil, nil)
+	id := h.submitSim(key, `{"agent":"sim","budget":{"max_steps":2},"input":{"steps":4,"step_ms":5,"tokens_per_step":3}}`)
+	p := h.waitState(key, id, 20*time.Second, "paused", "completed", "budget_exceeded")
+	if p.State != "paused" || p.Usage.Steps != 2 || *p.PausedReason != "task_max_steps" {
+		t.Fatalf("at its step cap: %+v", p)
+	}
+	if st, _ := h.do("POST", "/v1/tasks/"+id+"/resume", key, `{"budget":{"max_steps":4}}`, nil); st != 200 {
+		t.Fatalf("resume: %d", st)
+	}
+	if d := h.waitState(key, id, 20*time.Second, "completed", "paused", "budget_exceeded"); d.State != "completed" || d.Usage.Steps != 4 || d.Usage.Tokens != 12 {
+		t.Fatalf("after the raise: %+v", d)
+	}
+}
+
+// A task paused longer than its plan's pause_timeout_s ends budget_exceeded, and its
+// approval link has expired with the pause.
+func TestPauseTimesOut(t *testing.T) {
+	t.Parallel()
+	file := pausingPlans(t, "2")
 	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = file })
 	key := h.tenantWith("pz-time", "pro", nil, nil)
 	id := h.submitSim(key, `{"agent":"sim","budget":{"max_cost_usd":0.01},"input":{"steps":2,"step_ms":5,"cost_usd_per_step":0.01}}`)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
@@ -75,10 +76,11 @@ type LifecycleOptions struct {
 	// with the task as paused and the limit: it writes the pause's usage.limit_hit,
 	// with its approval link (outbox.Events.Pause).
 	Paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
-	// Started, when set, runs inside the transaction that started a queued task (the
-	// group commit's too), with the task as started (Task.Resumed: the wait it
-	// ended): it writes the usage.limit_hit of a start or a pool wait later than the
-	// plan commits to (outbox.Commitments.Started). An error rolls the start back.
+	// Started, when set, runs after a queued task started, with the task as started
+	// (Task.Resumed: the wait it ended): it writes the usage.limit_hit of a start or a
+	// pool wait later than the plan commits to (outbox.Commitments.Started). A start
+	// alone runs it in its transaction; the group commit's starts, one statement on
+	// the path every task takes, run it right after they commit, logging its error.
 	Started func(ctx context.Context, tx *store.Store, t store.Task) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
@@ -107,6 +109,7 @@ type Lifecycle struct {
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
+	log          *slog.Logger
 	// The group commits: of concurrent workers' completing last steps, of their
 	// starts, and of concurrent submissions' new tasks.
 	lastSteps groupcommit.Group[*lastStep]
@@ -121,6 +124,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	}
 	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded,
 		parked: o.Parked, paused: o.Paused, started: o.Started}
+	l.log = o.Archetype.Defaults().Logger
 	l.lastSteps.Flush = l.completeLastSteps
 	l.starts.Flush = l.startTasks
 	l.creates.Flush = l.createTasks
@@ -358,13 +362,22 @@ func (l *Lifecycle) startTasks(batch []*start) {
 	for i, c := range batch {
 		ids[i] = c.id
 	}
-	byID := l.sharedWrite(batch[0].ctx, l.hook != nil || l.started != nil, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
+	// The start is one statement: no transaction around it, on the path every task
+	// takes (a test's AfterChange hook wants one). The commitment check writes an
+	// event only for a late start, rarely: it runs right after the start commits.
+	inTx := l.hook != nil
+	byID := l.sharedWrite(batch[0].ctx, inTx, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
 		ts, err := st.UnscopedStartTasks(ctx, ids)
 		if err != nil {
 			return nil, err
 		}
 		for _, t := range ts {
-			if err := l.afterChange(ctx, st, Change{Kind: startChange(t), Task: t}); err != nil {
+			c := Change{Kind: startChange(t), Task: t}
+			if !inTx {
+				l.startedOutsideTx(ctx, st, c)
+				continue
+			}
+			if err := l.afterChange(ctx, st, c); err != nil {
 				return nil, err
 			}
 		}
@@ -372,6 +385,18 @@ func (l *Lifecycle) startTasks(batch []*start) {
 	})
 	for _, c := range batch {
 		c.task, c.written = takeFirst(byID, c.id)
+	}
+}
+
+// startedOutsideTx runs the Started hook for a start that committed on its own. Its
+// failure cannot undo the start, and must not make the batch's callers think their
+// tasks did not start: it is logged, and the late start goes uncredited.
+func (l *Lifecycle) startedOutsideTx(ctx context.Context, st *store.Store, c Change) {
+	if l.started == nil || c.Kind != ChangeStarted {
+		return
+	}
+	if err := l.started(ctx, st, c.Task); err != nil {
+		l.log.Warn("checking a start against its plan's commitments failed", "task_id", c.Task.ID, "err", err)
 	}
 }
 
