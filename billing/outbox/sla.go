@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -88,10 +89,52 @@ type Commitments struct {
 	Pools  PoolShares
 
 	breaches metric.Int64Counter
+	// judged spares late starts a judgment already made (NewCommitments makes it).
+	judged *judgments
+}
+
+// judgments remember, by key, until when a late start needs no judgment of its own:
+// a tenant's own limits or demand held one of its starts back a moment ago (judged
+// again after heldFor), or the breach of a lapse minute is written (the window's other
+// late starts would write nothing). A flood's late starts then cost no Redis reads
+// each. Entries past their time are dropped as the map grows.
+type judgments struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+// heldFor is how long a judgment that the tenant held itself back stands.
+const heldFor = time.Second
+
+func (j *judgments) fresh(key string, now time.Time) bool {
+	if j == nil {
+		return false
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return now.Before(j.until[key])
+}
+
+func (j *judgments) note(key string, until time.Time) {
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.until) >= 4096 {
+		now := time.Now()
+		for k, t := range j.until {
+			if !now.Before(t) {
+				delete(j.until, k)
+			}
+		}
+	}
+	j.until[key] = until
 }
 
 // NewCommitments returns c with its meter (agentq.sla_breaches) from a.
 func NewCommitments(c Commitments, a *baseservice.Archetype) *Commitments {
+	c.judged = &judgments{until: map[string]time.Time{}}
 	c.breaches, _ = a.Meter("github.com/agentq/agentq/billing/outbox").Int64Counter("agentq.sla_breaches",
 		metric.WithUnit("{breach}"),
 		metric.WithDescription("Commitments of a plan the platform missed (eligible_breach events written), by limit_type and tenant"))
@@ -136,6 +179,13 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 // committed unless the tenant's own running cap or demand held it (StartHolds).
 func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.Task, plan string, committed, measured time.Duration,
 	at time.Time) (bool, error) {
+	now := time.Now()
+	heldKey := t.TenantID + "|held"
+	lapse := WindowStart(t.CreatedAt.Add(committed))
+	writtenKey := t.TenantID + "|" + lapse.Format(time.RFC3339)
+	if c.judged.fresh(heldKey, now) || c.judged.fresh(writtenKey, now) {
+		return false, nil
+	}
 	if c.Starts != nil {
 		// The tenant's started tasks (this one included, at a start) as the
 		// transaction sees them: its running set in Redis also holds tasks handed to
@@ -145,11 +195,19 @@ func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.
 			return false, nil
 		}
 		if held, err := c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt, int64(started)); err != nil || held {
+			if held {
+				c.judged.note(heldKey, now.Add(heldFor))
+			}
 			return false, nil
 		}
 	}
-	return c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAStart,
+	written, err := c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAStart,
 		Committed: committed, Measured: measured, At: at})
+	if err == nil {
+		// Written now or before: the lapse minute has its event.
+		c.judged.note(writtenKey, lapse.Add(DedupeWindow+time.Minute))
+	}
+	return written, err
 }
 
 // Waiting writes the breaches of tasks still waiting for their first start past their
