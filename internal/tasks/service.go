@@ -767,9 +767,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 	if _, err := s.d.Queue.Remove(ctx, tenantID, id); err != nil {
 		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)
 	}
-	ev, _ := json.Marshal(map[string]any{"type": "state", "task_id": id.String(), "state": store.StateKilled,
-		"error": cancelMessage, "time": time.Now().UTC()})
-	_ = s.d.Redis.Publish(ctx, s.d.Keys.TaskEvents(id.String()), ev).Err()
+	s.publishState(ctx, id, store.StateKilled, cancelMessage)
 	if err := s.d.Redis.Publish(ctx, s.d.Keys.CancelChannel(), id.String()).Err(); err != nil {
 		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
 	}
