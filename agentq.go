@@ -223,6 +223,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
 		Paused:         a.pauses(events).Paused,
 		Started:        a.commitments.Started,
+		Expired:        a.commitments.Expired,
 	})
 	a.services = services.New(services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,

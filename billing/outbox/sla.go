@@ -62,9 +62,10 @@ type StartHolds interface {
 }
 
 // PoolShares tells whether a tenant asking a model pool for ask tokens is within its
-// weighted share of it (quotas.Quotas.PoolWithinShare).
+// weighted share of it, and whether the pool knows the tenant at all
+// (quotas.Quotas.PoolWithinShare).
 type PoolShares interface {
-	PoolWithinShare(ctx context.Context, pool, tenant string, ask int64) (bool, error)
+	PoolWithinShare(ctx context.Context, pool, tenant string, ask int64) (within, known bool, err error)
 }
 
 // TenantReader reads a tenant (the server's is a cache).
@@ -91,6 +92,9 @@ type Commitments struct {
 	breaches metric.Int64Counter
 	// judged spares late starts a judgment already made (NewCommitments makes it).
 	judged *judgments
+	// cursors are where the late-start pass goes on in each tenant's lapsed tasks
+	// (NewCommitments makes them).
+	cursors *lateCursors
 }
 
 // judgments remember, by key, until when a late start needs no judgment of its own:
@@ -135,6 +139,7 @@ func (j *judgments) note(key string, until time.Time) {
 // NewCommitments returns c with its meter (agentq.sla_breaches) from a.
 func NewCommitments(c Commitments, a *baseservice.Archetype) *Commitments {
 	c.judged = &judgments{until: map[string]time.Time{}}
+	c.cursors = &lateCursors{from: map[string]time.Time{}}
 	c.breaches, _ = a.Meter("github.com/agentq/agentq/billing/outbox").Int64Counter("agentq.sla_breaches",
 		metric.WithUnit("{breach}"),
 		metric.WithDescription("Commitments of a plan the platform missed (eligible_breach events written), by limit_type and tenant"))
@@ -145,10 +150,14 @@ func NewCommitments(c Commitments, a *baseservice.Archetype) *Commitments {
 // and writes there the usage.limit_hit of each commitment the start shows missed. A
 // start within its commitments reads nothing but the (cached) tenant; the checks of
 // the tenant's limits and share run only for a late one. Nothing here fails a start:
-// a wait that cannot be judged (the tenant or Redis not answering) is not credited.
+// a wait that cannot be judged (the tenant, the pool or Redis not answering) is not
+// credited.
 func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task) error {
 	firstStart := t.Attempt == 1 && t.StartedAt != nil
-	poolWait := t.Resumed != nil && strings.HasPrefix(t.Resumed.Reason, "pool:")
+	pool, poolWait := "", false
+	if t.Resumed != nil {
+		pool, poolWait = PoolWaited(t.Resumed.Reason)
+	}
 	if !firstStart && !poolWait {
 		return nil
 	}
@@ -162,80 +171,127 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 	}
 	if within, ok := quotas.Within(sla.StartWithinS); ok && firstStart {
 		if measured := t.StartedAt.Sub(t.CreatedAt); measured > within {
-			if _, err := c.startBreach(ctx, tx, t, tenant.Plan, within, measured, *t.StartedAt); err != nil {
+			if _, _, err := c.startBreach(ctx, tx, t, tenant.Plan, within, measured, *t.StartedAt); err != nil {
 				return err
 			}
 		}
 	}
 	if within, ok := quotas.Within(sla.PoolWaitWithinS); ok && poolWait {
-		if measured := time.Duration(t.Resumed.WaitedMs) * time.Millisecond; measured > within {
-			return c.poolBreach(ctx, tx, t, tenant.Plan, strings.TrimPrefix(t.Resumed.Reason, "pool:"), within, measured)
-		}
+		return c.poolBreach(ctx, tx, t, tenant.Plan, pool, within)
 	}
 	return nil
 }
 
+// PoolWaited tells whether a wait of reason is one for a shared model pool that the
+// pool wait commitment covers ("pool:<name>"), and for which pool. A wait after a
+// throttled answer of the agent's provider ("throttled:<name>") is not: the provider
+// refused, not the pool, and the agent names the retry time (up to an hour); nor is a
+// wait for the tenant's own tokens a minute.
+func PoolWaited(reason string) (pool string, ok bool) {
+	return strings.CutPrefix(reason, "pool:")
+}
+
 // startBreach writes the breach of a first start (or a wait for it, at) later than
 // committed unless the tenant's own running cap or demand held it (StartHolds).
+// covered tells that the lapse minute has its event (written now or before).
 func (c *Commitments) startBreach(ctx context.Context, tx *store.Store, t store.Task, plan string, committed, measured time.Duration,
-	at time.Time) (bool, error) {
+	at time.Time) (written, covered bool, err error) {
 	now := time.Now()
 	heldKey := t.TenantID + "|held"
 	lapse := WindowStart(t.CreatedAt.Add(committed))
 	writtenKey := t.TenantID + "|" + lapse.Format(time.RFC3339)
-	if c.judged.fresh(heldKey, now) || c.judged.fresh(writtenKey, now) {
+	if c.judged.fresh(writtenKey, now) {
+		return false, true, nil
+	}
+	if c.judged.fresh(heldKey, now) {
+		return false, false, nil
+	}
+	if held, err := c.heldBack(ctx, tx, t.TenantID, t.CreatedAt); err != nil || held {
+		if held {
+			c.judged.note(heldKey, now.Add(heldFor))
+		}
+		return false, false, nil
+	}
+	written, err = c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAStart,
+		Committed: committed, Measured: measured, At: at})
+	if err != nil {
+		return false, false, err
+	}
+	// Written now or before: the lapse minute has its event.
+	c.judged.note(writtenKey, lapse.Add(DedupeWindow+time.Minute))
+	return written, true, nil
+}
+
+// heldBack tells whether the tenant's own running cap or demand may have held back
+// its task waiting since since (StartHolds); an error leaves the wait unjudged.
+func (c *Commitments) heldBack(ctx context.Context, tx *store.Store, tenantID string, since time.Time) (bool, error) {
+	if c.Starts == nil {
 		return false, nil
 	}
-	if c.Starts != nil {
-		// The tenant's started tasks (this one included, at a start) as the
-		// transaction sees them: its running set in Redis also holds tasks handed to
-		// the workers ahead of time (prefetched), which are not its use of the pool.
-		started, err := tx.CountTasks(ctx, store.CountTasksParams{TenantID: t.TenantID, State: store.StateRunning})
-		if err != nil {
-			return false, nil
-		}
-		if held, err := c.Starts.HeldBack(ctx, t.TenantID, t.CreatedAt, int64(started)); err != nil || held {
-			if held {
-				c.judged.note(heldKey, now.Add(heldFor))
-			}
-			return false, nil
-		}
+	// The tenant's started tasks (this one included, at a start) as the transaction
+	// sees them: its running set in Redis also holds tasks handed to the workers
+	// ahead of time (prefetched), which are not its use of the pool.
+	started, err := tx.CountTasks(ctx, store.CountTasksParams{TenantID: tenantID, State: store.StateRunning})
+	if err != nil {
+		return false, err
 	}
-	written, err := c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAStart,
-		Committed: committed, Measured: measured, At: at})
-	if err == nil {
-		// Written now or before: the lapse minute has its event.
-		c.judged.note(writtenKey, lapse.Add(DedupeWindow+time.Minute))
-	}
-	return written, err
+	return c.Starts.HeldBack(ctx, tenantID, since, int64(started))
 }
 
 // Waiting writes the breaches of tasks still waiting for their first start past their
-// plan's start_within_s (at most limit, the oldest), without waiting for the start:
-// the janitor runs it periodically. Each is written in a transaction of its own and
-// judged as at a start (StartHolds, with the wait so far); the start writes nothing
-// more for the same lapse (Breach's window). It returns how many tasks it looked at
-// and how many events it wrote.
+// plan's start_within_s, without waiting for the start: the janitor runs it
+// periodically. It looks only at the tenants whose plan commits and whose oldest
+// waiting task's commitment lapsed, and, of each, at its lapsed tasks from where the
+// previous run left it (lateCursors), at most limit tasks in all. Each is written in
+// a transaction of its own and judged as at a start (StartHolds, with the wait so
+// far); the start writes nothing more for the same lapse (Breach's window). It
+// returns how many tasks it looked at and how many events it wrote.
 func (c *Commitments) Waiting(ctx context.Context, st *store.Store, limit int) (checked, written int, err error) {
-	ts, err := st.UnscopedFirstStartsWaiting(ctx, limit)
+	ws, err := st.UnscopedFirstStartsWaiting(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	now := time.Now()
-	for _, t := range ts {
-		tenant, err := c.tenant(ctx, st, t.TenantID)
+	c.cursors.keep(ws)
+	for _, w := range ws {
+		if checked >= limit {
+			break
+		}
+		tenant, err := c.tenant(ctx, st, w.TenantID)
 		if err != nil {
 			continue
 		}
 		sla, err := c.SLA(tenant)
 		within, ok := quotas.Within(sla.StartWithinS)
-		if err != nil || !ok || now.Sub(t.CreatedAt) <= within {
+		if err != nil || !ok || time.Since(w.Oldest) <= within {
 			continue
 		}
-		var wrote bool
+		n, k, err := c.waitingOf(ctx, st, tenant, within, min(limit-checked, lateBatch))
+		checked, written = checked+n, written+k
+		if err != nil {
+			return checked, written, err
+		}
+	}
+	return checked, written, nil
+}
+
+// lateBatch bounds the lapsed tasks of one tenant a run of Waiting looks at.
+const lateBatch = 50
+
+// waitingOf judges up to limit of a tenant's tasks whose start commitment (within)
+// lapsed, from its cursor on, and moves the cursor past each lapse minute that has its
+// event.
+func (c *Commitments) waitingOf(ctx context.Context, st *store.Store, tenant store.Tenant, within time.Duration,
+	limit int) (checked, written int, err error) {
+	ts, err := st.UnscopedFirstStartsLapsed(ctx, tenant.ID, c.cursors.get(tenant.ID), within, limit)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, t := range ts {
+		now := time.Now()
+		var wrote, covered bool
 		err = st.InTx(ctx, func(tx *store.Store) error {
 			var err error
-			wrote, err = c.startBreach(ctx, tx, t, tenant.Plan, within, now.Sub(t.CreatedAt), now)
+			wrote, covered, err = c.startBreach(ctx, tx, t, tenant.Plan, within, now.Sub(t.CreatedAt), now)
 			return err
 		})
 		if err != nil {
@@ -244,20 +300,88 @@ func (c *Commitments) Waiting(ctx context.Context, st *store.Store, limit int) (
 		if wrote {
 			written++
 		}
+		if covered {
+			// The tasks created from here lapse in a later minute.
+			c.cursors.advance(tenant.ID, WindowStart(t.CreatedAt.Add(within)).Add(DedupeWindow-within))
+		}
 	}
 	return len(ts), written, nil
 }
 
-// poolBreach writes the breach of a pool wait longer than committed unless the tenant
-// had drawn more than its share of the pool.
-func (c *Commitments) poolBreach(ctx context.Context, tx *store.Store, t store.Task, plan, pool string, committed, measured time.Duration) error {
+// lateCursors are, by tenant, the creation time from which its waiting tasks may
+// still lapse in a minute without its event: the late-start pass moves a tenant's past
+// each minute whose event is written, so a backlog lapsed in one minute does not hide
+// the later minutes' lapses. A tenant with no task waiting any more is forgotten.
+type lateCursors struct {
+	mu   sync.Mutex
+	from map[string]time.Time
+}
+
+func (l *lateCursors) get(tenant string) time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.from[tenant]
+}
+
+func (l *lateCursors) advance(tenant string, to time.Time) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if to.After(l.from[tenant]) {
+		l.from[tenant] = to
+	}
+}
+
+// keep forgets the cursors of the tenants not in ws.
+func (l *lateCursors) keep(ws []store.FirstStartsWaiting) {
+	if l == nil {
+		return
+	}
+	waiting := make(map[string]bool, len(ws))
+	for _, w := range ws {
+		waiting[w.TenantID] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for t := range l.from {
+		if !waiting[t] {
+			delete(l.from, t)
+		}
+	}
+}
+
+// poolBreach writes the breach of a pool wait longer than committed. The wait is
+// measured from the park to the unpark (the wait_until the pool named); the rest, on
+// the tenant's queue until the start, counts too unless the tenant's own running cap
+// or demand held it back there (StartHolds, since the unpark), or that cannot be
+// judged. No breach when the tenant had drawn more than its share of the pool, or the
+// pool does not know the tenant (nothing to judge its share by).
+func (c *Commitments) poolBreach(ctx context.Context, tx *store.Store, t store.Task, plan, pool string, committed time.Duration) error {
+	w := t.Resumed
+	measured := time.Duration(w.WaitedMs) * time.Millisecond
+	if measured <= committed {
+		return nil
+	}
+	if toUnpark := time.Duration(w.ToUnparkMs) * time.Millisecond; w.Until != nil && toUnpark < measured {
+		if held, err := c.heldBack(ctx, tx, t.TenantID, *w.Until); err != nil || held {
+			measured = toUnpark
+		}
+	}
+	if measured <= committed {
+		return nil
+	}
 	if c.Pools != nil {
 		var ask int64
 		if t.Wait.StepEstimate != nil {
 			ask = *t.Wait.StepEstimate
 		}
-		if within, err := c.Pools.PoolWithinShare(ctx, pool, t.TenantID, ask); err != nil || !within {
-			return nil // over its share, or not judged (Redis not answering): not credited
+		if within, known, err := c.Pools.PoolWithinShare(ctx, pool, t.TenantID, ask); err != nil || !known || !within {
+			return nil // over its share, or not judged: not credited
 		}
 	}
 	_, err := c.write(ctx, tx, Breach{TenantID: t.TenantID, Plan: plan, LimitType: LimitSLAPoolWait,
@@ -287,4 +411,33 @@ func (c *Commitments) write(ctx context.Context, tx *store.Store, b Breach) (wri
 			attribute.String("limit_type", b.LimitType), attribute.String("tenant_id", b.TenantID)))
 	}
 	return written, nil
+}
+
+// Expired runs after task t, which never started, ended expired at its start deadline
+// (tasks.LifecycleOptions.Expired): when its plan's start commitment lapsed before the
+// deadline, it writes the breach, in a transaction of its own on st, judged as at a
+// start with the wait until the expiry. A deadline at or before the lapse is the
+// tenant's own choice: no breach. Like a start, nothing here is retried: a wait that
+// cannot be judged is not credited.
+func (c *Commitments) Expired(ctx context.Context, st *store.Store, t store.Task) error {
+	if t.StartedAt != nil || t.FinishedAt == nil {
+		return nil
+	}
+	tenant, err := c.tenant(ctx, st, t.TenantID)
+	if err != nil {
+		return nil
+	}
+	sla, err := c.SLA(tenant)
+	within, ok := quotas.Within(sla.StartWithinS)
+	if err != nil || !ok {
+		return nil
+	}
+	lapse := t.CreatedAt.Add(within)
+	if measured := t.FinishedAt.Sub(t.CreatedAt); measured <= within || (t.StartDeadline != nil && !t.StartDeadline.After(lapse)) {
+		return nil
+	}
+	return st.InTx(ctx, func(tx *store.Store) error {
+		_, _, err := c.startBreach(ctx, tx, t, tenant.Plan, within, t.FinishedAt.Sub(t.CreatedAt), *t.FinishedAt)
+		return err
+	})
 }

@@ -55,10 +55,44 @@ func (s *Store) slaBreaches(ctx context.Context, ids []string, since time.Time) 
 	})
 }
 
-// UnscopedFirstStartsWaiting lists up to limit queued tasks that never started, oldest
-// first (tasks_live_idx): the tasks whose start commitment may be lapsing.
-func (s *Store) UnscopedFirstStartsWaiting(ctx context.Context, limit int) ([]Task, error) {
+// FirstStartsWaiting is a tenant with queued tasks that never started, and when the
+// oldest of them was created.
+type FirstStartsWaiting struct {
+	TenantID string
+	Oldest   time.Time
+}
+
+// UnscopedFirstStartsWaiting lists the tenants with queued tasks that never started,
+// each with its oldest such task's creation, in tenant order: the tenants whose start
+// commitment may be lapsing. It skips from one tenant to the next on
+// tasks_first_start_idx (one probe a tenant), however long their backlogs.
+func (s *Store) UnscopedFirstStartsWaiting(ctx context.Context) ([]FirstStartsWaiting, error) {
+	rows, err := s.db.Query(ctx, `
+		WITH RECURSIVE w AS (
+			(SELECT tenant_id, created_at FROM tasks WHERE state = 'queued' AND started_at IS NULL
+				ORDER BY tenant_id, created_at LIMIT 1)
+			UNION ALL
+			SELECT n.tenant_id, n.created_at FROM w, LATERAL (
+				SELECT tenant_id, created_at FROM tasks
+				WHERE state = 'queued' AND started_at IS NULL AND tenant_id > w.tenant_id
+				ORDER BY tenant_id, created_at LIMIT 1) n
+		)
+		SELECT tenant_id, created_at FROM w`)
+	return collect(rows, err, func(row pgx.Row) (FirstStartsWaiting, error) {
+		var f FirstStartsWaiting
+		err := row.Scan(&f.TenantID, &f.Oldest)
+		return f, err
+	})
+}
+
+// UnscopedFirstStartsLapsed lists up to limit of a tenant's queued tasks that never
+// started, created at or after from and more than within ago (on the Postgres clock),
+// oldest first: the tasks whose start commitment of within has lapsed.
+func (s *Store) UnscopedFirstStartsLapsed(ctx context.Context, tenantID string, from time.Time, within time.Duration,
+	limit int) ([]Task, error) {
 	rows, err := s.db.Query(ctx, `SELECT `+taskCols+` FROM tasks
-		WHERE state = 'queued' AND started_at IS NULL ORDER BY created_at LIMIT $1`, limit)
+		WHERE tenant_id = $1 AND state = 'queued' AND started_at IS NULL AND created_at >= $2
+			AND created_at < now() - $3::interval
+		ORDER BY created_at LIMIT $4`, tenantID, from, interval(within), limit)
 	return collect(rows, err, scanTask)
 }

@@ -90,11 +90,16 @@ type TaskPause struct {
 	Count       int
 }
 
-// ResumedWait is a wait a start ended: its reason ("tokens_per_minute" or
-// "pool:<name>") and its length.
+// ResumedWait is a wait a start ended: its reason ("tokens_per_minute",
+// "pool:<name>" or "throttled:<name>") and its length, from the park to the start.
+// Until is when its capacity was expected (its wait_until: the dispatcher queued the
+// task again then), and ToUnparkMs its length from the park to Until, or to the start
+// if that came first; the rest of WaitedMs the task waited on its queue.
 type ResumedWait struct {
-	Reason   string
-	WaitedMs int64
+	Reason     string
+	WaitedMs   int64
+	Until      *time.Time
+	ToUnparkMs int64
 }
 
 // TaskWait is what a task waits for while it is parked: the capacity (Reason, nil when

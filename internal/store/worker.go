@@ -42,7 +42,7 @@ func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task
 		WITH expired AS (
 			UPDATE tasks SET state = 'expired', error = $2, finished_at = clock_timestamp()
 			WHERE id = ANY($1) AND state = 'queued' AND `+startOverdue+`
-			RETURNING `+taskCols+`, NULL::text, 0::bigint
+			RETURNING `+taskCols+`, NULL::text, 0::bigint, NULL::timestamptz, 0::bigint
 		), started AS (`+startSQL+`tasks.id = ANY($1) AND NOT `+startOverdueOf("tasks")+startReturning+`
 		)
 		SELECT * FROM started UNION ALL SELECT * FROM expired`, ids, ExpiredError)
@@ -96,17 +96,23 @@ const startSQL = `
 			parked_at = NULL, wait_reason = NULL, wait_until = NULL
 		FROM tasks w WHERE w.id = tasks.id AND tasks.state = 'queued' AND `
 
-// startReturning returns the started task and the wait its start ended.
+// startReturning returns the started task and the wait its start ended: its reason,
+// its length to the start, when its capacity was expected (the unpark) and its length
+// to the unpark (or to the start, if that came first).
 var startReturning = ` RETURNING ` + qualified("tasks", taskCols) + `, w.wait_reason,
-		CASE WHEN w.parked_at IS NULL THEN 0 ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - w.parked_at) * 1000)::bigint) END`
+		CASE WHEN w.parked_at IS NULL THEN 0 ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - w.parked_at) * 1000)::bigint) END,
+		w.wait_until,
+		CASE WHEN w.parked_at IS NULL THEN 0 ELSE GREATEST(0,
+			(EXTRACT(EPOCH FROM LEAST(now(), COALESCE(w.wait_until, now())) - w.parked_at) * 1000)::bigint) END`
 
 // scanStarted scans a started task and the wait its start ended.
 func scanStarted(row pgx.Row) (Task, error) {
 	var reason *string
-	var waited int64
-	t, err := scanTaskWith(row, &reason, &waited)
+	var waited, toUnpark int64
+	var until *time.Time
+	t, err := scanTaskWith(row, &reason, &waited, &until, &toUnpark)
 	if err == nil && reason != nil {
-		t.Resumed = &ResumedWait{Reason: *reason, WaitedMs: waited}
+		t.Resumed = &ResumedWait{Reason: *reason, WaitedMs: waited, Until: until, ToUnparkMs: toUnpark}
 	}
 	return t, err
 }

@@ -82,6 +82,12 @@ type LifecycleOptions struct {
 	// alone runs it in its transaction; the group commit's starts, one statement on
 	// the path every task takes, run it right after they commit, logging its error.
 	Started func(ctx context.Context, tx *store.Store, t store.Task) error
+	// Expired, when set, runs after a change that ended a never-started task expired
+	// committed (a start past the deadline, or the expiry pass), with the task as it
+	// ended, on the store outside any transaction: it writes, in a transaction of its
+	// own, the usage.limit_hit of a start commitment that lapsed before the deadline
+	// (outbox.Commitments.Expired). Its error is logged: the end stands.
+	Expired func(ctx context.Context, st *store.Store, t store.Task) error
 	// AfterChange, when set, runs inside each state change's transaction, after the
 	// change; an error from it rolls the change back. Tests use it.
 	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
@@ -106,6 +112,8 @@ type Lifecycle struct {
 	paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
 	// started: LifecycleOptions.Started
 	started func(ctx context.Context, tx *store.Store, t store.Task) error
+	// expired: LifecycleOptions.Expired
+	expired func(ctx context.Context, st *store.Store, t store.Task) error
 	// stepRecorded: LifecycleOptions.StepRecorded
 	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
 	finished     metric.Int64Counter
@@ -123,7 +131,7 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 		o.StaleAfter = DefaultStaleAfter
 	}
 	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded,
-		parked: o.Parked, paused: o.Paused, started: o.Started}
+		parked: o.Parked, paused: o.Paused, started: o.Started, expired: o.Expired}
 	l.log = o.Archetype.Defaults().Logger
 	l.lastSteps.Flush = l.completeLastSteps
 	l.starts.Flush = l.startTasks
@@ -339,7 +347,7 @@ func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartO
 	l.starts.Do(c)
 	if c.written {
 		if c.task.State == store.StateExpired {
-			l.ended(ctx, store.StateExpired)
+			l.expiredEnded(ctx, c.task)
 			return c.task, Ended, nil
 		}
 		return c.task, Started, nil
@@ -451,7 +459,7 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 		return store.Task{}, 0, err
 	}
 	if task.State == store.StateExpired {
-		l.ended(ctx, store.StateExpired)
+		l.expiredEnded(ctx, task)
 	}
 	return task, out, nil
 }
@@ -472,10 +480,22 @@ func (l *Lifecycle) ExpireOverdue(ctx context.Context, limit int) ([]store.Task,
 	if err != nil {
 		return nil, err
 	}
-	for range ts {
-		l.ended(ctx, store.StateExpired)
+	for _, t := range ts {
+		l.expiredEnded(ctx, t)
 	}
 	return ts, nil
+}
+
+// expiredEnded counts a committed expiry and runs the Expired hook for it. The hook's
+// failure cannot undo the end: it is logged, and the lapse goes uncredited.
+func (l *Lifecycle) expiredEnded(ctx context.Context, t store.Task) {
+	l.ended(ctx, store.StateExpired)
+	if l.expired == nil {
+		return
+	}
+	if err := l.expired(context.WithoutCancel(ctx), l.store, t); err != nil {
+		l.log.Warn("checking an expired task against its plan's start commitment failed", "task_id", t.ID, "err", err)
+	}
 }
 
 // RecordStep records a finished step's result (usage, ledger rows, agent state) under

@@ -49,7 +49,7 @@ func slaSetup(t *testing.T) *slaEnv {
 	c := outbox.NewCommitments(outbox.Commitments{Events: outbox.Events{}, Starts: scheduler.New(rdb, keys, scheduler.Options{}), Pools: e.q,
 		SLA: func(t store.Tenant) (quotas.SLA, error) { return plans.SLAOf(t.Plan, t.Overrides), nil }}, nil)
 	e.c = c
-	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Started: c.Started})
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Started: c.Started, Expired: c.Expired})
 	return e
 }
 
@@ -178,6 +178,7 @@ func TestPoolWaitBeyondTheCommitmentIsABreach(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	e.withinPool(t, "gpt", "acme")
 	pooled, own := e.create(t, "acme", 0), e.create(t, "acme", 0)
 	park(pooled, "pool:gpt")
 	park(own, quotas.WaitTokensPerMinute)
@@ -235,7 +236,7 @@ func TestWaitingPastTheCommitmentIsReportedBeforeTheStart(t *testing.T) {
 	e.create(t, "acme", 0)              // within its commitment so far
 	e.create(t, "free", 10*time.Minute) // no commitment
 	checked, written, err := e.c.Waiting(context.Background(), e.st, 100)
-	if err != nil || checked < 3 || written != 1 {
+	if err != nil || checked != 1 || written != 1 {
 		t.Fatalf("Waiting: checked %d written %d %v, want one breach", checked, written, err)
 	}
 	got := e.breaches(t, "acme", outbox.LimitSLAStart)
@@ -245,5 +246,165 @@ func TestWaitingPastTheCommitmentIsReportedBeforeTheStart(t *testing.T) {
 	e.start(t, id)
 	if got := e.breaches(t, "acme", outbox.LimitSLAStart); len(got) != 1 {
 		t.Fatalf("the start reported the lapse again: %+v", got)
+	}
+}
+
+// A lapsed commitment of a paying tenant is reported even behind an older backlog of
+// tasks whose plan commits to nothing: the pass looks only at tasks whose plan
+// commits and whose commitment lapsed.
+func TestLapsedStartBehindAnOldBacklogIsReported(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	for range 12 { // older than acme's task, of a plan without the commitment
+		e.create(t, "free", 10*time.Minute)
+	}
+	id := e.create(t, "acme", 3*time.Second)
+	if _, written, err := e.c.Waiting(context.Background(), e.st, 10); err != nil || written != 1 {
+		t.Fatalf("Waiting: written %d %v, want acme's lapse reported behind 12 older tasks of free", written, err)
+	}
+	if got := e.breaches(t, "acme", outbox.LimitSLAStart); len(got) != 1 || *got[0].MeasuredMs < 3000 {
+		t.Fatalf("breaches %+v", got)
+	}
+	e.start(t, id)
+	if got := e.breaches(t, "acme", outbox.LimitSLAStart); len(got) != 1 {
+		t.Fatalf("the start reported the lapse again: %+v", got)
+	}
+}
+
+// The pass goes on past a minute already reported: a tenant's many lapsed tasks of
+// one minute do not hide a later minute's lapse.
+func TestLapsesOfLaterMinutesAreReportedPastAnEarlierOne(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	ctx := context.Background()
+	early := time.Now().Add(-3 * time.Minute)
+	for range 12 {
+		e.createAt(t, "acme", early)
+	}
+	if _, written, err := e.c.Waiting(ctx, e.st, 10); err != nil || written != 1 {
+		t.Fatalf("first pass: written %d %v, want 1", written, err)
+	}
+	e.create(t, "acme", 3*time.Second) // lapsed minutes later
+	if _, written, err := e.c.Waiting(ctx, e.st, 10); err != nil || written != 1 {
+		t.Fatalf("second pass: written %d %v, want the later minute's lapse", written, err)
+	}
+	if got := e.breaches(t, "acme", outbox.LimitSLAStart); len(got) != 2 {
+		t.Fatalf("%d breaches, want 2: %+v", len(got), got)
+	}
+}
+
+// parkFor starts task id and parks it for reason until until.
+func (e *slaEnv) parkFor(t *testing.T, id uuid.UUID, reason string, until time.Time) {
+	t.Helper()
+	task := e.start(t, id)
+	if err := e.lc.Park(context.Background(), tasks.ParkParams{Claim: claimOf(task), Reason: reason, Until: until, StepEstimate: 100}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// withinPool makes tenant known to pool and within its share of it.
+func (e *slaEnv) withinPool(t *testing.T, pool, tenant string) {
+	t.Helper()
+	if err := e.rdb.HSet(context.Background(), e.keys.PoolPasses(pool), "p:"+tenant, 0, "w:"+tenant, 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A pool wait is measured from the park to the unpark (the wait_until the pool named);
+// the rest, until the start, counts only when the tenant did not hold itself back
+// (its own running cap, here: it left its capped set after the unpark).
+func TestPoolWaitPastTheUnparkHeldByTheTenantIsNoBreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	ctx := context.Background()
+	e.withinPool(t, "gpt", "acme")
+	id := e.create(t, "acme", 0)
+	e.parkFor(t, id, "pool:gpt", time.Now().Add(50*time.Millisecond))
+	time.Sleep(300 * time.Millisecond)
+	// After the unpark, acme waited behind its own running cap: it left the capped
+	// set just now.
+	if err := e.rdb.HSet(ctx, e.keys.TenantConf("acme"), "uncap", time.Now().UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.start(t, id)
+	if b := e.breaches(t, "acme", outbox.LimitSLAPoolWait); len(b) != 0 {
+		t.Fatalf("a wait behind the tenant's own cap after the unpark was credited: %+v", b)
+	}
+}
+
+// A pool wait whose rest after the unpark was the platform's (no cap of the tenant's,
+// within its share) is measured to the start.
+func TestPoolWaitPastTheUnparkOnThePlatformIsABreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	e.withinPool(t, "gpt", "acme")
+	id := e.create(t, "acme", 0)
+	e.parkFor(t, id, "pool:gpt", time.Now().Add(50*time.Millisecond))
+	time.Sleep(300 * time.Millisecond)
+	e.start(t, id)
+	if got := e.breaches(t, "acme", outbox.LimitSLAPoolWait); len(got) != 1 || *got[0].MeasuredMs < 300 {
+		t.Fatalf("breaches %+v, want one measured to the start", got)
+	}
+}
+
+// A wait after a throttled answer of the agent's provider is never a breach, however
+// long; nor is a pool wait of a tenant the pool does not know (nothing to judge its
+// share by).
+func TestThrottledAndUnjudgedPoolWaitsAreNoBreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	throttled, unknown := e.create(t, "acme", 0), e.create(t, "flood", 0)
+	e.withinPool(t, "gpt", "acme")
+	e.parkFor(t, throttled, "throttled:gpt", time.Now().Add(time.Second))
+	e.parkFor(t, unknown, "pool:gpt", time.Now().Add(time.Second))
+	time.Sleep(1100 * time.Millisecond)
+	e.start(t, throttled)
+	e.start(t, unknown)
+	for _, tenant := range []string{"acme", "flood"} {
+		if b := e.breaches(t, tenant, outbox.LimitSLAPoolWait); len(b) != 0 {
+			t.Fatalf("%s: %+v, want no breach", tenant, b)
+		}
+	}
+}
+
+// deadline gives queued task id the start deadline at.
+func (e *slaEnv) deadline(t *testing.T, id uuid.UUID, at time.Time) {
+	t.Helper()
+	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET start_deadline = $2 WHERE id = $1`, id, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A task that expires at its start deadline after its plan's start commitment lapsed
+// is a breach, written with the expiry, whether the expiry pass or a worker's late
+// start ends it; one whose deadline came before the commitment lapsed is not (the
+// tenant asked for less than the plan commits to).
+func TestExpiryAfterTheCommitmentLapsedIsABreach(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	ctx := context.Background()
+	created := time.Now().Add(-3 * time.Minute)
+	byPass, early := e.createAt(t, "acme", created), e.createAt(t, "flood", created)
+	e.deadline(t, byPass, created.Add(time.Second))
+	e.deadline(t, early, created.Add(100*time.Millisecond)) // before flood's 200 ms commitment
+	if ts, err := e.lc.ExpireOverdue(ctx, 10); err != nil || len(ts) != 2 {
+		t.Fatalf("ExpireOverdue: %d %v, want 2", len(ts), err)
+	}
+	got := e.breaches(t, "acme", outbox.LimitSLAStart)
+	if len(got) != 1 || *got[0].CommittedMs != 200 || *got[0].MeasuredMs < 3*60*1000 {
+		t.Fatalf("breaches at the expiry %+v, want one", got)
+	}
+	if b := e.breaches(t, "flood", outbox.LimitSLAStart); len(b) != 0 {
+		t.Fatalf("a deadline before the commitment lapsed: %+v", b)
+	}
+
+	// A worker's start finds the task past its deadline: the same statement expires it.
+	byStart := e.create(t, "acme", time.Minute)
+	e.deadline(t, byStart, time.Now().Add(-time.Second))
+	if task, out, err := e.lc.Start(ctx, byStart); err != nil || out != tasks.Ended || task.State != store.StateExpired {
+		t.Fatalf("start: %v %v %v, want expired", task.State, out, err)
+	}
+	if got := e.breaches(t, "acme", outbox.LimitSLAStart); len(got) != 2 {
+		t.Fatalf("%d breaches, want a second one at the start's expiry: %+v", len(got), got)
 	}
 }
