@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -241,21 +242,23 @@ func (c *Commitments) heldBack(ctx context.Context, tx *store.Store, tenantID st
 // Waiting writes the breaches of tasks still waiting for their first start past their
 // plan's start_within_s, without waiting for the start: the janitor runs it
 // periodically. It looks only at the tenants whose plan commits and whose oldest
-// waiting task's commitment lapsed, and, of each, at its lapsed tasks from where the
-// previous run left it (lateCursors), at most limit tasks in all. Each is written in
-// a transaction of its own and judged as at a start (StartHolds, with the wait so
-// far); the start writes nothing more for the same lapse (Breach's window). It
-// returns how many tasks it looked at and how many events it wrote.
+// waiting task's commitment lapsed, each run starting after the tenant the previous
+// run looked at last, and, of each, at its lapsed tasks from where the previous run
+// left it (lateCursors), at most limit tasks in all. Each is written in a transaction
+// of its own and judged as at a start (StartHolds, with the wait so far); the start
+// writes nothing more for the same lapse (Breach's window). It returns how many tasks
+// it looked at and how many events it wrote.
 func (c *Commitments) Waiting(ctx context.Context, st *store.Store, limit int) (checked, written int, err error) {
 	ws, err := st.UnscopedFirstStartsWaiting(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	c.cursors.keep(ws)
-	for _, w := range ws {
+	first := c.cursors.keep(ws)
+	for i := range ws {
 		if checked >= limit {
 			break
 		}
+		w := ws[(first+i)%len(ws)]
 		tenant, err := c.tenant(ctx, st, w.TenantID)
 		if err != nil {
 			continue
@@ -267,6 +270,7 @@ func (c *Commitments) Waiting(ctx context.Context, st *store.Store, limit int) (
 		}
 		n, k, err := c.waitingOf(ctx, st, tenant, within, min(limit-checked, lateBatch))
 		checked, written = checked+n, written+k
+		c.cursors.looked(tenant.ID)
 		if err != nil {
 			return checked, written, err
 		}
@@ -279,7 +283,8 @@ const lateBatch = 50
 
 // waitingOf judges up to limit of a tenant's tasks whose start commitment (within)
 // lapsed, from its cursor on, and moves the cursor past each lapse minute that has its
-// event.
+// event. It stops at a task the tenant held back (or that could not be judged): its
+// later tasks would be judged alike.
 func (c *Commitments) waitingOf(ctx context.Context, st *store.Store, tenant store.Tenant, within time.Duration,
 	limit int) (checked, written int, err error) {
 	ts, err := st.UnscopedFirstStartsLapsed(ctx, tenant.ID, c.cursors.get(tenant.ID), within, limit)
@@ -294,27 +299,29 @@ func (c *Commitments) waitingOf(ctx context.Context, st *store.Store, tenant sto
 			wrote, covered, err = c.startBreach(ctx, tx, t, tenant.Plan, within, now.Sub(t.CreatedAt), now)
 			return err
 		})
-		if err != nil {
-			return len(ts), written, err
+		checked++
+		if err != nil || !covered {
+			return checked, written, err
 		}
 		if wrote {
 			written++
 		}
-		if covered {
-			// The tasks created from here lapse in a later minute.
-			c.cursors.advance(tenant.ID, WindowStart(t.CreatedAt.Add(within)).Add(DedupeWindow-within))
-		}
+		// The tasks created from here lapse in a later minute.
+		c.cursors.advance(tenant.ID, WindowStart(t.CreatedAt.Add(within)).Add(DedupeWindow-within))
 	}
-	return len(ts), written, nil
+	return checked, written, nil
 }
 
 // lateCursors are, by tenant, the creation time from which its waiting tasks may
 // still lapse in a minute without its event: the late-start pass moves a tenant's past
 // each minute whose event is written, so a backlog lapsed in one minute does not hide
-// the later minutes' lapses. A tenant with no task waiting any more is forgotten.
+// the later minutes' lapses. A tenant with no task waiting any more is forgotten. last
+// is the tenant the latest run looked at last: the next run starts after it, so
+// tenants late in the order are not left out when many lapse at once.
 type lateCursors struct {
 	mu   sync.Mutex
 	from map[string]time.Time
+	last string
 }
 
 func (l *lateCursors) get(tenant string) time.Time {
@@ -337,10 +344,20 @@ func (l *lateCursors) advance(tenant string, to time.Time) {
 	}
 }
 
-// keep forgets the cursors of the tenants not in ws.
-func (l *lateCursors) keep(ws []store.FirstStartsWaiting) {
+func (l *lateCursors) looked(tenant string) {
 	if l == nil {
 		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last = tenant
+}
+
+// keep forgets the cursors of the tenants not in ws (in tenant order), and returns
+// the index in ws of the tenant to start at: the one after the last one looked at.
+func (l *lateCursors) keep(ws []store.FirstStartsWaiting) (first int) {
+	if l == nil {
+		return 0
 	}
 	waiting := make(map[string]bool, len(ws))
 	for _, w := range ws {
@@ -353,6 +370,10 @@ func (l *lateCursors) keep(ws []store.FirstStartsWaiting) {
 			delete(l.from, t)
 		}
 	}
+	if i := slices.IndexFunc(ws, func(w store.FirstStartsWaiting) bool { return w.TenantID == l.last }); i >= 0 {
+		return (i + 1) % len(ws)
+	}
+	return max(0, slices.IndexFunc(ws, func(w store.FirstStartsWaiting) bool { return w.TenantID > l.last }))
 }
 
 // poolBreach writes the breach of a pool wait longer than committed. The wait is

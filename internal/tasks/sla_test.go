@@ -408,3 +408,48 @@ func TestExpiryAfterTheCommitmentLapsedIsABreach(t *testing.T) {
 		t.Fatalf("%d breaches, want a second one at the start's expiry: %+v", len(got), got)
 	}
 }
+
+// A tenant whose own cap held back its lapsed tasks costs the pass one look, so the
+// lapsed tasks of tenants after it are still reported within a run's bound.
+func TestLapsesAfterAHeldBackTenantAreReported(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	for range 12 {
+		e.create(t, "acme", time.Minute)
+	}
+	// acme left its capped set just now: its own cap held all its waiting tasks.
+	if err := e.rdb.HSet(context.Background(), e.keys.TenantConf("acme"), "uncap", time.Now().UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "flood", 3*time.Second)
+	if _, written, err := e.c.Waiting(context.Background(), e.st, 5); err != nil || written != 1 {
+		t.Fatalf("Waiting: written %d %v, want flood's lapse reported after acme's held-back tasks", written, err)
+	}
+	if b := e.breaches(t, "acme", outbox.LimitSLAStart); len(b) != 0 {
+		t.Fatalf("acme, held back by its own cap: %+v", b)
+	}
+}
+
+// Each run starts after the tenant the previous one looked at last: tenants late in
+// the order are reached even when a run's bound is spent before them.
+func TestLatePassTakesTenantsInTurn(t *testing.T) {
+	t.Parallel()
+	e := slaSetup(t)
+	ctx := context.Background()
+	e.create(t, "acme", time.Minute)
+	if err := e.rdb.HSet(ctx, e.keys.TenantConf("acme"), "uncap", time.Now().UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "flood", 3*time.Second)
+	written := 0
+	for range 2 {
+		_, n, err := e.c.Waiting(ctx, e.st, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		written += n
+	}
+	if written != 1 || len(e.breaches(t, "flood", outbox.LimitSLAStart)) != 1 {
+		t.Fatalf("written %d in two runs of one task each, want flood's lapse reported in the second", written)
+	}
+}
