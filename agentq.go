@@ -484,7 +484,8 @@ type lateStarts struct {
 	st *store.Store
 }
 
-// lateStartsPerRun bounds the waiting tasks one run looks at, the oldest first.
+// lateStartsPerRun bounds the lapsed waiting tasks one run looks at, of the tenants
+// whose plan commits (outbox.Commitments.Waiting).
 const lateStartsPerRun = 200
 
 func (l lateStarts) WatchLateStarts(ctx context.Context) (checked, written int, err error) {

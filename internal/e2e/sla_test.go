@@ -119,6 +119,38 @@ func TestStartDelayedByAFullPoolIsABreach(t *testing.T) {
 	}
 }
 
+// A task that expires at its start deadline behind a full worker pool, after its
+// plan's start commitment lapsed, is a breach written with the expiry, even when no
+// late-start pass ran while it waited.
+func TestExpiryBehindAFullPoolIsABreach(t *testing.T) {
+	t.Parallel()
+	h := start(t, func(o *agentq.Options) { o.Config.WorkerConcurrency = 1; o.Config.Prefetch = 0 })
+	ctx := context.Background()
+	hog, _ := h.tenantClient("hog", "free", nil)
+	acme, _ := h.tenantClient("acme", "pro", map[string]client.Limit{"sla_start_within_s": 0.5})
+	long, err := hog.SubmitTask(ctx, sim(5, 1000)) // free: at most 5 steps
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, hog, long.ID, "running", 10*time.Second)
+	req := sim(1, 1)
+	within := 1.5
+	req.StartWithinS = &within
+	late, err := acme.SubmitTask(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, acme, late.ID, "expired", 20*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(h.slaBreaches("acme", outbox.LimitSLAStart)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := h.slaBreaches("acme", outbox.LimitSLAStart)
+	if len(got) != 1 || got[0].SLAClassification != outbox.EligibleBreach || *got[0].CommittedMs != 500 || *got[0].MeasuredMs < 1500 {
+		t.Fatalf("breaches at the expiry %+v, want one measured to the expiry", got)
+	}
+}
+
 // A start its tenant's own running cap delayed is not a breach.
 func TestStartHeldByTheTenantsOwnCapIsNoBreach(t *testing.T) {
 	t.Parallel()

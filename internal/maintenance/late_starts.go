@@ -21,7 +21,8 @@ type LateStartWatcher interface {
 // LateStartsConfig configures the late-start pass. Zero fields take the defaults.
 type LateStartsConfig struct {
 	// Interval between runs (10 s): how late past its commitment a task still waiting
-	// is reported at the latest (its start reports it too, whichever comes first).
+	// is reported at the latest (its start, or its expiry at its own start deadline,
+	// reports it too, whichever comes first).
 	Interval time.Duration
 	Budget   time.Duration // a run's time bound (5 s)
 }
