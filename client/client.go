@@ -54,6 +54,9 @@ type Task struct {
 	CreatedAt     time.Time  `json:"created_at"`
 	StartedAt     *time.Time `json:"started_at"`
 	FinishedAt    *time.Time `json:"finished_at"`
+	// Degraded: the task is queued but the server's Redis did not tell where it
+	// stands in time, so WaitReason is nil.
+	Degraded bool `json:"degraded"`
 }
 
 // WaitReason is why a queued task waits and where it stands.

@@ -16,7 +16,9 @@ type UsageQuery struct {
 }
 
 // LimitUsage is one limit of the usage report. Limit and Remaining are nil when the
-// limit is off.
+// limit is off. While the report is Degraded (the server's Redis did not answer in
+// time), Used and Rejected of the limits Redis counts are unknown: they read 0, and
+// Remaining and ResetAt are nil.
 type LimitUsage struct {
 	Limit     *float64   `json:"limit"`
 	Used      float64    `json:"used"`

@@ -153,6 +153,11 @@ func NewGuard(q *Quotas, o GuardOptions) *Guard {
 // Quotas returns the wrapped Quotas.
 func (g *Guard) Quotas() *Quotas { return g.q }
 
+// Timeout is the deadline of each of admission's calls to Redis
+// (AGENTQ_REDIS_TIMEOUT): the reads that only decorate an answer with what Redis
+// holds have the same.
+func (g *Guard) Timeout() time.Duration { return g.timeout }
+
 // Degraded reports whether Redis is being skipped right now (the breaker is open, or
 // half-open until a probe succeeds).
 func (g *Guard) Degraded() bool { return g.br.openUntil.Load() != 0 }

@@ -327,6 +327,9 @@ func newPanelLimit(name string, lu LimitUsage, now time.Time) panelLimit {
 			pl.RemainingText = fmtAmount(*lu.Remaining, lu.Unit) + " remaining"
 		}
 	}
+	if lu.unknown { // Redis, which counts it, did not answer in time
+		pl.UsedText = "unknown right now"
+	}
 	pl.PctText = strconv.FormatFloat(math.Round(pl.Pct*10)/10, 'f', -1, 64)
 	if lu.ResetAt != nil && lu.ResetAt.After(now.Add(time.Second)) && lu.Used > 0 {
 		pl.ResetAt = lu.ResetAt.UTC().Format(time.RFC3339)

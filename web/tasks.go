@@ -68,6 +68,9 @@ type TaskJSON struct {
 	CreatedAt     time.Time  `json:"created_at"`
 	StartedAt     *time.Time `json:"started_at"`
 	FinishedAt    *time.Time `json:"finished_at"`
+	// Degraded: the task is queued but Redis, which holds where it stands, did not
+	// answer within admission's deadline, so wait_reason is null (absent otherwise).
+	Degraded bool `json:"degraded,omitempty"`
 }
 
 // WaitReasonJSON is why a queued task waits and where it stands (see
@@ -122,6 +125,7 @@ func taskJSON(t tasks.Task) TaskJSON {
 		CreatedAt: t.CreatedAt, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt,
 		WaitReason: waitReasonJSON(t.WaitReason),
 		WaitedS:    float64(t.WaitedMs) / 1000, StartDeadline: t.StartDeadline,
+		Degraded: t.Undecorated,
 	}
 	if t.State == agentqtype.TaskStatePaused {
 		out.PausedReason = t.Pause.Reason

@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
@@ -29,6 +30,22 @@ type LimitUsage struct {
 	// one its usage.limit_hit covers: the minute, the UTC day of the daily steps, or
 	// the billing period of a monthly quota.
 	Rejected int64 `json:"rejected"`
+	// unknown: Redis, which holds the use, did not answer in time; used, remaining,
+	// reset_at and rejected show as null.
+	unknown bool
+}
+
+// MarshalJSON writes an unknown use as null.
+func (l LimitUsage) MarshalJSON() ([]byte, error) {
+	type plain LimitUsage
+	if !l.unknown {
+		return json.Marshal(plain(l))
+	}
+	return json.Marshal(struct {
+		plain
+		Used     *float64 `json:"used"`
+		Rejected *int64   `json:"rejected"`
+	}{plain: plain(l)})
 }
 
 // UsageReport is GET /v1/usage, modelled on GitHub's GET /rate_limit.
@@ -140,31 +157,16 @@ type usageQuery struct {
 }
 
 // usageReport builds a tenant's usage report; the decision is the peek's (for the
-// rate-limit headers).
+// rate-limit headers). What Postgres holds (the plan, its limits, the live tasks,
+// the history) is always there; the live counters Redis holds are read within
+// admission's deadline, and when Redis does not answer in time the report is
+// degraded: those counters are null, and so is a queued task's wait_reason.
 func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery) (UsageReport, quotas.Decision, error) {
 	eff, limits, err := s.limitsFor(t)
 	if err != nil {
 		return UsageReport{}, quotas.Decision{}, err
 	}
 	now := time.Now()
-	period := t.Anchor().PeriodAt(now)
-	d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
-		Mode: quotas.ModePeek, TenantID: t.ID, Kid: q.Kid, Agent: q.Agent, User: q.User,
-		Limits: limits, Period: period,
-	})
-	if err != nil {
-		return UsageReport{}, d, admissionFailure(err)
-	}
-	running, err := s.Queue.Running(ctx, t.ID)
-	if err != nil {
-		return UsageReport{}, d, admissionFailure(err)
-	}
-	var rejected map[string]int64
-	if s.Rejections != nil {
-		if rejected, err = s.Rejections.Current(ctx, t.ID, period, now); err != nil {
-			return UsageReport{}, d, err
-		}
-	}
 	rep := UsageReport{TenantID: t.ID, Plan: t.Plan, AsOf: now.UTC(), Limits: map[string]LimitUsage{}, UpgradeURL: s.UpgradeURL,
 		RecentLimitHits: []usage.LimitHit{}, Tasks: []UsageTask{}, Days: []usage.DayUsage{}, SLA: quotas.NoSLA,
 		SLABreaches: []usage.SLABreaches{}}
@@ -178,70 +180,142 @@ func (s *Server) usageReport(ctx context.Context, t tenants.Tenant, q usageQuery
 			limitOf[name] = v
 		}
 	}
+	// The script does not report inflight_requests: its limit is the one the request
+	// slots enforce.
+	inflight := quotas.Limit(quotas.InflightLimit(eff))
+	if inflight == 0 {
+		inflight = quotas.Unlimited
+	}
+	d, err := s.liveLimits(ctx, t, q, limits, limitOf, inflight, now, &rep)
+	if err != nil {
+		return UsageReport{}, d, err
+	}
+	if err := s.usageHistory(ctx, t, q, now, &rep); err != nil {
+		return UsageReport{}, d, err
+	}
+	return rep, d, nil
+}
+
+// liveLimits fills rep.Limits with the counters admission enforces: it runs the
+// admission script in peek mode, which reads the same keys and takes nothing, and
+// reads the running and token counts, each within admission's deadline. When Redis
+// does not answer, every limit has its value and no count, and rep is degraded.
+func (s *Server) liveLimits(ctx context.Context, t tenants.Tenant, q usageQuery, limits quotas.Limits,
+	limitOf map[string]quotas.Limit, inflight quotas.Limit, now time.Time, rep *UsageReport) (quotas.Decision, error) {
+	period := t.Anchor().PeriodAt(now)
+	d, err := s.Admission.Admit(ctx, quotas.AdmitParams{
+		Mode: quotas.ModePeek, TenantID: t.ID, Kid: q.Kid, Agent: q.Agent, User: q.User,
+		Limits: limits, Period: period,
+	})
+	if errors.Is(err, quotas.ErrUnavailable) && ctx.Err() == nil {
+		rep.Degraded = true
+		for _, name := range quotas.LimitTypes {
+			rep.Limits[name] = unknownUsage(name, limitOf[name])
+		}
+		rep.Limits[quotas.InflightRequests] = unknownUsage(quotas.InflightRequests, inflight)
+		return quotas.Decision{}, nil
+	}
+	if err != nil {
+		return d, admissionFailure(err)
+	}
+	var rejected map[string]int64
+	if s.Rejections != nil {
+		if rejected, err = s.Rejections.Current(ctx, t.ID, period, now); err != nil {
+			return d, err
+		}
+	}
 	periodS := int64(period.End.Sub(period.Start).Seconds())
 	for _, sc := range d.Scopes {
-		used := sc.Used
-		if sc.Name == quotas.USDMonthly {
-			used /= 1e6
-		}
-		lu := LimitUsage{Used: round(used), Unit: units[sc.Name], Rejected: rejected[sc.Name]}
-		if l := limitOf[sc.Name]; !l.Off() {
-			lu.Limit = ptr(float64(l))
-			rem := float64(sc.Remaining)
-			if sc.Name == quotas.USDMonthly {
-				rem = math.Max(0, float64(l)-used)
-			}
-			lu.Remaining = ptr(round(rem))
-		}
-		reset := now.Add(sc.Reset).UTC().Truncate(time.Second)
-		if sc.Reset%time.Second != 0 {
-			reset = reset.Add(time.Second)
-		}
-		lu.ResetAt = &reset
-		switch {
-		case sc.Window > 0:
-			lu.WindowS = ptr(int64(sc.Window.Seconds()))
-		case sc.Name == quotas.AITokensMonthly || sc.Name == quotas.USDMonthly:
-			lu.WindowS = ptr(periodS)
-		}
-		rep.Limits[sc.Name] = lu
+		rep.Limits[sc.Name] = scopeUsage(sc, limitOf[sc.Name], rejected[sc.Name], periodS, now)
 	}
+	dctx, cancel := context.WithTimeout(ctx, s.Admission.Timeout())
+	defer cancel()
 	// Limits the script does not report: off, or enforced elsewhere (running caps are
 	// enforced by the dispatcher).
 	for _, name := range quotas.LimitTypes {
 		if _, ok := rep.Limits[name]; ok {
 			continue
 		}
-		if name == quotas.AITokensPerMinute {
-			lu, err := s.tokensPerMinuteUsage(ctx, t.ID, limits, now)
-			if err != nil {
-				return UsageReport{}, d, admissionFailure(err)
+		l := limitOf[name]
+		if name == quotas.InflightRequests {
+			l = inflight
+		}
+		lu, err := s.otherUsage(dctx, t.ID, name, limits, l, q, now)
+		if err != nil {
+			if ctx.Err() != nil {
+				return d, admissionFailure(ctx.Err())
 			}
-			lu.Rejected = rejected[name]
-			rep.Limits[name] = lu
-			continue
+			rep.Degraded = true
+			lu = unknownUsage(name, l)
 		}
-		lu := LimitUsage{Unit: units[name], Rejected: rejected[name]}
-		if name == quotas.Running {
-			lu.Used = float64(running)
-		}
-		if name == quotas.InflightRequests { // this request included
-			limitOf[name] = quotas.Limit(quotas.InflightLimit(eff))
-			if limitOf[name] == 0 {
-				limitOf[name] = quotas.Unlimited
-			}
-			lu.Used = float64(q.Inflight)
-		}
-		if l := limitOf[name]; !l.Off() {
-			lu.Limit = ptr(float64(l))
-			lu.Remaining = ptr(math.Max(0, float64(l)-lu.Used))
-		}
+		lu.Rejected = rejected[name]
 		rep.Limits[name] = lu
 	}
-	if err := s.usageHistory(ctx, t, q, now, &rep); err != nil {
-		return UsageReport{}, d, err
+	return d, nil
+}
+
+// unknownUsage is a limit whose use Redis did not tell: its value alone.
+func unknownUsage(name string, l quotas.Limit) LimitUsage {
+	lu := LimitUsage{Unit: units[name], unknown: true}
+	if !l.Off() {
+		lu.Limit = ptr(float64(l))
 	}
-	return rep, d, nil
+	return lu
+}
+
+// scopeUsage is one limit as the admission peek reported it.
+func scopeUsage(sc quotas.Scope, l quotas.Limit, rejected, periodS int64, now time.Time) LimitUsage {
+	used := sc.Used
+	if sc.Name == quotas.USDMonthly {
+		used /= 1e6
+	}
+	lu := LimitUsage{Used: round(used), Unit: units[sc.Name], Rejected: rejected}
+	if !l.Off() {
+		lu.Limit = ptr(float64(l))
+		rem := float64(sc.Remaining)
+		if sc.Name == quotas.USDMonthly {
+			rem = math.Max(0, float64(l)-used)
+		}
+		lu.Remaining = ptr(round(rem))
+	}
+	reset := now.Add(sc.Reset).UTC().Truncate(time.Second)
+	if sc.Reset%time.Second != 0 {
+		reset = reset.Add(time.Second)
+	}
+	lu.ResetAt = &reset
+	switch {
+	case sc.Window > 0:
+		lu.WindowS = ptr(int64(sc.Window.Seconds()))
+	case sc.Name == quotas.AITokensMonthly || sc.Name == quotas.USDMonthly:
+		lu.WindowS = ptr(periodS)
+	}
+	return lu
+}
+
+// otherUsage is a limit the admission script does not report: the tokens per minute
+// and the running tasks (read from Redis within ctx), the requests in progress,
+// and the limits that are off.
+func (s *Server) otherUsage(ctx context.Context, tenant, name string, limits quotas.Limits, l quotas.Limit, q usageQuery,
+	now time.Time) (LimitUsage, error) {
+	if name == quotas.AITokensPerMinute {
+		return s.tokensPerMinuteUsage(ctx, tenant, limits, now)
+	}
+	lu := LimitUsage{Unit: units[name]}
+	switch name {
+	case quotas.Running:
+		running, err := s.Queue.Running(ctx, tenant)
+		if err != nil {
+			return lu, err
+		}
+		lu.Used = float64(running)
+	case quotas.InflightRequests: // this request included
+		lu.Used = float64(q.Inflight)
+	}
+	if !l.Off() {
+		lu.Limit = ptr(float64(l))
+		lu.Remaining = ptr(math.Max(0, float64(l)-lu.Used))
+	}
+	return lu, nil
 }
 
 // tokensPerMinuteUsage is the tenant's ai_tokens_per_minute bucket, which the worker
@@ -283,6 +357,9 @@ func (s *Server) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuer
 		for _, lt := range live.Tasks {
 			ut := UsageTask{ID: lt.ID.String(), State: string(lt.State), Agent: lt.Agent, CreatedAt: lt.CreatedAt.UTC(),
 				StartedAt: lt.StartedAt, WaitReason: waitReasonJSON(lt.WaitReason)}
+			if lt.Undecorated {
+				rep.Degraded = true
+			}
 			if lt.State == agentqtype.TaskStateQueued && lt.PanelTask.WaitReason != nil {
 				ut.WaitUntil = lt.WaitUntil
 			}

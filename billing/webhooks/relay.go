@@ -3,17 +3,21 @@ package webhooks
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/riverqueue/river/rivershared/startstop"
@@ -344,8 +348,12 @@ func (r *Relay) deliver(ctx context.Context, c store.DeliveryClaim) error {
 	default:
 		p.Result = store.AttemptFailed
 	}
+	var raw error
 	if sendErr != nil {
-		p.Error = sendErr.Error()
+		p.Error, raw = sendErr.Error(), sendErr
+		if ae, ok := sendErr.(*AttemptError); ok {
+			raw = ae.Raw
+		}
 	}
 	owned, err := r.st.UnscopedRecordWebhookAttempt(ctx, p)
 	if err != nil {
@@ -362,10 +370,10 @@ func (r *Relay) deliver(ctx context.Context, c store.DeliveryClaim) error {
 		r.log.Warn("webhook endpoint answered 410 Gone: disabled", "endpoint", c.EndpointID)
 	case p.Result == store.AttemptFailed:
 		r.log.Warn("webhook delivery given up after its last attempt", "endpoint", c.EndpointID, "event", c.EventID,
-			"attempts", c.Attempt, "status", status, "err", p.Error)
+			"attempts", c.Attempt, "status", status, "error_class", p.Error, "err", raw)
 	case p.Result == store.AttemptRetrying:
 		r.log.Info("webhook delivery failed; retrying", "endpoint", c.EndpointID, "event", c.EventID,
-			"attempt", c.Attempt, "status", status, "err", p.Error, "next_attempt_at", p.NextAttemptAt)
+			"attempt", c.Attempt, "status", status, "error_class", p.Error, "err", raw, "next_attempt_at", p.NextAttemptAt)
 	}
 	return nil
 }
@@ -379,7 +387,7 @@ const maxErrorText = 300
 func (r *Relay) send(ctx context.Context, c store.DeliveryClaim, at time.Time) (int, error) {
 	sig, err := Signature(c.Secret, c.EventID, at, c.Payload)
 	if err != nil {
-		return 0, errors.New("the endpoint's secret cannot sign")
+		return 0, &AttemptError{Class: ClassEndpoint, Raw: errors.New("the endpoint's secret cannot sign")}
 	}
 	if c.PreviousSecret != "" && c.PreviousSecretExpiresAt != nil && at.Before(*c.PreviousSecretExpiresAt) {
 		if old, err := Signature(c.PreviousSecret, c.EventID, at, c.Payload); err == nil {
@@ -390,7 +398,7 @@ func (r *Relay) send(ctx context.Context, c store.DeliveryClaim, at time.Time) (
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL, bytes.NewReader(c.Payload))
 	if err != nil {
-		return 0, errors.New("the endpoint's URL cannot be requested")
+		return 0, &AttemptError{Class: ClassEndpoint, Raw: errors.New("the endpoint's URL cannot be requested")}
 	}
 	req.Header.Set("Content-Type", "application/cloudevents+json; charset=utf-8")
 	req.Header.Set("User-Agent", "agentq-relay")
@@ -410,23 +418,74 @@ func (r *Relay) send(ctx context.Context, c store.DeliveryClaim, at time.Time) (
 	return res.StatusCode, nil
 }
 
+// AttemptError is why an attempt got no answer: Class, one word of a fixed
+// vocabulary, is what the endpoint's owner is shown (the attempt's error); Raw, the
+// failure as the network put it (resolver addresses, names, internal hosts), goes to
+// the operator's log only. Neither holds the URL.
+type AttemptError struct {
+	Class string
+	Raw   error
+}
+
+func (e *AttemptError) Error() string { return e.Class }
+
+func (e *AttemptError) Unwrap() error { return e.Raw }
+
+// The classes of AttemptError, besides refused:<class>.
+const (
+	ClassDNS         = "dns_error"        // the name did not resolve
+	ClassRefused     = "connect_refused"  // nothing listens at the address
+	ClassTimeout     = "timeout"          // no complete answer within the relay's timeout
+	ClassTLS         = "tls_error"        // the TLS handshake or the certificate failed
+	ClassConnection  = "connection_error" // any other failure of the connection
+	ClassEndpoint    = "invalid_endpoint" // the stored URL or secret cannot be used
+	classRefusedFrom = "refused:"         // + the guard's code: the address is in a refused network
+)
+
+// sendError classifies a send's failure; the raw error loses its url.Error wrapping,
+// which names the URL.
 func sendError(ctx context.Context, err error, timeout time.Duration) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within %v", timeout)
-	}
-	var refused *netguard.RefusedError
-	if errors.As(err, &refused) {
-		return refused // says the kind of address, never which
-	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	msg := err.Error()
-	if len(msg) > maxErrorText {
-		msg = strings.ToValidUTF8(msg[:maxErrorText], "")
+	if msg := err.Error(); len(msg) > maxErrorText {
+		err = errors.New(strings.ToValidUTF8(msg[:maxErrorText], ""))
 	}
-	return errors.New(msg)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &AttemptError{Class: ClassTimeout, Raw: fmt.Errorf("no answer within %v: %w", timeout, err)}
+	}
+	return &AttemptError{Class: errorClass(err), Raw: err}
+}
+
+// errorClass is the class of a failed send's error.
+func errorClass(err error) string {
+	var (
+		refused  *netguard.RefusedError
+		dns      *net.DNSError
+		netErr   net.Error
+		certErr  *tls.CertificateVerificationError
+		recErr   tls.RecordHeaderError
+		alertErr tls.AlertError
+		unknown  x509.UnknownAuthorityError
+		hostErr  x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	switch {
+	case errors.As(err, &refused):
+		return classRefusedFrom + refused.Code
+	case errors.As(err, &dns):
+		return ClassDNS
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return ClassRefused
+	case errors.As(err, &certErr), errors.As(err, &recErr), errors.As(err, &alertErr),
+		errors.As(err, &unknown), errors.As(err, &hostErr), errors.As(err, &invalid),
+		strings.HasPrefix(err.Error(), "tls: "):
+		return ClassTLS
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return ClassTimeout
+	}
+	return ClassConnection
 }
 
 // Signature is the webhook-signature of one delivery with one secret, as the

@@ -116,6 +116,7 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	h := &harness{t: t, app: newApp(app), admin: o.Config.AdminToken}
 	if app.Addr() != nil {
 		h.base = "http://" + app.Addr().String()
+		contractCheck.watch(t, h.base)
 	}
 	t.Cleanup(func() { h.stop() })
 	return h

@@ -19,10 +19,11 @@ import (
 	"time"
 )
 
-// class is a range of addresses refused by default, with what it is called.
+// class is a range of addresses refused by default, with what it is called and its
+// short code.
 type class struct {
-	name     string
-	prefixes []netip.Prefix
+	code, name string
+	prefixes   []netip.Prefix
 }
 
 func mustPrefixes(ss ...string) []netip.Prefix {
@@ -35,17 +36,17 @@ func mustPrefixes(ss ...string) []netip.Prefix {
 
 // refused are the classes of addresses a destination may not be in by default.
 var refused = []class{
-	{"an unspecified address", mustPrefixes("0.0.0.0/8", "::/128")},
-	{"a loopback address", mustPrefixes("127.0.0.0/8", "::1/128")},
-	{"a link-local address", mustPrefixes("169.254.0.0/16", "fe80::/10")},
-	{"a private address", mustPrefixes("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")},
-	{"a shared (CGNAT) address", mustPrefixes("100.64.0.0/10")},
-	{"a unique local address", mustPrefixes("fc00::/7")},
-	{"a multicast address", mustPrefixes("224.0.0.0/4", "ff00::/8")},
-	{"a broadcast address", mustPrefixes("255.255.255.255/32")},
-	{"a special-purpose address", mustPrefixes("192.0.0.0/24", "198.18.0.0/15", "240.0.0.0/4", "fec0::/10", "100::/64")},
+	{"unspecified", "an unspecified address", mustPrefixes("0.0.0.0/8", "::/128")},
+	{"loopback", "a loopback address", mustPrefixes("127.0.0.0/8", "::1/128")},
+	{"link_local", "a link-local address", mustPrefixes("169.254.0.0/16", "fe80::/10")},
+	{"private", "a private address", mustPrefixes("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")},
+	{"cgnat", "a shared (CGNAT) address", mustPrefixes("100.64.0.0/10")},
+	{"unique_local", "a unique local address", mustPrefixes("fc00::/7")},
+	{"multicast", "a multicast address", mustPrefixes("224.0.0.0/4", "ff00::/8")},
+	{"broadcast", "a broadcast address", mustPrefixes("255.255.255.255/32")},
+	{"special_purpose", "a special-purpose address", mustPrefixes("192.0.0.0/24", "198.18.0.0/15", "240.0.0.0/4", "fec0::/10", "100::/64")},
 	// Translation prefixes that carry no IPv4 address at a fixed place: refused whole.
-	{"a translated address", mustPrefixes("64:ff9b:1::/48", "2001::/32")},
+	{"translated", "a translated address", mustPrefixes("64:ff9b:1::/48", "2001::/32")},
 }
 
 // embedded are the IPv6 prefixes whose addresses carry an IPv4 address that a gateway
@@ -85,6 +86,10 @@ var ErrRefused = errors.New("netguard: destination refused")
 // address only, never the address or the name it was reached by.
 type RefusedError struct {
 	Class string // "a loopback address", …
+	// Code is the class's short name: unspecified, loopback, link_local, private,
+	// cgnat, unique_local, multicast, broadcast, special_purpose, translated,
+	// invalid (an address that is none) or unparsable (a dial address that is none).
+	Code string
 }
 
 func (e *RefusedError) Error() string {
@@ -107,7 +112,7 @@ type Guard struct {
 func (g Guard) Check(addr netip.Addr) error {
 	addr = addr.Unmap().WithZone("")
 	if !addr.IsValid() {
-		return &RefusedError{Class: "an invalid address"}
+		return &RefusedError{Class: "an invalid address", Code: "invalid"}
 	}
 	if err := g.check(addr); err != nil {
 		return err
@@ -128,7 +133,7 @@ func (g Guard) check(addr netip.Addr) error {
 	for _, c := range refused {
 		for _, p := range c.prefixes {
 			if p.Contains(addr) {
-				return &RefusedError{Class: c.name}
+				return &RefusedError{Class: c.name, Code: c.code}
 			}
 		}
 	}
@@ -140,7 +145,7 @@ func (g Guard) check(addr netip.Addr) error {
 func (g Guard) Control(_, address string, _ syscall.RawConn) error {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
-		return &RefusedError{Class: "an unparsable address"}
+		return &RefusedError{Class: "an unparsable address", Code: "unparsable"}
 	}
 	return g.Check(ap.Addr())
 }

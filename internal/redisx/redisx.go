@@ -26,7 +26,11 @@ func ConnectCluster(ctx context.Context, addrs []string) (*redis.ClusterClient, 
 	c := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs:       addrs,
 		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		PoolSize: 64, // per node
+		// A call's context deadline bounds its reads and writes (go-redis ignores it
+		// otherwise): admission's AGENTQ_REDIS_TIMEOUT, and the reads it decorates,
+		// end at their deadline rather than at ReadTimeout, retries included.
+		ContextTimeoutEnabled: true,
+		PoolSize:              64, // per node
 		// A failover moves slots to a promoted replica: follow MOVED/ASK redirections
 		// for longer than the default while the cluster settles.
 		MaxRedirects: 8,
@@ -43,19 +47,29 @@ func ConnectCluster(ctx context.Context, addrs []string) (*redis.ClusterClient, 
 	return c, nil
 }
 
+// Options sets on opt the timeouts of agentq's connection to a single Redis and
+// returns it: 2 s to dial, read or write, and a call's context deadline bounding its
+// reads and writes too (go-redis ignores it otherwise), so that admission's
+// AGENTQ_REDIS_TIMEOUT, and the reads it decorates, end at their deadline rather than
+// at the read timeout, retries included.
+func Options(opt *redis.Options) *redis.Options {
+	opt.DialTimeout = 2 * time.Second
+	opt.ReadTimeout = 2 * time.Second
+	opt.WriteTimeout = 2 * time.Second
+	opt.ContextTimeoutEnabled = true
+	return opt
+}
+
 // Connect opens a client on url and checks that Redis answers.
 func Connect(ctx context.Context, url string) (*redis.Client, error) {
 	opt, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("REDIS_URL is not a valid Redis URL: %w", err)
 	}
-	opt.DialTimeout = 2 * time.Second
-	opt.ReadTimeout = 2 * time.Second
-	opt.WriteTimeout = 2 * time.Second
 	if !strings.Contains(url, "pool_size=") { // the URL's size, when it names one, stands
 		opt.PoolSize = max(opt.PoolSize, 64)
 	}
-	c := redis.NewClient(opt)
+	c := redis.NewClient(Options(opt))
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {

@@ -575,6 +575,9 @@ func canonicalJSON(raw json.RawMessage) []byte {
 type Task struct {
 	store.Task
 	WaitReason *WaitReason
+	// Undecorated: the task is queued but Redis, which holds where it stands, did
+	// not answer within admission's deadline, so WaitReason is nil.
+	Undecorated bool
 }
 
 // WaitReason is why a queued task waits and where it stands.
@@ -631,9 +634,26 @@ func (s *Service) fillWaitReasons(ctx context.Context, tasks []Task) {
 	for i, t := range tasks {
 		ws[i] = waiting{tenantID: t.TenantID, id: t.ID, state: t.State, parked: t.Wait.Reason, until: t.Wait.Until}
 	}
-	for i, r := range s.waitReasons(ctx, ws) {
-		tasks[i].WaitReason = r
+	reasons, unknown := s.waitReasons(ctx, ws)
+	for i, r := range reasons {
+		tasks[i].WaitReason, tasks[i].Undecorated = r, unknown[i]
 	}
+}
+
+// decorating bounds the Redis reads that only decorate an answer Postgres gave (where
+// a queued task stands) by admission's deadline, so a Redis node that does not
+// answer costs a read that deadline, not its client's retries; ok is false while
+// admission skips Redis altogether (its breaker is open): the decoration is left out
+// at once.
+func (s *Service) decorating(ctx context.Context) (_ context.Context, _ context.CancelFunc, ok bool) {
+	if s.d.Admission == nil {
+		return ctx, func() {}, true
+	}
+	if s.d.Admission.Degraded() {
+		return ctx, func() {}, false
+	}
+	dctx, cancel := context.WithTimeout(ctx, s.d.Admission.Timeout())
+	return dctx, cancel, true
 }
 
 // waiting is a task whose wait reason is asked for: its parked reason and until as
@@ -650,10 +670,10 @@ type waiting struct {
 // when it is parked for token capacity (as Postgres holds it), not where it stands;
 // otherwise why its tenant's queued tasks wait, its place in the tenant's queue and
 // when it is expected to start, asking Redis once per tenant however many of its
-// tasks are asked for. A tenant whose read fails gets nil rather than failing the
-// read.
-func (s *Service) waitReasons(ctx context.Context, ws []waiting) []*WaitReason {
-	out := make([]*WaitReason, len(ws))
+// tasks are asked for, within admission's deadline. A task whose tenant's read fails
+// gets nil and unknown rather than failing the read.
+func (s *Service) waitReasons(ctx context.Context, ws []waiting) (out []*WaitReason, unknown []bool) {
+	out, unknown = make([]*WaitReason, len(ws)), make([]bool, len(ws))
 	queued := map[string][]int{} // by tenant: the indexes of its tasks in the queue
 	var tenants []string
 	for i, w := range ws {
@@ -668,17 +688,27 @@ func (s *Service) waitReasons(ctx context.Context, ws []waiting) []*WaitReason {
 			queued[w.tenantID] = append(queued[w.tenantID], i)
 		}
 	}
+	if len(tenants) == 0 {
+		return out, unknown
+	}
+	dctx, cancel, ok := s.decorating(ctx)
+	defer cancel()
 	for _, tenantID := range tenants {
 		idx := queued[tenantID]
 		ids := make([]string, len(idx))
 		for j, i := range idx {
 			ids[j] = ws[i].id.String()
 		}
-		st, err := s.d.Queue.Standing(ctx, tenantID, ids)
-		if err != nil {
-			continue
+		var st scheduler.Standing
+		err := errRedisSkipped
+		if ok {
+			st, err = s.d.Queue.Standing(dctx, tenantID, ids)
 		}
 		for j, i := range idx {
+			if err != nil {
+				unknown[i] = true
+				continue
+			}
 			r := &WaitReason{Reason: st.Reason, Position: st.Positions[j]}
 			if at, ok := st.ExpectedStart(r.Position); ok {
 				at = at.UTC().Round(time.Millisecond)
@@ -687,8 +717,11 @@ func (s *Service) waitReasons(ctx context.Context, ws []waiting) []*WaitReason {
 			out[i] = r
 		}
 	}
-	return out
+	return out, unknown
 }
+
+// errRedisSkipped: admission skips Redis for now, and so do the reads it decorates.
+var errRedisSkipped = errors.New("tasks: redis is skipped while admission's breaker is open")
 
 // IsState tells a task state the listing can filter on.
 func IsState(st string) bool { return agentqtype.TaskState(st).Valid() }
@@ -785,6 +818,8 @@ const MaxLiveTasks = 100
 type PanelTask struct {
 	store.PanelTask
 	WaitReason *WaitReason
+	// Undecorated: as Task's.
+	Undecorated bool
 }
 
 // Live is a tenant's running and queued tasks: how many of each, and up to the limit
@@ -811,8 +846,9 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 	for i, t := range rows.Tasks {
 		ws[i] = waiting{tenantID: t.TenantID, id: t.ID, state: t.State, parked: t.WaitReason, until: t.WaitUntil}
 	}
-	for i, r := range s.waitReasons(ctx, ws) {
-		out.Tasks = append(out.Tasks, PanelTask{PanelTask: rows.Tasks[i], WaitReason: r})
+	reasons, unknown := s.waitReasons(ctx, ws)
+	for i, r := range reasons {
+		out.Tasks = append(out.Tasks, PanelTask{PanelTask: rows.Tasks[i], WaitReason: r, Undecorated: unknown[i]})
 	}
 	return out, nil
 }

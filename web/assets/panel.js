@@ -56,7 +56,8 @@
   function utc(iso) { return iso ? iso.replace("T", " ").replace(/(\.\d+)?Z$/, "") : ""; }
 
   function updateLimit(el, lu, now) {
-    var used = lu.used, off = lu.limit === null || lu.limit === undefined;
+    // used is null while Redis, which counts it, does not answer (degraded).
+    var unknown = lu.used === null, used = unknown ? 0 : lu.used, off = lu.limit === null || lu.limit === undefined;
     el.setAttribute("data-used", num(used));
     el.setAttribute("data-limit-value", off ? "unlimited" : num(lu.limit));
     if (el.getAttribute("data-scope") === "key") {
@@ -68,7 +69,7 @@
     el.className = "limit lvl-" + lvl;
     var pct = off ? 0 : (lu.limit > 0 ? Math.min(100, used / lu.limit * 100) : 100);
     pct = Math.round(pct * 10) / 10;
-    var usedT = amount(used, lu.unit), limT = off ? "unlimited" : amount(lu.limit, lu.unit);
+    var usedT = unknown ? "unknown right now" : amount(used, lu.unit), limT = off ? "unlimited" : amount(lu.limit, lu.unit);
     text(el.querySelector(".used"), usedT);
     text(el.querySelector(".max"), limT);
     var bar = el.querySelector(".bar");
