@@ -447,17 +447,20 @@ func (r *PoolReservation) Answer() (TokenAnswer, error) {
 
 // settlePoolScript settles a step against its pool: the actual tokens minus the
 // estimate come off the level (refund or debt) and move the tenant's pass (and its
-// place in line, when it has one), so the fair order is in the tokens really used.
+// place in line, when it has one) at the weight its reservation wrote, so the fair
+// order is in the tokens really used: a step's pass moves by what it used ÷ the
+// tenant's weight, whatever its estimate.
 //
 // KEYS[1] pool state (hash)   KEYS[2] passes (hash)   KEYS[3] waiters by pass (zset)
 // ARGV[1] now ms or ""
 // ARGV[2] configured tokens a minute   ARGV[3] burst tokens   ARGV[4] requests a minute
-// ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] weight   ARGV[8] actual minus estimate
+// ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] actual minus estimate
 // Returns the level after, in tokens.
 var settlePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
-local d, w = tonumber(ARGV[8]), tonumber(ARGV[7])
+local d = tonumber(ARGV[7])
 l = math.min(burst, l - d)
-local p = tonumber(redis.call('HGET', KEYS[2], 'p:' .. ARGV[6]))
+local pw = redis.call('HMGET', KEYS[2], 'p:' .. ARGV[6], 'w:' .. ARGV[6])
+local p, w = tonumber(pw[1]), tonumber(pw[2]) or 1
 if p then
   redis.call('HSET', KEYS[2], 'p:' .. ARGV[6], f(p + d / w))
   redis.call('PEXPIRE', KEYS[2], idle)
@@ -469,11 +472,11 @@ return math.floor(l)
 `)
 
 // PoolSettleParams settles one step against its pool: Tokens is its actual use minus
-// its estimate (negative refunds).
+// its estimate (negative refunds). It names no weight: the settlement moves the
+// tenant's pass at the weight its reservation wrote.
 type PoolSettleParams struct {
 	Pool   PoolConfig
 	Tenant string
-	Weight int
 	Tokens int64
 }
 
@@ -484,7 +487,7 @@ func (q *Quotas) SettlePool(ctx context.Context, p PoolSettleParams) (level int6
 	}
 	keys := q.poolKeys(p.Pool.Name)[:3]
 	level, err = settlePoolScript.Run(ctx, q.rdb, keys, q.nowArg(), p.Pool.TokensPerMinute, p.Pool.Burst(),
-		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Weight, 1), p.Tokens).Int64()
+		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, p.Tokens).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("quotas: settle pool %s: %w", p.Pool.Name, err)
 	}

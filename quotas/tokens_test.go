@@ -193,7 +193,7 @@ func TestPoolWindowBoundWithSettlement(t *testing.T) {
 		}
 		if a.Granted {
 			actual := est + int64(i%7-3)*100 // refunds and debts alike
-			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: "w", Weight: 1, Tokens: actual - est}); err != nil {
+			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: "w", Tokens: actual - est}); err != nil {
 				t.Fatal(err)
 			}
 			maxExcess = max(maxExcess, actual-est)
@@ -440,6 +440,59 @@ func TestPoolSharesByWeightWithSeveralWorkers(t *testing.T) {
 	for name, w := range weights {
 		if share, want := got[name]/tot, float64(w)/7; math.Abs(share-want) > 0.02 {
 			t.Errorf("tenant %s (weight %d, three workers) got %.3f of the pool, want %.3f", name, w, share, want)
+		}
+	}
+}
+
+// runPoolSettled is runPool with every grant settled at once for its actual use,
+// actual(est) tokens, as the worker does once the step has run. The settlement
+// names no weight: the pool settles at the weight the reservation wrote.
+func runPoolSettled(t *testing.T, q *Quotas, now *atomic.Int64, pool PoolConfig, tenants []*simTenant, actual func(int64) int64, d, tick time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	end := now.Load() + d.Milliseconds()
+	for now.Load() < end {
+		for _, st := range tenants {
+			if now.Load() < st.next {
+				continue
+			}
+			a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: st.name, Weight: st.weight, Tokens: st.step})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !a.Granted {
+				st.next = now.Load() + a.Wait.Milliseconds()
+				continue
+			}
+			used := actual(st.step)
+			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: st.name, Tokens: used - st.step}); err != nil {
+				t.Fatal(err)
+			}
+			st.got += used
+			st.next = now.Load() + st.every.Milliseconds()
+		}
+		now.Add(tick.Milliseconds())
+	}
+}
+
+// Weights hold in the tokens really used when every estimate falls short (an agent
+// whose context grows): a settlement moves a tenant's pass at its weight, as its
+// reservation did.
+func TestPoolSharesByWeightWhenEstimatesFallShort(t *testing.T) {
+	t.Parallel()
+	for _, short := range []float64{0.3, 0.5} {
+		q, now := newTokenQuotas(t)
+		pool := PoolConfig{Name: "short", TokensPerMinute: 60_000, BurstTokens: 9000}
+		a := &simTenant{name: "a", weight: 1, step: 1000}
+		b := &simTenant{name: "b", weight: 2, step: 1000}
+		// an estimate short by 30 % is 70 % of the actual use
+		actual := func(est int64) int64 { return int64(math.Round(float64(est) / (1 - short))) }
+		tenants := []*simTenant{a, b}
+		runPoolSettled(t, q, now, pool, tenants, actual, 10*time.Second, 5*time.Millisecond)
+		a.got, b.got = 0, 0
+		runPoolSettled(t, q, now, pool, tenants, actual, 60*time.Second, 5*time.Millisecond)
+		if share := float64(b.got) / float64(a.got+b.got); math.Abs(share-2.0/3) > 0.02 {
+			t.Errorf("estimates %.0f %% short: the weight-2 tenant got %.3f of the pool's tokens, want 0.667", short*100, share)
 		}
 	}
 }
