@@ -88,11 +88,14 @@ type Limits interface {
 	QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams)
 	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
-	// QueueReservePool, SettlePool and ThrottlePool draw a step's tokens from its
-	// agent's model pool (see quotas.PoolBinding). The worker queues the reservation
-	// with the step's ReserveStep (redisx.WithAlong): one round trip for both.
+	// QueueReservePool, SettlePool, GiveBackPool and ThrottlePool draw a step's tokens
+	// from its agent's model pool (see quotas.PoolBinding). The worker asks the pool
+	// once the step's own reservation (ReserveStep) passed; a step its own limits hold
+	// back asks the pool's wait alone (PoolWait), taking no place in its line.
 	QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) *quotas.PoolReservation
+	PoolWait(ctx context.Context, p quotas.PoolReserveParams) (time.Duration, error)
 	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
+	GiveBackPool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
 	ThrottlePool(ctx context.Context, pool quotas.PoolConfig) (int64, error)
 }
 
