@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -17,8 +21,12 @@ import (
 // pooledWorker is a worker of the rig whose agent "llm" draws on pool, with the
 // plans' policies (the tenant's limits and weight): it runs one delivery at a time
 // (ProcessTask).
-func (r *rig) pooledWorker(pool quotas.PoolConfig, perStep int64) *runtime.Worker {
+func (r *rig) pooledWorker(pool quotas.PoolConfig, perStep int64, mp ...metric.MeterProvider) *runtime.Worker {
 	r.t.Helper()
+	arch := &baseservice.Archetype{Logger: slog.New(slog.NewTextHandler(r.log, nil))}
+	if len(mp) > 0 {
+		arch.MeterProvider = mp[0]
+	}
 	plans, err := quotas.LoadCatalogue("")
 	if err != nil {
 		r.t.Fatal(err)
@@ -26,7 +34,7 @@ func (r *rig) pooledWorker(pool quotas.PoolConfig, perStep int64) *runtime.Worke
 	return runtime.NewWorker(r.lc, r.st, r.agents, r.sched, r.q, r.rdb, runtime.WorkerOptions{
 		Concurrency: 1, ShutdownTimeout: time.Second, Policies: tenants.NewPolicies(plans, 16),
 		Pools:     staticPools{"llm": {Pool: pool, TokensPerStep: perStep}},
-		Archetype: &baseservice.Archetype{Logger: slog.New(slog.NewTextHandler(r.log, nil))},
+		Archetype: arch,
 	})
 }
 
@@ -50,14 +58,11 @@ func (r *rig) poolOf(pool, field string) (string, bool) {
 	return v, err == nil
 }
 
-// drainPool leaves a pool's bucket in debt by debt tokens, drawn by another tenant:
-// the pool refuses the rig tenant's next ask for about debt ÷ its rate.
+// drainPool takes debt tokens off a pool's bucket, as another tenant's steps that used
+// more than they reserved: the pool refuses the rig tenant's next ask for about
+// (debt − the level) ÷ its rate.
 func (r *rig) drainPool(pool quotas.PoolConfig, debt int64) {
 	r.t.Helper()
-	a, err := r.q.ReservePool(r.ctx, quotas.PoolReserveParams{Pool: pool, Tenant: "other", Weight: 1, Tokens: 1})
-	if err != nil || !a.Granted {
-		r.t.Fatalf("draining the pool: %+v %v", a, err)
-	}
 	if _, err := r.q.SettlePool(r.ctx, quotas.PoolSettleParams{Pool: pool, Tenant: "other", Tokens: debt}); err != nil {
 		r.t.Fatal(err)
 	}
@@ -134,4 +139,62 @@ func TestStepAtAQuotaPausesWithoutWaitingForThePool(t *testing.T) {
 func within(s string, lo, hi float64) bool {
 	f, err := strconv.ParseFloat(s, 64)
 	return err == nil && f >= lo && f <= hi
+}
+
+// unparkNext waits until a parked task is due and queues it again.
+func (r *rig) unparkNext() {
+	r.t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, _, err := r.sched.Unpark(r.ctx)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatal("no parked task came due")
+		}
+	}
+}
+
+// Each step that runs is metered with the times it parked before it ran
+// (agentq.step_parks): here a step the pool sent back twice.
+func TestStepParksAreMetered(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.agents.Register("llm", counter(t))
+	reader := sdkmetric.NewManualReader()
+	pool := quotas.PoolConfig{Name: "llm", TokensPerMinute: 60_000, BurstTokens: 1000}
+	w := r.pooledWorker(pool, 100, sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	id := r.submit("llm", `{"steps":1,"tokens":100}`, nil)
+	for range 2 {
+		r.drainPool(pool, 1100) // the pool holds the step back 200 ms or more
+		r.deliver(w)
+		if got := r.task(id); got.State != store.StateQueued || got.Wait.Reason == nil {
+			t.Fatalf("task %s, waiting for %v; want parked for the pool", got.State, deref(got.Wait.Reason))
+		}
+		r.unparkNext()
+	}
+	r.deliver(w)
+	if got := r.task(id); got.State != store.StateCompleted {
+		t.Fatalf("task %s; want completed", got.State)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(r.ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "agentq.step_parks" {
+				continue
+			}
+			dps := m.Data.(metricdata.Histogram[int64]).DataPoints
+			if len(dps) != 1 || dps[0].Count != 1 || dps[0].Sum != 2 {
+				t.Fatalf("agentq.step_parks %+v; want one step that parked twice", dps)
+			}
+			return
+		}
+	}
+	t.Fatal("agentq.step_parks is not exported")
 }

@@ -486,7 +486,11 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	err := r.w.limits.ReserveStep(ctx, r.reservation)
 	_ = along.Send(qctx, r.w.batch) // a lost message is re-read from Postgres
 	if err == nil {
-		return r.reservePool(qctx)
+		if stop, requeued := r.reservePool(qctx); stop {
+			return true, requeued
+		}
+		r.meterParks()
+		return false, false
 	}
 	var qe *quotas.QuotaExceeded
 	var wait *quotas.CapacityWait
@@ -501,6 +505,18 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	}
 	// Money and token quotas fail closed: no step runs unchecked.
 	return true, r.requeue("the quota store is unreachable", err)
+}
+
+// meterParks records how many times the step about to run parked before it did:
+// the parks of the delivery's first step are in the task as it was claimed, a later
+// step of the same delivery never parked.
+func (r *taskRun) meterParks() {
+	parks := 0
+	if w := r.task.Wait; w.ParkStep != nil && *w.ParkStep == r.task.Usage.Steps {
+		parks = w.StepParks
+	}
+	r.task.Wait.ParkStep = nil
+	r.w.stepParks.Record(context.WithoutCancel(r.ctx), int64(parks), metric.WithAttributes(attribute.String("pool", r.pool.Pool.Name)))
 }
 
 // quotaCtx is the context of a step's reservations: not cancelled with the delivery
@@ -736,7 +752,7 @@ func (r *taskRun) record(step int, res StepResult) (more bool) {
 	booked := quotas.StepParams{Tokens: res.Usage.Tokens - r.estTokens, CostMicro: costMicro - r.estMicro}
 	if r.poolHeld {
 		r.w.poolTokens.Add(context.WithoutCancel(r.ctx), res.Usage.Tokens, metric.WithAttributes(
-			attribute.String("pool", r.pool.Pool.Name), attribute.String("tenant_id", r.task.TenantID)))
+			attribute.String("pool", r.pool.Pool.Name), attribute.String("tenant_id", r.w.poolTenants.label(r.task.TenantID))))
 	}
 	r.settlePool(res.Usage.Tokens - r.estTokens)
 	r.w.est.add(r.task.TenantID, r.task.Agent, res.Usage.Tokens)
