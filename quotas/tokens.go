@@ -23,9 +23,10 @@ import (
 //
 // A pool shares its capacity in weighted fair order when tenants wait on it: stride
 // scheduling in tokens, the scheduler's idea applied to the pool. Each tenant has a
-// pass (tokens granted ÷ weight) in the pool's virtual time; only a tenant whose pass
-// is at or before every other waiting tenant's is served, and a tenant coming back
-// from idleness starts at the virtual time, so it banks no credit. A tenant with
+// pass (tokens used ÷ weight: a grant moves it by the estimate, the settlement by
+// the rest, both at the weight the grant recorded) in the pool's virtual time; only a
+// tenant whose pass is at or before every other waiting tenant's is served, and a
+// tenant coming back from idleness starts at the virtual time, so it banks no credit. A tenant with
 // several steps waiting (several workers) keeps its place in line when one of them is
 // granted, at its new pass, until the last of the others is due back: otherwise a
 // tenant further back is served between its asks, the virtual time passes it, and it
@@ -43,17 +44,18 @@ import (
 // Pool throttling's constants: the factor of a decrease, the least effective rate as
 // a fraction of the configured one, and the waits a refused step is told at most.
 const (
-	poolDecrease   = 0.7
-	poolFloor      = 0.01
-	poolMaxWait    = time.Minute
-	poolClaimGrace = 2 * time.Second
-	// poolMinIneligible is the least wait of an ask that is not next in line while the
-	// head of the line is overdue.
-	poolMinIneligible = 50 * time.Millisecond
-	poolIdleTTL       = 10 * time.Minute
-	tokensMinuteMs    = 60_000
-	tenantTokensName  = "ai_tokens_per_minute"
+	poolDecrease     = 0.7
+	poolFloor        = 0.01
+	poolMaxWait      = time.Minute
+	poolClaimGrace   = 2 * time.Second
+	poolIdleTTL      = 10 * time.Minute
+	tokensMinuteMs   = 60_000
+	tenantTokensName = "ai_tokens_per_minute"
 )
+
+// poolMinIneligible is the least wait of an ask that is not next in line while the
+// head of the line is overdue.
+const poolMinIneligible = 50 * time.Millisecond
 
 // ErrNoCapacity is a reservation's configuration error: a bucket with no rate or
 // burst can never grant anything, so the caller must not wait on it.

@@ -157,7 +157,7 @@ func Tokens(ctx context.Context, cfg TokensConfig) (TokensResult, error) {
 			cfg.AIMDWarmup, cfg.AIMDWindow), b.aimd},
 	}
 	for _, s := range scenarios {
-		b.log(s.what)
+		b.log("%s", s.what)
 		if err := s.run(ctx, &out); err != nil {
 			return out, err
 		}
