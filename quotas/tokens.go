@@ -23,9 +23,10 @@ import (
 //
 // A pool shares its capacity in weighted fair order when tenants wait on it: stride
 // scheduling in tokens, the scheduler's idea applied to the pool. Each tenant has a
-// pass (tokens granted ÷ weight) in the pool's virtual time; only a tenant whose pass
-// is at or before every other waiting tenant's is served, and a tenant coming back
-// from idleness starts at the virtual time, so it banks no credit. A tenant with
+// pass (tokens used ÷ weight: a grant moves it by the estimate, the settlement by
+// the rest, both at the weight the grant recorded) in the pool's virtual time; only a
+// tenant whose pass is at or before every other waiting tenant's is served, and a
+// tenant coming back from idleness starts at the virtual time, so it banks no credit. A tenant with
 // several steps waiting (several workers) keeps its place in line when one of them is
 // granted, at its new pass, until the last of the others is due back: otherwise a
 // tenant further back is served between its asks, the virtual time passes it, and it
@@ -51,6 +52,10 @@ const (
 	tokensMinuteMs   = 60_000
 	tenantTokensName = "ai_tokens_per_minute"
 )
+
+// poolMinIneligible is the least wait of an ask that is not next in line while the
+// head of the line is overdue.
+const poolMinIneligible = 50 * time.Millisecond
 
 // ErrNoCapacity is a reservation's configuration error: a bucket with no rate or
 // burst can never grant anything, so the caller must not wait on it.
@@ -309,9 +314,19 @@ local function use(n) un, used = un + n, true end
 // draw too (they asked within the grace).
 // Otherwise the tenant takes (or keeps) its place in line until the wait it is told
 // plus a grace, and the wait counts the tokens the tenants ahead of it take first.
+// An ask that is not next in line also waits at least until the head of the line is
+// due back (the tokens in the bucket are the head's until it has asked); once the
+// head is overdue, at least as long as it has been (at least poolMinIneligible), so
+// that a head that never comes back costs a few asks before its place lapses, not
+// one every millisecond.
 // A grant takes the tenant out of line unless another of its asks is still due back
 // (the latest of its places lapses more than a grace from now): then it keeps its
-// place, at its new pass.
+// place, at its new pass. A grant that moves the virtual time notes the time before
+// it (field "g:<tenant>"), for a give-back to undo.
+// A peek (ARGV[11] = 1) answers the same without taking anything or any place.
+// A tenant whose place lapses at or behind the virtual time leaves the passes (such a
+// pass is the same as none), and while the passes hold many more tenants than have
+// asked lately, each call sweeps a few more of those left at or behind it.
 //
 // KEYS[1] pool state (hash)   KEYS[2] passes (hash)   KEYS[3] waiters by pass (zset)
 // KEYS[4] tenants that asked lately, by the latest time their place (or their
@@ -319,17 +334,37 @@ local function use(n) un, used = un + n, true end
 // ARGV[1] now ms or ""   ARGV[2] configured tokens a minute   ARGV[3] burst tokens
 // ARGV[4] requests a minute (0: none)   ARGV[5] idle ttl ms   ARGV[6] tenant
 // ARGV[7] weight (> 0)   ARGV[8] tokens asked   ARGV[9] place grace ms   ARGV[10] max wait ms
+// ARGV[11] 1: peek   ARGV[12] least wait ms of an ask that is not next in line
 // Returns {1, level after, effective rate} when granted, {0, ms until expected,
 // effective rate} when not.
 var reservePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
 local tenant, w, ask = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local grace, peek = tonumber(ARGV[9]), ARGV[11] == '1'
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 for _, m in ipairs(lapsed) do redis.call('ZREM', KEYS[3], m) end
 if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
-local hp
+for _, m in ipairs(lapsed) do
+  if m ~= tenant and (tonumber(redis.call('HGET', KEYS[2], 'p:' .. m)) or v) <= v then
+    redis.call('HDEL', KEYS[2], 'p:' .. m, 'w:' .. m, 'g:' .. m)
+  end
+end
+if not peek and redis.call('HLEN', KEYS[2]) > 3 * redis.call('ZCARD', KEYS[4]) + 48 then
+  local sc = redis.call('HSCAN', KEYS[2], redis.call('HGET', KEYS[1], 'pc') or '0', 'MATCH', 'p:*', 'COUNT', 16)
+  for i = 1, #sc[2], 2 do
+    local t = string.sub(sc[2][i], 3)
+    if t ~= tenant and tonumber(sc[2][i + 1]) <= v and not redis.call('ZSCORE', KEYS[4], t) then
+      redis.call('HDEL', KEYS[2], 'p:' .. t, 'w:' .. t, 'g:' .. t)
+    end
+  end
+  redis.call('HSET', KEYS[1], 'pc', sc[1])
+end
+local hp, hd
 local head = redis.call('ZRANGE', KEYS[3], 0, 1, 'WITHSCORES')
 for i = 1, #head, 2 do
-  if head[i] ~= tenant then hp = tonumber(head[i + 1]); break end
+  if head[i] ~= tenant then
+    hp, hd = tonumber(head[i + 1]), tonumber(redis.call('ZSCORE', KEYS[4], head[i]))
+    break
+  end
 end
 local others = redis.call('ZCARD', KEYS[4])
 local back = tonumber(redis.call('ZSCORE', KEYS[4], tenant))
@@ -342,17 +377,23 @@ if (hp or others > 0) and p0 and p0 >= v then reserve = math.min(need, burst - n
 local eligible = (not hp) or p <= hp
 local rok = rpm <= 0 or r >= 1
 if eligible and rok and l - need >= reserve then
+  if peek then return {1, math.floor(l - ask), math.floor(eff)} end
   l = l - ask
   if rpm > 0 then r = r - 1 end
-  v = math.max(v, p)
+  if p > v then
+    redis.call('HSET', KEYS[2], 'g:' .. tenant, f(v) .. ':' .. f(p))
+    v = p
+  else
+    redis.call('HDEL', KEYS[2], 'g:' .. tenant)
+  end
   redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p + ask / w), 'w:' .. tenant, w)
   redis.call('PEXPIRE', KEYS[2], idle)
-  if back and back - tonumber(ARGV[9]) > now then
+  if back and back - grace > now then
     redis.call('ZADD', KEYS[3], f(p + ask / w), tenant)
   else
     redis.call('ZREM', KEYS[3], tenant)
   end
-  redis.call('ZADD', KEYS[4], 'GT', now + tonumber(ARGV[9]), tenant)
+  redis.call('ZADD', KEYS[4], 'GT', now + grace, tenant)
   redis.call('PEXPIRE', KEYS[4], idle)
   use(ask)
   save()
@@ -370,9 +411,18 @@ if not eligible then
 end
 local wait = math.max(short, 0) * 60000 / eff
 if not rok then wait = math.max(wait, (1 - r) * 60000 / rpm) end
+if not eligible and hd then
+  local due = hd - grace
+  if due > now then
+    wait = math.max(wait, due - now)
+  else
+    wait = math.max(wait, math.min(hd - now, math.max(now - due, tonumber(ARGV[12]))))
+  end
+end
 wait = math.min(math.max(1, math.ceil(wait)), tonumber(ARGV[10]))
+if peek then return {0, wait, math.floor(eff)} end
 redis.call('ZADD', KEYS[3], f(p), tenant)
-redis.call('ZADD', KEYS[4], 'GT', now + wait + tonumber(ARGV[9]), tenant)
+redis.call('ZADD', KEYS[4], 'GT', now + wait + grace, tenant)
 redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p), 'w:' .. tenant, w)
 redis.call('PEXPIRE', KEYS[2], idle)
 redis.call('PEXPIRE', KEYS[3], idle)
@@ -418,15 +468,39 @@ func (q *Quotas) QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p P
 	return q.reservePool(ctx, pipe, p)
 }
 
+// PoolWait is the wait ReservePool would answer now, without taking anything or any
+// place in the pool's line (0 when it would grant): what a step its own limits hold
+// back would wait for the pool besides.
+func (q *Quotas) PoolWait(ctx context.Context, p PoolReserveParams) (time.Duration, error) {
+	r := &PoolReservation{name: p.Pool.Name}
+	if r.err = p.Pool.check(); r.err == nil {
+		r.cmd = q.runReservePool(ctx, q.rdb, p, true)
+	}
+	a, err := r.Answer()
+	if err != nil || a.Granted {
+		return 0, err
+	}
+	return a.Wait, nil
+}
+
 func (q *Quotas) reservePool(ctx context.Context, c redis.Scripter, p PoolReserveParams) *PoolReservation {
 	r := &PoolReservation{name: p.Pool.Name}
 	if r.err = p.Pool.check(); r.err != nil {
 		return r
 	}
-	r.cmd = reservePoolScript.Run(ctx, c, q.poolKeys(p.Pool.Name), q.nowArg(),
-		p.Pool.TokensPerMinute, p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(),
-		p.Tenant, max(p.Weight, 1), max(p.Tokens, 0), poolClaimGrace.Milliseconds(), poolMaxWait.Milliseconds())
+	r.cmd = q.runReservePool(ctx, c, p, false)
 	return r
+}
+
+func (q *Quotas) runReservePool(ctx context.Context, c redis.Scripter, p PoolReserveParams, peek bool) *redis.Cmd {
+	peekArg := 0
+	if peek {
+		peekArg = 1
+	}
+	return reservePoolScript.Run(ctx, c, q.poolKeys(p.Pool.Name), q.nowArg(),
+		p.Pool.TokensPerMinute, p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(),
+		p.Tenant, max(p.Weight, 1), max(p.Tokens, 0), poolClaimGrace.Milliseconds(), poolMaxWait.Milliseconds(),
+		peekArg, poolMinIneligible.Milliseconds())
 }
 
 // Answer is the reservation's answer; an error when it could not be asked (or was
@@ -447,17 +521,20 @@ func (r *PoolReservation) Answer() (TokenAnswer, error) {
 
 // settlePoolScript settles a step against its pool: the actual tokens minus the
 // estimate come off the level (refund or debt) and move the tenant's pass (and its
-// place in line, when it has one), so the fair order is in the tokens really used.
+// place in line, when it has one) at the weight its reservation wrote, so the fair
+// order is in the tokens really used: a step's pass moves by what it used ÷ the
+// tenant's weight, whatever its estimate.
 //
 // KEYS[1] pool state (hash)   KEYS[2] passes (hash)   KEYS[3] waiters by pass (zset)
 // ARGV[1] now ms or ""
 // ARGV[2] configured tokens a minute   ARGV[3] burst tokens   ARGV[4] requests a minute
-// ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] weight   ARGV[8] actual minus estimate
+// ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] actual minus estimate
 // Returns the level after, in tokens.
 var settlePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
-local d, w = tonumber(ARGV[8]), tonumber(ARGV[7])
+local d = tonumber(ARGV[7])
 l = math.min(burst, l - d)
-local p = tonumber(redis.call('HGET', KEYS[2], 'p:' .. ARGV[6]))
+local pw = redis.call('HMGET', KEYS[2], 'p:' .. ARGV[6], 'w:' .. ARGV[6])
+local p, w = tonumber(pw[1]), tonumber(pw[2]) or 1
 if p then
   redis.call('HSET', KEYS[2], 'p:' .. ARGV[6], f(p + d / w))
   redis.call('PEXPIRE', KEYS[2], idle)
@@ -469,11 +546,11 @@ return math.floor(l)
 `)
 
 // PoolSettleParams settles one step against its pool: Tokens is its actual use minus
-// its estimate (negative refunds).
+// its estimate (negative refunds). It names no weight: the settlement moves the
+// tenant's pass at the weight its reservation wrote.
 type PoolSettleParams struct {
 	Pool   PoolConfig
 	Tenant string
-	Weight int
 	Tokens int64
 }
 
@@ -484,9 +561,55 @@ func (q *Quotas) SettlePool(ctx context.Context, p PoolSettleParams) (level int6
 	}
 	keys := q.poolKeys(p.Pool.Name)[:3]
 	level, err = settlePoolScript.Run(ctx, q.rdb, keys, q.nowArg(), p.Pool.TokensPerMinute, p.Pool.Burst(),
-		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Weight, 1), p.Tokens).Int64()
+		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, p.Tokens).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("quotas: settle pool %s: %w", p.Pool.Name, err)
+	}
+	return level, nil
+}
+
+// giveBackPoolScript gives a granted step's reservation back, for a step that did
+// not run: its tokens and its request go back to the buckets (never past their
+// bursts), its pass moves back by what the reservation moved it (tokens ÷ the weight
+// the reservation wrote), and the virtual time goes back to what it was before the
+// grant when the grant moved it and no later one did ("g:<tenant>").
+//
+// KEYS[1] pool state (hash)   KEYS[2] passes (hash)   KEYS[3] waiters by pass (zset)
+// ARGV[1] now ms or ""
+// ARGV[2] configured tokens a minute   ARGV[3] burst tokens   ARGV[4] requests a minute
+// ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] tokens reserved
+// Returns the level after, in tokens.
+var giveBackPoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
+local t, n = ARGV[6], tonumber(ARGV[7])
+l = math.min(burst, l + n)
+if rpm > 0 then r = math.min(rpm, r + 1) end
+local pw = redis.call('HMGET', KEYS[2], 'p:' .. t, 'w:' .. t, 'g:' .. t)
+local p, w = tonumber(pw[1]), tonumber(pw[2]) or 1
+if p then
+  p = p - n / w
+  redis.call('HSET', KEYS[2], 'p:' .. t, f(p))
+  redis.call('ZADD', KEYS[3], 'XX', f(p), t)
+  if pw[3] then
+    local i = string.find(pw[3], ':')
+    if tonumber(string.sub(pw[3], i + 1)) == v then v = tonumber(string.sub(pw[3], 1, i - 1)) end
+    redis.call('HDEL', KEYS[2], 'g:' .. t)
+  end
+  redis.call('PEXPIRE', KEYS[2], idle)
+end
+use(-n)
+save()
+return math.floor(l)
+`)
+
+// GiveBackPool gives a granted reservation of p.Tokens back: the step did not run.
+func (q *Quotas) GiveBackPool(ctx context.Context, p PoolSettleParams) (level int64, err error) {
+	if err := p.Pool.check(); err != nil {
+		return 0, err
+	}
+	level, err = giveBackPoolScript.Run(ctx, q.rdb, q.poolKeys(p.Pool.Name)[:3], q.nowArg(), p.Pool.TokensPerMinute,
+		p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Tokens, 0)).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("quotas: give back to pool %s: %w", p.Pool.Name, err)
 	}
 	return level, nil
 }

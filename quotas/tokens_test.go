@@ -3,7 +3,10 @@ package quotas
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -193,7 +196,7 @@ func TestPoolWindowBoundWithSettlement(t *testing.T) {
 		}
 		if a.Granted {
 			actual := est + int64(i%7-3)*100 // refunds and debts alike
-			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: "w", Weight: 1, Tokens: actual - est}); err != nil {
+			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: "w", Tokens: actual - est}); err != nil {
 				t.Fatal(err)
 			}
 			maxExcess = max(maxExcess, actual-est)
@@ -441,5 +444,211 @@ func TestPoolSharesByWeightWithSeveralWorkers(t *testing.T) {
 		if share, want := got[name]/tot, float64(w)/7; math.Abs(share-want) > 0.02 {
 			t.Errorf("tenant %s (weight %d, three workers) got %.3f of the pool, want %.3f", name, w, share, want)
 		}
+	}
+}
+
+// runPoolSettled is runPool with every grant settled at once for its actual use,
+// actual(est) tokens, as the worker does once the step has run. The settlement
+// names no weight: the pool settles at the weight the reservation wrote.
+func runPoolSettled(t *testing.T, q *Quotas, now *atomic.Int64, pool PoolConfig, tenants []*simTenant, actual func(int64) int64, d, tick time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	end := now.Load() + d.Milliseconds()
+	for now.Load() < end {
+		for _, st := range tenants {
+			if now.Load() < st.next {
+				continue
+			}
+			a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: st.name, Weight: st.weight, Tokens: st.step})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !a.Granted {
+				st.next = now.Load() + a.Wait.Milliseconds()
+				continue
+			}
+			used := actual(st.step)
+			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: st.name, Tokens: used - st.step}); err != nil {
+				t.Fatal(err)
+			}
+			st.got += used
+			st.next = now.Load() + st.every.Milliseconds()
+		}
+		now.Add(tick.Milliseconds())
+	}
+}
+
+// Weights hold in the tokens really used when every estimate falls short (an agent
+// whose context grows): a settlement moves a tenant's pass at its weight, as its
+// reservation did.
+func TestPoolSharesByWeightWhenEstimatesFallShort(t *testing.T) {
+	t.Parallel()
+	for _, short := range []float64{0.3, 0.5} {
+		q, now := newTokenQuotas(t)
+		pool := PoolConfig{Name: "short", TokensPerMinute: 60_000, BurstTokens: 9000}
+		a := &simTenant{name: "a", weight: 1, step: 1000}
+		b := &simTenant{name: "b", weight: 2, step: 1000}
+		// an estimate short by 30 % is 70 % of the actual use
+		actual := func(est int64) int64 { return int64(math.Round(float64(est) / (1 - short))) }
+		tenants := []*simTenant{a, b}
+		runPoolSettled(t, q, now, pool, tenants, actual, 10*time.Second, 5*time.Millisecond)
+		a.got, b.got = 0, 0
+		runPoolSettled(t, q, now, pool, tenants, actual, 60*time.Second, 5*time.Millisecond)
+		if share := float64(b.got) / float64(a.got+b.got); math.Abs(share-2.0/3) > 0.02 {
+			t.Errorf("estimates %.0f %% short: the weight-2 tenant got %.3f of the pool's tokens, want 0.667", short*100, share)
+		}
+	}
+}
+
+// A head of the line that never comes back (its task cancelled, its worker gone)
+// holds the tenants behind it until its place lapses, but they do not ask every
+// millisecond meanwhile: an ask that is not next in line waits at least until the
+// head is due back, then as long again as the head is overdue.
+func TestPoolAskBehindAnAbsentHeadDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "absent", TokensPerMinute: 60_000, BurstTokens: 10_000}
+	ask := func(tenant string, tokens int64) TokenAnswer {
+		t.Helper()
+		a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: tenant, Weight: 1, Tokens: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	if !ask("b", 500).Granted {
+		t.Fatal("b's first ask refused")
+	}
+	h := ask("h", 10_000) // h waits for a full bucket, then never comes back
+	if h.Granted {
+		t.Fatal("h's ask above the level was granted")
+	}
+	began, asks := now.Load(), 0
+	for {
+		asks++
+		a := ask("b", 500)
+		if a.Granted {
+			break
+		}
+		if a.Wait < time.Millisecond || asks > 1000 {
+			t.Fatalf("ask %d told %v", asks, a.Wait)
+		}
+		now.Add(a.Wait.Milliseconds())
+	}
+	waited := time.Duration(now.Load()-began) * time.Millisecond
+	if asks > 10 {
+		t.Fatalf("b asked %d times in %v behind a head that never came back; want a few", asks, waited)
+	}
+	if lapse := h.Wait + poolClaimGrace; waited > lapse+poolMinIneligible {
+		t.Fatalf("b was served %v after the head's ask, its place lapses after %v", waited, lapse)
+	}
+}
+
+// A give-back (a granted step that did not run) undoes what its reservation did: the
+// tokens and the request go back, the tenant's pass moves back at its weight, and the
+// virtual time goes back when the grant moved it.
+func TestPoolGiveBackUndoesTheReservation(t *testing.T) {
+	t.Parallel()
+	q, _ := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "giveback", TokensPerMinute: 60_000, BurstTokens: 10_000, RequestsPerMinute: 60}
+	passes, state := q.keys.PoolPasses(pool.Name), q.keys.PoolState(pool.Name)
+	num := func(key, field string) float64 {
+		t.Helper()
+		f, err := q.rdb.HGet(ctx, key, field).Float64()
+		if err != nil {
+			t.Fatalf("%s %s: %v", key, field, err)
+		}
+		return f
+	}
+	grant := func(tenant string, w int) {
+		t.Helper()
+		if a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: tenant, Weight: w, Tokens: 1000}); err != nil || !a.Granted {
+			t.Fatalf("%s: %+v %v", tenant, a, err)
+		}
+	}
+	giveBack := func(tenant string) {
+		t.Helper()
+		if _, err := q.GiveBackPool(ctx, PoolSettleParams{Pool: pool, Tenant: tenant, Tokens: 1000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grant("b", 1)
+	grant("b", 1) // from pass 1000: the virtual time moves to 1000
+	grant("a", 2) // from the virtual time, 1000, to 1500
+	steps := []struct {
+		name              string
+		tenant            string
+		pass, vt, level   float64
+		requests, passOfB float64
+	}{
+		{name: "a weight-2 tenant's pass moves back by half", tenant: "a", pass: 1000, vt: 1000, level: 8000, requests: 58, passOfB: 2000},
+		{name: "a grant that moved the virtual time moves it back", tenant: "b", pass: 1000, vt: 0, level: 9000, requests: 59, passOfB: 1000},
+	}
+	for _, s := range steps {
+		giveBack(s.tenant)
+		got := []float64{num(passes, "p:"+s.tenant), num(state, "v"), num(state, "l"), num(state, "r"), num(passes, "p:b")}
+		want := []float64{s.pass, s.vt, s.level, s.requests, s.passOfB}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: pass, virtual time, level, requests, b's pass %v, want %v", s.name, got, want)
+		}
+	}
+}
+
+// A peek at a pool's wait answers what a reservation would, and takes nothing: no
+// tokens, no request, no place in line.
+func TestPoolWaitTakesNothing(t *testing.T) {
+	t.Parallel()
+	q, _ := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "peek", TokensPerMinute: 60_000, BurstTokens: 1000, RequestsPerMinute: 60}
+	p := PoolReserveParams{Pool: pool, Tenant: "c", Weight: 1, Tokens: 500}
+	if w, err := q.PoolWait(ctx, p); err != nil || w != 0 {
+		t.Fatalf("an idle pool's wait %v %v, want 0", w, err)
+	}
+	if n := q.rdb.Exists(ctx, q.poolKeys(pool.Name)...).Val(); n != 0 {
+		t.Fatalf("a peek at an idle pool wrote %d keys", n)
+	}
+	if a, _ := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "d", Weight: 1, Tokens: 1000}); !a.Granted {
+		t.Fatal("d's ask of the burst refused")
+	}
+	before := q.rdb.HGetAll(ctx, q.keys.PoolState(pool.Name)).Val()
+	w, err := q.PoolWait(ctx, p)
+	if err != nil || w <= 0 {
+		t.Fatalf("a drained pool's wait %v %v, want one", w, err)
+	}
+	if after := q.rdb.HGetAll(ctx, q.keys.PoolState(pool.Name)).Val(); !maps.Equal(before, after) {
+		t.Fatalf("a peek changed the pool: %v, then %v", before, after)
+	}
+	if _, err := q.rdb.ZScore(ctx, q.keys.PoolWaiters(pool.Name), "c").Result(); err == nil {
+		t.Fatal("a peek took a place in line")
+	}
+	if a, _ := q.ReservePool(ctx, p); a.Granted || a.Wait != w {
+		t.Fatalf("the reservation answered %+v after a peek of %v", a, w)
+	}
+}
+
+// A busy pool does not keep the pass of every tenant that ever drew on it: a tenant
+// gone (its place lapsed) whose pass the virtual time has caught up with is pruned.
+func TestPoolPrunesTheTenantsThatLeft(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "prune", TokensPerMinute: 6_000_000, BurstTokens: 100_000}
+	for i := range 200 {
+		if a, _ := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: fmt.Sprintf("once%d", i), Weight: 1, Tokens: 100}); !a.Granted {
+			t.Fatalf("tenant %d refused", i)
+		}
+	}
+	// one tenant draws on alone for a minute: the virtual time passes the others'
+	for range 600 {
+		now.Add(100)
+		if _, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "busy", Weight: 1, Tokens: 1000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := q.rdb.HLen(ctx, q.keys.PoolPasses(pool.Name)).Val(); n > 60 {
+		t.Fatalf("the passes hold %d fields for one tenant drawing; want the 200 gone tenants pruned", n)
 	}
 }

@@ -12,12 +12,18 @@
 //
 // Token capacity: each step reserves its estimated tokens from its tenant's
 // ai_tokens_per_minute (inside the step's quota reservation) and, when its agent is
-// bound to a model pool, from the pool (in the same round trip). A step that cannot
-// get them does not wait on its worker: the task is parked (queued in Postgres with
-// what it waits for, out of its queue in Redis until the capacity is expected) and
-// the delivery returns, so the worker and the tenant's running slot go to others. The
-// next delivery resumes at the step that waited. A throttled answer (the agent's
-// upstream refused the step) counts nothing and parks the task for its retry time.
+// bound to a model pool and that reservation passed, from the pool: a step its own
+// limits hold back takes nothing of the pool and no place in its line (a quota stops
+// or pauses the task at once; its tokens per minute park it on the longer of its
+// own wait and the pool's, read without a place). A step that cannot get them does
+// not wait on its worker: the task is parked (queued in Postgres with what it waits
+// for, out of its queue in Redis until the capacity is expected) and the delivery
+// returns, so the worker and the tenant's running slot go to others. The next
+// delivery resumes at the step that waited; the times a step parked before it ran
+// are metered (agentq.step_parks). A throttled answer (the agent's upstream refused
+// the step) counts nothing and parks the task for its retry time. Reservations and
+// settlements are sent without the delivery's cancellation (an answer Redis gave must
+// be read, or what it took would never go back), within a timeout.
 //
 // The terminal transition is a conditional UPDATE (state must still be running), so
 // exactly one party ends a task — the worker, a tenant's cancel, or the janitor

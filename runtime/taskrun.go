@@ -464,11 +464,14 @@ func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 }
 
 // reserve reserves the next step's capacity: the step against the tenant's period
-// quotas and its tokens per minute, and its tokens from its agent's model pool when
-// bound, in one round trip (with the "running" message before the first step). It
-// returns stop = true when the step cannot run now: a quota ended the task, the
-// capacity is not there (the task parks), or the quota store could not be asked.
-// What one reservation took when the other refused goes back.
+// quotas and its tokens per minute (with the "running" message before the first
+// step), then, once those passed, its tokens from its agent's model pool when bound.
+// It returns stop = true when the step cannot run now: a quota ended or paused the
+// task, the capacity is not there (the task parks), or the quota store could not be
+// asked. The pool is asked only for a step that may run: a step its own limits hold
+// back takes no place in the pool's line, no request and no tokens of it (it parks on
+// the longer of its own wait and the pool's), and one a quota refuses stops or pauses
+// at once.
 func (r *taskRun) reserve() (stop, requeued bool) {
 	r.period = r.tenant.Anchor().PeriodAt(time.Now())
 	r.estTokens = r.tokenEstimate()
@@ -477,21 +480,18 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	if r.running != nil {
 		riders, r.running = append(riders, r.running), nil
 	}
-	var pool *quotas.PoolReservation
-	if r.bound {
-		p := quotas.PoolReserveParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Weight: r.weight, Tokens: r.estTokens}
-		riders = append(riders, func(pipe redis.Pipeliner) { pool = r.w.limits.QueueReservePool(r.ctx, pipe, p) })
-	}
-	ctx, along := redisx.WithAlong(r.ctx, riders...)
+	qctx, cancel := r.quotaCtx()
+	defer cancel()
+	ctx, along := redisx.WithAlong(qctx, riders...)
 	err := r.w.limits.ReserveStep(ctx, r.reservation)
-	_ = along.Send(r.ctx, r.w.batch) // a lost message is re-read from Postgres; the pool's answer is its own
-	if stop, requeued := r.poolAnswer(pool, err == nil); stop {
-		return true, requeued
-	}
+	_ = along.Send(qctx, r.w.batch) // a lost message is re-read from Postgres
 	if err == nil {
+		if stop, requeued := r.reservePool(qctx); stop {
+			return true, requeued
+		}
+		r.meterParks()
 		return false, false
 	}
-	r.givePoolBack()
 	var qe *quotas.QuotaExceeded
 	var wait *quotas.CapacityWait
 	switch {
@@ -499,28 +499,71 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 		r.atLimit("budget exceeded: tenant "+qe.Error(), qe.Stop())
 		return true, false
 	case errors.As(err, &wait):
-		r.parkFor(wait.Reason, wait.Wait)
+		reason, d := r.longerWait(qctx, wait.Reason, wait.Wait)
+		r.parkFor(reason, d)
 		return true, false
 	}
 	// Money and token quotas fail closed: no step runs unchecked.
 	return true, r.requeue("the quota store is unreachable", err)
 }
 
-// poolAnswer reads the step's pool reservation (nil: the agent is bound to no pool).
-// When the pool refused or could not be asked, the step's own reservation (stepHeld)
-// goes back and stop = true: the task parks for the pool, or is handed back.
-func (r *taskRun) poolAnswer(pool *quotas.PoolReservation, stepHeld bool) (stop, requeued bool) {
+// meterParks records how many times the step about to run parked before it did:
+// the parks of the delivery's first step are in the task as it was claimed, a later
+// step of the same delivery never parked.
+func (r *taskRun) meterParks() {
+	parks := 0
+	if w := r.task.Wait; w.ParkStep != nil && *w.ParkStep == r.task.Usage.Steps {
+		parks = w.StepParks
+	}
+	r.task.Wait.ParkStep = nil
+	r.w.stepParks.Record(context.WithoutCancel(r.ctx), int64(parks), metric.WithAttributes(attribute.String("pool", r.pool.Pool.Name)))
+}
+
+// quotaCtx is the context of a step's reservations: not cancelled with the delivery
+// (a reservation Redis made must be answered, or what it took would never go back),
+// and bounded.
+func (r *taskRun) quotaCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.ctx), quotaTimeout)
+}
+
+// quotaTimeout bounds a step's reservations.
+const quotaTimeout = 5 * time.Second
+
+// longerWait is the wait of a step its own limits hold back for wait: the pool's,
+// when the agent is bound to one that expects its tokens later (read without taking
+// a place in its line), else its own. A pool that cannot be asked leaves its own.
+func (r *taskRun) longerWait(ctx context.Context, reason string, wait time.Duration) (string, time.Duration) {
+	if !r.bound {
+		return reason, wait
+	}
+	pw, err := r.w.limits.PoolWait(ctx, r.poolParams())
+	if err != nil || pw <= wait {
+		return reason, wait
+	}
+	return r.pool.Pool.WaitReason(), pw
+}
+
+func (r *taskRun) poolParams() quotas.PoolReserveParams {
+	return quotas.PoolReserveParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Weight: r.weight, Tokens: r.estTokens}
+}
+
+// reservePool reserves the step's tokens from its agent's model pool, once its own
+// reservation passed. When the pool refuses or cannot be asked, the step's own
+// reservation goes back and stop = true: the task parks for the pool, or is handed
+// back.
+func (r *taskRun) reservePool(ctx context.Context) (stop, requeued bool) {
 	if !r.bound {
 		return false, false
 	}
+	var pool *quotas.PoolReservation
+	p := r.poolParams()
+	_ = r.w.batch.Do(ctx, func(pipe redis.Pipeliner) { pool = r.w.limits.QueueReservePool(ctx, pipe, p) }) // its error is the answer's
 	ans, err := pool.Answer()
 	if err == nil && ans.Granted {
 		r.poolHeld = true
 		return false, false
 	}
-	if stepHeld {
-		r.settle(r.giveBack())
-	}
+	r.settle(r.giveBack())
 	if err != nil {
 		// Fails closed like the quotas: no step runs without its reservation.
 		return true, r.requeue("the model pool's store is unreachable", err)
@@ -555,15 +598,29 @@ func (r *taskRun) settlePool(delta int64) {
 	if delta == 0 {
 		return
 	}
-	_, err := r.w.limits.SettlePool(context.WithoutCancel(r.ctx), quotas.PoolSettleParams{
-		Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: delta})
+	ctx, cancel := r.quotaCtx()
+	defer cancel()
+	_, err := r.w.limits.SettlePool(ctx, quotas.PoolSettleParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: delta})
 	if err != nil {
 		r.log.Warn("settling a step's model pool reservation failed", "pool", r.pool.Pool.Name, "err", err)
 	}
 }
 
-// givePoolBack gives the step's pool reservation back: the step did not run.
-func (r *taskRun) givePoolBack() { r.settlePool(-r.estTokens) }
+// givePoolBack gives the step's pool reservation back, for a step that did not run:
+// its tokens, its request and its move of the tenant's pass and the pool's virtual
+// time.
+func (r *taskRun) givePoolBack() {
+	if !r.poolHeld {
+		return
+	}
+	r.poolHeld = false
+	ctx, cancel := r.quotaCtx()
+	defer cancel()
+	_, err := r.w.limits.GiveBackPool(ctx, quotas.PoolSettleParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: r.estTokens})
+	if err != nil {
+		r.log.Warn("giving a step's model pool reservation back failed", "pool", r.pool.Pool.Name, "err", err)
+	}
+}
 
 // parkFor sends the task back to queued, to wait without a worker until its capacity
 // is expected (wait from now). The delivery then parks it in Redis (handOff).
@@ -695,7 +752,7 @@ func (r *taskRun) record(step int, res StepResult) (more bool) {
 	booked := quotas.StepParams{Tokens: res.Usage.Tokens - r.estTokens, CostMicro: costMicro - r.estMicro}
 	if r.poolHeld {
 		r.w.poolTokens.Add(context.WithoutCancel(r.ctx), res.Usage.Tokens, metric.WithAttributes(
-			attribute.String("pool", r.pool.Pool.Name), attribute.String("tenant_id", r.task.TenantID)))
+			attribute.String("pool", r.pool.Pool.Name), attribute.String("tenant_id", r.w.poolTenants.label(r.task.TenantID))))
 	}
 	r.settlePool(res.Usage.Tokens - r.estTokens)
 	r.w.est.add(r.task.TenantID, r.task.Agent, res.Usage.Tokens)

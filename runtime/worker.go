@@ -88,11 +88,14 @@ type Limits interface {
 	QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams)
 	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
-	// QueueReservePool, SettlePool and ThrottlePool draw a step's tokens from its
-	// agent's model pool (see quotas.PoolBinding). The worker queues the reservation
-	// with the step's ReserveStep (redisx.WithAlong): one round trip for both.
+	// QueueReservePool, SettlePool, GiveBackPool and ThrottlePool draw a step's tokens
+	// from its agent's model pool (see quotas.PoolBinding). The worker asks the pool
+	// once the step's own reservation (ReserveStep) passed; a step its own limits hold
+	// back asks the pool's wait alone (PoolWait), taking no place in its line.
 	QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) *quotas.PoolReservation
+	PoolWait(ctx context.Context, p quotas.PoolReserveParams) (time.Duration, error)
 	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
+	GiveBackPool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
 	ThrottlePool(ctx context.Context, pool quotas.PoolConfig) (int64, error)
 }
 
@@ -155,6 +158,10 @@ type Worker struct {
 	capWait    metric.Float64Histogram
 	throttled  metric.Int64Counter
 	poolTokens metric.Int64Counter
+	// stepParks meters the times each step that ran parked before it ran.
+	stepParks metric.Int64Histogram
+	// poolTenants bounds the tenant_id label of agentq.pool_tokens.
+	poolTenants tenantLabels
 
 	// est holds the running average of each (tenant, agent)'s step tokens: a
 	// step's estimate when its agent gave none.
@@ -223,6 +230,9 @@ func (w *Worker) instrument(mp metric.MeterProvider) {
 		metric.WithDescription("Steps an agent answered throttled (its upstream refused them), by pool"))
 	w.poolTokens, _ = meter.Int64Counter("agentq.pool_tokens", metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens the steps of each tenant used from each model pool"))
+	w.stepParks, _ = meter.Int64Histogram("agentq.step_parks", metric.WithUnit("{park}"),
+		metric.WithDescription("Times a step parked (sent back to wait for token capacity) before it ran, by the agent's pool"),
+		metric.WithExplicitBucketBoundaries(0, 1, 2, 3, 5, 10, 20, 50, 100))
 	busy, _ := meter.Float64ObservableGauge("agentq.worker_busy_ratio", metric.WithUnit("1"),
 		metric.WithDescription("The share of this worker's concurrency slots processing a task"))
 	_, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {

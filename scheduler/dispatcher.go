@@ -172,31 +172,45 @@ func (d *Dispatcher) loop(ctx context.Context) {
 func (d *Dispatcher) unparkDue(ctx context.Context) error {
 	now := time.Now()
 	d.parkMu.Lock()
-	due := (!d.nextDue.IsZero() && !now.Before(d.nextDue)) || now.Sub(d.parkCheck) >= parkPoll
+	noted := d.nextDue
+	due := (!noted.IsZero() && !now.Before(noted)) || now.Sub(d.parkCheck) >= parkPoll
+	if due {
+		// The read answers for what was parked before it; a park noted while it runs
+		// (parkedDue) lowers the due time from zero, and the answer only lowers it
+		// further, so that no such park waits for the next poll.
+		d.nextDue = time.Time{}
+	}
 	d.parkMu.Unlock()
 	if !due {
 		return nil
 	}
 	_, next, err := d.sched.Unpark(ctx)
-	if err != nil {
-		return err
-	}
 	d.parkMu.Lock()
 	defer d.parkMu.Unlock()
-	d.parkCheck, d.nextDue = now, time.Time{}
+	if err != nil {
+		d.lowerDue(noted)
+		return err
+	}
+	d.parkCheck = now
 	if next >= 0 {
-		d.nextDue = now.Add(next)
+		d.lowerDue(now.Add(next))
 	}
 	return nil
+}
+
+// lowerDue notes due as the next parked task's due time if none sooner is noted.
+// d.parkMu must be held.
+func (d *Dispatcher) lowerDue(due time.Time) {
+	if !due.IsZero() && (d.nextDue.IsZero() || due.Before(d.nextDue)) {
+		d.nextDue = due
+	}
 }
 
 // parkedDue notes a task parked in this process, due at due.
 func (d *Dispatcher) parkedDue(due time.Time) {
 	d.parkMu.Lock()
 	defer d.parkMu.Unlock()
-	if d.nextDue.IsZero() || due.Before(d.nextDue) {
-		d.nextDue = due
-	}
+	d.lowerDue(due)
 }
 
 // untilNextRound is the fallback delay, or less when a parked task is due sooner.

@@ -41,5 +41,7 @@
 //     when its capacity is expected; a dispatch round puts the due ones back on their
 //     queues with their old score. Each dispatch after a park has an asynq id of its
 //     own (task id and park count), since asynq keeps an id until the delivery that
-//     parked the task has returned.
+//     parked the task has returned. A dispatcher notes when the next parked task is
+//     due and only ever lowers that time: a park noted while it reads the parked
+//     sets is kept when the read answers.
 package scheduler

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/internal/wire"
@@ -223,5 +226,47 @@ func TestParkInAnotherProcessIsUnparkedWhenDue(t *testing.T) {
 	waitFor("dispatch after the wait", 2)
 	if took := time.Since(parkedAt); took < 400*time.Millisecond || took > 2*time.Second {
 		t.Fatalf("dispatched again %v after the park; want soon after its 400 ms wait", took)
+	}
+}
+
+// noteDuringHook calls note once, right after the first pipeline that reads the
+// parked sets has been answered: a park noted while a dispatcher's read of them is
+// under way.
+type noteDuringHook struct {
+	once sync.Once
+	note func()
+}
+
+func (h *noteDuringHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *noteDuringHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *noteDuringHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if args := c.Args(); len(args) > 3 && strings.HasSuffix(fmt.Sprint(args[3]), ":parked") {
+				h.once.Do(h.note)
+				break
+			}
+		}
+		return err
+	}
+}
+
+// A park noted while the dispatcher reads the parked sets is not lost when the read
+// answers (nothing else parked): the dispatcher only lowers a noted due time.
+func TestDispatcherKeepsADueNotedDuringItsRead(t *testing.T) {
+	t.Parallel()
+	rdb, keys := testenv.Redis(t, 1)
+	s := New(rdb, keys, Options{WakeInProcess: true})
+	d := NewDispatcher(s, rdb, &recordingEnqueuer{}, DispatcherOptions{FallbackEvery: time.Minute})
+	due := time.Now().Add(300 * time.Millisecond)
+	rdb.AddHook(&noteDuringHook{note: func() { d.parkedDue(due) }})
+	if err := d.unparkDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.parkMu.Lock()
+	defer d.parkMu.Unlock()
+	if !d.nextDue.Equal(due) {
+		t.Fatalf("next due %v after the read, want the park noted during it, %v", d.nextDue, due)
 	}
 }

@@ -215,10 +215,10 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 				s = *out.TokensE2E
 			}
 			return printBench(*asJSON, out, fmt.Sprintf(
-				"pool shares %v (max error %.4f); 60 s window %.4f of burst + rate (slack %.6f); light wait p99 %.1f ms (alone %.1f ms); "+
+				"pool shares %v (max error %.4f); with estimates 30-50 %% short %v (max error %.4f); 60 s window %.4f of burst + rate (slack %.6f); light wait p99 %.1f ms (alone %.1f ms); "+
 					"throttled %.4f of steps, achieved %.3f of the upstream; parked tasks held %d worker slots, the other tenant kept %.3f of its throughput; "+
 					"an uncontended pool runs at %.3f of none",
-				res.PoolShares, res.PoolShareMaxError, res.PoolWindowMaxRatio, res.PoolWindowAllowedExcessRatio,
+				res.PoolShares, res.PoolShareMaxError, res.ShortEstimateShares, res.ShortEstimateShareMaxError, res.PoolWindowMaxRatio, res.PoolWindowAllowedExcessRatio,
 				res.LightPoolWaitP99Ms, res.LightPoolWaitP99UncontendedMs, res.AIMDThrottledRatio, res.AIMDAchievedRatio,
 				s.WorkerSlotsHeldByParked, s.OtherThroughputRatio, s.PoolOverheadRatio))
 		},
@@ -236,6 +236,7 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 	f.DurationVar(&o.Warmup, "warmup", 5*time.Second, "the flood's first part, left out of the shares (the initial burst)")
 	f.DurationVar(&o.LightEvery, "light-every", 200*time.Millisecond, "between the light tenant's asks")
 	f.DurationVar(&o.Uncontended, "uncontended", 10*time.Second, "the light tenant alone on an idle pool")
+	f.DurationVar(&o.ShortFlood, "short-flood", 40*time.Second, "the flood whose every estimate falls 30-50 % short")
 	f.DurationVar(&o.AIMDWarmup, "aimd-warmup", time.Minute, "the throttled flood before its measured window")
 	f.DurationVar(&o.AIMDWindow, "aimd-window", 30*time.Second, "the throttled flood's measured window")
 	f.DurationVar(&o.RetryAfter, "retry-after", time.Second, "a throttled step's wait before it reserves again")

@@ -50,6 +50,14 @@ type TokensResult struct {
 	LightPoolWaitP99UncontendedMs float64 `json:"light_pool_wait_p99_uncontended_ms"`
 	LightSteps                    int     `json:"light_steps"`
 	LightStepsUncontended         int     `json:"light_steps_uncontended"`
+	// ShortEstimateShares are the flooding tenants' shares of the actual tokens when
+	// every estimate falls 30 to 50 % short (an agent whose context grows: a step uses
+	// 1/0.7 to 1/0.5 of what it reserved), after the warm-up; ShortEstimateShareMaxError
+	// is the largest distance of one from its entitlement.
+	ShortEstimateShares        map[string]float64 `json:"short_estimate_shares"`
+	ShortEstimateShareMaxError float64            `json:"short_estimate_share_max_error"`
+	ShortEstimateS             float64            `json:"short_estimate_s"`
+	ShortEstimateSteps         int                `json:"short_estimate_steps"`
 	// The pool configured for twice what its upstream allows: throttled steps over all
 	// tried, and tokens that succeeded a second over the upstream's rate, in the window
 	// after the warm-up.
@@ -78,6 +86,7 @@ type TokensConfig struct {
 	Warmup              time.Duration // the flood's first seconds, left out of the shares: 5 s
 	LightEvery          time.Duration // between the light tenant's asks, 200 ms
 	Uncontended         time.Duration // the light tenant alone, 10 s
+	ShortFlood          time.Duration // the flood whose estimates fall short, 40 s
 	AIMDWarmup          time.Duration // before the throttling window, 60 s
 	AIMDWindow          time.Duration // the throttling window, 30 s
 	RetryAfter          time.Duration // a throttled step's wait, 1 s
@@ -110,6 +119,7 @@ func (c *TokensConfig) defaults() {
 	c.Warmup = orDur(c.Warmup, 5*time.Second)
 	c.LightEvery = orDur(c.LightEvery, 200*time.Millisecond)
 	c.Uncontended = orDur(c.Uncontended, 10*time.Second)
+	c.ShortFlood = orDur(c.ShortFlood, 40*time.Second)
 	c.AIMDWarmup = orDur(c.AIMDWarmup, time.Minute)
 	c.AIMDWindow = orDur(c.AIMDWindow, 30*time.Second)
 	c.RetryAfter = orDur(c.RetryAfter, time.Second)
@@ -142,11 +152,12 @@ func Tokens(ctx context.Context, cfg TokensConfig) (TokensResult, error) {
 		{fmt.Sprintf("tenants of weights 1, 2, 4 flood a pool of %d tokens a minute (%d workers each), a light tenant beside, %v…",
 			cfg.PoolTokensPerMinute, cfg.Workers, cfg.Flood), b.flood},
 		{fmt.Sprintf("the light tenant alone on an idle pool, %v…", cfg.Uncontended), b.lightAlone},
+		{fmt.Sprintf("tenants of weights 1, 2, 4 flood the pool with estimates 30-50 %% short, %v…", cfg.ShortFlood), b.shortEstimates},
 		{fmt.Sprintf("the same flood on a pool whose upstream allows half its rate, %v then %v measured…",
 			cfg.AIMDWarmup, cfg.AIMDWindow), b.aimd},
 	}
 	for _, s := range scenarios {
-		b.log(s.what)
+		b.log("%s", s.what)
 		if err := s.run(ctx, &out); err != nil {
 			return out, err
 		}
@@ -193,7 +204,6 @@ func (b *tokBench) flood(ctx context.Context, out *TokensResult) error {
 		return fmt.Errorf("flood: %w", s.err)
 	}
 	tokens := map[string]float64{}
-	var total float64
 	var excess int64
 	var waits []float64
 	for _, st := range s.steps {
@@ -210,21 +220,9 @@ func (b *tokBench) flood(ctx context.Context, out *TokensResult) error {
 		}
 		if st.at.Sub(start) >= b.cfg.Warmup {
 			tokens[st.tenant] += float64(st.actual)
-			total += float64(st.actual)
 		}
 	}
-	out.PoolShares = map[string]float64{}
-	if total > 0 {
-		sumW := 0
-		for _, t := range floodTenants {
-			sumW += t.weight
-		}
-		for _, t := range floodTenants {
-			share := tokens[t.name] / total
-			out.PoolShares[t.name] = round4(share)
-			out.PoolShareMaxError = max(out.PoolShareMaxError, round4(math.Abs(share-float64(t.weight)/float64(sumW))))
-		}
-	}
+	out.PoolShares, out.PoolShareMaxError = floodShares(tokens)
 	minute := poolMinute(s.pool)
 	out.PoolWindowMaxRatio = round4(float64(maxWindow(s.steps, tokenWindow)) / minute)
 	out.PoolWindowAllowedExcessRatio = math.Round(float64(excess)/minute*1e6) / 1e6
@@ -233,6 +231,57 @@ func (b *tokBench) flood(ctx context.Context, out *TokensResult) error {
 	out.LightPoolWaitP99Ms = round1(percentile(waits, 0.99))
 	out.LightPoolWaitMaxMs = round1(percentile(waits, 1))
 	return nil
+}
+
+// shortEstimates floods a pool with the three weighted tenants whose every step uses
+// more than it reserved, by 1/0.7 to 1/0.5 (estimates 30 to 50 % short): the shares of
+// the tokens really used, which the settlements' weighted passes keep.
+func (b *tokBench) shortEstimates(ctx context.Context, out *TokensResult) error {
+	s := b.newSim(b.pool("short"), nil)
+	s.actual = shortOf
+	start := time.Now()
+	var wg sync.WaitGroup
+	s.floodAll(ctx, &wg, start.Add(b.cfg.ShortFlood))
+	wg.Wait()
+	if s.err != nil {
+		return fmt.Errorf("short estimates: %w", s.err)
+	}
+	tokens := map[string]float64{}
+	for _, st := range s.steps {
+		if st.at.Sub(start) >= b.cfg.Warmup {
+			tokens[st.tenant] += float64(st.actual)
+			out.ShortEstimateSteps++
+		}
+	}
+	out.ShortEstimateS = b.cfg.ShortFlood.Seconds()
+	out.ShortEstimateShares, out.ShortEstimateShareMaxError = floodShares(tokens)
+	return nil
+}
+
+// floodShares are the flooding tenants' shares of tokens (by tenant), and the largest
+// distance of one from its entitlement w/Σw.
+func floodShares(tokens map[string]float64) (map[string]float64, float64) {
+	var total float64
+	sumW := 0
+	for _, t := range floodTenants {
+		total += tokens[t.name]
+		sumW += t.weight
+	}
+	shares, maxErr := map[string]float64{}, 0.0
+	if total == 0 {
+		return shares, 0
+	}
+	for _, t := range floodTenants {
+		share := tokens[t.name] / total
+		shares[t.name] = round4(share)
+		maxErr = max(maxErr, round4(math.Abs(share-float64(t.weight)/float64(sumW))))
+	}
+	return shares, maxErr
+}
+
+// shortOf is a step's actual use when its estimate falls 30 to 50 % short.
+func shortOf(rng *rand.Rand, est int64) int64 {
+	return int64(math.Round(float64(est) / (0.5 + 0.2*rng.Float64())))
 }
 
 // lightAlone runs the light tenant alone on an idle pool: the uncontended waits.
@@ -320,6 +369,8 @@ type tokSim struct {
 	pool quotas.PoolConfig
 	cfg  TokensConfig
 	up   *upstream // nil: the upstream takes whatever the pool grants
+	// actual is a step's actual use given its estimate; actualOf unless set.
+	actual func(*rand.Rand, int64) int64
 
 	mu    sync.Mutex
 	steps []tokStep
@@ -327,7 +378,7 @@ type tokSim struct {
 }
 
 func (b *tokBench) newSim(pool quotas.PoolConfig, up *upstream) *tokSim {
-	return &tokSim{q: b.q, pool: pool, cfg: b.cfg, up: up}
+	return &tokSim{q: b.q, pool: pool, cfg: b.cfg, up: up, actual: actualOf}
 }
 
 func (s *tokSim) record(st tokStep, err error) {
@@ -358,7 +409,7 @@ func (s *tokSim) floodAll(ctx context.Context, wg *sync.WaitGroup, until time.Ti
 				defer wg.Done()
 				for time.Now().Before(until) && !s.failed() && ctx.Err() == nil {
 					est := tokenStepSizes[rng.IntN(len(tokenStepSizes))]
-					if err := s.step(ctx, t, est, actualOf(rng, est), until); err != nil {
+					if err := s.step(ctx, t, est, s.actual(rng, est), until); err != nil {
 						s.record(tokStep{}, err)
 					}
 				}
@@ -443,7 +494,7 @@ func (s *tokSim) reserve(ctx context.Context, t tokTenant, est int64, until time
 }
 
 func (s *tokSim) settle(ctx context.Context, t tokTenant, delta int64) error {
-	_, err := s.q.SettlePool(ctx, quotas.PoolSettleParams{Pool: s.pool, Tenant: t.name, Weight: t.weight, Tokens: delta})
+	_, err := s.q.SettlePool(ctx, quotas.PoolSettleParams{Pool: s.pool, Tenant: t.name, Tokens: delta})
 	return err
 }
 

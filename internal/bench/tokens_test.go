@@ -17,7 +17,7 @@ func TestTokensBenchProducesEveryField(t *testing.T) {
 	rdb, keys := testenv.Redis(t, 1)
 	res, err := Tokens(context.Background(), TokensConfig{
 		Redis: rdb, Prefix: keys.Prefix(), Workers: 3, Flood: 3 * time.Second, Warmup: 500 * time.Millisecond,
-		Uncontended: time.Second, AIMDWarmup: 2 * time.Second, AIMDWindow: 2 * time.Second,
+		Uncontended: time.Second, ShortFlood: 3 * time.Second, AIMDWarmup: 2 * time.Second, AIMDWindow: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -34,6 +34,9 @@ func TestTokensBenchProducesEveryField(t *testing.T) {
 	}
 	if res.PoolShareMaxError < 0 || res.PoolShareMaxError > 1 {
 		t.Errorf("share error %v", res.PoolShareMaxError)
+	}
+	if len(res.ShortEstimateShares) != 3 || res.ShortEstimateSteps == 0 || res.ShortEstimateShareMaxError > 1 {
+		t.Errorf("short estimates: shares %v (max error %v), %d steps", res.ShortEstimateShares, res.ShortEstimateShareMaxError, res.ShortEstimateSteps)
 	}
 	if res.FloodSteps == 0 || res.FloodRefunds == 0 || res.FloodDebts == 0 {
 		t.Errorf("flood steps %d, refunds %d, debts %d", res.FloodSteps, res.FloodRefunds, res.FloodDebts)

@@ -8,10 +8,12 @@
 package pools
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -290,9 +292,29 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 	return nil
 }
 
+// maxEntitlementSeries bounds the tenants whose entitlement a pool's gauge shows at
+// one collection: those with the largest shares.
+const maxEntitlementSeries = 20
+
+// topWaiting is the n waiting tenants with the largest shares (ties by tenant id).
+func topWaiting(ws []quotas.PoolWaiter, n int) []quotas.PoolWaiter {
+	if len(ws) <= n {
+		return ws
+	}
+	top := slices.Clone(ws)
+	slices.SortFunc(top, func(a, b quotas.PoolWaiter) int {
+		if c := cmp.Compare(b.Share, a.Share); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Tenant, b.Tenant)
+	})
+	return top[:n]
+}
+
 // Instrument registers the pools' gauges on mp: each pool's configured and effective
-// rate and the tokens it granted in the last minute, and each waiting tenant's
-// entitlement (its weight's share among the tenants waiting). With the workers'
+// rate and the tokens it granted in the last minute, and the entitlement of each of
+// the (at most maxEntitlementSeries, the largest) waiting tenants (its weight's share
+// among the tenants waiting). With the workers'
 // agentq.pool_tokens counter (tokens each tenant drew from each pool) they show each
 // tenant's share of a pool against its entitlement. The pools are read at each
 // collection.
@@ -321,7 +343,7 @@ func (s *Service) Instrument(mp metric.MeterProvider) error {
 			o.ObserveInt64(configured, p.Config.TokensPerMinute, metric.WithAttributes(pool))
 			o.ObserveInt64(effective, p.Status.EffectiveRate, metric.WithAttributes(pool))
 			o.ObserveInt64(used, p.Status.UsedLastMinute, metric.WithAttributes(pool))
-			for _, w := range p.Status.Waiting {
+			for _, w := range topWaiting(p.Status.Waiting, maxEntitlementSeries) {
 				o.ObserveFloat64(entitled, w.Share, metric.WithAttributes(pool, attribute.String("tenant_id", w.Tenant)))
 			}
 		}

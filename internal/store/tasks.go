@@ -108,12 +108,17 @@ type TaskWait struct {
 	Reason       *string
 	Until        *time.Time
 	StepEstimate *int64
+	// ParkStep is the step count the task had when it last parked (nil: never), and
+	// StepParks how many times it parked with that count: the parks of its next step
+	// while ParkStep is its step count.
+	ParkStep  *int
+	StepParks int
 }
 
 const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
 	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at,
 	wait_reason, wait_until, waited_ms, step_estimate, paused_reason, paused_at, pause_limit, pause_used, pauses,
-	start_deadline`
+	start_deadline, park_step, step_parks`
 
 func scanTask(row pgx.Row) (Task, error) { return scanTaskWith(row) }
 
@@ -125,7 +130,8 @@ func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
 		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt,
 		&t.Wait.Reason, &t.Wait.Until, &t.WaitedMs, &t.Wait.StepEstimate,
-		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count, &t.StartDeadline}, extra...)...)
+		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count, &t.StartDeadline,
+		&t.Wait.ParkStep, &t.Wait.StepParks}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, ErrNotFound
 	}

@@ -434,7 +434,8 @@ type UnscopedParkTaskParams struct {
 // holds.
 func (s *Store) UnscopedParkTask(ctx context.Context, p UnscopedParkTaskParams) (t Task, err error) {
 	t, err = scanTask(s.db.QueryRow(ctx, `
-		UPDATE tasks SET state = 'queued', wait_reason = $3, wait_until = $4, parked_at = now(), step_estimate = $5
+		UPDATE tasks SET state = 'queued', wait_reason = $3, wait_until = $4, parked_at = now(), step_estimate = $5,
+			step_parks = CASE WHEN park_step = steps THEN step_parks + 1 ELSE 1 END, park_step = steps
 		WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
 		p.ID, p.Attempt, p.Reason, p.Until, p.StepEstimate))
 	if errors.Is(err, ErrNotFound) {
