@@ -93,7 +93,7 @@ type Limits interface {
 	// with the step's ReserveStep (redisx.WithAlong): one round trip for both.
 	QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) *quotas.PoolReservation
 	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
-	ThrottlePool(ctx context.Context, pool quotas.PoolConfig) (int64, error)
+	ThrottlePool(ctx context.Context, p quotas.PoolThrottleParams) (quotas.PoolThrottle, error)
 }
 
 // PoolBindings says which model pool, if any, an agent's steps draw on.
