@@ -11,13 +11,13 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/baseservice"
-	"github.com/agentq/agentq/scheduler"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
+	"github.com/agentq/agentq/scheduler"
 )
 
 // setOverrides replaces the rig tenant's overrides.
