@@ -17,7 +17,8 @@
 // what it waits for, out of its queue in Redis until the capacity is expected) and
 // the delivery returns, so the worker and the tenant's running slot go to others. The
 // next delivery resumes at the step that waited. A throttled answer (the agent's
-// upstream refused the step) counts nothing and parks the task for its retry time.
+// upstream refused the step) counts nothing and parks the task for its retry time (or
+// its tenant's back-off from the pool), a wait charged to its wall clock.
 //
 // The terminal transition is a conditional UPDATE (state must still be running), so
 // exactly one party ends a task — the worker, a tenant's cancel, or the janitor
