@@ -79,6 +79,16 @@ func TestPoolThrottleEvidence(t *testing.T) {
 			active: []string{"a", "b"},
 			p:      PoolThrottleParams{Tenant: "a", Tokens: 1000, RetryAfter: 200 * time.Millisecond},
 			want:   PoolThrottle{EffectiveRate: cfg, Backoff: 1600 * time.Millisecond}, level: 6000},
+		{name: "a step granted before the back-off, refused during it: the same streak step",
+			seed:   map[string]string{"k:a": "-100:3:400", "b:a": "+300", "l": "6000"},
+			active: []string{"a", "b"},
+			p:      PoolThrottleParams{Tenant: "a", Tokens: 1000, RetryAfter: 200 * time.Millisecond},
+			want:   PoolThrottle{EffectiveRate: cfg, Backoff: 300 * time.Millisecond}, level: 6000},
+		{name: "the same, with a later retry time",
+			seed:   map[string]string{"k:a": "-100:1:400", "b:a": "+300", "l": "6000"},
+			active: []string{"a", "b"},
+			p:      PoolThrottleParams{Tenant: "a", Tokens: 1000, RetryAfter: 700 * time.Millisecond},
+			want:   PoolThrottle{EffectiveRate: cfg, Backoff: 700 * time.Millisecond}, level: 6000},
 		{name: "a streak ends after a quiet",
 			seed:   map[string]string{"k:a": "-20000:4:800"},
 			active: []string{"a", "b"},
@@ -130,7 +140,8 @@ func TestPoolThrottleEvidence(t *testing.T) {
 			tc.p.Pool = pool
 			seed := []any{"t", now.Load(), "l", 8000}
 			for k, v := range tc.seed {
-				if n, err := strconv.ParseInt(v[:max(1, indexColon(v))], 10, 64); err == nil && n < 0 && (k == "y" || k == "s" || k[:2] == "k:") {
+				// times relative to now: "-100:…" is 100 ms ago, "+300" 300 ms on
+				if n, err := strconv.ParseInt(v[:max(1, indexColon(v))], 10, 64); err == nil && (v[0] == '-' || v[0] == '+') && k != "l" {
 					v = strconv.FormatInt(now.Load()+n, 10) + v[indexColon(v):]
 				}
 				seed = append(seed, k, v)

@@ -520,7 +520,9 @@ func (q *Quotas) SettlePool(ctx context.Context, p PoolSettleParams) (level int6
 // (field "b:<tenant>": until when) for the retry time, or longer when its refusals
 // keep coming (100 ms doubling with each refusal of a streak, "k:<tenant>" =
 // "last:count:back-off"; a streak ends after a quiet of the longer of the quiet and
-// twice its back-off). Its first refusal of a streak also lowers the bucket to what
+// twice its back-off). A refusal while the tenant is held back is of a step granted
+// before: it adds nothing to the streak, and the back-off only lasts until its retry
+// time if that is later. Its first refusal of a streak also lowers the bucket to what
 // the retry time says is left upstream, by no more than the refused step: the bucket
 // is never emptied for one tenant. A pool probing past the rate it learned (c, see
 // below) goes back to 95 % of it on any refusal: the probe failed; it never goes
@@ -531,10 +533,10 @@ func (q *Quotas) SettlePool(ctx context.Context, p PoolSettleParams) (level int6
 // rate is measured between two such refusals ("s": "ms:g:tokens:retry ms" of the
 // last): it served the tokens used between them (g) plus what the retry times say it
 // was short at each, so rate = (g2 − g1 + S2 − S1) ÷ (T + X2 − X1). The effective
-// rate goes to 95 % of that (never above where it was, never below half of it or the
-// floor) and the pool remembers it (c) to climb slowly near it, when at least a
-// step's worth was served between the two (else it forgets what it learned); without a
-// measurement (no earlier refusal within two minutes) it drops by the decrease
+// rate goes to 95 % of that (never above where it was, never below half of where it
+// was, nor the floor) and the pool remembers it (c) to climb slowly near it, when at
+// least a step's worth was served between the two (else it forgets what it learned);
+// without a measurement (no earlier refusal within two minutes) it drops by the decrease
 // factor, at most once a second; a refusal closer than the least span to the last
 // changes no rate. And the bucket goes to what the retry time says is left
 // upstream for the refused step (S − X × rate, never below zero): retry_after
@@ -560,10 +562,18 @@ local function parts(s)
   return out
 end
 local k = parts(redis.call('HGET', KEYS[1], 'k:' .. tenant))
-local n = 1
-if #k == 3 and now - tonumber(k[1]) <= math.max(tonumber(ARGV[12]), 2 * tonumber(k[3])) then n = tonumber(k[2]) + 1 end
-local back = math.min(tonumber(ARGV[13]), math.max(X, 100 * 2 ^ math.min(n - 1, 30)))
-redis.call('HSET', KEYS[1], 'k:' .. tenant, now .. ':' .. n .. ':' .. f(back), 'b:' .. tenant, f(now + back))
+local held = tonumber(redis.call('HGET', KEYS[1], 'b:' .. tenant))
+local inflight = held and held > now and #k == 3
+local n, back = 1, 0
+if inflight then
+  -- granted before the back-off began: the same refusal again, not a new one
+  n, back = tonumber(k[2]), math.max(X, held - now)
+  redis.call('HSET', KEYS[1], 'b:' .. tenant, f(now + back))
+else
+  if #k == 3 and now - tonumber(k[1]) <= math.max(tonumber(ARGV[12]), 2 * tonumber(k[3])) then n = tonumber(k[2]) + 1 end
+  back = math.min(tonumber(ARGV[13]), math.max(X, 100 * 2 ^ math.min(n - 1, 30)))
+  redis.call('HSET', KEYS[1], 'k:' .. tenant, now .. ':' .. n .. ':' .. f(back), 'b:' .. tenant, f(now + back))
+end
 redis.call('ZREM', KEYS[3], tenant)
 local wide = false
 local y = redis.call('HGET', KEYS[1], 'y')
@@ -579,7 +589,7 @@ if not wide and n >= 2 then
   wide = active <= 0
 end
 if not wide then
-  if n == 1 then l = math.min(l, math.max(S - X * eff / 60000, l - S)) end
+  if n == 1 and not inflight then l = math.min(l, math.max(S - X * eff / 60000, l - S)) end
   if c and eff > c * 0.95 then
     eff = c * 0.95
     redis.call('HSET', KEYS[1], 'x', now)
