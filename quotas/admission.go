@@ -890,6 +890,12 @@ func (l Limits) tokensPerMinute() (rate, burst int64) {
 // ai_tokens_per_minute; a step waiting for a model pool waits for "pool:<name>".
 const WaitTokensPerMinute = "tokens_per_minute"
 
+// WaitThrottled is the wait_reason of a step waiting after its agent's upstream
+// refused it ("throttled"), or, for an agent bound to a model pool,
+// "throttled:<pool>" (PoolConfig.ThrottleReason). Such a wait counts toward the
+// task's wall clock: the agent ran, its upstream answered.
+const WaitThrottled = "throttled"
+
 // CapacityWait says a step cannot get its token capacity now: it waits Wait, without
 // holding a worker, for Reason (WaitTokensPerMinute or "pool:<name>"). Nothing was
 // taken.

@@ -36,10 +36,12 @@ import (
 // behind, be served at once in a saturated pool. An uncontended pool gives everything
 // it has to whoever asks.
 //
-// The pool's effective rate adapts to its upstream: a throttled answer lowers it
-// (multiplicative decrease, at most once a second) and empties the bucket; it climbs
-// back by 2 % of the configured rate a second once nothing has been throttled for
-// 2 s, never above the configured rate.
+// The pool's effective rate adapts to its upstream (ThrottlePool): an upstream's
+// refusal of one tenant's step holds that tenant back; the pool is lowered only on
+// evidence across tenants, to the rate the upstream was measured to serve, and its
+// bucket to what the retry time says is left upstream. It climbs back once nothing
+// has been throttled for 2 s, slowly near the rate it learned, never above the
+// configured rate.
 
 // Pool throttling's constants: the factor of a decrease, the least effective rate as
 // a fraction of the configured one, and the waits a refused step is told at most.
@@ -71,6 +73,9 @@ type TokenAnswer struct {
 	// EffectiveRate is a pool's effective rate at the answer, in tokens a minute (0
 	// for a tenant's bucket).
 	EffectiveRate int64
+	// Throttled says a pool refused because the tenant is held back after its
+	// upstream refused it (ThrottlePool): the step waits with ThrottleReason.
+	Throttled bool
 }
 
 // TenantTokensParams names a tenant's ai_tokens_per_minute bucket and one step's
@@ -270,16 +275,20 @@ func (q *Quotas) poolKeys(name string) []string {
 }
 
 // luaPoolLoad reads a pool's bucket and refills it to now at its effective rate,
-// raising the effective rate by 2 % of the configured one a second from 2 s after the
-// last throttled answer. save writes it back; use adds tokens to the last minute's use.
+// raising the effective rate from 2 s after the last throttled answer that lowered the
+// pool: by 2 % of the configured rate a second, or, near the rate the pool last
+// learned its upstream allows (c: from 0.9 to 1.25 times it), by 0.2 % of that rate a
+// second, so the pool probes past what it learned slowly. save writes it back; use
+// adds tokens to the last minute's use and to the running total of tokens used (g).
 const luaPoolLoad = `
 local cfg, burst, rpm, idle = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 -- the last minute's use: 12 slots of 5 s, field "u<slot mod 12>" = "<slot>:<tokens>"
 local us = math.floor(now / 5000)
 local uk = 'u' .. (us % 12)
-local st = redis.call('HMGET', KEYS[1], 'l', 'r', 't', 'e', 'x', 'v', uk)
+local st = redis.call('HMGET', KEYS[1], 'l', 'r', 't', 'e', 'x', 'v', uk, 'c', 'g')
 local l, r, t = tonumber(st[1]) or burst, tonumber(st[2]) or rpm, tonumber(st[3]) or now
 local eff, x, v = tonumber(st[4]) or cfg, tonumber(st[5]) or 0, tonumber(st[6]) or 0
+local c, g = tonumber(st[8]), tonumber(st[9]) or 0
 local un, used = 0, false
 if st[7] then
   local i = string.find(st[7], ':')
@@ -287,7 +296,9 @@ if st[7] then
 end
 if now > t then
   local from = math.max(t, x + 2000)
-  if now > from and eff < cfg then eff = eff + cfg * 0.02 * (now - from) / 1000 end
+  local inc = cfg * 0.02
+  if c and eff >= c * 0.9 and eff < c * 1.25 then inc = c * 0.002 end
+  if now > from and eff < cfg then eff = eff + inc * (now - from) / 1000 end
   if eff > cfg then eff = cfg end
   l = math.min(burst, l + (now - t) * eff / 60000)
   if rpm > 0 then r = math.min(rpm, r + (now - t) * rpm / 60000) end
@@ -297,14 +308,14 @@ if eff > cfg then eff = cfg end
 local function f(n) return string.format('%.17g', n) end
 local function save()
   if used then
-    redis.call('HSET', KEYS[1], 'l', f(l), 'r', f(r), 't', t, 'e', f(eff), 'v', f(v), uk, us .. ':' .. f(un))
+    redis.call('HSET', KEYS[1], 'l', f(l), 'r', f(r), 't', t, 'e', f(eff), 'v', f(v), uk, us .. ':' .. f(un), 'g', f(g))
   else
     redis.call('HSET', KEYS[1], 'l', f(l), 'r', f(r), 't', t, 'e', f(eff), 'v', f(v))
   end
   redis.call('PEXPIRE', KEYS[1], idle)
 end
 -- use adds tokens to the current slot's use; save writes it
-local function use(n) un, used = un + n, true end
+local function use(n) un, used, g = un + n, true, g + n end
 `
 
 // reservePoolScript reserves a step's estimate from a model pool in weighted fair
@@ -335,11 +346,20 @@ local function use(n) un, used = un + n, true end
 // ARGV[4] requests a minute (0: none)   ARGV[5] idle ttl ms   ARGV[6] tenant
 // ARGV[7] weight (> 0)   ARGV[8] tokens asked   ARGV[9] place grace ms   ARGV[10] max wait ms
 // ARGV[11] 1: peek   ARGV[12] least wait ms of an ask that is not next in line
+// A tenant its upstream refused lately (ThrottlePool) is held back until its back-off
+// ends, before anything else: it neither draws nor keeps a place in line (a place it
+// could not use would hold the others up).
 // Returns {1, level after, effective rate} when granted, {0, ms until expected,
-// effective rate} when not.
+// effective rate} when not, {0, ms until the tenant's back-off ends, effective rate,
+// 1} when the tenant is held back.
 var reservePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
 local tenant, w, ask = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local grace, peek = tonumber(ARGV[9]), ARGV[11] == '1'
+local held = tonumber(redis.call('HGET', KEYS[1], 'b:' .. tenant))
+if held and held > now then
+  if not peek then redis.call('ZREM', KEYS[3], tenant) end
+  return {0, math.min(math.ceil(held - now), tonumber(ARGV[10])), math.floor(eff), 1}
+end
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 for _, m in ipairs(lapsed) do redis.call('ZREM', KEYS[3], m) end
 if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now) end
@@ -440,6 +460,10 @@ type PoolBinding struct {
 
 // WaitReason is the wait_reason of a step waiting for the pool.
 func (c PoolConfig) WaitReason() string { return "pool:" + c.Name }
+
+// ThrottleReason is the wait_reason of a step waiting after the pool's upstream
+// refused it, or while its tenant is held back for such a refusal.
+func (c PoolConfig) ThrottleReason() string { return WaitThrottled + ":" + c.Name }
 
 // PoolReserveParams is one step's reservation from a pool.
 type PoolReserveParams struct {
@@ -614,39 +638,162 @@ func (q *Quotas) GiveBackPool(ctx context.Context, p PoolSettleParams) (level in
 	return level, nil
 }
 
-// throttlePoolScript records an upstream refusal: the effective rate drops by the
-// decrease factor (at most once a second, never below the floor) and the bucket is
-// emptied, since the upstream has just said it is full.
+// throttlePoolScript records an upstream refusal of a tenant's step. The refusal is
+// evidence about that tenant's traffic first: the tenant is held back from the pool
+// (field "b:<tenant>": until when) for the retry time, or longer when its refusals
+// keep coming (100 ms doubling with each refusal of a streak, "k:<tenant>" =
+// "last:count:back-off"; a streak ends after a quiet of the longer of the quiet and
+// twice its back-off). A refusal while the tenant is held back is of a step granted
+// before: it adds nothing to the streak, and the back-off only lasts until its retry
+// time if that is later. Its first refusal of a streak also lowers the bucket to what
+// the retry time says is left upstream, by no more than the refused step: the bucket
+// is never emptied for one tenant. A pool probing past the rate it learned (c, see
+// below) goes back to 95 % of it on any refusal: the probe failed; it never goes
+// lower for one tenant.
+// The pool itself is lowered only on evidence across tenants ("y": the last refusal,
+// "ms:tenant"): another tenant was refused within the window, or the tenant is the
+// only one that asked lately (KEYS[2]) and was refused before. Then the upstream's
+// rate is measured between two such refusals ("s": "ms:g:tokens:retry ms" of the
+// last): it served the tokens used between them (g) plus what the retry times say it
+// was short at each, so rate = (g2 − g1 + S2 − S1) ÷ (T + X2 − X1). The effective
+// rate goes to 95 % of that (never above where it was, never below half of where it
+// was, nor the floor) and the pool remembers it (c) to climb slowly near it, when at
+// least a step's worth was served between the two (else it forgets what it learned);
+// without a measurement (no earlier refusal within two minutes) it drops by the decrease
+// factor, at most once a second; a refusal closer than the least span to the last
+// changes no rate. And the bucket goes to what the retry time says is left
+// upstream for the refused step (S − X × rate, never below zero): retry_after
+// holds for the whole pool.
 //
-// KEYS[1] pool state (hash)   ARGV[1] now ms or ""   ARGV[2] configured tokens a minute
-// ARGV[3] burst tokens   ARGV[4] requests a minute   ARGV[5] idle ttl ms
-// ARGV[6] decrease factor   ARGV[7] floor in tokens a minute
-// Returns the effective rate after, in tokens a minute.
+// The tenant leaves the line of waiters while it is held back.
+//
+// KEYS[1] pool state (hash)   KEYS[2] tenants that asked lately (zset, read)
+// KEYS[3] waiters by pass (zset)
+// ARGV[1] now ms or ""   ARGV[2] configured tokens a minute   ARGV[3] burst tokens
+// ARGV[4] requests a minute   ARGV[5] idle ttl ms   ARGV[6] tenant
+// ARGV[7] the refused step's tokens   ARGV[8] its retry time ms
+// ARGV[9] decrease factor   ARGV[10] floor in tokens a minute   ARGV[11] evidence window ms
+// ARGV[12] streak quiet ms   ARGV[13] most back-off ms   ARGV[14] least span ms of a measurement
+// ARGV[15] longest span ms of a measurement
+// Returns {effective rate after (tokens a minute), the tenant's back-off ms, 1 when the
+// pool was lowered on the evidence (0 otherwise)}.
 var throttlePoolScript = redisx.NewScript(luaNow + luaPoolLoad + `
-local last = tonumber(redis.call('HGET', KEYS[1], 'd')) or 0
-if now - last >= 1000 then
-  eff = math.max(tonumber(ARGV[7]), eff * tonumber(ARGV[6]))
-  if l > 0 then l = 0 end
-  redis.call('HSET', KEYS[1], 'd', now)
+local tenant, S, X = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local function parts(s)
+  local out = {}
+  for p in string.gmatch(s or '', '[^:]+') do out[#out + 1] = p end
+  return out
 end
+local k = parts(redis.call('HGET', KEYS[1], 'k:' .. tenant))
+local held = tonumber(redis.call('HGET', KEYS[1], 'b:' .. tenant))
+local inflight = held and held > now and #k == 3
+local n, back = 1, 0
+if inflight then
+  -- granted before the back-off began: the same refusal again, not a new one
+  n, back = tonumber(k[2]), math.max(X, held - now)
+  redis.call('HSET', KEYS[1], 'b:' .. tenant, f(now + back))
+else
+  if #k == 3 and now - tonumber(k[1]) <= math.max(tonumber(ARGV[12]), 2 * tonumber(k[3])) then n = tonumber(k[2]) + 1 end
+  back = math.min(tonumber(ARGV[13]), math.max(X, 100 * 2 ^ math.min(n - 1, 30)))
+  redis.call('HSET', KEYS[1], 'k:' .. tenant, now .. ':' .. n .. ':' .. f(back), 'b:' .. tenant, f(now + back))
+end
+redis.call('ZREM', KEYS[3], tenant)
+local wide = false
+local y = redis.call('HGET', KEYS[1], 'y')
+if y then
+  local i = string.find(y, ':')
+  wide = string.sub(y, i + 1) ~= tenant and now - tonumber(string.sub(y, 1, i - 1)) <= tonumber(ARGV[11])
+end
+redis.call('HSET', KEYS[1], 'y', now .. ':' .. tenant)
+if not wide and n >= 2 then
+  local active = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+  local own = tonumber(redis.call('ZSCORE', KEYS[2], tenant))
+  if own and own > now then active = active - 1 end
+  wide = active <= 0
+end
+if not wide then
+  if n == 1 and not inflight then l = math.min(l, math.max(S - X * eff / 60000, l - S)) end
+  if c and eff > c * 0.95 then
+    eff = c * 0.95
+    redis.call('HSET', KEYS[1], 'x', now)
+  end
+  save()
+  return {math.floor(eff), back, 0}
+end
+local sp = parts(redis.call('HGET', KEYS[1], 's'))
+local span = #sp == 4 and now - tonumber(sp[1])
+if not span or span >= tonumber(ARGV[14]) then
+  local est
+  if span and span <= tonumber(ARGV[15]) and span + X - tonumber(sp[4]) > 0 then
+    est = (g - tonumber(sp[2]) + S - tonumber(sp[3])) * 60000 / (span + X - tonumber(sp[4]))
+  end
+  local floor = tonumber(ARGV[10])
+  if est then
+    eff = math.max(floor, eff * 0.5, math.min(eff, est * 0.95))
+    if g - tonumber(sp[2]) >= S then
+      redis.call('HSET', KEYS[1], 'c', f(math.max(floor, math.min(cfg, est))))
+    else
+      redis.call('HDEL', KEYS[1], 'c')
+    end
+  elseif now - (tonumber(redis.call('HGET', KEYS[1], 'd')) or 0) >= 1000 then
+    eff = math.max(floor, eff * tonumber(ARGV[9]))
+  end
+  redis.call('HSET', KEYS[1], 'd', now, 's', now .. ':' .. f(g) .. ':' .. S .. ':' .. X)
+end
+l = math.min(l, math.max(0, S - X * eff / 60000))
 redis.call('HSET', KEYS[1], 'x', now)
 save()
-return math.floor(eff)
+return {math.floor(eff), back, 1}
 `)
 
-// ThrottlePool records that the pool's upstream refused a step, and returns the
-// pool's effective rate after it, in tokens a minute.
-func (q *Quotas) ThrottlePool(ctx context.Context, pool PoolConfig) (effective int64, err error) {
+// Pool throttling's constants: the window within which refusals of two tenants are
+// evidence about the pool, the quiet that ends a tenant's streak of refusals, and the
+// span between two such refusals within which the upstream's rate is measured.
+const (
+	poolEvidenceWindow = 5 * time.Second
+	poolStreakQuiet    = 10 * time.Second
+	poolMeasureMin     = 3 * time.Second
+	poolMeasureMax     = 2 * time.Minute
+)
+
+// PoolThrottleParams is an upstream's refusal of one tenant's step.
+type PoolThrottleParams struct {
+	Pool       PoolConfig
+	Tenant     string
+	Tokens     int64         // the refused step's estimate
+	RetryAfter time.Duration // the upstream's retry time
+}
+
+// PoolThrottle is what a refusal did: the pool's effective rate after it, how long the
+// tenant is held back from the pool (at least the retry time), and whether the pool
+// itself was lowered (the refusal was evidence across tenants).
+type PoolThrottle struct {
+	EffectiveRate int64 // tokens a minute
+	Backoff       time.Duration
+	PoolWide      bool
+}
+
+// ThrottlePool records that the pool's upstream refused one of p.Tenant's steps: the
+// tenant is held back, and the pool lowered only on evidence across tenants.
+func (q *Quotas) ThrottlePool(ctx context.Context, p PoolThrottleParams) (PoolThrottle, error) {
+	pool := p.Pool
 	if err := pool.check(); err != nil {
-		return 0, err
+		return PoolThrottle{}, err
 	}
+	keys := q.poolKeys(pool.Name)
 	floor := max(1, int64(math.Ceil(float64(pool.TokensPerMinute)*poolFloor)))
-	effective, err = throttlePoolScript.Run(ctx, q.rdb, q.poolKeys(pool.Name)[:1], q.nowArg(), pool.TokensPerMinute,
-		pool.Burst(), pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), poolDecrease, floor).Int64()
+	res, err := throttlePoolScript.Run(ctx, q.rdb, []string{keys[0], keys[3], keys[2]}, q.nowArg(), pool.TokensPerMinute,
+		pool.Burst(), pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Tokens, 0),
+		max(p.RetryAfter.Milliseconds(), 0), poolDecrease, floor, poolEvidenceWindow.Milliseconds(),
+		poolStreakQuiet.Milliseconds(), poolMaxWait.Milliseconds(), poolMeasureMin.Milliseconds(),
+		poolMeasureMax.Milliseconds()).Int64Slice()
 	if err != nil {
-		return 0, fmt.Errorf("quotas: throttle pool %s: %w", pool.Name, err)
+		return PoolThrottle{}, fmt.Errorf("quotas: throttle pool %s: %w", pool.Name, err)
 	}
-	return effective, nil
+	if len(res) < 3 {
+		return PoolThrottle{}, fmt.Errorf("quotas: throttle pool %s: unexpected reply %v", pool.Name, res)
+	}
+	return PoolThrottle{EffectiveRate: res[0], Backoff: time.Duration(res[1]) * time.Millisecond, PoolWide: res[2] == 1}, nil
 }
 
 // PoolWaiter is a tenant waiting on a pool, with its share of the pool among the
@@ -779,6 +926,7 @@ func tokenAnswer(res []int64, what string) (TokenAnswer, error) {
 		a.Granted, a.Level = true, res[1]
 	} else {
 		a.Wait = time.Duration(res[1]) * time.Millisecond
+		a.Throttled = len(res) > 3 && res[3] == 1
 	}
 	return a, nil
 }

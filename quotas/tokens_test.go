@@ -228,37 +228,45 @@ func TestPoolThrottlingLowersAndRestoresTheRate(t *testing.T) {
 	q, now := newTokenQuotas(t)
 	ctx := context.Background()
 	pool := PoolConfig{Name: "aimd", TokensPerMinute: 100_000}
-	eff, err := q.ThrottlePool(ctx, pool)
-	if err != nil || eff != 70_000 {
-		t.Fatalf("after one throttle: %d %v, want 70000", eff, err)
+	// Refusals of two tenants in turn: evidence about the pool, with no measurement
+	// (each comes within 3 s of the last pool-wide one, or there is none).
+	throttle := func(tenant string) int64 {
+		t.Helper()
+		th, err := q.ThrottlePool(ctx, PoolThrottleParams{Pool: pool, Tenant: tenant, Tokens: 10, RetryAfter: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return th.EffectiveRate
 	}
-	if eff, _ = q.ThrottlePool(ctx, pool); eff != 70_000 {
-		t.Fatalf("a second throttle in the same second lowered the rate again: %d", eff)
+	if eff := throttle("b"); eff != 100_000 {
+		t.Fatalf("after one tenant's refusal: %d, want the configured 100000", eff)
 	}
-	a, _ := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 10})
+	if eff := throttle("a"); eff != 70_000 {
+		t.Fatalf("after two tenants' refusals: %d, want 70000", eff)
+	}
+	if eff := throttle("b"); eff != 70_000 {
+		t.Fatalf("a refusal right after lowered the rate again: %d", eff)
+	}
+	a, _ := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "c", Weight: 1, Tokens: 10})
 	if a.Granted || a.EffectiveRate != 70_000 {
-		t.Fatalf("after a throttle: %+v, want refused (the bucket emptied) at the lowered rate 70000", a)
+		t.Fatalf("after a pool-wide refusal: %+v, want refused (the retry time holds for the pool) at the lowered rate 70000", a)
 	}
-	now.Add(1000)
-	if eff, _ = q.ThrottlePool(ctx, pool); eff != 49_000 {
-		t.Fatalf("a throttle a second later: %d, want 49000", eff)
+	for i := range 300 {
+		now.Add(2000)
+		throttle([]string{"a", "b"}[i%2])
 	}
-	for range 100 {
-		eff, _ = q.ThrottlePool(ctx, pool)
-		now.Add(1000)
+	if eff := throttle("a"); eff != 1000 {
+		t.Fatalf("rate after many refusals %d, want the floor 1000", eff)
 	}
-	if eff != 1000 {
-		t.Fatalf("rate after many throttles %d, want the floor 1000", eff)
-	}
-	// nothing throttled: +2 % of 100,000 a second from 2 s on (the last throttle was 1 s ago)
-	now.Add(12_000)
-	_, _ = q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 1})
+	// nothing throttled: +2 % of 100,000 a second from 2 s on
+	now.Add(13_000)
+	_, _ = q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "c", Weight: 1, Tokens: 1})
 	st, _ := q.PoolStatus(ctx, pool)
 	if st.EffectiveRate != 23_000 {
 		t.Fatalf("rate 13 s after the last throttle %d, want 1000 + 11 s × 2000", st.EffectiveRate)
 	}
 	now.Add(120_000)
-	_, _ = q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "a", Weight: 1, Tokens: 1})
+	_, _ = q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: "c", Weight: 1, Tokens: 1})
 	if st, _ = q.PoolStatus(ctx, pool); st.EffectiveRate != 100_000 || st.Throttled {
 		t.Fatalf("rate long after %d (throttled %v), want the configured 100000", st.EffectiveRate, st.Throttled)
 	}

@@ -3,17 +3,21 @@ package runtime_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
+	"github.com/agentq/agentq/scheduler"
 )
 
 // setOverrides replaces the rig tenant's overrides.
@@ -158,8 +162,8 @@ func TestThrottledStepDoesNotCountAndWaits(t *testing.T) {
 	if took := time.Since(began); took < 300*time.Millisecond {
 		t.Fatalf("finished %v after submission; the throttled step waited less than its retry time", took)
 	}
-	if got.WaitedMs < 250 {
-		t.Fatalf("waited %d ms, want the retry time", got.WaitedMs)
+	if got.WaitedMs != 0 {
+		t.Fatalf("waited %d ms uncharged; a wait after a throttled answer counts toward the wall clock", got.WaitedMs)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -264,4 +268,79 @@ func TestNoStepRunsUnreservedWhenRedisIsDown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bindPools rebuilds the rig's worker (before start) with its agents bound to pools.
+func (r *rig) bindPools(pools staticPools) {
+	r.t.Helper()
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	queues := map[string]int{}
+	for band, weight := range scheduler.Bands {
+		queues[r.keys.AsynqQueue(band)] = weight
+	}
+	logger := slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r.w = runtime.NewWorker(r.lc, r.st, r.agents, r.sched, r.q, r.rdb, runtime.WorkerOptions{
+		Concurrency: 2, Fetchers: 2, Queues: queues, CancelChannel: r.keys.CancelChannel(),
+		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond, Pools: pools,
+		Archetype: &baseservice.Archetype{Logger: logger}, Policies: tenants.NewPolicies(plans, 16), Events: r.keys.TaskEvents,
+	})
+}
+
+// A task whose agent's upstream refuses every step ends at its wall clock: the waits
+// after throttled answers count toward it (they are not capacity waits), and a wait
+// that would end past it stops (here: pauses, as the plan says) the task at once,
+// saying why. While it waits, its
+// wait_reason names the pool it was throttled on.
+func TestThrottledForeverEndsAtItsWallClock(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.bindPools(staticPools{"noisy": {Pool: quotas.PoolConfig{Name: "shared", TokensPerMinute: 60_000, BurstTokens: 3000}, TokensPerStep: 1000}})
+	var mu sync.Mutex
+	calls := 0
+	r.agents.Register("noisy", stepFunc(func(context.Context, runtime.StepRequest) (runtime.StepResult, error) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		return runtime.StepResult{Throttled: &runtime.Throttle{RetryAfterS: 0.2}}, nil
+	}))
+	r.start()
+	began := time.Now()
+	id := r.submit("noisy", `{}`, &tasks.BudgetRequest{MaxWallclockS: ptr(1.0)})
+	sawReason := ""
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		got := r.task(id)
+		if got.Wait.Reason != nil && sawReason == "" {
+			sawReason = *got.Wait.Reason
+		}
+		if got.State == store.StatePaused { // the plan pauses at the wall clock
+			if got.Pause.Reason == nil || *got.Pause.Reason != string(quotas.TaskMaxWallclock) {
+				t.Fatalf("paused for %q; want the wall clock", deref(got.Pause.Reason))
+			}
+			if !strings.Contains(r.log.String(), "the agent's upstream throttled step 1") {
+				t.Fatalf("nothing says the throttling ran the wall clock out; log:\n%s", r.log)
+			}
+			if got.WaitedMs != 0 {
+				t.Fatalf("waited %d ms uncharged; the waits after throttled answers count toward the wall clock", got.WaitedMs)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			mu.Lock()
+			n := calls
+			mu.Unlock()
+			t.Fatalf("after %v the task is %s (waited %d ms, %d calls), want paused at its 1 s wall clock", time.Since(began), got.State, got.WaitedMs, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if sawReason != quotas.WaitThrottled+":shared" {
+		t.Fatalf("wait_reason while throttled %q, want throttled:shared", sawReason)
+	}
+	if took := time.Since(began); took > 3*time.Second {
+		t.Fatalf("ended %v after submission, want about its 1 s wall clock", took)
+	}
+	r.wantReleased(id)
 }

@@ -21,7 +21,8 @@
 // returns, so the worker and the tenant's running slot go to others. The next
 // delivery resumes at the step that waited; the times a step parked before it ran
 // are metered (agentq.step_parks). A throttled answer (the agent's upstream refused
-// the step) counts nothing and parks the task for its retry time. Reservations and
+// the step) counts nothing and parks the task for its retry time (or its tenant's
+// back-off from the pool), a wait charged to its wall clock. Reservations and
 // settlements are sent without the delivery's cancellation (an answer Redis gave must
 // be read, or what it took would never go back), within a timeout.
 //

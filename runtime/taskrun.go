@@ -285,7 +285,8 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if r.task.StartedAt != nil {
 		r.startedAt = *r.task.StartedAt
 	}
-	// Time spent parked for token capacity is not charged to the wall clock.
+	// Time spent parked for token capacity is not charged to the wall clock; a wait
+	// after a throttled answer is (waited_ms leaves it out).
 	r.deadline = r.startedAt.Add(time.Duration(r.budget.MaxWallclockS*float64(time.Second)) + r.waited())
 	r.maxCostMicro = int64(math.Round(r.budget.MaxCostUSD * 1e6))
 	r.state = r.task.AgentState
@@ -459,7 +460,7 @@ func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 	default:
 		r.end = endPaused
 		r.fin = tasks.FinishParams{Claim: r.claim, To: store.StatePaused, Error: text}
-		r.log.Info("task paused at a limit", "limit_type", stop.LimitType, "limit", stop.Limit, "used", stop.Used)
+		r.log.Info("task paused at a limit", "limit_type", stop.LimitType, "limit", stop.Limit, "used", stop.Used, "why", text)
 	}
 }
 
@@ -568,7 +569,11 @@ func (r *taskRun) reservePool(ctx context.Context) (stop, requeued bool) {
 		// Fails closed like the quotas: no step runs without its reservation.
 		return true, r.requeue("the model pool's store is unreachable", err)
 	}
-	r.parkFor(r.pool.Pool.WaitReason(), ans.Wait)
+	reason := r.pool.Pool.WaitReason()
+	if ans.Throttled {
+		reason = r.pool.Pool.ThrottleReason() // the tenant is held back after a refusal
+	}
+	r.parkFor(reason, ans.Wait)
 	return true, false
 }
 
@@ -717,19 +722,31 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued
 }
 
 // throttled handles a step the agent's upstream refused: the step does not count (its
-// reservation goes back, nothing is recorded), the pool's effective rate comes down,
-// and the task waits the retry time without a worker.
+// reservation goes back, nothing is recorded), the refusal is reported to the pool
+// (which holds the tenant back, and lowers itself only on evidence across tenants),
+// and the task waits the retry time, or its tenant's back-off, without a worker. The
+// wait counts toward the wall clock: when it would end past the task's wall-clock
+// budget, the task stops (or pauses) at that limit now instead.
 func (r *taskRun) throttled(t *Throttle) {
 	r.refund()
-	reason := "throttled"
+	reason, wait := quotas.WaitThrottled, retryAfter(t.RetryAfterS)
 	if r.bound {
-		reason = r.pool.Pool.WaitReason()
-		if _, err := r.w.limits.ThrottlePool(context.WithoutCancel(r.ctx), r.pool.Pool); err != nil {
-			r.log.Warn("lowering the model pool's rate failed", "pool", r.pool.Pool.Name, "err", err)
+		reason = r.pool.Pool.ThrottleReason()
+		th, err := r.w.limits.ThrottlePool(context.WithoutCancel(r.ctx), quotas.PoolThrottleParams{
+			Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: r.estTokens, RetryAfter: wait})
+		if err != nil {
+			r.log.Warn("reporting a throttled step to its model pool failed", "pool", r.pool.Pool.Name, "err", err)
 		}
+		wait = max(wait, th.Backoff)
 	}
 	r.w.throttled.Add(context.WithoutCancel(r.ctx), 1, metric.WithAttributes(attribute.String("pool", r.pool.Pool.Name)))
-	r.parkFor(reason, retryAfter(t.RetryAfterS))
+	if !r.deadline.IsZero() && time.Now().Add(wait).After(r.deadline) {
+		text, stop := r.wallclockStop()
+		r.atLimit(fmt.Sprintf("%s: the agent's upstream throttled step %d and asked to retry after %v, past the wall clock",
+			text, r.task.Usage.Steps+1, wait.Round(time.Millisecond)), stop)
+		return
+	}
+	r.parkFor(reason, wait)
 }
 
 // retryAfter is a throttled answer's retry time: at least 100 ms (an agent that says

@@ -96,7 +96,7 @@ type Limits interface {
 	PoolWait(ctx context.Context, p quotas.PoolReserveParams) (time.Duration, error)
 	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
 	GiveBackPool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
-	ThrottlePool(ctx context.Context, pool quotas.PoolConfig) (int64, error)
+	ThrottlePool(ctx context.Context, p quotas.PoolThrottleParams) (quotas.PoolThrottle, error)
 }
 
 // PoolBindings says which model pool, if any, an agent's steps draw on.
@@ -224,7 +224,7 @@ func (w *Worker) instrument(mp metric.MeterProvider) {
 		metric.WithDescription("Time from a task's admission to its first start on a worker"),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600))
 	w.capWait, _ = meter.Float64Histogram("agentq.capacity_wait", metric.WithUnit("s"),
-		metric.WithDescription("Time a step waits, parked without a worker, for token capacity, by what it waits for (tokens_per_minute, pool:<name>, throttled)"),
+		metric.WithDescription("Time a step waits, parked without a worker, for token capacity, by what it waits for (tokens_per_minute, pool:<name>, throttled:<pool>, throttled)"),
 		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 	w.throttled, _ = meter.Int64Counter("agentq.throttled_steps",
 		metric.WithDescription("Steps an agent answered throttled (its upstream refused them), by pool"))

@@ -55,7 +55,7 @@ type TaskJSON struct {
 	// unless it waits for tokens_per_minute or a pool).
 	WaitUntil *time.Time `json:"wait_until"`
 	// WaitedS is the time the task spent waiting for token capacity, not charged to
-	// its wall-clock budget.
+	// its wall-clock budget (waits after throttled answers are charged, and not in it).
 	WaitedS float64 `json:"waited_s"`
 	// PausedReason is the limit_type that paused a paused task (null otherwise):
 	// one of its budget's (task_max_steps, task_max_cost_usd,

@@ -216,11 +216,11 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 			}
 			return printBench(*asJSON, out, fmt.Sprintf(
 				"pool shares %v (max error %.4f); with estimates 30-50 %% short %v (max error %.4f); 60 s window %.4f of burst + rate (slack %.6f); light wait p99 %.1f ms (alone %.1f ms); "+
-					"throttled %.4f of steps, achieved %.3f of the upstream; parked tasks held %d worker slots, the other tenant kept %.3f of its throughput; "+
+					"throttled %.4f of steps, achieved %.3f of the upstream; mixed sizes throttled %.4f, achieved %.3f; parked tasks held %d worker slots, the other tenant kept %.3f of its throughput; "+
 					"an uncontended pool runs at %.3f of none",
 				res.PoolShares, res.PoolShareMaxError, res.ShortEstimateShares, res.ShortEstimateShareMaxError, res.PoolWindowMaxRatio, res.PoolWindowAllowedExcessRatio,
 				res.LightPoolWaitP99Ms, res.LightPoolWaitP99UncontendedMs, res.AIMDThrottledRatio, res.AIMDAchievedRatio,
-				s.WorkerSlotsHeldByParked, s.OtherThroughputRatio, s.PoolOverheadRatio))
+				res.AIMDMixedThrottledRatio, res.AIMDMixedAchievedRatio, s.WorkerSlotsHeldByParked, s.OtherThroughputRatio, s.PoolOverheadRatio))
 		},
 	}
 	f := cmd.Flags()
@@ -239,7 +239,10 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 	f.DurationVar(&o.ShortFlood, "short-flood", 40*time.Second, "the flood whose every estimate falls 30-50 % short")
 	f.DurationVar(&o.AIMDWarmup, "aimd-warmup", time.Minute, "the throttled flood before its measured window")
 	f.DurationVar(&o.AIMDWindow, "aimd-window", 30*time.Second, "the throttled flood's measured window")
-	f.DurationVar(&o.RetryAfter, "retry-after", time.Second, "a throttled step's wait before it reserves again")
+	f.DurationVar(&o.MixedWarmup, "aimd-mixed-warmup", 50*time.Second, "the mixed step sizes' throttled flood before its measured window")
+	f.DurationVar(&o.MixedWindow, "aimd-mixed-window", 50*time.Second, "the mixed step sizes' measured window")
+	f.StringVar(&o.Only, "only", "", "run one of the pool scenarios alone: flood, alone, short, aimd or aimd-mixed")
+	f.DurationVar(&o.RetryAfter, "retry-after", 100*time.Millisecond, "the least retry time a simulated upstream's refusal says")
 	f.Int64Var(&o.UpstreamBurst, "upstream-burst", 0, "the simulated upstream's burst in tokens (0: one second of its rate)")
 	return cmd
 }

@@ -70,7 +70,19 @@ type TokensResult struct {
 	AIMDEffectiveRateMean       float64 `json:"aimd_effective_rate_mean"`
 	AIMDWarmupS                 float64 `json:"aimd_warmup_s"`
 	AIMDWindowS                 float64 `json:"aimd_window_s"`
-	RetryAfterMs                float64 `json:"retry_after_ms"`
+	// The same with mixed step sizes: two tenants of 800- and 4,000-token steps on a
+	// pool of 120,000 tokens a minute (burst 8,000) whose upstream allows half
+	// (burst 8,000).
+	AIMDMixedStepSizes      []int64 `json:"aimd_mixed_step_sizes"`
+	AIMDMixedThrottledRatio float64 `json:"aimd_mixed_throttled_ratio"`
+	AIMDMixedAchievedRatio  float64 `json:"aimd_mixed_achieved_ratio"`
+	AIMDMixedSteps          int     `json:"aimd_mixed_steps"`
+	AIMDMixedThrottled      int     `json:"aimd_mixed_throttled"`
+	AIMDMixedWarmupS        float64 `json:"aimd_mixed_warmup_s"`
+	AIMDMixedWindowS        float64 `json:"aimd_mixed_window_s"`
+	// RetryAfterMs is the least retry time a simulated upstream's refusal says; it
+	// says the time until the refused step fits when that is longer.
+	RetryAfterMs float64 `json:"retry_after_ms"`
 }
 
 // TokensConfig configures `agentq bench tokens`; zero fields take the defaults.
@@ -89,12 +101,16 @@ type TokensConfig struct {
 	ShortFlood          time.Duration // the flood whose estimates fall short, 40 s
 	AIMDWarmup          time.Duration // before the throttling window, 60 s
 	AIMDWindow          time.Duration // the throttling window, 30 s
-	RetryAfter          time.Duration // a throttled step's wait, 1 s
+	RetryAfter          time.Duration // the least retry time a refusal says, 100 ms
+	MixedWarmup         time.Duration // before the mixed sizes' throttling window, 50 s
+	MixedWindow         time.Duration // the mixed sizes' throttling window, 50 s
 	// UpstreamBurst is the simulated upstream's burst in tokens; one second of its
 	// rate (half the pool's) by default.
 	UpstreamBurst int64
-	Seed          uint64
-	Progress      io.Writer
+	// Only runs one scenario alone: "flood", "alone", "aimd" or "aimd-mixed".
+	Only     string
+	Seed     uint64
+	Progress io.Writer
 }
 
 // tokenStepSizes are the flooding tenants' step estimates: each tenant draws every
@@ -122,7 +138,9 @@ func (c *TokensConfig) defaults() {
 	c.ShortFlood = orDur(c.ShortFlood, 40*time.Second)
 	c.AIMDWarmup = orDur(c.AIMDWarmup, time.Minute)
 	c.AIMDWindow = orDur(c.AIMDWindow, 30*time.Second)
-	c.RetryAfter = orDur(c.RetryAfter, time.Second)
+	c.RetryAfter = orDur(c.RetryAfter, 100*time.Millisecond)
+	c.MixedWarmup = orDur(c.MixedWarmup, 50*time.Second)
+	c.MixedWindow = orDur(c.MixedWindow, 50*time.Second)
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
@@ -146,17 +164,22 @@ func Tokens(ctx context.Context, cfg TokensConfig) (TokensResult, error) {
 		FloodS: cfg.Flood.Seconds(), RetryAfterMs: ms(cfg.RetryAfter),
 	}
 	scenarios := []struct {
-		what string
-		run  func(context.Context, *TokensResult) error
+		name, what string
+		run        func(context.Context, *TokensResult) error
 	}{
-		{fmt.Sprintf("tenants of weights 1, 2, 4 flood a pool of %d tokens a minute (%d workers each), a light tenant beside, %v…",
+		{"flood", fmt.Sprintf("tenants of weights 1, 2, 4 flood a pool of %d tokens a minute (%d workers each), a light tenant beside, %v…",
 			cfg.PoolTokensPerMinute, cfg.Workers, cfg.Flood), b.flood},
-		{fmt.Sprintf("the light tenant alone on an idle pool, %v…", cfg.Uncontended), b.lightAlone},
-		{fmt.Sprintf("tenants of weights 1, 2, 4 flood the pool with estimates 30-50 %% short, %v…", cfg.ShortFlood), b.shortEstimates},
-		{fmt.Sprintf("the same flood on a pool whose upstream allows half its rate, %v then %v measured…",
+		{"alone", fmt.Sprintf("the light tenant alone on an idle pool, %v…", cfg.Uncontended), b.lightAlone},
+		{"short", fmt.Sprintf("tenants of weights 1, 2, 4 flood the pool with estimates 30-50 %% short, %v…", cfg.ShortFlood), b.shortEstimates},
+		{"aimd", fmt.Sprintf("the same flood on a pool whose upstream allows half its rate, %v then %v measured…",
 			cfg.AIMDWarmup, cfg.AIMDWindow), b.aimd},
+		{"aimd-mixed", fmt.Sprintf("tenants of 800- and 4,000-token steps on a pool whose upstream allows half its rate, %v then %v measured…",
+			cfg.MixedWarmup, cfg.MixedWindow), b.aimdMixed},
 	}
 	for _, s := range scenarios {
+		if cfg.Only != "" && cfg.Only != s.name {
+			continue
+		}
 		b.log("%s", s.what)
 		if err := s.run(ctx, &out); err != nil {
 			return out, err
@@ -318,29 +341,96 @@ func (b *tokBench) aimd(ctx context.Context, out *TokensResult) error {
 	if s.err != nil {
 		return fmt.Errorf("aimd: %w", s.err)
 	}
-	var ok, tokens, effSum float64
+	w := s.window(from, until)
+	out.AIMDSteps, out.AIMDThrottled = w.steps, w.throttled
+	out.AIMDUpstreamTokensPerMinute, out.AIMDUpstreamBurstTokens = upRate, upBurst
+	out.AIMDWarmupS, out.AIMDWindowS = b.cfg.AIMDWarmup.Seconds(), b.cfg.AIMDWindow.Seconds()
+	out.AIMDThrottledRatio = w.throttledRatio()
+	out.AIMDEffectiveRateMean = w.effMean()
+	out.AIMDAchievedRatio = round4(w.tokens / b.cfg.AIMDWindow.Seconds() / (float64(upRate) / 60))
+	return nil
+}
+
+// mixedTenants are the tenants of the mixed sizes' scenario, with their step sizes.
+var mixedTenants = []struct {
+	tokTenant
+	tokens int64
+}{{tokTenant{name: "small", weight: 1}, 800}, {tokTenant{name: "large", weight: 1}, 4000}}
+
+// aimdMixed floods a pool of 120,000 tokens a minute whose upstream allows 60,000
+// (both with a burst of 8,000) with steps of two sizes, one tenant each, each step
+// using exactly its estimate: the window after the warm-up shows whether the pool
+// learned the upstream's rate.
+func (b *tokBench) aimdMixed(ctx context.Context, out *TokensResult) error {
+	pool := quotas.PoolConfig{Name: "aimd-mixed", TokensPerMinute: 120_000, BurstTokens: 8000}
+	up := newUpstream(60_000, 8000)
+	s := b.newSim(pool, up)
+	from := time.Now().Add(b.cfg.MixedWarmup)
+	until := from.Add(b.cfg.MixedWindow)
+	var wg sync.WaitGroup
+	for _, t := range mixedTenants {
+		out.AIMDMixedStepSizes = append(out.AIMDMixedStepSizes, t.tokens)
+		for range b.cfg.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(until) && !s.failed() && ctx.Err() == nil {
+					if err := s.step(ctx, t.tokTenant, t.tokens, t.tokens, until); err != nil {
+						s.record(tokStep{}, err)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if s.err != nil {
+		return fmt.Errorf("aimd mixed: %w", s.err)
+	}
+	w := s.window(from, until)
+	out.AIMDMixedSteps, out.AIMDMixedThrottled = w.steps, w.throttled
+	out.AIMDMixedWarmupS, out.AIMDMixedWindowS = b.cfg.MixedWarmup.Seconds(), b.cfg.MixedWindow.Seconds()
+	out.AIMDMixedThrottledRatio = w.throttledRatio()
+	out.AIMDMixedAchievedRatio = round4(w.tokens / b.cfg.MixedWindow.Seconds() / 1000)
+	return nil
+}
+
+// simWindow sums the steps of a window: tried, throttled, the tokens of those that
+// ran, and the effective rates their grants carried.
+type simWindow struct {
+	steps, throttled int
+	tokens, effSum   float64
+}
+
+func (w simWindow) throttledRatio() float64 {
+	if w.steps == 0 {
+		return 0
+	}
+	return round4(float64(w.throttled) / float64(w.steps))
+}
+
+func (w simWindow) effMean() float64 {
+	if w.steps == 0 {
+		return 0
+	}
+	return math.Round(w.effSum / float64(w.steps))
+}
+
+// window sums the steps granted in [from, until).
+func (s *tokSim) window(from, until time.Time) simWindow {
+	var w simWindow
 	for _, st := range s.steps {
 		if st.at.Before(from) || !st.at.Before(until) {
 			continue
 		}
-		out.AIMDSteps++
-		effSum += float64(st.eff)
+		w.steps++
+		w.effSum += float64(st.eff)
 		if st.throttled {
-			out.AIMDThrottled++
+			w.throttled++
 			continue
 		}
-		ok++
-		tokens += float64(st.actual)
+		w.tokens += float64(st.actual)
 	}
-	out.AIMDUpstreamTokensPerMinute, out.AIMDUpstreamBurstTokens = upRate, upBurst
-	out.AIMDWarmupS, out.AIMDWindowS = b.cfg.AIMDWarmup.Seconds(), b.cfg.AIMDWindow.Seconds()
-	if out.AIMDSteps > 0 {
-		out.AIMDThrottledRatio = round4(float64(out.AIMDThrottled) / float64(out.AIMDSteps))
-		out.AIMDEffectiveRateMean = math.Round(effSum / float64(out.AIMDSteps))
-	}
-	perS := tokens / b.cfg.AIMDWindow.Seconds()
-	out.AIMDAchievedRatio = round4(perS / (float64(upRate) / 60))
-	return nil
+	return w
 }
 
 // tokTenant is a simulated tenant of a pool.
@@ -447,8 +537,8 @@ func actualOf(rng *rand.Rand, est int64) int64 {
 // step is one step as the worker runs it: reserve the estimate (sleeping each
 // refusal's Wait and asking again), call the upstream, run, settle actual − estimate.
 // A step the upstream throttles used nothing: it is refunded, reported with
-// ThrottlePool (which then empties the bucket), and reserved again after the
-// retry-after. A step still waiting at until gives up unrecorded.
+// ThrottlePool, and reserved again after the retry time (or the tenant's back-off,
+// when longer). A step still waiting at until gives up unrecorded.
 func (s *tokSim) step(ctx context.Context, t tokTenant, est, actual int64, until time.Time) error {
 	asked := time.Now()
 	for {
@@ -457,16 +547,18 @@ func (s *tokSim) step(ctx context.Context, t tokTenant, est, actual int64, until
 			return err
 		}
 		st := tokStep{tenant: t.name, at: time.Now(), est: est, actual: actual, wait: time.Since(asked), eff: a.EffectiveRate}
-		if s.up != nil && !s.up.take(actual) {
+		if ok, wait := s.take(actual); !ok {
+			retry := max(wait, s.cfg.RetryAfter)
 			st.throttled = true
 			if err := s.settle(ctx, t, -est); err != nil {
 				return err
 			}
-			if _, err := s.q.ThrottlePool(ctx, s.pool); err != nil {
+			th, err := s.q.ThrottlePool(ctx, quotas.PoolThrottleParams{Pool: s.pool, Tenant: t.name, Tokens: est, RetryAfter: retry})
+			if err != nil {
 				return err
 			}
 			s.record(st, nil)
-			if !sleepCtx(ctx, s.cfg.RetryAfter) {
+			if !sleepCtx(ctx, max(retry, th.Backoff)) {
 				return nil
 			}
 			asked = time.Now()
@@ -511,18 +603,28 @@ func newUpstream(perMinute, burst int64) *upstream {
 	return &upstream{perMs: float64(perMinute) / 60_000, burst: float64(burst), level: float64(burst), t: time.Now()}
 }
 
-// take takes n tokens when the upstream has them; false is its 429.
-func (u *upstream) take(n int64) bool {
+// take takes n tokens from the simulation's upstream, if any; ok = false is its
+// 429, with the time until n tokens fit.
+func (s *tokSim) take(n int64) (ok bool, wait time.Duration) {
+	if s.up == nil {
+		return true, 0
+	}
+	return s.up.take(n)
+}
+
+// take takes n tokens when the upstream has them; false is its 429, with the time
+// until they are there.
+func (u *upstream) take(n int64) (bool, time.Duration) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	now := time.Now()
 	u.level = math.Min(u.burst, u.level+float64(now.Sub(u.t).Microseconds())/1000*u.perMs)
 	u.t = now
 	if u.level < float64(n) {
-		return false
+		return false, time.Duration((float64(n) - u.level) / u.perMs * float64(time.Millisecond))
 	}
 	u.level -= float64(n)
-	return true
+	return true, 0
 }
 
 // maxWindow is the most actual tokens of the steps granted (and not throttled) in

@@ -286,8 +286,11 @@ func TestPoolsInOverview(t *testing.T) {
 			t.Fatalf("reserve from an empty pool: %+v %v", a, err)
 		}
 	}
-	if eff, err := f.q.ThrottlePool(f.ctx, cfg); err != nil || eff != 42000 {
-		t.Fatalf("throttle: %d %v", eff, err)
+	// refusals of two other tenants: evidence about the pool, which drops to 70 %
+	for _, tn := range []string{"x", "y"} {
+		if _, err := f.q.ThrottlePool(f.ctx, quotas.PoolThrottleParams{Pool: cfg, Tenant: tn, Tokens: 1000, RetryAfter: time.Second}); err != nil {
+			t.Fatalf("throttle: %v", err)
+		}
 	}
 	ov, err := f.svc.Overview(f.ctx, Query{})
 	if err != nil || len(ov.Pools) != 1 {

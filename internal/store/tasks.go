@@ -68,7 +68,8 @@ type Task struct {
 	// Wait is set while a queued task waits for token capacity (see Park).
 	Wait TaskWait
 	// WaitedMs is the time the task has spent waiting for capacity or paused: its
-	// wall-clock budget does not count it.
+	// wall-clock budget does not count it. A wait after a throttled answer is not in
+	// it: the wall clock counts that.
 	WaitedMs int64
 	// Pause is set while the task is paused; Pause.Count counts its pauses so far.
 	Pause TaskPause

@@ -84,15 +84,17 @@ func (s *Store) UnscopedExpireOverdue(ctx context.Context, limit int) ([]Task, e
 }
 
 // startSQL starts queued tasks (the condition on tasks.id follows it), ending a parked
-// task's wait: the wait is added to waited_ms and the wait's fields are cleared
+// task's wait: the wait is added to waited_ms (unless it followed a throttled answer,
+// 'throttled' or 'throttled:<pool>': that wait counts toward the wall clock) and the
+// wait's fields are cleared
 // (step_estimate stays for the delivery to read). It joins the
 // row as it was (w) to return, with the started task, the wait the start ended
 // (Task.Resumed): after the update the wait's fields are cleared.
 const startSQL = `
 		UPDATE tasks SET state = 'running', attempt = tasks.attempt + 1, started_at = COALESCE(tasks.started_at, now()),
 			heartbeat_at = now(),
-			waited_ms = tasks.waited_ms + CASE WHEN tasks.parked_at IS NULL THEN 0
-				ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - tasks.parked_at) * 1000)::bigint) END,
+			waited_ms = tasks.waited_ms + CASE WHEN tasks.parked_at IS NULL OR tasks.wait_reason = 'throttled'
+				OR tasks.wait_reason LIKE 'throttled:%' THEN 0 ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - tasks.parked_at) * 1000)::bigint) END,
 			parked_at = NULL, wait_reason = NULL, wait_until = NULL
 		FROM tasks w WHERE w.id = tasks.id AND tasks.state = 'queued' AND `
 
