@@ -99,7 +99,8 @@ func (s *Server) approve(c echo.Context) error {
 	if err != nil {
 		return s.approvalError(c, http.StatusBadRequest, err.Error()+".")
 	}
-	_, err = s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{TenantID: cl.TenantID, ID: cl.TaskID, Budget: req, Pause: cl.Pause})
+	_, err = s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{
+		TenantID: cl.TenantID, ID: cl.TaskID, Budget: req, Pause: cl.Pause, RaiseOnly: true})
 	if err != nil {
 		return s.approvalFailed(c, err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -92,16 +93,25 @@ func (s *Service) sweepPause(ctx context.Context, out *PauseSweep, pt *pausedTen
 		return nil
 	}
 	_, err := s.Resume(ctx, ResumeParams{TenantID: t.TenantID, ID: t.ID, Pause: t.Pauses})
-	var refused *ResumeRefusedError
-	var notPaused *NotPausedError
 	switch {
 	case err == nil:
 		out.Resumed++
 		return nil
-	case errors.As(err, &refused), errors.As(err, &notPaused):
-		return nil // sessions full: the next sweep tries again; or resumed or ended meanwhile
+	case leftPaused(err):
+		return nil
 	}
 	return err
+}
+
+// leftPaused tells a sweep's resume refused for now, the task staying paused for a
+// later sweep: its tenant's sessions are full, its limits have no room for its next
+// step, or its tenant is suspended; or it was resumed or ended meanwhile.
+func leftPaused(err error) bool {
+	var refused *ResumeRefusedError
+	var notPaused *NotPausedError
+	var room *NeedsRoomError
+	var suspended *agentqtype.SuspendedError
+	return errors.As(err, &refused) || errors.As(err, &notPaused) || errors.As(err, &room) || errors.As(err, &suspended)
 }
 
 // quotaPause reports whether limitType is a period quota of the tenant's, which a
@@ -136,5 +146,12 @@ func (s *Service) quotaAllows(ctx context.Context, pt *pausedTenant, t store.Pau
 		return true // the quota is off now
 	}
 	changed := int64(sc.Limit) > t.Limit || int64(sc.Used) < t.Used
-	return changed && sc.Used < sc.Limit
+	return changed && roomForPaused(sc, t)
+}
+
+// roomForPaused reports whether the quota sc has room for the step that paused t, as
+// its pause estimated it: a use that fell by less than the step costs is not room.
+func roomForPaused(sc quotas.Scope, t store.PausedTask) bool {
+	next := quotas.NextStep{Tokens: t.NextTokens, CostMicro: t.NextCostMicro}
+	return quotas.QuotaRoom(sc.Name, int64(sc.Limit), int64(sc.Used), next) == nil
 }
