@@ -2,14 +2,18 @@ package web
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/approval"
+	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/quotas"
 )
@@ -22,17 +26,30 @@ import (
 // 401, an expired one 403, one whose pause is over (the task resumed, ended or was
 // paused again) 409.
 
-// approvalView is what the approval page shows.
+// approvalView is what the approval page shows: the task, why it paused in words,
+// its budget beside the plan's ceiling, the raise that lets it run its next step (and
+// a suggested one), when the link expires and what approving does.
 type approvalView struct {
 	Status  int
 	Message string
 	Done    bool // the task was resumed by this request
 	Token   string
 	Task    tasks.Task
-	Reason  string
-	CostUSD float64
+	CostUSD string
 	Budget  quotas.TaskBudget
 	Ceiling quotas.TaskBudget
+	// Why is the pause in words ("its cost budget: $0.04 of $0.05 spent; ..."),
+	// Quota set when it is a tenant's quota, which no raise here lifts.
+	Why   string
+	Quota bool
+	// Field is the budget field the raise is for, AtLeast the least value that lets
+	// the next step run and Suggest the value the form offers (both in the field's
+	// unit, as the form takes them); Room says whether the ceiling allows AtLeast.
+	Field            string
+	AtLeast, Suggest string
+	Room             bool
+	Expires          string // when the link expires, in words
+	ExpiresAt        string // the same, RFC 3339
 }
 
 // approvalClaims checks the request's token; on failure it has answered.
@@ -67,12 +84,59 @@ func (s *Server) approvalTask(c echo.Context, cl approval.Claims) (approvalView,
 	if err != nil {
 		return v, err
 	}
-	v.Task, v.Ceiling, v.CostUSD = t, pol.Budget.Ceiling, float64(t.Usage.CostMicroUSD)/1e6
+	v.Task, v.Ceiling, v.CostUSD = t, pol.Budget.Ceiling, quotas.FormatUSD(float64(t.Usage.CostMicroUSD)/1e6)
 	v.Budget = tasks.StoredBudget(pol.Budget, t.Budget)
-	if t.Pause.Reason != nil {
-		v.Reason = *t.Pause.Reason
+	v.Expires, v.ExpiresAt = expiresIn(cl.Expires, time.Now()), cl.Expires.UTC().Format(time.RFC3339)
+	if t.Pause.Reason != nil && t.Pause.Limit != nil && t.Pause.Used != nil {
+		v.explainPause(t.Task)
 	}
 	return v, nil
+}
+
+// explainPause fills what the page says of the pause of t: why, in words, and the
+// raise that lets its next step run.
+func (v *approvalView) explainPause(t store.Task) {
+	stop := quotas.Stop{LimitType: *t.Pause.Reason, Limit: *t.Pause.Limit, Used: *t.Pause.Used}
+	sf := quotas.ShortfallAt(stop, tasks.PausedNext(t))
+	v.Why = sf.Explain()
+	v.Field = quotas.Field(sf.LimitType)
+	if v.Field == "" {
+		v.Quota = true
+		return
+	}
+	ceil := ceilingOf(v.Ceiling, sf.LimitType)
+	at := quotas.AmountValue(sf.LimitType, sf.AtLeast)
+	v.Room = at <= ceil
+	// Twice the limit, within the ceiling, leaves room for more than one step.
+	suggest := min(ceil, max(at, 2*quotas.AmountValue(sf.LimitType, sf.Limit)))
+	v.AtLeast, v.Suggest = formValue(at), formValue(suggest)
+}
+
+// ceilingOf is the plan's ceiling of a budget limit, in the form's unit.
+func ceilingOf(c quotas.TaskBudget, limitType string) float64 {
+	switch limitType {
+	case quotas.TaskMaxSteps:
+		return float64(c.MaxSteps)
+	case quotas.TaskMaxCostUSD:
+		return c.MaxCostUSD
+	}
+	return c.MaxWallclockS
+}
+
+// formValue is a number as the form takes it.
+func formValue(f float64) string { return strconv.FormatFloat(math.Round(f*1e6)/1e6, 'f', -1, 64) }
+
+// expiresIn is when a link expires, in words: "2026-12-08 05:00 UTC, in 23 h 59 min".
+func expiresIn(at, now time.Time) string {
+	d := at.Sub(now).Round(time.Minute)
+	left := "now"
+	switch {
+	case d >= time.Hour:
+		left = fmt.Sprintf("in %d h %d min", int(d.Hours()), int(d.Minutes())%60)
+	case d > 0:
+		left = fmt.Sprintf("in %d min", int(d.Minutes()))
+	}
+	return at.UTC().Format("2006-01-02 15:04 UTC") + ", " + left
 }
 
 func (s *Server) approvalPage(c echo.Context) error {
@@ -102,13 +166,13 @@ func (s *Server) approve(c echo.Context) error {
 	_, err = s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{
 		TenantID: cl.TenantID, ID: cl.TaskID, Budget: req, Pause: cl.Pause, RaiseOnly: true})
 	if err != nil {
-		return s.approvalFailed(c, err)
+		return s.approvalRefused(c, cl, err)
 	}
 	v, err := s.approvalTask(c, cl)
 	if err != nil {
 		return s.approvalFailed(c, err)
 	}
-	v.Done, v.Message = true, "Approved: the task is queued to run its next step."
+	v.Done, v.Message = true, "Approved: the task's budget is raised and it is queued to run its next step."
 	return s.renderApproval(c, v)
 }
 
@@ -150,6 +214,22 @@ func approvalBudget(c echo.Context) (*tasks.BudgetRequest, error) {
 		return nil, nil
 	}
 	return &req, nil
+}
+
+// approvalRefused answers an approval the task service refused (a lower value, a
+// raise short of the room the next step needs, a suspended tenant, a pause that is
+// over) as the API would, on the page with the task and the form again.
+func (s *Server) approvalRefused(c echo.Context, cl approval.Claims, err error) error {
+	var ae *APIError
+	if !errors.As(s.taskErr(err, nil), &ae) {
+		return s.approvalFailed(c, err)
+	}
+	v, rerr := s.approvalTask(c, cl)
+	if rerr != nil {
+		return s.approvalFailed(c, err)
+	}
+	v.Status, v.Message = ae.Status, ae.Message
+	return s.renderApproval(c, v)
 }
 
 // approvalFailed answers a resume or a read that failed, as the API would, on a page.
