@@ -19,12 +19,14 @@ import (
 )
 
 // The approval page of a paused task: GET /approve?token= shows whoever holds the
-// link (sent in the pause's usage.limit_hit event) the task's usage so far, why it is
-// paused, its budget and the plan's ceiling; POST /approve?token= with the budget
-// fields to raise (each at most the ceiling) resumes it. The token is the credential
-// and names the tenant, the task and the pause (approval package): a forged one is
-// 401, an expired one 403, one whose pause is over (the task resumed, ended or was
-// paused again) 409.
+// link (sent in the pause's usage.limit_hit event) what the task is, why it paused in
+// words, its budget and the plan's ceiling, the raise its next step needs with a
+// suggested one, when the link expires and what approving does; POST /approve?token=
+// with the budget fields to raise (each at least its current value, at most the
+// ceiling) resumes it as the API's resume does. The token is the credential and
+// names the tenant, the task and the pause (approval package): a forged one is 401,
+// an expired one 403, one whose pause is over (the task resumed, ended or was paused
+// again) 409.
 
 // approvalView is what the approval page shows: the task, why it paused in words,
 // its budget beside the plan's ceiling, the raise that lets it run its next step (and

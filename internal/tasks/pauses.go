@@ -26,9 +26,10 @@ const pausePage = 500
 // pause_timeout_s ends budget_exceeded; one paused by a period quota (daily steps,
 // monthly tokens or USD) resumes by itself when that quota allows again, that is when
 // its limit was raised or its use fell (the daily window moved, a new billing period
-// began) since the pause, and there is room under it. A task paused by its own
-// budget waits for a person: POST /v1/tasks/{id}/resume or its approval link. A
-// resume its tenant's sessions refuse waits for the next sweep.
+// began) since the pause, and there is room under it for the step the pause held
+// back (quotas.QuotaRoom). A task paused by its own budget waits for a person: POST
+// /v1/tasks/{id}/resume or its approval link. A resume its tenant's sessions refuse,
+// or its limits have no room for, and a suspended tenant's, wait for a later sweep.
 //
 // Every change is a conditional write (paused → queued, paused → budget_exceeded), so
 // processes sweeping at once change each task once.
