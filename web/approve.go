@@ -50,6 +50,11 @@ type approvalView struct {
 	Field            string
 	AtLeast, Suggest string
 	Room             bool
+	// Label, AtLeastText and SuggestText say the same in words ("cost budget",
+	// "$0.06", "$0.10").
+	Label, AtLeastText, SuggestText string
+	// BudgetCost and CeilingCost are the cost cap and its ceiling in dollars.
+	BudgetCost, CeilingCost string
 	Expires          string // when the link expires, in words
 	ExpiresAt        string // the same, RFC 3339
 }
@@ -88,6 +93,7 @@ func (s *Server) approvalTask(c echo.Context, cl approval.Claims) (approvalView,
 	}
 	v.Task, v.Ceiling, v.CostUSD = t, pol.Budget.Ceiling, quotas.FormatUSD(float64(t.Usage.CostMicroUSD)/1e6)
 	v.Budget = tasks.StoredBudget(pol.Budget, t.Budget)
+	v.BudgetCost, v.CeilingCost = quotas.FormatUSD(v.Budget.MaxCostUSD), quotas.FormatUSD(v.Ceiling.MaxCostUSD)
 	v.Expires, v.ExpiresAt = expiresIn(cl.Expires, time.Now()), cl.Expires.UTC().Format(time.RFC3339)
 	if t.Pause.Reason != nil && t.Pause.Limit != nil && t.Pause.Used != nil {
 		v.explainPause(t.Task)
@@ -112,6 +118,20 @@ func (v *approvalView) explainPause(t store.Task) {
 	// Twice the limit, within the ceiling, leaves room for more than one step.
 	suggest := min(ceil, max(at, 2*quotas.AmountValue(sf.LimitType, sf.Limit)))
 	v.AtLeast, v.Suggest = formValue(at), formValue(suggest)
+	v.AtLeastText, v.SuggestText = fieldWords(sf.LimitType, at), fieldWords(sf.LimitType, suggest)
+	v.Label = map[string]string{quotas.TaskMaxCostUSD: "cost budget", quotas.TaskMaxSteps: "step budget",
+		quotas.TaskMaxWallclock: "wall-clock budget"}[sf.LimitType]
+}
+
+// fieldWords is a value of a budget field in words: "$0.06", "21 steps", "90 s".
+func fieldWords(limitType string, v float64) string {
+	switch limitType {
+	case quotas.TaskMaxCostUSD:
+		return quotas.FormatUSD(v)
+	case quotas.TaskMaxSteps:
+		return quotas.FormatAmount(limitType, int64(v))
+	}
+	return formValue(v) + " s"
 }
 
 // ceilingOf is the plan's ceiling of a budget limit, in the form's unit.

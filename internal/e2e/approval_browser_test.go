@@ -37,7 +37,7 @@ func TestApprovalPageInBrowser(t *testing.T) {
 	for _, want := range []string{
 		"A task is waiting for your approval", "sim",
 		"its cost budget: $0.04 of $0.05 spent; the next step is expected to cost about $0.02",
-		"max_cost_usd of at least 0.06", "0.1 is suggested",
+		"a cost budget of at least $0.06", "$0.10 is suggested",
 		"This link expires", "On approve, the task's budget takes these values",
 	} {
 		if !strings.Contains(text, want) {
