@@ -55,8 +55,8 @@ type approvalView struct {
 	Label, AtLeastText, SuggestText string
 	// BudgetCost and CeilingCost are the cost cap and its ceiling in dollars.
 	BudgetCost, CeilingCost string
-	Expires          string // when the link expires, in words
-	ExpiresAt        string // the same, RFC 3339
+	Expires                 string // when the link expires, in words
+	ExpiresAt               string // the same, RFC 3339
 }
 
 // approvalClaims checks the request's token; on failure it has answered.
