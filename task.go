@@ -36,6 +36,12 @@ type (
 	// ResumeRefusedError refuses to resume a paused task while its tenant's
 	// concurrent sessions are full; the task stays paused.
 	ResumeRefusedError = tasks.ResumeRefusedError
+	// ResumeNeedsRoomError refuses to resume a paused task whose limits have no room
+	// for its next step (the step that paused it, as its pause estimated it): its
+	// Shortfall names the limit, the room the step needs and the least value of the
+	// limit that gives it. A budget field's room comes with a raise; a quota's with
+	// the next period or a raise of the tenant's limit. The task stays paused.
+	ResumeNeedsRoomError = tasks.NeedsRoomError
 )
 
 // TaskState is a task's state; Task.State and TaskQuery.State hold one as a string.
@@ -239,9 +245,11 @@ func (a *App) CancelTask(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 // ResumeTask sends one of the tenant's paused tasks back to its queue to run its next
 // step, its state and usage as they were. raise, when not nil, raises fields of its
 // budget, each at most the plan's ceiling (more is an *InvalidError, and nothing
-// changes). The task is admitted again against its tenant's sessions: a
-// *ResumeRefusedError while they are full. A task that is not paused is a
-// *TaskNotPausedError; one the tenant does not have ErrNotFound.
+// changes). Its limits, the budget as raised and the tenant's quotas, must have room
+// for its next step: a *ResumeNeedsRoomError otherwise. The task is admitted again
+// against its tenant's sessions: a *ResumeRefusedError while they are full. A
+// suspended tenant's task is a *SuspendedError, one that is not paused a
+// *TaskNotPausedError, one the tenant does not have ErrNotFound.
 func (a *App) ResumeTask(ctx context.Context, tenantID string, id uuid.UUID, raise *TaskBudget) (Task, error) {
 	t, err := a.services.Tasks.Resume(ctx, tasks.ResumeParams{TenantID: tenantID, ID: id, Budget: raise})
 	if err != nil {

@@ -269,7 +269,8 @@ type Error struct {
 	// Code is empty when the answer did not have that shape (a proxy's 502 page).
 	Code    string
 	Message string
-	// LimitType is the error body's limit_type, set on 429 and 402 answers.
+	// LimitType is the error body's limit_type, set on 429 and 402 answers, and on a
+	// 409 RESUME_NEEDS_ROOM (the limit with no room for a paused task's next step).
 	LimitType string
 	// Body is the raw JSON of the error object (the value of "error", with every
 	// field the code adds), or the raw response body when it is not the documented
@@ -393,9 +394,13 @@ func (c *Client) CancelTask(ctx context.Context, id string) (*Task, error) {
 
 // ResumeTask resumes a paused task: it goes back to its tenant's queue to run its
 // next step, with its state and usage as they were. raise, when not nil, raises
-// fields of its budget, each at most the plan's ceiling (more is a 400). The task is
-// admitted again against its tenant's concurrent sessions: a 429 when they are full.
-// A task that is not paused is a 409 (TASK_NOT_PAUSED).
+// fields of its budget, each at most the plan's ceiling (more is a 400). The budget
+// as raised and the tenant's quotas must have room for the task's next step: a 409
+// RESUME_NEEDS_ROOM otherwise, whose Error.Body holds room_needed and limit_needed
+// (raise that field to at least limit_needed). The task is admitted again against its
+// tenant's concurrent sessions: a 429 when they are full. A task that is not paused
+// is a 409 (TASK_NOT_PAUSED); a suspended tenant's a 403 (TENANT_SUSPENDED); one
+// outside the key's scopes a 404. Refused, the task stays paused.
 func (c *Client) ResumeTask(ctx context.Context, id string, raise *BudgetRequest) (*Task, error) {
 	body := struct {
 		Budget *BudgetRequest `json:"budget,omitempty"`

@@ -57,7 +57,8 @@ type taskRun struct {
 	limits       quotas.Limits
 	weight       int // the tenant's fair-share weight, for its agent's pool
 	budget       quotas.TaskBudget
-	onLimit      quotas.OnLimits // the plan's answer at each limit: stop or pause
+	ceiling      *quotas.TaskBudget // the plan's budget ceiling; nil when the plan is not known
+	onLimit      quotas.OnLimits    // the plan's answer at each limit: stop or pause
 	exec         Executor
 	startedAt    time.Time // the task's first start: the wall clock counts from it
 	deadline     time.Time
@@ -256,7 +257,7 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
-			r.onLimit = p.OnLimit
+			r.onLimit, r.ceiling = p.OnLimit, &p.Budget.Ceiling
 		}
 	}
 	var unknown *UnknownAgentError
@@ -291,7 +292,10 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	r.maxCostMicro = int64(math.Round(r.budget.MaxCostUSD * 1e6))
 	r.state = r.task.AgentState
 	if e := r.task.Wait.StepEstimate; e != nil {
-		r.nextTokens = *e // the estimate the step asked for when it parked
+		r.nextTokens = *e // the estimate the step asked for when it parked or paused
+	}
+	if e := r.task.Wait.StepCostEstimate; e != nil {
+		r.estMicro = max(*e, 0) // what the previous step cost, before the park or pause
 	}
 	return false, false
 }
@@ -400,23 +404,39 @@ func (r *taskRun) steps() (requeued bool) {
 // overBudget stops or pauses the task (its plan's on_limit) when its next step would
 // go past its budget: past its step cap, past its wall clock, or past its cost cap by
 // what the previous step cost (the estimate the step reserves). The check comes
-// before the step, so the step that would cross the limit never runs unpaid.
+// before the step, so the step that would cross the limit never runs unpaid; it is
+// quotas.BudgetRoom, the rule a resume is judged by.
 func (r *taskRun) overBudget(step int) bool {
 	b := &r.budget
-	used := r.task.Usage.CostMicroUSD
-	switch {
-	case b.MaxSteps > 0 && step > b.MaxSteps:
-		r.atLimit(fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps),
-			quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: int64(b.MaxSteps), Used: int64(r.task.Usage.Steps)})
-	case r.maxCostMicro > 0 && (used >= r.maxCostMicro || used+r.estMicro > r.maxCostMicro):
-		r.atLimit(fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD),
-			quotas.Stop{LimitType: quotas.TaskMaxCostUSD, Limit: r.maxCostMicro, Used: used})
-	case r.pastDeadline():
-		r.atLimit(r.wallclockStop())
-	default:
+	sf := quotas.BudgetRoom(*b, r.use(step-1), r.nextStep())
+	if sf == nil {
 		return false
 	}
+	switch sf.LimitType {
+	case quotas.TaskMaxSteps:
+		r.atLimit(fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), sf.Stop())
+	case quotas.TaskMaxCostUSD:
+		r.atLimit(fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), sf.Stop())
+	default:
+		r.atLimit(r.wallclockStop())
+	}
 	return true
+}
+
+// use is what the task has used of its budget before its next step (steps done).
+func (r *taskRun) use(steps int) quotas.TaskUse {
+	u := quotas.TaskUse{Steps: steps, CostMicro: r.task.Usage.CostMicroUSD}
+	if !r.deadline.IsZero() {
+		wall := time.Duration(r.budget.MaxWallclockS * float64(time.Second))
+		u.Wall = wall - time.Until(r.deadline)
+	}
+	return u
+}
+
+// nextStep is what the next step is expected to take: the tokens it reserves and
+// what the previous step cost.
+func (r *taskRun) nextStep() quotas.NextStep {
+	return quotas.NextStep{Tokens: r.tokenEstimate(), CostMicro: r.estMicro}
 }
 
 func (r *taskRun) pastDeadline() bool {
@@ -432,12 +452,33 @@ func (r *taskRun) wallclockStop() (string, quotas.Stop) {
 
 // atLimit stops the task budget_exceeded at the limit stop names, or pauses it there
 // when its plan says so for that limit (on_limit).
+// A budget limit whose plan ceiling leaves no room for the next step stops the task
+// even where the plan pauses: no raise could resume it, only pause it again.
 func (r *taskRun) atLimit(text string, stop quotas.Stop) {
 	if r.onLimit.For(stop.LimitType) == quotas.OnLimitPause {
+		if !r.raisable(stop.LimitType) {
+			r.finish(store.StateBudgetExceeded, text+" (the plan's ceiling: no raise can resume it)", nil, &stop)
+			return
+		}
 		r.pauseAt(text, stop)
 		return
 	}
 	r.finish(store.StateBudgetExceeded, text, nil, &stop)
+}
+
+// raisable reports whether a raise within the plan's ceiling could let the next step
+// run past the limit limitType: always for a tenant's quota (its use falls and an
+// operator may raise it), for a budget field when the ceiling has room for the step.
+func (r *taskRun) raisable(limitType string) bool {
+	switch limitType {
+	case quotas.TaskMaxSteps, quotas.TaskMaxCostUSD, quotas.TaskMaxWallclock:
+	default:
+		return true
+	}
+	if r.ceiling == nil {
+		return true
+	}
+	return quotas.BudgetRoom(*r.ceiling, r.use(r.task.Usage.Steps), r.nextStep()) == nil
 }
 
 // pauseAt pauses the task at the limit stop names: it keeps its state and usage, and
@@ -445,7 +486,7 @@ func (r *taskRun) atLimit(text string, stop quotas.Stop) {
 func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 	r.flushRunning()
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
-		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop})
+		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop, Next: r.nextStep()})
 		return err
 	})
 	switch {
@@ -633,7 +674,8 @@ func (r *taskRun) parkFor(reason string, wait time.Duration) {
 	r.flushRunning()
 	until := time.Now().Add(wait)
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
-		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: reason, Until: until, StepEstimate: r.estTokens})
+		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: reason, Until: until,
+			StepEstimate: r.estTokens, StepCostEstimate: r.estMicro})
 	})
 	switch {
 	case errors.Is(err, store.ErrLostClaim):

@@ -293,7 +293,8 @@ func TestWorkerRunsAGoHandlerToCompletion(t *testing.T) {
 // A pro task pauses when its next step would take it past its cost or its wall
 // clock (a step still running at the deadline is stopped and not recorded; no step
 // runs that would pass the cost cap by what the previous step cost), naming the limit
-// and keeping its usage; at max_steps it stops (pro's on_limit for the step cap).
+// and keeping its usage; at max_steps it stops (pro's on_limit for the step cap), and
+// so it does at a cost cap whose plan ceiling has no room for the next step.
 func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -306,8 +307,10 @@ func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 	}{
 		{"wall clock", `{"block":true}`, tasks.BudgetRequest{MaxWallclockS: ptr(0.2)},
 			store.Usage{}, "task_max_wallclock_s", store.StatePaused},
-		{"cost", `{"tokens":1,"cost_usd":0.6}`, tasks.BudgetRequest{MaxCostUSD: ptr(1.0)},
-			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 600_000}, "task_max_cost_usd", store.StatePaused},
+		{"cost", `{"tokens":1,"cost_usd":0.3}`, tasks.BudgetRequest{MaxCostUSD: ptr(0.5)},
+			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 300_000}, "task_max_cost_usd", store.StatePaused},
+		{"cost at the ceiling", `{"tokens":1,"cost_usd":0.6}`, tasks.BudgetRequest{MaxCostUSD: ptr(1.0)},
+			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 600_000}, "task_max_cost_usd", store.StateBudgetExceeded},
 		{"steps", `{"tokens":1}`, tasks.BudgetRequest{MaxSteps: ptr(2)},
 			store.Usage{Steps: 2, Tokens: 2}, "task_max_steps", store.StateBudgetExceeded},
 	} {

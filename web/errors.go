@@ -28,6 +28,7 @@ const (
 	CodeConflict            = "CONFLICT"
 	CodeTaskFinished        = "TASK_ALREADY_FINISHED"
 	CodeTaskNotPaused       = "TASK_NOT_PAUSED"
+	CodeResumeNeedsRoom     = "RESUME_NEEDS_ROOM"
 	CodeUnsupportedMedia    = "UNSUPPORTED_MEDIA_TYPE"
 	CodeInternal            = "INTERNAL"
 	CodeUnavailable         = "SERVICE_UNAVAILABLE"

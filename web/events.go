@@ -31,8 +31,9 @@ func (s *Server) taskEvents(c echo.Context) error {
 		return err
 	}
 	key := keyRecord(c)
-	// Another tenant's task, or none: 404 before anything is subscribed.
-	if _, err := s.Tasks.Stored(ctx, key.TenantID, id); errors.Is(err, tasks.ErrNotFound) {
+	// Another tenant's task, one outside the key's scopes, or none: 404 before
+	// anything is subscribed.
+	if _, err := s.Tasks.StoredIn(ctx, key.TenantID, keyScope(c), id); errors.Is(err, tasks.ErrNotFound) {
 		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
 	} else if err != nil {
 		return err

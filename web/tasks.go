@@ -3,6 +3,7 @@ package web
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -163,6 +164,7 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		finished  *tasks.FinishedError
 		notPaused *tasks.NotPausedError
 		resume    *tasks.ResumeRefusedError
+		room      *tasks.NeedsRoomError
 	)
 	switch {
 	case errors.As(err, &inv):
@@ -192,6 +194,8 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		return apiErr(http.StatusConflict, CodeTaskNotPaused, "Task %s is %s, not paused.", notPaused.ID, notPaused.State)
 	case errors.As(err, &resume):
 		return s.refusal(resumeDecision(resume), resume.Tenant)
+	case errors.As(err, &room):
+		return needsRoom(room)
 	case errors.As(err, &finished):
 		return apiErr(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", finished.ID, finished.State)
 	case id != nil && errors.Is(err, tasks.ErrNotFound):
@@ -253,7 +257,8 @@ func (s *Server) getTask(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	t, err := s.Tasks.Get(c.Request().Context(), keyRecord(c).TenantID, id)
+	key := keyRecord(c)
+	t, err := s.Tasks.GetIn(c.Request().Context(), key.TenantID, keyScope(c), id)
 	if err != nil {
 		return s.taskErr(err, &id)
 	}
@@ -267,7 +272,7 @@ type TaskList struct {
 }
 
 func (s *Server) listTasks(c echo.Context) error {
-	p := tasks.ListParams{TenantID: keyRecord(c).TenantID, Limit: tasks.DefaultListLimit}
+	p := tasks.ListParams{TenantID: keyRecord(c).TenantID, Limit: tasks.DefaultListLimit, Scope: keyScope(c)}
 	q := c.QueryParams()
 	for k := range q {
 		switch k {
@@ -316,7 +321,7 @@ func (s *Server) cancelTask(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	t, err := s.Tasks.Cancel(c.Request().Context(), keyRecord(c).TenantID, id)
+	t, err := s.Tasks.CancelIn(c.Request().Context(), keyRecord(c).TenantID, keyScope(c), id)
 	if err != nil {
 		return s.taskErr(err, &id)
 	}
@@ -344,11 +349,19 @@ func (s *Server) resumeTask(c echo.Context) error {
 			return err
 		}
 	}
-	t, err := s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{TenantID: keyRecord(c).TenantID, ID: id, Budget: req.Budget.params()})
+	t, err := s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{
+		TenantID: keyRecord(c).TenantID, ID: id, Budget: req.Budget.params(), Scope: keyScope(c)})
 	if err != nil {
 		return s.taskErr(err, &id)
 	}
 	return c.JSON(http.StatusOK, taskJSON(s.Tasks.WithWaitReason(c.Request().Context(), t)))
+}
+
+// keyScope is what the request's API key may see of its tenant's tasks: the agents
+// and principals it was given.
+func keyScope(c echo.Context) tasks.Scope {
+	k := keyRecord(c)
+	return tasks.Scope{Agents: k.Agents, Principals: k.Principals}
 }
 
 // resumeDecision is a resume its tenant's sessions refused, as the admission
@@ -356,4 +369,27 @@ func (s *Server) resumeTask(c echo.Context) error {
 func resumeDecision(e *tasks.ResumeRefusedError) quotas.Decision {
 	sc := quotas.Scope{Name: e.LimitType, Limit: float64(e.Limit), Used: float64(e.Held), Violated: true, RetryAfter: time.Second}
 	return quotas.Decision{Scopes: []quotas.Scope{sc}, Violated: []string{e.LimitType}}
+}
+
+// needsRoom is a resume refused for want of room for the task's next step: 409
+// RESUME_NEEDS_ROOM with the limit, its value and use, the room the step needs
+// (room_needed) and the least value of the limit that gives it (limit_needed), in
+// the limit's unit (dollars for money).
+func needsRoom(e *tasks.NeedsRoomError) *APIError {
+	sf := e.Shortfall
+	var how string
+	if e.Budget() {
+		how = fmt.Sprintf("Resume with budget.%s of at least %g.", quotas.Field(sf.LimitType), quotas.AmountValue(sf.LimitType, sf.AtLeast))
+	} else {
+		how = "It resumes by itself once the quota has room (a new period, or a raise of the tenant's limit)."
+	}
+	ae := apiErr(http.StatusConflict, CodeResumeNeedsRoom, "Task %s cannot run its next step under %s. %s", e.ID, sf.Explain(), how)
+	ae.Extra = map[string]any{
+		"limit_type":    sf.LimitType,
+		"limit_value":   quotas.AmountValue(sf.LimitType, sf.Limit),
+		"current_usage": quotas.AmountValue(sf.LimitType, sf.Used),
+		"room_needed":   quotas.AmountValue(sf.LimitType, sf.Need),
+		"limit_needed":  quotas.AmountValue(sf.LimitType, sf.AtLeast),
+	}
+	return ae
 }

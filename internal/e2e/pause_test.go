@@ -140,7 +140,7 @@ func TestPauseAtCostBudgetAndResumeWithRaise(t *testing.T) {
 	if !strings.HasPrefix(link, "http://") || !strings.Contains(link, "/approve?token=") {
 		t.Fatalf("approval link %q", link)
 	}
-	if st, page := getPage(t, "GET", link, nil); st != 200 || !strings.Contains(page, id) || !strings.Contains(page, "0.040000") {
+	if st, page := getPage(t, "GET", link, nil); st != 200 || !strings.Contains(page, id) || !strings.Contains(page, "$0.04") {
 		t.Fatalf("approval page: %d %s", st, page)
 	}
 	forged := link[:len(link)-2] + "AA"
@@ -254,8 +254,9 @@ func TestPauseCausesAndResumes(t *testing.T) {
 	}
 }
 
-// A resume is admitted against the tenant's sessions: refused (429) while they are
-// full, the task staying paused; a paused task can be cancelled.
+// A resume (with the raise its next step needs) is admitted against the tenant's
+// sessions: refused (429) while they are full, the task staying paused; a paused task
+// can be cancelled.
 func TestResumeNeedsASessionAndCancelWorksOnPaused(t *testing.T) {
 	t.Parallel()
 	h := start(t)
@@ -264,12 +265,13 @@ func TestResumeNeedsASessionAndCancelWorksOnPaused(t *testing.T) {
 	h.waitState(key, id, 20*time.Second, "paused")
 	long := h.submitSim(key, `{"agent":"sim","input":{"steps":1,"step_ms":3000}}`)
 	var e errBody
-	if st, hd := h.do("POST", "/v1/tasks/"+id+"/resume", key, nil, &e); st != 429 || e.Error.Code != "CONCURRENCY_LIMIT_EXCEEDED" || hd.Get("Retry-After") == "" {
+	if st, hd := h.do("POST", "/v1/tasks/"+id+"/resume", key, `{"budget":{"max_cost_usd":0.05}}`, &e); st != 429 || e.Error.Code != "CONCURRENCY_LIMIT_EXCEEDED" || hd.Get("Retry-After") == "" {
 		t.Fatalf("resume with sessions full: %d %+v", st, e)
 	}
 	// The library refuses it alike.
 	var refused *agentq.ResumeRefusedError
-	if _, err := h.app.ResumeTask(context.Background(), "pz-sess", uuid.MustParse(id), nil); !errors.As(err, &refused) || refused.LimitType != "concurrent_sessions" {
+	raise := 0.05
+	if _, err := h.app.ResumeTask(context.Background(), "pz-sess", uuid.MustParse(id), &agentq.TaskBudget{MaxCostUSD: &raise}); !errors.As(err, &refused) || refused.LimitType != "concurrent_sessions" {
 		t.Fatalf("library resume with sessions full: %v", err)
 	}
 	h.waitState(key, id, time.Second, "paused")

@@ -104,11 +104,14 @@ type ResumedWait struct {
 }
 
 // TaskWait is what a task waits for while it is parked: the capacity (Reason, nil when
-// it is not parked), when it is expected, and the tokens its next step asks for.
+// it is not parked), when it is expected, and what its next step asks for: tokens
+// (StepEstimate) and cost in micro-dollars (StepCostEstimate). The estimates are kept
+// by a park and by a pause, for the delivery that resumes the task.
 type TaskWait struct {
-	Reason       *string
-	Until        *time.Time
-	StepEstimate *int64
+	Reason           *string
+	Until            *time.Time
+	StepEstimate     *int64
+	StepCostEstimate *int64
 	// ParkStep is the step count the task had when it last parked (nil: never), and
 	// StepParks how many times it parked with that count: the parks of its next step
 	// while ParkStep is its step count.
@@ -119,7 +122,7 @@ type TaskWait struct {
 const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
 	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at,
 	wait_reason, wait_until, waited_ms, step_estimate, paused_reason, paused_at, pause_limit, pause_used, pauses,
-	start_deadline, park_step, step_parks`
+	start_deadline, park_step, step_parks, step_cost_estimate`
 
 func scanTask(row pgx.Row) (Task, error) { return scanTaskWith(row) }
 
@@ -132,7 +135,7 @@ func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt,
 		&t.Wait.Reason, &t.Wait.Until, &t.WaitedMs, &t.Wait.StepEstimate,
 		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count, &t.StartDeadline,
-		&t.Wait.ParkStep, &t.Wait.StepParks}, extra...)...)
+		&t.Wait.ParkStep, &t.Wait.StepParks, &t.Wait.StepCostEstimate}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, ErrNotFound
 	}
@@ -279,6 +282,9 @@ type ListTasksParams struct {
 	State    TaskState // "" for any
 	Before   uuid.UUID // cursor: only ids below this one; uuid.Nil for the first page
 	Limit    int
+	// Agents and Principals, when not empty, keep only the tasks of those agents and
+	// users (an API key's scopes).
+	Agents, Principals []string
 }
 
 // ListTasks returns up to Limit tasks.
@@ -293,8 +299,17 @@ func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error
 	rows, err := s.db.Query(ctx, `
 		SELECT `+taskCols+` FROM tasks
 		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
-		ORDER BY id DESC LIMIT $4`, p.TenantID, string(p.State), before, p.Limit)
+			AND (cardinality($5::text[]) = 0 OR agent = ANY($5)) AND (cardinality($6::text[]) = 0 OR user_id = ANY($6))
+		ORDER BY id DESC LIMIT $4`, p.TenantID, string(p.State), before, p.Limit, orEmpty(p.Agents), orEmpty(p.Principals))
 	return collect(rows, err, scanTask)
+}
+
+// orEmpty is l, or an empty list for nil (a text[] of no elements, never NULL).
+func orEmpty(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
 }
 
 // CountTasksParams name the tenant whose tasks to count, and optionally a state.

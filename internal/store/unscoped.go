@@ -172,6 +172,9 @@ type PausedTask struct {
 	Pauses   int
 	// Limit and Used are the limit's value and the use that met it at the pause.
 	Limit, Used int64
+	// NextTokens and NextCostMicro are what the step the pause held back is expected
+	// to take (0 when the pause kept nothing).
+	NextTokens, NextCostMicro int64
 }
 
 // UnscopedListPaused returns a page of paused tasks across tenants, in id order
@@ -179,11 +182,13 @@ type PausedTask struct {
 func (s *Store) UnscopedListPaused(ctx context.Context, after uuid.UUID, limit int) ([]PausedTask, error) {
 	rows, err := s.db.Query(ctx, `
 		SELECT id, tenant_id, COALESCE(paused_reason, ''), COALESCE(paused_at, now()), pauses,
-			COALESCE(pause_limit, 0), COALESCE(pause_used, 0) FROM tasks
+			COALESCE(pause_limit, 0), COALESCE(pause_used, 0),
+			COALESCE(step_estimate, 0), COALESCE(step_cost_estimate, 0) FROM tasks
 		WHERE state = 'paused' AND id > $1 ORDER BY id LIMIT $2`, after, limit)
 	return collect(rows, err, func(row pgx.Row) (PausedTask, error) {
 		var t PausedTask
-		err := row.Scan(&t.ID, &t.TenantID, &t.Reason, &t.PausedAt, &t.Pauses, &t.Limit, &t.Used)
+		err := row.Scan(&t.ID, &t.TenantID, &t.Reason, &t.PausedAt, &t.Pauses, &t.Limit, &t.Used,
+			&t.NextTokens, &t.NextCostMicro)
 		return t, err
 	})
 }

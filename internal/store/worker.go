@@ -429,6 +429,8 @@ type UnscopedParkTaskParams struct {
 	Reason       string    // what it waits for: "tokens_per_minute" or "pool:<name>"
 	Until        time.Time // when the capacity is expected
 	StepEstimate int64     // the tokens its next step asks for
+	// StepCostEstimate is the cost its next step asks for, in micro-dollars.
+	StepCostEstimate int64
 }
 
 // UnscopedParkTask puts a running task back to queued, like UnscopedRequeueTask, and
@@ -437,9 +439,10 @@ type UnscopedParkTaskParams struct {
 func (s *Store) UnscopedParkTask(ctx context.Context, p UnscopedParkTaskParams) (t Task, err error) {
 	t, err = scanTask(s.db.QueryRow(ctx, `
 		UPDATE tasks SET state = 'queued', wait_reason = $3, wait_until = $4, parked_at = now(), step_estimate = $5,
-			step_parks = CASE WHEN park_step = steps THEN step_parks + 1 ELSE 1 END, park_step = steps
+			step_parks = CASE WHEN park_step = steps THEN step_parks + 1 ELSE 1 END, park_step = steps,
+			step_cost_estimate = $6
 		WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
-		p.ID, p.Attempt, p.Reason, p.Until, p.StepEstimate))
+		p.ID, p.Attempt, p.Reason, p.Until, p.StepEstimate, p.StepCostEstimate))
 	if errors.Is(err, ErrNotFound) {
 		return Task{}, s.whyUnclaimed(ctx, p.Claim)
 	}
@@ -467,6 +470,9 @@ type UnscopedPauseTaskParams struct {
 	Claim
 	Reason      string // the limit_type that paused it
 	Limit, Used int64  // the limit's value and the use that met it
+	// NextTokens and NextCostMicro are what the step the limit held back is expected
+	// to take: a resume is judged against them, and its delivery reserves them.
+	NextTokens, NextCostMicro int64
 }
 
 // UnscopedPauseTask moves the claimed running task to paused, keeping its recorded
@@ -475,9 +481,10 @@ type UnscopedPauseTaskParams struct {
 func (s *Store) UnscopedPauseTask(ctx context.Context, p UnscopedPauseTaskParams) (t Task, err error) {
 	t, err = scanTask(s.db.QueryRow(ctx, `
 		UPDATE tasks SET state = 'paused', paused_reason = $3, paused_at = now(), pause_limit = $4, pause_used = $5,
-			pauses = pauses + 1, wait_reason = NULL, wait_until = NULL, parked_at = NULL
+			pauses = pauses + 1, wait_reason = NULL, wait_until = NULL, parked_at = NULL,
+			step_estimate = $6, step_cost_estimate = $7
 		WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
-		p.ID, p.Attempt, p.Reason, p.Limit, p.Used))
+		p.ID, p.Attempt, p.Reason, p.Limit, p.Used, p.NextTokens, p.NextCostMicro))
 	if errors.Is(err, ErrNotFound) {
 		return Task{}, s.whyUnclaimed(ctx, p.Claim)
 	}

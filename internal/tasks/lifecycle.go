@@ -700,6 +700,9 @@ type PauseParams struct {
 	// Stop is the limit that paused the task: its limit_type, value and the use
 	// that met it.
 	Stop quotas.Stop
+	// Next is what the step the limit held back is expected to take, kept with the
+	// pause: a resume is judged against it, and its delivery reserves it.
+	Next quotas.NextStep
 }
 
 // Pause moves the claimed running task to paused at the limit in p, keeping its
@@ -710,7 +713,8 @@ func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error
 	err := l.store.InTx(ctx, func(tx *store.Store) error {
 		var err error
 		t, err = tx.UnscopedPauseTask(ctx, store.UnscopedPauseTaskParams{
-			Claim: p.Claim, Reason: p.Stop.LimitType, Limit: p.Stop.Limit, Used: p.Stop.Used})
+			Claim: p.Claim, Reason: p.Stop.LimitType, Limit: p.Stop.Limit, Used: p.Stop.Used,
+			NextTokens: p.Next.Tokens, NextCostMicro: p.Next.CostMicro})
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -25,9 +26,10 @@ const pausePage = 500
 // pause_timeout_s ends budget_exceeded; one paused by a period quota (daily steps,
 // monthly tokens or USD) resumes by itself when that quota allows again, that is when
 // its limit was raised or its use fell (the daily window moved, a new billing period
-// began) since the pause, and there is room under it. A task paused by its own
-// budget waits for a person: POST /v1/tasks/{id}/resume or its approval link. A
-// resume its tenant's sessions refuse waits for the next sweep.
+// began) since the pause, and there is room under it for the step the pause held
+// back (quotas.QuotaRoom). A task paused by its own budget waits for a person: POST
+// /v1/tasks/{id}/resume or its approval link. A resume its tenant's sessions refuse,
+// or its limits have no room for, and a suspended tenant's, wait for a later sweep.
 //
 // Every change is a conditional write (paused → queued, paused → budget_exceeded), so
 // processes sweeping at once change each task once.
@@ -92,16 +94,25 @@ func (s *Service) sweepPause(ctx context.Context, out *PauseSweep, pt *pausedTen
 		return nil
 	}
 	_, err := s.Resume(ctx, ResumeParams{TenantID: t.TenantID, ID: t.ID, Pause: t.Pauses})
-	var refused *ResumeRefusedError
-	var notPaused *NotPausedError
 	switch {
 	case err == nil:
 		out.Resumed++
 		return nil
-	case errors.As(err, &refused), errors.As(err, &notPaused):
-		return nil // sessions full: the next sweep tries again; or resumed or ended meanwhile
+	case leftPaused(err):
+		return nil
 	}
 	return err
+}
+
+// leftPaused tells a sweep's resume refused for now, the task staying paused for a
+// later sweep: its tenant's sessions are full, its limits have no room for its next
+// step, or its tenant is suspended; or it was resumed or ended meanwhile.
+func leftPaused(err error) bool {
+	var refused *ResumeRefusedError
+	var notPaused *NotPausedError
+	var room *NeedsRoomError
+	var suspended *agentqtype.SuspendedError
+	return errors.As(err, &refused) || errors.As(err, &notPaused) || errors.As(err, &room) || errors.As(err, &suspended)
 }
 
 // quotaPause reports whether limitType is a period quota of the tenant's, which a
@@ -136,5 +147,12 @@ func (s *Service) quotaAllows(ctx context.Context, pt *pausedTenant, t store.Pau
 		return true // the quota is off now
 	}
 	changed := int64(sc.Limit) > t.Limit || int64(sc.Used) < t.Used
-	return changed && sc.Used < sc.Limit
+	return changed && roomForPaused(sc, t)
+}
+
+// roomForPaused reports whether the quota sc has room for the step that paused t, as
+// its pause estimated it: a use that fell by less than the step costs is not room.
+func roomForPaused(sc quotas.Scope, t store.PausedTask) bool {
+	next := quotas.NextStep{Tokens: t.NextTokens, CostMicro: t.NextCostMicro}
+	return quotas.QuotaRoom(sc.Name, int64(sc.Limit), int64(sc.Used), next) == nil
 }

@@ -51,14 +51,22 @@ type ResumeParams struct {
 	// Pause, when above 0, is the pause the resume was made for (an approval link's):
 	// a task paused again since is a *NotPausedError with Stale set.
 	Pause int
+	// Scope is what the API key resuming may see: a task outside it is ErrNotFound.
+	// The zero Scope sees every task of the tenant (the library, a link, the sweep).
+	Scope Scope
+	// RaiseOnly refuses (an *InvalidError) a Budget field below the task's current
+	// value: an approval link only raises.
+	RaiseOnly bool
 }
 
 // Resume sends a paused task back to its tenant's queue to run its next step, with
-// its state and usage as they were: it is admitted again against its tenant's
-// sessions (a full limit is a *ResumeRefusedError and the task stays paused), its
-// budget takes the raise p carries (within the plan's ceiling, else an
-// *InvalidError and nothing changes), and the time it was paused is not charged to
-// its wall clock.
+// its state and usage as they were: its budget takes the raise p carries (within the
+// plan's ceiling, else an *InvalidError and nothing changes); the limits must have
+// room for the step that paused it, as the pause estimated it (else a
+// *NeedsRoomError); it is admitted again against its tenant's sessions (a full limit
+// is a *ResumeRefusedError); and the time it was paused is not charged to its wall
+// clock. A task outside p.Scope is ErrNotFound, a suspended tenant's a
+// *agentqtype.SuspendedError. Refused, the task stays paused as it was.
 func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 	if p.TenantID == "" {
 		return Task{}, ErrNoTenant
@@ -77,11 +85,14 @@ func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 	if err != nil {
 		return Task{}, err
 	}
+	if err := checkResumable(p, t, tenant); err != nil {
+		return Task{}, err
+	}
 	pol, err := s.d.Tenants.Policy(tenant)
 	if err != nil {
 		return Task{}, err
 	}
-	budget, err := RaiseBudget(pol.Budget, StoredBudget(pol.Budget, t.Budget), p.Budget)
+	budget, err := s.resumeBudget(ctx, p, t, tenant, pol)
 	if err != nil {
 		return Task{}, err
 	}
@@ -102,6 +113,22 @@ func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 	}
 	s.publishState(ctx, resumed.ID, store.StateQueued, "")
 	return Task{Task: resumed}, nil
+}
+
+// resumeBudget is the budget a resume leaves the task with, once the limits are
+// found to have room for its next step under it.
+func (s *Service) resumeBudget(ctx context.Context, p ResumeParams, t store.Task, tenant tenants.Tenant, pol tenants.Policy) (quotas.TaskBudget, error) {
+	cur := StoredBudget(pol.Budget, t.Budget)
+	if p.RaiseOnly {
+		if err := checkRaiseOnly(p.Budget, cur); err != nil {
+			return cur, err
+		}
+	}
+	budget, err := RaiseBudget(pol.Budget, cur, p.Budget)
+	if err != nil {
+		return cur, err
+	}
+	return budget, s.checkRoom(ctx, tenant, pol, t, budget)
 }
 
 // notResumed gives back the lease a resume took when its write did not resume the

@@ -732,6 +732,8 @@ type ListParams struct {
 	State    string    // empty: every state
 	Limit    int       // 0: DefaultListLimit
 	Before   uuid.UUID // the previous page's cursor; zero: the first page
+	// Scope keeps only the tasks an API key of that scope may see.
+	Scope Scope
 }
 
 // Page is a page of tasks; Next, when not nil, is the cursor of the next page.
@@ -756,7 +758,8 @@ func (s *Service) List(ctx context.Context, p ListParams) (Page, error) {
 		return Page{}, invalid("limit", "limit must be between 1 and %d.", MaxListLimit)
 	}
 	// One more tells whether there is a next page.
-	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: store.TaskState(p.State), Limit: want + 1, Before: p.Before})
+	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: store.TaskState(p.State), Limit: want + 1, Before: p.Before,
+		Agents: p.Scope.Agents, Principals: p.Scope.Principals})
 	if err != nil {
 		return Page{}, err
 	}
