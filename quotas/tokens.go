@@ -810,7 +810,7 @@ type PoolStatus struct {
 	EffectiveRate    int64 // tokens a minute
 	UsedLastMinute   int64 // tokens granted (and settled) in the last 60 s
 	LastThrottledAgo time.Duration
-	Throttled        bool // a throttled answer came in the last minute
+	Throttled        bool // throttled answers lowered the pool in the last minute
 	Waiting          []PoolWaiter
 }
 
