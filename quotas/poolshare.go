@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq/internal/redisx"
 )
 
 // PoolWithinShare reports whether a tenant whose step asks a pool for ask tokens is
@@ -42,4 +46,42 @@ func (q *Quotas) PoolWithinShare(ctx context.Context, pool, tenant string, ask i
 		}
 	}
 	return pass-vt <= float64(max(ask, 0))/w, true, nil
+}
+
+// PoolOfWaitReason is the pool a step waits for, from its wait_reason ("pool:<name>"),
+// and whether it waits for one.
+func PoolOfWaitReason(reason string) (string, bool) {
+	name, ok := strings.CutPrefix(reason, "pool:")
+	return name, ok && name != ""
+}
+
+// leavePoolScript drops a tenant's place in a pool's line when a task that waited
+// for it leaves (cancelled while parked), unless a later ask of the tenant holds the
+// place: its place lapses later than the leaving ask's would.
+//
+// KEYS[1] waiters by pass (zset)   KEYS[2] tenants by the time their place lapses (zset)
+// ARGV[1] tenant   ARGV[2] when the leaving ask's place lapses, ms
+// Returns 1 when the place was dropped, else 0.
+var leavePoolScript = redisx.NewScript(`
+local c = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
+if not c or c > tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+`)
+
+// LeavePool drops the tenant's place in pool's line for a parked step that will not
+// come back (its task ended while it waited for the pool until due): the tenants
+// behind it need not wait for its place to lapse. A place a later ask of the tenant
+// holds stays. It reports whether the place was dropped.
+func (q *Quotas) LeavePool(ctx context.Context, pool, tenant string, due time.Time) (bool, error) {
+	if pool == "" || strings.ContainsAny(pool, "{}") {
+		return false, fmt.Errorf("quotas: pool name %q", pool)
+	}
+	keys := q.poolKeys(pool)
+	n, err := leavePoolScript.Run(ctx, q.rdb, []string{keys[2], keys[3]}, tenant, due.Add(poolClaimGrace).UnixMilli()).Int()
+	if err != nil {
+		return false, fmt.Errorf("quotas: leave pool %s: %w", pool, err)
+	}
+	return n == 1, nil
 }

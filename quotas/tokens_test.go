@@ -660,3 +660,42 @@ func TestPoolPrunesTheTenantsThatLeft(t *testing.T) {
 		t.Fatalf("the passes hold %d fields for one tenant drawing; want the 200 gone tenants pruned", n)
 	}
 }
+
+// A task that leaves while it waits for a pool (cancelled while parked) drops its
+// tenant's place in line, so the tenants behind it are served at once rather than
+// when the place lapses; a place a later ask of the tenant holds stays.
+func TestPoolLeaveDropsThePlace(t *testing.T) {
+	t.Parallel()
+	q, now := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := PoolConfig{Name: "leave", TokensPerMinute: 60_000, BurstTokens: 10_000}
+	ask := func(tenant string, tokens int64) TokenAnswer {
+		t.Helper()
+		a, err := q.ReservePool(ctx, PoolReserveParams{Pool: pool, Tenant: tenant, Weight: 1, Tokens: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	at := func(d time.Duration) time.Time { return time.UnixMilli(now.Load()).Add(d) }
+	ask("b", 500)
+	h := ask("h", 10_000) // h's task parks for the full bucket
+	if ok, err := q.LeavePool(ctx, pool.Name, "h", at(h.Wait-time.Second)); err != nil || ok {
+		t.Fatalf("an ask due before h's latest left: dropped %v %v; want the place kept", ok, err)
+	}
+	if ask("b", 500).Granted {
+		t.Fatal("b was served ahead of h's place")
+	}
+	if ok, err := q.LeavePool(ctx, pool.Name, "h", at(h.Wait)); err != nil || !ok {
+		t.Fatalf("h's parked task left: dropped %v %v; want the place dropped", ok, err)
+	}
+	if a := ask("b", 500); !a.Granted {
+		t.Fatalf("b behind a place that was left: %+v, want served at once", a)
+	}
+	if name, ok := PoolOfWaitReason(pool.WaitReason()); !ok || name != pool.Name {
+		t.Fatalf("PoolOfWaitReason(%q) = %q, %v", pool.WaitReason(), name, ok)
+	}
+	if _, ok := PoolOfWaitReason(WaitTokensPerMinute); ok {
+		t.Fatal("tokens_per_minute read as a pool")
+	}
+}

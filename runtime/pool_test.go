@@ -198,3 +198,25 @@ func TestStepParksAreMetered(t *testing.T) {
 	}
 	t.Fatal("agentq.step_parks is not exported")
 }
+
+// A task cancelled while it waits for a pool takes its tenant's place in the pool's
+// line with it: the tenants behind need not wait for the place to lapse.
+func TestCancelWhileWaitingForAPoolLeavesItsLine(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.agents.Register("llm", counter(t))
+	pool := quotas.PoolConfig{Name: "llm", TokensPerMinute: 60_000, BurstTokens: 1000}
+	w := r.pooledWorker(pool, 100)
+	r.drainPool(pool, 9000) // the pool expects the step's tokens in about 8 s
+	id := r.submit("llm", `{"steps":1,"tokens":100}`, nil)
+	r.deliver(w)
+	if _, placed := r.poolOf(pool.Name, "l"); !placed {
+		t.Fatalf("the task waiting for the pool has no place in its line; task %+v", r.task(id).Wait)
+	}
+	if _, err := r.svc.Cancel(r.ctx, tenant, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, placed := r.poolOf(pool.Name, "l"); placed {
+		t.Fatal("the cancelled task's tenant keeps its place in the pool's line")
+	}
+}

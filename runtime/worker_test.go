@@ -100,6 +100,7 @@ func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}),
 		Admission: quotas.NewGuard(r.q, quotas.GuardOptions{Timeout: time.Second}),
 		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Archetype: &baseservice.Archetype{Logger: logger},
+		Pools: r.q,
 	})
 	queues := map[string]int{}
 	for band, weight := range scheduler.Bands {

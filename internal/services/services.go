@@ -138,7 +138,7 @@ func New(d Deps) *Services {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
 			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle,
-			Archetype: d.Archetype,
+			Archetype: d.Archetype, Pools: q,
 		})
 	}
 	return s

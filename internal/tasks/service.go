@@ -138,6 +138,15 @@ type Deps struct {
 	// Archetype is where the service logs and traces each submission's admission
 	// (agentq.admission); nil: the defaults.
 	Archetype *baseservice.Archetype
+	// Pools drops the place in a model pool's line of a task cancelled while it waited
+	// for the pool; nil: the place lapses on its own.
+	Pools PoolPlaces
+}
+
+// PoolPlaces is the part of the quotas a cancel uses: a task parked for a model pool
+// leaves the pool's line with it (quotas.Quotas.LeavePool).
+type PoolPlaces interface {
+	LeavePool(ctx context.Context, pool, tenant string, due time.Time) (bool, error)
 }
 
 // Service submits, reads, lists and cancels tasks, always for one tenant.
@@ -803,11 +812,27 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 	if _, err := s.d.Queue.Remove(ctx, tenantID, id); err != nil {
 		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)
 	}
+	s.leavePool(ctx, t)
 	s.publishState(ctx, id, store.StateKilled, cancelMessage)
 	if err := s.d.Redis.Publish(ctx, s.d.Keys.CancelChannel(), id.String()).Err(); err != nil {
 		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
 	}
 	return Task{Task: t}, nil
+}
+
+// leavePool drops the place in its pool's line of a task cancelled while it waited
+// for the pool: the tenants behind it need not wait for the place to lapse.
+func (s *Service) leavePool(ctx context.Context, t store.Task) {
+	if s.d.Pools == nil || t.Wait.Reason == nil || t.Wait.Until == nil {
+		return
+	}
+	pool, ok := quotas.PoolOfWaitReason(*t.Wait.Reason)
+	if !ok {
+		return
+	}
+	if _, err := s.d.Pools.LeavePool(ctx, pool, t.TenantID, *t.Wait.Until); err != nil {
+		s.log.Warn("dropping a cancelled task's place in its pool's line failed; it lapses on its own", "task_id", t.ID, "pool", pool, "err", err)
+	}
 }
 
 // Terminal reports whether a task state, as a string from an event, is final.
