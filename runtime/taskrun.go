@@ -574,6 +574,9 @@ const quotaTimeout = 5 * time.Second
 // longerWait is the wait of a step its own limits hold back for wait: the pool's,
 // when the agent is bound to one that expects its tokens later (read without taking
 // a place in its line), else its own. A pool that cannot be asked leaves its own.
+// The reason stays the tenant's own limit either way: the step did not get as far as
+// the pool, so the wait is not the pool's to answer for (a commitment on pool waits
+// judges none of it).
 func (r *taskRun) longerWait(ctx context.Context, reason string, wait time.Duration) (string, time.Duration) {
 	if !r.bound {
 		return reason, wait
@@ -582,7 +585,7 @@ func (r *taskRun) longerWait(ctx context.Context, reason string, wait time.Durat
 	if err != nil || pw <= wait {
 		return reason, wait
 	}
-	return r.pool.Pool.WaitReason(), pw
+	return reason, pw
 }
 
 func (r *taskRun) poolParams() quotas.PoolReserveParams {
