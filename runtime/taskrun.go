@@ -186,10 +186,9 @@ func (r *taskRun) handOff() {
 		w.park(r, took)
 		return
 	case endPaused:
-		// A paused task holds no worker, running slot or session: a resume admits it
-		// again against its tenant's sessions.
-		w.release(p, took, w.queueReleaseLease(p.TenantID, p.TaskID),
-			w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StatePaused), Error: r.fin.Error}))
+		// Its lease and slots went back with the pause (releasePaused): a resume may
+		// have dispatched it again since, so nothing of its is freed here.
+		w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StatePaused), Error: r.fin.Error})
 		return
 	}
 	// The slots go back before the end is written, so that the next task starts while
@@ -460,8 +459,41 @@ func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 		r.end = endPaused
 		r.fin = tasks.FinishParams{Claim: r.claim, To: store.StatePaused, Error: text}
 		r.log.Info("task paused at a limit", "limit_type", stop.LimitType, "limit", stop.Limit, "used", stop.Used)
+		r.releasePaused()
 	}
 }
+
+// releasePaused gives a paused task's session lease and dispatch slots back before
+// its pause goes further: a paused task holds neither. The lease goes first, in the
+// same round trip (scheduler.Paused), and the slot release names the task's next
+// dispatch anew. A resume waits until the task has left its running set, so it never
+// takes this delivery's lease for its own, and the dispatch it makes is never this
+// delivery's asynq message. While Redis is away the release is retried (each try frees
+// what is left, nothing more); past that, or if this process dies first, the lease
+// and running-set passes free them, treating a paused task as ended.
+func (r *taskRun) releasePaused() {
+	w, p := r.w, r.p
+	took := time.Since(r.began)
+	wait := 50 * time.Millisecond
+	for deadline := time.Now().Add(pauseReleaseFor); ; wait = min(2*wait, time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		actx, along := redisx.WithAlong(ctx, w.queueReleaseLease(p.TenantID, p.TaskID))
+		err := w.slots.Paused(actx, p, took)
+		_ = along.Send(ctx, w.batch) // a lease left behind is a resume's to refresh, or the lease pass's to free
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().Add(wait).After(deadline) {
+			r.log.Error("freeing a paused task's slots failed; the janitor frees them", "err", err)
+			return
+		}
+		time.Sleep(wait)
+	}
+}
+
+// pauseReleaseFor bounds how long a worker retries freeing a paused task's slots.
+const pauseReleaseFor = 30 * time.Second
 
 // reserve reserves the next step's capacity: the step against the tenant's period
 // quotas and its tokens per minute, and its tokens from its agent's model pool when

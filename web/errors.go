@@ -28,6 +28,7 @@ const (
 	CodeConflict            = "CONFLICT"
 	CodeTaskFinished        = "TASK_ALREADY_FINISHED"
 	CodeTaskNotPaused       = "TASK_NOT_PAUSED"
+	CodeTaskHandOff         = "TASK_HANDOFF_IN_PROGRESS"
 	CodeUnsupportedMedia    = "UNSUPPORTED_MEDIA_TYPE"
 	CodeInternal            = "INTERNAL"
 	CodeUnavailable         = "SERVICE_UNAVAILABLE"

@@ -172,7 +172,7 @@ func (p *Leases) review(ctx context.Context, tenants []string, live map[string][
 	for _, id := range check {
 		t := owner[id]
 		st, known := states[id]
-		if known && !st.Terminal() {
+		if known && holdsSlots(st) {
 			continue // became live after the snapshot
 		}
 		if !known {
@@ -197,7 +197,7 @@ func (p *Leases) review(ctx context.Context, tenants []string, live map[string][
 		res.Released += n
 	}
 	for _, id := range added {
-		if states[id].Terminal() {
+		if !holdsSlots(states[id]) {
 			_, _ = p.quotas.Release(ctx, owner[id], id.String()) // ended meanwhile
 		} else {
 			res.Added++

@@ -130,3 +130,22 @@ func TestTenantPassesResumeFromTheirCursor(t *testing.T) {
 		t.Fatalf("the next run did not resume: cursor %q after %q", next.Stats.Cursor, res.Stats.Cursor)
 	}
 }
+
+// A paused task holds no session: the lease pass releases the lease a paused task
+// kept (its worker died, or Redis failed, between the pause and the release) as it
+// does an ended task's.
+func TestLeasesReleaseAPausedTasksLease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("lp")
+	paused := f.submit("lp")
+	testfactory.TaskInState(t, f.Pool, paused, "paused")
+	p := NewLeases(f.Deps, NewElector(f.Deps, ElectorConfig{}), LeasesConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess, long, _ := f.q.Leases(f.ctx, "lp"); res.Released != 1 || len(sess)+len(long) != 0 {
+		t.Fatalf("result %+v, leases %v %v; want the paused task's lease released", res, sess, long)
+	}
+}

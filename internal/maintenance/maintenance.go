@@ -99,6 +99,8 @@ type Scheduler interface {
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Missing(ctx context.Context, qs []scheduler.Queued) ([]scheduler.Queued, error)
 	Done(ctx context.Context, p wire.Payload, took time.Duration) error
+	// Paused frees a paused task's slots and names its next dispatch anew.
+	Paused(ctx context.Context, p wire.Payload, took time.Duration) error
 	AddRunning(ctx context.Context, tenantID, taskID string) error
 	RunningSets(ctx context.Context, tenants []string) ([][]string, error)
 	MarkGeneration(ctx context.Context) (bool, error)

@@ -94,12 +94,13 @@ func (s *Service) sweepPause(ctx context.Context, out *PauseSweep, pt *pausedTen
 	_, err := s.Resume(ctx, ResumeParams{TenantID: t.TenantID, ID: t.ID, Pause: t.Pauses})
 	var refused *ResumeRefusedError
 	var notPaused *NotPausedError
+	var handOff *HandOffError
 	switch {
 	case err == nil:
 		out.Resumed++
 		return nil
-	case errors.As(err, &refused), errors.As(err, &notPaused):
-		return nil // sessions full: the next sweep tries again; or resumed or ended meanwhile
+	case errors.As(err, &refused), errors.As(err, &notPaused), errors.As(err, &handOff):
+		return nil // sessions full or the pause still being handed off: the next sweep tries again; or resumed or ended meanwhile
 	}
 	return err
 }
