@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -172,5 +173,29 @@ func (rr *resumeRace) waitAll(t *testing.T, r *rig, ids []uuid.UUID) {
 		if time.Now().After(end) {
 			t.Fatalf("%d of %d tasks completed", done, len(ids))
 		}
+	}
+}
+
+// A tenant's paused tasks are bounded by its plan's paused_tasks: a task that meets a
+// limit while its tenant has that many paused stops there instead (budget_exceeded),
+// its error saying it was not paused and why, and holds nothing.
+func TestPauseAtThePausedTasksBoundStops(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.setOverrides(map[string]quotas.Limit{quotas.PausedTasks: 1})
+	r.agents.Register("counter", counter(t))
+	r.start()
+	first := r.submit("counter", `{"steps":3,"cost_usd":0.01}`, &tasks.BudgetRequest{MaxCostUSD: ptr(0.01)})
+	if got := r.waitState(first, store.StatePaused); got.Usage.Steps != 1 {
+		t.Fatalf("first task paused after %d steps, want 1", got.Usage.Steps)
+	}
+	second := r.submit("counter", `{"steps":3,"cost_usd":0.01}`, &tasks.BudgetRequest{MaxCostUSD: ptr(0.01)})
+	got := r.waitState(second, store.StateBudgetExceeded)
+	if got.Usage.Steps != 1 || !strings.Contains(deref(got.Error), "max_cost_usd") || !strings.Contains(deref(got.Error), "paused_tasks 1") {
+		t.Fatalf("second task: %d steps, error %q; want stopped at max_cost_usd, naming paused_tasks 1", got.Usage.Steps, deref(got.Error))
+	}
+	r.wantReleased(second)
+	if got := r.task(first); got.State != store.StatePaused {
+		t.Fatalf("the first task is %s, want still paused", got.State)
 	}
 }

@@ -58,6 +58,7 @@ type taskRun struct {
 	weight       int // the tenant's fair-share weight, for its agent's pool
 	budget       quotas.TaskBudget
 	onLimit      quotas.OnLimits // the plan's answer at each limit: stop or pause
+	maxPaused    int64           // the tenant's paused_tasks (< 0: no bound)
 	exec         Executor
 	startedAt    time.Time // the task's first start: the wall clock counts from it
 	deadline     time.Time
@@ -250,12 +251,15 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if err != nil {
 		return true, r.requeue("reading the tenant failed", err)
 	}
-	r.limits, r.weight = quotas.NoLimits(), 1
+	r.limits, r.weight, r.maxPaused = quotas.NoLimits(), 1, -1
 	var planBudget *quotas.Budget
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
 			r.onLimit = p.OnLimit
+			if l, ok := p.Effective[quotas.PausedTasks]; ok && l >= 0 {
+				r.maxPaused = int64(l)
+			}
 		}
 	}
 	var unknown *UnknownAgentError
@@ -442,11 +446,18 @@ func (r *taskRun) atLimit(text string, stop quotas.Stop) {
 // the delivery then frees its worker, running slot and session (handOff).
 func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 	r.flushRunning()
+	var bound *tasks.PausedBoundError
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
-		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop})
+		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop, TenantID: r.task.TenantID, MaxPaused: r.maxPaused})
+		if errors.As(err, &bound) {
+			return nil // an answer, not a failure to retry
+		}
 		return err
 	})
 	switch {
+	case bound != nil:
+		// Its tenant has as many tasks paused as its plan allows: this one stops.
+		r.finish(store.StateBudgetExceeded, text+"; "+bound.Error(), nil, &stop)
 	case errors.Is(err, store.ErrLostClaim):
 		r.lostClaim("pause", err)
 	case errors.Is(err, store.ErrTaskEnded):

@@ -453,6 +453,18 @@ func (s *Store) UnscopedHeartbeat(ctx context.Context, c Claim) error {
 // interval is d as a Postgres interval literal, to the millisecond.
 func interval(d time.Duration) string { return fmt.Sprintf("%d milliseconds", d.Milliseconds()) }
 
+// UnscopedLockPausedCount counts the tenant's paused tasks, holding until the
+// transaction ends a lock that serialises the tenant's pauses (call it in one), so
+// that a pause decided on the count cannot race another.
+func (s *Store) UnscopedLockPausedCount(ctx context.Context, tenantID string) (int64, error) {
+	if _, err := s.db.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('agentq.paused:' || $1, 0))`, tenantID); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE tenant_id = $1 AND state = 'paused'`, tenantID).Scan(&n)
+	return n, err
+}
+
 // UnscopedPauseTaskParams pause a running task at a limit.
 type UnscopedPauseTaskParams struct {
 	Claim

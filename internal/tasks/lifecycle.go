@@ -680,14 +680,40 @@ type PauseParams struct {
 	// Stop is the limit that paused the task: its limit_type, value and the use
 	// that met it.
 	Stop quotas.Stop
+	// TenantID is the task's tenant, and MaxPaused its paused_tasks limit: how many
+	// of its tasks may be paused at once (below 0: no bound).
+	TenantID  string
+	MaxPaused int64
+}
+
+// PausedBoundError is a pause refused because the tenant has as many tasks paused as
+// its paused_tasks limit allows: nothing changed, and the task stops instead.
+type PausedBoundError struct {
+	Limit  int64
+	Paused int64
+}
+
+func (e *PausedBoundError) Error() string {
+	return fmt.Sprintf("not paused: %d of the tenant's tasks are paused already (paused_tasks %d)", e.Paused, e.Limit)
 }
 
 // Pause moves the claimed running task to paused at the limit in p, keeping its
 // recorded steps and agent state; the pause's event is written with it (Paused).
-// ErrLostClaim or ErrTaskEnded when the claim no longer holds.
+// ErrLostClaim or ErrTaskEnded when the claim no longer holds; a *PausedBoundError
+// when its tenant has p.MaxPaused tasks paused already (the count and the pause are
+// one transaction, serialised per tenant, so concurrent pauses never pass the bound).
 func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error) {
 	var t store.Task
 	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		if p.MaxPaused >= 0 {
+			n, err := tx.UnscopedLockPausedCount(ctx, p.TenantID)
+			if err != nil {
+				return err
+			}
+			if n >= p.MaxPaused {
+				return &PausedBoundError{Limit: p.MaxPaused, Paused: n}
+			}
+		}
 		var err error
 		t, err = tx.UnscopedPauseTask(ctx, store.UnscopedPauseTaskParams{
 			Claim: p.Claim, Reason: p.Stop.LimitType, Limit: p.Stop.Limit, Used: p.Stop.Used})
