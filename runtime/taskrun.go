@@ -59,6 +59,7 @@ type taskRun struct {
 	budget       quotas.TaskBudget
 	onLimit      quotas.OnLimits // the plan's answer at each limit: stop or pause
 	maxPaused    int64           // the tenant's paused_tasks (< 0: no bound)
+	pauseTimeout time.Duration   // how long the plan lets a task stay paused
 	exec         Executor
 	startedAt    time.Time // the task's first start: the wall clock counts from it
 	deadline     time.Time
@@ -256,7 +257,7 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
-			r.onLimit = p.OnLimit
+			r.onLimit, r.pauseTimeout = p.OnLimit, p.PauseTimeout
 			if l, ok := p.Effective[quotas.PausedTasks]; ok && l >= 0 {
 				r.maxPaused = int64(l)
 			}
@@ -448,7 +449,8 @@ func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 	r.flushRunning()
 	var bound *tasks.PausedBoundError
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
-		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop, TenantID: r.task.TenantID, MaxPaused: r.maxPaused})
+		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop, TenantID: r.task.TenantID,
+			MaxPaused: r.maxPaused, Timeout: r.pauseTimeout})
 		if errors.As(err, &bound) {
 			return nil // an answer, not a failure to retry
 		}

@@ -52,6 +52,9 @@ type Deps struct {
 	// LateStarts reports tasks still waiting for their first start past their plan's
 	// commitment; nil turns the late-start pass off.
 	LateStarts LateStartWatcher
+	// Pauses resumes and ends paused tasks (*tasks.Service); nil turns the pause
+	// watcher off.
+	Pauses PauseSweeper
 	// Webhooks prunes finished webhook deliveries past their retention; nil turns
 	// the retention pass off.
 	Webhooks WebhookPruner

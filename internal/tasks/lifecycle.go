@@ -1,6 +1,7 @@
 package tasks
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -684,6 +685,9 @@ type PauseParams struct {
 	// of its tasks may be paused at once (below 0: no bound).
 	TenantID  string
 	MaxPaused int64
+	// Timeout is how long the task may stay paused (its plan's pause_timeout_s;
+	// 0: quotas.DefaultPauseTimeout): past it the pause watcher ends it.
+	Timeout time.Duration
 }
 
 // PausedBoundError is a pause refused because the tenant has as many tasks paused as
@@ -720,6 +724,9 @@ func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error
 		if err != nil {
 			return err
 		}
+		if err := tx.UnscopedSetPauseExpiry(ctx, t.ID, cmp.Or(p.Timeout, quotas.DefaultPauseTimeout)); err != nil {
+			return err
+		}
 		return l.afterChange(ctx, tx, Change{Kind: ChangePaused, Task: t, Stop: &p.Stop})
 	})
 	return t, err
@@ -738,6 +745,44 @@ func (l *Lifecycle) Resume(ctx context.Context, p store.ResumeTaskParams) (t sto
 		return l.afterChange(ctx, tx, Change{Kind: ChangeResumed, Task: t})
 	})
 	return t, ok, err
+}
+
+// ExpirePauses ends budget_exceeded, in one statement, up to limit tasks paused past
+// their pause's expiry (their plan's pause_timeout_s, dated at the pause), each with
+// its end's event naming the limit that paused it, and returns them as they ended.
+func (l *Lifecycle) ExpirePauses(ctx context.Context, limit int) ([]store.Task, error) {
+	var ended []store.Task
+	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		if ended, err = tx.UnscopedExpirePauses(ctx, limit); err != nil {
+			return err
+		}
+		for _, t := range ended {
+			if err := l.afterChange(ctx, tx, Change{Kind: ChangeFinished, Task: t, Stop: pauseStop(t)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for range ended {
+		l.ended(ctx, store.StateBudgetExceeded)
+	}
+	return ended, nil
+}
+
+// pauseStop is the limit that paused t, as its pause recorded it.
+func pauseStop(t store.Task) *quotas.Stop {
+	stop := &quotas.Stop{}
+	if p := t.Pause; p.Reason != nil {
+		stop.LimitType = *p.Reason
+	}
+	if p := t.Pause; p.Limit != nil && p.Used != nil {
+		stop.Limit, stop.Used = *p.Limit, *p.Used
+	}
+	return stop
 }
 
 // ExpirePause ends one of the tenant's paused tasks budget_exceeded: it stayed paused
