@@ -499,7 +499,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
 		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store,
 		LateStarts: lateStarts{a.commitments, a.store}, Pauses: a.services.Tasks,
-		Archetype:  a.archetype,
+		Archetype: a.archetype,
 	}
 }
 
