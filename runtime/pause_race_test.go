@@ -65,7 +65,8 @@ func TestResumeDuringThePausingHandOff(t *testing.T) {
 		}
 		return err
 	}
-	r = newRigWith(t, tasks.LifecycleOptions{}, func(_ *rig, lc runtime.Lifecycle) runtime.Lifecycle {
+	// A worker slot per task: a resumed task never waits behind another for a slot.
+	r = newRigWith(t, tasks.LifecycleOptions{}, tasksN, func(_ *rig, lc runtime.Lifecycle) runtime.Lifecycle {
 		return pauseHook{Lifecycle: lc, onPause: func(task store.Task) {
 			err := resume(task)
 			var handOff *tasks.HandOffError

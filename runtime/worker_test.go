@@ -83,12 +83,12 @@ func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 	if len(lifecycle) > 0 {
 		lcOpts = lifecycle[0]
 	}
-	return newRigWith(t, lcOpts, nil)
+	return newRigWith(t, lcOpts, 2, nil)
 }
 
-// newRigWith is newRig with the worker's lifecycle wrapped by wrap (nil: as it is),
-// for a test that acts at a given point of a delivery.
-func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, wrap func(*rig, runtime.Lifecycle) runtime.Lifecycle) *rig {
+// newRigWith is newRig with slots worker slots and the worker's lifecycle wrapped by
+// wrap (nil: as it is), for a test that acts at a given point of a delivery.
+func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap func(*rig, runtime.Lifecycle) runtime.Lifecycle) *rig {
 	t.Helper()
 	st := store.New(testenv.Postgres(t))
 	rdb, keys := testenv.Redis(t, 1)
@@ -117,8 +117,8 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, wrap func(*rig, run
 		lc = wrap(r, lc)
 	}
 	r.w = runtime.NewWorker(lc, st, r.agents, r.sched, r.q, rdb, runtime.WorkerOptions{
-		// Two asynq servers of one slot each, as a loaded worker runs several.
-		Concurrency: 2, Fetchers: 2, Queues: queues, CancelChannel: keys.CancelChannel(),
+		// Asynq servers of one slot each (two by default), as a loaded worker runs several.
+		Concurrency: slots, Fetchers: slots, Queues: queues, CancelChannel: keys.CancelChannel(),
 		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
 		Archetype: &baseservice.Archetype{Logger: logger}, Policies: tenants.NewPolicies(plans, 16), Events: keys.TaskEvents,
 	})
