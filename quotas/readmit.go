@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -95,4 +96,34 @@ func (q *Quotas) ReAdmit(ctx context.Context, p ReAdmitParams) error {
 		limit = p.Limits.LongRunning
 	}
 	return &ReAdmitRefusal{LimitType: lt, Limit: limit, Held: held}
+}
+
+// releaseSettledScript releases a task's lease (session or long-running) unless it
+// was taken or refreshed less than ARGV[3] ago (its expiry, a lease TTL from then,
+// lies past now + ARGV[4] - ARGV[3]). The lease pass frees a paused task's lease so,
+// leaving the one a resume took a moment ago, between the pass's read of the task's
+// state and this call.
+//
+// KEYS[1] session leases   KEYS[2] long-running leases
+// ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] fresh ms   ARGV[4] lease ttl ms
+// Returns the number of leases released.
+var releaseSettledScript = redis.NewScript(luaNow + `
+local latest = now + tonumber(ARGV[4]) - tonumber(ARGV[3])
+local n = 0
+for k = 1, 2 do
+  local s = redis.call('ZSCORE', KEYS[k], ARGV[2])
+  if s and tonumber(s) <= latest then n = n + redis.call('ZREM', KEYS[k], ARGV[2]) end
+end
+return n
+`)
+
+// ReleaseSettled releases a task's leases unless one was taken or refreshed less
+// than fresh ago. It returns the number released.
+func (q *Quotas) ReleaseSettled(ctx context.Context, tenantID, taskID string, fresh time.Duration) (int, error) {
+	n, err := releaseSettledScript.Run(ctx, q.rdb, []string{q.keys.Sessions(tenantID), q.keys.LongRunning(tenantID)},
+		q.nowArg(), taskID, fresh.Milliseconds(), leaseTTL.Milliseconds()).Int()
+	if err != nil {
+		return 0, fmt.Errorf("quotas: release settled lease: %w", err)
+	}
+	return n, nil
 }

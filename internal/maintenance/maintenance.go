@@ -115,6 +115,8 @@ type Scheduler interface {
 // (*quotas.Quotas).
 type Quotas interface {
 	Release(ctx context.Context, tenantID, taskID string) (int, error)
+	// ReleaseSettled releases a task's leases unless one is fresher than fresh.
+	ReleaseSettled(ctx context.Context, tenantID, taskID string, fresh time.Duration) (int, error)
 	TouchLeases(ctx context.Context, tenantID string, taskIDs []string) (int, error)
 	LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error)
 	LeaseMembers(ctx context.Context, tenants []string) (sessions, long [][]string, err error)
