@@ -120,7 +120,6 @@ type App struct {
 	// and checks them (the API's /approve).
 	approvals   *approval.Signer
 	recovery    *maintenance.Recovery
-	pauseWatch  *maintenance.PauseWatcher
 	janitor     *maintenance.Janitor
 	rejections  *rejections.Rejections
 	relay       *webhooks.Relay
@@ -243,7 +242,6 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{
 		Interval: o.recoveryEvery, MinAge: maintenance.DefaultRecoveryMinAge,
 	})
-	a.pauseWatch = maintenance.NewPauseWatcher(a.maintenanceDeps(), a.services.Tasks, maintenance.PauseWatcherConfig{})
 	a.relay = webhooks.NewRelay(a.store, webhooks.RelayConfig{Archetype: a.archetype, AllowNets: a.cfg.WebhookAllowNets})
 	a.janitor = maintenance.NewJanitor(a.maintenanceDeps(), maintenance.JanitorConfig{Interval: a.cfg.JanitorInterval,
 		WebhookRetention: maintenance.WebhookRetentionConfig{Retention: a.cfg.WebhookRetention}})
@@ -394,7 +392,7 @@ func (a *App) roleServices() []startstop.Service {
 		svcs = append(svcs, a.worker)
 	}
 	if a.cfg.Has(config.RoleScheduler) {
-		svcs = append(svcs, a.dispatcher, a.recovery, a.pauseWatch)
+		svcs = append(svcs, a.dispatcher, a.recovery)
 	}
 	if a.cfg.Has(config.RoleJanitor) {
 		svcs = append(svcs, a.janitor.Services()...)
@@ -502,8 +500,8 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
 		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
 		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store,
-		LateStarts: lateStarts{a.commitments, a.store},
-		Archetype:  a.archetype,
+		LateStarts: lateStarts{a.commitments, a.store}, Pauses: a.services.Tasks,
+		Archetype: a.archetype,
 	}
 }
 

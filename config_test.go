@@ -83,6 +83,42 @@ func TestConfigValidateNamesTheBadField(t *testing.T) {
 	}
 }
 
+// A process that pauses tasks (the worker role) without the API in it makes approval
+// links another process serves: it refuses to start without the address people reach
+// the API at and a secret shared with the API, and says so. One process with every
+// role, as `agentq serve` and `agentq dev` run, needs neither.
+func TestSplitWorkerNeedsAPublicURLAndASharedSecret(t *testing.T) {
+	worker := func(mod func(*agentq.Config)) error {
+		cfg := agentq.DefaultConfig()
+		cfg.Roles = []string{agentq.RoleWorker}
+		mod(&cfg)
+		return cfg.Validate()
+	}
+	for _, tc := range []struct {
+		name, field string
+		mod         func(*agentq.Config)
+	}{
+		{"no public URL", "PublicURL", func(c *agentq.Config) { c.PanelSecret = "s" }},
+		{"no secret", "PanelSecret", func(c *agentq.Config) { c.PublicURL = "https://agentq.example.com" }},
+	} {
+		err := worker(tc.mod)
+		var ce *agentq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field || !strings.Contains(err.Error(), "approval links") {
+			t.Errorf("%s: Validate() = %v, want a *ConfigError naming %s and the approval links", tc.name, err, tc.field)
+		}
+	}
+	for _, mod := range []func(*agentq.Config){
+		func(c *agentq.Config) { c.PublicURL, c.PanelSecret = "https://agentq.example.com", "s" },
+		func(c *agentq.Config) { c.PublicURL, c.AdminToken = "https://agentq.example.com", "t" },
+		func(c *agentq.Config) { c.Roles = append(c.Roles, agentq.RoleAPI) },
+		func(c *agentq.Config) { c.Roles = []string{agentq.RoleScheduler, agentq.RoleJanitor} },
+	} {
+		if err := worker(mod); err != nil {
+			t.Errorf("Validate() = %v, want nil", err)
+		}
+	}
+}
+
 // Every field of Config documents its default, and the default it documents is
 // DefaultConfig's.
 func TestConfigDocumentsEveryDefault(t *testing.T) {

@@ -92,6 +92,9 @@ func ExampleApp_Agents() {
 	ctx := context.Background()
 	cfg := agentq.DefaultConfig()
 	cfg.Roles = []string{agentq.RoleScheduler, agentq.RoleWorker} // no HTTP API
+	// The approval links of tasks paused here are served by an API elsewhere: its
+	// address, and the secret it verifies them with.
+	cfg.PublicURL, cfg.PanelSecret = "https://agentq.example.com", "shared-with-the-api"
 	opts, cleanup := exampleOptions(cfg)
 	defer cleanup()
 	app, err := agentq.New(ctx, opts)

@@ -36,6 +36,10 @@ const (
 	// (POST /v1/webhooks): a count of things it keeps, checked where they are made,
 	// not by admission.
 	WebhookEndpoints = "webhook_endpoints"
+	// PausedTasks is how many tasks of a tenant's may be paused at once: a count of
+	// things it keeps, checked where a task pauses. A task that meets a limit while
+	// its tenant has that many paused stops there (budget_exceeded) instead.
+	PausedTasks = "paused_tasks"
 )
 
 // LimitTypes lists every limit type, in the order the usage API reports them.
@@ -47,7 +51,7 @@ var LimitTypes = []string{
 // CountLimitTypes are the limits on what a tenant keeps, counted where it is made
 // rather than by admission: overridable like the others, absent from admission,
 // its metrics and the usage report's admission scopes.
-var CountLimitTypes = []string{WebhookEndpoints}
+var CountLimitTypes = []string{WebhookEndpoints, PausedTasks}
 
 // bursty are the token-bucket limits that take a "<name>_burst" override.
 var bursty = []string{KeyRate, TenantRate, KeyAgentRate, UserTasksHourly, AITokensPerMinute}

@@ -91,3 +91,28 @@ func sameSet(a, b []string) bool {
 	}
 	return true
 }
+
+// A task still in its tenant's running set (the delivery that paused it has not given
+// its slot back) is refused with ErrHandOff and nothing is taken; once out of it, a
+// lease it still holds becomes the resume's own, its expiry a full lease TTL away.
+func TestReAdmitWaitsForTheHandOffAndOwnsTheLease(t *testing.T) {
+	ctx := context.Background()
+	f := newQ(t)
+	limits := Limits{Sessions: 2, LongRunning: Off}
+	old := float64(f.clock() + time.Minute.Milliseconds()) // the pausing delivery's lease
+	f.rdb.ZAdd(ctx, f.keys.Sessions("acme"), redis.Z{Score: old, Member: "t"})
+	f.rdb.SAdd(ctx, f.keys.TenantRunning("acme"), "t")
+	if err := f.q.ReAdmit(ctx, ReAdmitParams{TenantID: "acme", TaskID: "t", Limits: limits}); !errors.Is(err, ErrHandOff) {
+		t.Fatalf("re-admit during the hand-off: %v, want ErrHandOff", err)
+	}
+	if sc := f.rdb.ZScore(ctx, f.keys.Sessions("acme"), "t").Val(); sc != old {
+		t.Fatalf("a refused re-admit changed the lease: %v, want %v", sc, old)
+	}
+	f.rdb.SRem(ctx, f.keys.TenantRunning("acme"), "t")
+	if err := f.q.ReAdmit(ctx, ReAdmitParams{TenantID: "acme", TaskID: "t", Limits: limits}); err != nil {
+		t.Fatal(err)
+	}
+	if sc := f.rdb.ZScore(ctx, f.keys.Sessions("acme"), "t").Val(); sc != float64(f.clock()+leaseTTL.Milliseconds()) {
+		t.Fatalf("the lease expires at %v, want a lease TTL from now (%v)", sc, f.clock()+leaseTTL.Milliseconds())
+	}
+}

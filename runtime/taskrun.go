@@ -59,6 +59,8 @@ type taskRun struct {
 	budget       quotas.TaskBudget
 	ceiling      *quotas.TaskBudget // the plan's budget ceiling; nil when the plan is not known
 	onLimit      quotas.OnLimits    // the plan's answer at each limit: stop or pause
+	maxPaused    int64              // the tenant's paused_tasks (< 0: no bound)
+	pauseTimeout time.Duration      // how long the plan lets a task stay paused
 	exec         Executor
 	startedAt    time.Time // the task's first start: the wall clock counts from it
 	deadline     time.Time
@@ -187,10 +189,9 @@ func (r *taskRun) handOff() {
 		w.park(r, took)
 		return
 	case endPaused:
-		// A paused task holds no worker, running slot or session: a resume admits it
-		// again against its tenant's sessions.
-		w.release(p, took, w.queueReleaseLease(p.TenantID, p.TaskID),
-			w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StatePaused), Error: r.fin.Error}))
+		// Its lease and slots went back with the pause (releasePaused): a resume may
+		// have dispatched it again since, so nothing of its is freed here.
+		w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StatePaused), Error: r.fin.Error})
 		return
 	}
 	// The slots go back before the end is written, so that the next task starts while
@@ -252,12 +253,15 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	if err != nil {
 		return true, r.requeue("reading the tenant failed", err)
 	}
-	r.limits, r.weight = quotas.NoLimits(), 1
+	r.limits, r.weight, r.maxPaused = quotas.NoLimits(), 1, -1
 	var planBudget *quotas.Budget
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
-			r.onLimit, r.ceiling = p.OnLimit, &p.Budget.Ceiling
+			r.onLimit, r.ceiling, r.pauseTimeout = p.OnLimit, &p.Budget.Ceiling, p.PauseTimeout
+			if l, ok := p.Effective[quotas.PausedTasks]; ok && l >= 0 {
+				r.maxPaused = int64(l)
+			}
 		}
 	}
 	var unknown *UnknownAgentError
@@ -485,11 +489,19 @@ func (r *taskRun) raisable(limitType string) bool {
 // the delivery then frees its worker, running slot and session (handOff).
 func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 	r.flushRunning()
+	var bound *tasks.PausedBoundError
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
-		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop, Next: r.nextStep()})
+		_, err := r.w.lifecycle.Pause(ctx, tasks.PauseParams{Claim: r.claim, Stop: stop, Next: r.nextStep(),
+			TenantID: r.task.TenantID, MaxPaused: r.maxPaused, Timeout: r.pauseTimeout})
+		if errors.As(err, &bound) {
+			return nil // an answer, not a failure to retry
+		}
 		return err
 	})
 	switch {
+	case bound != nil:
+		// Its tenant has as many tasks paused as its plan allows: this one stops.
+		r.finish(store.StateBudgetExceeded, text+"; "+bound.Error(), nil, &stop)
 	case errors.Is(err, store.ErrLostClaim):
 		r.lostClaim("pause", err)
 	case errors.Is(err, store.ErrTaskEnded):
@@ -502,8 +514,41 @@ func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 		r.end = endPaused
 		r.fin = tasks.FinishParams{Claim: r.claim, To: store.StatePaused, Error: text}
 		r.log.Info("task paused at a limit", "limit_type", stop.LimitType, "limit", stop.Limit, "used", stop.Used, "why", text)
+		r.releasePaused()
 	}
 }
+
+// releasePaused gives a paused task's session lease and dispatch slots back before
+// its pause goes further: a paused task holds neither. The lease goes first, in the
+// same round trip (scheduler.Paused), and the slot release names the task's next
+// dispatch anew. A resume waits until the task has left its running set, so it never
+// takes this delivery's lease for its own, and the dispatch it makes is never this
+// delivery's asynq message. While Redis is away the release is retried (each try frees
+// what is left, nothing more); past that, or if this process dies first, the lease
+// and running-set passes free them, treating a paused task as ended.
+func (r *taskRun) releasePaused() {
+	w, p := r.w, r.p
+	took := time.Since(r.began)
+	wait := 50 * time.Millisecond
+	for deadline := time.Now().Add(pauseReleaseFor); ; wait = min(2*wait, time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		actx, along := redisx.WithAlong(ctx, w.queueReleaseLease(p.TenantID, p.TaskID))
+		err := w.slots.Paused(actx, p, took)
+		_ = along.Send(ctx, w.batch) // a lease left behind is a resume's to refresh, or the lease pass's to free
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().Add(wait).After(deadline) {
+			r.log.Error("freeing a paused task's slots failed; the janitor frees them", "err", err)
+			return
+		}
+		time.Sleep(wait)
+	}
+}
+
+// pauseReleaseFor bounds how long a worker retries freeing a paused task's slots.
+const pauseReleaseFor = 30 * time.Second
 
 // reserve reserves the next step's capacity: the step against the tenant's period
 // quotas and its tokens per minute (with the "running" message before the first

@@ -71,6 +71,9 @@ type Slots interface {
 	// Park releases a parked task's slots and keeps it out of its queue until its
 	// capacity is expected.
 	Park(ctx context.Context, p scheduler.ParkParams) error
+	// Paused releases a paused task's slots and names its next dispatch anew; the
+	// worker attaches the lease release to ctx, to go ahead of it.
+	Paused(ctx context.Context, p wire.Payload, took time.Duration) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
 }

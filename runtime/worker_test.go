@@ -83,6 +83,13 @@ func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 	if len(lifecycle) > 0 {
 		lcOpts = lifecycle[0]
 	}
+	return newRigWith(t, lcOpts, 2, nil)
+}
+
+// newRigWith is newRig with slots worker slots and the worker's lifecycle wrapped by
+// wrap (nil: as it is), for a test that acts at a given point of a delivery.
+func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap func(*rig, runtime.Lifecycle) runtime.Lifecycle) *rig {
+	t.Helper()
 	st := store.New(testenv.Postgres(t))
 	rdb, keys := testenv.Redis(t, 1)
 	plans, err := quotas.LoadCatalogue("")
@@ -106,9 +113,13 @@ func newRig(t testing.TB, lifecycle ...tasks.LifecycleOptions) *rig {
 	for band, weight := range scheduler.Bands {
 		queues[keys.AsynqQueue(band)] = weight
 	}
-	r.w = runtime.NewWorker(r.lc, st, r.agents, r.sched, r.q, rdb, runtime.WorkerOptions{
-		// Two asynq servers of one slot each, as a loaded worker runs several.
-		Concurrency: 2, Fetchers: 2, Queues: queues, CancelChannel: keys.CancelChannel(),
+	var lc runtime.Lifecycle = r.lc
+	if wrap != nil {
+		lc = wrap(r, lc)
+	}
+	r.w = runtime.NewWorker(lc, st, r.agents, r.sched, r.q, rdb, runtime.WorkerOptions{
+		// Asynq servers of one slot each (two by default), as a loaded worker runs several.
+		Concurrency: slots, Fetchers: slots, Queues: queues, CancelChannel: keys.CancelChannel(),
 		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
 		Archetype: &baseservice.Archetype{Logger: logger}, Policies: tenants.NewPolicies(plans, 16), Events: keys.TaskEvents,
 	})

@@ -230,3 +230,33 @@ func (s *Scheduler) parkedHere(due time.Time) bool {
 	}
 	return s.kickHere && len(s.local) > 0
 }
+
+// pausedScript frees a paused task's slots as doneScript does (luaRelease) and, as
+// parkScript does, counts one more generation for the task (field "g:<task>"): the
+// dispatch that runs it after a resume is a new asynq message, never the pausing
+// delivery's, which asynq may still hold as active. Running it twice frees nothing
+// more.
+//
+// KEYS[1..7] doneScript's   ARGV[1..7] doneScript's
+// Returns 1 if the task held a pool slot (the caller releases it), else 0.
+var pausedScript = redisx.NewScript(luaNow + luaRelease + `
+local held = release()
+redis.call('HINCRBY', KEYS[7], 'g:' .. ARGV[2], 1)
+redis.call('EXPIRE', KEYS[7], ARGV[7])
+return held
+`)
+
+// Paused frees a paused task's running and pool slots, charging its tenant the worker
+// time it took (took < 0: unknown), and names its next dispatch anew. A paused task
+// holds no slot: the worker that paused it calls this before its delivery ends, and
+// the running-set pass for a worker that died first. Calls attached to ctx
+// (redisx.WithAlong: the lease release) go ahead of it in its round trip, so a task
+// out of its running set has no lease left from its pausing delivery either.
+func (s *Scheduler) Paused(ctx context.Context, p wire.Payload, took time.Duration) error {
+	keys, args := s.releaseArgs(p, took)
+	if err := s.freeSlots(ctx, "paused", func(pipe redis.Pipeliner) *redis.Cmd { return pausedScript.Run(ctx, pipe, keys, args...) }); err != nil {
+		return err
+	}
+	s.wake(ctx)
+	return nil
+}

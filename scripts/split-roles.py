@@ -109,7 +109,7 @@ def redis_info(field, section):
 
 def start_agentq(port, roles, extra_env):
     env = dict(os.environ, AGENTQ_HTTP_ADDR=f"127.0.0.1:{port}", DATABASE_URL=PG, AGENTQ_ADMIN_TOKEN=ADMIN,
-               AGENTQ_REDIS_PREFIX="split:", **extra_env)
+               AGENTQ_REDIS_PREFIX="split:", AGENTQ_PUBLIC_URL="http://127.0.0.1:18301", **extra_env)
     log = open(os.path.join(tmp, f"agentq-{port}.log"), "w")
     p = subprocess.Popen([args.bin, "serve", "--roles", roles], env=env, stdout=log, stderr=log)
     procs.append(p)

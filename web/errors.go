@@ -29,6 +29,7 @@ const (
 	CodeTaskFinished        = "TASK_ALREADY_FINISHED"
 	CodeTaskNotPaused       = "TASK_NOT_PAUSED"
 	CodeResumeNeedsRoom     = "RESUME_NEEDS_ROOM"
+	CodeTaskHandOff         = "TASK_HANDOFF_IN_PROGRESS"
 	CodeUnsupportedMedia    = "UNSUPPORTED_MEDIA_TYPE"
 	CodeInternal            = "INTERNAL"
 	CodeUnavailable         = "SERVICE_UNAVAILABLE"

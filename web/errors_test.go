@@ -9,9 +9,11 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/tasks"
 )
 
 // TestPostgresRefusalOfAValueIsA400: should a value that input validation missed
@@ -40,5 +42,21 @@ func TestPostgresRefusalOfAValueIsA400(t *testing.T) {
 		if json.Unmarshal(rec.Body.Bytes(), &eb); rec.Code != c.status || eb.Error.Code != c.code || eb.Error.Message == "" {
 			t.Errorf("%v: %d %s, want %d %s", c.err, rec.Code, rec.Body.String(), c.status, c.code)
 		}
+	}
+}
+
+// A resume that meets the pausing worker's hand-off is a 409 TASK_HANDOFF_IN_PROGRESS
+// with Retry-After: the client retries, nothing changed.
+func TestResumeDuringTheHandOffIsARetryable409(t *testing.T) {
+	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	id := uuid.Must(uuid.NewV7())
+	rec := httptest.NewRecorder()
+	err := s.taskErr(fmt.Errorf("resume: %w", &tasks.HandOffError{ID: id}), &id)
+	s.errorHandler(err, echo.New().NewContext(httptest.NewRequest(http.MethodPost, "/v1/tasks/"+id.String()+"/resume", nil), rec))
+	var eb struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if json.Unmarshal(rec.Body.Bytes(), &eb); rec.Code != http.StatusConflict || eb.Error.Code != CodeTaskHandOff || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("%d %s Retry-After %q, want 409 %s with Retry-After 1", rec.Code, rec.Body, rec.Header().Get("Retry-After"), CodeTaskHandOff)
 	}
 }

@@ -165,6 +165,7 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		notPaused *tasks.NotPausedError
 		resume    *tasks.ResumeRefusedError
 		room      *tasks.NeedsRoomError
+		handOff   *tasks.HandOffError
 	)
 	switch {
 	case errors.As(err, &inv):
@@ -196,6 +197,10 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		return s.refusal(resumeDecision(resume), resume.Tenant)
 	case errors.As(err, &room):
 		return needsRoom(room)
+	case errors.As(err, &handOff):
+		e := apiErr(http.StatusConflict, CodeTaskHandOff, "Task %s was just paused and its worker is still handing it off. Retry in 1 second.", handOff.ID)
+		e.Extra = map[string]any{"retry_after_seconds": max(1, int(handOff.RetryAfter().Seconds()))}
+		return e
 	case errors.As(err, &finished):
 		return apiErr(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", finished.ID, finished.State)
 	case id != nil && errors.Is(err, tasks.ErrNotFound):

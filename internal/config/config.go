@@ -113,7 +113,9 @@ type Config struct {
 	// "": made from HTTPAddr, "http://host:port" with "localhost" for an empty or
 	// unspecified host (PublicBase). The
 	// links are signed with the panel links' secret, so every process that runs
-	// tasks must share AGENTQ_PANEL_SECRET (or the admin token) with the API.
+	// tasks must share AGENTQ_PANEL_SECRET (or the admin token) with the API. A
+	// process with the worker role and not the api role refuses to start without
+	// PublicURL and one of those secrets.
 	PublicURL string
 	// PanelFrameAncestors is the tenant panel's CSP frame-ancestors: the origins
 	// that may embed it in an iframe. AGENTQ_PANEL_FRAME_ANCESTORS, default "*" (any:
@@ -324,6 +326,9 @@ func (c Config) Check(haveRedis, havePool bool) error {
 			return bad("PublicURL", "is not an http(s) URL (https://agentq.example.com)")
 		}
 	}
+	if err := c.checkApprovalLinks(); err != nil {
+		return err
+	}
 	// The URLs are parsed as the connections will parse them; the parsers' errors
 	// are not shown, since they may quote a password.
 	if !haveRedis {
@@ -372,6 +377,26 @@ func (c Config) Check(haveRedis, havePool bool) error {
 		if g.v != nil && (*g.v < 0 || math.IsNaN(*g.v) || math.IsInf(*g.v, 0)) {
 			return bad(g.name, "is %v; want a number of 0 or more (0 disables the limit), or nil for the plans' values", *g.v)
 		}
+	}
+	return nil
+}
+
+// checkApprovalLinks refuses a process that pauses tasks (the worker role) without
+// serving the API: the approval links it writes into a pause's event are served by
+// another process, so they must start with the address people reach the API at
+// (PublicURL, not this process's localhost) and be signed with a secret that
+// process shares (PanelSecret, or the admin token), not one made up at start.
+func (c Config) checkApprovalLinks() error {
+	if !c.Has(RoleWorker) || c.Has(RoleAPI) {
+		return nil
+	}
+	if c.PublicURL == "" {
+		return &Error{Field: "PublicURL", Message: "is empty; a worker without the api role writes the approval links of paused tasks, " +
+			"which the API serves elsewhere: set AGENTQ_PUBLIC_URL to the address people reach the API at"}
+	}
+	if c.PanelSecret == "" && c.AdminToken == "" {
+		return &Error{Field: "PanelSecret", Message: "is empty and so is AdminToken; a worker without the api role signs the approval links " +
+			"of paused tasks for the API to verify: set AGENTQ_PANEL_SECRET (or AGENTQ_ADMIN_TOKEN) to the API's value"}
 	}
 	return nil
 }

@@ -105,6 +105,9 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	for _, f := range tweak {
 		f(&o)
 	}
+	if c := &o.Config; c.Has(agentq.RoleWorker) && !c.Has(agentq.RoleAPI) && c.PublicURL == "" {
+		c.PublicURL = "http://api.agentq.test" // a worker of a split process set writes approval links for the API
+	}
 	ctx := context.Background()
 	app, err := agentq.New(ctx, o)
 	if err != nil {

@@ -31,6 +31,8 @@ type JanitorConfig struct {
 	StartDeadlines StartDeadlinesConfig
 	// LateStarts: its Interval is its own (10 s), not Interval.
 	LateStarts LateStartsConfig
+	// Pauses: its Interval is its own (1 s), not Interval.
+	Pauses PauseWatcherConfig
 }
 
 // Janitor reconciles Redis with Postgres, the system of record, so that crashes and
@@ -52,6 +54,7 @@ type Janitor struct {
 	webhooks   *WebhookRetention
 	deadlines  *StartDeadlines
 	lateStarts *LateStarts
+	pauses     *PauseWatcher
 }
 
 // NewJanitor builds the elector and the passes. Nothing runs until their Start.
@@ -86,6 +89,9 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		deadlines: NewStartDeadlines(d, e, c.StartDeadlines),
 		// Nor does the late-start pass: it only reports.
 		lateStarts: NewLateStarts(d, e, c.LateStarts),
+		// Nor does the pause watcher: it moves paused tasks only, by conditional
+		// updates.
+		pauses: NewPauseWatcher(d, e, c.Pauses),
 	}
 	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
 	// and two passes acting on one task at once (the stale pass re-queueing it while
@@ -104,7 +110,7 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
 	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections, j.webhooks,
-		j.deadlines, j.lateStarts}
+		j.deadlines, j.lateStarts, j.pauses}
 }
 
 // Report says what one run of every drift pass found and fixed, per kind of drift,

@@ -168,11 +168,28 @@ func (p *Leases) review(ctx context.Context, tenants []string, live map[string][
 	if err != nil {
 		return err
 	}
+	if err := p.releaseEnded(ctx, check, owner, states, res); err != nil {
+		return err
+	}
+	for _, id := range added {
+		if !holdsSlots(states[id]) {
+			_, _ = p.quotas.Release(ctx, owner[id], id.String()) // ended meanwhile
+		} else {
+			res.Added++
+		}
+	}
+	return nil
+}
+
+// releaseEnded releases the leases in check (by task) whose task ended, is paused, or
+// is unknown to Postgres and not young, given the states read right before.
+func (p *Leases) releaseEnded(ctx context.Context, check []uuid.UUID, owner map[uuid.UUID]string,
+	states map[uuid.UUID]store.TaskState, res *LeasesResult) error {
 	ages := map[string]map[string]time.Duration{} // per tenant, read only for unknown tasks
 	for _, id := range check {
 		t := owner[id]
 		st, known := states[id]
-		if known && !st.Terminal() {
+		if known && holdsSlots(st) {
 			continue // became live after the snapshot
 		}
 		if !known {
@@ -190,18 +207,19 @@ func (p *Leases) review(ctx context.Context, tenants []string, live map[string][
 				continue // maybe an admission still writing its task
 			}
 		}
-		n, err := p.quotas.Release(ctx, t, id.String())
+		release := p.quotas.Release
+		if st == store.StatePaused {
+			// A resume may have taken the task's lease since the state was read: a
+			// lease fresher than leaseGrace is the resume's and stays.
+			release = func(ctx context.Context, t, id string) (int, error) {
+				return p.quotas.ReleaseSettled(ctx, t, id, leaseGrace)
+			}
+		}
+		n, err := release(ctx, t, id.String())
 		if err != nil {
 			return err
 		}
 		res.Released += n
-	}
-	for _, id := range added {
-		if states[id].Terminal() {
-			_, _ = p.quotas.Release(ctx, owner[id], id.String()) // ended meanwhile
-		} else {
-			res.Added++
-		}
 	}
 	return nil
 }

@@ -130,3 +130,42 @@ func TestTenantPassesResumeFromTheirCursor(t *testing.T) {
 		t.Fatalf("the next run did not resume: cursor %q after %q", next.Stats.Cursor, res.Stats.Cursor)
 	}
 }
+
+// A paused task holds no session: the lease pass releases the lease a paused task
+// kept (its worker died, or Redis failed, between the pause and the release) as it
+// does an ended task's.
+func TestLeasesReleaseAPausedTasksLease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("lp")
+	paused := f.submit("lp")
+	testfactory.TaskInState(t, f.Pool, paused, "paused")
+	// Last refreshed two minutes ago, by the worker that paused it.
+	f.Redis.ZAddXX(f.ctx, f.Keys.Sessions("lp"), redis.Z{Score: float64(time.Now().Add(6*time.Hour - 2*time.Minute).UnixMilli()), Member: paused.String()})
+	p := NewLeases(f.Deps, NewElector(f.Deps, ElectorConfig{}), LeasesConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess, long, _ := f.q.Leases(f.ctx, "lp"); res.Released != 1 || len(sess)+len(long) != 0 {
+		t.Fatalf("result %+v, leases %v %v; want the paused task's lease released", res, sess, long)
+	}
+}
+
+// A lease taken or refreshed under a minute ago on a task the pass reads as paused is
+// a resume's, made between the pass's read and its release: the pass spares it.
+func TestLeasesSpareAResumesFreshLease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("lr")
+	resuming := f.submit("lr") // its lease taken a moment ago
+	testfactory.TaskInState(t, f.Pool, resuming, "paused")
+	p := NewLeases(f.Deps, NewElector(f.Deps, ElectorConfig{}), LeasesConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess, _, _ := f.q.Leases(f.ctx, "lr"); res.Released != 0 || !slices.Contains(sess, resuming.String()) {
+		t.Fatalf("result %+v, leases %v; want the fresh lease kept", res, sess)
+	}
+}

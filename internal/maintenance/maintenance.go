@@ -52,6 +52,9 @@ type Deps struct {
 	// LateStarts reports tasks still waiting for their first start past their plan's
 	// commitment; nil turns the late-start pass off.
 	LateStarts LateStartWatcher
+	// Pauses resumes and ends paused tasks (*tasks.Service); nil turns the pause
+	// watcher off.
+	Pauses PauseSweeper
 	// Webhooks prunes finished webhook deliveries past their retention; nil turns
 	// the retention pass off.
 	Webhooks WebhookPruner
@@ -99,6 +102,8 @@ type Scheduler interface {
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Missing(ctx context.Context, qs []scheduler.Queued) ([]scheduler.Queued, error)
 	Done(ctx context.Context, p wire.Payload, took time.Duration) error
+	// Paused frees a paused task's slots and names its next dispatch anew.
+	Paused(ctx context.Context, p wire.Payload, took time.Duration) error
 	AddRunning(ctx context.Context, tenantID, taskID string) error
 	RunningSets(ctx context.Context, tenants []string) ([][]string, error)
 	MarkGeneration(ctx context.Context) (bool, error)
@@ -110,6 +115,8 @@ type Scheduler interface {
 // (*quotas.Quotas).
 type Quotas interface {
 	Release(ctx context.Context, tenantID, taskID string) (int, error)
+	// ReleaseSettled releases a task's leases unless one is fresher than fresh.
+	ReleaseSettled(ctx context.Context, tenantID, taskID string, fresh time.Duration) (int, error)
 	TouchLeases(ctx context.Context, tenantID string, taskIDs []string) (int, error)
 	LeaseAges(ctx context.Context, tenantID string) (sessions, long map[string]time.Duration, err error)
 	LeaseMembers(ctx context.Context, tenants []string) (sessions, long [][]string, err error)

@@ -37,6 +37,7 @@ const (
 	passRepush     = "repush"
 	passPool       = "pool"
 	passGeneration = "generation"
+	passPauses     = "pauses"
 	passRecount    = "quota_recount"
 	passRejections = "rejection_flush"
 	passLateStarts = "late_starts"

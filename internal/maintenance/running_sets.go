@@ -166,22 +166,29 @@ func (p *RunningSets) review(ctx context.Context, tenants []string, live map[str
 		return err
 	}
 	for _, id := range drop {
-		if st, known := states[id]; known && !st.Terminal() {
+		st, known := states[id]
+		if known && holdsSlots(st) {
 			continue
 		}
 		// No priority: Postgres lists this task as not live, and Done needs none here.
 		// Done frees the running-set and inflight entries by task id; the priority only
 		// rebuilds the task's dispatching entry, together with the estimate, which the
 		// janitor does not know either. A dispatching entry is the dispatcher's: it
-		// re-sends it, and the pool check recounts a slot it held.
-		if err := p.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id]}, -1); err != nil {
+		// re-sends it, and the pool check recounts a slot it held. A paused task's entry
+		// goes as its worker's release would have taken it (scheduler.Paused): its next
+		// dispatch, after a resume, is a new asynq message.
+		free := p.sched.Done
+		if st == store.StatePaused {
+			free = p.sched.Paused
+		}
+		if err := free(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id]}, -1); err != nil {
 			return err
 		}
 		res.Removed++
 	}
 	// As with leases: a task that ended meanwhile must not keep a running slot.
 	for _, id := range readded {
-		if states[id].Terminal() {
+		if !holdsSlots(states[id]) {
 			_ = p.sched.Done(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id], Priority: priority[id]}, -1)
 		} else {
 			res.Added++
@@ -208,4 +215,12 @@ func (p *RunningSets) rescueStranded(ctx context.Context, tenant string, byID ma
 		res.Stranded++
 	}
 	return nil
+}
+
+// holdsSlots reports whether a task in state st may hold a running slot or a session
+// lease: a queued or running one. An ended task holds neither, and neither does a
+// paused one: its worker frees both before the pause is over, and a resume takes its
+// lease again.
+func holdsSlots(st store.TaskState) bool {
+	return !st.Terminal() && st != store.StatePaused
 }

@@ -88,3 +88,31 @@ func TestRunningSetsKeepTheSlotOfATaskDispatchedAfterTheSnapshot(t *testing.T) {
 		t.Fatalf("running set %v, %d removed: the task dispatched after the snapshot lost its slot", members, res.Removed)
 	}
 }
+
+// A paused task holds no dispatch slot: the running-set pass frees the entry a paused
+// task kept (its worker died between the pause and the release) as it does an ended
+// task's, and names the task's next dispatch anew.
+func TestRunningSetsFreeAPausedTasksSlot(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("p")
+	paused := f.submit("p")
+	if _, err := f.sched.Remove(f.ctx, "p", paused); err != nil {
+		t.Fatal(err)
+	}
+	testfactory.TaskInState(t, f.Pool, paused, "paused")
+	if err := f.sched.AddRunning(f.ctx, "p", paused.String()); err != nil {
+		t.Fatal(err)
+	}
+	p := NewRunningSets(f.Deps, NewElector(f.Deps, ElectorConfig{}), RunningSetsConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if members, _ := f.sched.RunningMembers(f.ctx, "p"); res.Removed != 1 || len(members) != 0 {
+		t.Fatalf("result %+v, running set %v; want the paused task's entry freed", res, members)
+	}
+	if g, _ := f.Redis.HGet(f.ctx, f.Keys.TenantConf("p"), "g:"+paused.String()).Int(); g != 1 {
+		t.Fatalf("generation %d after the pass, want 1: the next dispatch is a new asynq message", g)
+	}
+}

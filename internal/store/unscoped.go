@@ -177,14 +177,27 @@ type PausedTask struct {
 	NextTokens, NextCostMicro int64
 }
 
-// UnscopedListPaused returns a page of paused tasks across tenants, in id order
-// after the cursor.
-func (s *Store) UnscopedListPaused(ctx context.Context, after uuid.UUID, limit int) ([]PausedTask, error) {
+// UnscopedQuotaPausedTenants lists the tenants with tasks paused by a period quota
+// (agent_steps_daily, ai_tokens_monthly, usd_monthly), from their index.
+func (s *Store) UnscopedQuotaPausedTenants(ctx context.Context) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT DISTINCT tenant_id FROM tasks
+		WHERE state = 'paused' AND paused_reason IN ('agent_steps_daily', 'ai_tokens_monthly', 'usd_monthly')`)
+	return collect(rows, err, func(row pgx.Row) (string, error) {
+		var id string
+		err := row.Scan(&id)
+		return id, err
+	})
+}
+
+// UnscopedListQuotaPaused returns a tenant's tasks paused by a period quota, oldest
+// pause first.
+func (s *Store) UnscopedListQuotaPaused(ctx context.Context, tenantID string) ([]PausedTask, error) {
 	rows, err := s.db.Query(ctx, `
 		SELECT id, tenant_id, COALESCE(paused_reason, ''), COALESCE(paused_at, now()), pauses,
 			COALESCE(pause_limit, 0), COALESCE(pause_used, 0),
 			COALESCE(step_estimate, 0), COALESCE(step_cost_estimate, 0) FROM tasks
-		WHERE state = 'paused' AND id > $1 ORDER BY id LIMIT $2`, after, limit)
+		WHERE tenant_id = $1 AND state = 'paused' AND paused_reason IN ('agent_steps_daily', 'ai_tokens_monthly', 'usd_monthly')
+		ORDER BY paused_at`, tenantID)
 	return collect(rows, err, func(row pgx.Row) (PausedTask, error) {
 		var t PausedTask
 		err := row.Scan(&t.ID, &t.TenantID, &t.Reason, &t.PausedAt, &t.Pauses, &t.Limit, &t.Used,

@@ -465,6 +465,40 @@ func (s *Store) UnscopedHeartbeat(ctx context.Context, c Claim) error {
 // interval is d as a Postgres interval literal, to the millisecond.
 func interval(d time.Duration) string { return fmt.Sprintf("%d milliseconds", d.Milliseconds()) }
 
+// UnscopedLockPausedCount counts the tenant's paused tasks, holding until the
+// transaction ends a lock that serialises the tenant's pauses (call it in one), so
+// that a pause decided on the count cannot race another.
+func (s *Store) UnscopedLockPausedCount(ctx context.Context, tenantID string) (int64, error) {
+	if _, err := s.db.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('agentq.paused:' || $1, 0))`, tenantID); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE tenant_id = $1 AND state = 'paused'`, tenantID).Scan(&n)
+	return n, err
+}
+
+// UnscopedSetPauseExpiry dates when the paused task's pause ends it: timeout after
+// its pause (its plan's pause_timeout_s).
+func (s *Store) UnscopedSetPauseExpiry(ctx context.Context, id uuid.UUID, timeout time.Duration) error {
+	_, err := s.db.Exec(ctx, `UPDATE tasks SET pause_expires_at = paused_at + $2::interval WHERE id = $1 AND state = 'paused'`,
+		id, interval(timeout))
+	return err
+}
+
+// UnscopedExpirePauses ends budget_exceeded, in one statement, up to limit tasks
+// paused past their pause's expiry (oldest expiry first), and returns them as they
+// ended, their pause's fields still set: the limit that paused each. Tasks another
+// transaction holds are skipped for the next call.
+func (s *Store) UnscopedExpirePauses(ctx context.Context, limit int) ([]Task, error) {
+	rows, err := s.db.Query(ctx, `
+		UPDATE tasks SET state = 'budget_exceeded', finished_at = clock_timestamp(),
+			error = 'budget exceeded: paused at ' || COALESCE(paused_reason, 'a limit') || ' longer than the plan''s pause timeout'
+		WHERE id IN (SELECT id FROM tasks WHERE state = 'paused' AND pause_expires_at <= now()
+			ORDER BY pause_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+		RETURNING `+taskCols, limit)
+	return collect(rows, err, func(row pgx.Row) (Task, error) { return scanTask(row) })
+}
+
 // UnscopedPauseTaskParams pause a running task at a limit.
 type UnscopedPauseTaskParams struct {
 	Claim

@@ -1,6 +1,7 @@
 package tasks
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -703,19 +704,51 @@ type PauseParams struct {
 	// Next is what the step the limit held back is expected to take, kept with the
 	// pause: a resume is judged against it, and its delivery reserves it.
 	Next quotas.NextStep
+	// TenantID is the task's tenant, and MaxPaused its paused_tasks limit: how many
+	// of its tasks may be paused at once (below 0: no bound).
+	TenantID  string
+	MaxPaused int64
+	// Timeout is how long the task may stay paused (its plan's pause_timeout_s;
+	// 0: quotas.DefaultPauseTimeout): past it the pause watcher ends it.
+	Timeout time.Duration
+}
+
+// PausedBoundError is a pause refused because the tenant has as many tasks paused as
+// its paused_tasks limit allows: nothing changed, and the task stops instead.
+type PausedBoundError struct {
+	Limit  int64
+	Paused int64
+}
+
+func (e *PausedBoundError) Error() string {
+	return fmt.Sprintf("not paused: %d of the tenant's tasks are paused already (paused_tasks %d)", e.Paused, e.Limit)
 }
 
 // Pause moves the claimed running task to paused at the limit in p, keeping its
 // recorded steps and agent state; the pause's event is written with it (Paused).
-// ErrLostClaim or ErrTaskEnded when the claim no longer holds.
+// ErrLostClaim or ErrTaskEnded when the claim no longer holds; a *PausedBoundError
+// when its tenant has p.MaxPaused tasks paused already (the count and the pause are
+// one transaction, serialised per tenant, so concurrent pauses never pass the bound).
 func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error) {
 	var t store.Task
 	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		if p.MaxPaused >= 0 {
+			n, err := tx.UnscopedLockPausedCount(ctx, p.TenantID)
+			if err != nil {
+				return err
+			}
+			if n >= p.MaxPaused {
+				return &PausedBoundError{Limit: p.MaxPaused, Paused: n}
+			}
+		}
 		var err error
 		t, err = tx.UnscopedPauseTask(ctx, store.UnscopedPauseTaskParams{
 			Claim: p.Claim, Reason: p.Stop.LimitType, Limit: p.Stop.Limit, Used: p.Stop.Used,
 			NextTokens: p.Next.Tokens, NextCostMicro: p.Next.CostMicro})
 		if err != nil {
+			return err
+		}
+		if err := tx.UnscopedSetPauseExpiry(ctx, t.ID, cmp.Or(p.Timeout, quotas.DefaultPauseTimeout)); err != nil {
 			return err
 		}
 		return l.afterChange(ctx, tx, Change{Kind: ChangePaused, Task: t, Stop: &p.Stop})
@@ -736,6 +769,44 @@ func (l *Lifecycle) Resume(ctx context.Context, p store.ResumeTaskParams) (t sto
 		return l.afterChange(ctx, tx, Change{Kind: ChangeResumed, Task: t})
 	})
 	return t, ok, err
+}
+
+// ExpirePauses ends budget_exceeded, in one statement, up to limit tasks paused past
+// their pause's expiry (their plan's pause_timeout_s, dated at the pause), each with
+// its end's event naming the limit that paused it, and returns them as they ended.
+func (l *Lifecycle) ExpirePauses(ctx context.Context, limit int) ([]store.Task, error) {
+	var ended []store.Task
+	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		if ended, err = tx.UnscopedExpirePauses(ctx, limit); err != nil {
+			return err
+		}
+		for _, t := range ended {
+			if err := l.afterChange(ctx, tx, Change{Kind: ChangeFinished, Task: t, Stop: pauseStop(t)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for range ended {
+		l.ended(ctx, store.StateBudgetExceeded)
+	}
+	return ended, nil
+}
+
+// pauseStop is the limit that paused t, as its pause recorded it.
+func pauseStop(t store.Task) *quotas.Stop {
+	stop := &quotas.Stop{}
+	if p := t.Pause; p.Reason != nil {
+		stop.LimitType = *p.Reason
+	}
+	if p := t.Pause; p.Limit != nil && p.Used != nil {
+		stop.Limit, stop.Used = *p.Limit, *p.Used
+	}
+	return stop
 }
 
 // ExpirePause ends one of the tenant's paused tasks budget_exceeded: it stayed paused

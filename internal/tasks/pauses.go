@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -19,39 +17,107 @@ type PauseSweep struct {
 	Expired int // pauses past their plan's pause_timeout_s, ended budget_exceeded
 }
 
-// pausePage bounds the paused tasks one read lists.
+// pausePage bounds the pauses one expiry statement ends.
 const pausePage = 500
 
-// SweepPauses looks at every paused task once: one paused longer than its plan's
-// pause_timeout_s ends budget_exceeded; one paused by a period quota (daily steps,
-// monthly tokens or USD) resumes by itself when that quota allows again, that is when
-// its limit was raised or its use fell (the daily window moved, a new billing period
-// began) since the pause, and there is room under it for the step the pause held
-// back (quotas.QuotaRoom). A task paused by its own budget waits for a person: POST
-// /v1/tasks/{id}/resume or its approval link. A resume its tenant's sessions refuse,
-// or its limits have no room for, and a suspended tenant's, wait for a later sweep.
+// PauseMarks is what a sweeper saw of each tenant with quota pauses when it last
+// looked at them: what could lift a period quota since (an admin's change of the
+// tenant, its plan or overrides; the hour, which moves the daily steps' window; the
+// billing period). A tenant whose mark is unchanged is not looked at again. The
+// zero value is not usable: NewPauseMarks. One sweeper owns it.
+type PauseMarks struct {
+	seen map[string]pauseMark
+}
+
+// pauseMark is a tenant's state as far as a period quota's room goes.
+type pauseMark struct {
+	updated time.Time
+	hour    int64
+	period  time.Time
+}
+
+// NewPauseMarks returns marks that have seen nothing: the next sweep looks at every
+// tenant's quota pauses once.
+func NewPauseMarks() *PauseMarks { return &PauseMarks{seen: map[string]pauseMark{}} }
+
+// SweepPauses ends every pause past its plan's pause_timeout_s budget_exceeded (one
+// indexed statement per page of them, the expiry dated at the pause), and resumes
+// tasks paused by a period quota (daily steps, monthly tokens or USD) once that quota
+// allows again: when its limit was raised or its use fell since the pause, and there
+// is room under it. A tenant's quota pauses are looked at only when its mark in marks
+// changed: an admin changed the tenant (a raise), the hour turned (the daily window
+// moved), a billing period began. A task paused by its own budget waits for a
+// person: POST /v1/tasks/{id}/resume or its approval link. A resume refused for now
+// (sessions full, the pause still being handed off) leaves its tenant unmarked, so
+// the next sweep tries again.
 //
 // Every change is a conditional write (paused → queued, paused → budget_exceeded), so
-// processes sweeping at once change each task once.
-func (s *Service) SweepPauses(ctx context.Context) (PauseSweep, error) {
+// sweeps that overlap change each task once.
+func (s *Service) SweepPauses(ctx context.Context, marks *PauseMarks) (PauseSweep, error) {
 	var out PauseSweep
-	after := uuid.Nil
-	tenants := map[string]*pausedTenant{}
 	for {
-		rows, err := s.d.Store.UnscopedListPaused(ctx, after, pausePage)
+		ended, err := s.d.Lifecycle.ExpirePauses(ctx, pausePage)
 		if err != nil {
 			return out, err
 		}
-		for _, t := range rows {
-			if err := s.sweepPause(ctx, &out, s.pausedTenant(ctx, tenants, t.TenantID), t); err != nil && ctx.Err() != nil {
-				return out, err
-			}
+		for _, t := range ended {
+			out.Expired++
+			s.publishState(ctx, t.ID, store.StateBudgetExceeded, "budget exceeded: paused longer than the plan's pause timeout")
 		}
-		if len(rows) < pausePage {
-			return out, nil
+		if len(ended) < pausePage {
+			break
 		}
-		after = rows[len(rows)-1].ID
 	}
+	ids, err := s.d.Store.UnscopedQuotaPausedTenants(ctx)
+	if err != nil {
+		return out, err
+	}
+	listed := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		listed[id] = true
+		if err := s.sweepTenantPauses(ctx, &out, marks, id); err != nil && ctx.Err() != nil {
+			return out, err
+		}
+	}
+	for id := range marks.seen {
+		if !listed[id] {
+			delete(marks.seen, id) // none of its tasks waits on a quota now
+		}
+	}
+	return out, nil
+}
+
+// sweepTenantPauses resumes the tenant's quota pauses that its quotas allow again,
+// unless nothing changed since its mark.
+func (s *Service) sweepTenantPauses(ctx context.Context, out *PauseSweep, marks *PauseMarks, tenantID string) error {
+	pt := &pausedTenant{}
+	if pt.tenant, pt.err = s.d.Tenant(ctx, tenantID); pt.err == nil {
+		pt.pol, pt.err = s.d.Tenants.Policy(pt.tenant)
+	}
+	if pt.err != nil {
+		return pt.err
+	}
+	now := time.Now()
+	mark := pauseMark{updated: pt.tenant.UpdatedAt, hour: now.Unix() / 3600, period: pt.tenant.Anchor().PeriodAt(now).Start}
+	if seen, ok := marks.seen[tenantID]; ok && seen == mark {
+		return nil
+	}
+	paused, err := s.d.Store.UnscopedListQuotaPaused(ctx, tenantID)
+	if err != nil {
+		return err
+	}
+	again := false
+	for _, t := range paused {
+		retry, err := s.sweepPause(ctx, out, pt, t)
+		if err != nil {
+			return err
+		}
+		again = again || retry
+	}
+	if !again {
+		marks.seen[tenantID] = mark
+	}
+	return nil
 }
 
 // pausedTenant is what a sweep reads once per tenant: its policy and, when one of its
@@ -63,79 +129,47 @@ type pausedTenant struct {
 	use    map[string]quotas.Scope // by limit_type; nil until read
 }
 
-func (s *Service) pausedTenant(ctx context.Context, m map[string]*pausedTenant, id string) *pausedTenant {
-	if pt, ok := m[id]; ok {
-		return pt
+// sweepPause resumes one quota pause its quota allows again, or leaves it; retry says
+// the next sweep should look again (the quotas could not be read, or the resume was
+// refused for now).
+func (s *Service) sweepPause(ctx context.Context, out *PauseSweep, pt *pausedTenant, t store.PausedTask) (retry bool, err error) {
+	allows, known := s.quotaAllows(ctx, pt, t)
+	if !allows {
+		return !known, nil
 	}
-	pt := &pausedTenant{}
-	pt.tenant, pt.err = s.d.Tenant(ctx, id)
-	if pt.err == nil {
-		pt.pol, pt.err = s.d.Tenants.Policy(pt.tenant)
-	}
-	m[id] = pt
-	return pt
-}
-
-// sweepPause ends or resumes one paused task, or leaves it.
-func (s *Service) sweepPause(ctx context.Context, out *PauseSweep, pt *pausedTenant, t store.PausedTask) error {
-	if pt.err != nil {
-		return pt.err
-	}
-	stop := quotas.Stop{LimitType: t.Reason, Limit: t.Limit, Used: t.Used}
-	if time.Since(t.PausedAt) >= pt.pol.PauseTimeout {
-		_, ok, err := s.d.Lifecycle.ExpirePause(ctx, t.TenantID, t.ID, &stop)
-		if ok {
-			out.Expired++
-			s.publishState(ctx, t.ID, store.StateBudgetExceeded, "budget exceeded: paused longer than the plan's pause timeout")
-		}
-		return err
-	}
-	if !quotaPause(t.Reason) || !s.quotaAllows(ctx, pt, t) {
-		return nil
-	}
-	_, err := s.Resume(ctx, ResumeParams{TenantID: t.TenantID, ID: t.ID, Pause: t.Pauses})
+	_, err = s.Resume(ctx, ResumeParams{TenantID: t.TenantID, ID: t.ID, Pause: t.Pauses})
+	var refused *ResumeRefusedError
+	var notPaused *NotPausedError
+	var handOff *HandOffError
+	var room *NeedsRoomError
+	var suspended *agentqtype.SuspendedError
 	switch {
 	case err == nil:
 		out.Resumed++
-		return nil
-	case leftPaused(err):
-		return nil
+		return false, nil
+	case errors.As(err, &notPaused):
+		return false, nil // resumed or ended meanwhile
+	case errors.As(err, &room), errors.As(err, &suspended):
+		return false, nil // no room for its next step, or the tenant suspended: a change of the tenant or its window looks again
+	case errors.As(err, &refused), errors.As(err, &handOff):
+		return true, nil // sessions full, or the pause still being handed off
 	}
-	return err
-}
-
-// leftPaused tells a sweep's resume refused for now, the task staying paused for a
-// later sweep: its tenant's sessions are full, its limits have no room for its next
-// step, or its tenant is suspended; or it was resumed or ended meanwhile.
-func leftPaused(err error) bool {
-	var refused *ResumeRefusedError
-	var notPaused *NotPausedError
-	var room *NeedsRoomError
-	var suspended *agentqtype.SuspendedError
-	return errors.As(err, &refused) || errors.As(err, &notPaused) || errors.As(err, &room) || errors.As(err, &suspended)
-}
-
-// quotaPause reports whether limitType is a period quota of the tenant's, which a
-// paused task waits on by itself.
-func quotaPause(limitType string) bool {
-	switch limitType {
-	case quotas.AgentStepsDaily, quotas.AITokensMonthly, quotas.USDMonthly:
-		return true
-	}
-	return false
+	return true, err
 }
 
 // quotaAllows reports whether the quota that paused t allows a step again: it is off
-// now, or it was raised or its use fell since the pause, and its use is below it.
+// now, or it was raised or its use fell since the pause, and there is room under it
+// for the step the pause held back (quotas.QuotaRoom).
 // Requiring a change since the pause keeps a task whose next step still would not
-// fit from pausing and resuming over and over.
-func (s *Service) quotaAllows(ctx context.Context, pt *pausedTenant, t store.PausedTask) bool {
+// fit from pausing and resuming over and over. known is false when the quotas could
+// not be read.
+func (s *Service) quotaAllows(ctx context.Context, pt *pausedTenant, t store.PausedTask) (allows, known bool) {
 	if pt.use == nil {
 		d, err := s.d.Admission.Admit(ctx, quotas.AdmitParams{
 			Mode: quotas.ModePeek, TenantID: pt.tenant.ID, Limits: pt.pol.Limits, Period: pt.tenant.Anchor().PeriodAt(time.Now()),
 		})
 		if err != nil || d.Degraded {
-			return false // the quotas cannot be read now: the next sweep asks again
+			return false, false // the quotas cannot be read now: the next sweep asks again
 		}
 		pt.use = make(map[string]quotas.Scope, len(d.Scopes))
 		for _, sc := range d.Scopes {
@@ -144,10 +178,10 @@ func (s *Service) quotaAllows(ctx context.Context, pt *pausedTenant, t store.Pau
 	}
 	sc, ok := pt.use[t.Reason]
 	if !ok || sc.Limit < 0 {
-		return true // the quota is off now
+		return true, true // the quota is off now
 	}
 	changed := int64(sc.Limit) > t.Limit || int64(sc.Used) < t.Used
-	return changed && roomForPaused(sc, t)
+	return changed && roomForPaused(sc, t), true
 }
 
 // roomForPaused reports whether the quota sc has room for the step that paused t, as

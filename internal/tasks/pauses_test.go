@@ -32,7 +32,7 @@ func (e env) pausedTask(t *testing.T, tenant, limitType string, limit, used int6
 		Reason: limitType, Limit: limit, Used: used}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.Pool().Exec(ctx, `UPDATE tasks SET paused_at = now() - $2::interval WHERE id = $1`, id, age.String()); err != nil {
+	if _, err := e.st.Pool().Exec(ctx, `UPDATE tasks SET paused_at = now() - $2::interval, pause_expires_at = now() - $2::interval + interval '24 hours' WHERE id = $1`, id, age.String()); err != nil {
 		t.Fatal(err)
 	}
 	return id
@@ -65,7 +65,8 @@ func TestSweepPausesResumesWhenTheQuotaAllowsAgain(t *testing.T) {
 	budget := e.pausedTask(t, "acme", quotas.TaskMaxSteps, 20, 20, time.Minute)
 	old := e.pausedTask(t, "acme", quotas.TaskMaxCostUSD, 1_000_000, 1_000_000, 25*time.Hour)
 
-	res, err := e.svc.SweepPauses(ctx)
+	marks := tasks.NewPauseMarks()
+	res, err := e.svc.SweepPauses(ctx, marks)
 	if err != nil || res.Resumed != 2 || res.Expired != 1 {
 		t.Fatalf("sweep: %+v %v, want 2 resumed and 1 expired", res, err)
 	}
@@ -87,7 +88,38 @@ func TestSweepPausesResumesWhenTheQuotaAllowsAgain(t *testing.T) {
 	if err != nil || len(sessions) != 2 {
 		t.Fatalf("sessions after the resumes: %v %v, want the 2 resumed tasks'", sessions, err)
 	}
-	if res, err := e.svc.SweepPauses(ctx); err != nil || res != (tasks.PauseSweep{}) {
+	if res, err := e.svc.SweepPauses(ctx, marks); err != nil || res != (tasks.PauseSweep{}) {
 		t.Fatalf("a second sweep: %+v %v, want nothing done", res, err)
+	}
+}
+
+// The sweep looks at a tenant's quota pauses again only when something that could
+// lift the quota changed since it last looked (here: an admin's change of the
+// tenant); until then a pause stays as it is, whatever the sweeps in between.
+func TestSweepPausesLooksAgainOnlyWhenTheTenantChanged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, "acme")
+	id := e.pausedTask(t, "acme", quotas.AITokensMonthly, 20_000_000, 0, time.Minute)
+	marks := tasks.NewPauseMarks()
+	if res, err := e.svc.SweepPauses(ctx, marks); err != nil || res != (tasks.PauseSweep{}) {
+		t.Fatalf("first sweep: %+v %v, want nothing done", res, err)
+	}
+	// Behind the sweep's back the pause now reads as lifted (its use at the pause
+	// above today's); no mark of the tenant's changed, so the sweep does not look.
+	if _, err := e.st.Pool().Exec(ctx, `UPDATE tasks SET pause_used = 5 WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.svc.SweepPauses(ctx, marks); err != nil || res.Resumed != 0 {
+		t.Fatalf("a sweep with nothing changed: %+v %v, want no resume", res, err)
+	}
+	if _, err := e.st.UpdateTenant(ctx, store.UpdateTenantParams{ID: "acme", Overrides: map[string]quotas.Limit{quotas.AITokensMonthly: 30_000_000}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.svc.SweepPauses(ctx, marks); err != nil || res.Resumed != 1 {
+		t.Fatalf("a sweep after the tenant changed: %+v %v, want the task resumed", res, err)
+	}
+	if got := e.state(t, "acme", id); got.State != store.StateQueued {
+		t.Fatalf("the task is %s, want queued", got.State)
 	}
 }

@@ -158,6 +158,8 @@ func (s *Service) readmit(ctx context.Context, tenant tenants.Tenant, pol tenant
 	})
 	var refused *quotas.ReAdmitRefusal
 	switch {
+	case errors.Is(err, quotas.ErrHandOff):
+		return &HandOffError{ID: t.ID}
 	case errors.As(err, &refused):
 		return &ResumeRefusedError{ReAdmitRefusal: *refused, Tenant: tenant}
 	case err != nil:
@@ -195,3 +197,17 @@ func RaiseBudget(plan quotas.Budget, b quotas.TaskBudget, req *BudgetRequest) (q
 	full.Default = b
 	return ResolveBudget(full, req)
 }
+
+// HandOffError is a resume of a task whose pausing delivery has not yet given back
+// its dispatch slot: the pause is written, the hand-off is not over. Retry in a
+// moment (RetryAfter); nothing changed.
+type HandOffError struct {
+	ID uuid.UUID
+}
+
+func (e *HandOffError) Error() string {
+	return fmt.Sprintf("task %s is still being handed off by the worker that paused it; retry", e.ID)
+}
+
+// RetryAfter is how soon a retry is worth making.
+func (e *HandOffError) RetryAfter() time.Duration { return time.Second }
