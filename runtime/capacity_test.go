@@ -320,8 +320,10 @@ func TestThrottledForeverEndsAtItsWallClock(t *testing.T) {
 			if got.Pause.Reason == nil || *got.Pause.Reason != string(quotas.TaskMaxWallclock) {
 				t.Fatalf("paused for %q; want the wall clock", deref(got.Pause.Reason))
 			}
-			if !strings.Contains(r.log.String(), "the agent's upstream throttled step 1") {
-				t.Fatalf("nothing says the throttling ran the wall clock out; log:\n%s", r.log)
+			// The wall clock runs out either where a throttled answer's wait would pass
+			// it, or, on a slow machine, at the check before the next step.
+			if l := r.log.String(); !strings.Contains(l, "the agent's upstream throttled step 1") && !strings.Contains(l, "max_wallclock_s 1 reached") {
+				t.Fatalf("nothing says the wall clock ran out; log:\n%s", l)
 			}
 			if got.WaitedMs != 0 {
 				t.Fatalf("waited %d ms uncharged; the waits after throttled answers count toward the wall clock", got.WaitedMs)
@@ -339,7 +341,7 @@ func TestThrottledForeverEndsAtItsWallClock(t *testing.T) {
 	if sawReason != quotas.WaitThrottled+":shared" {
 		t.Fatalf("wait_reason while throttled %q, want throttled:shared", sawReason)
 	}
-	if took := time.Since(began); took > 3*time.Second {
+	if took := time.Since(began); took > 5*time.Second {
 		t.Fatalf("ended %v after submission, want about its 1 s wall clock", took)
 	}
 	r.wantReleased(id)
