@@ -294,3 +294,57 @@ func TestClusterMasterLossLosesNoTask(t *testing.T) {
 		t.Fatalf("only %d of 120 submissions accepted around the restart", accepted)
 	}
 }
+
+// While the master holding a tenant's keys is down (killed, then restarted empty),
+// the tenant's reads answer within a few of admission's Redis deadlines, without
+// what Redis alone holds, saying so (degraded): they neither wait on the cluster
+// client's retries nor fail.
+func TestClusterReadsAnswerWhileAMasterIsDown(t *testing.T) {
+	e, c := newClusterEnv(t)
+	api := e.start(t, roles("api"), func(o *agentq.Options) { o.Config.RedisTimeout = redisStallTimeout })
+	ctx := context.Background()
+	cl, k := api.tenantClient("down", "pro", nil)
+	for range 3 {
+		if _, err := cl.SubmitTask(ctx, sim(1, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb := e.rdb.(*redis.ClusterClient)
+	slot, err := rdb.ClusterKeySlot(ctx, e.keys.Rejections("down")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := slices.Index(c.Addrs(), nodeOfSlot(t, rdb, slot))
+	if victim < 0 {
+		t.Fatal("no node holds the tenant's keys")
+	}
+	c.Kill(victim)
+	for _, r := range []struct {
+		name, path string
+		check      func(*testing.T, map[string]any, bool)
+	}{
+		{"task list", "/v1/tasks?state=queued", func(t *testing.T, b map[string]any, whole bool) {
+			tasks, _ := b["tasks"].([]any)
+			if len(tasks) != 3 {
+				t.Fatalf("%d queued tasks listed, want 3: %v", len(tasks), b)
+			}
+			for _, x := range tasks {
+				checkWaitReason(t, x.(map[string]any), whole)
+			}
+		}},
+		{"usage", "/v1/usage", checkUsage},
+	} {
+		for range 3 { // the first one meets the cluster client's stale view, the others its retries
+			var body map[string]any
+			t0 := time.Now()
+			st, _ := api.do("GET", r.path, k.Key, nil, &body)
+			took := time.Since(t0)
+			t.Logf("%s answered %d in %v with a master down", r.name, st, took)
+			if st != 200 || took > readBudget {
+				t.Fatalf("%s answered %d in %v with a master down: want 200 within %v", r.name, st, took, readBudget)
+			}
+			r.check(t, body, false)
+		}
+	}
+	c.Restart(victim)
+}
