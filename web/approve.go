@@ -13,7 +13,6 @@ import (
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/approval"
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/quotas"
 )
@@ -96,16 +95,16 @@ func (s *Server) approvalTask(c echo.Context, cl approval.Claims) (approvalView,
 	v.BudgetCost, v.CeilingCost = quotas.FormatUSD(v.Budget.MaxCostUSD), quotas.FormatUSD(v.Ceiling.MaxCostUSD)
 	v.Expires, v.ExpiresAt = expiresIn(cl.Expires, time.Now()), cl.Expires.UTC().Format(time.RFC3339)
 	if t.Pause.Reason != nil && t.Pause.Limit != nil && t.Pause.Used != nil {
-		v.explainPause(t.Task)
+		v.explainPause(t)
 	}
 	return v, nil
 }
 
 // explainPause fills what the page says of the pause of t: why, in words, and the
 // raise that lets its next step run.
-func (v *approvalView) explainPause(t store.Task) {
+func (v *approvalView) explainPause(t tasks.Task) {
 	stop := quotas.Stop{LimitType: *t.Pause.Reason, Limit: *t.Pause.Limit, Used: *t.Pause.Used}
-	sf := quotas.ShortfallAt(stop, tasks.PausedNext(t))
+	sf := quotas.ShortfallAt(stop, tasks.PausedNext(t.Task))
 	v.Why = sf.Explain()
 	v.Field = quotas.Field(sf.LimitType)
 	if v.Field == "" {
