@@ -188,6 +188,9 @@ func (b *fairBench) start(ctx context.Context, shards int) (*benchEnv, error) {
 	cfg.Shards = shards
 	cfg.WorkerConcurrency = b.o.Concurrency
 	cfg.ShutdownTimeout = 2 * time.Second
+	// A worker without the api role needs where its approval links point and the
+	// secret that signs them; the bench's tasks never pause and no API serves links.
+	cfg.PublicURL, cfg.PanelSecret = "http://bench.invalid", "bench-"+id
 	e.keys = rkeys.New(cfg.RedisPrefix, shards)
 	e.store = store.New(pool)
 	// The product's defaults (prefetch, dispatch timer, asynq's check interval) except
