@@ -5,7 +5,7 @@ Starts a local 3-master Redis Cluster (or, with --single, uses one Redis), a fre
 Postgres database, and three agentq processes: api, scheduler+janitor, worker. Then:
 
   1. runs the load generator's agentq load (internal/bench/loadgen, built to
-     bin/loadgen unless --loadcmp PATH or the LOADCMP environment variable names
+     bin/loadgen unless --loadgen PATH or the AGENTQ_LOADGEN environment variable names
      another binary) against the API and
      reads each process's CPU time (/proc/<pid>/stat) before and after: CPU seconds
      per 1,000 tasks per role, Redis and Postgres included;
@@ -16,22 +16,22 @@ Postgres database, and three agentq processes: api, scheduler+janitor, worker. T
 Prints one JSON object. Needs redis-server, redis-cli, psql, a built bin/agentq (make
 build). Nothing else may use the Redis or Postgres meanwhile.
 
-  python3 scripts/split-roles.py [--single] [--tasks 4000] [--loadcmp PATH]
+  python3 scripts/split-roles.py [--single] [--tasks 4000] [--loadgen PATH]
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tempfile, threading, time, urllib.request
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--loadcmp", default=os.environ.get("LOADCMP"),
-                help="the load generator binary (default: $LOADCMP, else bin/loadgen built by make loadgen)")
+ap.add_argument("--loadgen", default=os.environ.get("AGENTQ_LOADGEN"),
+                help="the load generator binary (default: $AGENTQ_LOADGEN, else bin/loadgen built by make loadgen)")
 ap.add_argument("--bin", default="bin/agentq")
 ap.add_argument("--single", action="store_true", help="one Redis (REDIS_URL db 13) instead of a cluster")
 ap.add_argument("--tasks", type=int, default=4000)
 ap.add_argument("--queued", type=int, default=2000)
 args = ap.parse_args()
-if not args.loadcmp:
+if not args.loadgen:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run(["make", "-s", "-C", root, "loadgen"], check=True, stdout=sys.stderr)
-    args.loadcmp = os.path.join(root, "bin", "loadgen")
+    args.loadgen = os.path.join(root, "bin", "loadgen")
 
 TICK = os.sysconf("SC_CLK_TCK")
 ADMIN = "split-admin"
@@ -147,7 +147,7 @@ try:
              "redis": [p for p in pids_of("redis-server") if args.single or p in [q.pid for q in procs]],
              "postgres": pids_of("postgres")}
     before = {k: cpu_all(v) for k, v in roles.items()}
-    lc = subprocess.run([args.loadcmp, "-tasks", str(args.tasks), "agentq", base, ADMIN], capture_output=True, text=True)
+    lc = subprocess.run([args.loadgen, "-tasks", str(args.tasks), "agentq", base, ADMIN], capture_output=True, text=True)
     roles["postgres"] = pids_of("postgres")  # backends opened meanwhile count from 0
     after = {k: cpu_all(v) for k, v in roles.items()}
     load = json.loads(lc.stdout)
@@ -189,7 +189,7 @@ try:
     mem3 = redis_info("used_memory", "memory")
     print(json.dumps({
         "redis": "single" if args.single else "cluster of 3 masters",
-        "tasks": args.tasks, "agentq_tasks_per_s": load["tasks_per_s"], "loadcmp_errors": load["errors"],
+        "tasks": args.tasks, "agentq_tasks_per_s": load["tasks_per_s"], "loadgen_errors": load["errors"],
         "cpu_s_per_1000_tasks": per1k,
         "postgres_connections": pg_conns, "redis_clients": redis_clients,
         "redis_bytes_per_queued_task": round((mem3 - mem2) / (n - len(errs))),

@@ -6,14 +6,14 @@
 #
 #   scripts/throughput-pairs.sh /tmp/agentq-before bin/agentq [N]
 #
-# LOADCMP names the load generator as for throughput.sh; without it, bin/loadgen is
+# AGENTQ_LOADGEN names the load generator as for throughput.sh; without it, bin/loadgen is
 # built once here, so that every run uses the same one.
 set -u
 A=$1; B=$2; N=${3:-3}
 here=$(dirname "$0")
-if [ -z "${LOADCMP:-}" ]; then
+if [ -z "${AGENTQ_LOADGEN:-}" ]; then
   make -s -C "$here/.." loadgen >&2 || exit 1
-  LOADCMP=$(cd "$here/.." && pwd)/bin/loadgen; export LOADCMP
+  AGENTQ_LOADGEN=$(cd "$here/.." && pwd)/bin/loadgen; export AGENTQ_LOADGEN
 fi
 run() { "$here/throughput.sh" "$1" 2>/dev/null | head -2 | python3 -c '
 import sys, json

@@ -19,17 +19,17 @@
 # to /tmp/throughput-timeline.log. With pg_stat_statements.track_planning on, the
 # statements' planning time shows beside their running time.
 #
-# The load generator is built to bin/loadgen (make loadgen) unless LOADCMP names
+# The load generator is built to bin/loadgen (make loadgen) unless AGENTQ_LOADGEN names
 # another binary, or a wrapper giving it flags (-tasks 16000 for a run long enough to
 # profile); the figures per task divide by the tasks it reports.
 #
 # Nothing else may use Redis db 14 meanwhile (a stray agentq on it takes tasks).
 set -u
 BIN=$1; shift
-if [ -z "${LOADCMP:-}" ]; then
+if [ -z "${AGENTQ_LOADGEN:-}" ]; then
   root=$(cd "$(dirname "$0")/.." && pwd)
   make -s -C "$root" loadgen >&2 || exit 1
-  LOADCMP=$root/bin/loadgen
+  AGENTQ_LOADGEN=$root/bin/loadgen
 fi
 DB=tp_$$
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
@@ -71,7 +71,7 @@ ran() { python3 -c 'import sys,json; print(json.loads(sys.argv[1])["tasks"])' "$
 per_task() { python3 -c "t=$tick; n=max($5,1); print('machine ms per task: busy %.2f idle %.2f' % (($3-$1)*1000/t/n, ($4-$2)*1000/t/n))"; }
 a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu); read -r m0 i0 < <(machine)
 [ -n "${TIMELINE:-}" ] && python3 "$(dirname "$0")/throughput-timeline.py" "$PORT" >/tmp/throughput-timeline.log 2>&1 &
-out=$("$LOADCMP" agentq "http://127.0.0.1:$PORT" tpadmin); echo "$out"
+out=$("$AGENTQ_LOADGEN" agentq "http://127.0.0.1:$PORT" tpadmin); echo "$out"
 a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu); read -r m1 i1 < <(machine)
 n=$(ran "$out")
 python3 -c "t=$tick; k=max($n,1)/1000; print('cpu s/1000 tasks: agentq %.2f redis %.2f postgres %.2f' % (($a1-$a0)/t/k, ($r1-$r0)/k, ($p1-$p0)/t/k))"
@@ -87,7 +87,7 @@ for mode in "$@"; do
   *) echo "unknown baseline $mode (river, asynq)" >&2; continue ;;
   esac
   read -r m0 i0 < <(machine)
-  out=$("$LOADCMP" "$mode" "$target"); echo "$out"
+  out=$("$AGENTQ_LOADGEN" "$mode" "$target"); echo "$out"
   read -r m1 i1 < <(machine)
   per_task "$m0" "$i0" "$m1" "$i1" "$(ran "$out")"
 done
