@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
@@ -65,7 +66,7 @@ func TestStepWaitsForTokensPerMinuteWithoutAWorker(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		got := r.task(id)
-		if got.State == store.StateQueued && got.Usage.Steps >= 1 && got.Wait.Reason != nil {
+		if got.State == agentqtype.TaskStateQueued && got.Usage.Steps >= 1 && got.Wait.Reason != nil {
 			if *got.Wait.Reason != quotas.WaitTokensPerMinute || got.Wait.Until == nil {
 				t.Fatalf("parked task waits for %q until %v; want tokens_per_minute and a time", *got.Wait.Reason, got.Wait.Until)
 			}
@@ -86,7 +87,7 @@ func TestStepWaitsForTokensPerMinuteWithoutAWorker(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	got := r.waitState(id, store.StateCompleted)
+	got := r.waitState(id, agentqtype.TaskStateCompleted)
 	if got.Usage != (store.Usage{Steps: 3, Tokens: 3000}) || got.Error != nil {
 		t.Fatalf("completed task: usage %+v, error %v", got.Usage, deref(got.Error))
 	}
@@ -152,7 +153,7 @@ func TestThrottledStepDoesNotCountAndWaits(t *testing.T) {
 	r.start()
 	began := time.Now()
 	id := r.submit("flaky", `{"steps":2,"tokens":10}`, &tasks.BudgetRequest{MaxSteps: ptr(2)})
-	got := r.waitState(id, store.StateCompleted)
+	got := r.waitState(id, agentqtype.TaskStateCompleted)
 	if got.Usage != (store.Usage{Steps: 2, Tokens: 20}) {
 		t.Fatalf("usage %+v; want the two steps that ran, and not the throttled one", got.Usage)
 	}
@@ -193,7 +194,7 @@ func TestCancelWhileParkedReleasesEverything(t *testing.T) {
 	id := r.submit("llm", `{"steps":3,"tokens":100}`, nil)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if got := r.task(id); got.State == store.StateQueued && got.Wait.Reason != nil {
+		if got := r.task(id); got.State == agentqtype.TaskStateQueued && got.Wait.Reason != nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -204,7 +205,7 @@ func TestCancelWhileParkedReleasesEverything(t *testing.T) {
 	if _, err := r.svc.Cancel(r.ctx, tenant, id); err != nil {
 		t.Fatal(err)
 	}
-	got := r.waitState(id, store.StateKilled)
+	got := r.waitState(id, agentqtype.TaskStateKilled)
 	if got.Usage.Steps != 1 {
 		t.Fatalf("usage %+v; want the one step before the wait", got.Usage)
 	}
@@ -258,7 +259,7 @@ func TestNoStepRunsUnreservedWhenRedisIsDown(t *testing.T) {
 			if err := w.ProcessTask(r.ctx, r.take()); err == nil {
 				t.Fatal("the delivery succeeded with the quota store down; want it handed back")
 			}
-			if got := r.task(id); got.State != store.StateQueued || got.Usage.Steps != 0 {
+			if got := r.task(id); got.State != agentqtype.TaskStateQueued || got.Usage.Steps != 0 {
 				t.Fatalf("task %s with %d steps; want queued with none", got.State, got.Usage.Steps)
 			}
 			mu.Lock()
@@ -316,7 +317,7 @@ func TestThrottledForeverEndsAtItsWallClock(t *testing.T) {
 		if got.Wait.Reason != nil && sawReason == "" {
 			sawReason = *got.Wait.Reason
 		}
-		if got.State == store.StatePaused { // the plan pauses at the wall clock
+		if got.State == agentqtype.TaskStatePaused { // the plan pauses at the wall clock
 			if got.Pause.Reason == nil || *got.Pause.Reason != string(quotas.TaskMaxWallclock) {
 				t.Fatalf("paused for %q; want the wall clock", deref(got.Pause.Reason))
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/quotas"
@@ -150,12 +151,12 @@ func (rr *resumeRace) waitAll(t *testing.T, r *rig, ids []uuid.UUID) {
 		for _, id := range ids {
 			got := r.task(id)
 			switch got.State {
-			case store.StateCompleted:
+			case agentqtype.TaskStateCompleted:
 				if got.Usage.Steps != 26 {
 					t.Fatalf("task %s completed after %d steps, want 26", id, got.Usage.Steps)
 				}
 				done++
-			case store.StateQueued, store.StateRunning, store.StatePaused:
+			case agentqtype.TaskStateQueued, agentqtype.TaskStateRunning, agentqtype.TaskStatePaused:
 			default:
 				t.Fatalf("task %s is %s: %s; log:\n%s", id, got.State, deref(got.Error), r.log)
 			}
@@ -187,16 +188,16 @@ func TestPauseAtThePausedTasksBoundStops(t *testing.T) {
 	r.agents.Register("counter", counter(t))
 	r.start()
 	first := r.submit("counter", `{"steps":3,"cost_usd":0.01}`, &tasks.BudgetRequest{MaxCostUSD: ptr(0.01)})
-	if got := r.waitState(first, store.StatePaused); got.Usage.Steps != 1 {
+	if got := r.waitState(first, agentqtype.TaskStatePaused); got.Usage.Steps != 1 {
 		t.Fatalf("first task paused after %d steps, want 1", got.Usage.Steps)
 	}
 	second := r.submit("counter", `{"steps":3,"cost_usd":0.01}`, &tasks.BudgetRequest{MaxCostUSD: ptr(0.01)})
-	got := r.waitState(second, store.StateBudgetExceeded)
+	got := r.waitState(second, agentqtype.TaskStateBudgetExceeded)
 	if got.Usage.Steps != 1 || !strings.Contains(deref(got.Error), "max_cost_usd") || !strings.Contains(deref(got.Error), "paused_tasks 1") {
 		t.Fatalf("second task: %d steps, error %q; want stopped at max_cost_usd, naming paused_tasks 1", got.Usage.Steps, deref(got.Error))
 	}
 	r.wantReleased(second)
-	if got := r.task(first); got.State != store.StatePaused {
+	if got := r.task(first); got.State != agentqtype.TaskStatePaused {
 		t.Fatalf("the first task is %s, want still paused", got.State)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
@@ -86,7 +86,7 @@ func TestStepHeldByItsOwnLimitLeavesThePoolAlone(t *testing.T) {
 	id := r.submit("llm", `{"steps":3,"tokens":100}`, nil)
 	r.deliver(w) // step 1 runs; step 2 waits 100 s for the tenant's own bucket
 	got := r.task(id)
-	if got.State != store.StateQueued || got.Usage.Steps != 1 || got.Wait.Reason == nil || *got.Wait.Reason != quotas.WaitTokensPerMinute {
+	if got.State != agentqtype.TaskStateQueued || got.Usage.Steps != 1 || got.Wait.Reason == nil || *got.Wait.Reason != quotas.WaitTokensPerMinute {
 		t.Fatalf("task %s, %d steps, wait %v; want queued after one step, waiting for tokens_per_minute", got.State, got.Usage.Steps, got.Wait.Reason)
 	}
 	if reqs, placed := r.poolOf("llm", "r"); !within(reqs, 58.9, 59) || placed {
@@ -127,7 +127,7 @@ func TestStepAtAQuotaPausesWithoutWaitingForThePool(t *testing.T) {
 	id := r.submit("llm", `{"steps":3,"tokens":100}`, nil)
 	r.deliver(w) // step 1 runs; step 2 would go past ai_tokens_monthly
 	got := r.task(id)
-	if got.State != store.StatePaused || got.Usage.Steps != 1 {
+	if got.State != agentqtype.TaskStatePaused || got.Usage.Steps != 1 {
 		t.Fatalf("task %s with %d steps, wait %v; want paused at ai_tokens_monthly after one step", got.State, got.Usage.Steps, deref(got.Wait.Reason))
 	}
 	if _, placed := r.poolOf("llm", "r"); placed {
@@ -171,13 +171,13 @@ func TestStepParksAreMetered(t *testing.T) {
 	for range 2 {
 		r.drainPool(pool, 1100) // the pool holds the step back 200 ms or more
 		r.deliver(w)
-		if got := r.task(id); got.State != store.StateQueued || got.Wait.Reason == nil {
+		if got := r.task(id); got.State != agentqtype.TaskStateQueued || got.Wait.Reason == nil {
 			t.Fatalf("task %s, waiting for %v; want parked for the pool", got.State, deref(got.Wait.Reason))
 		}
 		r.unparkNext()
 	}
 	r.deliver(w)
-	if got := r.task(id); got.State != store.StateCompleted {
+	if got := r.task(id); got.State != agentqtype.TaskStateCompleted {
 		t.Fatalf("task %s; want completed", got.State)
 	}
 	var rm metricdata.ResourceMetrics

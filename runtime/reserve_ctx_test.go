@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
@@ -54,7 +54,7 @@ func TestReservationOutlivesItsDeliveryCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := r.task(id)
-	if got.State == store.StateCompleted {
+	if got.State == agentqtype.TaskStateCompleted {
 		t.Fatalf("the cancelled delivery completed the task")
 	}
 	if counted := r.stepsCounted(); counted != got.Usage.Steps {

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -160,7 +161,7 @@ func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
 		// start found the task past its start deadline and ended it expired: its end,
 		// and so its state message, are this delivery's.
 		tail := []func(redis.Pipeliner){w.queueReleaseLease(p.TenantID, p.TaskID)}
-		if task.State == store.StateExpired {
+		if task.State == agentqtype.TaskStateExpired {
 			tail = append(tail, w.queuePublish(r.ctx, Event{Type: "state", TaskID: p.TaskID, State: string(task.State), Error: store.ExpiredError}))
 		}
 		w.release(p, -1, tail...)
@@ -191,7 +192,7 @@ func (r *taskRun) handOff() {
 	case endPaused:
 		// Its lease and slots went back with the pause (releasePaused): a resume may
 		// have dispatched it again since, so nothing of its is freed here.
-		w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StatePaused), Error: r.fin.Error})
+		w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStatePaused), Error: r.fin.Error})
 		return
 	}
 	// The slots go back before the end is written, so that the next task starts while
@@ -224,13 +225,13 @@ func (r *taskRun) run() (requeued bool) {
 		"attempt", r.task.Attempt}, telemetry.SpanAttrs(r.ctx)...)...)
 	r.id = r.task.ID.String()
 	r.claim = store.Claim{ID: r.task.ID, Attempt: r.task.Attempt}
-	r.running = r.w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StateRunning)})
+	r.running = r.w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateRunning)})
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("executor panicked", "panic", p)
-			r.finish(store.StateFailed, fmt.Sprintf("internal error: agent %q panicked", r.task.Agent), nil, nil)
+			r.finish(agentqtype.TaskStateFailed, fmt.Sprintf("internal error: agent %q panicked", r.task.Agent), nil, nil)
 			requeued = false
 		}
 	}()
@@ -275,7 +276,7 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	})
 	switch {
 	case unknown != nil:
-		r.finish(store.StateFailed, unknown.Error(), nil, nil)
+		r.finish(agentqtype.TaskStateFailed, unknown.Error(), nil, nil)
 		return true, false
 	case err != nil:
 		return true, r.requeue("looking the agent up failed", err)
@@ -461,13 +462,13 @@ func (r *taskRun) wallclockStop() (string, quotas.Stop) {
 func (r *taskRun) atLimit(text string, stop quotas.Stop) {
 	if r.onLimit.For(stop.LimitType) == quotas.OnLimitPause {
 		if !r.raisable(stop.LimitType) {
-			r.finish(store.StateBudgetExceeded, text+" (the plan's ceiling: no raise can resume it)", nil, &stop)
+			r.finish(agentqtype.TaskStateBudgetExceeded, text+" (the plan's ceiling: no raise can resume it)", nil, &stop)
 			return
 		}
 		r.pauseAt(text, stop)
 		return
 	}
-	r.finish(store.StateBudgetExceeded, text, nil, &stop)
+	r.finish(agentqtype.TaskStateBudgetExceeded, text, nil, &stop)
 }
 
 // raisable reports whether a raise within the plan's ceiling could let the next step
@@ -501,7 +502,7 @@ func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 	switch {
 	case bound != nil:
 		// Its tenant has as many tasks paused as its plan allows: this one stops.
-		r.finish(store.StateBudgetExceeded, text+"; "+bound.Error(), nil, &stop)
+		r.finish(agentqtype.TaskStateBudgetExceeded, text+"; "+bound.Error(), nil, &stop)
 	case errors.Is(err, store.ErrLostClaim):
 		r.lostClaim("pause", err)
 	case errors.Is(err, store.ErrTaskEnded):
@@ -512,7 +513,7 @@ func (r *taskRun) pauseAt(text string, stop quotas.Stop) {
 		r.log.Error("pausing the task failed; leaving it to the janitor", "limit_type", stop.LimitType, "err", err)
 	default:
 		r.end = endPaused
-		r.fin = tasks.FinishParams{Claim: r.claim, To: store.StatePaused, Error: text}
+		r.fin = tasks.FinishParams{Claim: r.claim, To: agentqtype.TaskStatePaused, Error: text}
 		r.log.Info("task paused at a limit", "limit_type", stop.LimitType, "limit", stop.Limit, "used", stop.Used, "why", text)
 		r.releasePaused()
 	}
@@ -738,7 +739,7 @@ func (r *taskRun) parkFor(reason string, wait time.Duration) {
 		r.end, r.parked = endParked, until
 		r.log.Debug("task parked for token capacity", "wait_reason", reason, "wait", wait)
 		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", reason)))
-		r.w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(store.StateQueued), WaitReason: reason, WaitUntil: &until})
+		r.w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateQueued), WaitReason: reason, WaitUntil: &until})
 	}
 }
 
@@ -794,7 +795,7 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued
 		if errors.As(err, &se) {
 			r.log.Warn("agent step failed", "step", step, "kind", se.Kind, "attempts", se.Attempts, "detail", se.Detail)
 		}
-		r.finish(store.StateFailed, err.Error(), nil, nil)
+		r.finish(agentqtype.TaskStateFailed, err.Error(), nil, nil)
 		return true, false
 	}
 	if res.Throttled != nil {
@@ -805,7 +806,7 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued
 		// Nothing of this step is billed: give the reservation back, record nothing.
 		r.refund()
 		r.log.Warn("agent reported unusable usage; failing the task", "step", step, "err", err)
-		r.finish(store.StateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, r.task.Agent, step, err), nil, nil)
+		r.finish(agentqtype.TaskStateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, r.task.Agent, step, err), nil, nil)
 		return true, false
 	}
 	return false, false
@@ -871,7 +872,7 @@ func (r *taskRun) record(step int, res StepResult) (more bool) {
 		// the path every task takes.
 		ev.Output = res.Output
 		r.end, r.last = endLastStep, lastStep{rec: rec, booked: booked, ev: ev}
-		r.fin = tasks.FinishParams{Claim: r.claim, To: store.StateCompleted, Output: res.Output}
+		r.fin = tasks.FinishParams{Claim: r.claim, To: agentqtype.TaskStateCompleted, Output: res.Output}
 		return false
 	}
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {

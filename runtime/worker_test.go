@@ -19,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
@@ -288,7 +289,7 @@ func TestWorkerRunsAGoHandlerToCompletion(t *testing.T) {
 	r.agents.Register("counter", counter(t))
 	r.start()
 	id := r.submit("counter", `{"steps":3,"tokens":10,"cost_usd":0.001}`, nil)
-	got := r.waitState(id, store.StateCompleted)
+	got := r.waitState(id, agentqtype.TaskStateCompleted)
 	if got.Usage != (store.Usage{Steps: 3, Tokens: 30, CostMicroUSD: 3000}) || got.Attempt != 1 || got.Error != nil {
 		t.Fatalf("completed task: usage %+v, attempt %d, error %v", got.Usage, got.Attempt, got.Error)
 	}
@@ -318,13 +319,13 @@ func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 		state  store.TaskState
 	}{
 		{"wall clock", `{"block":true}`, tasks.BudgetRequest{MaxWallclockS: ptr(0.2)},
-			store.Usage{}, "task_max_wallclock_s", store.StatePaused},
+			store.Usage{}, "task_max_wallclock_s", agentqtype.TaskStatePaused},
 		{"cost", `{"tokens":1,"cost_usd":0.3}`, tasks.BudgetRequest{MaxCostUSD: ptr(0.5)},
-			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 300_000}, "task_max_cost_usd", store.StatePaused},
+			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 300_000}, "task_max_cost_usd", agentqtype.TaskStatePaused},
 		{"cost at the ceiling", `{"tokens":1,"cost_usd":0.6}`, tasks.BudgetRequest{MaxCostUSD: ptr(1.0)},
-			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 600_000}, "task_max_cost_usd", store.StateBudgetExceeded},
+			store.Usage{Steps: 1, Tokens: 1, CostMicroUSD: 600_000}, "task_max_cost_usd", agentqtype.TaskStateBudgetExceeded},
 		{"steps", `{"tokens":1}`, tasks.BudgetRequest{MaxSteps: ptr(2)},
-			store.Usage{Steps: 2, Tokens: 2}, "task_max_steps", store.StateBudgetExceeded},
+			store.Usage{Steps: 2, Tokens: 2}, "task_max_steps", agentqtype.TaskStateBudgetExceeded},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -343,8 +344,8 @@ func TestWorkerPausesATaskAtItsBudget(t *testing.T) {
 			began := time.Now()
 			r.process()
 			got := r.task(id)
-			paused := got.State == store.StatePaused && got.Pause.Reason != nil && *got.Pause.Reason == c.limit && got.Error == nil
-			ended := got.State == store.StateBudgetExceeded && got.Error != nil && strings.Contains(*got.Error, strings.TrimPrefix(c.limit, "task_"))
+			paused := got.State == agentqtype.TaskStatePaused && got.Pause.Reason != nil && *got.Pause.Reason == c.limit && got.Error == nil
+			ended := got.State == agentqtype.TaskStateBudgetExceeded && got.Error != nil && strings.Contains(*got.Error, strings.TrimPrefix(c.limit, "task_"))
 			if got.State != c.state || !(paused || ended) || got.Usage != c.usage {
 				t.Fatalf("task: %s at %v, error %v, usage %+v; want %s at %s, %+v", got.State, got.Pause.Reason, deref(got.Error), got.Usage, c.state, c.limit, c.usage)
 			}
@@ -389,7 +390,7 @@ func TestWorkerStopsACancelledStep(t *testing.T) {
 	}
 	r.wantReleased(id)
 	got := r.task(id)
-	if got.State != store.StateKilled || got.Usage != (store.Usage{}) || got.Error == nil || *got.Error != "cancelled by the tenant" {
+	if got.State != agentqtype.TaskStateKilled || got.Usage != (store.Usage{}) || got.Error == nil || *got.Error != "cancelled by the tenant" {
 		t.Fatalf("cancelled task: %s, usage %+v, error %v", got.State, got.Usage, deref(got.Error))
 	}
 	if n := r.ledgerRows(id); n != 0 {
@@ -427,7 +428,7 @@ func TestWorkerThatLostItsClaimStopsWithoutWriting(t *testing.T) {
 		t.Fatalf("process: %v", err)
 	}
 	got := r.task(id)
-	if got.State != store.StateRunning || got.Attempt != 2 || got.Usage != (store.Usage{}) || r.ledgerRows(id) != 0 {
+	if got.State != agentqtype.TaskStateRunning || got.Attempt != 2 || got.Usage != (store.Usage{}) || r.ledgerRows(id) != 0 {
 		t.Fatalf("the stopped attempt wrote: %s, attempt %d, usage %+v, %d ledger rows", got.State, got.Attempt, got.Usage, r.ledgerRows(id))
 	}
 	if !r.leaseHeld(id) || !r.slotHeld(id) {
@@ -456,7 +457,7 @@ func TestWorkerRecordsAFailedStepWithARedactedError(t *testing.T) {
 	r.process()
 	got := r.task(id)
 	want := `step failed: agent "remote", step 1: answered HTTP 502 (after 2 attempts)`
-	if got.State != store.StateFailed || got.Error == nil || *got.Error != want || got.Usage != (store.Usage{}) {
+	if got.State != agentqtype.TaskStateFailed || got.Error == nil || *got.Error != want || got.Usage != (store.Usage{}) {
 		t.Fatalf("failed task: %s, error %q, usage %+v; want failed with %q", got.State, deref(got.Error), got.Usage, want)
 	}
 	log := r.log.String()
@@ -489,7 +490,7 @@ func TestWorkerFailsAStepWithUnusableUsageAndBillsNothingOfIt(t *testing.T) {
 	r.process()
 	got := r.task(id)
 	want := `step failed: agent "a", step 3: usage.tokens -1 is negative`
-	if got.State != store.StateFailed || deref(got.Error) != want || got.Usage != (store.Usage{Steps: 2, Tokens: 6}) {
+	if got.State != agentqtype.TaskStateFailed || deref(got.Error) != want || got.Usage != (store.Usage{Steps: 2, Tokens: 6}) {
 		t.Fatalf("task: %s, error %q, usage %+v; want failed with %q after 2 steps", got.State, deref(got.Error), got.Usage, want)
 	}
 	if n := r.ledgerRows(id); n != 3*2 {
@@ -550,7 +551,7 @@ func TestWorkerHandsATaskInterruptedByShutdownBack(t *testing.T) {
 		t.Fatalf("the interrupted delivery returned %v, want a re-queue error", err)
 	}
 	got := r.task(id)
-	if got.State != store.StateQueued || got.Usage != (store.Usage{Steps: 1, Tokens: 3}) {
+	if got.State != agentqtype.TaskStateQueued || got.Usage != (store.Usage{Steps: 1, Tokens: 3}) {
 		t.Fatalf("after the shutdown: %s, usage %+v; want queued after 1 step", got.State, got.Usage)
 	}
 	if n := r.stepsCounted(); n != 1 {
@@ -563,7 +564,7 @@ func TestWorkerHandsATaskInterruptedByShutdownBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = r.task(id)
-	if got.State != store.StateCompleted || got.Usage != (store.Usage{Steps: 3, Tokens: 9}) || string(got.Output) != `{"n": 3}` {
+	if got.State != agentqtype.TaskStateCompleted || got.Usage != (store.Usage{Steps: 3, Tokens: 9}) || string(got.Output) != `{"n": 3}` {
 		t.Fatalf("after the second delivery: %s, usage %+v, output %s; want completed after 3 steps", got.State, got.Usage, got.Output)
 	}
 	r.wantReleased(id)
@@ -608,7 +609,7 @@ func TestDeliveryReleasesItsSlotBeforeItsEndIsRecorded(t *testing.T) {
 	if r.slotHeld(id) {
 		t.Fatal("the delivery returned holding its slot")
 	}
-	if got := r.task(id); got.State != store.StateRunning {
+	if got := r.task(id); got.State != agentqtype.TaskStateRunning {
 		t.Fatalf("task is %s before its end's write committed, want running", got.State)
 	}
 	// The janitor's running-set pass, in the window: running in Postgres, not in the set.
@@ -619,7 +620,7 @@ func TestDeliveryReleasesItsSlotBeforeItsEndIsRecorded(t *testing.T) {
 	if err := r.w.Flush(r.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.task(id); got.State != store.StateCompleted {
+	if got := r.task(id); got.State != agentqtype.TaskStateCompleted {
 		t.Fatalf("task is %s, want completed", got.State)
 	}
 	if r.slotHeld(id) || r.leaseHeld(id) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -14,7 +15,7 @@ import (
 // rolls back with it. The tenant's plan is read on tx. A stop already reported in its
 // window writes nothing.
 func (e Events) BudgetStop(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error {
-	if t.State != store.StateBudgetExceeded {
+	if t.State != agentqtype.TaskStateBudgetExceeded {
 		return nil
 	}
 	tenant, err := tx.GetTenant(ctx, t.TenantID)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -29,7 +30,7 @@ type Pauses struct {
 // and the pause), because each carries the one link that resumes it; refusals and
 // stops of the same limit keep their own windows.
 func (p Pauses) Paused(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error {
-	if t.State != store.StatePaused || stop == nil {
+	if t.State != agentqtype.TaskStatePaused || stop == nil {
 		return nil
 	}
 	tenant, err := tx.GetTenant(ctx, t.TenantID)

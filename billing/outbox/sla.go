@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -232,7 +233,7 @@ func (c *Commitments) heldBack(ctx context.Context, tx *store.Store, tenantID st
 	// The tenant's started tasks (this one included, at a start) as the transaction
 	// sees them: its running set in Redis also holds tasks handed to the workers
 	// ahead of time (prefetched), which are not its use of the pool.
-	started, err := tx.CountTasks(ctx, store.CountTasksParams{TenantID: tenantID, State: store.StateRunning})
+	started, err := tx.CountTasks(ctx, store.CountTasksParams{TenantID: tenantID, State: agentqtype.TaskStateRunning})
 	if err != nil {
 		return false, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/rejections"
 	"github.com/agentq/agentq/internal/baseservice"
@@ -614,7 +615,7 @@ func TestBudgetStopAtAPeriodBoundaryKeysItsOwnPeriod(t *testing.T) {
 	}
 	stop := qe.Stop()
 	finished := p.End.Add(2 * time.Second)
-	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: store.StateBudgetExceeded, FinishedAt: &finished}
+	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: agentqtype.TaskStateBudgetExceeded, FinishedAt: &finished}
 	if err := (outbox.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
 		t.Fatal(err)
 	}
@@ -662,7 +663,7 @@ func TestBudgetStopAtADayBoundaryKeysItsOwnDay(t *testing.T) {
 	}
 	stop := qe.Stop()
 	finished := f.clock().Add(2 * time.Second)
-	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: store.StateBudgetExceeded, FinishedAt: &finished}
+	task := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: agentqtype.TaskStateBudgetExceeded, FinishedAt: &finished}
 	if err := (outbox.Events{}).BudgetStop(f.ctx, f.st, task, &stop); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -52,7 +53,7 @@ func TestCLIResumesAPausedTask(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil || got.State != "queued" || got.Budget.MaxSteps != 5 {
 		t.Fatalf("resumed: %s (%v)", out, err)
 	}
-	if t2, err := h.store.GetTask(ctx, store.GetTaskParams{TenantID: "cli-pause", ID: id}); err != nil || t2.State != store.StateQueued || t2.Pause.Reason != nil {
+	if t2, err := h.store.GetTask(ctx, store.GetTaskParams{TenantID: "cli-pause", ID: id}); err != nil || t2.State != agentqtype.TaskStateQueued || t2.Pause.Reason != nil {
 		t.Fatalf("stored: %+v %v", t2, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -140,7 +141,7 @@ func (p *Leases) review(ctx context.Context, tenants []string, live map[string][
 		// refreshes its own, queued tasks' leases are refreshed here.
 		var queued []string
 		for _, lt := range live[t] {
-			if held[lt.ID.String()] && lt.State == store.StateQueued {
+			if held[lt.ID.String()] && lt.State == agentqtype.TaskStateQueued {
 				queued = append(queued, lt.ID.String())
 			}
 		}
@@ -208,7 +209,7 @@ func (p *Leases) releaseEnded(ctx context.Context, check []uuid.UUID, owner map[
 			}
 		}
 		release := p.quotas.Release
-		if st == store.StatePaused {
+		if st == agentqtype.TaskStatePaused {
 			// A resume may have taken the task's lease since the state was read: a
 			// lease fresher than leaseGrace is the resume's and stays.
 			release = func(ctx context.Context, t, id string) (int, error) {

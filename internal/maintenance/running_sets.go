@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/wire"
 )
@@ -144,7 +145,7 @@ func (p *RunningSets) review(ctx context.Context, tenants []string, live map[str
 			p.log.Warn("re-queueing dispatched tasks lost to asynq failed", "tenant_id", t, "err", err)
 		}
 		for id, lt := range byID {
-			if lt.State != store.StateRunning || inSet[id] {
+			if lt.State != agentqtype.TaskStateRunning || inSet[id] {
 				continue
 			}
 			if err := p.sched.AddRunning(ctx, t, id); err != nil {
@@ -178,7 +179,7 @@ func (p *RunningSets) review(ctx context.Context, tenants []string, live map[str
 		// goes as its worker's release would have taken it (scheduler.Paused): its next
 		// dispatch, after a resume, is a new asynq message.
 		free := p.sched.Done
-		if st == store.StatePaused {
+		if st == agentqtype.TaskStatePaused {
 			free = p.sched.Paused
 		}
 		if err := free(ctx, wire.Payload{TaskID: id.String(), TenantID: owner[id]}, -1); err != nil {
@@ -201,7 +202,7 @@ func (p *RunningSets) review(ctx context.Context, tenants []string, live map[str
 // started, and lost to asynq, and queues them again.
 func (p *RunningSets) rescueStranded(ctx context.Context, tenant string, byID map[string]store.LiveTask, inSet map[string]bool, res *RunningSetsResult) error {
 	for id, t := range byID {
-		if t.State != store.StateQueued || !inSet[id] {
+		if t.State != agentqtype.TaskStateQueued || !inSet[id] {
 			continue
 		}
 		stranded, err := p.sched.Stranded(ctx, p.inspector, tenant, id, t.Priority, p.cfg.StrandedAfter)
@@ -222,5 +223,5 @@ func (p *RunningSets) rescueStranded(ctx context.Context, tenant string, byID ma
 // paused one: its worker frees both before the pause is over, and a resume takes its
 // lease again.
 func holdsSlots(st store.TaskState) bool {
-	return !st.Terminal() && st != store.StatePaused
+	return !st.Terminal() && st != agentqtype.TaskStatePaused
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 )
@@ -129,7 +130,7 @@ func (p *StartDeadlines) expired(ctx context.Context, t store.Task) {
 	if _, err := p.sched.Remove(ctx, t.TenantID, t.ID); err != nil {
 		p.log.Warn("removing an expired task from its queue failed; dispatch skips it", "task_id", id, "err", err)
 	}
-	ev, _ := json.Marshal(map[string]any{"type": "state", "task_id": id, "state": store.StateExpired,
+	ev, _ := json.Marshal(map[string]any{"type": "state", "task_id": id, "state": agentqtype.TaskStateExpired,
 		"error": store.ExpiredError, "time": time.Now().UTC()})
 	_ = p.rdb.Publish(ctx, p.keys.TaskEvents(id), ev).Err()
 }

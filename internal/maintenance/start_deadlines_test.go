@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // overdue dates the task's start deadline a second ago.
@@ -51,7 +51,7 @@ func TestStartDeadlinesExpireOverdueTasks(t *testing.T) {
 	if err != nil || res.Expired != 1 || !res.Stats.Done {
 		t.Fatalf("run: %+v %v", res, err)
 	}
-	if st := f.state(due); st != string(store.StateExpired) {
+	if st := f.state(due); st != string(agentqtype.TaskStateExpired) {
 		t.Fatalf("the overdue task is %s", st)
 	}
 	var steps int
@@ -73,7 +73,7 @@ func TestStartDeadlinesExpireOverdueTasks(t *testing.T) {
 		t.Fatal("no state message")
 	}
 	for _, id := range []uuid.UUID{timely, none, started} {
-		if st := f.state(id); st != string(store.StateQueued) || !f.queued("m", id) || !f.leased("m", id) {
+		if st := f.state(id); st != string(agentqtype.TaskStateQueued) || !f.queued("m", id) || !f.leased("m", id) {
 			t.Errorf("task %s: %s, queued %v, leased %v", id, st, f.queued("m", id), f.leased("m", id))
 		}
 	}
@@ -128,7 +128,7 @@ func TestStartDeadlinesConcurrentPassesExpireOnce(t *testing.T) {
 		t.Fatalf("the passes expired %d tasks, want %d", n, len(ids))
 	}
 	for _, id := range ids {
-		if f.state(id) != string(store.StateExpired) || f.queued("m", id) || f.leased("m", id) {
+		if f.state(id) != string(agentqtype.TaskStateExpired) || f.queued("m", id) || f.leased("m", id) {
 			t.Errorf("task %s: %s", id, f.state(id))
 		}
 	}
@@ -153,7 +153,7 @@ func TestStartDeadlinesRunWhileLeading(t *testing.T) {
 	p.TestSignals.Ran.WaitOrTimeout()
 	id := f.submit("m")
 	f.overdue(id)
-	for f.state(id) != string(store.StateExpired) {
+	for f.state(id) != string(agentqtype.TaskStateExpired) {
 		p.TestSignals.Ran.WaitOrTimeout()
 		if t.Failed() {
 			t.FailNow()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
@@ -134,7 +135,7 @@ func TestTasks(t *testing.T) {
 	t.Parallel()
 	ctx, st, _ := setup(t)
 	first, created := insertTask(t, ctx, st, store.InsertTaskParams{TenantID: "acme", User: "u1", Priority: 7, IdempotencyKey: "k1"})
-	if !created || first.State != store.StateQueued || first.Priority != 7 || first.User != "u1" || first.Attempt != 0 ||
+	if !created || first.State != agentqtype.TaskStateQueued || first.Priority != 7 || first.User != "u1" || first.Attempt != 0 ||
 		string(first.Input) != `{"steps": 1}` || first.IdempotencyKey == nil || *first.IdempotencyKey != "k1" {
 		t.Fatalf("insert: %+v", first)
 	}
@@ -185,22 +186,22 @@ func TestTasks(t *testing.T) {
 	if !slices.Equal(seen, want) {
 		t.Fatalf("pages: %v, want %v", seen, want)
 	}
-	running, err := st.ListTasks(ctx, store.ListTasksParams{TenantID: "acme", State: store.StateRunning, Limit: 10})
+	running, err := st.ListTasks(ctx, store.ListTasksParams{TenantID: "acme", State: agentqtype.TaskStateRunning, Limit: 10})
 	if err != nil || len(running) != 1 || running[0].ID != first.ID {
 		t.Fatalf("running: %+v, %v", running, err)
 	}
 	// A tenant's cancel wins once, from the states it names.
 	killed, ok, err := st.FinishTask(ctx, store.FinishTaskParams{TenantID: "acme", ID: first.ID,
-		From: []store.TaskState{store.StateQueued, store.StateRunning}, To: store.StateKilled, Error: "cancelled"})
-	if err != nil || !ok || killed.State != store.StateKilled || killed.FinishedAt == nil || *killed.Error != "cancelled" {
+		From: []store.TaskState{agentqtype.TaskStateQueued, agentqtype.TaskStateRunning}, To: agentqtype.TaskStateKilled, Error: "cancelled"})
+	if err != nil || !ok || killed.State != agentqtype.TaskStateKilled || killed.FinishedAt == nil || *killed.Error != "cancelled" {
 		t.Fatalf("cancel: %v %v %+v", ok, err, killed)
 	}
 	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{TenantID: "acme", ID: first.ID,
-		From: []store.TaskState{store.StateQueued, store.StateRunning}, To: store.StateKilled}); ok || err != nil {
+		From: []store.TaskState{agentqtype.TaskStateQueued, agentqtype.TaskStateRunning}, To: agentqtype.TaskStateKilled}); ok || err != nil {
 		t.Fatalf("second cancel: %v %v", ok, err)
 	}
 	if _, _, err := st.FinishTask(ctx, store.FinishTaskParams{TenantID: "acme", ID: bulk[0].ID,
-		From: []store.TaskState{store.StateQueued}, To: store.StateRunning}); err == nil {
+		From: []store.TaskState{agentqtype.TaskStateQueued}, To: agentqtype.TaskStateRunning}); err == nil {
 		t.Fatal("a finish to a state that is not terminal was accepted")
 	}
 }
@@ -218,7 +219,7 @@ func TestTaskStatesMatchClientAndSchema(t *testing.T) {
 			t.Errorf("the schema refuses state %s: %v", s, err)
 		}
 	}
-	if store.TaskState("sleeping").Valid() || store.StatePaused.Terminal() || store.StateRunning.Terminal() || !store.StateAbandoned.Terminal() {
+	if store.TaskState("sleeping").Valid() || agentqtype.TaskState(agentqtype.TaskStatePaused).Terminal() || agentqtype.TaskState(agentqtype.TaskStateRunning).Terminal() || !agentqtype.TaskState(agentqtype.TaskStateAbandoned).Terminal() {
 		t.Error("Valid or Terminal misjudge a state")
 	}
 	if err := testfactory.SetTaskState(ctx, pool, id, "sleeping"); err == nil {
@@ -283,7 +284,7 @@ func TestUnscopedSweeps(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, _, err := st.FinishTask(ctx, store.FinishTaskParams{TenantID: "acme", ID: done.ID,
-		From: []store.TaskState{store.StateRunning}, To: store.StateCompleted}); err != nil {
+		From: []store.TaskState{agentqtype.TaskStateRunning}, To: agentqtype.TaskStateCompleted}); err != nil {
 		t.Fatal(err)
 	}
 	if some, err := st.UnscopedAnyTask(ctx); err != nil || !some {
@@ -308,8 +309,8 @@ func TestUnscopedSweeps(t *testing.T) {
 		t.Fatalf("live: %+v, %v", live, err)
 	}
 	states, err := st.UnscopedTaskStates(ctx, []uuid.UUID{run.ID, done.ID, other.ID, uuid.Must(uuid.NewV7())})
-	if err != nil || len(states) != 3 || states[run.ID] != store.StateRunning || states[done.ID] != store.StateCompleted ||
-		states[other.ID] != store.StateQueued {
+	if err != nil || len(states) != 3 || states[run.ID] != agentqtype.TaskStateRunning || states[done.ID] != agentqtype.TaskStateCompleted ||
+		states[other.ID] != agentqtype.TaskStateQueued {
 		t.Fatalf("states: %v, %v", states, err)
 	}
 
@@ -327,7 +328,7 @@ func TestUnscopedSweeps(t *testing.T) {
 		t.Fatalf("stale: %+v, %v", s, err)
 	}
 	re, ok, err := st.UnscopedRequeueStale(ctx, run.ID, 30*time.Second)
-	if err != nil || !ok || re.State != store.StateQueued || !re.CreatedAt.Equal(run.CreatedAt) {
+	if err != nil || !ok || re.State != agentqtype.TaskStateQueued || !re.CreatedAt.Equal(run.CreatedAt) {
 		t.Fatalf("requeue stale: %v %v %+v", ok, err, re)
 	}
 	if _, ok, _ := st.UnscopedRequeueStale(ctx, run.ID, 30*time.Second); ok {

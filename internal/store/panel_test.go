@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
@@ -56,7 +57,7 @@ func TestListLiveTasks(t *testing.T) {
 			if lt.TenantID != "acme" || lt.Agent != "sim" || lt.CreatedAt.IsZero() {
 				t.Errorf("task %v: %+v", lt.ID, lt)
 			}
-			if running := lt.State == store.StateRunning; running != (lt.StartedAt != nil) {
+			if running := lt.State == agentqtype.TaskStateRunning; running != (lt.StartedAt != nil) {
 				t.Errorf("task %v: state %s, started at %v", lt.ID, lt.State, lt.StartedAt)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -93,8 +94,8 @@ func scopedCalls(fx fixture) []scopedCall {
 			return err
 		}},
 		{"FinishTask", func(ctx context.Context, st *store.Store) error {
-			_, _, err := st.FinishTask(ctx, store.FinishTaskParams{ID: fx.task, From: []store.TaskState{store.StateQueued},
-				To: store.StateKilled, Error: "cancelled"})
+			_, _, err := st.FinishTask(ctx, store.FinishTaskParams{ID: fx.task, From: []store.TaskState{agentqtype.TaskStateQueued},
+				To: agentqtype.TaskStateKilled, Error: "cancelled"})
 			return err
 		}},
 		{"ResumeTask", func(ctx context.Context, st *store.Store) error {
@@ -299,7 +300,7 @@ func TestScopedCallsKeepToTheirTenant(t *testing.T) {
 		t.Errorf("LedgerUsage of acme: %+v, %v", u, err)
 	}
 	if _, ok, err := st.FinishTask(ctx, store.FinishTaskParams{TenantID: other, ID: fx.task,
-		From: []store.TaskState{store.StateQueued}, To: store.StateKilled}); ok || err != nil {
+		From: []store.TaskState{agentqtype.TaskStateQueued}, To: agentqtype.TaskStateKilled}); ok || err != nil {
 		t.Errorf("FinishTask of another tenant's task: ok %v, %v", ok, err)
 	}
 	if evs, err := st.ListEvents(ctx, store.ListEventsParams{TenantID: other}); err != nil || len(evs) != 0 {

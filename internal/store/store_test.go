@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
@@ -86,15 +87,15 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 	lost("RecordStep", recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: claimA.Attempt, Step: 2, Tokens: 10, CostMicro: 5}))
 	lost("Heartbeat", st.UnscopedHeartbeat(ctx, claimA))
 	lost("RequeueTask", requeue(ctx, st, claimA))
-	_, ok, err = st.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: id, Attempt: claimA.Attempt, From: []store.TaskState{store.StateRunning},
-		To: store.StateFailed, Error: "stalled"})
+	_, ok, err = st.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: id, Attempt: claimA.Attempt, From: []store.TaskState{agentqtype.TaskStateRunning},
+		To: agentqtype.TaskStateFailed, Error: "stalled"})
 	if ok {
 		t.Error("FinishTask by the stalled attempt won the terminal transition")
 	}
 	lost("FinishTask", err)
 
 	after, _ := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: id})
-	if after.State != store.StateRunning || after.Attempt != 2 || after.Usage != before.Usage || after.Error != nil ||
+	if after.State != agentqtype.TaskStateRunning || after.Attempt != 2 || after.Usage != before.Usage || after.Error != nil ||
 		!after.CreatedAt.Equal(before.CreatedAt) {
 		t.Fatalf("the stalled attempt changed the task: %+v (before %+v)", after, before)
 	}
@@ -112,8 +113,8 @@ func TestStalledWorkerWritesAreFenced(t *testing.T) {
 	if err := recordStep(ctx, st, store.RecordStepParams{ID: id, Attempt: claimB.Attempt, Step: 2, Tokens: 10, CostMicro: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := st.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: id, Attempt: claimB.Attempt, From: []store.TaskState{store.StateRunning},
-		To: store.StateCompleted}); err != nil || !ok {
+	if _, ok, err := st.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{ID: id, Attempt: claimB.Attempt, From: []store.TaskState{agentqtype.TaskStateRunning},
+		To: agentqtype.TaskStateCompleted}); err != nil || !ok {
 		t.Fatalf("finish by the owner: %v %v", ok, err)
 	}
 	// After the end, the owner's late writes say the task ended.
@@ -140,7 +141,7 @@ func TestRequeuedTaskIsFenced(t *testing.T) {
 	if err := requeue(ctx, st, claim); !errors.Is(err, store.ErrLostClaim) {
 		t.Fatalf("requeue on a re-queued task: %v", err)
 	}
-	if got, _ := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: id}); got.State != store.StateQueued || got.Usage.Steps != 0 {
+	if got, _ := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: id}); got.State != agentqtype.TaskStateQueued || got.Usage.Steps != 0 {
 		t.Fatalf("task %s, %d steps", got.State, got.Usage.Steps)
 	}
 }
@@ -209,7 +210,7 @@ func TestCancelCommittingDuringStepRecord(t *testing.T) {
 		t.Fatalf("record after the cancel: %v, want ErrTaskEnded", err)
 	}
 	ledger, usage, state := ledgerAndUsage(t, ctx, st, id)
-	if state != store.StateKilled || ledger != (store.Usage{}) || usage != (store.Usage{}) {
+	if state != agentqtype.TaskStateKilled || ledger != (store.Usage{}) || usage != (store.Usage{}) {
 		t.Fatalf("state %s, ledger %+v, usage %+v: want killed with nothing billed", state, ledger, usage)
 	}
 }
@@ -241,7 +242,7 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 				time.Sleep(time.Duration(i%7) * 100 * time.Microsecond)
 			}
 			_, won, finErr = st.FinishTask(ctx, store.FinishTaskParams{ID: id, TenantID: "acme",
-				From: []store.TaskState{store.StateQueued, store.StateRunning}, To: store.StateKilled, Error: "cancelled"})
+				From: []store.TaskState{agentqtype.TaskStateQueued, agentqtype.TaskStateRunning}, To: agentqtype.TaskStateKilled, Error: "cancelled"})
 		}()
 		close(start)
 		wg.Wait()
@@ -257,7 +258,7 @@ func TestCancelRacingStepRecordBillsConsistently(t *testing.T) {
 			t.Fatalf("round %d: record: %v", i, recErr)
 		}
 		ledger, usage, state := ledgerAndUsage(t, ctx, st, id)
-		if state != store.StateKilled || ledger != usage {
+		if state != agentqtype.TaskStateKilled || ledger != usage {
 			t.Fatalf("round %d: state %s, ledger bills %+v, usage counts %+v (record err %v)", i, state, ledger, usage, recErr)
 		}
 		want := store.Usage{}
@@ -321,7 +322,7 @@ func TestCompleteLastStepsWritesEachStepOnce(t *testing.T) {
 	if again, err := st.UnscopedCompleteLastSteps(ctx, []store.LastStep{step(ids[0], 1, 5)}); err != nil || len(again) != 0 {
 		t.Fatalf("a retry wrote %+v, %v", again, err)
 	}
-	if task, err := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: ids[1]}); err != nil || task.State != store.StateRunning {
+	if task, err := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: ids[1]}); err != nil || task.State != agentqtype.TaskStateRunning {
 		t.Fatalf("the stale claim's task: %+v %v", task, err)
 	}
 }

@@ -17,19 +17,6 @@ import (
 // are agentqtype's.
 type TaskState = agentqtype.TaskState
 
-// Task states, typed for the store's signatures.
-const (
-	StateQueued         TaskState = agentqtype.TaskStateQueued
-	StateRunning        TaskState = agentqtype.TaskStateRunning
-	StatePaused         TaskState = agentqtype.TaskStatePaused
-	StateCompleted      TaskState = agentqtype.TaskStateCompleted
-	StateFailed         TaskState = agentqtype.TaskStateFailed
-	StateKilled         TaskState = agentqtype.TaskStateKilled
-	StateBudgetExceeded TaskState = agentqtype.TaskStateBudgetExceeded
-	StateAbandoned      TaskState = agentqtype.TaskStateAbandoned
-	StateExpired        TaskState = agentqtype.TaskStateExpired
-)
-
 // TaskStates lists every state, for validating filters.
 var TaskStates = agentqtype.TaskStates()
 

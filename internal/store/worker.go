@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // The worker's calls: they reach a running task by its id (from a queue message) and
@@ -26,7 +28,7 @@ func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok
 	if err != nil || len(ts) == 0 {
 		return t, false, err
 	}
-	return ts[0], ts[0].State == StateRunning, nil
+	return ts[0], ts[0].State == agentqtype.TaskStateRunning, nil
 }
 
 // UnscopedStartTasks is UnscopedStartTask for many tasks in one statement: it starts
@@ -205,7 +207,7 @@ func (s *Store) UnscopedRecordStep(ctx context.Context, p RecordStepParams) (r R
 		if err != nil {
 			return err
 		}
-		if state != StateRunning || attempt != p.Attempt {
+		if state != agentqtype.TaskStateRunning || attempt != p.Attempt {
 			return claimLost(state, attempt, p.Attempt)
 		}
 		if p.Step <= steps {

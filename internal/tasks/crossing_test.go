@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -278,7 +279,7 @@ func TestConcurrentLastStepsCrossOnce(t *testing.T) {
 	for _, task := range started {
 		wg.Go(func() {
 			ok, err := e.lc.RecordLastStep(ctx, store.RecordStepParams{ID: task.ID, Attempt: task.Attempt, Step: 1, Tokens: 10},
-				tasks.FinishParams{Claim: store.Claim{ID: task.ID, Attempt: task.Attempt}, To: store.StateCompleted, Output: json.RawMessage(`{"n":1}`)})
+				tasks.FinishParams{Claim: store.Claim{ID: task.ID, Attempt: task.Attempt}, To: agentqtype.TaskStateCompleted, Output: json.RawMessage(`{"n":1}`)})
 			if err != nil {
 				errs <- err
 			}
@@ -297,7 +298,7 @@ func TestConcurrentLastStepsCrossOnce(t *testing.T) {
 	}
 	for _, task := range started {
 		got, err := e.st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: task.ID})
-		if err != nil || got.State != store.StateCompleted || got.Usage.Steps != 1 || got.Usage.Tokens != 10 || string(got.Output) != `{"n": 1}` {
+		if err != nil || got.State != agentqtype.TaskStateCompleted || got.Usage.Steps != 1 || got.Usage.Tokens != 10 || string(got.Output) != `{"n": 1}` {
 			t.Fatalf("task after its last step: %+v %v", got, err)
 		}
 	}
@@ -314,7 +315,7 @@ func TestConcurrentLastStepsCrossOnce(t *testing.T) {
 	// A retry of any of them changes nothing and wins nothing.
 	task := started[7]
 	if ok, err := e.lc.RecordLastStep(ctx, store.RecordStepParams{ID: task.ID, Attempt: task.Attempt, Step: 1, Tokens: 10},
-		tasks.FinishParams{Claim: store.Claim{ID: task.ID, Attempt: task.Attempt}, To: store.StateCompleted}); ok || err != nil {
+		tasks.FinishParams{Claim: store.Claim{ID: task.ID, Attempt: task.Attempt}, To: agentqtype.TaskStateCompleted}); ok || err != nil {
 		t.Fatalf("a retried last step: ok %v, %v; want false, nil", ok, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/groupcommit"
 	"github.com/agentq/agentq/internal/store"
@@ -147,8 +148,8 @@ func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 
 // terminalStates are the states a task ends in, the state label of
 // agentq.tasks_finished.
-var terminalStates = []store.TaskState{store.StateCompleted, store.StateFailed, store.StateKilled,
-	store.StateBudgetExceeded, store.StateAbandoned, store.StateExpired}
+var terminalStates = []store.TaskState{agentqtype.TaskStateCompleted, agentqtype.TaskStateFailed, agentqtype.TaskStateKilled,
+	agentqtype.TaskStateBudgetExceeded, agentqtype.TaskStateAbandoned, agentqtype.TaskStateExpired}
 
 // finishedOpts are the terminal states' label sets, made once: every task's end
 // counts under one, and making a set anew hashes and allocates it.
@@ -175,7 +176,7 @@ func (l *Lifecycle) ended(ctx context.Context, st store.TaskState) {
 // afterChange runs inside the transaction of every state change, after the change.
 // Whatever must exist exactly when the change committed is written here, on tx.
 func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) error {
-	if l.budget != nil && c.Kind == ChangeFinished && c.Task.State == store.StateBudgetExceeded {
+	if l.budget != nil && c.Kind == ChangeFinished && c.Task.State == agentqtype.TaskStateBudgetExceeded {
 		if err := l.budget(ctx, tx, c.Task, c.Stop); err != nil {
 			return err
 		}
@@ -347,7 +348,7 @@ func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartO
 	c := &start{ctx: ctx, id: id}
 	l.starts.Do(c)
 	if c.written {
-		if c.task.State == store.StateExpired {
+		if c.task.State == agentqtype.TaskStateExpired {
 			l.expiredEnded(ctx, c.task)
 			return c.task, Ended, nil
 		}
@@ -411,7 +412,7 @@ func (l *Lifecycle) startedOutsideTx(ctx context.Context, st *store.Store, c Cha
 
 // startChange is the change a start statement made to t: started, or expired.
 func startChange(t store.Task) ChangeKind {
-	if t.State == store.StateExpired {
+	if t.State == agentqtype.TaskStateExpired {
 		return ChangeExpired
 	}
 	return ChangeStarted
@@ -426,11 +427,11 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 		if err != nil {
 			return err
 		}
-		if ok || t.State == store.StateExpired {
+		if ok || t.State == agentqtype.TaskStateExpired {
 			// Started, or ended expired by this very statement: either way this
 			// call made the change.
 			task, out = t, Started
-			if t.State == store.StateExpired {
+			if t.State == agentqtype.TaskStateExpired {
 				out = Ended
 			}
 			return l.afterChange(ctx, tx, Change{Kind: startChange(t), Task: t})
@@ -459,7 +460,7 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 	if err != nil {
 		return store.Task{}, 0, err
 	}
-	if task.State == store.StateExpired {
+	if task.State == agentqtype.TaskStateExpired {
 		l.expiredEnded(ctx, task)
 	}
 	return task, out, nil
@@ -490,7 +491,7 @@ func (l *Lifecycle) ExpireOverdue(ctx context.Context, limit int) ([]store.Task,
 // expiredEnded counts a committed expiry and runs the Expired hook for it. The hook's
 // failure cannot undo the end: it is logged, and the lapse goes uncredited.
 func (l *Lifecycle) expiredEnded(ctx context.Context, t store.Task) {
-	l.ended(ctx, store.StateExpired)
+	l.ended(ctx, agentqtype.TaskStateExpired)
 	if l.expired == nil {
 		return
 	}
@@ -535,7 +536,7 @@ func (l *Lifecycle) stepWritten(ctx context.Context, tx *store.Store, r store.Re
 // transaction could not write (a lost claim, a cancel, a retry, the transaction
 // failing) is then written alone, which tells why.
 func (l *Lifecycle) RecordLastStep(ctx context.Context, p store.RecordStepParams, fin FinishParams) (ok bool, err error) {
-	if fin.To == store.StateCompleted && fin.Error == "" && fin.Stop == nil && fin.Claim == (store.Claim{ID: p.ID, Attempt: p.Attempt}) {
+	if fin.To == agentqtype.TaskStateCompleted && fin.Error == "" && fin.Stop == nil && fin.Claim == (store.Claim{ID: p.ID, Attempt: p.Attempt}) {
 		c := &lastStep{ctx: ctx, step: store.LastStep{RecordStepParams: p, Output: fin.Output}}
 		l.lastSteps.Do(c)
 		if c.written {
@@ -630,13 +631,13 @@ func (l *Lifecycle) Finish(ctx context.Context, p FinishParams) (ok bool, err er
 // Finish does. The janitor abandons a stale task under the attempt it read, so a
 // redelivery that took the task over since keeps it (ErrLostClaim).
 func (l *Lifecycle) Abandon(ctx context.Context, c store.Claim, reason string) (ok bool, err error) {
-	return l.finish(ctx, ChangeAbandoned, FinishParams{Claim: c, To: store.StateAbandoned, Error: reason})
+	return l.finish(ctx, ChangeAbandoned, FinishParams{Claim: c, To: agentqtype.TaskStateAbandoned, Error: reason})
 }
 
 // finishTx is the end of a running attempt on tx.
 func (l *Lifecycle) finishTx(ctx context.Context, tx *store.Store, kind ChangeKind, p FinishParams) (ok bool, err error) {
 	t, won, err := tx.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{
-		ID: p.Claim.ID, Attempt: p.Claim.Attempt, From: []store.TaskState{store.StateRunning},
+		ID: p.Claim.ID, Attempt: p.Claim.Attempt, From: []store.TaskState{agentqtype.TaskStateRunning},
 		To: p.To, Output: p.Output, Error: p.Error,
 	})
 	if err != nil || !won {
@@ -792,7 +793,7 @@ func (l *Lifecycle) ExpirePauses(ctx context.Context, limit int) ([]store.Task, 
 		return nil, err
 	}
 	for range ended {
-		l.ended(ctx, store.StateBudgetExceeded)
+		l.ended(ctx, agentqtype.TaskStateBudgetExceeded)
 	}
 	return ended, nil
 }
@@ -813,11 +814,11 @@ func pauseStop(t store.Task) *quotas.Stop {
 // past its plan's pause_timeout_s. stop is the limit that paused it (the end's
 // event names it). ok=false when the task is no longer paused.
 func (l *Lifecycle) ExpirePause(ctx context.Context, tenantID string, id uuid.UUID, stop *quotas.Stop) (t store.Task, ok bool, err error) {
-	ok, err = l.end(ctx, store.StateBudgetExceeded, func(tx *store.Store) (bool, error) {
+	ok, err = l.end(ctx, agentqtype.TaskStateBudgetExceeded, func(tx *store.Store) (bool, error) {
 		var won bool
 		var err error
 		t, won, err = tx.FinishTask(ctx, store.FinishTaskParams{TenantID: tenantID, ID: id,
-			From: []store.TaskState{store.StatePaused}, To: store.StateBudgetExceeded,
+			From: []store.TaskState{agentqtype.TaskStatePaused}, To: agentqtype.TaskStateBudgetExceeded,
 			Error: fmt.Sprintf("budget exceeded: paused at %s longer than the plan's pause timeout", stop.LimitType)})
 		if err != nil || !won {
 			return false, err
@@ -868,8 +869,8 @@ func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, o
 	err = l.store.InTx(ctx, func(tx *store.Store) error {
 		var err error
 		t, ok, err = tx.FinishTask(ctx, store.FinishTaskParams{
-			TenantID: p.TenantID, ID: p.ID, From: []store.TaskState{store.StateQueued, store.StateRunning, store.StatePaused},
-			To: store.StateKilled, Error: p.Reason,
+			TenantID: p.TenantID, ID: p.ID, From: []store.TaskState{agentqtype.TaskStateQueued, agentqtype.TaskStateRunning, agentqtype.TaskStatePaused},
+			To: agentqtype.TaskStateKilled, Error: p.Reason,
 		})
 		if err != nil || !ok {
 			return err
@@ -880,7 +881,7 @@ func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, o
 		return store.Task{}, false, err
 	}
 	if ok {
-		l.ended(ctx, store.StateKilled)
+		l.ended(ctx, agentqtype.TaskStateKilled)
 	}
 	return t, ok, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/testenv"
@@ -148,7 +149,7 @@ func TestLifecycleCreate(t *testing.T) {
 	p := store.InsertTaskParams{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", Kid: "k", Agent: "sim",
 		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), IdempotencyKey: "order-1", RequestHash: []byte{1}}
 	task, created, err := e.lc.Create(ctx, p)
-	if err != nil || !created || task.State != store.StateQueued {
+	if err != nil || !created || task.State != agentqtype.TaskStateQueued {
 		t.Fatalf("create: %v %v %s", created, err, task.State)
 	}
 	if c := e.wantChanges(t, tasks.ChangeCreated); c[0].Task.ID != p.ID {
@@ -172,7 +173,7 @@ func TestLifecycleStart(t *testing.T) {
 	ctx := context.Background()
 	id := e.insert(t, "acme")
 	task := e.start(t, id, tasks.Started)
-	if task.State != store.StateRunning || task.Attempt != 1 || task.StartedAt == nil {
+	if task.State != agentqtype.TaskStateRunning || task.Attempt != 1 || task.StartedAt == nil {
 		t.Fatalf("started task: %s, attempt %d", task.State, task.Attempt)
 	}
 	if c := e.wantChanges(t, tasks.ChangeStarted); c[0].Task.ID != id || c[0].Task.Attempt != 1 {
@@ -184,7 +185,7 @@ func TestLifecycleStart(t *testing.T) {
 		t.Fatalf("a busy start changed the attempt to %d", got.Attempt)
 	}
 	// A delivery of an ended task, or of one that is gone, has nothing to run.
-	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: store.StateCompleted}); err != nil || !ok {
+	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: agentqtype.TaskStateCompleted}); err != nil || !ok {
 		t.Fatalf("finish: %v %v", ok, err)
 	}
 	e.took()
@@ -207,7 +208,7 @@ func TestLifecycleTakesOverAStaleClaim(t *testing.T) {
 	e.staleHeartbeat(t, id)
 	e.took()
 	second := e.start(t, id, tasks.TookOver)
-	if second.Attempt != 2 || second.State != store.StateRunning || second.Usage.Steps != 1 {
+	if second.Attempt != 2 || second.State != agentqtype.TaskStateRunning || second.Usage.Steps != 1 {
 		t.Fatalf("taken over: attempt %d, %s, %d steps", second.Attempt, second.State, second.Usage.Steps)
 	}
 	e.wantChanges(t, tasks.ChangeTakenOver)
@@ -222,14 +223,14 @@ func TestLifecycleTakesOverAStaleClaim(t *testing.T) {
 	if err := e.lc.Requeue(ctx, old); !errors.Is(err, store.ErrLostClaim) {
 		t.Errorf("requeue by the stale attempt: %v, want ErrLostClaim", err)
 	}
-	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: old, To: store.StateFailed}); ok || !errors.Is(err, store.ErrLostClaim) {
+	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: old, To: agentqtype.TaskStateFailed}); ok || !errors.Is(err, store.ErrLostClaim) {
 		t.Errorf("finish by the stale attempt: %v %v, want ErrLostClaim", ok, err)
 	}
 	if ok, err := e.lc.Abandon(ctx, old, "gone"); ok || !errors.Is(err, store.ErrLostClaim) {
 		t.Errorf("abandon by the stale attempt: %v %v, want ErrLostClaim", ok, err)
 	}
 	e.wantChanges(t)
-	if got := e.get(t, id); got.State != store.StateRunning || got.Attempt != 2 || got.Usage.Steps != 1 {
+	if got := e.get(t, id); got.State != agentqtype.TaskStateRunning || got.Attempt != 2 || got.Usage.Steps != 1 {
 		t.Fatalf("the stale attempt changed the task: %s, attempt %d, %d steps", got.State, got.Attempt, got.Usage.Steps)
 	}
 }
@@ -262,7 +263,7 @@ func TestLifecycleRecordStepIsFencedByAttempt(t *testing.T) {
 	}
 	// After the task ended under this attempt, its step is refused as ended.
 	if _, ok, err := e.st.FinishTask(ctx, store.FinishTaskParams{TenantID: "acme", ID: id,
-		From: []store.TaskState{store.StateRunning}, To: store.StateKilled}); err != nil || !ok {
+		From: []store.TaskState{agentqtype.TaskStateRunning}, To: agentqtype.TaskStateKilled}); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
 	late := step
@@ -286,23 +287,23 @@ func TestLifecycleFinish(t *testing.T) {
 	id := e.insert(t, "acme")
 	task := e.start(t, id, tasks.Started)
 	e.took()
-	if _, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: store.StateQueued}); err == nil {
+	if _, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: agentqtype.TaskStateQueued}); err == nil {
 		t.Fatal("finish to a state that is not terminal was accepted")
 	}
-	p := tasks.FinishParams{Claim: claimOf(task), To: store.StateCompleted, Output: json.RawMessage(`{"answer":42}`)}
+	p := tasks.FinishParams{Claim: claimOf(task), To: agentqtype.TaskStateCompleted, Output: json.RawMessage(`{"answer":42}`)}
 	if ok, err := e.lc.Finish(ctx, p); err != nil || !ok {
 		t.Fatalf("finish: %v %v", ok, err)
 	}
 	c := e.wantChanges(t, tasks.ChangeFinished)
-	if c[0].Task.State != store.StateCompleted || c[0].Task.FinishedAt == nil {
+	if c[0].Task.State != agentqtype.TaskStateCompleted || c[0].Task.FinishedAt == nil {
 		t.Fatalf("finish change %+v", c[0].Task)
 	}
 	// The second end of the same attempt does not win the transition.
-	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: store.StateFailed, Error: "late"}); err != nil || ok {
+	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(task), To: agentqtype.TaskStateFailed, Error: "late"}); err != nil || ok {
 		t.Fatalf("second finish: %v %v, want not won and no error", ok, err)
 	}
 	e.wantChanges(t)
-	if got := e.get(t, id); got.State != store.StateCompleted || string(got.Output) != `{"answer": 42}` || got.Error != nil {
+	if got := e.get(t, id); got.State != agentqtype.TaskStateCompleted || string(got.Output) != `{"answer": 42}` || got.Error != nil {
 		t.Fatalf("finished task: %s, %s, %v", got.State, got.Output, got.Error)
 	}
 	if err := e.lc.Heartbeat(ctx, claimOf(task)); !errors.Is(err, store.ErrTaskEnded) {
@@ -325,7 +326,7 @@ func TestLifecycleRequeue(t *testing.T) {
 	if err := e.lc.Requeue(ctx, claimOf(task)); err != nil {
 		t.Fatal(err)
 	}
-	if c := e.wantChanges(t, tasks.ChangeRequeued); c[0].Task.State != store.StateQueued || c[0].Task.Usage.Steps != 1 {
+	if c := e.wantChanges(t, tasks.ChangeRequeued); c[0].Task.State != agentqtype.TaskStateQueued || c[0].Task.Usage.Steps != 1 {
 		t.Fatalf("requeue change %+v", c[0].Task)
 	}
 	if err := e.lc.Requeue(ctx, claimOf(task)); !errors.Is(err, store.ErrLostClaim) {
@@ -355,10 +356,10 @@ func TestLifecycleRequeueStale(t *testing.T) {
 	e.wantChanges(t)
 	e.staleHeartbeat(t, id)
 	got, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter)
-	if err != nil || !ok || got.State != store.StateQueued || got.Usage.Steps != 1 {
+	if err != nil || !ok || got.State != agentqtype.TaskStateQueued || got.Usage.Steps != 1 {
 		t.Fatalf("requeue of a stale task: %v %v, %s with %d steps", ok, err, got.State, got.Usage.Steps)
 	}
-	if c := e.wantChanges(t, tasks.ChangeRequeued); c[0].Task.State != store.StateQueued || c[0].Task.ID != id {
+	if c := e.wantChanges(t, tasks.ChangeRequeued); c[0].Task.State != agentqtype.TaskStateQueued || c[0].Task.ID != id {
 		t.Fatalf("requeue change %+v", c[0].Task)
 	}
 	if _, ok, err := e.lc.RequeueStale(ctx, id, tasks.DefaultStaleAfter); ok || err != nil {
@@ -377,10 +378,10 @@ func TestLifecycleAbandon(t *testing.T) {
 	if ok, err := e.lc.Abandon(ctx, claimOf(task), "abandoned: its worker stopped heartbeating"); err != nil || !ok {
 		t.Fatalf("abandon: %v %v", ok, err)
 	}
-	if c := e.wantChanges(t, tasks.ChangeAbandoned); c[0].Task.State != store.StateAbandoned {
+	if c := e.wantChanges(t, tasks.ChangeAbandoned); c[0].Task.State != agentqtype.TaskStateAbandoned {
 		t.Fatalf("abandon change %+v", c[0].Task)
 	}
-	if got := e.get(t, id); got.State != store.StateAbandoned || got.Error == nil || *got.Error != "abandoned: its worker stopped heartbeating" {
+	if got := e.get(t, id); got.State != agentqtype.TaskStateAbandoned || got.Error == nil || *got.Error != "abandoned: its worker stopped heartbeating" {
 		t.Fatalf("abandoned task: %s, %v", got.State, got.Error)
 	}
 }
@@ -398,7 +399,7 @@ func TestLifecycleCancel(t *testing.T) {
 	}
 	e.wantChanges(t)
 	task, ok, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "acme", ID: id, Reason: "cancelled by the tenant"})
-	if err != nil || !ok || task.State != store.StateKilled {
+	if err != nil || !ok || task.State != agentqtype.TaskStateKilled {
 		t.Fatalf("cancel: %v %v %s", ok, err, task.State)
 	}
 	e.wantChanges(t, tasks.ChangeCancelled)
@@ -452,7 +453,7 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 			return e.lc.RecordStep(ctx, store.RecordStepParams{ID: running, Attempt: run.Attempt, Step: 1, Tokens: 5, CostMicro: 5})
 		}},
 		{"finish", func() error {
-			_, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(run), To: store.StateCompleted})
+			_, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: claimOf(run), To: agentqtype.TaskStateCompleted})
 			return err
 		}},
 		{"requeue", func() error { return e.lc.Requeue(ctx, claimOf(run)) }},
@@ -491,7 +492,7 @@ func TestLifecycleRecordLastStepIsOneTransaction(t *testing.T) {
 	task := e.start(t, id, tasks.Started)
 	e.wantChanges(t, tasks.ChangeStarted)
 	last := store.RecordStepParams{ID: id, Attempt: task.Attempt, Step: 1, Tokens: 4, CostMicro: 2}
-	fin := tasks.FinishParams{Claim: claimOf(task), To: store.StateCompleted, Output: json.RawMessage(`{"ok":true}`)}
+	fin := tasks.FinishParams{Claim: claimOf(task), To: agentqtype.TaskStateCompleted, Output: json.RawMessage(`{"ok":true}`)}
 
 	// The end's change fails after the step's succeeded: if they were two
 	// transactions, the step would stay recorded.
@@ -505,7 +506,7 @@ func TestLifecycleRecordLastStepIsOneTransaction(t *testing.T) {
 	e.fail, e.failOn = false, ""
 	e.mu.Unlock()
 	e.took()
-	if got := e.get(t, id); got.State != store.StateRunning || got.Usage.Steps != 0 {
+	if got := e.get(t, id); got.State != agentqtype.TaskStateRunning || got.Usage.Steps != 0 {
 		t.Fatalf("after the end's rollback: %s, %d steps; want running, 0 (the step rolled back with it)", got.State, got.Usage.Steps)
 	}
 	var ledger int
@@ -524,7 +525,7 @@ func TestLifecycleRecordLastStepIsOneTransaction(t *testing.T) {
 	e.wantChanges(t, tasks.ChangeStep, tasks.ChangeFinished)
 	got := e.get(t, id)
 	var out struct{ OK bool }
-	if got.State != store.StateCompleted || got.Usage.Steps != 1 || got.Usage.Tokens != 4 || json.Unmarshal(got.Output, &out) != nil || !out.OK {
+	if got.State != agentqtype.TaskStateCompleted || got.Usage.Steps != 1 || got.Usage.Tokens != 4 || json.Unmarshal(got.Output, &out) != nil || !out.OK {
 		t.Fatalf("after the last step: %+v", got)
 	}
 	// The end's time is when it happened, after the step's record, not when their
@@ -592,7 +593,7 @@ func concurrentCreatesAndStarts(t *testing.T, hooked bool) {
 			}
 			continue
 		}
-		if !r.created || r.t.State != store.StateQueued || string(r.t.Input) != `{"n": 1}` {
+		if !r.created || r.t.State != agentqtype.TaskStateQueued || string(r.t.Input) != `{"n": 1}` {
 			t.Fatalf("create %d: %+v", i, r)
 		}
 		fresh[r.t.ID] = true
@@ -632,7 +633,7 @@ func concurrentCreatesAndStarts(t *testing.T, hooked bool) {
 		t.Fatalf("start outcomes %v, want %d started and %d busy", outcomes, len(fresh), len(fresh))
 	}
 	for id := range fresh {
-		if got := e.get(t, id); got.State != store.StateRunning || got.Attempt != 1 {
+		if got := e.get(t, id); got.State != agentqtype.TaskStateRunning || got.Attempt != 1 {
 			t.Fatalf("after two starts: %s attempt %d, want running attempt 1", got.State, got.Attempt)
 		}
 	}
@@ -665,7 +666,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 	id := e.insertDue(t, "acme")
 	e.took()
 	task := e.start(t, id, tasks.Ended)
-	if task.State != store.StateExpired || task.StartedAt != nil || task.Attempt != 0 || task.FinishedAt == nil ||
+	if task.State != agentqtype.TaskStateExpired || task.StartedAt != nil || task.Attempt != 0 || task.FinishedAt == nil ||
 		task.Error == nil || *task.Error != store.ExpiredError {
 		t.Fatalf("expired task %+v", task)
 	}
@@ -688,7 +689,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.took()
-	if again := e.start(t, resumed, tasks.Started); again.State != store.StateRunning || again.Attempt != 2 {
+	if again := e.start(t, resumed, tasks.Started); again.State != agentqtype.TaskStateRunning || again.Attempt != 2 {
 		t.Fatalf("a parked task past its deadline: %+v", again)
 	}
 	e.wantChanges(t, tasks.ChangeStarted)
@@ -698,7 +699,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE tasks SET start_deadline = now() + interval '1 hour' WHERE id = $1`, timely); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.start(t, timely, tasks.Started); got.State != store.StateRunning {
+	if got := e.start(t, timely, tasks.Started); got.State != agentqtype.TaskStateRunning {
 		t.Fatalf("a task within its deadline: %s", got.State)
 	}
 }
@@ -726,7 +727,7 @@ func TestLifecycleExpireOverdue(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, x := range ts {
-				if x.State != store.StateExpired {
+				if x.State != agentqtype.TaskStateExpired {
 					t.Errorf("returned %s", x.State)
 				}
 				won[x.ID]++
@@ -743,10 +744,10 @@ func TestLifecycleExpireOverdue(t *testing.T) {
 		}
 	}
 	e.wantChanges(t, tasks.ChangeExpired, tasks.ChangeExpired, tasks.ChangeExpired)
-	if got := e.get(t, timely); got.State != store.StateQueued {
+	if got := e.get(t, timely); got.State != agentqtype.TaskStateQueued {
 		t.Errorf("a task without a deadline: %s", got.State)
 	}
-	if got := e.get(t, running); got.State != store.StateRunning {
+	if got := e.get(t, running); got.State != agentqtype.TaskStateRunning {
 		t.Errorf("a running task: %s", got.State)
 	}
 	if ts, err := e.lc.ExpireOverdue(ctx, 10); err != nil || len(ts) != 0 {

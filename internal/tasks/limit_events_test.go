@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
@@ -123,11 +124,11 @@ func decodeEvent(t *testing.T, b []byte) (budgetEvent, map[string]any) {
 func TestBudgetExceededWritesLimitHit(t *testing.T) {
 	t.Parallel()
 	e := limitSetup(t)
-	if err := e.run(t, "acme", `{"max_steps":2,"max_wallclock_s":60,"max_cost_usd":1}`, 2, store.StateCompleted, "", nil); err != nil {
+	if err := e.run(t, "acme", `{"max_steps":2,"max_wallclock_s":60,"max_cost_usd":1}`, 2, agentqtype.TaskStateCompleted, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.run(t, "acme", `{"max_steps":2,"max_wallclock_s":60,"max_cost_usd":1}`, 2,
-		store.StateBudgetExceeded, "budget exceeded: max_steps 2 reached", &quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: 2, Used: 2}); err != nil {
+		agentqtype.TaskStateBudgetExceeded, "budget exceeded: max_steps 2 reached", &quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: 2, Used: 2}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually(t, 1)
@@ -166,7 +167,7 @@ func TestBudgetExceededLimitTypes(t *testing.T) {
 		"budget exceeded: tenant agent_steps_daily limit of 2 reached (used 2)":       {LimitType: quotas.AgentStepsDaily, Limit: 2, Used: 2},
 		"budget exceeded: tenant usd_monthly limit of $0.50 reached (used $0.500000)": {LimitType: quotas.USDMonthly, Limit: 500_000, Used: 500_000},
 	} {
-		if err := e.run(t, "globex", budget, 2, store.StateBudgetExceeded, msg, &stop); err != nil {
+		if err := e.run(t, "globex", budget, 2, agentqtype.TaskStateBudgetExceeded, msg, &stop); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -206,7 +207,7 @@ func TestBudgetExceededLimitHitIsAtomicAndDeduplicated(t *testing.T) {
 	budget := `{"max_steps":1,"max_wallclock_s":60,"max_cost_usd":1}`
 	steps1 := &quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: 1, Used: 1}
 	e.fail = true
-	if err := e.run(t, "acme", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); !errors.Is(err, errHook) {
+	if err := e.run(t, "acme", budget, 1, agentqtype.TaskStateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); !errors.Is(err, errHook) {
 		t.Fatalf("finish: %v, want the hook's error", err)
 	}
 	e.fail = false
@@ -215,12 +216,12 @@ func TestBudgetExceededLimitHitIsAtomicAndDeduplicated(t *testing.T) {
 		t.Fatalf("a rolled-back end left events %+v", evs)
 	}
 	for range 2 {
-		if err := e.run(t, "acme", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); err != nil {
+		if err := e.run(t, "acme", budget, 1, agentqtype.TaskStateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Another tenant's end in the same minute is its own event.
-	if err := e.run(t, "globex", budget, 1, store.StateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); err != nil {
+	if err := e.run(t, "globex", budget, 1, agentqtype.TaskStateBudgetExceeded, "budget exceeded: max_steps 1 reached", steps1); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually(t, 2)

@@ -62,7 +62,7 @@ func (s *Service) SweepPauses(ctx context.Context, marks *PauseMarks) (PauseSwee
 		}
 		for _, t := range ended {
 			out.Expired++
-			s.publishState(ctx, t.ID, store.StateBudgetExceeded, "budget exceeded: paused longer than the plan's pause timeout")
+			s.publishState(ctx, t.ID, agentqtype.TaskStateBudgetExceeded, "budget exceeded: paused longer than the plan's pause timeout")
 		}
 		if len(ended) < pausePage {
 			break

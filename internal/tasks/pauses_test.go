@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/quotas"
@@ -72,16 +73,16 @@ func TestSweepPausesResumesWhenTheQuotaAllowsAgain(t *testing.T) {
 	}
 	for _, id := range []uuid.UUID{fell, newPeriod} {
 		got := e.state(t, "acme", id)
-		if got.State != store.StateQueued || got.Pause.Reason != nil || got.WaitedMs < 59_000 || got.Pause.Count != 1 {
+		if got.State != agentqtype.TaskStateQueued || got.Pause.Reason != nil || got.WaitedMs < 59_000 || got.Pause.Count != 1 {
 			t.Fatalf("resumed task: %s, pause %+v, waited %d ms", got.State, got.Pause, got.WaitedMs)
 		}
 	}
 	for _, id := range []uuid.UUID{unchanged, budget} {
-		if got := e.state(t, "acme", id); got.State != store.StatePaused {
+		if got := e.state(t, "acme", id); got.State != agentqtype.TaskStatePaused {
 			t.Fatalf("a pause nothing lifted is %s", got.State)
 		}
 	}
-	if got := e.state(t, "acme", old); got.State != store.StateBudgetExceeded {
+	if got := e.state(t, "acme", old); got.State != agentqtype.TaskStateBudgetExceeded {
 		t.Fatalf("a pause past its timeout is %s", got.State)
 	}
 	sessions, _, err := e.deps.Admission.Quotas().Leases(ctx, "acme")
@@ -119,7 +120,7 @@ func TestSweepPausesLooksAgainOnlyWhenTheTenantChanged(t *testing.T) {
 	if res, err := e.svc.SweepPauses(ctx, marks); err != nil || res.Resumed != 1 {
 		t.Fatalf("a sweep after the tenant changed: %+v %v, want the task resumed", res, err)
 	}
-	if got := e.state(t, "acme", id); got.State != store.StateQueued {
+	if got := e.state(t, "acme", id); got.State != agentqtype.TaskStateQueued {
 		t.Fatalf("the task is %s, want queued", got.State)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -75,7 +76,7 @@ func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 	if err != nil {
 		return Task{}, err
 	}
-	if t.State != store.StatePaused {
+	if t.State != agentqtype.TaskStatePaused {
 		return Task{}, &NotPausedError{ID: p.ID, State: string(t.State)}
 	}
 	if p.Pause > 0 && t.Pause.Count != p.Pause {
@@ -111,7 +112,7 @@ func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 		// Queued in Postgres: the recovery sweep pushes queued tasks missing from Redis.
 		s.log.Error("pushing a resumed task to its queue failed; it stays queued in Postgres", "task_id", resumed.ID, "err", err)
 	}
-	s.publishState(ctx, resumed.ID, store.StateQueued, "")
+	s.publishState(ctx, resumed.ID, agentqtype.TaskStateQueued, "")
 	return Task{Task: resumed}, nil
 }
 
@@ -144,10 +145,10 @@ func (s *Service) notResumed(ctx context.Context, p ResumeParams, err error) err
 	if err != nil {
 		return err
 	}
-	if cur.State == store.StatePaused || cur.State.Terminal() {
+	if cur.State == agentqtype.TaskStatePaused || cur.State.Terminal() {
 		release()
 	}
-	return &NotPausedError{ID: p.ID, State: string(cur.State), Stale: cur.State == store.StatePaused}
+	return &NotPausedError{ID: p.ID, State: string(cur.State), Stale: cur.State == agentqtype.TaskStatePaused}
 }
 
 // readmit takes the resuming task's session lease.

@@ -687,7 +687,7 @@ func (s *Service) waitReasons(ctx context.Context, ws []waiting) (out []*WaitRea
 	var tenants []string
 	for i, w := range ws {
 		switch {
-		case w.state != store.StateQueued:
+		case w.state != agentqtype.TaskStateQueued:
 		case w.parked != nil:
 			out[i] = &WaitReason{Reason: *w.parked, ExpectedStart: w.until, Until: w.until}
 		default:
@@ -813,7 +813,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)
 	}
 	s.leavePool(ctx, t)
-	s.publishState(ctx, id, store.StateKilled, cancelMessage)
+	s.publishState(ctx, id, agentqtype.TaskStateKilled, cancelMessage)
 	if err := s.d.Redis.Publish(ctx, s.d.Keys.CancelChannel(), id.String()).Err(); err != nil {
 		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
 	}

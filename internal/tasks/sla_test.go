@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
@@ -401,7 +402,7 @@ func TestExpiryAfterTheCommitmentLapsedIsABreach(t *testing.T) {
 	// A worker's start finds the task past its deadline: the same statement expires it.
 	byStart := e.create(t, "acme", time.Minute)
 	e.deadline(t, byStart, time.Now().Add(-time.Second))
-	if task, out, err := e.lc.Start(ctx, byStart); err != nil || out != tasks.Ended || task.State != store.StateExpired {
+	if task, out, err := e.lc.Start(ctx, byStart); err != nil || out != tasks.Ended || task.State != agentqtype.TaskStateExpired {
 		t.Fatalf("start: %v %v %v, want expired", task.State, out, err)
 	}
 	if got := e.breaches(t, "acme", outbox.LimitSLAStart); len(got) != 2 {

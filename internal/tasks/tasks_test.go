@@ -89,7 +89,7 @@ func TestSubmitStoresQueuesAndReplays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Replayed || res.Decision == nil || !res.Decision.Allowed || res.Task.State != store.StateQueued {
+	if res.Replayed || res.Decision == nil || !res.Decision.Allowed || res.Task.State != agentqtype.TaskStateQueued {
 		t.Fatalf("submit: %+v", res)
 	}
 	var in map[string]int
@@ -138,7 +138,7 @@ func TestSubmissionIsALifecycleChange(t *testing.T) {
 		if fail.Load() {
 			return errHook
 		}
-		if c.Kind == tasks.ChangeCreated && c.Task.State == store.StateQueued {
+		if c.Kind == tasks.ChangeCreated && c.Task.State == agentqtype.TaskStateQueued {
 			created.Add(1)
 		}
 		return nil
@@ -233,7 +233,7 @@ func TestCancelQueuedTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := e.svc.Cancel(ctx, "acme", res.Task.ID)
-	if err != nil || got.State != store.StateKilled || got.Error == nil || *got.Error != "cancelled by the tenant" {
+	if err != nil || got.State != agentqtype.TaskStateKilled || got.Error == nil || *got.Error != "cancelled by the tenant" {
 		t.Fatalf("cancel: %+v %v", got, err)
 	}
 	select {
@@ -248,7 +248,7 @@ func TestCancelQueuedTask(t *testing.T) {
 		t.Errorf("the task is still queued: %v %v", removed, err)
 	}
 	var fin *tasks.FinishedError
-	if _, err := e.svc.Cancel(ctx, "acme", res.Task.ID); !errors.As(err, &fin) || fin.State != string(store.StateKilled) {
+	if _, err := e.svc.Cancel(ctx, "acme", res.Task.ID); !errors.As(err, &fin) || fin.State != string(agentqtype.TaskStateKilled) {
 		t.Errorf("second cancel: %v, want a FinishedError", err)
 	}
 	if _, err := e.svc.Cancel(ctx, "globex", res.Task.ID); !errors.Is(err, tasks.ErrNotFound) {
