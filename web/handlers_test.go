@@ -1,249 +1,68 @@
 package web
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"slices"
+	"net/url"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
-	"github.com/agentq/agentq/quotas"
-	"github.com/agentq/agentq/runtime"
-	"github.com/agentq/agentq/scheduler"
+	"github.com/agentq/agentq/web/api"
+	"github.com/agentq/agentq/web/internal/webtest"
 )
 
-// apiFixture is a Server over real services on the test's own schema and Redis
+// serverFixture is a Server over real services on the test's own schema and Redis
 // prefix, called through its http.Handler (no listener).
-type apiFixture struct {
+type serverFixture struct {
+	webtest.Env
 	t     *testing.T
 	s     *Server
-	svc   *services.Services
-	pool  *pgxpool.Pool
 	admin string
 }
 
-func newAPIFixture(t *testing.T) *apiFixture {
+func newServerFixture(t *testing.T) *serverFixture {
 	t.Helper()
-	pool := testenv.Postgres(t)
-	rdb, rk := testenv.Redis(t, 1)
-	plans, err := quotas.LoadCatalogue("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	arch := &baseservice.Archetype{Logger: log}
-	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
-	sched := scheduler.New(rdb, rk, scheduler.Options{})
-	svc := services.New(services.Deps{
-		Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Scheduler: sched, Admission: guard,
-		Agents: runtime.NewRegistry(), Archetype: arch,
-	})
-	admin := "admin-" + testenv.ID()
+	env := webtest.New(t)
 	s := New(Deps{
-		Tenants: svc.Tenants, APIKeys: svc.Keys, Tasks: svc.Tasks, HTTPAgents: svc.Agents, Pools: svc.Pools,
-		Postgres: pool, Queue: sched, Redis: rdb, Keys: rk, Admission: guard, AdminToken: admin, Archetype: arch,
+		Tenants: env.Svc.Tenants, APIKeys: env.Svc.Keys, Tasks: env.Svc.Tasks, HTTPAgents: env.Svc.Agents,
+		Pools: env.Svc.Pools, Postgres: env.Pool, Queue: env.Scheduler, Redis: env.Redis, Keys: env.Keys,
+		Admission: env.Admission, AdminToken: env.AdminToken, Archetype: env.Arch,
 	})
-	return &apiFixture{t: t, s: s, svc: svc, pool: pool, admin: admin}
+	return &serverFixture{Env: env, t: t, s: s, admin: env.AdminToken}
 }
 
 // call sends a request with the bearer token (none when empty) and returns the status
 // and the raw body.
-func (f *apiFixture) call(method, path, token, body string) (int, []byte) {
+func (f *serverFixture) call(method, path, token, body string) (int, []byte) {
 	f.t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req := httptest.NewRequest(method, path, rd)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	rec := httptest.NewRecorder()
-	f.s.Handler().ServeHTTP(rec, req)
-	return rec.Code, rec.Body.Bytes()
+	st, _, b := webtest.Call(f.s.Handler(), "", method, path, token, body)
+	return st, b
 }
 
-// errorOf is the code and message of an error body.
-func errorOf(t *testing.T, body []byte) (string, string) {
-	t.Helper()
-	var eb struct {
-		Error struct{ Code, Message string }
-	}
-	if err := json.Unmarshal(body, &eb); err != nil {
-		t.Fatalf("%q is not an error body: %v", body, err)
-	}
-	return eb.Error.Code, eb.Error.Message
-}
-
-// topKeys is the keys of a JSON object, in the order they appear.
-func topKeys(t *testing.T, body []byte) []string {
-	t.Helper()
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		t.Fatalf("%q is not a JSON object", body)
-	}
-	var out []string
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, tok.(string))
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
-}
-
-var agentFields = []string{"name", "url", "step_timeout_s", "headers", "signing_secret_created_at", "created_at", "updated_at"}
-
-func TestAgentHandlers(t *testing.T) {
-	t.Parallel()
-	f := newAPIFixture(t)
-	ctx := context.Background()
-
-	// First PUT registers the agent and shows its signing secret, once.
-	st, body := f.call("PUT", "/v1/admin/agents/echo", f.admin, `{"url":"http://127.0.0.1:9/step","headers":{"X-Api-Key":"hunter2"}}`)
-	if st != http.StatusCreated {
-		t.Fatalf("PUT new agent: %d %s", st, body)
-	}
-	if got := topKeys(t, body); !slices.Equal(got, append(slices.Clone(agentFields), "signing_secret")) {
-		t.Errorf("registration shows fields %v", got)
-	}
-	var created struct {
-		StepTimeoutS  float64           `json:"step_timeout_s"`
-		Headers       map[string]string `json:"headers"`
-		SigningSecret string            `json:"signing_secret"`
-	}
-	_ = json.Unmarshal(body, &created)
-	if created.StepTimeoutS != 30 || created.Headers["X-Api-Key"] != "********" || !strings.HasPrefix(created.SigningSecret, "aqsig_") {
-		t.Errorf("registration answer %s", body)
-	}
-	if stored, err := f.svc.Agents.Get(ctx, "echo"); err != nil || stored.SigningSecret != created.SigningSecret || stored.Headers["X-Api-Key"] != "hunter2" {
-		t.Fatalf("stored agent %+v %v", stored, err)
-	}
-
-	// A second PUT replaces it and keeps its secret.
-	st, body = f.call("PUT", "/v1/admin/agents/echo", f.admin, `{"url":"https://agent.example/step","step_timeout_s":5}`)
-	if st != http.StatusOK || strings.Contains(string(body), "signing_secret\"") || !slices.Equal(topKeys(t, body), agentFields) {
-		t.Fatalf("PUT existing agent: %d %s", st, body)
-	}
-	if stored, _ := f.svc.Agents.Get(ctx, "echo"); stored.SigningSecret != created.SigningSecret || stored.URL != "https://agent.example/step" || stored.StepTimeoutS != 5 {
-		t.Errorf("replaced agent %+v", stored)
-	}
-
-	st, body = f.call("GET", "/v1/admin/agents/echo", f.admin, "")
-	if st != http.StatusOK || !slices.Equal(topKeys(t, body), agentFields) || strings.Contains(string(body), created.SigningSecret) {
-		t.Errorf("GET agent: %d %s", st, body)
-	}
-	st, body = f.call("GET", "/v1/admin/agents", f.admin, "")
-	var list struct{ Agents []map[string]any }
-	if err := json.Unmarshal(body, &list); st != http.StatusOK || err != nil || len(list.Agents) != 1 || list.Agents[0]["name"] != "echo" {
-		t.Errorf("GET agents: %d %s", st, body)
-	}
-
-	// Rotation shows a new secret, which the workers' resolver then signs with.
-	st, body = f.call("POST", "/v1/admin/agents/echo/rotate-secret", f.admin, "")
-	var rotated struct {
-		SigningSecret string `json:"signing_secret"`
-	}
-	if err := json.Unmarshal(body, &rotated); st != http.StatusOK || err != nil || rotated.SigningSecret == created.SigningSecret ||
-		!strings.HasPrefix(rotated.SigningSecret, "aqsig_") {
-		t.Fatalf("rotate: %d %s", st, body)
-	}
-	exec, found, err := f.svc.Agents.Resolver(nil, nil)(ctx, "echo")
-	if ha, ok := exec.(*runtime.HTTPAgent); err != nil || !found || !ok || string(ha.Secret) != rotated.SigningSecret || ha.Timeout != 5*time.Second {
-		t.Errorf("resolver: %+v %v %v", exec, found, err)
-	}
-
-	if st, body := f.call("DELETE", "/v1/admin/agents/echo", f.admin, ""); st != http.StatusNoContent || len(body) != 0 {
-		t.Errorf("DELETE: %d %s", st, body)
-	}
-	for _, r := range []struct{ method, path string }{
-		{"GET", "/v1/admin/agents/echo"}, {"DELETE", "/v1/admin/agents/echo"}, {"POST", "/v1/admin/agents/echo/rotate-secret"},
-	} {
-		st, body := f.call(r.method, r.path, f.admin, "")
-		if code, msg := errorOf(t, body); st != http.StatusNotFound || code != CodeNotFound || msg != `No HTTP agent "echo".` {
-			t.Errorf("%s %s of a deleted agent: %d %s", r.method, r.path, st, body)
-		}
-	}
-	if st, body := f.call("GET", "/v1/admin/agents", f.admin, ""); st != http.StatusOK || string(body) != `{"agents":[]}`+"\n" {
-		t.Errorf("GET agents when there are none: %d %q", st, body)
-	}
-}
-
-// Each refused registration gets its status and sentence, and writes nothing.
-func TestAgentRegistrationRefusals(t *testing.T) {
-	t.Parallel()
-	f := newAPIFixture(t)
-	long := "http://a.example/" + strings.Repeat("x", 2048)
-	for _, tc := range []struct {
-		name, path, body string
-		status           int
-		code, msg        string
-	}{
-		{"bad name", "/v1/admin/agents/-x", `{"url":"http://a.example"}`, 400, CodeInvalidRequest,
-			"Agent names are 1 to 63 letters, digits, '.', '-' or '_'."},
-		{"bad name before a bad body", "/v1/admin/agents/-x", `{`, 400, CodeInvalidRequest,
-			"Agent names are 1 to 63 letters, digits, '.', '-' or '_'."},
-		{"built-in name", "/v1/admin/agents/sim", `{"url":"http://a.example"}`, 409, CodeConflict,
-			`Agent "sim" is built in or registered in process; pick another name.`},
-		{"empty body", "/v1/admin/agents/a1", ``, 400, CodeInvalidJSON, "The request body is empty; send a JSON object."},
-		{"unknown field", "/v1/admin/agents/a1", `{"url":"http://a.example","secret":"x"}`, 400, CodeInvalidRequest, `Unknown field "secret".`},
-		{"url not ASCII", "/v1/admin/agents/a1", `{"url":"http://ä.example"}`, 400, CodeInvalidRequest,
-			"url must be printable ASCII of at most 2048 bytes."},
-		{"url too long", "/v1/admin/agents/a1", `{"url":"` + long + `"}`, 400, CodeInvalidRequest,
-			"url must be printable ASCII of at most 2048 bytes."},
-		{"relative url", "/v1/admin/agents/a1", `{"url":"/step"}`, 400, CodeInvalidRequest, "url must be an absolute http or https URL."},
-		{"ftp url", "/v1/admin/agents/a1", `{"url":"ftp://a.example/"}`, 400, CodeInvalidRequest, "url must be an absolute http or https URL."},
-		{"timeout 0", "/v1/admin/agents/a1", `{"url":"http://a.example","step_timeout_s":0}`, 400, CodeInvalidRequest,
-			"step_timeout_s must be above 0 and at most 3600."},
-		{"timeout above an hour", "/v1/admin/agents/a1", `{"url":"http://a.example","step_timeout_s":3601}`, 400, CodeInvalidRequest,
-			"step_timeout_s must be above 0 and at most 3600."},
-		{"header name", "/v1/admin/agents/a1", `{"url":"http://a.example","headers":{"X Key":"v"}}`, 400, CodeInvalidRequest,
-			`Header "X Key" is not a valid HTTP header.`},
-		{"header value", "/v1/admin/agents/a1", `{"url":"http://a.example","headers":{"X-Key":"a\nb"}}`, 400, CodeInvalidRequest,
-			`Header "X-Key" is not a valid HTTP header.`},
-		{"reserved header", "/v1/admin/agents/a1", `{"url":"http://a.example","headers":{"x-agentq-signature":"v"}}`, 400, CodeInvalidRequest,
-			`Header "x-agentq-signature" is set by agentq and cannot be configured.`},
-	} {
-		st, body := f.call("PUT", tc.path, f.admin, tc.body)
-		if code, msg := errorOf(t, body); st != tc.status || code != tc.code || msg != tc.msg {
-			t.Errorf("%s: %d %s %q, want %d %s %q", tc.name, st, code, msg, tc.status, tc.code, tc.msg)
-		}
-	}
-	if as, err := f.svc.Agents.List(context.Background()); err != nil || len(as) != 0 {
-		t.Errorf("agents after the refusals: %+v %v", as, err)
-	}
+// callFrom is call from the client address addr.
+func (f *serverFixture) callFrom(addr, method, path, token string) (int, http.Header, []byte) {
+	f.t.Helper()
+	return webtest.Call(f.s.Handler(), addr, method, path, token, "")
 }
 
 func TestAuthentication(t *testing.T) {
 	t.Parallel()
-	f := newAPIFixture(t)
+	f := newServerFixture(t)
 	ctx := context.Background()
 	plan := "pro"
-	if _, err := f.svc.Tenants.Create(ctx, tenants.CreateParams{ID: "acme", Plan: &plan}); err != nil {
+	if _, err := f.Svc.Tenants.Create(ctx, tenants.CreateParams{ID: "acme", Plan: &plan}); err != nil {
 		t.Fatal(err)
 	}
-	k, err := f.svc.Keys.Create(ctx, keys.CreateParams{TenantID: "acme"})
+	k, err := f.Svc.Keys.Create(ctx, keys.CreateParams{TenantID: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +72,7 @@ func TestAuthentication(t *testing.T) {
 		if st == http.StatusOK {
 			return st, ""
 		}
-		_, msg := errorOf(t, body)
+		_, msg := webtest.ErrorOf(t, body)
 		return st, msg
 	}
 	missing, invalid := "Missing API key: send Authorization: Bearer aq_<kid>_<secret>.", "Invalid or revoked API key."
@@ -283,7 +102,7 @@ func TestAuthentication(t *testing.T) {
 	// A rotation or revocation through this process's admin API takes effect at once,
 	// although the key was just cached.
 	st, body := f.call("POST", "/v1/admin/keys/"+k.Kid+"/rotate", f.admin, "")
-	var rotated KeyCreated
+	var rotated api.KeyCreated
 	if err := json.Unmarshal(body, &rotated); st != 200 || err != nil || rotated.Key == k.Plaintext {
 		t.Fatalf("rotate: %d %s", st, body)
 	}
@@ -302,14 +121,14 @@ func TestAuthentication(t *testing.T) {
 
 	// A change made by another process (here a key service with no Redis, so nothing
 	// is published) is honoured once its change message arrives.
-	k2, err := f.svc.Keys.Create(ctx, keys.CreateParams{TenantID: "acme"})
+	k2, err := f.Svc.Keys.Create(ctx, keys.CreateParams{TenantID: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := tenantCall(k2.Plaintext); st != 200 {
 		t.Fatalf("a new key: %d", st)
 	}
-	other := services.New(services.Deps{Pool: f.pool, Plans: f.s.Plans})
+	other := services.New(services.Deps{Pool: f.Pool, Plans: f.s.Plans})
 	if _, err := other.Keys.Revoke(ctx, k2.Kid); err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +143,7 @@ func TestAuthentication(t *testing.T) {
 			t.Errorf("admin with %q: %d %s", tok, st, body)
 		}
 	}
-	noAdmin := New(Deps{Tenants: f.svc.Tenants, APIKeys: f.svc.Keys})
+	noAdmin := New(Deps{Tenants: f.Svc.Tenants, APIKeys: f.Svc.Keys})
 	rec = httptest.NewRecorder()
 	req = httptest.NewRequest("GET", "/v1/admin/tenants", nil)
 	req.Header.Set("Authorization", "Bearer ")
@@ -336,14 +155,14 @@ func TestAuthentication(t *testing.T) {
 
 func TestReadiness(t *testing.T) {
 	t.Parallel()
-	f := newAPIFixture(t)
+	f := newServerFixture(t)
 	st, body := f.call("GET", "/readyz", "", "")
 	if st != 200 || string(body) != `{"checks":{"postgres":"ok","redis":"ok"},"ready":true}`+"\n" {
 		t.Errorf("readyz: %d %s", st, body)
 	}
 	closed := testenv.Postgres(t)
 	closed.Close()
-	down := New(Deps{Postgres: closed, Redis: f.s.Redis, Tenants: f.svc.Tenants})
+	down := New(Deps{Postgres: closed, Redis: f.s.Redis, Tenants: f.Svc.Tenants})
 	rec := httptest.NewRecorder()
 	down.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != 503 || rec.Body.String() != `{"checks":{"postgres":"unreachable","redis":"ok"},"ready":false}`+"\n" {
@@ -356,13 +175,13 @@ func TestReadiness(t *testing.T) {
 // its change message arrives.
 func TestTenantChangesReachTheCache(t *testing.T) {
 	t.Parallel()
-	f := newAPIFixture(t)
+	f := newServerFixture(t)
 	ctx := context.Background()
 	plan := "pro"
-	if _, err := f.svc.Tenants.Create(ctx, tenants.CreateParams{ID: "acme", Plan: &plan}); err != nil {
+	if _, err := f.Svc.Tenants.Create(ctx, tenants.CreateParams{ID: "acme", Plan: &plan}); err != nil {
 		t.Fatal(err)
 	}
-	k, err := f.svc.Keys.Create(ctx, keys.CreateParams{TenantID: "acme"})
+	k, err := f.Svc.Keys.Create(ctx, keys.CreateParams{TenantID: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +191,7 @@ func TestTenantChangesReachTheCache(t *testing.T) {
 		if st == http.StatusAccepted {
 			return st, ""
 		}
-		code, _ := errorOf(t, body)
+		code, _ := webtest.ErrorOf(t, body)
 		return st, code
 	}
 	if st, code := submit(); st != 202 {
@@ -381,10 +200,10 @@ func TestTenantChangesReachTheCache(t *testing.T) {
 	if st, body := f.call("PATCH", "/v1/admin/tenants/acme", f.admin, `{"status":"suspended"}`); st != 200 {
 		t.Fatalf("suspend: %d %s", st, body)
 	}
-	if st, code := submit(); st != 403 || code != CodeTenantSuspended {
+	if st, code := submit(); st != 403 || code != api.CodeTenantSuspended {
 		t.Errorf("submit right after the suspension: %d %s", st, code)
 	}
-	other := services.New(services.Deps{Pool: f.pool, Plans: f.s.Plans}) // publishes nothing
+	other := services.New(services.Deps{Pool: f.Pool, Plans: f.s.Plans}) // publishes nothing
 	active := "active"
 	if _, err := other.Tenants.Update(ctx, tenants.UpdateParams{ID: "acme", Status: &active}); err != nil {
 		t.Fatal(err)
@@ -392,5 +211,63 @@ func TestTenantChangesReachTheCache(t *testing.T) {
 	f.s.invalidateLocal("t:acme")
 	if st, code := submit(); st != 202 {
 		t.Errorf("submit after another process reactivated the tenant: %d %s", st, code)
+	}
+}
+
+// Wrong admin tokens count per address across replicas (the count is in Redis) and
+// across the admin API and the operator view's sign-in: guesses spread over both, or
+// over several replicas, get no larger burst.
+func TestAdminTokenFailuresSharedAcrossReplicasAndSignIn(t *testing.T) {
+	t.Parallel()
+	f := newServerFixture(t)
+	other := New(Deps{Tenants: f.s.Tenants, APIKeys: f.s.APIKeys, Redis: f.s.Redis, Keys: f.s.Keys,
+		Admission: f.s.Admission, AdminToken: f.admin,
+		Archetype: &baseservice.Archetype{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
+	const addr = "192.0.2.9:5000"
+	for i := range 5 {
+		if st, _, body := f.callFrom(addr, http.MethodGet, "/v1/admin/tenants", "wrong"); st != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d on replica A: %d %s", i+1, st, body)
+		}
+	}
+	login := func(s *Server, token string) int {
+		r := httptest.NewRequest(http.MethodGet, "http://127.0.0.1:8080/panel/admin/login", nil)
+		r.RemoteAddr = addr
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, r)
+		var csrf *http.Cookie
+		for _, c := range rec.Result().Cookies() {
+			if c.Name == "aq_op_login" { // the sign-in form's CSRF cookie
+				csrf = c
+			}
+		}
+		if csrf == nil {
+			t.Fatal("no CSRF cookie")
+		}
+		form := url.Values{"token": {token}, "csrf": {csrf.Value}}
+		r = httptest.NewRequest(http.MethodPost, "http://127.0.0.1:8080/panel/admin/login", strings.NewReader(form.Encode()))
+		r.RemoteAddr = addr
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.Header.Set("Origin", "http://127.0.0.1:8080")
+		r.AddCookie(csrf)
+		rec = httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, r)
+		return rec.Code
+	}
+	for i := range 5 {
+		if st := login(other, "wrong"); st != http.StatusUnauthorized {
+			t.Fatalf("wrong sign-in %d on replica B: %d", i+1, st)
+		}
+	}
+	if st := login(other, "wrong"); st != http.StatusTooManyRequests {
+		t.Fatalf("the 11th wrong token from one address, on replica B's sign-in: %d, want 429", st)
+	}
+	if st, _, body := f.callFrom(addr, http.MethodGet, "/v1/admin/tenants", "wrong"); st != http.StatusTooManyRequests {
+		t.Fatalf("the 12th, on replica A's admin API: %d %s, want 429", st, body)
+	}
+	if st := login(other, f.admin); st != http.StatusTooManyRequests {
+		t.Fatalf("the right token's sign-in from the refused address: %d, want 429", st)
+	}
+	if st, _, _ := f.callFrom("192.0.2.10:5000", http.MethodGet, "/v1/admin/tenants", f.admin); st != http.StatusOK {
+		t.Fatalf("another address: %d", st)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/internal/telemetry"
+	"github.com/agentq/agentq/web/api"
 )
 
 // Telemetry is what the API needs for its observability besides the providers its
@@ -99,7 +100,7 @@ func (s *Server) readyz(c echo.Context) error {
 // metrics serves the process's metrics in the Prometheus text format.
 func (s *Server) metrics(c echo.Context) error {
 	if s.Telemetry.Metrics == nil {
-		return apiErr(http.StatusNotFound, CodeNotFound, "This process exports no metrics here.")
+		return api.Errorf(http.StatusNotFound, api.CodeNotFound, "This process exports no metrics here.")
 	}
 	s.Telemetry.Metrics.ServeHTTP(c.Response(), c.Request())
 	return nil

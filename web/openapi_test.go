@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/web/api"
 )
 
 // openapiOp is the part of an OpenAPI operation the tests look at.
@@ -49,12 +50,12 @@ func testServer(t *testing.T) *Server {
 func parseOpenAPI(t *testing.T) openapiDocument {
 	t.Helper()
 	var doc openapiDocument
-	dec := json.NewDecoder(bytes.NewReader(OpenAPI()))
+	dec := json.NewDecoder(bytes.NewReader(api.OpenAPI()))
 	if err := dec.Decode(&doc); err != nil {
-		t.Fatalf("web/openapi.json does not parse: %v", err)
+		t.Fatalf("web/api/openapi.json does not parse: %v", err)
 	}
 	if dec.More() {
-		t.Fatal("web/openapi.json holds more than one JSON value")
+		t.Fatal("web/api/openapi.json holds more than one JSON value")
 	}
 	return doc
 }
@@ -133,12 +134,12 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 	for _, r := range sortedKeys(served) {
 		if _, ok := documented[r]; !ok {
-			t.Errorf("route %s is registered in web/server.go but missing from web/openapi.json", r)
+			t.Errorf("route %s is registered in web/server.go but missing from web/api/openapi.json", r)
 		}
 	}
 	for _, r := range sortedKeys(documented) {
 		if !served[r] {
-			t.Errorf("web/openapi.json documents %s, which web/server.go does not register", r)
+			t.Errorf("web/api/openapi.json documents %s, which web/server.go does not register", r)
 		}
 	}
 }
@@ -262,8 +263,8 @@ func TestOpenAPIServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(body, OpenAPI()) {
-		t.Errorf("served document (%d bytes) differs from the embedded one (%d bytes)", len(body), len(OpenAPI()))
+	if !bytes.Equal(body, api.OpenAPI()) {
+		t.Errorf("served document (%d bytes) differs from the embedded one (%d bytes)", len(body), len(api.OpenAPI()))
 	}
 	if !json.Valid(body) {
 		t.Error("served document is not valid JSON")

@@ -1,6 +1,7 @@
-// Package web is agentq's HTTP API (echo): the tenant API under /v1, the admin API
-// under /v1/admin, health endpoints, the OpenAPI document, and the operator view
-// (server-rendered HTML under /panel/admin).
+// Package web is agentq's HTTP server (echo): the listener and its lifecycle, the
+// middleware every request goes through, the health endpoints and the cache
+// invalidation listener. It mounts the JSON API (package api), the tenant panel
+// (package panel) and the operator view (package operator).
 package web
 
 import (
@@ -22,7 +23,6 @@ import (
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
-	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/approval"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
@@ -33,16 +33,16 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/web/api"
+	"github.com/agentq/agentq/web/internal/adminauth"
+	"github.com/agentq/agentq/web/internal/panellink"
+	operatorview "github.com/agentq/agentq/web/operator"
+	"github.com/agentq/agentq/web/panel"
 )
 
 // Pinger is what readiness needs of Postgres: that it answers.
 type Pinger interface {
 	Ping(ctx context.Context) error
-}
-
-// Queue is what the usage report needs of the scheduler.
-type Queue interface {
-	Running(ctx context.Context, tenantID string) (int64, error)
 }
 
 // Deps are the Server's collaborators. The handlers decode requests, call the domain
@@ -54,7 +54,7 @@ type Deps struct {
 	HTTPAgents *agents.Service
 	Pools      *pools.Service // the model pools and their agents (admin API)
 	Postgres   Pinger         // readiness
-	Queue      Queue          // the usage report's running count
+	Queue      api.Queue      // the usage report's running count
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue // nil: the tenant service's
@@ -106,8 +106,9 @@ type Server struct {
 	handler http.Handler // e, traced
 
 	listener *cacheListener
-	panel    *PanelSigner
-	opAuth   *operatorAuth
+	api      *api.API
+	panel    *panel.Panel
+	operator *operatorview.View
 
 	closing  chan struct{} // closed when Stop begins: open streams end
 	mu       sync.Mutex
@@ -123,24 +124,39 @@ func New(d Deps) *Server {
 		s.Plans = s.Tenants.Plans()
 	}
 	s.listener = &cacheListener{s: s}
-	secret, ephemeral := panelSecret(d.PanelSecret, d.AdminToken)
-	if ephemeral && d.Tenants != nil {
-		s.log.Warn("neither AGENTQ_PANEL_SECRET nor AGENTQ_ADMIN_TOKEN is set: tenant panel links are signed with a random key and stop working when this process restarts")
-	}
-	panel, err := NewPanelSigner(secret, arch.Clock)
-	if err != nil {
-		panic(err) // the secret is never empty
-	}
-	s.panel = panel
-	s.opAuth = newOperatorAuth(d.AdminToken, arch.Clock)
+	s.mountables(d)
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = s.errorHandler
-	e.Use(s.recoverer, s.routeSpan, s.requestLog, s.validateInput)
+	e.HTTPErrorHandler = api.ErrorHandler(s.log)
+	e.Use(s.recoverer, s.routeSpan, s.requestLog, api.ValidateInput)
 	s.e = e
 	s.routes()
 	s.handler = s.traced(e)
 	return s
+}
+
+// mountables builds the API, the panel and the operator view from d.
+func (s *Server) mountables(d Deps) {
+	secret, ephemeral := panellink.Secret(d.PanelSecret, d.AdminToken)
+	if ephemeral && d.Tenants != nil {
+		s.log.Warn("neither AGENTQ_PANEL_SECRET nor AGENTQ_ADMIN_TOKEN is set: tenant panel links are signed with a random key and stop working when this process restarts")
+	}
+	links, err := panellink.New(secret, s.arch.Clock)
+	if err != nil {
+		panic(err) // the secret is never empty
+	}
+	admin := adminauth.New(d.AdminToken, d.Admission)
+	s.api = api.New(api.Deps{
+		Tenants: d.Tenants, APIKeys: d.APIKeys, Tasks: d.Tasks, HTTPAgents: d.HTTPAgents, Pools: d.Pools,
+		Queue: d.Queue, Redis: d.Redis, Keys: d.Keys, Plans: s.Plans, Admission: d.Admission, Events: d.Events,
+		Rejections: d.Rejections, Webhooks: d.Webhooks, Usage: d.Usage, UsageExport: d.UsageExport,
+		UpgradeURL: d.UpgradeURL, AdminAuth: admin, PanelLinks: links, Logger: s.log, Closing: s.closing,
+	})
+	s.panel = panel.New(panel.Deps{
+		API: s.api, Tenants: d.Tenants, Tasks: d.Tasks, Admission: d.Admission, Links: links,
+		Approvals: d.Approvals, FrameAncestors: d.PanelFrameAncestors, Logger: s.log,
+	})
+	s.operator = operatorview.New(operatorview.Deps{AdminAuth: admin, Operator: d.Operator, Now: s.arch.Clock})
 }
 
 // Handler is the API as an http.Handler (tests, embedding).
@@ -157,70 +173,9 @@ func (s *Server) routes() {
 	if s.OpsOnly {
 		return
 	}
-	e.GET("/openapi.json", s.openapi)
-
-	// Middleware is attached per route, not per group: echo groups with middleware add
-	// catch-all routes that would turn 405s into 404s.
-	// Every tenant request holds an inflight_requests slot while it runs.
-	tenant := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant, s.inflight) }
-	read := func(method, path string, h echo.HandlerFunc) { e.Add(method, path, h, s.authTenant, s.readLimits) }
-	tenant(http.MethodPost, "/v1/tasks", s.submitTask) // runs the full admission itself
-	read(http.MethodGet, "/v1/usage", s.usage)         // spends the key bucket, then peeks
-	read(http.MethodGet, "/v1/tasks", s.listTasks)
-	read(http.MethodGet, "/v1/tasks/:id", s.getTask)
-	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
-	read(http.MethodPost, "/v1/tasks/:id/resume", s.resumeTask)
-	read(http.MethodGet, "/v1/tasks/:id/events", s.taskEvents)
-	read(http.MethodGet, "/v1/events", s.tenantEvents)
-	read(http.MethodPost, "/v1/webhooks", s.createTenantWebhook)
-	read(http.MethodGet, "/v1/webhooks", s.listTenantWebhooks)
-	read(http.MethodGet, "/v1/webhooks/:id", s.getTenantWebhook)
-	read(http.MethodDelete, "/v1/webhooks/:id", s.deleteTenantWebhook)
-	read(http.MethodPost, "/v1/webhooks/:id/rotate", s.rotateTenantWebhookSecret)
-	read(http.MethodGet, "/v1/webhooks/:id/attempts", s.listTenantWebhookAttempts)
-
-	// The tenant panel: authorized by its signed link, not by a key.
-	e.GET("/panel/t", s.panelPage, s.panelGuard(true))
-	e.GET("/panel/t/usage", s.panelUsage, s.panelGuard(false))
-	e.GET("/panel/t/assets/:file", s.panelAsset)
-	// A paused task's approval page: authorized by its signed link, not by a key.
-	e.GET(approval.Path, s.approvalPage)
-	e.POST(approval.Path, s.approve)
-
-	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
-	admin(http.MethodGet, "/plans", s.listPlans)
-	admin(http.MethodGet, "/events", s.adminEvents)
-	admin(http.MethodPost, "/webhooks", s.createWebhook)
-	admin(http.MethodGet, "/webhooks", s.listWebhooks)
-	admin(http.MethodGet, "/webhooks/:id", s.getWebhook)
-	admin(http.MethodDelete, "/webhooks/:id", s.deleteWebhook)
-	admin(http.MethodPost, "/webhooks/:id/rotate", s.rotateWebhookSecret)
-	admin(http.MethodGet, "/webhooks/:id/attempts", s.listWebhookAttempts)
-	admin(http.MethodGet, "/usage", s.adminUsage)
-	admin(http.MethodPost, "/tenants", s.createTenant)
-	admin(http.MethodGet, "/tenants", s.listTenants)
-	admin(http.MethodGet, "/tenants/:id", s.getTenant)
-	admin(http.MethodPatch, "/tenants/:id", s.updateTenant)
-	admin(http.MethodPost, "/tenants/:id/keys", s.createKey)
-	admin(http.MethodGet, "/tenants/:id/keys", s.listKeys)
-	admin(http.MethodPost, "/tenants/:id/panel-links", s.createPanelLink)
-	admin(http.MethodPost, "/tenants/:id/panel-links/revoke", s.revokePanelLinks)
-	admin(http.MethodPost, "/keys/:kid/rotate", s.rotateKey)
-	admin(http.MethodDelete, "/keys/:kid", s.revokeKey)
-	admin(http.MethodPut, "/agents/:name", s.putAgent)
-	admin(http.MethodGet, "/agents", s.listAgents)
-	admin(http.MethodGet, "/agents/:name", s.getAgent)
-	admin(http.MethodDelete, "/agents/:name", s.deleteAgent)
-	admin(http.MethodPost, "/agents/:name/rotate-secret", s.rotateAgentSecret)
-	admin(http.MethodPut, "/agents/:name/pool", s.putAgentPool)
-	admin(http.MethodGet, "/agents/:name/pool", s.getAgentPool)
-	admin(http.MethodDelete, "/agents/:name/pool", s.deleteAgentPool)
-	admin(http.MethodPut, "/pools/:name", s.putPool)
-	admin(http.MethodGet, "/pools", s.listPools)
-	admin(http.MethodGet, "/pools/:name", s.getPool)
-	admin(http.MethodDelete, "/pools/:name", s.deletePool)
-
-	s.operatorRoutes()
+	s.api.Mount(e)
+	s.panel.Mount(e)
+	s.operator.Mount(e)
 }
 
 // Start listens on ListenAddr and serves until Stop. It returns once the listener is
@@ -349,64 +304,6 @@ func (s *Server) invalidateLocal(msg string) {
 	case services.TenantChanged:
 		s.Tenants.Forget(id)
 	}
-}
-
-const ctxKeyRecord = "agentq.key"
-
-func bearer(c echo.Context) string {
-	return bearerToken(c.Request().Header.Get(echo.HeaderAuthorization))
-}
-
-// authTenant authenticates an API key. The tenant always comes from the key.
-func (s *Server) authTenant(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		tok := bearer(c)
-		if tok == "" {
-			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing API key: send Authorization: Bearer aq_<kid>_<secret>.")
-		}
-		rec, err := s.APIKeys.Authenticate(c.Request().Context(), tok)
-		if errors.Is(err, keys.ErrInvalidKey) {
-			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Invalid or revoked API key.")
-		}
-		if err != nil {
-			s.log.Error("key lookup failed", "err", err)
-			return unavailable()
-		}
-		c.Set(ctxKeyRecord, rec)
-		return next(c)
-	}
-}
-
-func keyRecord(c echo.Context) apikey.Record { return c.Get(ctxKeyRecord).(apikey.Record) }
-
-// authAdmin checks the admin token in constant time. Wrong tokens are limited per
-// client address (authlimit.go): past a small burst they, and for a moment the right
-// token from the same address, are answered 429.
-func (s *Server) authAdmin(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		tok := bearer(c)
-		if s.AdminToken == "" || tok == "" {
-			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
-		}
-		ok := len(tok) <= maxAdminTokenBytes && s.opAuth.tokenOK(s.AdminToken, tok)
-		a, err := s.adminAttempt(c.Request().Context(), c.Request(), ok)
-		if err != nil {
-			return admissionFailure(err)
-		}
-		if !a.Allowed {
-			return authFailureRefusal(c, a)
-		}
-		if !ok {
-			return apiErr(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
-		}
-		return next(c)
-	}
-}
-
-func unavailable() *APIError {
-	e := apiErr(http.StatusServiceUnavailable, CodeUnavailable, "A backing service is unavailable. Retry in 1 second.")
-	e.Extra = map[string]any{"retry_after_seconds": 1}
-	return e
 }
 
 func (s *Server) recoverer(next echo.HandlerFunc) echo.HandlerFunc {

@@ -11,5 +11,5 @@ import (
 // again once stopped, by design.
 func TestCacheListenerStartStopStress(t *testing.T) {
 	t.Parallel()
-	testenv.Stress(t, newAPIFixture(t).s.CacheListener())
+	testenv.Stress(t, newServerFixture(t).s.CacheListener())
 }

@@ -31,7 +31,7 @@ import (
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
-	"github.com/agentq/agentq/web"
+	"github.com/agentq/agentq/web/api"
 )
 
 func connectPG(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -267,7 +267,7 @@ func tenantCommands(withEnv adminEnvRunner) []*cobra.Command {
 				if err != nil {
 					return err
 				}
-				var out []web.TenantJSON // none prints null, as it always has
+				var out []api.TenantJSON // none prints null, as it always has
 				for _, t := range ts {
 					out = append(out, tenantOut(env, t))
 				}
@@ -313,9 +313,9 @@ func keyCommands(withEnv adminEnvRunner) []*cobra.Command {
 				if err != nil {
 					return err
 				}
-				out := make([]web.KeyJSON, 0, len(ks))
+				out := make([]api.KeyJSON, 0, len(ks))
 				for _, k := range ks {
-					out = append(out, web.NewKeyJSON(k))
+					out = append(out, api.NewKeyJSON(k))
 				}
 				return printJSON(cmd, out)
 			})
@@ -368,7 +368,7 @@ func panelLinksRevokeCommand(withEnv adminEnvRunner) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.PanelLinksRevoked{TenantID: t.ID, LinksValidAfter: t.PanelLinksValidAfter.UTC()})
+				return printJSON(cmd, api.PanelLinksRevoked{TenantID: t.ID, LinksValidAfter: t.PanelLinksValidAfter.UTC()})
 			})
 		},
 	}
@@ -400,7 +400,7 @@ func eventsCommand(withEnv adminEnvRunner) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, err = cmd.OutOrStdout().Write(web.EventsBody(page))
+				_, err = cmd.OutOrStdout().Write(api.EventsBody(page))
 				return err
 			})
 		},
@@ -459,7 +459,7 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.WebhookWithSecret{WebhookJSON: web.NewWebhookJSON(w.Webhook), Secret: w.Secret})
+				return printJSON(cmd, api.WebhookWithSecret{WebhookJSON: api.NewWebhookJSON(w.Webhook), Secret: w.Secret})
 			})
 		},
 	}
@@ -477,7 +477,7 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.NewWebhooksJSON(ws))
+				return printJSON(cmd, api.NewWebhooksJSON(ws))
 			})
 		},
 	}
@@ -505,7 +505,7 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.WebhookWithSecret{WebhookJSON: web.NewWebhookJSON(w.Webhook), Secret: w.Secret})
+				return printJSON(cmd, api.WebhookWithSecret{WebhookJSON: api.NewWebhookJSON(w.Webhook), Secret: w.Secret})
 			})
 		},
 	}
@@ -513,9 +513,9 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 }
 
 // tenantOut is t as the admin API shows it.
-func tenantOut(env adminEnv, t tenants.Tenant) web.TenantJSON {
+func tenantOut(env adminEnv, t tenants.Tenant) api.TenantJSON {
 	p, _ := env.tenants.Policy(t) // a plan missing from the catalogue still has a weight
-	return web.NewTenantJSON(t, p)
+	return api.NewTenantJSON(t, p)
 }
 
 func splitList(s string) []string {

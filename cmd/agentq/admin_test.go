@@ -17,7 +17,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
-	"github.com/agentq/agentq/web"
+	webapi "github.com/agentq/agentq/web/api"
 )
 
 // adminHarness is a server (API role) and the admin CLI on one database and Redis, the
@@ -200,7 +200,7 @@ func TestCLIRefusesWhatTheAPIRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CLI create: %v", err)
 	}
-	var created web.TenantJSON
+	var created webapi.TenantJSON
 	if err := json.Unmarshal([]byte(out), &created); err != nil || created.ID != "cli1" || created.Name != "cli1" || *created.Weight != 7 {
 		t.Fatalf("CLI create printed %q (%v)", out, err)
 	}
@@ -354,7 +354,7 @@ func TestCLIKeysRefuseWhatTheAPIRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CLI key-list: %v", err)
 	}
-	var listed []web.KeyJSON
+	var listed []webapi.KeyJSON
 	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 2 || listed[1].Kid != k.Kid ||
 		strings.Join(listed[1].Scopes.Agents, ",") != "sim,echo" || strings.Join(listed[1].Scopes.Principals, ",") != "u1" {
 		t.Fatalf("key-list printed %q (%v)", out, err)
@@ -411,7 +411,7 @@ func TestCLIWebhooksMatchTheAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var created web.WebhookWithSecret
+	var created webapi.WebhookWithSecret
 	if err := json.Unmarshal([]byte(out), &created); err != nil || !strings.HasPrefix(created.Secret, "whsec_") ||
 		len(created.Types) != 2 || created.Tenant == nil || *created.Tenant != "acme" {
 		t.Fatalf("CLI create printed %q (%v)", out, err)
@@ -424,7 +424,7 @@ func TestCLIWebhooksMatchTheAPI(t *testing.T) {
 		t.Fatalf("CLI list %q %v: want the endpoint, no secret", out, err)
 	}
 	out, err = h.cli("webhook-rotate", created.ID)
-	var rotated web.WebhookWithSecret
+	var rotated webapi.WebhookWithSecret
 	if err != nil || json.Unmarshal([]byte(out), &rotated) != nil || rotated.Secret == created.Secret || rotated.PreviousSecretExpiresAt == nil {
 		t.Fatalf("CLI rotate %q %v", out, err)
 	}
@@ -451,7 +451,7 @@ func TestCLITenantWebhooks(t *testing.T) {
 	var ids []string
 	for _, u := range []string{"https://acme.example/a", "https://acme.example/b"} {
 		out, err := h.cli("tenant-webhook-create", "--tenant", "acme", "--url", u)
-		var created web.WebhookWithSecret
+		var created webapi.WebhookWithSecret
 		if err != nil || json.Unmarshal([]byte(out), &created) != nil || !strings.HasPrefix(created.Secret, "whsec_") || created.Owner != "tenant" {
 			t.Fatalf("CLI create %q %v", out, err)
 		}
@@ -500,7 +500,7 @@ func TestCLIRevokesPanelLinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var link web.PanelLink
+	var link webapi.PanelLink
 	err = json.NewDecoder(resp.Body).Decode(&link)
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != 201 {
@@ -520,7 +520,7 @@ func TestCLIRevokesPanelLinks(t *testing.T) {
 		t.Fatalf("the link before revocation: %d", st)
 	}
 	out, err := h.cli("panel-links-revoke", "plink")
-	var got web.PanelLinksRevoked
+	var got webapi.PanelLinksRevoked
 	if err != nil || json.Unmarshal([]byte(out), &got) != nil || got.TenantID != "plink" || got.LinksValidAfter.IsZero() {
 		t.Fatalf("panel-links-revoke: %q %v", out, err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq/internal/pools"
-	"github.com/agentq/agentq/web"
+	"github.com/agentq/agentq/web/api"
 )
 
 // poolCommands are `pools put|get|list|delete`, through the pool service the admin
@@ -40,7 +40,7 @@ func poolCommands(withEnv adminEnvRunner) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.NewPoolJSON(pl))
+				return printJSON(cmd, api.NewPoolJSON(pl))
 			})
 		},
 	}
@@ -59,7 +59,7 @@ func poolCommands(withEnv adminEnvRunner) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.NewPoolJSON(pl))
+				return printJSON(cmd, api.NewPoolJSON(pl))
 			})
 		},
 	}
@@ -73,7 +73,7 @@ func poolCommands(withEnv adminEnvRunner) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.NewPoolsJSON(ps))
+				return printJSON(cmd, api.NewPoolsJSON(ps))
 			})
 		},
 	}
@@ -121,7 +121,7 @@ func agentCommands(withEnv adminEnvRunner) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.NewAgentPoolJSON(b))
+				return printJSON(cmd, api.NewAgentPoolJSON(b))
 			})
 		},
 	}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentq/agentq/web"
+	"github.com/agentq/agentq/web/api"
 )
 
 // The pool commands refuse what the API refuses, with its words, and what they write
@@ -41,7 +41,7 @@ func TestCLIPoolsMatchTheAPI(t *testing.T) {
 	}
 
 	out, err := h.cli("pools", "put", "llm", "--tokens-per-minute", "120000", "--burst-tokens", "6000", "--requests-per-minute", "600")
-	var p web.PoolJSON
+	var p api.PoolJSON
 	if err != nil || json.Unmarshal([]byte(out), &p) != nil || p.BurstTokens != 6000 || p.RequestsPerMinute == nil || p.Level != 6000 {
 		t.Fatalf("CLI put printed %q (%v)", out, err)
 	}
@@ -56,7 +56,7 @@ func TestCLIPoolsMatchTheAPI(t *testing.T) {
 		t.Error("CLI bind without --tokens-per-step passed")
 	}
 	out, err = h.cli("pools", "list")
-	var list struct{ Pools []web.PoolJSON }
+	var list struct{ Pools []api.PoolJSON }
 	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list.Pools) != 1 || len(list.Pools[0].Agents) != 1 {
 		t.Fatalf("CLI list printed %q (%v)", out, err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentq/agentq/internal/tasks"
-	"github.com/agentq/agentq/web"
+	"github.com/agentq/agentq/web/api"
 )
 
 // taskResumeCommand is task-resume: a paused task resumed for its tenant through the
@@ -48,7 +48,7 @@ func taskResumeCommand(withEnv adminEnvRunner) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.NewTaskJSON(t))
+				return printJSON(cmd, api.NewTaskJSON(t))
 			})
 		},
 	}

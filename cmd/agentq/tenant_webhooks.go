@@ -8,7 +8,7 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
-	"github.com/agentq/agentq/web"
+	"github.com/agentq/agentq/web/api"
 )
 
 // tenantWebhookCommands are tenant-webhook-create, -list, -delete and -rotate: a
@@ -23,7 +23,7 @@ func tenantWebhookCommands(withEnv func(context.Context, bool, func(adminEnv) er
 		_ = c.MarkFlagRequired("tenant")
 	}
 	withSecret := func(cmd *cobra.Command, w webhooks.WebhookWithSecret) error {
-		return printJSON(cmd, web.WebhookWithSecret{WebhookJSON: web.NewWebhookJSON(w.Webhook), Secret: w.Secret})
+		return printJSON(cmd, api.WebhookWithSecret{WebhookJSON: api.NewWebhookJSON(w.Webhook), Secret: w.Secret})
 	}
 	create := &cobra.Command{
 		Use:   "tenant-webhook-create",
@@ -53,7 +53,7 @@ func tenantWebhookCommands(withEnv func(context.Context, bool, func(adminEnv) er
 				if err != nil {
 					return err
 				}
-				return printJSON(cmd, web.NewWebhooksJSON(ws))
+				return printJSON(cmd, api.NewWebhooksJSON(ws))
 			})
 		},
 	}

@@ -21,14 +21,14 @@ import (
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/agentq/agentq/web"
+	"github.com/agentq/agentq/web/api"
 )
 
 // TestMain checks every answer the suite's requests to an agentq process get against
 // the OpenAPI document the process serves: the requests of the harness, of the client
 // package and of plain net/http calls all go through http.DefaultClient.
 func TestMain(m *testing.M) {
-	c, err := newContract(web.OpenAPI())
+	c, err := newContract(api.OpenAPI())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "the served OpenAPI document does not load:", err)
 		os.Exit(1)

@@ -1,0 +1,129 @@
+// Package adminauth checks the admin token, for the admin API (/v1/admin/…) and the
+// operator view's sign-in alike, and limits wrong tokens per client address.
+//
+// One bucket per address: a burst of FailureBucket.Burst wrong tokens, then one a
+// second. The bucket lives in Redis (quotas.Bucket, key rkeys.AuthFailures), so every
+// replica counts into the same one and spreading guesses over replicas wins nothing;
+// while Redis is unreachable each replica keeps its own at the bucket's rate ÷
+// replicas, as the degraded admission buckets do. A Guard without the admission guard
+// (tests, tools) keeps its own.
+//
+// Only wrong tokens count. The token is compared first, in constant time and without
+// answering; then one atomic step decides: a wrong token takes a token of the bucket
+// (and is answered 401, or 429 when there was none), a right one only looks whether
+// the bucket has one. So concurrent wrong guesses cannot all pass a check made before
+// any of them is counted, and while an address is refused the right token is refused
+// too — otherwise the 200 would tell a right guess from the 429s. Right tokens take
+// nothing: admin traffic, however heavy, is never limited, and an address that
+// guessed wrong is served again within a second of its last refused guess. A request
+// without a token guesses nothing and is answered 401 without counting.
+//
+// IPv6 clients are counted per /64, which one host usually holds whole.
+package adminauth
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"math"
+	"net"
+	"net/http"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/time/rate"
+
+	"github.com/agentq/agentq/internal/sealed"
+	"github.com/agentq/agentq/quotas"
+)
+
+// FailureBucket is the wrong admin tokens one client address may send.
+var FailureBucket = quotas.Bucket{Rate: 1, Burst: 10}
+
+// MaxTokenBytes bounds an admin token: a longer one is wrong without being compared.
+const MaxTokenBytes = 4096
+
+// Guard checks admin tokens and counts the wrong ones.
+type Guard struct {
+	token     string
+	key       []byte // nil: no admin token, so every token is wrong
+	admission *quotas.Guard
+	fails     *lru.Cache[string, *rate.Limiter]
+}
+
+// New is the Guard of adminToken ("" turns admin access off); admission holds the
+// shared failure buckets (nil: this process keeps its own).
+func New(adminToken string, admission *quotas.Guard) *Guard {
+	g := &Guard{token: adminToken, admission: admission}
+	if adminToken != "" {
+		m := hmac.New(sha256.New, []byte(adminToken))
+		m.Write([]byte("agentq operator session v1"))
+		g.key = m.Sum(nil)
+	}
+	g.fails, _ = lru.New[string, *rate.Limiter](4096)
+	return g
+}
+
+// Key is the key derived from the admin token (nil without one): it keys the
+// comparison and the operator view's sessions, so changing the token ends them all.
+func (g *Guard) Key() []byte { return g.key }
+
+// Check compares a given token with the admin token in constant time (HMACs of equal
+// length, so the comparison does not depend on where the tokens differ nor on their
+// lengths).
+func (g *Guard) Check(given string) bool {
+	if g.token == "" || len(given) > MaxTokenBytes {
+		return false
+	}
+	want := sealed.MAC(g.key, "token", []byte(g.token))
+	got := sealed.MAC(g.key, "token", []byte(given))
+	return subtle.ConstantTimeCompare(want, got) == 1
+}
+
+// Attempt books one admin token attempt of the request's address: ok says whether
+// the token was right. It answers whether the request may go on.
+func (g *Guard) Attempt(ctx context.Context, r *http.Request, ok bool) (quotas.BucketAnswer, error) {
+	addr := addrKey(r)
+	if g.admission == nil {
+		return quotas.LocalBucket(g.limiter(addr), time.Now(), !ok), nil
+	}
+	key := g.admission.Quotas().Keys().AuthFailures(addr)
+	if ok {
+		return g.admission.PeekBucket(ctx, key, FailureBucket)
+	}
+	return g.admission.TakeBucket(ctx, key, FailureBucket)
+}
+
+func (g *Guard) limiter(addr string) *rate.Limiter {
+	if l, ok := g.fails.Get(addr); ok {
+		return l
+	}
+	l := rate.NewLimiter(rate.Limit(FailureBucket.Rate), FailureBucket.Burst)
+	g.fails.Add(addr, l)
+	return l
+}
+
+// RetryAfter is how long a refused address waits, in whole seconds, at least 1.
+func RetryAfter(a quotas.BucketAnswer) int64 { return max(1, int64(math.Ceil(a.RetryAfter.Seconds()))) }
+
+// addrKey is the address a client is counted under: its IP, or its /64 for IPv6.
+func addrKey(r *http.Request) string {
+	host := clientAddr(r)
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
+	}
+	if ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return ip.String()
+}
+
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
