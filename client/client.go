@@ -21,7 +21,7 @@ import (
 const Version = "0.1.0"
 
 // Task is a task as the API shows it: the wire format (the server writes it as
-// web.TaskJSON; this package stands on the standard library, so it has its own).
+// api.TaskJSON of web/api; this package stands on the standard library, so it has its own).
 type Task struct {
 	ID       string  `json:"id"`
 	TenantID string  `json:"tenant_id"`

@@ -82,7 +82,7 @@ func reply(status int, body string, headers ...string) func(http.ResponseWriter,
 	}
 }
 
-// taskBody is a task exactly as the server renders it (web.TaskJSON).
+// taskBody is a task exactly as the server renders it (api.TaskJSON of web/api).
 func taskBody(state string) string {
 	finished := `null`
 	if IsTerminal(state) {

@@ -134,12 +134,12 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 	for _, r := range sortedKeys(served) {
 		if _, ok := documented[r]; !ok {
-			t.Errorf("route %s is registered in web/server.go but missing from web/api/openapi.json", r)
+			t.Errorf("route %s is registered by the server but missing from web/api/openapi.json", r)
 		}
 	}
 	for _, r := range sortedKeys(documented) {
 		if !served[r] {
-			t.Errorf("web/api/openapi.json documents %s, which web/server.go does not register", r)
+			t.Errorf("web/api/openapi.json documents %s, which the server does not register", r)
 		}
 	}
 }

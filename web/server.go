@@ -45,8 +45,9 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// Deps are the Server's collaborators. The handlers decode requests, call the domain
-// services and encode their answers; the rules are the services'.
+// Deps are the Server's collaborators, and those of the API, the panel and the
+// operator view it mounts. The handlers decode requests, call the domain services and
+// encode their answers; the rules are the services'.
 type Deps struct {
 	Tenants    *tenants.Service
 	APIKeys    *keys.Service // also authenticates the tenant API's requests
@@ -96,7 +97,7 @@ type Deps struct {
 	OpsOnly bool
 }
 
-// Server is the HTTP API, a service: Start listens, Stop drains.
+// Server is the HTTP server, a service: Start listens, Stop drains.
 type Server struct {
 	startstop.BaseStartStop
 	Deps
@@ -116,7 +117,7 @@ type Server struct {
 	shutdown bool
 }
 
-// New builds the API.
+// New builds the server and what it mounts.
 func New(d Deps) *Server {
 	arch := d.Archetype.Defaults()
 	s := &Server{Deps: d, arch: arch, log: arch.Logger, closing: make(chan struct{})}
@@ -124,7 +125,7 @@ func New(d Deps) *Server {
 		s.Plans = s.Tenants.Plans()
 	}
 	s.listener = &cacheListener{s: s}
-	s.mountables(d)
+	s.buildParts(d)
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = api.ErrorHandler(s.log)
@@ -135,8 +136,10 @@ func New(d Deps) *Server {
 	return s
 }
 
-// mountables builds the API, the panel and the operator view from d.
-func (s *Server) mountables(d Deps) {
+// buildParts builds the API, the panel and the operator view from d. The admin API and
+// the operator view's sign-in share one admin token guard, so wrong tokens sent to
+// either count in one bucket per address.
+func (s *Server) buildParts(d Deps) {
 	secret, ephemeral := panellink.Secret(d.PanelSecret, d.AdminToken)
 	if ephemeral && d.Tenants != nil {
 		s.log.Warn("neither AGENTQ_PANEL_SECRET nor AGENTQ_ADMIN_TOKEN is set: tenant panel links are signed with a random key and stop working when this process restarts")
@@ -159,7 +162,7 @@ func (s *Server) mountables(d Deps) {
 	s.operator = operatorview.New(operatorview.Deps{AdminAuth: admin, Operator: d.Operator, Now: s.arch.Clock})
 }
 
-// Handler is the API as an http.Handler (tests, embedding).
+// Handler is the server as an http.Handler (tests, embedding).
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Echo exposes the router (the OpenAPI test walks its routes).

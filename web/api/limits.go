@@ -360,6 +360,8 @@ func (s *API) spendKey(c echo.Context, t tenants.Tenant, kid string, limits quot
 	return nil
 }
 
+// AdmissionFailure is the answer to a limit check that could not be made: a 503 the
+// client retries (Redis did not answer, or the request was cancelled), else err.
 func AdmissionFailure(err error) error {
 	if errors.Is(err, quotas.ErrUnavailable) {
 		e := Errorf(http.StatusServiceUnavailable, CodeUnavailable,
