@@ -58,7 +58,7 @@ type Deps struct {
 	// AdminAuth checks the admin API's token; PanelLinks signs the tenant panel's links.
 	AdminAuth  *adminauth.Guard
 	PanelLinks *panellink.Signer
-	Logger     *slog.Logger
+	Logger     *slog.Logger // where the handlers log; required
 	// Closing is closed when the server begins to stop: open event streams end.
 	Closing <-chan struct{}
 }
@@ -70,13 +70,7 @@ type API struct {
 }
 
 // New builds the API; Mount serves it.
-func New(d Deps) *API {
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	return &API{Deps: d, log: log}
-}
+func New(d Deps) *API { return &API{Deps: d, log: d.Logger} }
 
 // Mount registers the API's routes on e.
 func (s *API) Mount(e *echo.Echo) {

@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/web/internal/webtest"
 )
 
 // A request's inflight_requests slot goes back however its handler ends: an answer,
@@ -28,7 +29,7 @@ func TestInflightSlotReleasedHoweverTheRequestEnds(t *testing.T) {
 	}
 	g := quotas.NewGuard(quotas.New(rdb, keys, nil), quotas.GuardOptions{Timeout: time.Second})
 	svc := services.New(services.Deps{Pool: testenv.Postgres(t), Plans: plans, Redis: rdb, Keys: keys, Admission: g})
-	s := New(Deps{Tenants: svc.Tenants, Redis: rdb, Keys: keys, Admission: g})
+	s := New(Deps{Tenants: svc.Tenants, Redis: rdb, Keys: keys, Admission: g, Logger: webtest.Quiet()})
 	ctx := context.Background()
 	plan := "free"
 	if _, err := svc.Tenants.Create(ctx, tenants.CreateParams{ID: "acme", Plan: &plan}); err != nil {

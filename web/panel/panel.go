@@ -48,7 +48,7 @@ type Deps struct {
 	Approvals *approval.Signer
 	// FrameAncestors is the panel's CSP frame-ancestors ("" is "*").
 	FrameAncestors string
-	Logger         *slog.Logger
+	Logger         *slog.Logger // where the handlers log; required
 }
 
 // Panel is the tenant panel's and the approval page's handlers.
@@ -58,13 +58,7 @@ type Panel struct {
 }
 
 // New builds the panel; Mount serves it.
-func New(d Deps) *Panel {
-	log := d.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	return &Panel{Deps: d, log: log}
-}
+func New(d Deps) *Panel { return &Panel{Deps: d, log: d.Logger} }
 
 // Mount registers the panel's routes on e.
 func (s *Panel) Mount(e *echo.Echo) {

@@ -22,7 +22,7 @@ func panelTestServer(t *testing.T, now time.Time) (http.Handler, *panellink.Sign
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := New(Deps{API: api.New(api.Deps{}), Links: links, Logger: webtest.Quiet()})
+	p := New(Deps{API: api.New(api.Deps{Logger: webtest.Quiet()}), Links: links, Logger: webtest.Quiet()})
 	e := echo.New()
 	e.HTTPErrorHandler = api.ErrorHandler(webtest.Quiet())
 	p.Mount(e)
