@@ -176,9 +176,9 @@ func (k Keys) Generation() string { return k.globalTag() + ":generation" }
 // shards' markers, which Generation's (on another node) would not tell.
 func (k Keys) ShardGeneration(shard int) string { return k.tag(shard) + ":generation" }
 
-// PoolInflight is the STRING counting tasks handed to the worker pool (dispatching or
+// SlotsInflight is the STRING counting tasks handed to the worker slots (dispatching or
 // in asynq) and not finished, across shards: the backpressure gate.
-func (k Keys) PoolInflight() string { return k.globalTag() + ":inflight" }
+func (k Keys) SlotsInflight() string { return k.globalTag() + ":inflight" }
 
 // WakeChannel is the pub/sub channel that wakes dispatchers (admissions, completions).
 func (k Keys) WakeChannel() string { return k.prefix + "wake" }
