@@ -83,8 +83,9 @@ func New(st *store.Store, local Local) *Service {
 }
 
 // CheckName refuses a name an HTTP agent cannot have: not 1 to 63 letters, digits,
-// '.', '-' or '_' (an *agentqtype.InvalidError), or an in-process agent's (a *BuiltinError).
-// Put checks it too; callers that read a request body after the name call it first.
+// '.', '-' or '_' (an *agentqtype.InvalidError), or an in-process agent's (a
+// *BuiltinError). Put checks it too; callers that read a request body after the name
+// call it first.
 func (s *Service) CheckName(name string) error {
 	if !nameRE.MatchString(name) {
 		return invalid("name", "Agent names are 1 to 63 letters, digits, '.', '-' or '_'.")
@@ -189,8 +190,8 @@ func (s *Service) List(ctx context.Context) ([]Agent, error) {
 	return s.store.ListAgents(ctx)
 }
 
-// Delete removes agent name, or returns a *agentqtype.NotFoundError. Its queued tasks then fail
-// as tasks of an unknown agent.
+// Delete removes agent name, or returns a *agentqtype.NotFoundError. Its queued tasks
+// then fail as tasks of an unknown agent.
 func (s *Service) Delete(ctx context.Context, name string) error {
 	err := s.store.DeleteAgent(ctx, name)
 	if errors.Is(err, agentqtype.ErrNotFound) {

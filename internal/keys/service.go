@@ -200,8 +200,8 @@ func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
 }
 
 // Revoke revokes live key kid and drops its limit state (keys that remain keep
-// theirs). A kid with no live key is a *agentqtype.NotFoundError. It returns the key as it was
-// before revocation.
+// theirs). A kid with no live key is a *agentqtype.NotFoundError. It returns the key
+// as it was before revocation.
 func (s *Service) Revoke(ctx context.Context, kid string) (Key, error) {
 	if !apikey.ValidKid(kid) {
 		return Key{}, noLiveKey(kid)

@@ -79,8 +79,8 @@ func boundOf(b store.AgentPool) Bound {
 	return Bound{Agent: b.Agent, Pool: b.Pool, TokensPerStep: b.TokensPerStep, CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt}
 }
 
-// GetBinding returns agent's binding, or a *agentqtype.NotFoundError when it has none. It reads
-// Postgres; the workers' lookup is Binding.
+// GetBinding returns agent's binding, or a *agentqtype.NotFoundError when it has
+// none. It reads Postgres; the workers' lookup is Binding.
 func (s *Service) GetBinding(ctx context.Context, agent string) (Bound, error) {
 	b, err := s.d.Store.GetAgentPool(ctx, agent)
 	if errors.Is(err, agentqtype.ErrNotFound) {

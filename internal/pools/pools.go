@@ -131,8 +131,8 @@ type ConfigParams struct {
 }
 
 // ConfigOf turns a request's fields into a pool's configuration, refusing a missing
-// rate and an optional field given as 0 or less (an *agentqtype.InvalidError); Put then checks
-// the rest.
+// rate and an optional field given as 0 or less (an *agentqtype.InvalidError); Put
+// then checks the rest.
 func ConfigOf(p ConfigParams) (quotas.PoolConfig, error) {
 	c := quotas.PoolConfig{Name: p.Name}
 	if p.TokensPerMinute == nil {
@@ -154,8 +154,8 @@ func ConfigOf(p ConfigParams) (quotas.PoolConfig, error) {
 	return c, nil
 }
 
-// CheckName refuses a name a pool cannot have (an *agentqtype.InvalidError). Put checks it too;
-// callers that read a request body after the name call it first.
+// CheckName refuses a name a pool cannot have (an *agentqtype.InvalidError). Put
+// checks it too; callers that read a request body after the name call it first.
 func CheckName(name string) error {
 	if !nameRE.MatchString(name) {
 		return invalid("name", "Pool names are 1 to 63 lower-case letters, digits, '.', '-' or '_', starting with a letter or digit.")

@@ -75,8 +75,8 @@ func (s *Store) PutAgent(ctx context.Context, p PutAgentParams) (a Agent, create
 		RETURNING `+agentCols+`, (xmax = 0)`, p.Name, p.URL, p.StepTimeoutS, h, p.SigningSecret), true)
 }
 
-// RotateAgentSecret replaces an agent's signing secret; agentqtype.ErrNotFound if there is no
-// agent by that name.
+// RotateAgentSecret replaces an agent's signing secret; agentqtype.ErrNotFound if
+// there is no agent by that name.
 func (s *Store) RotateAgentSecret(ctx context.Context, name, secret string) (Agent, error) {
 	return scanAgent(s.db.QueryRow(ctx, `
 		UPDATE agents SET signing_secret = $2, signing_secret_created_at = now(), updated_at = now()

@@ -121,8 +121,8 @@ type RevokeKeyParams struct {
 	Kid      string
 }
 
-// RevokeKey marks one of the tenant's live keys revoked; agentqtype.ErrNotFound if it has no live
-// key by that kid.
+// RevokeKey marks one of the tenant's live keys revoked; agentqtype.ErrNotFound if it
+// has no live key by that kid.
 func (s *Store) RevokeKey(ctx context.Context, p RevokeKeyParams) error {
 	if p.TenantID == "" {
 		return ErrNoTenant

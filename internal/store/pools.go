@@ -81,8 +81,8 @@ func (s *Store) ListPools(ctx context.Context) ([]Pool, error) {
 	return out, err
 }
 
-// DeletePool removes a pool and, with it, its agents' bindings; agentqtype.ErrNotFound if there
-// is none by that name.
+// DeletePool removes a pool and, with it, its agents' bindings;
+// agentqtype.ErrNotFound if there is none by that name.
 func (s *Store) DeletePool(ctx context.Context, name string) error {
 	tag, err := s.db.Exec(ctx, `DELETE FROM pools WHERE name = $1`, name)
 	if err != nil {
@@ -172,8 +172,8 @@ type AgentBinding struct {
 	TokensPerStep int64
 }
 
-// GetAgentBinding returns an agent's binding joined with its pool; agentqtype.ErrNotFound if the
-// agent has none.
+// GetAgentBinding returns an agent's binding joined with its pool;
+// agentqtype.ErrNotFound if the agent has none.
 func (s *Store) GetAgentBinding(ctx context.Context, agent string) (AgentBinding, error) {
 	var b AgentBinding
 	p := &b.Pool

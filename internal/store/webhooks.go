@@ -89,7 +89,8 @@ func (s *Store) UnscopedListWebhooks(ctx context.Context) ([]WebhookEndpoint, er
 }
 
 // UnscopedDeleteWebhook deletes an endpoint with its deliveries and attempts;
-// agentqtype.ErrNotFound if there is none. A send in flight finishes, and its outcome is dropped.
+// agentqtype.ErrNotFound if there is none. A send in flight finishes, and its outcome
+// is dropped.
 func (s *Store) UnscopedDeleteWebhook(ctx context.Context, id uuid.UUID) error {
 	tag, err := s.db.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, id)
 	if err != nil {
@@ -110,7 +111,8 @@ type RotateWebhookParams struct {
 }
 
 // UnscopedRotateWebhookSecret makes Secret the endpoint's secret and the one it had
-// the previous one, until PreviousExpiresAt; agentqtype.ErrNotFound if there is no endpoint.
+// the previous one, until PreviousExpiresAt; agentqtype.ErrNotFound if there is no
+// endpoint.
 func (s *Store) UnscopedRotateWebhookSecret(ctx context.Context, p RotateWebhookParams) (WebhookEndpoint, error) {
 	return scanWebhook(s.db.QueryRow(ctx, `
 		UPDATE webhook_endpoints SET previous_secret = secret, previous_secret_expires_at = $3, secret = $2,
@@ -187,8 +189,8 @@ type TenantWebhookParams struct {
 	ID       uuid.UUID
 }
 
-// GetTenantWebhook reads one of a tenant's own endpoints; agentqtype.ErrNotFound for any other
-// id (another tenant's, the operator's).
+// GetTenantWebhook reads one of a tenant's own endpoints; agentqtype.ErrNotFound for
+// any other id (another tenant's, the operator's).
 func (s *Store) GetTenantWebhook(ctx context.Context, p TenantWebhookParams) (WebhookEndpoint, error) {
 	if p.TenantID == "" {
 		return WebhookEndpoint{}, ErrNoTenant

@@ -52,11 +52,12 @@ type ResumeParams struct {
 	// Pause, when above 0, is the pause the resume was made for (an approval link's):
 	// a task paused again since is a *NotPausedError with Stale set.
 	Pause int
-	// Scope is what the API key resuming may see: a task outside it is agentqtype.ErrNotFound.
-	// The zero Scope sees every task of the tenant (the library, a link, the sweep).
+	// Scope is what the API key resuming may see: a task outside it is
+	// agentqtype.ErrNotFound. The zero Scope sees every task of the tenant (the
+	// library, a link, the sweep).
 	Scope Scope
-	// RaiseOnly refuses (an *agentqtype.InvalidError) a Budget field below the task's current
-	// value: an approval link only raises.
+	// RaiseOnly refuses (an *agentqtype.InvalidError) a Budget field below the task's
+	// current value: an approval link only raises.
 	RaiseOnly bool
 }
 

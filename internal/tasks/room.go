@@ -48,8 +48,8 @@ func (s *Service) StoredIn(ctx context.Context, tenantID string, sc Scope, id uu
 	return t, err
 }
 
-// CancelIn is Cancel for a key of scope sc: a task outside it is agentqtype.ErrNotFound and is
-// left as it is.
+// CancelIn is Cancel for a key of scope sc: a task outside it is
+// agentqtype.ErrNotFound and is left as it is.
 func (s *Service) CancelIn(ctx context.Context, tenantID string, sc Scope, id uuid.UUID) (Task, error) {
 	if !sc.all() {
 		if _, err := s.StoredIn(ctx, tenantID, sc, id); err != nil {

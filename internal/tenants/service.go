@@ -148,8 +148,8 @@ type UpdateParams struct {
 	TimeZone   *string
 }
 
-// Create validates p and inserts the tenant. A refused field is an *agentqtype.InvalidError; an
-// id already taken is ErrExists.
+// Create validates p and inserts the tenant. A refused field is an
+// *agentqtype.InvalidError; an id already taken is ErrExists.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	if !idRE.MatchString(p.ID) {
 		return Tenant{}, invalid("id", "id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit.")
@@ -179,8 +179,9 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	})
 }
 
-// Update validates p and applies it, then hands the tenant's weight and running cap to
-// the scheduler. A refused field is an *agentqtype.InvalidError; a missing tenant agentqtype.ErrNotFound.
+// Update validates p and applies it, then hands the tenant's weight and running cap
+// to the scheduler. A refused field is an *agentqtype.InvalidError; a missing tenant
+// agentqtype.ErrNotFound.
 func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 	if p.ID == "" {
 		return Tenant{}, agentqtype.ErrNotFound // no tenant has an empty id
