@@ -164,10 +164,11 @@ func scopedCalls(fx fixture) []scopedCall {
 }
 
 // unprefixedGlobal are the exported calls that hold no tenant's data: the
-// connection, the deployment's HTTP agents, and its model pools and their bindings.
+// connection, the deployment's HTTP agents, its model pools and their bindings, and
+// the addresses its API processes advertise.
 var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgentSecret", "GetAgent", "ListAgents", "DeleteAgent",
 	"PutPool", "GetPool", "ListPools", "DeletePool", "PutAgentPool", "GetAgentPool", "ListAgentPools", "ListPoolAgents",
-	"GetAgentBinding", "DeleteAgentPool"}
+	"GetAgentBinding", "DeleteAgentPool", "AdvertiseAPIAddress", "NewestAPIAddress"}
 
 // fixture is data of tenant acme the scoped calls name.
 type fixture struct {
