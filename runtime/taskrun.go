@@ -258,7 +258,7 @@ func (r *taskRun) prepare() outcome {
 			}
 		}
 	}
-	var unknown *UnknownAgentError
+	var unknown *agentqtype.UnknownAgentError
 	err = holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
 		var err error
 		r.exec, err = r.w.agents.Lookup(ctx, r.task.Agent)
