@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/config"
-	"github.com/agentq/agentq/internal/store"
 )
 
 // A worker run apart from the API writes approval links that the API serves, so they
@@ -55,7 +55,7 @@ func (a *App) learnPublicBase(ctx context.Context) error {
 	defer cancel()
 	base, err := a.store.NewestAPIAddress(ctx)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, agentqtype.ErrNotFound):
 		return &ConfigError{Field: "PublicURL", Message: "is empty and no process serving the API has advertised its address; " +
 			"a worker without the api role writes the approval links of paused tasks, which the API serves: " +
 			"set AGENTQ_PUBLIC_URL to the address people reach the API at, or start a process with the api role first"}

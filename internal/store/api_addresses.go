@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // AdvertiseAPIAddress records url as an address the API is reached at, seen now.
@@ -15,13 +17,13 @@ func (s *Store) AdvertiseAPIAddress(ctx context.Context, url string) error {
 	return err
 }
 
-// NewestAPIAddress returns the address an API process advertised last; ErrNotFound
-// when none ever did.
+// NewestAPIAddress returns the address an API process advertised last;
+// agentqtype.ErrNotFound when none ever did.
 func (s *Store) NewestAPIAddress(ctx context.Context) (string, error) {
 	var url string
 	err := s.db.QueryRow(ctx, `SELECT url FROM api_addresses ORDER BY seen_at DESC, url LIMIT 1`).Scan(&url)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", ErrNotFound
+		return "", agentqtype.ErrNotFound
 	}
 	return url, err
 }

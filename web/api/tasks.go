@@ -158,7 +158,7 @@ func (s *API) TaskError(err error) error { return s.taskErr(err, nil) }
 // is about (nil for a submission or a listing).
 func (s *API) taskErr(err error, id *uuid.UUID) error {
 	var (
-		inv       *tasks.InvalidError
+		inv       *agentqtype.InvalidError
 		unknown   *agentqtype.UnknownAgentError
 		suspended *agentqtype.SuspendedError
 		scope     *tasks.ScopeError
@@ -190,7 +190,7 @@ func (s *API) taskErr(err error, id *uuid.UUID) error {
 		return s.refusal(refused.Decision, refused.Tenant)
 	case errors.As(err, &admission):
 		return AdmissionFailure(admission.Err)
-	case errors.Is(err, tasks.ErrUnavailable):
+	case errors.Is(err, agentqtype.ErrUnavailable):
 		return Unavailable()
 	case errors.As(err, &notPaused):
 		if notPaused.Stale {
@@ -207,7 +207,7 @@ func (s *API) taskErr(err error, id *uuid.UUID) error {
 		return e
 	case errors.As(err, &finished):
 		return Errorf(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", finished.ID, finished.State)
-	case id != nil && errors.Is(err, tasks.ErrNotFound):
+	case id != nil && errors.Is(err, agentqtype.ErrNotFound):
 		// Only for a call about one task: a submission's own lookups (its tenant)
 		// answer as they are.
 		return Errorf(http.StatusNotFound, CodeNotFound, "No task %s.", *id)

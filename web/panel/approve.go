@@ -258,7 +258,7 @@ func (s *Panel) approvalRefused(c echo.Context, cl approval.Claims, err error) e
 func (s *Panel) approvalFailed(c echo.Context, err error) error {
 	var ae *api.APIError
 	if !errors.As(s.API.TaskError(err), &ae) {
-		if errors.Is(err, tasks.ErrNotFound) {
+		if errors.Is(err, agentqtype.ErrNotFound) {
 			return s.approvalError(c, http.StatusNotFound, "The task is gone.")
 		}
 		s.log.Error("approval: failed", "err", err)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/web/api"
@@ -88,7 +89,7 @@ func (s *Panel) panelAdmit(c echo.Context) (tenants.Tenant, error) {
 	}
 	ctx := c.Request().Context()
 	t, err := s.Tenants.Lookup(ctx, claims.TenantID)
-	if errors.Is(err, tenants.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return t, api.Errorf(http.StatusNotFound, api.CodeNotFound, "This usage link's account no longer exists.")
 	} else if err != nil {
 		s.log.Error("panel: tenant lookup failed", "err", err)
