@@ -24,6 +24,7 @@ import (
 	"github.com/agentq/agentq/internal/telemetry"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 )
 
 // taskRun is one delivery of a task, from its claim to its end, as River's job
@@ -623,7 +624,7 @@ const quotaTimeout = 5 * time.Second
 // The reason stays the tenant's own limit either way: the step did not get as far as
 // the pool, so the wait is not the pool's to answer for (a commitment on pool waits
 // judges none of it).
-func (r *taskRun) longerWait(ctx context.Context, reason string, wait time.Duration) (string, time.Duration) {
+func (r *taskRun) longerWait(ctx context.Context, reason agentqtype.WaitReason, wait time.Duration) (agentqtype.WaitReason, time.Duration) {
 	if !r.bound {
 		return reason, wait
 	}
@@ -646,7 +647,7 @@ func (r *taskRun) reservePool(ctx context.Context) (stop, requeued bool) {
 	if !r.bound {
 		return false, false
 	}
-	var pool *quotas.PoolReservation
+	var pool *capacity.PoolReservation
 	p := r.poolParams()
 	_ = r.w.batch.Do(ctx, func(pipe redis.Pipeliner) { pool = r.w.limits.QueueReservePool(ctx, pipe, p) }) // its error is the answer's
 	ans, err := pool.Answer()
@@ -719,11 +720,11 @@ func (r *taskRun) givePoolBack() {
 
 // parkFor sends the task back to queued, to wait without a worker until its capacity
 // is expected (wait from now). The delivery then parks it in Redis (handOff).
-func (r *taskRun) parkFor(reason string, wait time.Duration) {
+func (r *taskRun) parkFor(reason agentqtype.WaitReason, wait time.Duration) {
 	r.flushRunning()
 	until := time.Now().Add(wait)
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
-		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: reason, Until: until,
+		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: string(reason), Until: until,
 			StepEstimate: r.estTokens, StepCostEstimate: r.estMicro})
 	})
 	switch {
@@ -738,8 +739,8 @@ func (r *taskRun) parkFor(reason string, wait time.Duration) {
 	default:
 		r.end, r.parked = endParked, until
 		r.log.Debug("task parked for token capacity", "wait_reason", reason, "wait", wait)
-		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", reason)))
-		r.w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateQueued), WaitReason: reason, WaitUntil: &until})
+		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", string(reason))))
+		r.w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateQueued), WaitReason: string(reason), WaitUntil: &until})
 	}
 }
 
@@ -820,7 +821,7 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued
 // budget, the task stops (or pauses) at that limit now instead.
 func (r *taskRun) throttled(t *Throttle) {
 	r.refund()
-	reason, wait := quotas.WaitThrottled, retryAfter(t.RetryAfterS)
+	reason, wait := agentqtype.WaitThrottled(""), retryAfter(t.RetryAfterS)
 	if r.bound {
 		reason = r.pool.Pool.ThrottleReason()
 		th, err := r.w.limits.ThrottlePool(context.WithoutCancel(r.ctx), quotas.PoolThrottleParams{

@@ -28,6 +28,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -95,7 +96,7 @@ type Limits interface {
 	// from its agent's model pool (see quotas.PoolBinding). The worker asks the pool
 	// once the step's own reservation (ReserveStep) passed; a step its own limits hold
 	// back asks the pool's wait alone (PoolWait), taking no place in its line.
-	QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) *quotas.PoolReservation
+	QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) *capacity.PoolReservation
 	PoolWait(ctx context.Context, p quotas.PoolReserveParams) (time.Duration, error)
 	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
 	GiveBackPool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
