@@ -8,9 +8,9 @@ import "strings"
 //
 //   - WaitTokensPerMinute: its tenant's ai_tokens_per_minute bucket;
 //   - WaitPool(name), "pool:<name>": the shared model pool its agent draws on;
-//   - WaitThrottled(name), "throttled" or "throttled:<pool>": the retry time after
-//     its agent's upstream refused it (the pool's, for an agent bound to one). Such a
-//     wait counts toward the task's wall clock: the agent ran, its upstream answered.
+//   - WaitThrottled(name), throttled[:<pool>]: the retry time after its agent's
+//     upstream refused it (the pool's, for an agent bound to one). Such a wait counts
+//     toward the task's wall clock: the agent ran, its upstream answered.
 type WaitReason string
 
 // WaitTokensPerMinute is the wait of a step for its tenant's ai_tokens_per_minute.

@@ -54,7 +54,7 @@ type Correction struct {
 	Held bool
 }
 
-// RecountOutcome says what CorrectCounters did with a tenant.
+// RecountOutcome says what the recount (admission.Recounter.CorrectCounters) did with a tenant.
 type RecountOutcome int
 
 // Outcomes of a recount.
@@ -65,7 +65,7 @@ const (
 	RecountUnseeded                        // lost meanwhile: the next admission seeds them
 )
 
-// RecountResult is what CorrectCounters did with one tenant: the outcome, and by how
+// RecountResult is what the recount did with one tenant: the outcome, and by how
 // much it moved each counter (the 24 h steps, the period's tokens and micro-dollars).
 type RecountResult struct {
 	TenantID                 string

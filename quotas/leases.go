@@ -51,7 +51,7 @@ func InflightLimit(eff map[string]Limit) int64 {
 	return int64(v)
 }
 
-// InflightSlot is one request's inflight_requests lease, as the Guard took it.
+// InflightSlot is one request's inflight_requests lease, as the admission guard (admission.Guard) took it.
 type InflightSlot struct {
 	TenantID string
 	ID       string

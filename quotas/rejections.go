@@ -41,8 +41,8 @@ type RejectionCount struct {
 // TenantRejections are a tenant's refusal counts as Redis holds them.
 type TenantRejections struct {
 	TenantID string
-	// Fields are the raw counts (rkeys.RejectionField → count), which Prune compares
-	// before it deletes one.
+	// Fields are the raw counts (rkeys.RejectionField → count), which the prune
+	// (admission.RejectionCounts.PruneRejections) compares before it deletes one.
 	Fields map[string]int64
 }
 
@@ -103,7 +103,7 @@ const MaxLocalRejections = 10000
 
 // LocalRejections are a replica's in-process refusal counts, as a flush reads them.
 type LocalRejections struct {
-	Replica string           // the replica that counted them (GuardOptions.ID)
+	Replica string           // the replica that counted them (admission.GuardOptions.ID)
 	Counts  []LocalRejection // sorted by tenant, minute and limit
 }
 

@@ -28,7 +28,7 @@ type TokenAnswer struct {
 	// for a tenant's bucket).
 	EffectiveRate int64
 	// Throttled says a pool refused because the tenant is held back after its
-	// upstream refused it (ThrottlePool): the step waits with ThrottleReason.
+	// upstream refused it (capacity.Pools.ThrottlePool): the step waits with ThrottleReason.
 	Throttled bool
 }
 

@@ -458,7 +458,14 @@ func (a *Admitter) DropKey(ctx context.Context, tenantID, kid string) error {
 	return a.rdb.HDel(ctx, h, fields...).Err()
 }
 
+// hasStructScript tells whether the server's Lua has the struct library the admission
+// script packs its numbers with (an embedded test Redis may lack it).
+//
+// No KEYS, no ARGV. Returns 1 when it has it, else 0.
 var hasStructScript = redis.NewScript(`if rawget(_G, 'struct') then return 1 end return 0`)
+
+// detectStruct asks the server once whether its Lua has the struct library; without
+// it the admission script's numbers travel as text (encodeNums, parseState).
 
 func (a *Admitter) detectStruct(ctx context.Context) error {
 	a.structOnce.Do(func() {
