@@ -80,8 +80,10 @@ type Slots interface {
 	Deregister(ctx context.Context, workerID string) error
 }
 
-// Limits is what the worker needs of the quotas package: count each step against the
-// tenant's period quotas and release a task's session lease when it ends.
+// Limits is what the worker needs of the limits (the App's limit store,
+// quotas/admission, and model pools, quotas/capacity): count each step against the
+// tenant's period quotas and its agent's pool, and release a task's session lease
+// when it ends.
 type Limits interface {
 	// ReserveStep reserves a step. The worker attaches the "running" message to the
 	// first one's ctx (redisx.WithAlong): given the worker's Batch (the App's wiring),

@@ -1,9 +1,8 @@
 // Package capacity holds agentq's token capacity in Redis: the buckets a step's
 // tokens are reserved from before it runs, and their settlement after it.
 //
-// The two buckets are a step's tokens are reserved from before it runs,
-// its tenant's ai_tokens_per_minute and, when its agent is bound to one, a model pool
-// shared by every tenant. A reservation takes the step's estimate; settling after the
+// A step draws on two buckets: its tenant's ai_tokens_per_minute and, when its agent
+// is bound to one, a model pool shared by every tenant. A reservation takes the step's estimate; settling after the
 // step refunds what it did not use or carries its excess as debt (the bucket's level
 // goes below zero), so a bucket never lets through more than its burst and rate by
 // more than the largest single step's excess.
