@@ -24,6 +24,7 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/web/internal/adminauth"
 	"github.com/agentq/agentq/web/internal/panellink"
 )
@@ -45,7 +46,7 @@ type Deps struct {
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue
-	Admission  *quotas.Guard
+	Admission  *admission.Guard
 	Events     *outbox.Feed // the usage events feeds
 	// Rejections reports a tenant's refused admissions per limit (the usage report);
 	// nil reports none.

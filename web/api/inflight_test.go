@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/web/internal/webtest"
 )
 
@@ -27,7 +28,7 @@ func TestInflightSlotReleasedHoweverTheRequestEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := quotas.NewGuard(quotas.New(rdb, keys, nil), quotas.GuardOptions{Timeout: time.Second})
+	g := admission.NewGuard(admission.New(rdb, keys, nil), admission.GuardOptions{Timeout: time.Second})
 	svc := services.New(services.Deps{Pool: testenv.Postgres(t), Plans: plans, Redis: rdb, Keys: keys, Admission: g})
 	s := New(Deps{Tenants: svc.Tenants, Redis: rdb, Keys: keys, Admission: g, Logger: webtest.Quiet()})
 	ctx := context.Background()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/web/internal/webtest"
 )
 
@@ -61,7 +62,7 @@ func TestPoolHandlers(t *testing.T) {
 
 	// The live state: a tenant drew from the pool, another waits.
 	cfg := quotas.PoolConfig{Name: "llm", TokensPerMinute: 60000}
-	q := f.s.Admission.Quotas()
+	q := capacity.NewPools(f.s.Redis, f.s.Keys, nil)
 	drained := time.Now()
 	if a, err := q.ReservePool(ctx, quotas.PoolReserveParams{Pool: cfg, Tenant: "acme", Weight: 1, Tokens: 60000}); err != nil || !a.Granted {
 		t.Fatalf("reserve: %+v %v", a, err)

@@ -16,7 +16,7 @@ import (
 	"github.com/agentq/agentq/internal/approval"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
-	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/web/api"
 	"github.com/agentq/agentq/web/internal/panellink"
 )
@@ -41,7 +41,7 @@ type Deps struct {
 	API       *api.API // the usage report, the inflight slots and the task errors
 	Tenants   *tenants.Service
 	Tasks     *tasks.Service
-	Admission *quotas.Guard // nil: panel requests are not limited
+	Admission *admission.Guard // nil: panel requests are not limited
 	Links     *panellink.Signer
 	// Approvals checks the approval links of paused tasks (GET/POST /approve); nil
 	// serves no approvals.

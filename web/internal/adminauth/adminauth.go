@@ -36,6 +36,7 @@ import (
 
 	"github.com/agentq/agentq/internal/sealed"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // FailureBucket is the wrong admin tokens one client address may send.
@@ -48,13 +49,13 @@ const MaxTokenBytes = 4096
 type Guard struct {
 	token     string
 	key       []byte // nil: no admin token, so every token is wrong
-	admission *quotas.Guard
+	admission *admission.Guard
 	fails     *lru.Cache[string, *rate.Limiter]
 }
 
 // New is the Guard of adminToken ("" turns admin access off); admission holds the
 // shared failure buckets (nil: this process keeps its own).
-func New(adminToken string, admission *quotas.Guard) *Guard {
+func New(adminToken string, admission *admission.Guard) *Guard {
 	g := &Guard{token: adminToken, admission: admission}
 	if adminToken != "" {
 		m := hmac.New(sha256.New, []byte(adminToken))

@@ -23,6 +23,7 @@ import (
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -35,7 +36,7 @@ type Env struct {
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue
-	Admission  *quotas.Guard
+	Admission  *admission.Guard
 	Scheduler  *scheduler.Scheduler
 	Arch       *baseservice.Archetype // logs nowhere
 	AdminToken string
@@ -51,7 +52,7 @@ func New(t *testing.T) Env {
 		t.Fatal(err)
 	}
 	arch := &baseservice.Archetype{Logger: Quiet()}
-	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
+	guard := admission.NewGuard(admission.New(rdb, rk, nil), admission.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
 	sched := scheduler.New(rdb, rk, scheduler.Options{})
 	svc := services.New(services.Deps{
 		Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Scheduler: sched, Admission: guard,
