@@ -72,7 +72,9 @@
 // In-flight reservations: a step reserved and not yet recorded is in the counters and
 // not in the ledger. The ledger bounds them: each running task holds at most one step
 // reserved, with at most what its last recorded step used (the worker's estimate for
-// the next). The recount leaves a counter within [ledger, ledger + in flight] alone;
+// the next); a task that has recorded no step yet reserves from what its tenant's
+// steps used before (the worker's running average), so it counts the largest of its
+// running siblings' last steps and the tenant's latest step. The recount leaves a counter within [ledger, ledger + in flight] alone;
 // one below is raised to the ledger, one above is lowered to ledger + in flight —
 // never below what may be reserved, so a running step's settlement cannot take it
 // under the truth. An over-count within the bound lasts at most until the tenant's
