@@ -650,9 +650,7 @@ func (e *lcEnv) insertDue(t *testing.T, tenant string) uuid.UUID {
 		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}, StartWithin: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(context.Background(), `UPDATE tasks SET start_deadline = now() - interval '1 second' WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartOverdue(t, e.pool, id)
 	return id
 }
 
@@ -685,9 +683,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 	if err := e.lc.Park(ctx, tasks.ParkParams{Claim: claimOf(run), Reason: "tokens_per_minute", Until: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, `UPDATE tasks SET start_deadline = now() - interval '1 second' WHERE id = $1`, resumed); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartOverdue(t, e.pool, resumed)
 	e.took()
 	if again := e.start(t, resumed, tasks.Started); again.State != agentqtype.TaskStateRunning || again.Attempt != 2 {
 		t.Fatalf("a parked task past its deadline: %+v", again)
@@ -696,9 +692,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 
 	// Within its deadline: it starts.
 	timely := e.insert(t, "acme")
-	if _, err := e.pool.Exec(ctx, `UPDATE tasks SET start_deadline = now() + interval '1 hour' WHERE id = $1`, timely); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartDeadlineIn(t, e.pool, timely, time.Hour)
 	if got := e.start(t, timely, tasks.Started); got.State != agentqtype.TaskStateRunning {
 		t.Fatalf("a task within its deadline: %s", got.State)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -68,9 +69,7 @@ func (e *slaEnv) createAt(t *testing.T, tenant string, at time.Time) uuid.UUID {
 		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET created_at = $2 WHERE id = $1`, id, at); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskCreatedAt(t, e.st.Pool(), id, at)
 	return id
 }
 
@@ -371,9 +370,7 @@ func TestThrottledAndUnjudgedPoolWaitsAreNoBreach(t *testing.T) {
 // deadline gives queued task id the start deadline at.
 func (e *slaEnv) deadline(t *testing.T, id uuid.UUID, at time.Time) {
 	t.Helper()
-	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET start_deadline = $2 WHERE id = $1`, id, at); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartDeadlineAt(t, e.st.Pool(), id, at)
 }
 
 // A task that expires at its start deadline after its plan's start commitment lapsed
