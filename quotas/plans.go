@@ -3,6 +3,7 @@ package quotas
 import (
 	_ "embed"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -224,6 +225,20 @@ func (o *OnLimits) UnmarshalYAML(n *yaml.Node) error {
 	delete(m, "default")
 	o.By = m
 	return nil
+}
+
+// MarshalYAML writes what UnmarshalYAML reads: one word when By names no limit, else
+// the map.
+func (o OnLimits) MarshalYAML() (any, error) {
+	if len(o.By) == 0 {
+		return o.Default, nil
+	}
+	m := make(map[string]OnLimit, len(o.By)+1)
+	maps.Copy(m, o.By)
+	if o.Default != "" {
+		m["default"] = o.Default
+	}
+	return m, nil
 }
 
 // DefaultPauseTimeout is how long a task stays paused when its plan does not say.
