@@ -148,16 +148,16 @@ func (s *Store) UnscopedRunningStepsOf(ctx context.Context, tenants []string) (m
 			GREATEST(COALESCE(max(tok.quantity), 0), COALESCE(max(latest.tokens), 0))::bigint,
 			GREATEST(COALESCE(max(c.quantity), 0), COALESCE(max(latest.cost), 0))::bigint
 		FROM tenants t
-		LEFT JOIN tasks k ON k.tenant_id = t.id AND k.state = 'running'
-		LEFT JOIN usage_ledger tok ON tok.task_id = k.id AND tok.step = k.steps AND tok.meter = 'tokens'
-		LEFT JOIN usage_ledger c ON c.task_id = k.id AND c.step = k.steps AND c.meter = 'cost_micro_usd'
-		LEFT JOIN LATERAL (
+		LEFT JOIN LATERAL ( -- the tenant's latest recorded step, once per tenant
 			SELECT sum(l.quantity) FILTER (WHERE l.meter = 'tokens') AS tokens,
 				sum(l.quantity) FILTER (WHERE l.meter = 'cost_micro_usd') AS cost
 			FROM usage_ledger l
 			JOIN (SELECT task_id, step FROM usage_ledger WHERE tenant_id = t.id ORDER BY recorded_at DESC LIMIT 1) last
 				ON l.task_id = last.task_id AND l.step = last.step
 		) latest ON true
+		LEFT JOIN tasks k ON k.tenant_id = t.id AND k.state = 'running'
+		LEFT JOIN usage_ledger tok ON tok.task_id = k.id AND tok.step = k.steps AND tok.meter = 'tokens'
+		LEFT JOIN usage_ledger c ON c.task_id = k.id AND c.step = k.steps AND c.meter = 'cost_micro_usd'
 		WHERE t.id = ANY($1)
 		GROUP BY t.id`, tenants)
 	if err != nil {
