@@ -136,7 +136,7 @@ func (p *StaleTasks) rescue(ctx context.Context, res *StaleTasksResult, st *Pass
 			}
 			if ok {
 				res.Abandoned++
-				if _, err := p.quotas.Release(ctx, t.TenantID, id); err != nil {
+				if _, err := p.quotas.Release(ctx, nil, t.TenantID, id); err != nil {
 					return err
 				}
 				_ = p.sched.Done(ctx, cleanup, -1)

@@ -52,9 +52,9 @@ func (ts *StartDeadlinesTestSignals) Init(tb testutil.TestingTB) { ts.Ran.Init(t
 
 // StartDeadlines ends as expired the queued tasks no worker started by their start
 // deadline. A worker's start refuses such a task too (tasks.Lifecycle.Start), but
-// while the pool is full no worker asks for hours, and a deadline is a promise about
+// while every worker slot is taken no worker asks for hours, and a deadline is a promise about
 // when the task stops waiting: this pass keeps it within about a second whatever the
-// pool does.
+// workers do.
 //
 // It runs on the janitor's leader, every second, because the janitor runs in every
 // deployment (one replica leads it) and a pass there runs once per deployment, not
@@ -124,7 +124,7 @@ func (p *StartDeadlines) runOnce(ctx context.Context) (StartDeadlinesResult, err
 // pass releases a lease whose task ended, and dispatch skips a task no longer queued.
 func (p *StartDeadlines) expired(ctx context.Context, t store.Task) {
 	id := t.ID.String()
-	if _, err := p.quotas.Release(ctx, t.TenantID, id); err != nil {
+	if _, err := p.quotas.Release(ctx, nil, t.TenantID, id); err != nil {
 		p.log.Warn("releasing an expired task's lease failed; the lease pass releases it", "task_id", id, "err", err)
 	}
 	if _, err := p.sched.Remove(ctx, t.TenantID, t.ID); err != nil {
