@@ -29,12 +29,21 @@ import (
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 )
 
 // stepFunc is a Go handler agent.
 type stepFunc func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error)
+
+// limits are the worker's limits as the App gives them: the limit store and the model
+// pools.
+type limits struct {
+	*admission.Store
+	*capacity.Pools
+}
 
 func (f stepFunc) Step(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
 	return f(ctx, req)
@@ -70,7 +79,7 @@ type rig struct {
 	rdb    *redis.Client
 	keys   rkeys.Keys
 	sched  *scheduler.Scheduler
-	q      *quotas.Quotas
+	q      limits
 	lc     *tasks.Lifecycle
 	svc    *tasks.Service
 	agents *runtime.Registry
@@ -98,7 +107,7 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		t.Fatal(err)
 	}
 	r := &rig{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys,
-		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: quotas.New(rdb, keys, nil),
+		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: limits{admission.New(rdb, keys, nil), capacity.NewPools(rdb, keys, nil)},
 		lc: tasks.NewLifecycle(st, lcOpts), agents: runtime.NewRegistry(), log: &logBuffer{}}
 	if _, err := st.CreateTenant(r.ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
 		t.Fatal(err)
@@ -106,7 +115,7 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 	logger := slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r.svc = tasks.New(tasks.Deps{
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}),
-		Admission: quotas.NewGuard(r.q, quotas.GuardOptions{Timeout: time.Second}),
+		Admission: admission.NewGuard(r.q.Store, admission.GuardOptions{Timeout: time.Second}),
 		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Archetype: &baseservice.Archetype{Logger: logger},
 		Pools: r.q,
 	})

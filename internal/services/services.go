@@ -23,6 +23,8 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -54,7 +56,7 @@ type Deps struct {
 	// a changed tenant's weight applies at its next submission.
 	Scheduler Scheduler
 	// Admission and Agents are needed for Tasks; without either, Tasks is nil.
-	Admission *quotas.Guard
+	Admission *admission.Guard
 	Agents    Agents
 	// Lifecycle makes the tasks' state changes; nil: one over the pool. A process
 	// gives every part the same one, so each change is written the same way.
@@ -103,16 +105,19 @@ func New(d Deps) *Services {
 	if pub != nil {
 		to.Invalidator, ko.Invalidator = pub, pub
 	}
-	var q *quotas.Quotas // the limit state and the pools' live state; nil without Redis
+	var live *capacity.Pools // the pools' live state; nil without Redis
 	switch {
 	case d.Admission != nil:
-		q = d.Admission.Quotas()
+		q := d.Admission.Quotas()
 		ko.Limits, to.Counters = q, q
 	case d.Redis != nil:
-		q = quotas.New(d.Redis, d.Keys, nil)
+		q := admission.New(d.Redis, d.Keys, nil)
 		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
 		q.SetUsageSource(usage.NewLedger(st), d.Archetype)
 		ko.Limits, to.Counters = q, q
+	}
+	if d.Redis != nil {
+		live = capacity.NewPools(d.Redis, d.Keys, nil)
 	}
 	s := &Services{
 		Tenants: tenants.New(st, d.Plans, to),
@@ -133,12 +138,12 @@ func New(d Deps) *Services {
 		local = d.Agents
 	}
 	s.Agents = agents.New(st, local)
-	s.Pools = pools.New(pools.Deps{Store: st, Quotas: q, Agents: local})
+	s.Pools = pools.New(pools.Deps{Store: st, Capacity: live, Agents: local})
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
 			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle,
-			Archetype: d.Archetype, Pools: q,
+			Archetype: d.Archetype, Pools: live,
 		})
 	}
 	return s

@@ -37,6 +37,7 @@ import (
 	"github.com/agentq/agentq/internal/telemetry"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -114,7 +115,7 @@ type Agents interface {
 type Deps struct {
 	Store     *store.Store
 	Tenants   *tenants.Service
-	Admission *quotas.Guard
+	Admission *admission.Guard
 	Queue     Queue
 	Agents    Agents
 	Redis     redis.UniversalClient
@@ -133,7 +134,7 @@ type Deps struct {
 }
 
 // PoolPlaces is the part of the quotas a cancel uses: a task parked for a model pool
-// leaves the pool's line with it (quotas.Quotas.LeavePool).
+// leaves the pool's line with it (capacity.Pools.LeavePool).
 type PoolPlaces interface {
 	LeavePool(ctx context.Context, pool, tenant string, due time.Time) (bool, error)
 }
@@ -809,7 +810,7 @@ func (s *Service) leavePool(ctx context.Context, t store.Task) {
 	if s.d.Pools == nil || t.Wait.Reason == nil || t.Wait.Until == nil {
 		return
 	}
-	pool, ok := quotas.PoolOfWaitReason(*t.Wait.Reason)
+	pool, ok := agentqtype.WaitReason(*t.Wait.Reason).Pool()
 	if !ok {
 		return
 	}
