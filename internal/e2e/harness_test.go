@@ -26,6 +26,7 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"

@@ -16,6 +16,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // countingSweeper counts the sweeps made through it.
@@ -65,7 +66,7 @@ func pauseService(f *fixture) *tasks.Service {
 	st := store.New(f.Pool)
 	return tasks.New(tasks.Deps{
 		Store: st, Tenants: tenants.New(st, f.Plans, tenants.Options{}),
-		Admission: quotas.NewGuard(f.q, quotas.GuardOptions{Timeout: time.Second}),
+		Admission: admission.NewGuard(f.q, admission.GuardOptions{Timeout: time.Second}),
 		Queue:     f.sched, Redis: f.Redis, Keys: f.Keys,
 	})
 }
