@@ -146,7 +146,10 @@ func (r *taskRun) execute(id uuid.UUID) error {
 func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
 	w, p := r.w, r.p
 	r.confirm(time.Now())
-	task, outcome, err := w.lifecycle.Start(r.ctx, id)
+	// A start that ends the task expired (past its start deadline) hands its end's
+	// Redis calls over, to go with the slot release.
+	sctx, carried := tasks.CarryEnd(r.ctx)
+	task, outcome, err := w.lifecycle.Start(sctx, id)
 	if err != nil {
 		return false, fmt.Errorf("runtime: start task: %w", err)
 	}
@@ -158,13 +161,9 @@ func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
 	case tasks.Ended:
 		// Cancelled while dispatched, or a duplicate delivery of a finished task.
 		// Releasing again is harmless; it covers a release lost to a crash. Or this
-		// start found the task past its start deadline and ended it expired: its end,
-		// and so its state message, are this delivery's.
-		tail := []func(redis.Pipeliner){w.queueReleaseLease(p.TenantID, p.TaskID)}
-		if task.State == agentqtype.TaskStateExpired {
-			tail = append(tail, w.queuePublish(r.ctx, Event{Type: "state", TaskID: p.TaskID, State: string(task.State), Error: store.ExpiredError}))
-		}
-		w.release(p, -1, tail...)
+		// start found the task past its start deadline and ended it expired: its
+		// end's calls (lease, state message) were carried here.
+		w.release(p, -1, append([]func(redis.Pipeliner){w.queueReleaseLease(p.TenantID, p.TaskID)}, carried.Calls()...)...)
 		return false, nil
 	case tasks.Busy:
 		return false, nil // another live delivery owns it
@@ -231,7 +230,7 @@ func (r *taskRun) run() (requeued bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("executor panicked", "panic", p)
-			r.finish(agentqtype.TaskStateFailed, fmt.Sprintf("internal error: agent %q panicked", r.task.Agent), nil, nil)
+			r.finish(agentqtype.TaskStateFailed, agentqtype.AgentPanicked(r.task.Agent), nil, nil)
 			requeued = false
 		}
 	}()
@@ -419,9 +418,9 @@ func (r *taskRun) overBudget(step int) bool {
 	}
 	switch sf.LimitType {
 	case quotas.TaskMaxSteps:
-		r.atLimit(fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), sf.Stop())
+		r.atLimit(agentqtype.BudgetReached("max_steps", b.MaxSteps), sf.Stop())
 	case quotas.TaskMaxCostUSD:
-		r.atLimit(fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), sf.Stop())
+		r.atLimit(agentqtype.BudgetReached("max_cost_usd", b.MaxCostUSD), sf.Stop())
 	default:
 		r.atLimit(r.wallclockStop())
 	}
@@ -450,7 +449,7 @@ func (r *taskRun) pastDeadline() bool {
 
 // wallclockStop is the error text and the limit of a task at its wall-clock budget.
 func (r *taskRun) wallclockStop() (string, quotas.Stop) {
-	return fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", r.budget.MaxWallclockS),
+	return agentqtype.BudgetReached("max_wallclock_s", r.budget.MaxWallclockS),
 		quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(r.budget.MaxWallclockS)),
 			Used: int64(math.Round((time.Since(r.startedAt) - r.waited()).Seconds()))}
 }
@@ -584,7 +583,7 @@ func (r *taskRun) reserve() (stop, requeued bool) {
 	var wait *quotas.CapacityWait
 	switch {
 	case errors.As(err, &qe):
-		r.atLimit("budget exceeded: tenant "+qe.Error(), qe.Stop())
+		r.atLimit(agentqtype.QuotaReached(qe.Error()), qe.Stop())
 		return true, false
 	case errors.As(err, &wait):
 		reason, d := r.longerWait(qctx, wait.Reason, wait.Wait)
@@ -994,6 +993,7 @@ func (r *taskRun) recordEnd(ctx context.Context) (tail []func(redis.Pipeliner), 
 	}
 	r.flushRunning()
 	var ok bool
+	ctx, carried := tasks.CarryEnd(ctx)
 	err := holdUntilRecorded(ctx, r.log, func(ctx context.Context) error {
 		var err error
 		ok, err = r.w.lifecycle.Finish(ctx, r.fin)
@@ -1006,7 +1006,7 @@ func (r *taskRun) recordEnd(ctx context.Context) (tail []func(redis.Pipeliner), 
 	case err != nil:
 		r.log.Error("recording terminal state failed", "state", r.fin.To, "err", err)
 	case ok:
-		return r.onEnded(), false
+		return r.onEnded(carried), false
 	}
 	return nil, false
 }
@@ -1014,6 +1014,7 @@ func (r *taskRun) recordEnd(ctx context.Context) (tail []func(redis.Pipeliner), 
 // recordLastStep records the last step and the task's end in one transaction.
 func (r *taskRun) recordLastStep(ctx context.Context) (tail []func(redis.Pipeliner), lost bool) {
 	var ended bool
+	ctx, carried := tasks.CarryEnd(ctx)
 	err := holdUntilRecorded(ctx, r.log, func(ctx context.Context) error {
 		var err error
 		ended, err = r.w.lifecycle.RecordLastStep(ctx, r.last.rec, r.fin)
@@ -1025,17 +1026,18 @@ func (r *taskRun) recordLastStep(ctx context.Context) (tail []func(redis.Pipelin
 	r.task.Usage.Steps = r.last.rec.Step
 	sp := r.ofTask(r.last.booked)
 	tail = []func(redis.Pipeliner){func(pipe redis.Pipeliner) { r.w.limits.QueueSettleStep(context.Background(), pipe, sp) }}
+	// The step's message goes ahead of the end's.
+	tail = append(tail, r.w.queuePublish(ctx, r.last.ev))
 	if ended {
-		return append(tail, r.onEnded(r.last.ev)...), false
+		return append(tail, r.onEnded(carried)...), false
 	}
-	return append(tail, r.w.queuePublish(ctx, r.last.ev)), false
+	return tail, false
 }
 
-// onEnded is what the call that won a task's terminal transition owns: the lease
-// release and the end's message, returned as Redis calls to make together. before
-// are messages to send ahead of the end's.
-func (r *taskRun) onEnded(before ...Event) []func(redis.Pipeliner) {
+// onEnded is what the call that won a task's terminal transition sends: the end's
+// effects (tasks.Ends: the lease release and the end's message), carried out of the
+// lifecycle's write as Redis calls to make with the slot release.
+func (r *taskRun) onEnded(carried *tasks.CarriedEnd) []func(redis.Pipeliner) {
 	r.log.Info("task finished", "state", r.fin.To, "steps", r.task.Usage.Steps)
-	return []func(redis.Pipeliner){r.w.queueReleaseLease(r.task.TenantID, r.id),
-		r.w.queuePublish(r.ctx, append(before, Event{Type: "state", TaskID: r.id, State: string(r.fin.To), Error: r.fin.Error, Output: r.fin.Output})...)}
+	return carried.Calls()
 }

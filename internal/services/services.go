@@ -59,6 +59,9 @@ type Deps struct {
 	// Lifecycle makes the tasks' state changes; nil: one over the pool. A process
 	// gives every part the same one, so each change is written the same way.
 	Lifecycle *tasks.Lifecycle
+	// Tenants, when set, is the tenants service (NewTenants), made before the
+	// lifecycle whose subscribers read the tenants' policies; nil: New makes it.
+	Tenants *tenants.Service
 	// Webhooks configures the webhook endpoint service (the rotation grace, the
 	// clock).
 	Webhooks webhooks.WebhooksOptions
@@ -66,6 +69,49 @@ type Deps struct {
 	// (their admission); nil: the defaults. It is the webhook service's too when
 	// Webhooks names none.
 	Archetype *baseservice.Archetype
+}
+
+// NewTenants returns the tenants service New builds on d. A caller that needs the
+// tenants' policies and cache before the other services (the task lifecycle's
+// subscribers) builds it first and gives it to New as Deps.Tenants.
+func NewTenants(d Deps) *tenants.Service {
+	st := store.New(d.Pool)
+	return tenants.New(st, d.Plans, d.base(st).tenants)
+}
+
+// base is what every service of d is built on: the scheduler, the limit state, and
+// the tenants' and keys' options over them.
+type base struct {
+	sched   Scheduler
+	q       *quotas.Quotas // the limit state and the pools' live state; nil without Redis
+	tenants tenants.Options
+	keys    keys.Options
+}
+
+func (d Deps) base(st *store.Store) base {
+	b := base{sched: d.Scheduler, tenants: tenants.Options{Archetype: d.Archetype}, keys: keys.Options{Archetype: d.Archetype}}
+	if b.sched == nil && d.Redis != nil {
+		b.sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
+	}
+	if b.sched != nil {
+		b.tenants.Scheduler = b.sched
+	}
+	if d.Redis != nil {
+		pub := &Publisher{Redis: d.Redis, Keys: d.Keys}
+		b.tenants.Invalidator, b.keys.Invalidator = pub, pub
+	}
+	switch {
+	case d.Admission != nil:
+		b.q = d.Admission.Quotas()
+	case d.Redis != nil:
+		b.q = quotas.New(d.Redis, d.Keys, nil)
+		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
+		b.q.SetUsageSource(usage.NewLedger(st), d.Archetype)
+	}
+	if b.q != nil {
+		b.keys.Limits, b.tenants.Counters = b.q, b.q
+	}
+	return b
 }
 
 // Services are the domain services of one process.
@@ -87,39 +133,17 @@ type Services struct {
 func New(d Deps) *Services {
 	st := store.New(d.Pool)
 	events := outbox.NewFeed(st)
-	sched := d.Scheduler
-	if sched == nil && d.Redis != nil {
-		sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
-	}
-	var pub *Publisher
-	if d.Redis != nil {
-		pub = &Publisher{Redis: d.Redis, Keys: d.Keys}
-	}
-	to := tenants.Options{Archetype: d.Archetype}
-	ko := keys.Options{Archetype: d.Archetype}
-	if sched != nil {
-		to.Scheduler = sched
-	}
-	if pub != nil {
-		to.Invalidator, ko.Invalidator = pub, pub
-	}
-	var q *quotas.Quotas // the limit state and the pools' live state; nil without Redis
-	switch {
-	case d.Admission != nil:
-		q = d.Admission.Quotas()
-		ko.Limits, to.Counters = q, q
-	case d.Redis != nil:
-		q = quotas.New(d.Redis, d.Keys, nil)
-		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
-		q.SetUsageSource(usage.NewLedger(st), d.Archetype)
-		ko.Limits, to.Counters = q, q
-	}
+	b := d.base(st)
 	s := &Services{
-		Tenants: tenants.New(st, d.Plans, to),
-		Keys:    keys.New(st, ko),
+		Tenants: d.Tenants,
+		Keys:    keys.New(st, b.keys),
 		Events:  events,
 		Usage:   usage.NewRollups(st),
 	}
+	if s.Tenants == nil {
+		s.Tenants = tenants.New(st, d.Plans, b.tenants)
+	}
+	sched, q := b.sched, b.q
 	wo := d.Webhooks
 	if wo.EndpointLimit == nil {
 		wo.EndpointLimit = s.Tenants.WebhookEndpointLimit
@@ -138,7 +162,7 @@ func New(d Deps) *Services {
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
 			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle,
-			Archetype: d.Archetype, Pools: q,
+			Archetype: d.Archetype,
 		})
 	}
 	return s
