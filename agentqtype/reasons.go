@@ -30,7 +30,9 @@ func BudgetReached(field string, value any) string {
 func QuotaReached(refusal string) string { return "budget exceeded: tenant " + refusal }
 
 // AgentPanicked is the reason of a task whose agent panicked (failed).
-func AgentPanicked(agent string) string { return fmt.Sprintf("internal error: agent %q panicked", agent) }
+func AgentPanicked(agent string) string {
+	return fmt.Sprintf("internal error: agent %q panicked", agent)
+}
 
 // AbandonedAfter is the reason of a task whose worker stopped heartbeating on each of
 // its attempts starts (abandoned).
