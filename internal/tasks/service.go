@@ -1,12 +1,3 @@
-// Package tasks is the tasks domain service: submitting a task (validation, budget,
-// idempotency, admission, storing, queueing), reading, listing and cancelling a
-// tenant's tasks (Service), and the task lifecycle, each state change of a task one
-// transaction (Lifecycle: the submission's new task, the worker's start, steps and
-// end, the janitor's requeue or abandonment of a task whose worker died, and the
-// tenant's cancel). The changes every task makes (its creation, its start, its last
-// step with its end) share their transaction with those of concurrent calls (group
-// commit, internal/groupcommit): each call still returns only once its own change
-// committed. The HTTP API and the worker call it; it knows nothing of HTTP.
 package tasks
 
 import (
