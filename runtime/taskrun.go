@@ -191,7 +191,7 @@ func (r *taskRun) handOff() {
 	case endPaused:
 		// Its lease and slots went back with the pause (releasePaused): a resume may
 		// have dispatched it again since, so nothing of its is freed here.
-		w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStatePaused), Error: r.fin.Error})
+		w.publish(r.ctx, wire.StateProgress(r.id, string(agentqtype.TaskStatePaused), r.fin.Error))
 		return
 	}
 	// The slots go back before the end is written, so that the next task starts while
@@ -224,7 +224,7 @@ func (r *taskRun) run() (requeued bool) {
 		"attempt", r.task.Attempt}, telemetry.SpanAttrs(r.ctx)...)...)
 	r.id = r.task.ID.String()
 	r.claim = store.Claim{ID: r.task.ID, Attempt: r.task.Attempt}
-	r.running = r.w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateRunning)})
+	r.running = r.w.queuePublish(r.ctx, wire.StateProgress(r.id, string(agentqtype.TaskStateRunning), ""))
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
 	defer func() {
@@ -738,7 +738,9 @@ func (r *taskRun) parkFor(reason string, wait time.Duration) {
 		r.end, r.parked = endParked, until
 		r.log.Debug("task parked for token capacity", "wait_reason", reason, "wait", wait)
 		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", reason)))
-		r.w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateQueued), WaitReason: reason, WaitUntil: &until})
+		parked := wire.StateProgress(r.id, string(agentqtype.TaskStateQueued), "")
+		parked.WaitReason, parked.WaitUntil = reason, &until
+		r.w.publish(r.ctx, parked)
 	}
 }
 
