@@ -128,6 +128,9 @@ type App struct {
 	asynqClient *asynq.Client
 	ownRedis    bool
 	ownPool     bool
+	// learnedBase is the API's address a worker without the api role and without a
+	// configured public URL took from Postgres at Start (apiaddress.go).
+	learnedBase string
 
 	// localRejections flushes the refusals admission decided in process.
 	localRejections *rejections.LocalRejectionFlush
@@ -240,10 +243,14 @@ func New(ctx context.Context, o Options) (*App, error) {
 	return a, nil
 }
 
-// publicBase is the API's public base URL: the configured one, else this process's
-// listening address when it serves the API on a port it picked, else one made from
-// the configured address.
+// publicBase is the API's public base URL: the configured one, else the one an API
+// process advertised (a worker without the api role), else this process's listening
+// address when it serves the API on a port it picked, else one made from the
+// configured address.
 func (a *App) publicBase() string {
+	if a.cfg.PublicURL == "" && a.learnedBase != "" {
+		return a.learnedBase
+	}
 	if a.cfg.PublicURL == "" && a.api != nil && a.cfg.Has(config.RoleAPI) {
 		if addr := a.api.Addr(); addr != nil {
 			c := a.cfg
@@ -452,12 +459,16 @@ func (a *App) roleServices() []startstop.Service {
 // outlive ctx: only Stop or Shutdown ends them.
 func (a *App) Start(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
+	if err := a.learnPublicBase(ctx); err != nil {
+		return err
+	}
 	for i, svc := range a.svcs {
 		if err := svc.Start(ctx); err != nil {
 			stopAll(a.svcs[:i])
 			return err
 		}
 	}
+	a.advertiseAPIAddress(ctx)
 	httpAddr := ""
 	if addr := a.Addr(); addr != nil {
 		httpAddr = addr.String()

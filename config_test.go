@@ -83,11 +83,12 @@ func TestConfigValidateNamesTheBadField(t *testing.T) {
 	}
 }
 
-// A process that pauses tasks (the worker role) without the API in it makes approval
-// links another process serves: it refuses to start without the address people reach
-// the API at and a secret shared with the API, and says so. One process with every
-// role, as `agentq serve` and `agentq dev` run, needs neither.
-func TestSplitWorkerNeedsAPublicURLAndASharedSecret(t *testing.T) {
+// A process that pauses tasks (the worker role) without the API in it signs approval
+// links another process checks: it refuses a configuration without a secret shared
+// with the API, and says so (where the links point is settled at Start, from
+// PublicURL or the API's advertised address). One process with every role, as
+// `agentq serve` and `agentq dev` run, needs no shared secret.
+func TestSplitWorkerNeedsASharedSecret(t *testing.T) {
 	worker := func(mod func(*agentq.Config)) error {
 		cfg := agentq.DefaultConfig()
 		cfg.Roles = []string{agentq.RoleWorker}
@@ -98,7 +99,6 @@ func TestSplitWorkerNeedsAPublicURLAndASharedSecret(t *testing.T) {
 		name, field string
 		mod         func(*agentq.Config)
 	}{
-		{"no public URL", "PublicURL", func(c *agentq.Config) { c.PanelSecret = "s" }},
 		{"no secret", "PanelSecret", func(c *agentq.Config) { c.PublicURL = "https://agentq.example.com" }},
 	} {
 		err := worker(tc.mod)
@@ -109,6 +109,7 @@ func TestSplitWorkerNeedsAPublicURLAndASharedSecret(t *testing.T) {
 	}
 	for _, mod := range []func(*agentq.Config){
 		func(c *agentq.Config) { c.PublicURL, c.PanelSecret = "https://agentq.example.com", "s" },
+		func(c *agentq.Config) { c.PanelSecret = "s" },
 		func(c *agentq.Config) { c.PublicURL, c.AdminToken = "https://agentq.example.com", "t" },
 		func(c *agentq.Config) { c.Roles = append(c.Roles, agentq.RoleAPI) },
 		func(c *agentq.Config) { c.Roles = []string{agentq.RoleScheduler, agentq.RoleJanitor} },

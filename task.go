@@ -3,6 +3,7 @@ package agentq
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -12,8 +13,9 @@ import (
 	"github.com/agentq/agentq/quotas"
 )
 
-// Refusals of a task. The task service returns these very values, so errors.As
-// matches them whichever layer an error came through.
+// Refusals of a task. The task service returns these very values (the shared
+// vocabulary, agentqtype), so errors.As matches them whichever layer an error came
+// through.
 type (
 	// UnknownAgentError refuses a task for an agent that neither runs in process nor
 	// is registered as an HTTP agent.
@@ -27,22 +29,83 @@ type (
 	// Decision.Violated names the limits; the RetryAfter of each violated scope of
 	// Decision.Scopes says when a retry can pass.
 	LimitError = quotas.LimitError
-	// TaskEndedError refuses to cancel a task that already ended: ID is the task,
-	// State how it ended.
-	TaskEndedError = tasks.FinishedError
-	// TaskNotPausedError refuses to resume a task that is not paused: State is what
-	// it is (Stale: it was resumed, or paused again, since the pause named).
-	TaskNotPausedError = tasks.NotPausedError
-	// ResumeRefusedError refuses to resume a paused task while its tenant's
-	// concurrent sessions are full; the task stays paused.
-	ResumeRefusedError = tasks.ResumeRefusedError
-	// ResumeNeedsRoomError refuses to resume a paused task whose limits have no room
-	// for its next step (the step that paused it, as its pause estimated it): its
-	// Shortfall names the limit, the room the step needs and the least value of the
-	// limit that gives it. A budget field's room comes with a raise; a quota's with
-	// the next period or a raise of the tenant's limit. The task stays paused.
-	ResumeNeedsRoomError = tasks.NeedsRoomError
 )
+
+// TaskEndedError refuses to cancel a task that already ended: ID is the task, State
+// how it ended.
+type TaskEndedError struct {
+	ID    uuid.UUID
+	State string
+}
+
+// Error says how the task ended, as the task service says it.
+func (e *TaskEndedError) Error() string {
+	return (&tasks.FinishedError{ID: e.ID, State: e.State}).Error()
+}
+
+// TaskNotPausedError refuses to resume a task that is not paused: State is what it
+// is (Stale: it was resumed, or paused again, since the pause named).
+type TaskNotPausedError struct {
+	ID    uuid.UUID
+	State string
+	Stale bool
+}
+
+// Error says what the task is, as the task service says it.
+func (e *TaskNotPausedError) Error() string {
+	return (&tasks.NotPausedError{ID: e.ID, State: e.State, Stale: e.Stale}).Error()
+}
+
+// ResumeRefusedError refuses to resume a paused task while its tenant's concurrent
+// sessions are full: the ReAdmitRefusal names the limit, its value and the sessions
+// held. The task stays paused.
+type ResumeRefusedError struct {
+	quotas.ReAdmitRefusal
+}
+
+// Unwrap gives the session limit's refusal.
+func (e *ResumeRefusedError) Unwrap() error { return &e.ReAdmitRefusal }
+
+// ResumeNeedsRoomError refuses to resume a paused task whose limits have no room for
+// its next step (the step that paused it, as its pause estimated it): its Shortfall
+// names the limit, the room the step needs and the least value of the limit that
+// gives it. A budget field's room comes with a raise; a quota's with the next period
+// or a raise of the tenant's limit. The task stays paused.
+type ResumeNeedsRoomError struct {
+	ID uuid.UUID
+	quotas.Shortfall
+}
+
+// Error names the limit and the room the step needs, as the task service says it.
+func (e *ResumeNeedsRoomError) Error() string {
+	return (&tasks.NeedsRoomError{ID: e.ID, Shortfall: e.Shortfall}).Error()
+}
+
+// Budget reports whether the limit is a field of the task's budget, which a
+// resume's raise can lift.
+func (e *ResumeNeedsRoomError) Budget() bool { return quotas.IsBudgetLimit(e.LimitType) }
+
+// taskErr turns the task service's refusals of a cancel or a resume into the
+// library's, and returns any other error as it is.
+func taskErr(err error) error {
+	var (
+		finished  *tasks.FinishedError
+		notPaused *tasks.NotPausedError
+		refused   *tasks.ResumeRefusedError
+		room      *tasks.NeedsRoomError
+	)
+	switch {
+	case errors.As(err, &finished):
+		return &TaskEndedError{ID: finished.ID, State: finished.State}
+	case errors.As(err, &notPaused):
+		return &TaskNotPausedError{ID: notPaused.ID, State: notPaused.State, Stale: notPaused.Stale}
+	case errors.As(err, &refused):
+		return &ResumeRefusedError{ReAdmitRefusal: refused.ReAdmitRefusal}
+	case errors.As(err, &room):
+		return &ResumeNeedsRoomError{ID: room.ID, Shortfall: room.Shortfall}
+	}
+	return err
+}
 
 // TaskState is a task's state; Task.State and TaskQuery.State hold one as a string.
 type TaskState = agentqtype.TaskState
@@ -179,7 +242,7 @@ func (a *App) SubmitTask(ctx context.Context, p NewTask) (Task, error) {
 		Priority: p.Priority, IdempotencyKey: p.IdempotencyKey, StartWithinS: startWithinS(p.StartWithin),
 	})
 	if err != nil {
-		return Task{}, invalidOf(err)
+		return Task{}, libraryErr(err)
 	}
 	return taskOf(res.Task), nil
 }
@@ -198,7 +261,7 @@ func startWithinS(d time.Duration) *float64 {
 func (a *App) GetTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	t, err := a.services.Tasks.Get(ctx, tenantID, id)
 	if err != nil {
-		return Task{}, invalidOf(err)
+		return Task{}, libraryErr(err)
 	}
 	return taskOf(t), nil
 }
@@ -222,7 +285,7 @@ type TaskPage struct {
 func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 	page, err := a.services.Tasks.List(ctx, tasks.ListParams{TenantID: q.TenantID, State: q.State, Limit: q.Limit, Before: q.Before})
 	if err != nil {
-		return TaskPage{}, invalidOf(err)
+		return TaskPage{}, libraryErr(err)
 	}
 	out := TaskPage{Tasks: make([]Task, 0, len(page.Tasks)), Next: page.Next}
 	for _, t := range page.Tasks {
@@ -237,7 +300,7 @@ func (a *App) ListTasks(ctx context.Context, q TaskQuery) (TaskPage, error) {
 func (a *App) CancelTask(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	t, err := a.services.Tasks.Cancel(ctx, tenantID, id)
 	if err != nil {
-		return Task{}, invalidOf(err)
+		return Task{}, libraryErr(err)
 	}
 	return taskOf(t), nil
 }
@@ -253,7 +316,7 @@ func (a *App) CancelTask(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 func (a *App) ResumeTask(ctx context.Context, tenantID string, id uuid.UUID, raise *TaskBudget) (Task, error) {
 	t, err := a.services.Tasks.Resume(ctx, tasks.ResumeParams{TenantID: tenantID, ID: id, Budget: raise})
 	if err != nil {
-		return Task{}, invalidOf(err)
+		return Task{}, libraryErr(err)
 	}
 	return taskOf(t), nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
@@ -19,40 +20,27 @@ import (
 var (
 	// ErrNotFound: no tenant, key or task by that id (for a task: none of the
 	// tenant's).
-	ErrNotFound = tenants.ErrNotFound
+	ErrNotFound = agentqtype.ErrNotFound
 	// ErrExists: CreateTenant found the id taken.
 	ErrExists = tenants.ErrExists
-	// ErrUnavailable: Postgres cannot take a task right now; no limit was spent on it.
-	ErrUnavailable = tasks.ErrUnavailable
+	// ErrUnavailable: a backing service (Postgres, Redis) cannot be reached or is not
+	// taking work now; a retry later may pass. A task refused for it spent no limit.
+	ErrUnavailable = agentqtype.ErrUnavailable
 )
 
-// InvalidError is a refused field of a tenant, an API key or a task. Message is the
-// sentence the HTTP API answers with.
-type InvalidError struct {
-	Field   string // e.g. "id", "plan", "weight", "overrides", "agent", "budget"
-	Message string
-}
+// InvalidError is a refused field of a tenant, an API key or a task (Field: e.g.
+// "id", "plan", "weight", "overrides", "agent", "budget"). Message is the sentence
+// the HTTP API answers with. The domain services return this very type.
+type InvalidError = agentqtype.InvalidError
 
-// Error is Message.
-func (e *InvalidError) Error() string { return e.Message }
-
-// invalidOf turns a domain service's refused field into an *InvalidError, and returns
-// any other error as it is.
-func invalidOf(err error) error {
-	var te *tenants.InvalidError
-	var ke *keys.InvalidError
-	var ta *tasks.InvalidError
-	switch {
-	case errors.As(err, &te):
-		return &InvalidError{Field: te.Field, Message: te.Message}
-	case errors.As(err, &ke):
-		return &InvalidError{Field: ke.Field, Message: ke.Message}
-	case errors.As(err, &ta):
-		return &InvalidError{Field: ta.Field, Message: ta.Message}
-	case errors.Is(err, tasks.ErrNoTenant):
+// libraryErr turns the domain services' errors into the library's: a call without a
+// tenant is an *InvalidError, a task service's refusal its library type (taskErr);
+// any other error is returned as it is.
+func libraryErr(err error) error {
+	if errors.Is(err, tasks.ErrNoTenant) {
 		return &InvalidError{Field: "tenant", Message: "A tenant id is required."}
 	}
-	return err
+	return taskErr(err)
 }
 
 // Tenant is a customer of the deployment.
@@ -115,7 +103,7 @@ func (a *App) CreateTenant(ctx context.Context, p NewTenant) (Tenant, error) {
 		ID: p.ID, Name: p.Name, Plan: plan, Weight: p.Weight, Overrides: p.Overrides,
 	})
 	if err != nil {
-		return Tenant{}, invalidOf(err)
+		return Tenant{}, libraryErr(err)
 	}
 	return a.tenantOf(t), nil
 }
@@ -128,7 +116,7 @@ func (a *App) UpdateTenant(ctx context.Context, id string, p TenantUpdate) (Tena
 		ID: id, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
 	})
 	if err != nil {
-		return Tenant{}, invalidOf(err)
+		return Tenant{}, libraryErr(err)
 	}
 	return a.tenantOf(t), nil
 }
@@ -184,7 +172,7 @@ func (a *App) CreateAPIKey(ctx context.Context, p NewAPIKey) (APIKey, error) {
 		TenantID: p.TenantID, Scopes: keys.Scopes{Agents: p.Agents, Principals: p.Principals},
 	})
 	if err != nil {
-		return APIKey{}, invalidOf(err)
+		return APIKey{}, libraryErr(err)
 	}
 	return APIKey{Kid: k.Kid, TenantID: k.TenantID, Token: k.Plaintext, Agents: k.Scopes.Agents,
 		Principals: k.Scopes.Principals, CreatedAt: k.CreatedAt}, nil

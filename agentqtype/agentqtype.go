@@ -1,6 +1,7 @@
 // Package agentqtype holds the words every layer of agentq shares: the task states
-// and which of them are terminal, and the refusals that the task service, the Go
-// library and the HTTP API all speak of. It imports only the standard library, so
+// and which of them are terminal, and the errors that the domain services, the Go
+// library and the HTTP API all speak of (a refused field, a missing thing, a refused
+// task, an unavailable backing service). It imports only the standard library, so
 // that any package can use it without pulling in the service; the client package,
 // which may not import it, has its state constants generated from it.
 package agentqtype
@@ -48,8 +49,46 @@ func (s TaskState) Terminal() bool { return slices.Contains(terminalStates, s) }
 // Valid reports whether s is one of TaskStates.
 func (s TaskState) Valid() bool { return slices.Contains(taskStates, s) }
 
-// UnknownAgentError refuses a task for an agent that neither runs in process nor is
-// registered as an HTTP agent.
+// ErrNotFound matches (errors.Is) every missing thing: a tenant, key, task, agent,
+// pool, binding or webhook endpoint the caller named and that is not there (for a
+// tenant's task: not the tenant's). The store returns it bare; the services that
+// name what is missing return a *NotFoundError, which matches it.
+var ErrNotFound = errors.New("agentq: not found")
+
+// NotFoundError is a named thing that does not exist. Message is the sentence the
+// HTTP API answers with (404 NOT_FOUND) and the CLI prints.
+type NotFoundError struct {
+	What    string // "tenant", "key", "agent", "pool", "binding" or "webhook endpoint"
+	Name    string // the name or id it was asked by
+	Message string
+}
+
+// Error is Message.
+func (e *NotFoundError) Error() string { return e.Message }
+
+// Is makes errors.Is(err, ErrNotFound) true.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// InvalidError is a refused field of a request: a tenant's, a key's, a task's, an
+// agent's, a pool's or a webhook endpoint's. Message is a sentence meant for the
+// person who sent the value; the HTTP API answers with it (400 INVALID_REQUEST, or
+// INVALID_JSON when NotJSON), the CLI prints it.
+type InvalidError struct {
+	Field   string // as the HTTP API names it: "id", "plan", "agent", "budget", "url", ...
+	Message string
+	NotJSON bool // the field is not valid JSON
+}
+
+// Error is Message.
+func (e *InvalidError) Error() string { return e.Message }
+
+// Invalid is an *InvalidError of field with the message format makes of args.
+func Invalid(field, format string, args ...any) *InvalidError {
+	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// UnknownAgentError is an agent name that names no agent: none runs in process by
+// it and no HTTP agent is registered under it. A task for it is refused.
 type UnknownAgentError struct{ Agent string }
 
 // Error says which agent is unknown.

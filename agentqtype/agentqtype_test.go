@@ -2,6 +2,7 @@ package agentqtype_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -33,5 +34,22 @@ func TestRefusalsMatchThroughWrapping(t *testing.T) {
 	var suspended *agentqtype.SuspendedError
 	if !errors.As(err, &suspended) || suspended.TenantID != "acme" || suspended.Error() != "tenant acme is suspended" {
 		t.Errorf("errors.As: %v", err)
+	}
+}
+
+// Every service's missing thing matches the one sentinel, through wrapping, and keeps
+// the sentence the API answers with.
+func TestNotFoundMatchesTheSentinel(t *testing.T) {
+	err := fmt.Errorf("get pool: %w", &agentqtype.NotFoundError{What: "pool", Name: "llm", Message: `No pool "llm".`})
+	var nf *agentqtype.NotFoundError
+	if !errors.Is(err, agentqtype.ErrNotFound) || !errors.As(err, &nf) || nf.Error() != `No pool "llm".` {
+		t.Errorf("%v: not a NotFoundError matching ErrNotFound", err)
+	}
+	if errors.Is(errors.New("not found"), agentqtype.ErrNotFound) {
+		t.Error("another error matches ErrNotFound")
+	}
+	inv := agentqtype.Invalid("weight", "Field weight must be between %d and %d.", 1, 100)
+	if inv.Field != "weight" || inv.Error() != "Field weight must be between 1 and 100." || inv.NotJSON {
+		t.Errorf("Invalid: %+v", inv)
 	}
 }

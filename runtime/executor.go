@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"sort"
 	"sync"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/wire"
 )
 
@@ -59,17 +59,6 @@ type InputValidator interface {
 // ErrStepFailed marks an agent-reported failure: the task ends "failed" with the
 // error's message.
 var ErrStepFailed = errors.New("step failed")
-
-// ErrUnknownAgent is returned (wrapped) for an agent name with no executor.
-var ErrUnknownAgent = errors.New("unknown agent")
-
-// UnknownAgentError names the agent that has no executor. Callers that cannot import
-// this package recognise it by its UnknownAgent method.
-type UnknownAgentError struct{ Name string }
-
-func (e *UnknownAgentError) Error() string      { return fmt.Sprintf("unknown agent %q", e.Name) }
-func (e *UnknownAgentError) Is(err error) bool  { return err == ErrUnknownAgent }
-func (e *UnknownAgentError) UnknownAgent() bool { return true }
 
 // Registry maps agent names to executors: the built-in sim agent, Go handlers
 // registered in process, and HTTP agents registered by the operator (looked up through
@@ -123,7 +112,7 @@ func (r *Registry) Lookup(ctx context.Context, name string) (Executor, error) {
 			return e, nil
 		}
 	}
-	return nil, &UnknownAgentError{Name: name}
+	return nil, &agentqtype.UnknownAgentError{Agent: name}
 }
 
 // Names lists registered agents.
@@ -147,15 +136,8 @@ func (r *Registry) ValidateTask(ctx context.Context, agent string, input json.Ra
 	}
 	if v, ok := e.(InputValidator); ok {
 		if err := v.ValidateInput(input); err != nil {
-			return &InvalidInputError{err}
+			return agentqtype.Invalid("input", "%v", err)
 		}
 	}
 	return nil
 }
-
-// InvalidInputError is an executor's rejection of a task's input.
-type InvalidInputError struct{ Err error }
-
-func (e *InvalidInputError) Error() string      { return e.Err.Error() }
-func (e *InvalidInputError) Unwrap() error      { return e.Err }
-func (e *InvalidInputError) InvalidInput() bool { return true }

@@ -264,7 +264,7 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 			}
 		}
 	}
-	var unknown *UnknownAgentError
+	var unknown *agentqtype.UnknownAgentError
 	err = holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
 		var err error
 		r.exec, err = r.w.agents.Lookup(ctx, r.task.Agent)

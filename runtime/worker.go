@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
@@ -606,7 +607,7 @@ func holdUntilRecorded(ctx context.Context, log *slog.Logger, write func(context
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := write(wctx)
 		cancel()
-		if err == nil || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrLostClaim) ||
+		if err == nil || errors.Is(err, agentqtype.ErrNotFound) || errors.Is(err, store.ErrLostClaim) ||
 			errors.Is(err, store.ErrTaskEnded) || time.Now().Add(wait).After(deadline) {
 			return err
 		}

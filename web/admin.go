@@ -7,6 +7,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
@@ -71,13 +72,13 @@ type PeriodJSON struct {
 
 // tenantErr turns the tenant service's errors into the API's.
 func tenantErr(err error, id string) error {
-	var inv *tenants.InvalidError
+	var inv *agentqtype.InvalidError
 	switch {
 	case errors.As(err, &inv):
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)
 	case errors.Is(err, tenants.ErrExists):
 		return apiErr(http.StatusConflict, CodeConflict, "Tenant %q already exists.", id)
-	case errors.Is(err, tenants.ErrNotFound):
+	case errors.Is(err, agentqtype.ErrNotFound):
 		return apiErr(http.StatusNotFound, CodeNotFound, "No tenant %q.", id)
 	}
 	return err
@@ -193,8 +194,8 @@ func NewKeyJSON(k keys.Key) KeyJSON {
 
 // keyErr turns the key service's errors into the API's.
 func keyErr(err error) error {
-	var inv *keys.InvalidError
-	var nf *keys.NotFoundError
+	var inv *agentqtype.InvalidError
+	var nf *agentqtype.NotFoundError
 	switch {
 	case errors.As(err, &inv):
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/agents"
 )
 
@@ -47,9 +48,9 @@ func agentJSON(a agents.Agent) AgentJSON {
 
 // agentErr turns the agent service's errors into the API's.
 func agentErr(err error) error {
-	var inv *agents.InvalidError
+	var inv *agentqtype.InvalidError
 	var builtin *agents.BuiltinError
-	var nf *agents.NotFoundError
+	var nf *agentqtype.NotFoundError
 	switch {
 	case errors.As(err, &inv):
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)

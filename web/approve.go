@@ -257,7 +257,7 @@ func (s *Server) approvalRefused(c echo.Context, cl approval.Claims, err error) 
 func (s *Server) approvalFailed(c echo.Context, err error) error {
 	var ae *APIError
 	if !errors.As(s.taskErr(err, nil), &ae) {
-		if errors.Is(err, tasks.ErrNotFound) {
+		if errors.Is(err, agentqtype.ErrNotFound) {
 			return s.approvalError(c, http.StatusNotFound, "The task is gone.")
 		}
 		s.log.Error("approval: failed", "err", err)

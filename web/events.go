@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/quotas"
 )
@@ -33,7 +34,7 @@ func (s *Server) taskEvents(c echo.Context) error {
 	key := keyRecord(c)
 	// Another tenant's task, one outside the key's scopes, or none: 404 before
 	// anything is subscribed.
-	if _, err := s.Tasks.StoredIn(ctx, key.TenantID, keyScope(c), id); errors.Is(err, tasks.ErrNotFound) {
+	if _, err := s.Tasks.StoredIn(ctx, key.TenantID, keyScope(c), id); errors.Is(err, agentqtype.ErrNotFound) {
 		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", id)
 	} else if err != nil {
 		return err

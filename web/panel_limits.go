@@ -25,6 +25,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
 )
@@ -86,7 +87,7 @@ func (s *Server) panelAdmit(c echo.Context) (tenants.Tenant, error) {
 	}
 	ctx := c.Request().Context()
 	t, err := s.Tenants.Lookup(ctx, claims.TenantID)
-	if errors.Is(err, tenants.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return t, apiErr(http.StatusNotFound, CodeNotFound, "This usage link's account no longer exists.")
 	} else if err != nil {
 		s.log.Error("panel: tenant lookup failed", "err", err)

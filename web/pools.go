@@ -6,6 +6,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/pools"
 )
 
@@ -96,8 +97,8 @@ func NewAgentPoolJSON(b pools.Bound) AgentPoolJSON {
 
 // poolErr turns the pool service's errors into the API's.
 func poolErr(err error) error {
-	var inv *pools.InvalidError
-	var nf *pools.NotFoundError
+	var inv *agentqtype.InvalidError
+	var nf *agentqtype.NotFoundError
 	switch {
 	case errors.As(err, &inv):
 		return apiErr(http.StatusBadRequest, CodeInvalidRequest, "%s", inv.Message)

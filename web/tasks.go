@@ -154,7 +154,7 @@ func (r *BudgetRequest) params() *tasks.BudgetRequest {
 // is about (nil for a submission or a listing).
 func (s *Server) taskErr(err error, id *uuid.UUID) error {
 	var (
-		inv       *tasks.InvalidError
+		inv       *agentqtype.InvalidError
 		unknown   *agentqtype.UnknownAgentError
 		suspended *agentqtype.SuspendedError
 		scope     *tasks.ScopeError
@@ -186,7 +186,7 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		return s.refusal(refused.Decision, refused.Tenant)
 	case errors.As(err, &admission):
 		return admissionFailure(admission.Err)
-	case errors.Is(err, tasks.ErrUnavailable):
+	case errors.Is(err, agentqtype.ErrUnavailable):
 		return unavailable()
 	case errors.As(err, &notPaused):
 		if notPaused.Stale {
@@ -203,7 +203,7 @@ func (s *Server) taskErr(err error, id *uuid.UUID) error {
 		return e
 	case errors.As(err, &finished):
 		return apiErr(http.StatusConflict, CodeTaskFinished, "Task %s already ended %s.", finished.ID, finished.State)
-	case id != nil && errors.Is(err, tasks.ErrNotFound):
+	case id != nil && errors.Is(err, agentqtype.ErrNotFound):
 		// Only for a call about one task: a submission's own lookups (its tenant)
 		// answer as they are.
 		return apiErr(http.StatusNotFound, CodeNotFound, "No task %s.", *id)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/quotas"
 )
@@ -108,8 +109,8 @@ func NewWebhookAttemptJSON(a webhooks.WebhookAttempt) WebhookAttemptJSON {
 
 // webhookErr turns the webhook service's errors into the API's.
 func webhookErr(err error, upgradeURL string) error {
-	var inv *webhooks.InvalidWebhookError
-	var nf *webhooks.WebhookNotFoundError
+	var inv *agentqtype.InvalidError
+	var nf *agentqtype.NotFoundError
 	var over *webhooks.WebhookLimitError
 	switch {
 	case errors.As(err, &over):

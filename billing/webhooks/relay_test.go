@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/baseservice"
@@ -461,7 +462,7 @@ func TestRelayDeletedEndpointGetsNothingMore(t *testing.T) {
 	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); !errors.Is(err, webhooks.ErrWebhookNotFound) {
+	if err := e.hooks.Delete(e.ctx, w.Webhook.ID.String()); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Errorf("second delete: %v", err)
 	}
 	e.write(t, e.hit(t, "acme", 2))
@@ -667,9 +668,9 @@ func TestWebhookServiceRules(t *testing.T) {
 		{"unknown type", webhooks.CreateWebhookParams{URL: "http://x/", Types: []string{"usage.other"}}, "types"},
 		{"unknown tenant", webhooks.CreateWebhookParams{URL: "http://x/", Types: []string{outbox.TypeLimitHit}, TenantID: "nope"}, "tenant"},
 	} {
-		var inv *webhooks.InvalidWebhookError
+		var inv *agentqtype.InvalidError
 		if _, err := e.hooks.Create(e.ctx, tc.p); !errors.As(err, &inv) || inv.Field != tc.field {
-			t.Errorf("%s: %v, want an *InvalidWebhookError of %s", tc.name, err, tc.field)
+			t.Errorf("%s: %v, want an *agentqtype.InvalidError of %s", tc.name, err, tc.field)
 		}
 	}
 	w := e.create(t, "https://hooks.example/x", "acme", outbox.TypeLimitHit, outbox.TypeLimitHit)
@@ -681,11 +682,11 @@ func TestWebhookServiceRules(t *testing.T) {
 		t.Fatalf("list %+v %v", list, err)
 	}
 	for _, id := range []string{"nope", "00000000-0000-0000-0000-000000000000", "{" + w.Webhook.ID.String() + "}"} {
-		if _, err := e.hooks.Get(e.ctx, id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
+		if _, err := e.hooks.Get(e.ctx, id); !errors.Is(err, agentqtype.ErrNotFound) {
 			t.Errorf("get %q: %v", id, err)
 		}
 	}
-	var inv *webhooks.InvalidWebhookError
+	var inv *agentqtype.InvalidError
 	if _, err := e.hooks.Attempts(e.ctx, w.Webhook.ID.String(), webhooks.AttemptsParams{After: "x"}); !errors.As(err, &inv) {
 		t.Errorf("bad cursor: %v", err)
 	}
@@ -998,7 +999,7 @@ func TestWebhookRegistrationRefusesPrivateAddresses(t *testing.T) {
 		"http://[fe80::1%25eth0]/",
 	} {
 		_, err := strict.Create(e.ctx, webhooks.CreateWebhookParams{URL: u, Types: []string{outbox.TypeLimitHit}})
-		var inv *webhooks.InvalidWebhookError
+		var inv *agentqtype.InvalidError
 		if !errors.As(err, &inv) || inv.Field != "url" || !strings.Contains(inv.Message, "refused") {
 			t.Errorf("%s: %v, want the url refused", u, err)
 		}
@@ -1064,7 +1065,7 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The destination rules apply to tenants too.
-	var inv *webhooks.InvalidWebhookError
+	var inv *agentqtype.InvalidError
 	if _, err := hooks.CreateForTenant(e.ctx, webhooks.TenantWebhookParams{TenantID: "globex", URL: "http://10.0.0.5/hook",
 		Types: []string{outbox.TypeLimitHit}}); !errors.As(err, &inv) || inv.Field != "url" {
 		t.Errorf("private address: %v", err)
@@ -1080,13 +1081,13 @@ func TestTenantWebhooksAreScopedAndLimited(t *testing.T) {
 		}
 	}
 	for _, id := range []string{other.Webhook.ID.String(), operator.Webhook.ID.String()} {
-		if _, err := hooks.GetForTenant(e.ctx, "acme", id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
+		if _, err := hooks.GetForTenant(e.ctx, "acme", id); !errors.Is(err, agentqtype.ErrNotFound) {
 			t.Errorf("acme gets %s: %v", id, err)
 		}
-		if _, err := hooks.RotateSecretForTenant(e.ctx, "acme", id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
+		if _, err := hooks.RotateSecretForTenant(e.ctx, "acme", id); !errors.Is(err, agentqtype.ErrNotFound) {
 			t.Errorf("acme rotates %s: %v", id, err)
 		}
-		if err := hooks.DeleteForTenant(e.ctx, "acme", id); !errors.Is(err, webhooks.ErrWebhookNotFound) {
+		if err := hooks.DeleteForTenant(e.ctx, "acme", id); !errors.Is(err, agentqtype.ErrNotFound) {
 			t.Errorf("acme deletes %s: %v", id, err)
 		}
 	}

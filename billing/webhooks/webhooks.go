@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/netguard"
@@ -29,29 +30,15 @@ type Webhook = store.WebhookEndpoint
 // WebhookAttempt is one recorded attempt to deliver an event to an endpoint.
 type WebhookAttempt = store.WebhookAttempt
 
-// ErrWebhookNotFound matches (errors.Is) the *WebhookNotFoundError of an id that
-// names no endpoint.
-var ErrWebhookNotFound = store.ErrNotFound
-
-// WebhookNotFoundError is an id naming no endpoint. Message is the API's sentence.
-type WebhookNotFoundError struct{ Message string }
-
-func (e *WebhookNotFoundError) Error() string { return e.Message }
-
-// Is makes errors.Is(err, ErrWebhookNotFound) true.
-func (e *WebhookNotFoundError) Is(target error) bool { return target == ErrWebhookNotFound }
-
-// InvalidWebhookError is a refused field of a webhook request. Message is a sentence
-// for the person who sent it.
-type InvalidWebhookError struct {
-	Field   string // url, types, tenant, limit, after
-	Message string
+// noWebhook is an id naming no endpoint.
+func noWebhook(id string) *agentqtype.NotFoundError {
+	return &agentqtype.NotFoundError{What: "webhook endpoint", Name: id, Message: fmt.Sprintf("No webhook endpoint %s.", strconv.Quote(id))}
 }
 
-func (e *InvalidWebhookError) Error() string { return e.Message }
-
-func invalidWebhook(field, format string, args ...any) *InvalidWebhookError {
-	return &InvalidWebhookError{Field: field, Message: fmt.Sprintf(format, args...)}
+// invalidWebhook is a refused field of a webhook request: url, types, tenant, limit
+// or after.
+func invalidWebhook(field, format string, args ...any) *agentqtype.InvalidError {
+	return agentqtype.Invalid(field, format, args...)
 }
 
 // Bounds of an endpoint.
@@ -138,7 +125,7 @@ func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWi
 		return WebhookWithSecret{}, err
 	}
 	if p.TenantID != "" {
-		if _, err := w.st.GetTenant(ctx, p.TenantID); errors.Is(err, store.ErrNotFound) {
+		if _, err := w.st.GetTenant(ctx, p.TenantID); errors.Is(err, agentqtype.ErrNotFound) {
 			return WebhookWithSecret{}, invalidWebhook("tenant", "No tenant %s.", strconv.Quote(p.TenantID))
 		} else if err != nil {
 			return WebhookWithSecret{}, err
@@ -147,7 +134,7 @@ func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWi
 	ep, err := w.st.UnscopedCreateWebhook(ctx, store.CreateWebhookParams{
 		ID: uuid.New(), URL: p.URL, Types: types, TenantID: p.TenantID, Secret: secret,
 	})
-	if errors.Is(err, store.ErrNotFound) { // the tenant went meanwhile
+	if errors.Is(err, agentqtype.ErrNotFound) { // the tenant went meanwhile
 		return WebhookWithSecret{}, invalidWebhook("tenant", "No tenant %s.", strconv.Quote(p.TenantID))
 	}
 	if err != nil {
@@ -204,18 +191,18 @@ func hideSecrets(ep Webhook) Webhook {
 }
 
 // ParseWebhookID reads an endpoint id, a UUID in its 36-character form; anything else
-// names no endpoint (a *WebhookNotFoundError), as does a UUID no endpoint has.
+// names no endpoint (a *agentqtype.NotFoundError), as does a UUID no endpoint has.
 func ParseWebhookID(id string) (uuid.UUID, error) {
 	u, err := uuid.Parse(id)
 	if err != nil || len(id) != 36 {
-		return uuid.Nil, &WebhookNotFoundError{Message: fmt.Sprintf("No webhook endpoint %s.", strconv.Quote(id))}
+		return uuid.Nil, noWebhook(id)
 	}
 	return u, nil
 }
 
 func (w *Webhooks) notFound(err error, id string) error {
-	if errors.Is(err, store.ErrNotFound) {
-		return &WebhookNotFoundError{Message: fmt.Sprintf("No webhook endpoint %s.", strconv.Quote(id))}
+	if errors.Is(err, agentqtype.ErrNotFound) {
+		return noWebhook(id)
 	}
 	return err
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
@@ -362,7 +363,7 @@ func panelLinksRevokeCommand(withEnv adminEnvRunner) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withEnv(cmd.Context(), true, func(env adminEnv) error {
 				t, err := env.tenants.RevokePanelLinks(cmd.Context(), args[0], time.Now())
-				if errors.Is(err, tenants.ErrNotFound) {
+				if errors.Is(err, agentqtype.ErrNotFound) {
 					return fmt.Errorf("%s", fmt.Sprintf("No tenant %q.", args[0])) // the API's words
 				}
 				if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -36,9 +37,9 @@ func TestPutRefusesWhatCannotRun(t *testing.T) {
 		{"empty header name", agents.PutParams{Name: "a", URL: "http://a.example", Headers: map[string]string{"": "v"}}, "headers"},
 		{"Host header", agents.PutParams{Name: "a", URL: "http://a.example", Headers: map[string]string{"host": "b"}}, "headers"},
 	} {
-		var inv *agents.InvalidError
+		var inv *agentqtype.InvalidError
 		if _, err := s.Put(ctx, tc.p); !errors.As(err, &inv) || inv.Field != tc.field {
-			t.Errorf("%s: %v, want an *InvalidError of %s", tc.name, err, tc.field)
+			t.Errorf("%s: %v, want an *agentqtype.InvalidError of %s", tc.name, err, tc.field)
 		}
 	}
 	var builtin *agents.BuiltinError
@@ -70,13 +71,13 @@ func TestPutKeepsTheSecretAndRotateReplacesIt(t *testing.T) {
 	if err != nil || secret == first.SigningSecret || a.SigningSecret != secret {
 		t.Fatalf("rotate: %+v %q %v", a, secret, err)
 	}
-	if _, _, err := s.RotateSecret(ctx, "b"); !errors.Is(err, agents.ErrNotFound) {
+	if _, _, err := s.RotateSecret(ctx, "b"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Errorf("rotating no agent: %v", err)
 	}
 	if err := s.Delete(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Get(ctx, "a"); !errors.Is(err, agents.ErrNotFound) {
+	if _, err := s.Get(ctx, "a"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Errorf("a deleted agent: %v", err)
 	}
 }

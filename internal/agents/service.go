@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/runtime"
@@ -29,37 +30,14 @@ import (
 // never shown after the call that made it.
 type Agent = store.Agent
 
-// ErrNotFound matches (with errors.Is) the *NotFoundError of a name with no HTTP
-// agent.
-var ErrNotFound = store.ErrNotFound
-
-// NotFoundError is a name with no HTTP agent. Message is the sentence the HTTP API
-// returns.
-type NotFoundError struct {
-	Name    string
-	Message string
+// notFound is a name with no HTTP agent.
+func notFound(name string) *agentqtype.NotFoundError {
+	return &agentqtype.NotFoundError{What: "agent", Name: name, Message: fmt.Sprintf("No HTTP agent %q.", name)}
 }
 
-func (e *NotFoundError) Error() string { return e.Message }
-
-// Is makes errors.Is(err, ErrNotFound) true.
-func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
-
-func notFound(name string) *NotFoundError {
-	return &NotFoundError{Name: name, Message: fmt.Sprintf("No HTTP agent %q.", name)}
-}
-
-// InvalidError is a refused registration field. Message is a sentence meant for the
-// person who sent the value.
-type InvalidError struct {
-	Field   string // name, url, step_timeout_s or headers
-	Message string
-}
-
-func (e *InvalidError) Error() string { return e.Message }
-
-func invalid(field, format string, args ...any) *InvalidError {
-	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+// invalid is a refused registration field: name, url, step_timeout_s or headers.
+func invalid(field, format string, args ...any) *agentqtype.InvalidError {
+	return agentqtype.Invalid(field, format, args...)
 }
 
 // BuiltinError is a registration under the name of an agent that runs in process
@@ -105,8 +83,9 @@ func New(st *store.Store, local Local) *Service {
 }
 
 // CheckName refuses a name an HTTP agent cannot have: not 1 to 63 letters, digits,
-// '.', '-' or '_' (an *InvalidError), or an in-process agent's (a *BuiltinError).
-// Put checks it too; callers that read a request body after the name call it first.
+// '.', '-' or '_' (an *agentqtype.InvalidError), or an in-process agent's (a
+// *BuiltinError). Put checks it too; callers that read a request body after the name
+// call it first.
 func (s *Service) CheckName(name string) error {
 	if !nameRE.MatchString(name) {
 		return invalid("name", "Agent names are 1 to 63 letters, digits, '.', '-' or '_'.")
@@ -188,7 +167,7 @@ func (s *Service) RotateSecret(ctx context.Context, name string) (Agent, string,
 		return Agent{}, "", err
 	}
 	a, err := s.store.RotateAgentSecret(ctx, name, secret)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Agent{}, "", notFound(name)
 	}
 	if err != nil {
@@ -197,10 +176,10 @@ func (s *Service) RotateSecret(ctx context.Context, name string) (Agent, string,
 	return a, secret, nil
 }
 
-// Get returns agent name, or a *NotFoundError.
+// Get returns agent name, or a *agentqtype.NotFoundError.
 func (s *Service) Get(ctx context.Context, name string) (Agent, error) {
 	a, err := s.store.GetAgent(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Agent{}, notFound(name)
 	}
 	return a, err
@@ -211,11 +190,11 @@ func (s *Service) List(ctx context.Context) ([]Agent, error) {
 	return s.store.ListAgents(ctx)
 }
 
-// Delete removes agent name, or returns a *NotFoundError. Its queued tasks then fail
-// as tasks of an unknown agent.
+// Delete removes agent name, or returns a *agentqtype.NotFoundError. Its queued tasks
+// then fail as tasks of an unknown agent.
 func (s *Service) Delete(ctx context.Context, name string) error {
 	err := s.store.DeleteAgent(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return notFound(name)
 	}
 	return err
@@ -270,7 +249,7 @@ func (s *Service) Resolver(shared []byte, arch *baseservice.Archetype) func(ctx 
 			return e.exec, e.found, nil
 		}
 		ag, err := s.store.GetAgent(ctx, name)
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, agentqtype.ErrNotFound) {
 			cache.Add(name, entry{})
 			return nil, false, nil
 		}

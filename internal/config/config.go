@@ -114,8 +114,10 @@ type Config struct {
 	// unspecified host (PublicBase). The
 	// links are signed with the panel links' secret, so every process that runs
 	// tasks must share AGENTQ_PANEL_SECRET (or the admin token) with the API. A
-	// process with the worker role and not the api role refuses to start without
-	// PublicURL and one of those secrets.
+	// process with the worker role and not the api role refuses to start without one
+	// of those secrets; without PublicURL it takes the address a process serving the
+	// API advertised when it started (its PublicURL, or its listener's address when
+	// bound to a host), and refuses to start when none did.
 	PublicURL string
 	// PanelFrameAncestors is the tenant panel's CSP frame-ancestors: the origins
 	// that may embed it in an iframe. AGENTQ_PANEL_FRAME_ANCESTORS, default "*" (any:
@@ -382,17 +384,13 @@ func (c Config) Check(haveRedis, havePool bool) error {
 }
 
 // checkApprovalLinks refuses a process that pauses tasks (the worker role) without
-// serving the API: the approval links it writes into a pause's event are served by
-// another process, so they must start with the address people reach the API at
-// (PublicURL, not this process's localhost) and be signed with a secret that
-// process shares (PanelSecret, or the admin token), not one made up at start.
+// serving the API and without a secret it shares with the API: the approval links it
+// writes into a pause's event are checked by another process, so they must be signed
+// with PanelSecret or the admin token, not a key made up at start. Where those links
+// point (PublicURL, or the address an API process advertised) is settled at start.
 func (c Config) checkApprovalLinks() error {
 	if !c.Has(RoleWorker) || c.Has(RoleAPI) {
 		return nil
-	}
-	if c.PublicURL == "" {
-		return &Error{Field: "PublicURL", Message: "is empty; a worker without the api role writes the approval links of paused tasks, " +
-			"which the API serves elsewhere: set AGENTQ_PUBLIC_URL to the address people reach the API at"}
 	}
 	if c.PanelSecret == "" && c.AdminToken == "" {
 		return &Error{Field: "PanelSecret", Message: "is empty and so is AdminToken; a worker without the api role signs the approval links " +

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,6 +68,9 @@ type env struct {
 	rdb   redis.UniversalClient
 	keys  rkeys.Keys
 	admin string
+	// apiStarted: a process with the api role has run on the env (and advertised
+	// its address).
+	apiStarted atomic.Bool
 }
 
 func newEnv(t *testing.T) *env {
@@ -80,8 +84,20 @@ func start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	return newEnv(t).start(t, tweak...)
 }
 
-// start runs one agentq process (all roles unless tweaked) on the env.
+// start runs one agentq process (all roles unless tweaked) on the env. A worker
+// without the api role takes the address of an API process started on the env
+// before it, as in production; with none, it is given a public URL of its own.
 func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
+	t.Helper()
+	o := e.options(t, tweak...)
+	if c := &o.Config; c.Has(agentq.RoleWorker) && !c.Has(agentq.RoleAPI) && c.PublicURL == "" && !e.apiStarted.Load() {
+		c.PublicURL = "http://api.agentq.test" // a worker of a split process set writes approval links for the API
+	}
+	return e.run(t, o)
+}
+
+// options is the Options of a process on the env (all roles unless tweaked).
+func (e *env) options(t *testing.T, tweak ...func(*agentq.Options)) agentq.Options {
 	t.Helper()
 	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
@@ -105,9 +121,12 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	for _, f := range tweak {
 		f(&o)
 	}
-	if c := &o.Config; c.Has(agentq.RoleWorker) && !c.Has(agentq.RoleAPI) && c.PublicURL == "" {
-		c.PublicURL = "http://api.agentq.test" // a worker of a split process set writes approval links for the API
-	}
+	return o
+}
+
+// run starts the process o describes and stops it when the test ends.
+func (e *env) run(t *testing.T, o agentq.Options) *harness {
+	t.Helper()
 	ctx := context.Background()
 	app, err := agentq.New(ctx, o)
 	if err != nil {
@@ -115,6 +134,9 @@ func (e *env) start(t *testing.T, tweak ...func(*agentq.Options)) *harness {
 	}
 	if err := app.Start(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if o.Config.Has(agentq.RoleAPI) {
+		e.apiStarted.Store(true)
 	}
 	h := &harness{t: t, app: newApp(app), admin: o.Config.AdminToken}
 	if app.Addr() != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -70,9 +71,9 @@ func setup(t *testing.T, tenantIDs ...string) env {
 
 func wantNotFound(t *testing.T, what string, err error, msg string) {
 	t.Helper()
-	var nf *keys.NotFoundError
-	if !errors.As(err, &nf) || !errors.Is(err, keys.ErrNotFound) || nf.Message != msg || err.Error() != msg {
-		t.Errorf("%s: got %v (%T), want a NotFoundError %q", what, err, err, msg)
+	var nf *agentqtype.NotFoundError
+	if !errors.As(err, &nf) || !errors.Is(err, agentqtype.ErrNotFound) || nf.Message != msg || err.Error() != msg {
+		t.Errorf("%s: got %v (%T), want a *agentqtype.NotFoundError %q", what, err, err, msg)
 	}
 }
 
@@ -137,7 +138,7 @@ func TestKeyScopesRefused(t *testing.T) {
 		"too long multibyte text": {Agents: []string{strings.Repeat("é", 128)}},
 	} {
 		_, err := svc.Create(ctx, keys.CreateParams{TenantID: "acme", Scopes: sc})
-		var inv *keys.InvalidError
+		var inv *agentqtype.InvalidError
 		if !errors.As(err, &inv) || inv.Field != "scopes" || inv.Message != msg || err.Error() != msg {
 			t.Errorf("%s: got %v, want InvalidError %q", name, err, msg)
 		}
@@ -147,7 +148,7 @@ func TestKeyScopesRefused(t *testing.T) {
 	}
 	// Scopes are judged before the tenant: a bad scope for a missing tenant is a 400.
 	_, err := svc.Create(ctx, keys.CreateParams{TenantID: "ghost", Scopes: store.Scopes{Agents: []string{""}}})
-	var inv *keys.InvalidError
+	var inv *agentqtype.InvalidError
 	if !errors.As(err, &inv) {
 		t.Errorf("bad scope for a missing tenant: %v, want InvalidError", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
@@ -30,39 +31,15 @@ type Scopes = store.Scopes
 // key; it never says which.
 var ErrInvalidKey = apikey.ErrInvalid
 
-// ErrNotFound matches (with errors.Is) the *NotFoundError of a missing tenant or of a
-// kid with no live key.
-var ErrNotFound = store.ErrNotFound
-
-// NotFoundError is a tenant that does not exist, or a kid with no live key. Message is
-// the sentence the HTTP API returns and the CLI prints.
-type NotFoundError struct {
-	What    string // "tenant" or "key"
-	ID      string // the tenant id or the kid
-	Message string
+// noTenant is a tenant that does not exist.
+func noTenant(id string) *agentqtype.NotFoundError {
+	return &agentqtype.NotFoundError{What: "tenant", Name: id, Message: fmt.Sprintf("No tenant %q.", id)}
 }
 
-func (e *NotFoundError) Error() string { return e.Message }
-
-// Is makes errors.Is(err, ErrNotFound) true.
-func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
-
-func noTenant(id string) *NotFoundError {
-	return &NotFoundError{What: "tenant", ID: id, Message: fmt.Sprintf("No tenant %q.", id)}
+// noLiveKey is a kid with no live key.
+func noLiveKey(kid string) *agentqtype.NotFoundError {
+	return &agentqtype.NotFoundError{What: "key", Name: kid, Message: fmt.Sprintf("No live key %q.", kid)}
 }
-
-func noLiveKey(kid string) *NotFoundError {
-	return &NotFoundError{What: "key", ID: kid, Message: fmt.Sprintf("No live key %q.", kid)}
-}
-
-// InvalidError is a refused key field. Message is a sentence meant for the person who
-// sent the value (the HTTP API returns it as the error message, the CLI prints it).
-type InvalidError struct {
-	Field   string // scopes
-	Message string
-}
-
-func (e *InvalidError) Error() string { return e.Message }
 
 // Invalidator tells the other processes' key caches that a key changed (its secret
 // was replaced, or it was revoked), so they stop honouring the old state at once
@@ -131,7 +108,7 @@ func (s *Service) ForgetAll() { s.cache.Purge() }
 
 func (s *Service) load(ctx context.Context, kid string) (apikey.Record, bool, error) {
 	k, err := s.store.UnscopedGetKey(ctx, kid)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return apikey.Record{}, false, nil
 	}
 	if err != nil {
@@ -160,7 +137,7 @@ type CreateParams struct {
 }
 
 // Create validates p and stores a new key for the tenant. A refused scope is an
-// *InvalidError; a missing tenant a *NotFoundError.
+// *agentqtype.InvalidError; a missing tenant a *agentqtype.NotFoundError.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if err := ValidateScopes(p.Scopes); err != nil {
 		return Created{}, err
@@ -169,7 +146,7 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	k, err := s.store.CreateKey(ctx, store.CreateKeyParams{
 		Kid: kid, TenantID: p.TenantID, SecretHash: hash, Scopes: p.Scopes,
 	})
-	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
+	if errors.Is(err, agentqtype.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
 		return Created{}, noTenant(p.TenantID)
 	}
 	if err != nil {
@@ -179,9 +156,9 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 }
 
 // List returns a tenant's keys, revoked ones included, oldest first (never nil). A
-// missing tenant is a *NotFoundError.
+// missing tenant is a *agentqtype.NotFoundError.
 func (s *Service) List(ctx context.Context, tenantID string) ([]Key, error) {
-	if _, err := s.store.GetTenant(ctx, tenantID); errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
+	if _, err := s.store.GetTenant(ctx, tenantID); errors.Is(err, agentqtype.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
 		return nil, noTenant(tenantID)
 	} else if err != nil {
 		return nil, err
@@ -197,14 +174,14 @@ func (s *Service) List(ctx context.Context, tenantID string) ([]Key, error) {
 }
 
 // Rotate gives live key kid a new secret; the old one stops working. A kid with no
-// live key is a *NotFoundError.
+// live key is a *agentqtype.NotFoundError.
 func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
 	if !apikey.ValidKid(kid) {
 		return Created{}, noLiveKey(kid)
 	}
 	// The kid alone names the key; its tenant scopes the write.
 	k, err := s.store.UnscopedGetKey(ctx, kid)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && k.RevokedAt != nil) {
+	if errors.Is(err, agentqtype.ErrNotFound) || (err == nil && k.RevokedAt != nil) {
 		return Created{}, noLiveKey(kid)
 	}
 	if err != nil {
@@ -212,7 +189,7 @@ func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
 	}
 	plaintext, hash := apikey.NewSecret(kid)
 	k, err = s.store.RotateKey(ctx, store.RotateKeyParams{TenantID: k.TenantID, Kid: kid, SecretHash: hash})
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Created{}, noLiveKey(kid)
 	}
 	if err != nil {
@@ -223,8 +200,8 @@ func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
 }
 
 // Revoke revokes live key kid and drops its limit state (keys that remain keep
-// theirs). A kid with no live key is a *NotFoundError. It returns the key as it was
-// before revocation.
+// theirs). A kid with no live key is a *agentqtype.NotFoundError. It returns the key
+// as it was before revocation.
 func (s *Service) Revoke(ctx context.Context, kid string) (Key, error) {
 	if !apikey.ValidKid(kid) {
 		return Key{}, noLiveKey(kid)
@@ -233,9 +210,9 @@ func (s *Service) Revoke(ctx context.Context, kid string) (Key, error) {
 	if err == nil && k.RevokedAt == nil {
 		err = s.store.RevokeKey(ctx, store.RevokeKeyParams{TenantID: k.TenantID, Kid: kid})
 	} else if err == nil {
-		err = store.ErrNotFound
+		err = agentqtype.ErrNotFound
 	}
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Key{}, noLiveKey(kid)
 	}
 	if err != nil {
@@ -266,7 +243,7 @@ func ValidateScopes(sc Scopes) error {
 	for _, lists := range [][]string{sc.Agents, sc.Principals} {
 		for _, a := range lists {
 			if a == "" || len(a) > MaxScopeEntry || !utf8.ValidString(a) || strings.ContainsFunc(a, isControl) {
-				return &InvalidError{Field: "scopes", Message: "Scope entries must be 1 to 255 bytes without control characters."}
+				return &agentqtype.InvalidError{Field: "scopes", Message: "Scope entries must be 1 to 255 bytes without control characters."}
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -16,16 +17,16 @@ type BindParams struct {
 	TokensPerStep int64
 }
 
-func noAgent(name string) *NotFoundError {
-	return &NotFoundError{What: "agent", Name: name, Message: fmt.Sprintf("No agent %q: neither built in, registered in process, nor an HTTP agent.", name)}
+func noAgent(name string) *agentqtype.NotFoundError {
+	return &agentqtype.NotFoundError{What: "agent", Name: name, Message: fmt.Sprintf("No agent %q: neither built in, registered in process, nor an HTTP agent.", name)}
 }
 
-func noBinding(name string) *NotFoundError {
-	return &NotFoundError{What: "binding", Name: name, Message: fmt.Sprintf("Agent %q is bound to no pool.", name)}
+func noBinding(name string) *agentqtype.NotFoundError {
+	return &agentqtype.NotFoundError{What: "binding", Name: name, Message: fmt.Sprintf("Agent %q is bound to no pool.", name)}
 }
 
 // CheckBinding refuses a binding's fields before anything is read (an
-// *InvalidError): Bind checks them too.
+// *agentqtype.InvalidError): Bind checks them too.
 func CheckBinding(p BindParams) error {
 	if p.Pool == "" {
 		return invalid("pool", "pool is required.")
@@ -41,7 +42,7 @@ func CheckBinding(p BindParams) error {
 
 // Bind binds agent p.Agent to pool p.Pool, or moves it there; created reports a new
 // binding. The agent must exist (built in, registered in process, or an HTTP agent)
-// and so must the pool; otherwise a *NotFoundError.
+// and so must the pool; otherwise a *agentqtype.NotFoundError.
 func (s *Service) Bind(ctx context.Context, p BindParams) (created bool, err error) {
 	if err := CheckBinding(p); err != nil {
 		return false, err
@@ -65,7 +66,7 @@ func (s *Service) checkAgent(ctx context.Context, name string) error {
 		return nil
 	}
 	_, err := s.d.Store.GetAgent(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return noAgent(name)
 	}
 	if err != nil {
@@ -78,11 +79,11 @@ func boundOf(b store.AgentPool) Bound {
 	return Bound{Agent: b.Agent, Pool: b.Pool, TokensPerStep: b.TokensPerStep, CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt}
 }
 
-// GetBinding returns agent's binding, or a *NotFoundError when it has none. It reads
-// Postgres; the workers' lookup is Binding.
+// GetBinding returns agent's binding, or a *agentqtype.NotFoundError when it has
+// none. It reads Postgres; the workers' lookup is Binding.
 func (s *Service) GetBinding(ctx context.Context, agent string) (Bound, error) {
 	b, err := s.d.Store.GetAgentPool(ctx, agent)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Bound{}, noBinding(agent)
 	}
 	if err != nil {
@@ -92,11 +93,11 @@ func (s *Service) GetBinding(ctx context.Context, agent string) (Bound, error) {
 }
 
 // Unbind removes agent's binding (its steps then reserve from no pool), or returns a
-// *NotFoundError when it has none.
+// *agentqtype.NotFoundError when it has none.
 func (s *Service) Unbind(ctx context.Context, agent string) error {
 	defer s.forget()
 	err := s.d.Store.DeleteAgentPool(ctx, agent)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return noBinding(agent)
 	}
 	if err != nil {
@@ -121,7 +122,7 @@ func (s *Service) Binding(ctx context.Context, agent string) (Binding, bool, err
 	jb, err := s.d.Store.GetAgentBinding(ctx, agent)
 	c = cached{at: now}
 	switch {
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, agentqtype.ErrNotFound):
 	case err != nil:
 		return Binding{}, false, fmt.Errorf("pools: binding of %s: %w", agent, err)
 	default:

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -41,37 +42,16 @@ const cacheMax = 4096
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
-// ErrNotFound matches (errors.Is) every *NotFoundError.
-var ErrNotFound = errors.New("pools: not found")
-
-// NotFoundError is an unknown pool, an unknown agent, or an agent without a binding.
-// Message is the sentence the HTTP API returns.
-type NotFoundError struct {
-	What    string // "pool", "agent" or "binding"
-	Name    string
-	Message string
+// noPool is an unknown pool. An unknown agent and an agent without a binding are
+// *agentqtype.NotFoundError too, of What "agent" and "binding".
+func noPool(name string) *agentqtype.NotFoundError {
+	return &agentqtype.NotFoundError{What: "pool", Name: name, Message: fmt.Sprintf("No pool %q.", name)}
 }
 
-func (e *NotFoundError) Error() string { return e.Message }
-
-// Is makes errors.Is(err, ErrNotFound) true.
-func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
-
-func noPool(name string) *NotFoundError {
-	return &NotFoundError{What: "pool", Name: name, Message: fmt.Sprintf("No pool %q.", name)}
-}
-
-// InvalidError is a refused field. Message is a sentence meant for the person who
-// sent the value.
-type InvalidError struct {
-	Field   string // name, tokens_per_minute, burst_tokens, requests_per_minute, pool or tokens_per_step
-	Message string
-}
-
-func (e *InvalidError) Error() string { return e.Message }
-
-func invalid(field, format string, args ...any) *InvalidError {
-	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+// invalid is a refused field: name, tokens_per_minute, burst_tokens,
+// requests_per_minute, pool or tokens_per_step.
+func invalid(field, format string, args ...any) *agentqtype.InvalidError {
+	return agentqtype.Invalid(field, format, args...)
 }
 
 // Agents tells the agents that run in process (the built-in sim, Go handlers): with
@@ -151,8 +131,8 @@ type ConfigParams struct {
 }
 
 // ConfigOf turns a request's fields into a pool's configuration, refusing a missing
-// rate and an optional field given as 0 or less (an *InvalidError); Put then checks
-// the rest.
+// rate and an optional field given as 0 or less (an *agentqtype.InvalidError); Put
+// then checks the rest.
 func ConfigOf(p ConfigParams) (quotas.PoolConfig, error) {
 	c := quotas.PoolConfig{Name: p.Name}
 	if p.TokensPerMinute == nil {
@@ -174,8 +154,8 @@ func ConfigOf(p ConfigParams) (quotas.PoolConfig, error) {
 	return c, nil
 }
 
-// CheckName refuses a name a pool cannot have (an *InvalidError). Put checks it too;
-// callers that read a request body after the name call it first.
+// CheckName refuses a name a pool cannot have (an *agentqtype.InvalidError). Put
+// checks it too; callers that read a request body after the name call it first.
 func CheckName(name string) error {
 	if !nameRE.MatchString(name) {
 		return invalid("name", "Pool names are 1 to 63 lower-case letters, digits, '.', '-' or '_', starting with a letter or digit.")
@@ -216,10 +196,10 @@ func (s *Service) Put(ctx context.Context, c quotas.PoolConfig) (created bool, e
 	return created, nil
 }
 
-// Get returns pool name with its live state and agents, or a *NotFoundError.
+// Get returns pool name with its live state and agents, or a *agentqtype.NotFoundError.
 func (s *Service) Get(ctx context.Context, name string) (Pool, error) {
 	p, err := s.d.Store.GetPool(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Pool{}, noPool(name)
 	}
 	if err != nil {
@@ -279,11 +259,11 @@ func configOf(p store.Pool) quotas.PoolConfig {
 }
 
 // Delete removes pool name and its agents' bindings (their steps then reserve from no
-// pool), or returns a *NotFoundError.
+// pool), or returns a *agentqtype.NotFoundError.
 func (s *Service) Delete(ctx context.Context, name string) error {
 	defer s.forget()
 	err := s.d.Store.DeletePool(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return noPool(name)
 	}
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
@@ -75,7 +76,7 @@ func TestPutRefusesBadConfigurations(t *testing.T) {
 	}
 	for _, c := range cases {
 		_, err := f.svc.Put(ctx, c.cfg)
-		var inv *pools.InvalidError
+		var inv *agentqtype.InvalidError
 		if !errors.As(err, &inv) || inv.Field != c.field || inv.Message == "" {
 			t.Errorf("%s: %v, want an invalid %s", c.name, err, c.field)
 		}
@@ -87,7 +88,7 @@ func TestPutRefusesBadConfigurations(t *testing.T) {
 		"negative burst":  {Name: "llm", TokensPerMinute: ptr(10), BurstTokens: ptr(-3)},
 		"negative requst": {Name: "llm", TokensPerMinute: ptr(10), RequestsPerMinute: ptr(-3)},
 	} {
-		var inv *pools.InvalidError
+		var inv *agentqtype.InvalidError
 		if _, err := pools.ConfigOf(p); !errors.As(err, &inv) {
 			t.Errorf("ConfigOf %s: %v", name, err)
 		}
@@ -152,14 +153,14 @@ func TestPoolLifecycleAndStatus(t *testing.T) {
 	if err := f.svc.Delete(ctx, "llm"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.svc.GetBinding(ctx, "sim"); !errors.Is(err, pools.ErrNotFound) {
+	if _, err := f.svc.GetBinding(ctx, "sim"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("binding after its pool's deletion: %v", err)
 	}
-	var nf *pools.NotFoundError
+	var nf *agentqtype.NotFoundError
 	if _, err := f.svc.Get(ctx, "llm"); !errors.As(err, &nf) || nf.What != "pool" {
 		t.Fatalf("get deleted: %v", err)
 	}
-	if err := f.svc.Delete(ctx, "llm"); !errors.Is(err, pools.ErrNotFound) {
+	if err := f.svc.Delete(ctx, "llm"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("delete twice: %v", err)
 	}
 }
@@ -176,7 +177,7 @@ func TestBindNeedsTheAgentAndThePool(t *testing.T) {
 	}
 	notFound := func(what string, err error) {
 		t.Helper()
-		var nf *pools.NotFoundError
+		var nf *agentqtype.NotFoundError
 		if !errors.As(err, &nf) || nf.What != what || nf.Message == "" {
 			t.Errorf("%v, want a missing %s", err, what)
 		}
@@ -195,7 +196,7 @@ func TestBindNeedsTheAgentAndThePool(t *testing.T) {
 		"negative":       {Agent: "echo", Pool: "llm", TokensPerStep: -1},
 		"above the most": {Agent: "echo", Pool: "llm", TokensPerStep: pools.MaxTokensPerStep + 1},
 	} {
-		var inv *pools.InvalidError
+		var inv *agentqtype.InvalidError
 		if _, err := f.svc.Bind(ctx, p); !errors.As(err, &inv) {
 			t.Errorf("%s: %v", name, err)
 		}

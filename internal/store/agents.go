@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // Agent is an HTTP agent registered by the operator.
@@ -41,7 +43,7 @@ func scanAgentRow(row pgx.Row, withCreated bool) (a Agent, created bool, err err
 	}
 	if err := row.Scan(dst...); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return a, false, ErrNotFound
+			return a, false, agentqtype.ErrNotFound
 		}
 		return a, false, err
 	}
@@ -73,8 +75,8 @@ func (s *Store) PutAgent(ctx context.Context, p PutAgentParams) (a Agent, create
 		RETURNING `+agentCols+`, (xmax = 0)`, p.Name, p.URL, p.StepTimeoutS, h, p.SigningSecret), true)
 }
 
-// RotateAgentSecret replaces an agent's signing secret; ErrNotFound if there is no
-// agent by that name.
+// RotateAgentSecret replaces an agent's signing secret; agentqtype.ErrNotFound if
+// there is no agent by that name.
 func (s *Store) RotateAgentSecret(ctx context.Context, name, secret string) (Agent, error) {
 	return scanAgent(s.db.QueryRow(ctx, `
 		UPDATE agents SET signing_secret = $2, signing_secret_created_at = now(), updated_at = now()
@@ -96,14 +98,14 @@ func (s *Store) ListAgents(ctx context.Context) ([]Agent, error) {
 	return out, err
 }
 
-// DeleteAgent removes an HTTP agent; ErrNotFound if there is none by that name.
+// DeleteAgent removes an HTTP agent; agentqtype.ErrNotFound if there is none by that name.
 func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	tag, err := s.db.Exec(ctx, `DELETE FROM agents WHERE name = $1`, name)
 	if err != nil {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrNotFound
+		return agentqtype.ErrNotFound
 	}
 	return nil
 }

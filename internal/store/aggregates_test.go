@@ -32,7 +32,7 @@ func TestTenants(t *testing.T) {
 	if got, err := st.GetTenant(ctx, "acme"); err != nil || got.Overrides == nil || got.Weight != nil {
 		t.Fatalf("get: %+v, %v (overrides must be an empty map, weight unset)", got, err)
 	}
-	if _, err := st.GetTenant(ctx, "nobody"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetTenant(ctx, "nobody"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("get a missing tenant: %v", err)
 	}
 	// Only the given fields change; overrides, when given, replace the whole map.
@@ -43,7 +43,7 @@ func TestTenants(t *testing.T) {
 		!up.UpdatedAt.After(b.UpdatedAt) {
 		t.Fatalf("update: %+v, %v", up, err)
 	}
-	if _, err := st.UpdateTenant(ctx, store.UpdateTenantParams{ID: "nobody", Plan: &plan}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.UpdateTenant(ctx, store.UpdateTenantParams{ID: "nobody", Plan: &plan}); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("update a missing tenant: %v", err)
 	}
 	all, err := st.UnscopedListTenants(ctx)
@@ -84,8 +84,8 @@ func TestKeys(t *testing.T) {
 	if _, err := st.CreateKey(ctx, store.CreateKeyParams{Kid: "acme-00000001", TenantID: "acme", SecretHash: []byte{1}}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("create a taken kid: %v, want ErrConflict", err)
 	}
-	if _, err := st.CreateKey(ctx, store.CreateKeyParams{Kid: "ghost-00000001", TenantID: "ghost", SecretHash: []byte{1}}); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("create for a missing tenant: %v, want ErrNotFound", err)
+	if _, err := st.CreateKey(ctx, store.CreateKeyParams{Kid: "ghost-00000001", TenantID: "ghost", SecretHash: []byte{1}}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Fatalf("create for a missing tenant: %v, want agentqtype.ErrNotFound", err)
 	}
 	if _, err := st.CreateKey(ctx, store.CreateKeyParams{Kid: "acme-00000002", TenantID: "acme", SecretHash: []byte{2}}); err != nil {
 		t.Fatal(err)
@@ -98,18 +98,18 @@ func TestKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A revoked key is no live key: neither rotated nor revoked again.
-	if err := st.RevokeKey(ctx, store.RevokeKeyParams{TenantID: "acme", Kid: k.Kid}); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("revoke twice: %v, want ErrNotFound", err)
+	if err := st.RevokeKey(ctx, store.RevokeKeyParams{TenantID: "acme", Kid: k.Kid}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Fatalf("revoke twice: %v, want agentqtype.ErrNotFound", err)
 	}
-	if _, err := st.RotateKey(ctx, store.RotateKeyParams{TenantID: "acme", Kid: k.Kid, SecretHash: []byte{8}}); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("rotate a revoked key: %v, want ErrNotFound", err)
+	if _, err := st.RotateKey(ctx, store.RotateKeyParams{TenantID: "acme", Kid: k.Kid, SecretHash: []byte{8}}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Fatalf("rotate a revoked key: %v, want agentqtype.ErrNotFound", err)
 	}
 	// Authentication still finds it, revoked, by its kid.
 	got, err := st.UnscopedGetKey(ctx, k.Kid)
 	if err != nil || got.RevokedAt == nil || !slices.Equal(got.SecretHash, []byte{9}) {
 		t.Fatalf("get: %+v, %v", got, err)
 	}
-	if _, err := st.UnscopedGetKey(ctx, "acme-ffffffff"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.UnscopedGetKey(ctx, "acme-ffffffff"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("get a missing kid: %v", err)
 	}
 	ks, err := st.ListKeys(ctx, store.ListKeysParams{TenantID: "acme"})
@@ -147,10 +147,10 @@ func TestTasks(t *testing.T) {
 	if got, err := st.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: "acme", Key: "k1"}); err != nil || got.ID != first.ID {
 		t.Fatalf("by key: %v", err)
 	}
-	if _, err := st.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: "acme", Key: "k2"}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: "acme", Key: "k2"}); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("by an unused key: %v", err)
 	}
-	if _, err := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: uuid.Must(uuid.NewV7())}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetTask(ctx, store.GetTaskParams{TenantID: "acme", ID: uuid.Must(uuid.NewV7())}); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("get a missing task: %v", err)
 	}
 	var bulk []store.InsertTaskParams
@@ -247,7 +247,7 @@ func TestAgents(t *testing.T) {
 	if err != nil || r.SigningSecret != "s2" || !r.SigningSecretCreatedAt.After(*a.SigningSecretCreatedAt) {
 		t.Fatalf("rotate: %+v, %v", r, err)
 	}
-	if _, err := st.RotateAgentSecret(ctx, "nobody", "s"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.RotateAgentSecret(ctx, "nobody", "s"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("rotate a missing agent: %v", err)
 	}
 	if got, err := st.GetAgent(ctx, "echo"); err != nil || got.SigningSecret != "s2" || got.StepTimeoutS != 9 {
@@ -256,10 +256,10 @@ func TestAgents(t *testing.T) {
 	if err := st.DeleteAgent(ctx, "echo"); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.DeleteAgent(ctx, "echo"); !errors.Is(err, store.ErrNotFound) {
+	if err := st.DeleteAgent(ctx, "echo"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("delete twice: %v", err)
 	}
-	if _, err := st.GetAgent(ctx, "echo"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetAgent(ctx, "echo"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("get a deleted agent: %v", err)
 	}
 }
@@ -353,7 +353,7 @@ func TestInTx(t *testing.T) {
 		if _, err := tx.GetTenant(ctx, "rolled"); err != nil {
 			return err
 		}
-		if _, err := st.GetTenant(ctx, "rolled"); !errors.Is(err, store.ErrNotFound) {
+		if _, err := st.GetTenant(ctx, "rolled"); !errors.Is(err, agentqtype.ErrNotFound) {
 			t.Errorf("an uncommitted tenant is visible outside its transaction: %v", err)
 		}
 		return boom
@@ -361,7 +361,7 @@ func TestInTx(t *testing.T) {
 	if !errors.Is(err, boom) {
 		t.Fatalf("InTx: %v, want fn's error", err)
 	}
-	if _, err := st.GetTenant(ctx, "rolled"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetTenant(ctx, "rolled"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("a rolled-back tenant exists: %v", err)
 	}
 	err = st.InTx(ctx, func(tx *store.Store) error {
@@ -385,7 +385,7 @@ func TestInTx(t *testing.T) {
 	if _, err := st.GetTenant(ctx, "kept"); err != nil {
 		t.Fatalf("the committed tenant: %v", err)
 	}
-	if _, err := st.GetTenant(ctx, "inner"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetTenant(ctx, "inner"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("the rolled-back savepoint's tenant exists: %v", err)
 	}
 }

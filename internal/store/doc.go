@@ -10,7 +10,7 @@
 //     its tasks, its ledger. They take the tenant (TenantID in their params; the id
 //     itself for a tenant's record) and refuse an empty one with ErrNoTenant before
 //     they touch the database. A row of another tenant does not exist for them
-//     (ErrNotFound). These are the calls of the tenant-facing services.
+//     (agentqtype.ErrNotFound). These are the calls of the tenant-facing services.
 //   - Unscoped calls are named Unscoped…. They act across tenants: the worker reaches
 //     a task by the id a queue message carries, the maintenance passes sweep every
 //     tenant, authentication finds a key by its kid before any tenant is known, and

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // Scopes restrict what a key may do; empty lists mean "all". The JSON tags are the
@@ -35,7 +37,7 @@ func scanKey(row pgx.Row) (APIKey, error) {
 	var sc []byte
 	if err := row.Scan(&k.Kid, &k.TenantID, &k.SecretHash, &sc, &k.CreatedAt, &k.RotatedAt, &k.RevokedAt); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return k, ErrNotFound
+			return k, agentqtype.ErrNotFound
 		}
 		return k, err
 	}
@@ -53,7 +55,7 @@ type CreateKeyParams struct {
 	Scopes     Scopes
 }
 
-// CreateKey inserts a key; ErrNotFound if the tenant does not exist.
+// CreateKey inserts a key; agentqtype.ErrNotFound if the tenant does not exist.
 func (s *Store) CreateKey(ctx context.Context, p CreateKeyParams) (APIKey, error) {
 	if p.TenantID == "" {
 		return APIKey{}, ErrNoTenant
@@ -67,7 +69,7 @@ func (s *Store) CreateKey(ctx context.Context, p CreateKeyParams) (APIKey, error
 		p.Kid, p.TenantID, p.SecretHash, sc))
 	switch {
 	case isForeignKeyViolation(err):
-		return k, fmt.Errorf("tenant %q: %w", p.TenantID, ErrNotFound)
+		return k, fmt.Errorf("tenant %q: %w", p.TenantID, agentqtype.ErrNotFound)
 	case isUniqueViolation(err):
 		return k, fmt.Errorf("key %q: %w", p.Kid, ErrConflict)
 	}
@@ -102,7 +104,7 @@ type RotateKeyParams struct {
 }
 
 // RotateKey stores a new secret hash for one of the tenant's keys that is not
-// revoked; ErrNotFound if it has no live key by that kid.
+// revoked; agentqtype.ErrNotFound if it has no live key by that kid.
 func (s *Store) RotateKey(ctx context.Context, p RotateKeyParams) (APIKey, error) {
 	if p.TenantID == "" {
 		return APIKey{}, ErrNoTenant
@@ -119,8 +121,8 @@ type RevokeKeyParams struct {
 	Kid      string
 }
 
-// RevokeKey marks one of the tenant's live keys revoked; ErrNotFound if it has no live
-// key by that kid.
+// RevokeKey marks one of the tenant's live keys revoked; agentqtype.ErrNotFound if it
+// has no live key by that kid.
 func (s *Store) RevokeKey(ctx context.Context, p RevokeKeyParams) error {
 	if p.TenantID == "" {
 		return ErrNoTenant
@@ -131,7 +133,7 @@ func (s *Store) RevokeKey(ctx context.Context, p RevokeKeyParams) error {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrNotFound
+		return agentqtype.ErrNotFound
 	}
 	return nil
 }

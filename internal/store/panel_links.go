@@ -12,8 +12,8 @@ type RevokePanelLinksParams struct {
 }
 
 // RevokePanelLinks moves the tenant's PanelLinksValidAfter to At (never back: a later
-// revocation stays in force) and returns the tenant as stored; ErrNotFound when there
-// is no such tenant, ErrNoTenant for an empty id.
+// revocation stays in force) and returns the tenant as stored; agentqtype.ErrNotFound
+// when there is no such tenant, ErrNoTenant for an empty id.
 func (s *Store) RevokePanelLinks(ctx context.Context, p RevokePanelLinksParams) (Tenant, error) {
 	if p.TenantID == "" {
 		return Tenant{}, ErrNoTenant

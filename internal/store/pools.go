@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // Pools and their agent bindings are the deployment's own configuration, shared by
@@ -32,7 +34,7 @@ func scanPoolRow(row pgx.Row, withCreated bool) (p Pool, created bool, err error
 	}
 	if err := row.Scan(dst...); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return p, false, ErrNotFound
+			return p, false, agentqtype.ErrNotFound
 		}
 		return p, false, err
 	}
@@ -64,7 +66,7 @@ func (s *Store) PutPool(ctx context.Context, p PutPoolParams) (Pool, bool, error
 		RETURNING `+poolCols+`, (xmax = 0)`, p.Name, p.TokensPerMinute, p.BurstTokens, p.RequestsPerMinute), true)
 }
 
-// GetPool returns a pool by name; ErrNotFound if there is none.
+// GetPool returns a pool by name; agentqtype.ErrNotFound if there is none.
 func (s *Store) GetPool(ctx context.Context, name string) (Pool, error) {
 	return scanPool(s.db.QueryRow(ctx, `SELECT `+poolCols+` FROM pools WHERE name = $1`, name))
 }
@@ -79,15 +81,15 @@ func (s *Store) ListPools(ctx context.Context) ([]Pool, error) {
 	return out, err
 }
 
-// DeletePool removes a pool and, with it, its agents' bindings; ErrNotFound if there
-// is none by that name.
+// DeletePool removes a pool and, with it, its agents' bindings;
+// agentqtype.ErrNotFound if there is none by that name.
 func (s *Store) DeletePool(ctx context.Context, name string) error {
 	tag, err := s.db.Exec(ctx, `DELETE FROM pools WHERE name = $1`, name)
 	if err != nil {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrNotFound
+		return agentqtype.ErrNotFound
 	}
 	return nil
 }
@@ -110,7 +112,7 @@ func scanAgentPoolRow(row pgx.Row, withCreated bool) (b AgentPool, created bool,
 	}
 	if err := row.Scan(dst...); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return b, false, ErrNotFound
+			return b, false, agentqtype.ErrNotFound
 		}
 		return b, false, err
 	}
@@ -138,7 +140,7 @@ func (s *Store) PutAgentPool(ctx context.Context, p PutAgentPoolParams) (AgentPo
 		RETURNING `+agentPoolCols+`, (xmax = 0)`, p.Agent, p.Pool, p.TokensPerStep), true)
 }
 
-// GetAgentPool returns an agent's binding; ErrNotFound if it has none.
+// GetAgentPool returns an agent's binding; agentqtype.ErrNotFound if it has none.
 func (s *Store) GetAgentPool(ctx context.Context, agent string) (AgentPool, error) {
 	return scanAgentPool(s.db.QueryRow(ctx, `SELECT `+agentPoolCols+` FROM agent_pools WHERE agent = $1`, agent))
 }
@@ -170,8 +172,8 @@ type AgentBinding struct {
 	TokensPerStep int64
 }
 
-// GetAgentBinding returns an agent's binding joined with its pool; ErrNotFound if the
-// agent has none.
+// GetAgentBinding returns an agent's binding joined with its pool;
+// agentqtype.ErrNotFound if the agent has none.
 func (s *Store) GetAgentBinding(ctx context.Context, agent string) (AgentBinding, error) {
 	var b AgentBinding
 	p := &b.Pool
@@ -181,19 +183,19 @@ func (s *Store) GetAgentBinding(ctx context.Context, agent string) (AgentBinding
 		FROM agent_pools a JOIN pools p ON p.name = a.pool WHERE a.agent = $1`, agent).
 		Scan(&p.Name, &p.TokensPerMinute, &p.BurstTokens, &p.RequestsPerMinute, &p.CreatedAt, &p.UpdatedAt, &b.TokensPerStep)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return b, ErrNotFound
+		return b, agentqtype.ErrNotFound
 	}
 	return b, err
 }
 
-// DeleteAgentPool unbinds an agent; ErrNotFound if it has no binding.
+// DeleteAgentPool unbinds an agent; agentqtype.ErrNotFound if it has no binding.
 func (s *Store) DeleteAgentPool(ctx context.Context, agent string) error {
 	tag, err := s.db.Exec(ctx, `DELETE FROM agent_pools WHERE agent = $1`, agent)
 	if err != nil {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrNotFound
+		return agentqtype.ErrNotFound
 	}
 	return nil
 }

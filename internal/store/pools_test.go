@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 )
@@ -27,7 +28,7 @@ func TestPoolsAndBindingsRoundTrip(t *testing.T) {
 	if got, err := st.GetPool(ctx, "llm"); err != nil || got.TokensPerMinute != 60000 || got.UpdatedAt.Before(got.CreatedAt) {
 		t.Fatalf("get: %+v %v", got, err)
 	}
-	if _, err := st.GetPool(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetPool(ctx, "nope"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("get unknown: %v", err)
 	}
 	if _, _, err := st.PutPool(ctx, store.PutPoolParams{Name: "bad", TokensPerMinute: 0}); !errors.Is(err, store.ErrCheckViolation) {
@@ -48,7 +49,7 @@ func TestPoolsAndBindingsRoundTrip(t *testing.T) {
 	if err != nil || jb.Pool.Name != "llm" || jb.Pool.TokensPerMinute != 60000 || jb.TokensPerStep != 500 {
 		t.Fatalf("binding: %+v %v", jb, err)
 	}
-	if _, err := st.GetAgentBinding(ctx, "echo"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetAgentBinding(ctx, "echo"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("binding of an unbound agent: %v", err)
 	}
 	if as, err := st.ListPoolAgents(ctx, "llm"); err != nil || len(as) != 1 || as[0].Agent != "sim" {
@@ -64,13 +65,13 @@ func TestPoolsAndBindingsRoundTrip(t *testing.T) {
 	if err := st.DeletePool(ctx, "llm"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.GetAgentPool(ctx, "sim"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := st.GetAgentPool(ctx, "sim"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("binding after its pool's deletion: %v", err)
 	}
-	if err := st.DeletePool(ctx, "llm"); !errors.Is(err, store.ErrNotFound) {
+	if err := st.DeletePool(ctx, "llm"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("delete twice: %v", err)
 	}
-	if err := st.DeleteAgentPool(ctx, "sim"); !errors.Is(err, store.ErrNotFound) {
+	if err := st.DeleteAgentPool(ctx, "sim"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Fatalf("unbind twice: %v", err)
 	}
 	if bs, err := st.ListAgentPools(ctx); err != nil || len(bs) != 0 {

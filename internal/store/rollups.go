@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -103,7 +104,7 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 	for i, a := range adds {
 		t, ok := byID[a.TenantID]
 		if !ok {
-			return nil, fmt.Errorf("store: the tenant of a step: %s: %w", a.TenantID, ErrNotFound)
+			return nil, fmt.Errorf("store: the tenant of a step: %s: %w", a.TenantID, agentqtype.ErrNotFound)
 		}
 		anchor := t.Anchor()
 		u := StepUsage{RecordedAt: at, Tokens: a.Tokens, CostMicro: a.CostMicro, Period: anchor.PeriodAt(at)}

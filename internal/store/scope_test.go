@@ -164,10 +164,11 @@ func scopedCalls(fx fixture) []scopedCall {
 }
 
 // unprefixedGlobal are the exported calls that hold no tenant's data: the
-// connection, the deployment's HTTP agents, and its model pools and their bindings.
+// connection, the deployment's HTTP agents, its model pools and their bindings, and
+// the addresses its API processes advertise.
 var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgentSecret", "GetAgent", "ListAgents", "DeleteAgent",
 	"PutPool", "GetPool", "ListPools", "DeletePool", "PutAgentPool", "GetAgentPool", "ListAgentPools", "ListPoolAgents",
-	"GetAgentBinding", "DeleteAgentPool"}
+	"GetAgentBinding", "DeleteAgentPool", "AdvertiseAPIAddress", "NewestAPIAddress"}
 
 // fixture is data of tenant acme the scoped calls name.
 type fixture struct {
@@ -275,11 +276,11 @@ func TestScopedCallsKeepToTheirTenant(t *testing.T) {
 	}
 	before := snapshot(t, ctx, pool)
 	const other = "globex"
-	if _, err := st.GetTask(ctx, store.GetTaskParams{TenantID: other, ID: fx.task}); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("GetTask of another tenant's task: %v, want ErrNotFound", err)
+	if _, err := st.GetTask(ctx, store.GetTaskParams{TenantID: other, ID: fx.task}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Errorf("GetTask of another tenant's task: %v, want agentqtype.ErrNotFound", err)
 	}
-	if _, err := st.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: other, Key: fx.idem}); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("GetTaskByIdempotencyKey with another tenant's key: %v, want ErrNotFound", err)
+	if _, err := st.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: other, Key: fx.idem}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Errorf("GetTaskByIdempotencyKey with another tenant's key: %v, want agentqtype.ErrNotFound", err)
 	}
 	if l, err := st.ListTasks(ctx, store.ListTasksParams{TenantID: other, Limit: 10}); err != nil || len(l) != 0 {
 		t.Errorf("ListTasks of the other tenant: %d tasks, %v", len(l), err)
@@ -309,11 +310,11 @@ func TestScopedCallsKeepToTheirTenant(t *testing.T) {
 	if ks, err := st.ListKeys(ctx, store.ListKeysParams{TenantID: other}); err != nil || len(ks) != 0 {
 		t.Errorf("ListKeys of the other tenant: %d keys, %v", len(ks), err)
 	}
-	if _, err := st.RotateKey(ctx, store.RotateKeyParams{TenantID: other, Kid: fx.kid, SecretHash: []byte{9}}); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("RotateKey of another tenant's key: %v, want ErrNotFound", err)
+	if _, err := st.RotateKey(ctx, store.RotateKeyParams{TenantID: other, Kid: fx.kid, SecretHash: []byte{9}}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Errorf("RotateKey of another tenant's key: %v, want agentqtype.ErrNotFound", err)
 	}
-	if err := st.RevokeKey(ctx, store.RevokeKeyParams{TenantID: other, Kid: fx.kid}); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("RevokeKey of another tenant's key: %v, want ErrNotFound", err)
+	if err := st.RevokeKey(ctx, store.RevokeKeyParams{TenantID: other, Kid: fx.kid}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Errorf("RevokeKey of another tenant's key: %v, want agentqtype.ErrNotFound", err)
 	}
 	if after := snapshot(t, ctx, pool); !reflect.DeepEqual(after, before) {
 		t.Fatalf("another tenant's calls changed acme's data:\nbefore %v\nafter  %v", before, after)

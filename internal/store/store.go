@@ -11,7 +11,6 @@ import (
 
 // Errors callers match with errors.Is.
 var (
-	ErrNotFound = errors.New("store: not found")
 	ErrConflict = errors.New("store: already exists")
 	// ErrNoTenant: a tenant-scoped call was given no tenant. Nothing was read or
 	// written.

@@ -124,7 +124,7 @@ func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count, &t.StartDeadline,
 		&t.Wait.ParkStep, &t.Wait.StepParks, &t.Wait.StepCostEstimate}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return t, ErrNotFound
+		return t, agentqtype.ErrNotFound
 	}
 	t.Input, t.Budget, t.AgentState, t.Output = input, budget, agentState, output
 	return t, err
@@ -167,7 +167,7 @@ func (s *Store) InsertTask(ctx context.Context, p InsertTaskParams) (t Task, cre
 	if err == nil {
 		return t, true, nil
 	}
-	if !errors.Is(err, ErrNotFound) || idem == nil {
+	if !errors.Is(err, agentqtype.ErrNotFound) || idem == nil {
 		return t, false, err
 	}
 	t, err = s.GetTaskByIdempotencyKey(ctx, GetTaskByIdempotencyKeyParams{TenantID: p.TenantID, Key: *idem})
@@ -239,7 +239,7 @@ type GetTaskParams struct {
 	ID       uuid.UUID
 }
 
-// GetTask returns one of the tenant's tasks; ErrNotFound for another tenant's.
+// GetTask returns one of the tenant's tasks; agentqtype.ErrNotFound for another tenant's.
 func (s *Store) GetTask(ctx context.Context, p GetTaskParams) (Task, error) {
 	if p.TenantID == "" {
 		return Task{}, ErrNoTenant
@@ -367,7 +367,7 @@ func (s *Store) finishTask(ctx context.Context, p finishParams) (t Task, ok bool
 		UPDATE tasks SET state = $3, output = COALESCE($4, output), error = COALESCE($5, error), finished_at = clock_timestamp()
 		WHERE id = $1 AND ($2 = '' OR tenant_id = $2) AND state = ANY($6) AND ($7 = 0 OR attempt = $7) RETURNING `+taskCols,
 		p.id, p.tenantID, string(p.to), output, errText, statesText(p.from), p.attempt))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		if p.attempt != 0 {
 			if err := s.whyUnclaimed(ctx, Claim{ID: p.id, Attempt: p.attempt}); !errors.Is(err, ErrTaskEnded) {
 				return t, false, err
@@ -401,7 +401,7 @@ type ResumeTaskParams struct {
 // ResumeTask moves a paused task back to queued, where it waits to run its next step:
 // the time it was paused is added to waited_ms (its wall-clock budget does not count
 // it) and the pause's fields are cleared; Pause.Count stays. ok=false when the task is
-// not paused (or not under p.Pause); ErrNotFound when it is not the tenant's.
+// not paused (or not under p.Pause); agentqtype.ErrNotFound when it is not the tenant's.
 func (s *Store) ResumeTask(ctx context.Context, p ResumeTaskParams) (t Task, ok bool, err error) {
 	if p.TenantID == "" {
 		return t, false, ErrNoTenant
@@ -416,7 +416,7 @@ func (s *Store) ResumeTask(ctx context.Context, p ResumeTaskParams) (t Task, ok 
 			paused_reason = NULL, paused_at = NULL, pause_limit = NULL, pause_used = NULL
 		WHERE id = $1 AND tenant_id = $2 AND state = 'paused' AND ($3 = 0 OR pauses = $3) RETURNING `+taskCols,
 		p.ID, p.TenantID, p.Pause, budget))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		if _, gerr := s.GetTask(ctx, GetTaskParams{TenantID: p.TenantID, ID: p.ID}); gerr != nil {
 			return Task{}, false, gerr
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -61,7 +62,7 @@ func scanTenant(row pgx.Row) (Tenant, error) {
 	var day *int16
 	if err := row.Scan(&t.ID, &t.Name, &t.Plan, &t.Weight, &ov, &t.Status, &day, &t.TimeZone, &t.PanelLinksValidAfter, &t.CreatedAt, &t.UpdatedAt); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return t, ErrNotFound
+			return t, agentqtype.ErrNotFound
 		}
 		return t, err
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // Reads and sweeps across tenants: the maintenance passes (recovery, the janitor),
@@ -70,7 +72,7 @@ func (s *Store) UnscopedRequeueStale(ctx context.Context, id uuid.UUID, staleAft
 	t, err := scanTask(s.db.QueryRow(ctx, `
 		UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval
 		RETURNING `+taskCols, id, interval(staleAfter)))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return t, false, nil
 	}
 	return t, err == nil, err

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // Webhook endpoints are the operator's or a tenant's own. The operator's calls, the
@@ -45,7 +47,7 @@ func scanWebhook(row pgx.Row) (WebhookEndpoint, error) {
 	err := row.Scan(&w.ID, &w.URL, &w.Types, &w.TenantID, &w.TenantOwned, &w.DisabledAt, &w.DisabledReason,
 		&w.CreatedAt, &w.UpdatedAt, &w.PreviousSecretExpiresAt, &w.Secret, &w.PreviousSecret)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return w, ErrNotFound
+		return w, agentqtype.ErrNotFound
 	}
 	return w, err
 }
@@ -60,7 +62,7 @@ type CreateWebhookParams struct {
 }
 
 // UnscopedCreateWebhook stores an endpoint. It receives the events whose transaction
-// got its id after this call's. ErrNotFound when TenantID names no tenant.
+// got its id after this call's. agentqtype.ErrNotFound when TenantID names no tenant.
 func (s *Store) UnscopedCreateWebhook(ctx context.Context, p CreateWebhookParams) (WebhookEndpoint, error) {
 	var tenant *string
 	if p.TenantID != "" {
@@ -70,12 +72,12 @@ func (s *Store) UnscopedCreateWebhook(ctx context.Context, p CreateWebhookParams
 		INSERT INTO webhook_endpoints (id, url, types, tenant_id, secret) VALUES ($1, $2, $3, $4, $5)
 		RETURNING `+webhookCols, p.ID, p.URL, p.Types, tenant, p.Secret))
 	if isForeignKeyViolation(err) {
-		return w, ErrNotFound
+		return w, agentqtype.ErrNotFound
 	}
 	return w, err
 }
 
-// UnscopedGetWebhook reads an endpoint; ErrNotFound if there is none.
+// UnscopedGetWebhook reads an endpoint; agentqtype.ErrNotFound if there is none.
 func (s *Store) UnscopedGetWebhook(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
 	return scanWebhook(s.db.QueryRow(ctx, `SELECT `+webhookCols+` FROM webhook_endpoints WHERE id = $1`, id))
 }
@@ -87,14 +89,15 @@ func (s *Store) UnscopedListWebhooks(ctx context.Context) ([]WebhookEndpoint, er
 }
 
 // UnscopedDeleteWebhook deletes an endpoint with its deliveries and attempts;
-// ErrNotFound if there is none. A send in flight finishes, and its outcome is dropped.
+// agentqtype.ErrNotFound if there is none. A send in flight finishes, and its outcome
+// is dropped.
 func (s *Store) UnscopedDeleteWebhook(ctx context.Context, id uuid.UUID) error {
 	tag, err := s.db.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, id)
 	if err != nil {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrNotFound
+		return agentqtype.ErrNotFound
 	}
 	return nil
 }
@@ -108,7 +111,8 @@ type RotateWebhookParams struct {
 }
 
 // UnscopedRotateWebhookSecret makes Secret the endpoint's secret and the one it had
-// the previous one, until PreviousExpiresAt; ErrNotFound if there is no endpoint.
+// the previous one, until PreviousExpiresAt; agentqtype.ErrNotFound if there is no
+// endpoint.
 func (s *Store) UnscopedRotateWebhookSecret(ctx context.Context, p RotateWebhookParams) (WebhookEndpoint, error) {
 	return scanWebhook(s.db.QueryRow(ctx, `
 		UPDATE webhook_endpoints SET previous_secret = secret, previous_secret_expires_at = $3, secret = $2,
@@ -135,7 +139,7 @@ type CreateTenantWebhookParams struct {
 // CreateTenantWebhook stores a tenant's own endpoint, for that tenant's events only,
 // unless the tenant already has Max of its own (ErrWebhookLimit, with the count).
 // The tenant's row is locked for the count and the insert, so concurrent creations
-// cannot pass the limit together. ErrNotFound when the tenant does not exist.
+// cannot pass the limit together. agentqtype.ErrNotFound when the tenant does not exist.
 func (s *Store) CreateTenantWebhook(ctx context.Context, p CreateTenantWebhookParams) (WebhookEndpoint, int64, error) {
 	if p.TenantID == "" {
 		return WebhookEndpoint{}, 0, ErrNoTenant
@@ -146,7 +150,7 @@ func (s *Store) CreateTenantWebhook(ctx context.Context, p CreateTenantWebhookPa
 		var one int
 		err := tx.db.QueryRow(ctx, `SELECT 1 FROM tenants WHERE id = $1 FOR NO KEY UPDATE`, p.TenantID).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
+			return agentqtype.ErrNotFound
 		}
 		if err != nil {
 			return err
@@ -185,8 +189,8 @@ type TenantWebhookParams struct {
 	ID       uuid.UUID
 }
 
-// GetTenantWebhook reads one of a tenant's own endpoints; ErrNotFound for any other
-// id (another tenant's, the operator's).
+// GetTenantWebhook reads one of a tenant's own endpoints; agentqtype.ErrNotFound for
+// any other id (another tenant's, the operator's).
 func (s *Store) GetTenantWebhook(ctx context.Context, p TenantWebhookParams) (WebhookEndpoint, error) {
 	if p.TenantID == "" {
 		return WebhookEndpoint{}, ErrNoTenant
@@ -196,7 +200,7 @@ func (s *Store) GetTenantWebhook(ctx context.Context, p TenantWebhookParams) (We
 }
 
 // DeleteTenantWebhook deletes one of a tenant's own endpoints with its deliveries and
-// attempts; ErrNotFound for any other id.
+// attempts; agentqtype.ErrNotFound for any other id.
 func (s *Store) DeleteTenantWebhook(ctx context.Context, p TenantWebhookParams) error {
 	if p.TenantID == "" {
 		return ErrNoTenant
@@ -207,7 +211,7 @@ func (s *Store) DeleteTenantWebhook(ctx context.Context, p TenantWebhookParams) 
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrNotFound
+		return agentqtype.ErrNotFound
 	}
 	return nil
 }
@@ -219,7 +223,7 @@ type RotateTenantWebhookParams struct {
 }
 
 // RotateTenantWebhookSecret is UnscopedRotateWebhookSecret for one of a tenant's own
-// endpoints; ErrNotFound for any other id.
+// endpoints; agentqtype.ErrNotFound for any other id.
 func (s *Store) RotateTenantWebhookSecret(ctx context.Context, p RotateTenantWebhookParams) (WebhookEndpoint, error) {
 	if p.TenantID == "" {
 		return WebhookEndpoint{}, ErrNoTenant

@@ -135,7 +135,7 @@ func (s *Store) UnscopedTakeOverTask(ctx context.Context, id uuid.UUID, staleAft
 		UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now()
 		WHERE id = $1 AND state = 'running' AND heartbeat_at < now() - $2::interval RETURNING `+taskCols,
 		id, interval(staleAfter)))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return t, false, nil
 	}
 	return t, err == nil, err
@@ -416,7 +416,7 @@ func (s *Store) UnscopedRequeueTask(ctx context.Context, c Claim) (t Task, err e
 	t, err = scanTask(s.db.QueryRow(ctx,
 		`UPDATE tasks SET state = 'queued' WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
 		c.ID, c.Attempt))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Task{}, s.whyUnclaimed(ctx, c)
 	}
 	return t, err
@@ -442,7 +442,7 @@ func (s *Store) UnscopedParkTask(ctx context.Context, p UnscopedParkTaskParams) 
 			step_cost_estimate = $6
 		WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
 		p.ID, p.Attempt, p.Reason, p.Until, p.StepEstimate, p.StepCostEstimate))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Task{}, s.whyUnclaimed(ctx, p.Claim)
 	}
 	return t, err
@@ -522,7 +522,7 @@ func (s *Store) UnscopedPauseTask(ctx context.Context, p UnscopedPauseTaskParams
 			step_estimate = $6, step_cost_estimate = $7
 		WHERE id = $1 AND state = 'running' AND attempt = $2 RETURNING `+taskCols,
 		p.ID, p.Attempt, p.Reason, p.Limit, p.Used, p.NextTokens, p.NextCostMicro))
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Task{}, s.whyUnclaimed(ctx, p.Claim)
 	}
 	return t, err

@@ -813,7 +813,7 @@ type CancelParams struct {
 // Cancel ends one of the tenant's queued, running or paused tasks as killed, whatever
 // attempt runs it. ok=true when this call made the transition (its end's effects
 // follow it: the subscribers' AfterCommit); false when the task had already ended
-// (or is not the tenant's: store.ErrNotFound from a read tells which).
+// (or is not the tenant's: agentqtype.ErrNotFound from a read tells which).
 func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, ok bool, err error) {
 	err = l.inTx(ctx, func(cs *changes) error {
 		var err error

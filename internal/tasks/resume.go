@@ -53,21 +53,22 @@ type ResumeParams struct {
 	// Pause, when above 0, is the pause the resume was made for (an approval link's):
 	// a task paused again since is a *NotPausedError with Stale set.
 	Pause int
-	// Scope is what the API key resuming may see: a task outside it is ErrNotFound.
-	// The zero Scope sees every task of the tenant (the library, a link, the sweep).
+	// Scope is what the API key resuming may see: a task outside it is
+	// agentqtype.ErrNotFound. The zero Scope sees every task of the tenant (the
+	// library, a link, the sweep).
 	Scope Scope
-	// RaiseOnly refuses (an *InvalidError) a Budget field below the task's current
-	// value: an approval link only raises.
+	// RaiseOnly refuses (an *agentqtype.InvalidError) a Budget field below the task's
+	// current value: an approval link only raises.
 	RaiseOnly bool
 }
 
 // Resume sends a paused task back to its tenant's queue to run its next step, with
 // its state and usage as they were: its budget takes the raise p carries (within the
-// plan's ceiling, else an *InvalidError and nothing changes); the limits must have
+// plan's ceiling, else an *agentqtype.InvalidError and nothing changes); the limits must have
 // room for the step that paused it, as the pause estimated it (else a
 // *NeedsRoomError); it is admitted again against its tenant's sessions (a full limit
 // is a *ResumeRefusedError); and the time it was paused is not charged to its wall
-// clock. A task outside p.Scope is ErrNotFound, a suspended tenant's a
+// clock. A task outside p.Scope is agentqtype.ErrNotFound, a suspended tenant's a
 // *agentqtype.SuspendedError. Refused, the task stays paused as it was.
 func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 	if p.TenantID == "" {

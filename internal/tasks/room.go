@@ -16,7 +16,7 @@ import (
 
 // Scope is what an API key may see of its tenant's tasks: the agents and the
 // principals (users) it was given; an empty list allows all. A task outside it is,
-// to that key, a task that does not exist (ErrNotFound).
+// to that key, a task that does not exist (agentqtype.ErrNotFound).
 type Scope struct {
 	Agents, Principals []string
 }
@@ -30,7 +30,7 @@ func (sc Scope) Sees(agent, user string) bool {
 // all reports whether sc allows every task of the tenant.
 func (sc Scope) all() bool { return len(sc.Agents) == 0 && len(sc.Principals) == 0 }
 
-// GetIn is Get for a key of scope sc: a task outside it is ErrNotFound.
+// GetIn is Get for a key of scope sc: a task outside it is agentqtype.ErrNotFound.
 func (s *Service) GetIn(ctx context.Context, tenantID string, sc Scope, id uuid.UUID) (Task, error) {
 	t, err := s.StoredIn(ctx, tenantID, sc, id)
 	if err != nil {
@@ -39,17 +39,17 @@ func (s *Service) GetIn(ctx context.Context, tenantID string, sc Scope, id uuid.
 	return s.WithWaitReason(ctx, t), nil
 }
 
-// StoredIn is Stored for a key of scope sc: a task outside it is ErrNotFound.
+// StoredIn is Stored for a key of scope sc: a task outside it is agentqtype.ErrNotFound.
 func (s *Service) StoredIn(ctx context.Context, tenantID string, sc Scope, id uuid.UUID) (Task, error) {
 	t, err := s.Stored(ctx, tenantID, id)
 	if err == nil && !sc.Sees(t.Agent, t.User) {
-		return Task{}, ErrNotFound
+		return Task{}, agentqtype.ErrNotFound
 	}
 	return t, err
 }
 
-// CancelIn is Cancel for a key of scope sc: a task outside it is ErrNotFound and is
-// left as it is.
+// CancelIn is Cancel for a key of scope sc: a task outside it is
+// agentqtype.ErrNotFound and is left as it is.
 func (s *Service) CancelIn(ctx context.Context, tenantID string, sc Scope, id uuid.UUID) (Task, error) {
 	if !sc.all() {
 		if _, err := s.StoredIn(ctx, tenantID, sc, id); err != nil {
@@ -103,11 +103,11 @@ func PausedUse(t store.Task) quotas.TaskUse {
 }
 
 // checkResumable refuses a resume a key may not make or its tenant may not have:
-// a task outside the key's scope is ErrNotFound, a suspended tenant's task a
+// a task outside the key's scope is agentqtype.ErrNotFound, a suspended tenant's task a
 // *agentqtype.SuspendedError.
 func checkResumable(p ResumeParams, t store.Task, tenant tenants.Tenant) error {
 	if !p.Scope.Sees(t.Agent, t.User) {
-		return ErrNotFound
+		return agentqtype.ErrNotFound
 	}
 	if tenant.Status == "suspended" {
 		return &agentqtype.SuspendedError{TenantID: tenant.ID}

@@ -31,14 +31,11 @@ import (
 	"github.com/agentq/agentq/scheduler"
 )
 
-// ErrNotFound is returned for a task the tenant does not have; ErrNoTenant for a
-// call without a tenant; ErrUnavailable when Postgres cannot take a task, before
-// any limit is spent on it. Match them with errors.Is.
-var (
-	ErrNotFound    = store.ErrNotFound
-	ErrNoTenant    = errors.New("tasks: no tenant given")
-	ErrUnavailable = errors.New("tasks: the database is unavailable")
-)
+// ErrNoTenant is returned for a call without a tenant. A task the tenant does not
+// have is agentqtype.ErrNotFound; a submission Postgres cannot take is
+// agentqtype.ErrUnavailable, before any limit is spent on it. Match them with
+// errors.Is.
+var ErrNoTenant = errors.New("tasks: no tenant given")
 
 // Limits of a submission and of a listing.
 const (
@@ -51,18 +48,10 @@ const (
 	MaxStartWithin = 7 * 24 * time.Hour
 )
 
-// InvalidError is a refused submission field. Message is a sentence meant for the
-// person who sent the value.
-type InvalidError struct {
-	Field   string // agent, user, priority, input, idempotency_key, budget or start_within_s
-	Message string
-	NotJSON bool // the field is not valid JSON
-}
-
-func (e *InvalidError) Error() string { return e.Message }
-
-func invalid(field, format string, args ...any) *InvalidError {
-	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+// invalid is a refused submission field: agent, user, priority, input,
+// idempotency_key, budget or start_within_s.
+func invalid(field, format string, args ...any) *agentqtype.InvalidError {
+	return agentqtype.Invalid(field, format, args...)
 }
 
 // ScopeError is a submission outside the key's scopes. Message is meant for the
@@ -89,7 +78,7 @@ func (e *AdmissionError) Error() string { return "admission: " + e.Err.Error() }
 func (e *AdmissionError) Unwrap() error { return e.Err }
 
 // FinishedError is a cancel of a task that already ended; State is how it ended.
-// The Go library returns it as agentq.TaskEndedError.
+// The Go library answers it with its own agentq.TaskEndedError.
 type FinishedError struct {
 	ID    uuid.UUID
 	State string
@@ -105,8 +94,8 @@ type Queue interface {
 	Standing(ctx context.Context, tenantID string, taskIDs []string) (scheduler.Standing, error)
 }
 
-// Agents validates a task's input for its agent. An error with UnknownAgent() true
-// is an unknown agent, one with InvalidInput() true a rejected input; any other is
+// Agents validates a task's input for its agent. An *agentqtype.UnknownAgentError is
+// an unknown agent, an *agentqtype.InvalidError a rejected input; any other error is
 // a failure to judge and is returned as it is.
 type Agents interface {
 	ValidateTask(ctx context.Context, agent string, input json.RawMessage) error
@@ -220,7 +209,10 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 			return replayed, err
 		}
 	} else if err := s.checkPostgres(ctx); err != nil {
-		return res, ErrUnavailable
+		if !errors.Is(err, agentqtype.ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", agentqtype.ErrUnavailable, err)
+		}
+		return res, fmt.Errorf("tasks: the database cannot take the task: %w", err)
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -307,13 +299,16 @@ func (s *Service) validate(ctx context.Context, p SubmitParams) (submission, err
 		sub.input = buf.Bytes()
 	}
 	if err := s.d.Agents.ValidateTask(ctx, p.Agent, sub.input); err != nil {
-		if isUnknownAgent(err) {
+		var unknown *agentqtype.UnknownAgentError
+		var inv *agentqtype.InvalidError
+		switch {
+		case errors.As(err, &unknown):
 			return sub, &agentqtype.UnknownAgentError{Agent: p.Agent}
+		case errors.As(err, &inv):
+			return sub, invalid("input", "Invalid input for agent %q: %s.", p.Agent, inv.Message)
 		}
-		if !isInputError(err) {
-			return sub, err
-		}
-		return sub, invalid("input", "Invalid input for agent %q: %v.", p.Agent, err)
+		// A failure to look the agent up (Postgres down) is not the caller's input.
+		return sub, err
 	}
 	// The scope check is decided here but enforced by the admission script, after the
 	// key bucket and before anything of the tenant's is touched.
@@ -351,7 +346,7 @@ func (s *Service) resolveBudget(ctx context.Context, sub *submission) error {
 // new: it answers with the task the key made, and spends only the key's bucket.
 func (s *Service) answerReplay(ctx context.Context, sub submission) (res Submission, done bool, err error) {
 	prev, err := s.d.Store.GetTaskByIdempotencyKey(ctx, store.GetTaskByIdempotencyKeyParams{TenantID: sub.tenant.ID, Key: sub.IdempotencyKey})
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, agentqtype.ErrNotFound) {
 		return res, false, nil
 	}
 	if err != nil {
@@ -495,18 +490,6 @@ func replay(res Submission, prev store.Task, hash []byte, idem string) (Submissi
 	}
 	res.Task, res.Replayed = Task{Task: prev}, true
 	return res, nil
-}
-
-// isInputError tells an agent's rejection of the input from a failure to look the
-// agent up (Postgres down), which must not be reported as a bad request.
-func isInputError(err error) bool {
-	var v interface{ InvalidInput() bool }
-	return errors.As(err, &v) && v.InvalidInput()
-}
-
-func isUnknownAgent(err error) bool {
-	var u interface{ UnknownAgent() bool }
-	return errors.As(err, &u) && u.UnknownAgent()
 }
 
 // ResolveBudget fills a requested budget from the plan's default and refuses a field

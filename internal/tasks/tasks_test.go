@@ -27,14 +27,9 @@ func ptr[T any](v T) *T { return &v }
 // agents knows the agent "sim", which takes any JSON object.
 type agents struct{}
 
-type unknownAgent struct{}
-
-func (unknownAgent) Error() string      { return "unknown agent" }
-func (unknownAgent) UnknownAgent() bool { return true }
-
 func (agents) ValidateTask(_ context.Context, agent string, _ json.RawMessage) error {
 	if agent != "sim" {
-		return unknownAgent{}
+		return &agentqtype.UnknownAgentError{Agent: agent}
 	}
 	return nil
 }
@@ -105,7 +100,7 @@ func TestSubmitStoresQueuesAndReplays(t *testing.T) {
 	if err != nil || got.ID != res.Task.ID || got.WaitReason == nil {
 		t.Errorf("get: %+v %v; want the task with a wait reason", got, err)
 	}
-	if _, err := e.svc.Get(ctx, "globex", res.Task.ID); !errors.Is(err, tasks.ErrNotFound) {
+	if _, err := e.svc.Get(ctx, "globex", res.Task.ID); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Errorf("another tenant's get: %v, want ErrNotFound", err)
 	}
 	// The same request again (key order differs) is a replay; a different one a conflict.
@@ -186,7 +181,7 @@ func TestRefusedSubmissionChangesNothing(t *testing.T) {
 		{TenantID: "acme", Agent: "sim", StartWithinS: ptr(tasks.MaxStartWithin.Seconds() + 1)},
 	} {
 		res, err := e.svc.Submit(ctx, p)
-		var inv *tasks.InvalidError
+		var inv *agentqtype.InvalidError
 		if !errors.As(err, &inv) || res.Decision != nil {
 			t.Errorf("%+v: %v (decision %v), want an InvalidError before admission", p, err, res.Decision)
 		}
@@ -252,7 +247,7 @@ func TestCancelQueuedTask(t *testing.T) {
 	if _, err := e.svc.Cancel(ctx, "acme", res.Task.ID); !errors.As(err, &fin) || fin.State != string(agentqtype.TaskStateKilled) {
 		t.Errorf("second cancel: %v, want a FinishedError", err)
 	}
-	if _, err := e.svc.Cancel(ctx, "globex", res.Task.ID); !errors.Is(err, tasks.ErrNotFound) {
+	if _, err := e.svc.Cancel(ctx, "globex", res.Task.ID); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Errorf("another tenant's cancel: %v, want ErrNotFound", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 )
 
@@ -13,7 +14,7 @@ import (
 // issued afterwards work. Revoking again moves the mark forward, never back.
 func (s *Service) RevokePanelLinks(ctx context.Context, id string, at time.Time) (Tenant, error) {
 	if id == "" {
-		return Tenant{}, ErrNotFound
+		return Tenant{}, agentqtype.ErrNotFound
 	}
 	t, err := s.store.RevokePanelLinks(ctx, store.RevokePanelLinksParams{TenantID: id, At: at.UTC().Truncate(time.Millisecond)})
 	if err != nil {

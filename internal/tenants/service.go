@@ -2,7 +2,6 @@ package tenants
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -19,25 +19,14 @@ import (
 // Tenant is a stored tenant.
 type Tenant = store.Tenant
 
-// ErrNotFound is returned for a tenant that does not exist; ErrExists when Create
-// finds the id taken. Match them with errors.Is.
-var (
-	ErrNotFound = store.ErrNotFound
-	ErrExists   = store.ErrConflict
-)
+// ErrExists is returned when Create finds the id taken; a tenant that does not exist
+// is agentqtype.ErrNotFound. Match them with errors.Is.
+var ErrExists = store.ErrConflict
 
-// InvalidError is a refused tenant field. Message is a sentence meant for the person
-// who sent the value (the HTTP API returns it as the error message, the CLI prints
-// it).
-type InvalidError struct {
-	Field   string // id, name, plan, weight, overrides, status, billing_day or time_zone
-	Message string
-}
-
-func (e *InvalidError) Error() string { return e.Message }
-
-func invalid(field, format string, args ...any) *InvalidError {
-	return &InvalidError{Field: field, Message: fmt.Sprintf(format, args...)}
+// invalid is a refused tenant field: id, name, plan, weight, overrides, status,
+// billing_day or time_zone.
+func invalid(field, format string, args ...any) *agentqtype.InvalidError {
+	return agentqtype.Invalid(field, format, args...)
 }
 
 // Scheduler is what the service needs of the scheduler: applying a tenant's new
@@ -159,8 +148,8 @@ type UpdateParams struct {
 	TimeZone   *string
 }
 
-// Create validates p and inserts the tenant. A refused field is an *InvalidError; an
-// id already taken is ErrExists.
+// Create validates p and inserts the tenant. A refused field is an
+// *agentqtype.InvalidError; an id already taken is ErrExists.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	if !idRE.MatchString(p.ID) {
 		return Tenant{}, invalid("id", "id is required: 1 to 63 letters, digits, '-' or '_', starting with a letter or digit.")
@@ -190,11 +179,12 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	})
 }
 
-// Update validates p and applies it, then hands the tenant's weight and running cap to
-// the scheduler. A refused field is an *InvalidError; a missing tenant ErrNotFound.
+// Update validates p and applies it, then hands the tenant's weight and running cap
+// to the scheduler. A refused field is an *agentqtype.InvalidError; a missing tenant
+// agentqtype.ErrNotFound.
 func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 	if p.ID == "" {
-		return Tenant{}, ErrNotFound // no tenant has an empty id
+		return Tenant{}, agentqtype.ErrNotFound // no tenant has an empty id
 	}
 	if err := s.validateFields(p.Name, p.Plan, p.Weight, p.Overrides, p.Status); err != nil {
 		return Tenant{}, err
@@ -297,10 +287,10 @@ func (s *Service) rebuild(ctx context.Context, t Tenant) {
 	}
 }
 
-// Get returns tenant id, or ErrNotFound.
+// Get returns tenant id, or agentqtype.ErrNotFound.
 func (s *Service) Get(ctx context.Context, id string) (Tenant, error) {
 	if id == "" {
-		return Tenant{}, ErrNotFound // no tenant has an empty id
+		return Tenant{}, agentqtype.ErrNotFound // no tenant has an empty id
 	}
 	return s.store.GetTenant(ctx, id)
 }

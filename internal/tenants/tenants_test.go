@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
@@ -158,7 +159,7 @@ func TestServiceValidation(t *testing.T) {
 		{"key_rate unlimited, tenant_rate on", tenants.CreateParams{ID: "a1", Plan: ptr("pro"), Overrides: map[string]quotas.Limit{"key_rate": quotas.Unlimited}}, "overrides", keyMsg},
 	} {
 		_, err := svc.Create(ctx, tc.p)
-		var inv *tenants.InvalidError
+		var inv *agentqtype.InvalidError
 		if !errors.As(err, &inv) || inv.Field != tc.field || inv.Message != tc.msg {
 			t.Errorf("create, %s: %v (%#v), want %s: %q", tc.name, err, inv, tc.field, tc.msg)
 		}
@@ -190,7 +191,7 @@ func TestServiceValidation(t *testing.T) {
 		{"overrides that turn tenant_rate back on", tenants.UpdateParams{ID: "both-off", Overrides: map[string]quotas.Limit{"key_rate": quotas.Unlimited}}, "overrides", keyMsg},
 	} {
 		_, err := svc.Update(ctx, tc.p)
-		var inv *tenants.InvalidError
+		var inv *agentqtype.InvalidError
 		if !errors.As(err, &inv) || inv.Field != tc.field || inv.Message != tc.msg {
 			t.Errorf("update, %s: %v, want %s: %q", tc.name, err, tc.field, tc.msg)
 		}
@@ -198,11 +199,11 @@ func TestServiceValidation(t *testing.T) {
 	if len(sched.calls) != 0 {
 		t.Errorf("refused updates configured the scheduler: %v", sched.calls)
 	}
-	if _, err := svc.Update(ctx, tenants.UpdateParams{ID: "ghost", Plan: ptr("pro")}); !errors.Is(err, tenants.ErrNotFound) {
-		t.Errorf("update of a missing tenant (plan): %v, want ErrNotFound", err)
+	if _, err := svc.Update(ctx, tenants.UpdateParams{ID: "ghost", Plan: ptr("pro")}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Errorf("update of a missing tenant (plan): %v, want agentqtype.ErrNotFound", err)
 	}
-	if _, err := svc.Update(ctx, tenants.UpdateParams{ID: "ghost", Name: ptr("x")}); !errors.Is(err, tenants.ErrNotFound) {
-		t.Errorf("update of a missing tenant (name): %v, want ErrNotFound", err)
+	if _, err := svc.Update(ctx, tenants.UpdateParams{ID: "ghost", Name: ptr("x")}); !errors.Is(err, agentqtype.ErrNotFound) {
+		t.Errorf("update of a missing tenant (name): %v, want agentqtype.ErrNotFound", err)
 	}
 
 	// A valid update is written and handed to the scheduler with the new policy.
@@ -247,7 +248,7 @@ func TestLookupAndItsCache(t *testing.T) {
 	if _, err := svc.Create(ctx, tenants.CreateParams{ID: "acme", Plan: ptr("pro")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Lookup(ctx, "ghost"); !errors.Is(err, tenants.ErrNotFound) {
+	if _, err := svc.Lookup(ctx, "ghost"); !errors.Is(err, agentqtype.ErrNotFound) {
 		t.Errorf("Lookup(ghost): %v", err)
 	}
 	if got, err := svc.Lookup(ctx, "acme"); err != nil || got.Plan != "pro" {
