@@ -146,9 +146,9 @@ type Options struct {
 	// where the API runs, whose admissions come in concurrently.
 	Coalesce        bool
 	CoalesceTimeout time.Duration
-	// Batch carries step reservations (ReserveStep) in shared pipelines. The App gives
-	// the Batch the worker and the scheduler use, so that a task's "running" message,
-	// attached with redisx.Along, goes in the round trip of its first reservation.
+	// Batch carries step and model pool reservations (ReserveStep, ReservePool) in
+	// shared pipelines, with concurrent ones; the App gives the Batch the worker and
+	// the scheduler use.
 	Batch *redisx.Batch
 }
 
@@ -647,20 +647,25 @@ var windows = map[string]time.Duration{
 }
 
 // Release frees a task's lease (session or long-running), and its place in the
-// admitted-not-yet-queued count. Releasing twice is harmless. It returns the number of
-// leases removed.
-func (q *Quotas) Release(ctx context.Context, tenantID, taskID string) (int, error) {
-	pipe := q.rdb.TxPipeline()
-	a, b := q.QueueRelease(ctx, pipe, tenantID, taskID)
+// admitted-not-yet-queued count. Releasing twice is harmless. Alone (pipe nil) it
+// returns the number of leases removed. On pipe (a redisx.Batch's) it goes in the
+// round trip of the pipe's other calls and returns 0: its outcome is the pipe's.
+func (q *Quotas) Release(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (int, error) {
+	if pipe != nil {
+		q.queueRelease(ctx, pipe, tenantID, taskID)
+		return 0, nil
+	}
+	pipe = q.rdb.TxPipeline()
+	a, b := q.queueRelease(ctx, pipe, tenantID, taskID)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, fmt.Errorf("quotas: release: %w", err)
 	}
 	return int(a.Val() + b.Val()), nil
 }
 
-// QueueRelease queues Release on pipe (a redisx.Batch's, to go out with other calls);
-// the two answers count the session and long-running leases it freed.
-func (q *Quotas) QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd) {
+// queueRelease queues Release on pipe; the two answers count the session and
+// long-running leases it freed.
+func (q *Quotas) queueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd) {
 	sessions = pipe.ZRem(ctx, q.keys.Sessions(tenantID), taskID)
 	longRunning = pipe.ZRem(ctx, q.keys.LongRunning(tenantID), taskID)
 	pipe.ZRem(ctx, q.keys.PendingQueue(tenantID), taskID)
@@ -827,17 +832,32 @@ func (e *QuotaExceeded) Error() string {
 // *QuotaExceeded. The admission check reads the same counters; counters Redis lost
 // are rebuilt from the ledger first.
 //
-// The first call goes through Options.Batch, when set, with concurrent reservations
-// and whatever the caller attached to ctx with redisx.WithAlong (a task's "running"
-// message): one round trip for all of them. A call after a rebuild goes alone.
-func (q *Quotas) ReserveStep(ctx context.Context, p StepParams) error {
+// The first try goes through Options.Batch, when set, with concurrent reservations;
+// along are calls that ride in its round trip, on its pipe (a task's "running"
+// message), sent once whatever the reservation's answer. Their outcome is not the
+// reservation's. A try after a rebuild goes alone.
+func (q *Quotas) ReserveStep(ctx context.Context, p StepParams, along ...func(pipe redis.Pipeliner)) error {
 	var refused error
 	first := true
 	err := q.untilSeeded(ctx, p.TenantID, p.Period, func() (bool, error) {
 		var cmd *redis.Cmd
-		if first && q.batch != nil {
-			_ = q.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = q.reserveStep(ctx, pipe, p) }) // its error is cmd's
-		} else {
+		queue := func(pipe redis.Pipeliner) {
+			cmd = q.reserveStep(ctx, pipe, p)
+			for _, a := range along {
+				a(pipe)
+			}
+		}
+		switch {
+		case first && q.batch != nil:
+			_ = q.batch.Do(ctx, queue) // the reservation's error is cmd's
+		case first && len(along) > 0:
+			pipe := q.rdb.Pipeline()
+			queue(pipe)
+			_, _ = pipe.Exec(ctx)
+			if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+				cmd = q.reserveStep(ctx, q.rdb, p) // a client's Run loads the script
+			}
+		default:
 			cmd = q.reserveStep(ctx, q.rdb, p)
 		}
 		first = false
@@ -952,18 +972,18 @@ return 1
 `)
 
 // SettleStep books what a step really used against its reservation: positive deltas
-// overdraw, negative ones refund. Steps -1 gives back the reserved step.
-func (q *Quotas) SettleStep(ctx context.Context, p StepParams) error {
+// overdraw, negative ones refund. Steps -1 gives back the reserved step. On pipe (a
+// redisx.Batch's) it goes in the round trip of the pipe's other calls and its outcome
+// is the pipe's; nil sends it alone.
+func (q *Quotas) SettleStep(ctx context.Context, pipe redis.Pipeliner, p StepParams) error {
+	if pipe != nil {
+		_ = q.settle(ctx, pipe, p)
+		return nil
+	}
 	if err := q.settle(ctx, q.rdb, p); err != nil {
 		return fmt.Errorf("quotas: settle step: %w", err)
 	}
 	return nil
-}
-
-// QueueSettleStep queues SettleStep on pipe (a redisx.Batch's), to go out with other
-// calls; its outcome is in the pipeline's answer.
-func (q *Quotas) QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p StepParams) {
-	_ = q.settle(ctx, pipe, p)
 }
 
 func (q *Quotas) settle(ctx context.Context, c redis.Scripter, p StepParams) error {

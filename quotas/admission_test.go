@@ -240,10 +240,10 @@ func TestSessionLeasesAndRelease(t *testing.T) {
 	if !slices.Equal(d.Violated, []string{ConcurrentSessions}) {
 		t.Fatalf("third session: %v", d.Violated)
 	}
-	if n, _ := f.q.Release(ctx, "acme", ids[0]); n != 1 {
+	if n, _ := f.q.Release(ctx, nil, "acme", ids[0]); n != 1 {
 		t.Fatalf("release removed %d leases", n)
 	}
-	if n, _ := f.q.Release(ctx, "acme", ids[0]); n != 0 {
+	if n, _ := f.q.Release(ctx, nil, "acme", ids[0]); n != 0 {
 		t.Fatal("a second release removed something")
 	}
 	if !f.admit(l).Allowed {
@@ -407,7 +407,7 @@ func TestReserveAndSettleStep(t *testing.T) {
 	if s, tok, usd := used(); s != 1 || tok != 40 || usd != 400 {
 		t.Fatalf("after reserving: steps %v tokens %v usd %v", s, tok, usd)
 	}
-	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Tokens: 30 - 40, CostMicro: 500 - 400}); err != nil {
+	if err := f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: f.period(), Tokens: 30 - 40, CostMicro: 500 - 400}); err != nil {
 		t.Fatal(err)
 	}
 	if s, tok, usd := used(); s != 1 || tok != 30 || usd != 500 {
@@ -424,7 +424,7 @@ func TestReserveAndSettleStep(t *testing.T) {
 	if err := f.q.ReserveStep(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	_ = f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Steps: -1, Tokens: -10})
+	_ = f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: f.period(), Steps: -1, Tokens: -10})
 	if s, tok, _ := used(); s != 1 || tok != 30 {
 		t.Fatalf("after a refund: steps %v tokens %v", s, tok)
 	}
@@ -500,7 +500,7 @@ func TestLeaseSetsOutliveTheirNewestLease(t *testing.T) {
 	releaseAll := func() {
 		t.Helper()
 		for i := 1; i <= f.n; i++ {
-			if _, err := f.q.Release(ctx, "acme", fmt.Sprintf("task-%d", i)); err != nil {
+			if _, err := f.q.Release(ctx, nil, "acme", fmt.Sprintf("task-%d", i)); err != nil {
 				t.Fatal(err)
 			}
 		}

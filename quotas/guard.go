@@ -103,7 +103,7 @@ func (g *Guard) retryReleases(ctx context.Context) {
 		if l.kind == releaseRequest {
 			err = g.q.ReleaseInflight(cctx, l.tenant, l.member)
 		} else {
-			_, err = g.q.Release(cctx, l.tenant, l.member)
+			_, err = g.q.Release(cctx, nil, l.tenant, l.member)
 		}
 		cancel()
 		if err != nil { // Redis is still away: keep the rest for the next heartbeat
@@ -227,7 +227,7 @@ func (g *Guard) Release(ctx context.Context, tenantID, taskID string) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, max(g.timeout, time.Second))
 	defer cancel()
-	if _, err := g.q.Release(cctx, tenantID, taskID); err != nil {
+	if _, err := g.q.Release(cctx, nil, tenantID, taskID); err != nil {
 		if ctx.Err() != nil {
 			g.br.abandon(probe)
 		} else {

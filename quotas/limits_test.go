@@ -148,7 +148,7 @@ func TestZeroUSDQuotaRefusesStepsThatCost(t *testing.T) {
 		t.Fatalf("first step under $0: %v", err)
 	}
 	// ... it cost $0.01; the task's next step reserves that much and is refused
-	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), CostMicro: 10_000}); err != nil {
+	if err := f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: f.period(), CostMicro: 10_000}); err != nil {
 		t.Fatal(err)
 	}
 	p.CostMicro = 10_000
@@ -207,7 +207,7 @@ func TestMonthlyQuotaSurvivesThePeriodBoundary(t *testing.T) {
 		t.Fatalf("%d steps of 1,000 tokens passed a 6,000 token limit", let)
 	}
 	// a late settlement of the old period books into the newest one, never below 0
-	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: old, Tokens: -1000}); err != nil {
+	if err := f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: old, Tokens: -1000}); err != nil {
 		t.Fatal(err)
 	}
 	h := f.rdb.HGetAll(ctx, f.keys.AdmissionState("acme")).Val()
@@ -268,7 +268,7 @@ func TestQueueBacklogHoldsUnderConcurrentAdmissions(t *testing.T) {
 	if d, _ := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "later", InScope: true, Limits: l, Period: f.period()}); d.Allowed {
 		t.Fatal("an admitted, not yet queued task was not counted")
 	}
-	if _, err := f.q.Release(ctx, "acme", "late"); err != nil {
+	if _, err := f.q.Release(ctx, nil, "acme", "late"); err != nil {
 		t.Fatal(err)
 	}
 	if d, _ := f.q.Admit(ctx, AdmitParams{Mode: ModeAdmit, TenantID: "acme", Kid: "k", TaskID: "dies", InScope: true, Limits: l, Period: f.period()}); !d.Allowed {
@@ -449,7 +449,7 @@ func TestScriptsOnEmbeddedRedis(t *testing.T) {
 	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: PeriodAt(old.Start, old.End), Limits: z}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: old, CostMicro: 5}); err != nil {
+	if err := f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: old, CostMicro: 5}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: old, Limits: z, CostMicro: 5}); !errors.As(err, &qe) || qe.Used != 5 {
@@ -540,7 +540,7 @@ func TestLongRunningLeaseCountsAsASession(t *testing.T) {
 	if err != nil || len(sess) != 2 || !slices.Equal(lg, []string{"task-2"}) {
 		t.Fatalf("leases %v, long %v (%v): want both as sessions, task-2 long-running", sess, lg, err)
 	}
-	if n, err := f.q.Release(ctx, "acme", "task-2"); err != nil || n != 1 {
+	if n, err := f.q.Release(ctx, nil, "acme", "task-2"); err != nil || n != 1 {
 		t.Fatalf("released %d leases (%v), want 1", n, err)
 	}
 	if d := f.admitExact(l, long); !d.Allowed {

@@ -32,7 +32,7 @@ func TestCountersWithoutTheirMarkAreSeededFirst(t *testing.T) {
 		t.Fatalf("key-only call: %+v, marked %v", d, marked())
 	}
 	// a settlement on unmarked counters writes nothing: its step is in the ledger
-	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Tokens: 7, CostMicro: 9, Steps: -1}); err != nil {
+	if err := f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: f.period(), Tokens: 7, CostMicro: 9, Steps: -1}); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ := f.rdb.HGet(ctx, h, rkeys.TokensField(f.period().ID)).Result(); v != "" {
@@ -54,7 +54,7 @@ func TestCountersWithoutTheirMarkAreSeededFirst(t *testing.T) {
 	if err := f.q.ReserveStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Limits: NoLimits(), Tokens: 10}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Tokens: 5}); err != nil {
+	if err := f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: f.period(), Tokens: 5}); err != nil {
 		t.Fatal(err)
 	}
 	if wrote, err := f.q.Seed(ctx, "acme", f.period()); err != nil || wrote {

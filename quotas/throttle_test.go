@@ -293,7 +293,7 @@ func simulateUpstream(t *testing.T, tenants []upTenant) (ratio, achieved float64
 		if late {
 			refused++
 		}
-		if _, err := q.GiveBackPool(ctx, PoolSettleParams{Pool: pool, Tenant: w.tenant, Tokens: w.tokens}); err != nil {
+		if _, err := q.GiveBackPool(ctx, nil, PoolSettleParams{Pool: pool, Tenant: w.tenant, Tokens: w.tokens}); err != nil {
 			t.Fatal(err)
 		}
 		th, err := q.ThrottlePool(ctx, PoolThrottleParams{Pool: pool, Tenant: w.tenant, Tokens: w.tokens, RetryAfter: retry})

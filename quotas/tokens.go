@@ -474,41 +474,41 @@ type PoolReserveParams struct {
 }
 
 // ReservePool reserves p.Tokens from the pool for the tenant, in weighted fair order.
+// It goes through Options.Batch, when set, with concurrent reservations.
 func (q *Quotas) ReservePool(ctx context.Context, p PoolReserveParams) (TokenAnswer, error) {
-	return q.reservePool(ctx, q.rdb, p).Answer()
+	if q.batch == nil {
+		return q.reservePool(ctx, q.rdb, p).answer()
+	}
+	var r *poolReservation
+	_ = q.batch.Do(ctx, func(pipe redis.Pipeliner) { r = q.reservePool(ctx, pipe, p) }) // its error is the answer's
+	return r.answer()
 }
 
-// PoolReservation is a pool reservation queued on a pipeline (QueueReservePool): its
+// poolReservation is a pool reservation sent on a client or queued on a pipeline: its
 // answer is there once the pipeline has run.
-type PoolReservation struct {
+type poolReservation struct {
 	name string
 	cmd  *redis.Cmd
 	err  error
-}
-
-// QueueReservePool queues ReservePool on pipe, to go out with other calls (a step's
-// reservation of its period quotas: one round trip for both).
-func (q *Quotas) QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p PoolReserveParams) *PoolReservation {
-	return q.reservePool(ctx, pipe, p)
 }
 
 // PoolWait is the wait ReservePool would answer now, without taking anything or any
 // place in the pool's line (0 when it would grant): what a step its own limits hold
 // back would wait for the pool besides.
 func (q *Quotas) PoolWait(ctx context.Context, p PoolReserveParams) (time.Duration, error) {
-	r := &PoolReservation{name: p.Pool.Name}
+	r := &poolReservation{name: p.Pool.Name}
 	if r.err = p.Pool.check(); r.err == nil {
 		r.cmd = q.runReservePool(ctx, q.rdb, p, true)
 	}
-	a, err := r.Answer()
+	a, err := r.answer()
 	if err != nil || a.Granted {
 		return 0, err
 	}
 	return a.Wait, nil
 }
 
-func (q *Quotas) reservePool(ctx context.Context, c redis.Scripter, p PoolReserveParams) *PoolReservation {
-	r := &PoolReservation{name: p.Pool.Name}
+func (q *Quotas) reservePool(ctx context.Context, c redis.Scripter, p PoolReserveParams) *poolReservation {
+	r := &poolReservation{name: p.Pool.Name}
 	if r.err = p.Pool.check(); r.err != nil {
 		return r
 	}
@@ -527,9 +527,9 @@ func (q *Quotas) runReservePool(ctx context.Context, c redis.Scripter, p PoolRes
 		peekArg, poolMinIneligible.Milliseconds())
 }
 
-// Answer is the reservation's answer; an error when it could not be asked (or was
+// answer is the reservation's answer; an error when it could not be asked (or was
 // never sent: a nil reservation).
-func (r *PoolReservation) Answer() (TokenAnswer, error) {
+func (r *poolReservation) answer() (TokenAnswer, error) {
 	if r == nil {
 		return TokenAnswer{}, errors.New("quotas: a pool reservation that was never sent")
 	}
@@ -578,18 +578,31 @@ type PoolSettleParams struct {
 	Tokens int64
 }
 
-// SettlePool settles one step against its pool.
-func (q *Quotas) SettlePool(ctx context.Context, p PoolSettleParams) (level int64, err error) {
+// SettlePool settles one step against its pool and returns the level after. On pipe
+// (a redisx.Batch's) it goes in the round trip of the pipe's other calls and returns
+// 0: its outcome is the pipe's; nil sends it alone.
+func (q *Quotas) SettlePool(ctx context.Context, pipe redis.Pipeliner, p PoolSettleParams) (level int64, err error) {
 	if err := p.Pool.check(); err != nil {
 		return 0, err
 	}
 	keys := q.poolKeys(p.Pool.Name)[:3]
-	level, err = settlePoolScript.Run(ctx, q.rdb, keys, q.nowArg(), p.Pool.TokensPerMinute, p.Pool.Burst(),
-		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, p.Tokens).Int64()
-	if err != nil {
+	cmd := settlePoolScript.Run(ctx, q.on(pipe), keys, q.nowArg(), p.Pool.TokensPerMinute, p.Pool.Burst(),
+		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, p.Tokens)
+	if pipe != nil {
+		return 0, nil
+	}
+	if level, err = cmd.Int64(); err != nil {
 		return 0, fmt.Errorf("quotas: settle pool %s: %w", p.Pool.Name, err)
 	}
 	return level, nil
+}
+
+// on is where a call that may share a round trip goes: pipe, or alone on the client.
+func (q *Quotas) on(pipe redis.Pipeliner) redis.Scripter {
+	if pipe != nil {
+		return pipe
+	}
+	return q.rdb
 }
 
 // giveBackPoolScript gives a granted step's reservation back, for a step that did
@@ -625,14 +638,18 @@ save()
 return math.floor(l)
 `)
 
-// GiveBackPool gives a granted reservation of p.Tokens back: the step did not run.
-func (q *Quotas) GiveBackPool(ctx context.Context, p PoolSettleParams) (level int64, err error) {
+// GiveBackPool gives a granted reservation of p.Tokens back: the step did not run. On
+// pipe it goes as SettlePool does.
+func (q *Quotas) GiveBackPool(ctx context.Context, pipe redis.Pipeliner, p PoolSettleParams) (level int64, err error) {
 	if err := p.Pool.check(); err != nil {
 		return 0, err
 	}
-	level, err = giveBackPoolScript.Run(ctx, q.rdb, q.poolKeys(p.Pool.Name)[:3], q.nowArg(), p.Pool.TokensPerMinute,
-		p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Tokens, 0)).Int64()
-	if err != nil {
+	cmd := giveBackPoolScript.Run(ctx, q.on(pipe), q.poolKeys(p.Pool.Name)[:3], q.nowArg(), p.Pool.TokensPerMinute,
+		p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Tokens, 0))
+	if pipe != nil {
+		return 0, nil
+	}
+	if level, err = cmd.Int64(); err != nil {
 		return 0, fmt.Errorf("quotas: give back to pool %s: %w", p.Pool.Name, err)
 	}
 	return level, nil

@@ -196,7 +196,7 @@ func TestPoolWindowBoundWithSettlement(t *testing.T) {
 		}
 		if a.Granted {
 			actual := est + int64(i%7-3)*100 // refunds and debts alike
-			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: "w", Tokens: actual - est}); err != nil {
+			if _, err := q.SettlePool(ctx, nil, PoolSettleParams{Pool: pool, Tenant: "w", Tokens: actual - est}); err != nil {
 				t.Fatal(err)
 			}
 			maxExcess = max(maxExcess, actual-est)
@@ -335,7 +335,7 @@ func TestStepReservationWaitsForTokensPerMinute(t *testing.T) {
 	}
 	settle := func(delta int64) {
 		t.Helper()
-		if err := f.q.SettleStep(ctx, StepParams{TenantID: "acme", Period: f.period(), Limits: l, Tokens: delta}); err != nil {
+		if err := f.q.SettleStep(ctx, nil, StepParams{TenantID: "acme", Period: f.period(), Limits: l, Tokens: delta}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -476,7 +476,7 @@ func runPoolSettled(t *testing.T, q *Quotas, now *atomic.Int64, pool PoolConfig,
 				continue
 			}
 			used := actual(st.step)
-			if _, err := q.SettlePool(ctx, PoolSettleParams{Pool: pool, Tenant: st.name, Tokens: used - st.step}); err != nil {
+			if _, err := q.SettlePool(ctx, nil, PoolSettleParams{Pool: pool, Tenant: st.name, Tokens: used - st.step}); err != nil {
 				t.Fatal(err)
 			}
 			st.got += used
@@ -578,7 +578,7 @@ func TestPoolGiveBackUndoesTheReservation(t *testing.T) {
 	}
 	giveBack := func(tenant string) {
 		t.Helper()
-		if _, err := q.GiveBackPool(ctx, PoolSettleParams{Pool: pool, Tenant: tenant, Tokens: 1000}); err != nil {
+		if _, err := q.GiveBackPool(ctx, nil, PoolSettleParams{Pool: pool, Tenant: tenant, Tokens: 1000}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,4 +1,4 @@
-// Package runtime executes agent tasks on the shared worker pool: asynq hands a task to
+// Package runtime executes agent tasks in the workers' shared slots: asynq hands a task to
 // a Worker, which runs the agent's steps through an Executor (the built-in sim agent,
 // Go handlers registered in process, and HTTP agents) under the task's budget, records
 // usage after every step, and performs the terminal transition in Postgres.
@@ -7,8 +7,11 @@
 // prepare its limits and agent, then per step reserve it against the tenant's quotas,
 // call the agent, record the step and settle its reservation, and at the end give the
 // dispatch slots back and record the terminal state (in the background while the
-// claim is fresh). What the phases share lives on the taskRun, so a step allocates
-// little beyond what the calls it makes need.
+// claim is fresh). Each phase returns an outcome: on to the next, or the run stops
+// (the task re-queued or not). What the phases share lives on the taskRun, so a step
+// allocates little beyond what the calls it makes need; a step's reservation is one
+// value of it (reservation), which holds what was taken of the tenant's quotas and of
+// the model pool and settles or gives back both together.
 //
 // Token capacity: each step reserves its estimated tokens from its tenant's
 // ai_tokens_per_minute (inside the step's quota reservation) and, when its agent is

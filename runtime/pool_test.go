@@ -63,7 +63,7 @@ func (r *rig) poolOf(pool, field string) (string, bool) {
 // (debt − the level) ÷ its rate.
 func (r *rig) drainPool(pool quotas.PoolConfig, debt int64) {
 	r.t.Helper()
-	if _, err := r.q.SettlePool(r.ctx, quotas.PoolSettleParams{Pool: pool, Tenant: "other", Tokens: debt}); err != nil {
+	if _, err := r.q.SettlePool(r.ctx, nil, quotas.PoolSettleParams{Pool: pool, Tenant: "other", Tokens: debt}); err != nil {
 		r.t.Fatal(err)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/tenants"
@@ -22,8 +24,8 @@ type answerCut struct {
 	cancel context.CancelFunc
 }
 
-func (a answerCut) ReserveStep(ctx context.Context, p quotas.StepParams) error {
-	err := a.Quotas.ReserveStep(context.WithoutCancel(ctx), p)
+func (a answerCut) ReserveStep(ctx context.Context, p quotas.StepParams, along ...func(redis.Pipeliner)) error {
+	err := a.Quotas.ReserveStep(context.WithoutCancel(ctx), p, along...)
 	a.cancel()
 	if ctx.Err() != nil {
 		return ctx.Err()

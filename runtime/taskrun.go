@@ -18,7 +18,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentq/agentq/agentqtype"
-	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/telemetry"
@@ -55,8 +54,6 @@ type taskRun struct {
 	running func(redis.Pipeliner)
 
 	tenant       store.Tenant
-	limits       quotas.Limits
-	weight       int // the tenant's fair-share weight, for its agent's pool
 	budget       quotas.TaskBudget
 	ceiling      *quotas.TaskBudget // the plan's budget ceiling; nil when the plan is not known
 	onLimit      quotas.OnLimits    // the plan's answer at each limit: stop or pause
@@ -74,25 +71,11 @@ type taskRun struct {
 	hbDone  chan struct{}
 
 	state json.RawMessage // the agent's state after the last recorded step
-	// estTokens is what the current step reserved of tokens (see tokenEstimate), and
-	// estMicro of cost: what the previous step cost (the first reserves nothing beyond
-	// the step itself). Settlement books the difference. nextTokens is the agent's
-	// estimate for its next step (0: none).
-	estTokens, estMicro int64
-	nextTokens          int64
-
-	// pool is the model pool the agent draws on (when bound); poolHeld says the
-	// current step holds a reservation from it.
-	pool     quotas.PoolBinding
-	bound    bool
-	poolHeld bool
+	// res is the current step's reservation, of the tenant's quotas and of the
+	// agent's model pool, with the estimates the next step reserves.
+	res reservation
 	// parked is when the capacity a parked task waits for is expected (end endParked).
 	parked time.Time
-	// The billing period is the step's: a task running across the boundary books its
-	// later steps into the new period. A settlement goes to its reservation's period.
-	period quotas.Period
-	// reservation is the current step's.
-	reservation quotas.StepParams
 
 	// lost is set when a write found the task claimed by a later attempt (this worker
 	// stalled past its lease): the run then stops at once and touches nothing of the
@@ -116,10 +99,19 @@ const (
 	endPaused                  // paused in Postgres at a limit: free its slots and its session
 )
 
+// outcome is what a phase of a task run says of the run.
+type outcome uint8
+
+const (
+	proceed  outcome = iota // on to the next phase
+	stopped                 // the run ends: the task ended, paused, parked or was lost, or is left to the janitor
+	requeued                // the run ends with the task back in queued, for asynq to deliver again
+)
+
 // lastStep is a task's last step, recorded with its end.
 type lastStep struct {
 	rec    store.RecordStepParams
-	booked quotas.StepParams // what to settle against the step's reservation
+	booked quotas.StepParams // what to settle against the step's quota reservation, with the end
 	ev     Event
 }
 
@@ -129,7 +121,7 @@ func (r *taskRun) execute(id uuid.UUID) error {
 	if ok, err := r.claimTask(id); !ok {
 		return err
 	}
-	if r.run() {
+	if r.run() == requeued {
 		return fmt.Errorf("runtime: task %s interrupted by shutdown; re-queued", id)
 	}
 	if r.lost {
@@ -212,13 +204,13 @@ func (r *taskRun) handOff() {
 // confirm notes that a write sent at sent found the delivery's claim current.
 func (r *taskRun) confirm(sent time.Time) { r.confirmed.Store(int64(sent.Sub(r.began))) }
 
-// run executes steps until the task ends. It returns true if the task was put back to
-// queued (worker shutdown, or the quota store unreachable): asynq retries it later.
-// It sets r.lost when a write found the task claimed by a later attempt.
+// run executes steps until the task ends. It returns requeued if the task was put
+// back to queued (worker shutdown, or the quota store unreachable): asynq retries it
+// later. It sets r.lost when a write found the task claimed by a later attempt.
 //
 // The task's terminal write is not made here: run leaves it in r.end, and the
 // delivery makes it once the dispatch slots are released.
-func (r *taskRun) run() (requeued bool) {
+func (r *taskRun) run() (out outcome) {
 	// One With: each call renders its attributes into the handler anew.
 	r.log = r.w.log.With(append([]any{"task_id", r.task.ID, "tenant_id", r.task.TenantID, "agent", r.task.Agent,
 		"attempt", r.task.Attempt}, telemetry.SpanAttrs(r.ctx)...)...)
@@ -231,11 +223,11 @@ func (r *taskRun) run() (requeued bool) {
 		if p := recover(); p != nil {
 			r.log.Error("executor panicked", "panic", p)
 			r.finish(agentqtype.TaskStateFailed, agentqtype.AgentPanicked(r.task.Agent), nil, nil)
-			requeued = false
+			out = stopped
 		}
 	}()
-	if stop, requeued := r.prepare(); stop {
-		return requeued
+	if out := r.prepare(); out != proceed {
+		return out
 	}
 	r.startHeartbeat()
 	defer r.stopHeartbeat()
@@ -243,21 +235,22 @@ func (r *taskRun) run() (requeued bool) {
 }
 
 // prepare reads what the steps need: the tenant's limits, the agent and the budget.
-// It returns stop = true when the task ends or goes back before its first step.
-func (r *taskRun) prepare() (stop, requeued bool) {
+// It returns proceed unless the task ends or goes back before its first step.
+func (r *taskRun) prepare() outcome {
 	err := holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
 		var err error
 		r.tenant, err = r.w.tenants.GetTenant(ctx, r.task.TenantID)
 		return err
 	})
 	if err != nil {
-		return true, r.requeue("reading the tenant failed", err)
+		return r.requeue("reading the tenant failed", err)
 	}
-	r.limits, r.weight, r.maxPaused = quotas.NoLimits(), 1, -1
+	r.res = reservation{limits: r.w.limits, batch: r.w.batch, log: r.log, tenant: r.task.TenantID, quotas: quotas.NoLimits(), weight: 1}
+	r.maxPaused = -1
 	var planBudget *quotas.Budget
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
-			r.limits, planBudget, r.weight = p.Limits, &p.Budget, max(p.Weight, 1)
+			r.res.quotas, planBudget, r.res.weight = p.Limits, &p.Budget, max(p.Weight, 1)
 			r.onLimit, r.ceiling, r.pauseTimeout = p.OnLimit, &p.Budget.Ceiling, p.PauseTimeout
 			if l, ok := p.Effective[quotas.PausedTasks]; ok && l >= 0 {
 				r.maxPaused = int64(l)
@@ -276,12 +269,12 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	switch {
 	case unknown != nil:
 		r.finish(agentqtype.TaskStateFailed, unknown.Error(), nil, nil)
-		return true, false
+		return stopped
 	case err != nil:
-		return true, r.requeue("looking the agent up failed", err)
+		return r.requeue("looking the agent up failed", err)
 	}
 	if err := r.lookUpPool(); err != nil {
-		return true, r.requeue("looking the agent's model pool up failed", err)
+		return r.requeue("looking the agent's model pool up failed", err)
 	}
 	r.budget = taskBudget(r.task.Budget, planBudget)
 	// The wall clock counts from the task's first start: a take-over or a requeue
@@ -296,12 +289,12 @@ func (r *taskRun) prepare() (stop, requeued bool) {
 	r.maxCostMicro = int64(math.Round(r.budget.MaxCostUSD * 1e6))
 	r.state = r.task.AgentState
 	if e := r.task.Wait.StepEstimate; e != nil {
-		r.nextTokens = *e // the estimate the step asked for when it parked or paused
+		r.res.next = *e // the estimate the step asked for when it parked or paused
 	}
 	if e := r.task.Wait.StepCostEstimate; e != nil {
-		r.estMicro = max(*e, 0) // what the previous step cost, before the park or pause
+		r.res.cost = max(*e, 0) // what the previous step cost, before the park or pause
 	}
-	return false, false
+	return proceed
 }
 
 // waited is the time the task spent parked, waiting for token capacity.
@@ -313,12 +306,12 @@ func (r *taskRun) lookUpPool() error {
 		return nil
 	}
 	var err error
-	if r.pool, r.bound, err = r.w.opts.Pools.Binding(r.ctx, r.task.Agent); err == nil {
+	if r.res.pool, r.res.bound, err = r.w.opts.Pools.Binding(r.ctx, r.task.Agent); err == nil {
 		return nil // nearly always: from the binding cache, no timer needed
 	}
 	return holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
 		var err error
-		r.pool, r.bound, err = r.w.opts.Pools.Binding(ctx, r.task.Agent)
+		r.res.pool, r.res.bound, err = r.w.opts.Pools.Binding(ctx, r.task.Agent)
 		return err
 	})
 }
@@ -386,21 +379,21 @@ func (r *taskRun) beat() bool {
 }
 
 // steps runs the task's steps, each through its phases, until one ends the run.
-func (r *taskRun) steps() (requeued bool) {
+func (r *taskRun) steps() outcome {
 	for {
 		step := r.task.Usage.Steps + 1
 		if r.overBudget(step) {
-			return false
+			return stopped
 		}
-		if stop, requeued := r.reserve(); stop {
-			return requeued
+		if out := r.reserve(); out != proceed {
+			return out
 		}
 		res, err := r.callAgent(step)
-		if stop, requeued := r.afterCall(step, res, err); stop {
-			return requeued
+		if out := r.afterCall(step, res, err); out != proceed {
+			return out
 		}
-		if !r.record(step, res) {
-			return false
+		if out := r.record(step, res); out != proceed {
+			return out
 		}
 	}
 }
@@ -440,7 +433,7 @@ func (r *taskRun) use(steps int) quotas.TaskUse {
 // nextStep is what the next step is expected to take: the tokens it reserves and
 // what the previous step cost.
 func (r *taskRun) nextStep() quotas.NextStep {
-	return quotas.NextStep{Tokens: r.tokenEstimate(), CostMicro: r.estMicro}
+	return quotas.NextStep{Tokens: r.tokenEstimate(), CostMicro: r.res.cost}
 }
 
 func (r *taskRun) pastDeadline() bool {
@@ -532,9 +525,7 @@ func (r *taskRun) releasePaused() {
 	wait := 50 * time.Millisecond
 	for deadline := time.Now().Add(pauseReleaseFor); ; wait = min(2*wait, time.Second) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		actx, along := redisx.WithAlong(ctx, w.queueReleaseLease(p.TenantID, p.TaskID))
-		err := w.slots.Paused(actx, p, took)
-		_ = along.Send(ctx, w.batch) // a lease left behind is a resume's to refresh, or the lease pass's to free
+		err := w.slots.Paused(ctx, p, took, w.queueReleaseLease(p.TenantID, p.TaskID))
 		cancel()
 		if err == nil {
 			return
@@ -550,48 +541,35 @@ func (r *taskRun) releasePaused() {
 // pauseReleaseFor bounds how long a worker retries freeing a paused task's slots.
 const pauseReleaseFor = 30 * time.Second
 
-// reserve reserves the next step's capacity: the step against the tenant's period
-// quotas and its tokens per minute (with the "running" message before the first
-// step), then, once those passed, its tokens from its agent's model pool when bound.
-// It returns stop = true when the step cannot run now: a quota ended or paused the
-// task, the capacity is not there (the task parks), or the quota store could not be
-// asked. The pool is asked only for a step that may run: a step its own limits hold
-// back takes no place in the pool's line, no request and no tokens of it (it parks on
-// the longer of its own wait and the pool's), and one a quota refuses stops or pauses
-// at once.
-func (r *taskRun) reserve() (stop, requeued bool) {
-	r.period = r.tenant.Anchor().PeriodAt(time.Now())
-	r.estTokens = r.tokenEstimate()
-	r.reservation = r.ofTask(quotas.StepParams{Tokens: r.estTokens, CostMicro: r.estMicro})
-	var riders []func(redis.Pipeliner)
+// reserve reserves the next step's capacity (reservation.Reserve), with the
+// "running" message before the first step in the round trip of its quotas. It
+// returns proceed when the step may run; otherwise a quota ended or paused the task,
+// the capacity is not there (the task parks), or a store could not be asked (the task
+// goes back).
+func (r *taskRun) reserve() outcome {
+	var along []func(redis.Pipeliner)
 	if r.running != nil {
-		riders, r.running = append(riders, r.running), nil
+		along, r.running = append(along, r.running), nil // a lost message is re-read from Postgres
 	}
-	qctx, cancel := r.quotaCtx()
+	ctx, cancel := quotaCtx(r.ctx)
 	defer cancel()
-	ctx, along := redisx.WithAlong(qctx, riders...)
-	err := r.w.limits.ReserveStep(ctx, r.reservation)
-	_ = along.Send(qctx, r.w.batch) // a lost message is re-read from Postgres
-	if err == nil {
-		if stop, requeued := r.reservePool(qctx); stop {
-			return true, requeued
-		}
-		r.meterParks()
-		return false, false
-	}
+	err := r.res.Reserve(ctx, r.tenant.Anchor().PeriodAt(time.Now()), r.tokenEstimate(), along...)
 	var qe *quotas.QuotaExceeded
 	var wait *quotas.CapacityWait
 	switch {
+	case err == nil:
+		r.meterParks()
+		return proceed
 	case errors.As(err, &qe):
 		r.atLimit(agentqtype.QuotaReached(qe.Error()), qe.Stop())
-		return true, false
+		return stopped
 	case errors.As(err, &wait):
-		reason, d := r.longerWait(qctx, wait.Reason, wait.Wait)
-		r.parkFor(reason, d)
-		return true, false
+		r.parkFor(wait.Reason, wait.Wait)
+		return stopped
+	case errors.Is(err, errPoolStore):
+		return r.requeue(errPoolStore.Error(), err)
 	}
-	// Money and token quotas fail closed: no step runs unchecked.
-	return true, r.requeue("the quota store is unreachable", err)
+	return r.requeue(errQuotaStore.Error(), err)
 }
 
 // meterParks records how many times the step about to run parked before it did:
@@ -603,67 +581,7 @@ func (r *taskRun) meterParks() {
 		parks = w.StepParks
 	}
 	r.task.Wait.ParkStep = nil
-	r.w.stepParks.Record(context.WithoutCancel(r.ctx), int64(parks), metric.WithAttributes(attribute.String("pool", r.pool.Pool.Name)))
-}
-
-// quotaCtx is the context of a step's reservations: not cancelled with the delivery
-// (a reservation Redis made must be answered, or what it took would never go back),
-// and bounded.
-func (r *taskRun) quotaCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(r.ctx), quotaTimeout)
-}
-
-// quotaTimeout bounds a step's reservations.
-const quotaTimeout = 5 * time.Second
-
-// longerWait is the wait of a step its own limits hold back for wait: the pool's,
-// when the agent is bound to one that expects its tokens later (read without taking
-// a place in its line), else its own. A pool that cannot be asked leaves its own.
-// The reason stays the tenant's own limit either way: the step did not get as far as
-// the pool, so the wait is not the pool's to answer for (a commitment on pool waits
-// judges none of it).
-func (r *taskRun) longerWait(ctx context.Context, reason string, wait time.Duration) (string, time.Duration) {
-	if !r.bound {
-		return reason, wait
-	}
-	pw, err := r.w.limits.PoolWait(ctx, r.poolParams())
-	if err != nil || pw <= wait {
-		return reason, wait
-	}
-	return reason, pw
-}
-
-func (r *taskRun) poolParams() quotas.PoolReserveParams {
-	return quotas.PoolReserveParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Weight: r.weight, Tokens: r.estTokens}
-}
-
-// reservePool reserves the step's tokens from its agent's model pool, once its own
-// reservation passed. When the pool refuses or cannot be asked, the step's own
-// reservation goes back and stop = true: the task parks for the pool, or is handed
-// back.
-func (r *taskRun) reservePool(ctx context.Context) (stop, requeued bool) {
-	if !r.bound {
-		return false, false
-	}
-	var pool *quotas.PoolReservation
-	p := r.poolParams()
-	_ = r.w.batch.Do(ctx, func(pipe redis.Pipeliner) { pool = r.w.limits.QueueReservePool(ctx, pipe, p) }) // its error is the answer's
-	ans, err := pool.Answer()
-	if err == nil && ans.Granted {
-		r.poolHeld = true
-		return false, false
-	}
-	r.settle(r.giveBack())
-	if err != nil {
-		// Fails closed like the quotas: no step runs without its reservation.
-		return true, r.requeue("the model pool's store is unreachable", err)
-	}
-	reason := r.pool.Pool.WaitReason()
-	if ans.Throttled {
-		reason = r.pool.Pool.ThrottleReason() // the tenant is held back after a refusal
-	}
-	r.parkFor(reason, ans.Wait)
-	return true, false
+	r.w.stepParks.Record(context.WithoutCancel(r.ctx), int64(parks), metric.WithAttributes(attribute.String("pool", r.res.pool.Pool.Name)))
 }
 
 // tokenEstimate is what the next step reserves of tokens: the agent's own estimate
@@ -671,59 +589,27 @@ func (r *taskRun) reservePool(ctx context.Context) (stop, requeued bool) {
 // agent, else its pool binding's default, else nothing (settlement books what it
 // used).
 func (r *taskRun) tokenEstimate() int64 {
-	if r.nextTokens > 0 {
-		return min(r.nextTokens, MaxStepTokens)
+	if r.res.next > 0 {
+		return min(r.res.next, MaxStepTokens)
 	}
 	if avg, ok := r.w.est.get(r.task.TenantID, r.task.Agent); ok {
 		return avg
 	}
-	if r.bound {
-		return r.pool.TokensPerStep
+	if r.res.bound {
+		return r.res.pool.TokensPerStep
 	}
 	return 0
-}
-
-// settlePool books a step's actual tokens minus its estimate against the pool.
-func (r *taskRun) settlePool(delta int64) {
-	if !r.poolHeld {
-		return
-	}
-	r.poolHeld = false
-	if delta == 0 {
-		return
-	}
-	ctx, cancel := r.quotaCtx()
-	defer cancel()
-	_, err := r.w.limits.SettlePool(ctx, quotas.PoolSettleParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: delta})
-	if err != nil {
-		r.log.Warn("settling a step's model pool reservation failed", "pool", r.pool.Pool.Name, "err", err)
-	}
-}
-
-// givePoolBack gives the step's pool reservation back, for a step that did not run:
-// its tokens, its request and its move of the tenant's pass and the pool's virtual
-// time.
-func (r *taskRun) givePoolBack() {
-	if !r.poolHeld {
-		return
-	}
-	r.poolHeld = false
-	ctx, cancel := r.quotaCtx()
-	defer cancel()
-	_, err := r.w.limits.GiveBackPool(ctx, quotas.PoolSettleParams{Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: r.estTokens})
-	if err != nil {
-		r.log.Warn("giving a step's model pool reservation back failed", "pool", r.pool.Pool.Name, "err", err)
-	}
 }
 
 // parkFor sends the task back to queued, to wait without a worker until its capacity
 // is expected (wait from now). The delivery then parks it in Redis (handOff).
 func (r *taskRun) parkFor(reason string, wait time.Duration) {
 	r.flushRunning()
+	tokens, cost := r.res.Park(r.ctx)
 	until := time.Now().Add(wait)
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
 		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: reason, Until: until,
-			StepEstimate: r.estTokens, StepCostEstimate: r.estMicro})
+			StepEstimate: tokens, StepCostEstimate: cost})
 	})
 	switch {
 	case errors.Is(err, store.ErrLostClaim):
@@ -767,28 +653,28 @@ func (r *taskRun) callAgent(step int) (StepResult, error) {
 	if err != nil || r.taskCtx.Err() != nil {
 		// Failed, or interrupted: the step is recorded nowhere, so its reservation
 		// goes back.
-		r.refund()
+		r.res.Refund(r.ctx)
 	}
 	return res, err
 }
 
-// afterCall decides what a step's outcome does to the task: it returns stop = true
-// when the step failed, was interrupted or reported unusable usage.
-func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued bool) {
+// afterCall decides what a step's result does to the task: it returns proceed unless
+// the step failed, was interrupted or reported unusable usage.
+func (r *taskRun) afterCall(step int, res StepResult, err error) outcome {
 	switch {
 	case errors.Is(context.Cause(r.taskCtx), store.ErrLostClaim):
 		r.lostClaim("heartbeat", context.Cause(r.taskCtx))
-		return true, false
+		return stopped
 	case errors.Is(context.Cause(r.taskCtx), errCancelled):
-		return true, false // the cancel already made the task "killed"
+		return stopped // the cancel already made the task "killed"
 	case r.ctx.Err() != nil:
 		// Shutdown outlasted the step: hand the task back so it resumes elsewhere.
-		return true, r.requeue("worker shutdown", r.ctx.Err())
+		return r.requeue("worker shutdown", r.ctx.Err())
 	case err != nil && r.pastDeadline():
 		// The wall clock cut the step short: it is recorded nowhere (its reservation
 		// went back), so a paused task resumes at that step.
 		r.atLimit(r.wallclockStop())
-		return true, false
+		return stopped
 	case err != nil:
 		// The tenant sees the agent, the step and the kind of failure; the
 		// detail (agent URL redacted) is for the operator.
@@ -797,41 +683,30 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) (stop, requeued
 			r.log.Warn("agent step failed", "step", step, "kind", se.Kind, "attempts", se.Attempts, "detail", se.Detail)
 		}
 		r.finish(agentqtype.TaskStateFailed, err.Error(), nil, nil)
-		return true, false
+		return stopped
 	}
 	if res.Throttled != nil {
 		r.throttled(res.Throttled)
-		return true, false
+		return stopped
 	}
 	if err := checkUsage(res.Usage); err != nil {
 		// Nothing of this step is billed: give the reservation back, record nothing.
-		r.refund()
+		r.res.Refund(r.ctx)
 		r.log.Warn("agent reported unusable usage; failing the task", "step", step, "err", err)
 		r.finish(agentqtype.TaskStateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, r.task.Agent, step, err), nil, nil)
-		return true, false
+		return stopped
 	}
-	return false, false
+	return proceed
 }
 
-// throttled handles a step the agent's upstream refused: the step does not count (its
-// reservation goes back, nothing is recorded), the refusal is reported to the pool
-// (which holds the tenant back, and lowers itself only on evidence across tenants),
-// and the task waits the retry time, or its tenant's back-off, without a worker. The
-// wait counts toward the wall clock: when it would end past the task's wall-clock
-// budget, the task stops (or pauses) at that limit now instead.
+// throttled handles a step the agent's upstream refused: the step does not count and
+// the pool hears of the refusal (reservation.Throttled), and the task waits the retry
+// time, or its tenant's back-off, without a worker. The wait counts toward the wall
+// clock: when it would end past the task's wall-clock budget, the task stops (or
+// pauses) at that limit now instead.
 func (r *taskRun) throttled(t *Throttle) {
-	r.refund()
-	reason, wait := quotas.WaitThrottled, retryAfter(t.RetryAfterS)
-	if r.bound {
-		reason = r.pool.Pool.ThrottleReason()
-		th, err := r.w.limits.ThrottlePool(context.WithoutCancel(r.ctx), quotas.PoolThrottleParams{
-			Pool: r.pool.Pool, Tenant: r.task.TenantID, Tokens: r.estTokens, RetryAfter: wait})
-		if err != nil {
-			r.log.Warn("reporting a throttled step to its model pool failed", "pool", r.pool.Pool.Name, "err", err)
-		}
-		wait = max(wait, th.Backoff)
-	}
-	r.w.throttled.Add(context.WithoutCancel(r.ctx), 1, metric.WithAttributes(attribute.String("pool", r.pool.Pool.Name)))
+	reason, wait := r.res.Throttled(context.WithoutCancel(r.ctx), retryAfter(t.RetryAfterS))
+	r.w.throttled.Add(context.WithoutCancel(r.ctx), 1, metric.WithAttributes(attribute.String("pool", r.res.pool.Pool.Name)))
 	if !r.deadline.IsZero() && time.Now().Add(wait).After(r.deadline) {
 		text, stop := r.wallclockStop()
 		r.atLimit(fmt.Sprintf("%s: the agent's upstream throttled step %d and asked to retry after %v, past the wall clock",
@@ -851,30 +726,29 @@ func retryAfter(s float64) time.Duration {
 }
 
 // record records a finished step, settles its reservation and sends its message. It
-// returns false when the run stops: the step was the last (its record is made with
-// the task's end), or its record failed.
-func (r *taskRun) record(step int, res StepResult) (more bool) {
+// returns proceed unless the run stops: the step was the last (its record is made
+// with the task's end), or its record failed.
+func (r *taskRun) record(step int, res StepResult) outcome {
 	costMicro := int64(math.Round(res.Usage.CostUSD * 1e6))
 	rec := store.RecordStepParams{
 		ID: r.task.ID, Attempt: r.task.Attempt, Step: step, AgentState: res.State, Tokens: res.Usage.Tokens, CostMicro: costMicro,
 	}
-	booked := quotas.StepParams{Tokens: res.Usage.Tokens - r.estTokens, CostMicro: costMicro - r.estMicro}
-	if r.poolHeld {
+	used := quotas.StepParams{Tokens: res.Usage.Tokens, CostMicro: costMicro}
+	if r.res.drawsPool() {
 		r.w.poolTokens.Add(context.WithoutCancel(r.ctx), res.Usage.Tokens, metric.WithAttributes(
-			attribute.String("pool", r.pool.Pool.Name), attribute.String("tenant_id", r.w.poolTenants.label(r.task.TenantID))))
+			attribute.String("pool", r.res.pool.Pool.Name), attribute.String("tenant_id", r.w.poolTenants.label(r.task.TenantID))))
 	}
-	r.settlePool(res.Usage.Tokens - r.estTokens)
 	r.w.est.add(r.task.TenantID, r.task.Agent, res.Usage.Tokens)
-	r.nextTokens = min(max(res.NextStepTokens, 0), MaxStepTokens)
+	r.res.next = min(max(res.NextStepTokens, 0), MaxStepTokens)
 	usage := res.Usage
 	ev := Event{Type: "step", TaskID: r.id, Step: step, Usage: &usage, Done: res.Done}
 	if res.Done {
 		// The last step and the task's end are one transaction: one commit fewer on
 		// the path every task takes.
 		ev.Output = res.Output
-		r.end, r.last = endLastStep, lastStep{rec: rec, booked: booked, ev: ev}
+		r.end, r.last = endLastStep, lastStep{rec: rec, booked: r.res.SettleWithEnd(r.ctx, used), ev: ev}
 		r.fin = tasks.FinishParams{Claim: r.claim, To: agentqtype.TaskStateCompleted, Output: res.Output}
-		return false
+		return stopped
 	}
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
 		sent := time.Now()
@@ -885,48 +759,22 @@ func (r *taskRun) record(step int, res StepResult) (more bool) {
 		return err
 	})
 	if err != nil {
+		r.res.Unbilled(r.ctx, used.Tokens)
 		r.lost = r.unrecorded(step, err)
-		return false
+		return stopped
 	}
-	r.settle(booked)
-	r.estMicro = costMicro
+	r.res.Settle(r.ctx, used)
 	u := &r.task.Usage
 	u.Steps, u.Tokens, u.CostMicroUSD = step, u.Tokens+res.Usage.Tokens, u.CostMicroUSD+costMicro
 	r.state = res.State
 	r.w.publish(r.ctx, ev)
-	return true
-}
-
-// ofTask completes a step's quota parameters with the task's tenant, the step's
-// period and the tenant's limits.
-func (r *taskRun) ofTask(p quotas.StepParams) quotas.StepParams {
-	p.TenantID, p.Period, p.Limits = r.task.TenantID, r.period, r.limits
-	return p
-}
-
-// giveBack is the settlement that gives the current step's reservation back: for a
-// step recorded nowhere.
-func (r *taskRun) giveBack() quotas.StepParams {
-	return quotas.StepParams{Steps: -1, Tokens: -r.estTokens, CostMicro: -r.estMicro}
-}
-
-// refund gives the current step's reservations back, its quotas' and its pool's.
-func (r *taskRun) refund() {
-	r.settle(r.giveBack())
-	r.givePoolBack()
-}
-
-// settle books p against the step's reservation.
-func (r *taskRun) settle(p quotas.StepParams) {
-	if err := r.w.limits.SettleStep(context.WithoutCancel(r.ctx), r.ofTask(p)); err != nil {
-		r.log.Warn("settling a step's quota reservation failed", "err", err)
-	}
+	return proceed
 }
 
 // unrecorded handles a step whose record failed; it says whether another attempt owns
 // the task now.
 func (r *taskRun) unrecorded(step int, err error) (lost bool) {
-	r.settle(r.giveBack()) // not in the ledger, so not billed in Redis either (the pool's use was real)
+	r.res.Refund(r.ctx) // not in the ledger, so not billed in Redis either (the pool's use was settled)
 	switch {
 	case errors.Is(err, store.ErrLostClaim):
 		r.logLost("step record", err)
@@ -959,23 +807,23 @@ func (r *taskRun) flushRunning() {
 	}
 }
 
-// requeue hands the task back to asynq for a later attempt; it returns whether the
-// task went back to queued.
-func (r *taskRun) requeue(why string, err error) bool {
+// requeue hands the task back to asynq for a later attempt; it returns requeued when
+// the task went back to queued, else stopped.
+func (r *taskRun) requeue(why string, err error) outcome {
 	r.flushRunning()
 	rerr := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
 		return r.w.lifecycle.Requeue(ctx, r.claim)
 	})
 	if errors.Is(rerr, store.ErrLostClaim) {
 		r.lostClaim("re-queue", rerr)
-		return false
+		return stopped
 	}
 	if rerr != nil {
 		r.log.Warn("re-queueing the task failed", "why", why, "err", rerr)
-		return false
+		return stopped
 	}
 	r.log.Warn("task handed back to asynq for a later attempt", "why", why, "err", err)
-	return true
+	return requeued
 }
 
 // finish ends the task in state; stop names the limit when a budget or quota ended
@@ -1026,8 +874,8 @@ func (r *taskRun) recordLastStep(ctx context.Context) (tail []func(redis.Pipelin
 		return nil, r.unrecorded(r.last.rec.Step, err)
 	}
 	r.task.Usage.Steps = r.last.rec.Step
-	sp := r.ofTask(r.last.booked)
-	tail = []func(redis.Pipeliner){func(pipe redis.Pipeliner) { r.w.limits.QueueSettleStep(context.Background(), pipe, sp) }}
+	sp := r.last.booked
+	tail = []func(redis.Pipeliner){func(pipe redis.Pipeliner) { _ = r.w.limits.SettleStep(context.Background(), pipe, sp) }}
 	// The step's message goes ahead of the end's.
 	tail = append(tail, r.w.queuePublish(ctx, r.last.ev))
 	if ended {

@@ -65,41 +65,38 @@ type PolicySource interface {
 // Slots is what the worker needs of the scheduler: release a finished task's slots and
 // advertise this process's capacity.
 type Slots interface {
-	// Done releases a finished task's slots. The worker attaches the task end's
-	// other calls to ctx (redisx.WithAlong): given the worker's Batch (the App's
-	// wiring), the scheduler sends them in Done's round trip.
-	Done(ctx context.Context, p wire.Payload, took time.Duration) error
+	// Done releases a finished task's slots; along ride in its round trip, on its
+	// pipe (the end's settlement, lease release and last messages).
+	Done(ctx context.Context, p wire.Payload, took time.Duration, along ...func(redis.Pipeliner)) error
 	// Park releases a parked task's slots and keeps it out of its queue until its
 	// capacity is expected.
 	Park(ctx context.Context, p scheduler.ParkParams) error
 	// Paused releases a paused task's slots and names its next dispatch anew; the
-	// worker attaches the lease release to ctx, to go ahead of it.
-	Paused(ctx context.Context, p wire.Payload, took time.Duration) error
+	// lease release rides along in its round trip.
+	Paused(ctx context.Context, p wire.Payload, took time.Duration, along ...func(redis.Pipeliner)) error
 	Heartbeat(ctx context.Context, workerID string, concurrency int, ttl time.Duration) error
 	Deregister(ctx context.Context, workerID string) error
 }
 
 // Limits is what the worker needs of the quotas package: count each step against the
-// tenant's period quotas and release a task's session lease when it ends.
+// tenant's period quotas and its agent's model pool, and release a task's session
+// lease when it ends. A call that takes a pipe goes in the round trip of that pipe's
+// other calls (a redisx.Batch's), or alone on nil.
 type Limits interface {
-	// ReserveStep reserves a step. The worker attaches the "running" message to the
-	// first one's ctx (redisx.WithAlong): given the worker's Batch (the App's wiring),
-	// the quotas send it in the reservation's round trip.
-	ReserveStep(ctx context.Context, p quotas.StepParams) error
-	SettleStep(ctx context.Context, p quotas.StepParams) error
-	// QueueSettleStep and QueueRelease queue SettleStep and the release of a task's
-	// leases on a pipe.
-	QueueSettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams)
-	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
+	// ReserveStep reserves a step; along ride in its round trip, on its pipe (the
+	// "running" message before the first step).
+	ReserveStep(ctx context.Context, p quotas.StepParams, along ...func(pipe redis.Pipeliner)) error
+	SettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams) error
+	Release(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (int, error)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
-	// QueueReservePool, SettlePool, GiveBackPool and ThrottlePool draw a step's tokens
+	// ReservePool, SettlePool, GiveBackPool and ThrottlePool draw a step's tokens
 	// from its agent's model pool (see quotas.PoolBinding). The worker asks the pool
 	// once the step's own reservation (ReserveStep) passed; a step its own limits hold
 	// back asks the pool's wait alone (PoolWait), taking no place in its line.
-	QueueReservePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) *quotas.PoolReservation
+	ReservePool(ctx context.Context, p quotas.PoolReserveParams) (quotas.TokenAnswer, error)
 	PoolWait(ctx context.Context, p quotas.PoolReserveParams) (time.Duration, error)
-	SettlePool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
-	GiveBackPool(ctx context.Context, p quotas.PoolSettleParams) (int64, error)
+	SettlePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolSettleParams) (int64, error)
+	GiveBackPool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolSettleParams) (int64, error)
 	ThrottlePool(ctx context.Context, p quotas.PoolThrottleParams) (quotas.PoolThrottle, error)
 }
 
@@ -132,11 +129,10 @@ type WorkerOptions struct {
 	Pools PoolBindings
 	// Events names the pub/sub channel of a task's progress stream; nil publishes none.
 	Events func(taskID string) string
-	// Batch carries the progress messages and a finished task's Redis calls, shared
-	// with the other workers' calls of the same moment; nil makes one on the
-	// worker's client. The App gives the one its Scheduler and Quotas use, so that
-	// the calls the worker attaches to Done and ReserveStep (redisx.WithAlong) share
-	// their round trips.
+	// Batch carries the progress messages, a step's settlements and a finished
+	// task's Redis calls, shared with the other workers' calls of the same moment;
+	// nil makes one on the worker's client. The App gives the one its Scheduler and
+	// Quotas use.
 	Batch *redisx.Batch
 }
 
@@ -502,7 +498,7 @@ func (w *Worker) park(r *taskRun, took time.Duration) {
 
 // queueReleaseLease queues the release of a task's session lease.
 func (w *Worker) queueReleaseLease(tenantID, taskID string) func(redis.Pipeliner) {
-	return func(pipe redis.Pipeliner) { w.limits.QueueRelease(context.Background(), pipe, tenantID, taskID) }
+	return func(pipe redis.Pipeliner) { _, _ = w.limits.Release(context.Background(), pipe, tenantID, taskID) }
 }
 
 // release frees a delivery's dispatch slots (took < 0: charge no worker time). tail
@@ -512,15 +508,10 @@ func (w *Worker) queueReleaseLease(tenantID, taskID string) func(redis.Pipeliner
 func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.Pipeliner)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	actx, along := redisx.WithAlong(ctx, tail...)
-	err := w.slots.Done(actx, p, took)
-	if tailErr := along.Send(ctx, w.batch); tailErr != nil && err == nil {
-		// The settlement or the lease release: the janitor repairs both (a lease also
+	if err := w.slots.Done(ctx, p, took, tail...); err != nil {
+		// The janitor repairs the slots, the settlement and the lease (which also
 		// lapses with its TTL); a lost progress message is re-read from Postgres.
-		w.log.Warn("a finished task's quota settlement, lease release or last message failed", "task_id", p.TaskID, "err", tailErr)
-	}
-	if err != nil {
-		w.log.Error("releasing task slot failed", "task_id", p.TaskID, "err", err)
+		w.log.Error("releasing a task's slots, or its settlement, lease release or last message, failed", "task_id", p.TaskID, "err", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 // (its queue is empty), to its finish pass, so a tenant that keeps its queue shallow
 // is corrected like any other. A tenant leaving capped is stamped (conf "uncap", see
 // HeldBack). An idle tenant's conf stays, with its ttl, for its next
-// submission. It returns 1 if the task held a pool slot (the caller releases it), else
+// submission. It returns 1 if the task held a worker slot (the caller releases it), else
 // 0. The keys and arguments are doneScript's; parkScript shares them.
 const luaRelease = `
 local function release()
@@ -68,45 +69,62 @@ end
 // ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] tenant   ARGV[4] dispatching member
 // ARGV[5] estimate charged (ms)   ARGV[6] worker time taken (ms, -1 if unknown)
 // ARGV[7] ttl s
-// Returns 1 if the task held a pool slot (the caller releases it), else 0.
+// Returns 1 if the task held a worker slot (the caller releases it), else 0.
 var doneScript = redisx.NewScript(luaNow + luaRelease + `
 local held = release()
 redis.call('HDEL', KEYS[7], 'g:' .. ARGV[2])
 return held
 `)
 
-// Done releases a dispatched task's running slot and pool slot, charges its tenant
+// Done releases a dispatched task's running slot and worker slot, charges its tenant
 // the worker time it took (took < 0: unknown, keep the estimate), and wakes the
 // dispatchers. Calling it twice is harmless. p's Priority and EstimateMs rebuild the
 // task's dispatching member, which is still there when its worker was quicker than
 // the dispatcher's confirm; once confirmed, the task is found by its id alone.
 //
-// The script goes through the Scheduler's Batch, with concurrent completions and
-// whatever the caller attached to ctx with redisx.WithAlong (a finished task's
-// settlement and last messages): one round trip for all of them.
-func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration) error {
-	if err := s.freeSlots(ctx, "done", func(pipe redis.Pipeliner) *redis.Cmd { return s.done(ctx, pipe, p, took) }); err != nil {
+// The script goes through the Scheduler's Batch, with concurrent completions; along
+// are calls that ride in its round trip, on its pipe (a finished task's settlement,
+// lease release and last messages). The error is the first failed command's, its own
+// or a rider's: the slots are freed either way when its own command succeeded.
+func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration, along ...func(pipe redis.Pipeliner)) error {
+	err := s.freeSlots(ctx, "done", func(pipe redis.Pipeliner) *redis.Cmd { return s.done(ctx, pipe, p, took) }, along)
+	if errors.Is(err, errNotFreed) {
 		return err
 	}
 	s.wake(ctx)
-	return nil
+	return err
 }
 
+// errNotFreed marks a freeSlots error after which the slots may still be held.
+var errNotFreed = errors.New("slots not freed")
+
 // freeSlots runs a script that frees a dispatched task's running slot (luaRelease's
-// callers) through the Batch, and gives the task's pool slot back when the script
-// says the task held one.
-func (s *Scheduler) freeSlots(ctx context.Context, what string, script func(redis.Pipeliner) *redis.Cmd) error {
+// callers) through the Batch, with the calls along, and gives the task's worker slot
+// back when the script says the task held one. An error that wraps errNotFreed says
+// the script did not run or failed; any other is a rider's (or the worker slot's
+// release, which the slot counter pass repairs).
+func (s *Scheduler) freeSlots(ctx context.Context, what string, script func(redis.Pipeliner) *redis.Cmd, along []func(redis.Pipeliner)) error {
 	var cmd *redis.Cmd
-	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { cmd = script(pipe) })
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		cmd = script(pipe)
+		for _, a := range along {
+			a(pipe)
+		}
+	})
 	if cmd == nil {
-		return fmt.Errorf("scheduler: %s: %w", what, err)
+		return fmt.Errorf("scheduler: %s: %w: %w", what, errNotFreed, err)
 	}
-	held, err := cmd.Int()
-	if err != nil {
-		return fmt.Errorf("scheduler: %s: %w", what, err)
+	held, herr := cmd.Int()
+	if herr != nil {
+		return fmt.Errorf("scheduler: %s: %w: %w", what, errNotFreed, herr)
 	}
 	if held == 1 {
-		return s.release(ctx)
+		if rerr := s.release(ctx); rerr != nil {
+			return rerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("scheduler: %s: a call riding along failed: %w", what, err)
 	}
 	return nil
 }

@@ -46,7 +46,7 @@ func scriptUsec(ctx context.Context, b *testing.B, rdb *redis.Client) float64 {
 	return 0
 }
 
-// BenchmarkTake is one dispatch as `agentq bench fairness` measures it (pool slot, fair
+// BenchmarkTake is one dispatch as `agentq bench fairness` measures it (worker slot, fair
 // pick, confirm) with 10 and 10,000 backlogged tenants; the completion is not timed.
 // Run it with -benchtime=3000x, the fairness benchmark's sample count. It reports the
 // round trips of a dispatch and the Redis CPU its scripts took (script-µs/op, which

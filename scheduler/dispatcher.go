@@ -224,10 +224,10 @@ func (d *Dispatcher) untilNextRound() time.Duration {
 }
 
 // RunOnce re-sends stale "dispatching" entries, then dispatches until every shard is
-// empty or the worker pool is full. It returns the number of tasks handed to asynq.
+// empty or every worker slot is taken. It returns the number of tasks handed to asynq.
 //
-// Each dispatch first takes a pool slot (one global counter, so shards share the whole
-// pool), then pops from the shard whose head tenant has the smallest pass: all shards
+// Each dispatch first takes a worker slot (one global counter, so shards share all the
+// slots), then pops from the shard whose head tenant has the smallest pass: all shards
 // share one virtual time, so fairness across shards holds to the same bound as within
 // one.
 func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
@@ -237,7 +237,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 	return d.dispatchAll(ctx)
 }
 
-// dispatchBatch bounds the pool slots one step of a round takes at once: the slots
+// dispatchBatch bounds the worker slots one step of a round takes at once: the slots
 // are taken in one call and the step's tasks confirmed in one round trip, instead of
 // a call of each per task.
 const dispatchBatch = 16
@@ -261,12 +261,12 @@ func (d *Dispatcher) dispatchAll(ctx context.Context) (int, error) {
 	for {
 		slots, err := d.sched.reserveN(ctx, batch)
 		if err != nil || slots == 0 {
-			return n, err // no slot: the pool is full; a completion wakes us
+			return n, err // no slot: every one is taken; a completion wakes us
 		}
 		jobs, popErr := d.pop(ctx, active, slots)
 		if unused := slots - len(jobs); unused > 0 {
 			if rerr := d.sched.releaseN(ctx, unused); rerr != nil {
-				d.log.Warn("releasing unused pool slots failed", "slots", unused, "err", rerr)
+				d.log.Warn("releasing unused worker slots failed", "slots", unused, "err", rerr)
 			}
 		}
 		sent, err := d.sendAll(ctx, jobs)
@@ -508,7 +508,7 @@ func (d *Dispatcher) resendStale(ctx context.Context) error {
 const DefaultEstimateMs = 100
 
 // dispatchScript pops up to ARGV[7] tasks of one shard in weighted-fair order, one
-// after the other as single pops would. The caller holds a pool slot for each. A
+// after the other as single pops would. The caller holds a worker slot for each. A
 // tenant that leaves the ready set because its queue is empty keeps its pass, charge
 // included, as its finish pass (conf field fp); the enqueue that brings it back starts
 // it there (or at the virtual time if later).
@@ -662,7 +662,7 @@ func (s *Scheduler) setCandidates(shard int, c []string) {
 }
 
 // dispatchOne runs dispatchScript on one shard for one task. The caller holds a
-// pool slot.
+// worker slot.
 func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64) (Dispatched, error) {
 	ds, err := s.dispatchMany(ctx, shard, globalVT, 1)
 	if len(ds) == 1 {
@@ -675,7 +675,7 @@ func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64
 const poppedFields = 7
 
 // dispatchMany pops up to want tasks of one shard in fair order, in one call of
-// dispatchScript when its candidates are current. The caller holds a pool slot for
+// dispatchScript when its candidates are current. The caller holds a worker slot for
 // each. It returns what it popped, and errEmpty or errBusy when that is fewer.
 func (s *Scheduler) dispatchMany(ctx context.Context, shard int, globalVT float64, want int) ([]Dispatched, error) {
 	vt := strconv.FormatFloat(globalVT, 'f', -1, 64)
@@ -778,7 +778,7 @@ func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
 	), nil
 }
 
-// Take performs one dispatch — pool slot, fair pick within a shard, confirm — but
+// Take performs one dispatch — worker slot, fair pick within a shard, confirm — but
 // returns the task instead of handing it to asynq (benchmarks, tools). With several
 // shards it takes from the first non-empty one, not the smallest head pass (that is
 // the Dispatcher's job). Finish the task with Done.

@@ -1,6 +1,6 @@
 // Package scheduler moves work from per-tenant Redis queues into a small, fixed set of
 // asynq queues (one per priority band), in weighted-fair order measured in worker
-// time, and never faster than the live worker pool can take it.
+// time, and never faster than the live workers' slots can take it.
 //
 // Design notes:
 //
@@ -22,11 +22,11 @@
 //   - With several shards the dispatcher serves the shard whose head has the smallest
 //     pass, so fairness across shards holds to the same bound as within one.
 //   - A tenant at its running cap is moved from "ready" to "capped" and waits there,
-//     outside the shared pool, until a completion (or a raised cap) brings it back.
-//   - Backpressure: before popping a task the dispatcher takes a slot of the live
-//     worker pool (one counter under the {g} tag: registered workers' slots plus a
+//     outside the shared slots, until a completion (or a raised cap) brings it back.
+//   - Backpressure: before popping a task the dispatcher takes one of the live
+//     workers' slots (one counter under the {g} tag: registered workers' slots plus a
 //     small prefetch); the completion gives it back exactly once. So asynq holds at
-//     most the pool's capacity plus the prefetch, and never becomes a long FIFO.
+//     most the slots plus the prefetch, and never becomes a long FIFO.
 //   - The pop is one Lua script per shard, so several scheduler processes can run with
 //     no leader. Like every script it gets the keys it touches in KEYS: the caller
 //     names candidate tenants (the shard's heads as the previous pop answered them),

@@ -12,7 +12,7 @@ import (
 )
 
 // HeldBack reports whether a tenant's own limits or its own demand, rather than the
-// worker pool, may have held back a task of it created at since that starts now
+// worker slots, may have held back a task of it created at since that starts now
 // (the plans' start commitment, docs/limits.md). It is asked only about a start that
 // came later than the commitment, so its reads cost nothing on the common path.
 //
@@ -43,7 +43,7 @@ func (s *Scheduler) HeldBack(ctx context.Context, tenantID string, since time.Ti
 		return false, err
 	}
 	others := total - of[tenantID]
-	pool, err := s.PoolUsage(ctx)
+	pool, err := s.SlotUsage(ctx)
 	if err != nil {
 		return false, err
 	}

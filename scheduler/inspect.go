@@ -23,7 +23,7 @@ const (
 )
 
 // WaitReason says why a tenant's queued tasks wait: the tenant is at its running cap,
-// the worker pool is full, or other tenants are ahead in fair order (or dispatch is
+// every worker slot is taken, or other tenants are ahead in fair order (or dispatch is
 // about to reach it).
 func (s *Scheduler) WaitReason(ctx context.Context, tenantID string) (string, error) {
 	st, err := s.Standing(ctx, tenantID, nil)
@@ -81,7 +81,7 @@ return {now, n, tonumber(first[2] or now)}
 func (s *Scheduler) Standing(ctx context.Context, tenantID string, taskIDs []string) (Standing, error) {
 	pipe := s.rdb.Pipeline()
 	capped := pipe.ZScore(ctx, s.keys.Capped(s.keys.Shard(tenantID)), tenantID)
-	inflight := pipe.Get(ctx, s.keys.PoolInflight())
+	inflight := pipe.Get(ctx, s.keys.SlotsInflight())
 	slots := pipe.HVals(ctx, s.keys.WorkerSlots())
 	ranks := make([]*redis.IntCmd, len(taskIDs))
 	for i, id := range taskIDs {
@@ -177,32 +177,32 @@ func (s *Scheduler) Depths(ctx context.Context, tenants []string) ([]Depth, erro
 	return out, nil
 }
 
-// Pool is the worker pool as dispatch sees it.
-type Pool struct {
+// WorkerSlots are the live workers' slots as dispatch sees them.
+type WorkerSlots struct {
 	Workers  int   // live worker processes
 	Capacity int64 // their slots
-	// Busy is the pool counter: tasks dispatched (being handed over or in asynq) and
+	// Busy is the slot counter: tasks dispatched (being handed over or in asynq) and
 	// not finished. It may exceed Capacity by up to Prefetch.
 	Busy     int64
 	Prefetch int
 }
 
-// PoolUsage reads the live workers' slots (by Redis's clock, as dispatch counts them)
-// and the pool counter. It changes nothing: dead workers' entries are left for the
+// SlotUsage reads the live workers' slots (by Redis's clock, as dispatch counts them)
+// and the slot counter. It changes nothing: dead workers' entries are left for the
 // next dispatch to remove.
-func (s *Scheduler) PoolUsage(ctx context.Context) (Pool, error) {
+func (s *Scheduler) SlotUsage(ctx context.Context) (WorkerSlots, error) {
 	now, err := s.clockMs(ctx)
 	if err != nil {
-		return Pool{}, err
+		return WorkerSlots{}, err
 	}
 	pipe := s.rdb.Pipeline()
 	live := pipe.ZRangeByScore(ctx, s.keys.Workers(), &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now, 10), Max: "+inf"})
 	slots := pipe.HGetAll(ctx, s.keys.WorkerSlots())
-	busy := pipe.Get(ctx, s.keys.PoolInflight())
+	busy := pipe.Get(ctx, s.keys.SlotsInflight())
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Pool{}, fmt.Errorf("scheduler: pool usage: %w", err)
+		return WorkerSlots{}, fmt.Errorf("scheduler: slot usage: %w", err)
 	}
-	p := Pool{Workers: len(live.Val()), Prefetch: s.prefetch}
+	p := WorkerSlots{Workers: len(live.Val()), Prefetch: s.prefetch}
 	for _, w := range live.Val() {
 		n, _ := strconv.ParseInt(slots.Val()[w], 10, 64)
 		p.Capacity += n

@@ -29,7 +29,7 @@ import (
 // KEYS[1..7] doneScript's   KEYS[8] parked
 // ARGV[1..7] doneScript's   ARGV[8] wait ms from now   ARGV[9] queue score
 // ARGV[10] parked member
-// Returns 1 if the task held a pool slot (the caller releases it), else 0.
+// Returns 1 if the task held a worker slot (the caller releases it), else 0.
 var parkScript = redisx.NewScript(luaNow + luaRelease + `
 local held = release()
 redis.call('ZADD', KEYS[8], now + math.max(0, tonumber(ARGV[8])), ARGV[10])
@@ -49,7 +49,7 @@ type ParkParams struct {
 	CreatedAt time.Time
 }
 
-// Park frees a dispatched task's running and pool slots and keeps it out of its
+// Park frees a dispatched task's running and worker slots and keeps it out of its
 // tenant's queue until p.Wait has passed; the dispatchers then queue it again where it
 // was. Its session lease is left alone: the task is still live.
 func (s *Scheduler) Park(ctx context.Context, p ParkParams) error {
@@ -57,7 +57,7 @@ func (s *Scheduler) Park(ctx context.Context, p ParkParams) error {
 	keys = append(keys, s.keys.Parked(s.keys.Shard(p.Payload.TenantID)))
 	score := strconv.FormatFloat(QueueScore(p.Priority, p.CreatedAt), 'f', -1, 64)
 	args = append(args, p.Wait.Milliseconds(), score, rkeys.ParkedMember(p.Payload.TenantID, p.Payload.TaskID))
-	if err := s.freeSlots(ctx, "park", func(pipe redis.Pipeliner) *redis.Cmd { return parkScript.Run(ctx, pipe, keys, args...) }); err != nil {
+	if err := s.freeSlots(ctx, "park", func(pipe redis.Pipeliner) *redis.Cmd { return parkScript.Run(ctx, pipe, keys, args...) }, nil); err != nil {
 		return err
 	}
 	due := time.Now().Add(p.Wait)
@@ -238,7 +238,7 @@ func (s *Scheduler) parkedHere(due time.Time) bool {
 // more.
 //
 // KEYS[1..7] doneScript's   ARGV[1..7] doneScript's
-// Returns 1 if the task held a pool slot (the caller releases it), else 0.
+// Returns 1 if the task held a worker slot (the caller releases it), else 0.
 var pausedScript = redisx.NewScript(luaNow + luaRelease + `
 local held = release()
 redis.call('HINCRBY', KEYS[7], 'g:' .. ARGV[2], 1)
@@ -246,17 +246,18 @@ redis.call('EXPIRE', KEYS[7], ARGV[7])
 return held
 `)
 
-// Paused frees a paused task's running and pool slots, charging its tenant the worker
-// time it took (took < 0: unknown), and names its next dispatch anew. A paused task
-// holds no slot: the worker that paused it calls this before its delivery ends, and
-// the running-set pass for a worker that died first. Calls attached to ctx
-// (redisx.WithAlong: the lease release) go ahead of it in its round trip, so a task
-// out of its running set has no lease left from its pausing delivery either.
-func (s *Scheduler) Paused(ctx context.Context, p wire.Payload, took time.Duration) error {
+// Paused frees a paused task's running and worker slots, charging its tenant the
+// worker time it took (took < 0: unknown), and names its next dispatch anew. A paused
+// task holds no slot: the worker that paused it calls this before its delivery ends,
+// and the running-set pass for a worker that died first. along are calls that ride in
+// its round trip, on its pipe (the pausing delivery's lease release, so that a task
+// out of its running set has no lease left from it either); the error is Done's.
+func (s *Scheduler) Paused(ctx context.Context, p wire.Payload, took time.Duration, along ...func(pipe redis.Pipeliner)) error {
 	keys, args := s.releaseArgs(p, took)
-	if err := s.freeSlots(ctx, "paused", func(pipe redis.Pipeliner) *redis.Cmd { return pausedScript.Run(ctx, pipe, keys, args...) }); err != nil {
+	err := s.freeSlots(ctx, "paused", func(pipe redis.Pipeliner) *redis.Cmd { return pausedScript.Run(ctx, pipe, keys, args...) }, along)
+	if errors.Is(err, errNotFreed) {
 		return err
 	}
 	s.wake(ctx)
-	return nil
+	return err
 }

@@ -49,7 +49,7 @@ func TestParkFreesTheSlotsAndKeepsThePlace(t *testing.T) {
 	}
 	f.park(d, 1, 100*time.Millisecond)
 
-	// Its running slot and the pool slot are free: the second task goes at once,
+	// Its running slot and the worker slot are free: the second task goes at once,
 	// although the tenant's cap is 1 and the pool has one slot.
 	if parked, err := f.s.IsParked(ctx, "a", first.String()); err != nil || !parked {
 		t.Fatalf("IsParked = %v, %v; want true", parked, err)

@@ -91,10 +91,9 @@ type Scheduler struct {
 type Options struct {
 	Prefetch int          // dispatch may run this many tasks ahead of free worker slots
 	NowMs    func() int64 // test clock; nil uses Redis TIME
-	// Batch carries the pool slot releases of concurrent completions (Done) and a
+	// Batch carries the slot releases of concurrent completions (Done) and a
 	// dispatch round's confirmations in shared round trips; nil makes one on rdb. The
-	// App gives the worker's, so that a finished task's other calls, attached with
-	// redisx.WithAlong, go in Done's round trip.
+	// App gives the worker's, whose other calls of the moment then share them too.
 	Batch *redisx.Batch
 	// WakeInProcess says a Dispatcher on this Scheduler runs in this process (the App
 	// sets it with the scheduler role). A wake-up (after an enqueue or a completion)

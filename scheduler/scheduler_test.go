@@ -69,7 +69,7 @@ func (f *fixture) enqueue(tenant string, priority, weight, cap int) uuid.UUID {
 	return id
 }
 
-// dispatch is one dispatcher step on shard 0: take a pool slot, pop a task.
+// dispatch is one dispatcher step on shard 0: take a worker slot, pop a task.
 func (f *fixture) dispatch() (Dispatched, error) {
 	ctx := context.Background()
 	ok, err := f.s.reserve(ctx)
@@ -415,7 +415,7 @@ func TestDoneIsIdempotentAndConfirmAfterDoneLeaksNothing(t *testing.T) {
 			t.Errorf("%s holds %d after done", name, n)
 		}
 	}
-	if n, _ := f.rdb.Get(ctx, f.keys.PoolInflight()).Int(); n != 0 {
+	if n, _ := f.rdb.Get(ctx, f.keys.SlotsInflight()).Int(); n != 0 {
 		t.Errorf("the pool counts %d tasks in flight after done, want 0 (released exactly once)", n)
 	}
 	// An idle tenant keeps only its conf (estimate, finish pass), and only with a TTL.
@@ -453,7 +453,7 @@ func TestDoneWithLegacyBandPayloadFreesTheDispatchingEntry(t *testing.T) {
 	if n := f.rdb.ZCard(ctx, f.keys.Dispatching(0)).Val(); n != 0 {
 		t.Errorf("dispatching holds %d after done with %s", n, legacy)
 	}
-	if n, _ := f.rdb.Get(ctx, f.keys.PoolInflight()).Int(); n != 0 {
+	if n, _ := f.rdb.Get(ctx, f.keys.SlotsInflight()).Int(); n != 0 {
 		t.Errorf("the pool counts %d tasks in flight after done, want 0", n)
 	}
 }
@@ -477,7 +477,7 @@ func TestEveryKeyExpires(t *testing.T) {
 			// ready/capped/inflight/dispatching are bounded by the number of tenants and
 			// worker slots; they empty as work drains.
 			switch k {
-			case f.keys.Ready(0), f.keys.Capped(0), f.keys.Inflight(0), f.keys.Dispatching(0), f.keys.PoolInflight():
+			case f.keys.Ready(0), f.keys.Capped(0), f.keys.Inflight(0), f.keys.Dispatching(0), f.keys.SlotsInflight():
 				continue
 			}
 			t.Errorf("key %s has no TTL", k)
@@ -739,7 +739,7 @@ func TestLongIdleTenantBanksNoCreditFromItsFinishPass(t *testing.T) {
 
 func TestShallowTenantAcrossShards(t *testing.T) {
 	t.Parallel()
-	// One pool slot: each dispatcher round hands out one task; the shallow tenant,
+	// One worker slot: each dispatcher round hands out one task; the shallow tenant,
 	// on another shard than the backlogged one, resubmits after each of its dispatches.
 	f := newShardedFixture(t, 1, 0, 16)
 	if f.keys.Shard("deep") == f.keys.Shard("shallow1") {
@@ -796,17 +796,17 @@ func TestDepthsAndPoolUsage(t *testing.T) {
 	if got := ds[0].Queued + ds[1].Queued; got != 2 || ds[0].Running+ds[1].Running != 1 || ds[2] != (Depth{}) {
 		t.Fatalf("depths %+v: want 2 queued and 1 running over a and b, nothing for idle", ds)
 	}
-	p, err := f.s.PoolUsage(ctx)
+	p, err := f.s.SlotUsage(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p != (Pool{Workers: 2, Capacity: 8, Busy: 1, Prefetch: 2}) {
+	if p != (WorkerSlots{Workers: 2, Capacity: 8, Busy: 1, Prefetch: 2}) {
 		t.Fatalf("pool %+v", p)
 	}
 	f.mu.Lock()
 	f.clock += 2000 // w2's registration lapses
 	f.mu.Unlock()
-	if p, err = f.s.PoolUsage(ctx); err != nil || p.Workers != 1 || p.Capacity != 3 {
+	if p, err = f.s.SlotUsage(ctx); err != nil || p.Workers != 1 || p.Capacity != 3 {
 		t.Fatalf("pool after w2 lapsed %+v, %v", p, err)
 	}
 }

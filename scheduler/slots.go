@@ -12,11 +12,11 @@ import (
 	"github.com/agentq/agentq/internal/redisx"
 )
 
-// reserveScript takes up to ARGV[3] slots of the live worker pool, as many as are free.
+// reserveScript takes up to ARGV[3] of the live workers' slots, as many as are free.
 //
-// KEYS[1] workers   KEYS[2] worker slots   KEYS[3] pool inflight
+// KEYS[1] workers   KEYS[2] worker slots   KEYS[3] slots inflight
 // ARGV[1] now ms or ""   ARGV[2] prefetch   ARGV[3] slots wanted (default 1)
-// Returns the number of slots taken, 0 if the pool is full.
+// Returns the number of slots taken, 0 if every slot is taken.
 var reserveScript = redis.NewScript(luaNow + `
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #dead > 0 then
@@ -33,9 +33,9 @@ redis.call('EXPIRE', KEYS[3], 86400)
 return n
 `)
 
-// releaseScript gives ARGV[1] pool slots back (default 1; never below zero).
+// releaseScript gives ARGV[1] worker slots back (default 1; never below zero).
 //
-// KEYS[1] pool inflight   ARGV[1] slots
+// KEYS[1] slots inflight   ARGV[1] slots
 var releaseScript = redisx.NewScript(`
 local held = tonumber(redis.call('GET', KEYS[1]) or '0')
 local n = math.min(held, tonumber(ARGV[1] or '1'))
@@ -48,9 +48,9 @@ func (s *Scheduler) reserve(ctx context.Context) (bool, error) {
 	return n == 1, err
 }
 
-// reserveN takes up to n pool slots, as many as are free.
+// reserveN takes up to n worker slots, as many as are free.
 func (s *Scheduler) reserveN(ctx context.Context, n int) (int, error) {
-	got, err := reserveScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots(), s.keys.PoolInflight()},
+	got, err := reserveScript.Run(ctx, s.rdb, []string{s.keys.Workers(), s.keys.WorkerSlots(), s.keys.SlotsInflight()},
 		s.nowArg(), s.prefetch, n).Int()
 	if err != nil {
 		return 0, fmt.Errorf("scheduler: reserve: %w", err)
@@ -60,10 +60,10 @@ func (s *Scheduler) reserveN(ctx context.Context, n int) (int, error) {
 
 func (s *Scheduler) release(ctx context.Context) error { return s.releaseN(ctx, 1) }
 
-// releaseN gives n pool slots back.
+// releaseN gives n worker slots back.
 func (s *Scheduler) releaseN(ctx context.Context, n int) error {
 	// Concurrent workers' releases share a round trip.
-	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { releaseScript.Run(ctx, pipe, []string{s.keys.PoolInflight()}, n) })
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { releaseScript.Run(ctx, pipe, []string{s.keys.SlotsInflight()}, n) })
 	if err != nil {
 		return fmt.Errorf("scheduler: release: %w", err)
 	}
@@ -119,21 +119,21 @@ func (s *Scheduler) Deregister(ctx context.Context, workerID string) error {
 	return nil
 }
 
-// poolFixScript sets the pool counter to the in-flight count measured by the janitor,
+// slotCountFixScript sets the slot counter to the in-flight count measured by the janitor,
 // unless it moved since it was read.
 //
-// KEYS[1] pool inflight   ARGV[1] value read   ARGV[2] measured value
-var poolFixScript = redis.NewScript(`
+// KEYS[1] slots inflight   ARGV[1] value read   ARGV[2] measured value
+var slotCountFixScript = redis.NewScript(`
 if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return -1 end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', 86400)
 return 1
 `)
 
-// ReconcilePool recounts the tasks the worker pool holds (every shard's dispatching
-// and inflight sets) and corrects the pool counter if it drifted (a crash between a
+// ReconcileSlots recounts the tasks the worker slots hold (every shard's dispatching
+// and inflight sets) and corrects the slot counter if it drifted (a crash between a
 // reservation and its release). It returns the drift it corrected.
-func (s *Scheduler) ReconcilePool(ctx context.Context) (int64, error) {
-	before, err := s.rdb.Get(ctx, s.keys.PoolInflight()).Int64()
+func (s *Scheduler) ReconcileSlots(ctx context.Context) (int64, error) {
+	before, err := s.rdb.Get(ctx, s.keys.SlotsInflight()).Int64()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, err
 	}
@@ -150,7 +150,7 @@ func (s *Scheduler) ReconcilePool(ctx context.Context) (int64, error) {
 	if actual == before {
 		return 0, nil
 	}
-	n, err := poolFixScript.Run(ctx, s.rdb, []string{s.keys.PoolInflight()}, strconv.FormatInt(before, 10), actual).Int()
+	n, err := slotCountFixScript.Run(ctx, s.rdb, []string{s.keys.SlotsInflight()}, strconv.FormatInt(before, 10), actual).Int()
 	if err != nil || n != 1 {
 		return 0, err // it moved: dispatch is busy; the next run looks again
 	}

@@ -118,7 +118,7 @@
 // platform's per window, the minute the commitment lapsed: one per tenant, commitment
 // and minute. Commitments.Waiting, a janitor pass, reports tasks still waiting for
 // their first start the same way, so a lapse is one event whichever sees it first. A wait the tenant's
-// own running cap, demand above its share of the worker pool, or draw above its share
+// own running cap, demand above its share of the worker slots, or draw above its share
 // of the model pool caused is not the platform's and writes nothing (the judges are
 // StartHolds and PoolShares); each event written counts in agentq.sla_breaches.
 package outbox

@@ -254,7 +254,7 @@ func TestASettlementRacingARebuildWritesNothing(t *testing.T) {
 	race := &racing{src: f.ledger, step: func() {
 		// step 2 was reserved before the loss (estimate 10 tokens, 100 µ$) and ends now
 		f.record(task, 2, 30, 300)
-		if err := quotas.New(f.rdb, f.keys, nil).SettleStep(f.ctx, quotas.StepParams{TenantID: "acme", Period: period(),
+		if err := quotas.New(f.rdb, f.keys, nil).SettleStep(f.ctx, nil, quotas.StepParams{TenantID: "acme", Period: period(),
 			Tokens: 30 - 10, CostMicro: 300 - 100}); err != nil {
 			t.Error(err)
 		}
@@ -274,7 +274,7 @@ func TestASettlementRacingARebuildWritesNothing(t *testing.T) {
 		t.Fatalf("rebuilt counters: steps %v tokens %v usd %v, want what the rebuild read: 1, 10, 100", s, tok, usd)
 	}
 	// a settlement after the rebuild books its difference as usual
-	if err := q.SettleStep(f.ctx, quotas.StepParams{TenantID: "acme", Period: period(), Tokens: 5}); err != nil {
+	if err := q.SettleStep(f.ctx, nil, quotas.StepParams{TenantID: "acme", Period: period(), Tokens: 5}); err != nil {
 		t.Fatal(err)
 	}
 	if _, tok, _ := used(t, q, "acme"); tok != 15 {

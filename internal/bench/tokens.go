@@ -586,7 +586,7 @@ func (s *tokSim) reserve(ctx context.Context, t tokTenant, est int64, until time
 }
 
 func (s *tokSim) settle(ctx context.Context, t tokTenant, delta int64) error {
-	_, err := s.q.SettlePool(ctx, quotas.PoolSettleParams{Pool: s.pool, Tenant: t.name, Tokens: delta})
+	_, err := s.q.SettlePool(ctx, nil, quotas.PoolSettleParams{Pool: s.pool, Tenant: t.name, Tokens: delta})
 	return err
 }
 

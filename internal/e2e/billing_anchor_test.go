@@ -82,7 +82,7 @@ func TestBillingDayMoveKeepsMonthlyQuotaCounters(t *testing.T) {
 		t.Fatalf("after a reservation under the old anchor: /v1/usage says %v tokens, want 65", got)
 	}
 	stale.Steps, stale.Tokens = -1, -5 // the step gives its reservation back
-	if err := h.app.Quotas().SettleStep(ctx, stale); err != nil {
+	if err := h.app.Quotas().SettleStep(ctx, nil, stale); err != nil {
 		t.Fatal(err)
 	}
 	agree("after a step under the old anchor gave its reservation back", 60)

@@ -519,7 +519,7 @@ func reasonOf(w *client.WaitReason) string {
 
 // asynq never holds more than the live pool's capacity plus the prefetch, however
 // deep the tenants' backlogs: it stays a short hand-off, not a FIFO that would undo
-// the fair order. A worker gives its pool slot back when its task ends, a moment before
+// the fair order. A worker gives its worker slot back when its task ends, a moment before
 // asynq moves the message out of its active list, so each slot may briefly show one
 // finished task on top: the bound is slots + prefetch + slots (5 here), far below the
 // 30 tasks submitted.

@@ -66,10 +66,10 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	testfactory.TaskEnded(t, db, ended, "completed")
 	// 2. a queued task whose lease and queue entry Redis lost
 	lost := sub()
-	h.app.Quotas().Release(ctx, "jr", lost)
+	h.app.Quotas().Release(ctx, nil, "jr", lost)
 	h.app.Scheduler().Remove(ctx, "jr", uuid.MustParse(lost))
 	// 3. a running task missing from the running set; 4. a running-set entry of an
-	// ended task holding a pool slot
+	// ended task holding a worker slot
 	running := sub()
 	h.app.Scheduler().Remove(ctx, "jr", uuid.MustParse(running))
 	testfactory.TaskRunning(t, db, running)
@@ -77,7 +77,7 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 	if err := h.app.Scheduler().AddRunning(ctx, "jr", ghost); err != nil {
 		t.Fatal(err)
 	}
-	h.app.Redis().Set(ctx, h.app.Keys().PoolInflight(), 5, time.Hour) // drifted pool counter
+	h.app.Redis().Set(ctx, h.app.Keys().SlotsInflight(), 5, time.Hour) // drifted pool counter
 
 	startJanitor(t, e)
 	want := []string{lost, running}
@@ -95,7 +95,7 @@ func TestJanitorReconcilesEachKind(t *testing.T) {
 		return h.app.Redis().ZScore(ctx, h.app.Keys().TenantQueue("jr"), lost).Err() == nil
 	})
 	eventually(t, 10*time.Second, "the pool counter recounted", func() bool {
-		n, _ := h.app.Redis().Get(ctx, h.app.Keys().PoolInflight()).Int()
+		n, _ := h.app.Redis().Get(ctx, h.app.Keys().SlotsInflight()).Int()
 		return n == 0
 	})
 }
@@ -244,7 +244,7 @@ func TestJanitorRescuesTasksLostToAsynq(t *testing.T) {
 		t.Fatalf("running set still holds %v", members)
 	}
 	eventually(t, 10*time.Second, "the pool counter back to 0", func() bool {
-		n, _ := h.app.Redis().Get(ctx, h.app.Keys().PoolInflight()).Int()
+		n, _ := h.app.Redis().Get(ctx, h.app.Keys().SlotsInflight()).Int()
 		return n == 0
 	})
 }

@@ -71,7 +71,7 @@ func lateStart(t *testing.T) *harness {
 	return h
 }
 
-// A full worker pool delays a tenant within its limits and share past its plan's
+// Worker slots all taken delay a tenant within its limits and share past its plan's
 // start commitment: one eligible_breach with the committed and measured values,
 // counted in agentq_sla_breaches_total. A tenant on a plan without the commitment
 // waits as long and has none.
@@ -119,7 +119,7 @@ func TestStartDelayedByAFullPoolIsABreach(t *testing.T) {
 	}
 }
 
-// A task that expires at its start deadline behind a full worker pool, after its
+// A task that expires at its start deadline behind worker slots all taken, after its
 // plan's start commitment lapsed, is a breach written with the expiry, even when no
 // late-start pass ran while it waited.
 func TestExpiryBehindAFullPoolIsABreach(t *testing.T) {

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/riverqueue/river/rivershared/startstop"
 )
@@ -21,7 +22,7 @@ type JanitorConfig struct {
 	Leases      LeasesConfig
 	RunningSets RunningSetsConfig
 	Repush      RepushConfig
-	PoolCounter PoolCounterConfig
+	SlotCounter SlotCounterConfig
 	Recount     QuotaRecountConfig
 	Generation  GenerationCheckConfig
 	Rejections  RejectionFlushConfig
@@ -47,7 +48,7 @@ type Janitor struct {
 	leases     *Leases
 	running    *RunningSets
 	repush     *Repush
-	pool       *PoolCounter
+	slots      *SlotCounter
 	recount    *QuotaRecount
 	generation *GenerationCheck
 	rejections *RejectionFlush
@@ -64,7 +65,7 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 	c.Leases.Interval = iv(c.Leases.Interval)
 	c.RunningSets.Interval = iv(c.RunningSets.Interval)
 	c.Repush.Interval = iv(c.Repush.Interval)
-	c.PoolCounter.Interval = iv(c.PoolCounter.Interval)
+	c.SlotCounter.Interval = iv(c.SlotCounter.Interval)
 	c.Recount.Interval = iv(c.Recount.Interval)
 	e := NewElector(d, c.Elector)
 	// Every kind exists from the start, at 0, for the dashboards and alerts.
@@ -78,7 +79,7 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		leases:  NewLeases(d, e, c.Leases),
 		running: NewRunningSets(d, e, c.RunningSets),
 		repush:  NewRepush(d, e, c.Repush),
-		pool:    NewPoolCounter(d, e, c.PoolCounter),
+		slots:   NewSlotCounter(d, e, c.SlotCounter),
 		recount: NewQuotaRecount(d, e, c.Recount),
 		// The refusal-count flush takes no turn: it repairs nothing the others touch.
 		rejections: NewRejectionFlush(d, e, c.Rejections),
@@ -97,7 +98,7 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 	// and two passes acting on one task at once (the stale pass re-queueing it while
 	// the running-set pass re-adds its entry) would undo each other's work.
 	turn := new(sync.Mutex)
-	j.stale.runMu, j.leases.runMu, j.running.runMu, j.repush.runMu, j.pool.runMu = turn, turn, turn, turn, turn
+	j.stale.runMu, j.leases.runMu, j.running.runMu, j.repush.runMu, j.slots.runMu = turn, turn, turn, turn, turn
 	j.recount.runMu = turn
 	j.generation = newGenerationCheck(d, e, j, c.Generation)
 	return j
@@ -109,7 +110,7 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // Services are the elector and the passes, in the order they start: the elector
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
-	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.pool, j.recount, j.generation, j.rejections, j.webhooks,
+	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.slots, j.recount, j.generation, j.rejections, j.webhooks,
 		j.deadlines, j.lateStarts, j.pauses}
 }
 
@@ -123,7 +124,7 @@ type Report struct {
 	LeasesAdded     int         `json:"leases_added"`
 	RunningRemoved  int         `json:"running_removed"`
 	RunningAdded    int         `json:"running_added"`
-	PoolCorrected   int64       `json:"pool_corrected"`
+	SlotsCorrected  int64       `json:"pool_corrected"`
 	RedisDataLoss   bool        `json:"redis_data_loss"`
 	StaleDeferred   bool        `json:"stale_deferred"` // a new leader left stale tasks alone
 	TenantsReviewed int         `json:"tenants_reviewed"`
@@ -165,8 +166,8 @@ func (j *Janitor) runOnce(ctx context.Context) (Report, error) {
 	p, err := j.repush.runOnce(ctx)
 	rep.Repushed += p.Repushed
 	add(p.Stats, err)
-	c, err := j.pool.runOnce(ctx)
-	rep.PoolCorrected = c.Corrected
+	c, err := j.slots.runOnce(ctx)
+	rep.SlotsCorrected = c.Corrected
 	add(c.Stats, err)
 	return rep, errors.Join(errs...)
 }

@@ -174,7 +174,7 @@ func (p *Leases) review(ctx context.Context, tenants []string, live map[string][
 	}
 	for _, id := range added {
 		if !holdsSlots(states[id]) {
-			_, _ = p.quotas.Release(ctx, owner[id], id.String()) // ended meanwhile
+			_, _ = p.quotas.Release(ctx, nil, owner[id], id.String()) // ended meanwhile
 		} else {
 			res.Added++
 		}
@@ -208,7 +208,7 @@ func (p *Leases) releaseEnded(ctx context.Context, check []uuid.UUID, owner map[
 				continue // maybe an admission still writing its task
 			}
 		}
-		release := p.quotas.Release
+		release := func(ctx context.Context, t, id string) (int, error) { return p.quotas.Release(ctx, nil, t, id) }
 		if st == agentqtype.TaskStatePaused {
 			// A resume may have taken the task's lease since the state was read: a
 			// lease fresher than leaseGrace is the resume's and stays.

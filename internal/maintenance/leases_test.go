@@ -22,7 +22,7 @@ func TestLeasesReleasesAndRestores(t *testing.T) {
 	ended := f.submit("l")
 	testfactory.TaskEnded(t, f.Pool, ended, "completed")
 	lost := f.submit("l")
-	if _, err := f.q.Release(f.ctx, "l", lost.String()); err != nil {
+	if _, err := f.q.Release(f.ctx, nil, "l", lost.String()); err != nil {
 		t.Fatal(err)
 	}
 	waiting := f.submit("l")

@@ -1,7 +1,7 @@
 // Package maintenance holds the services that keep Redis in line with Postgres, the
 // system of record: the recovery sweep, which every scheduler process runs, and the
 // janitor: a leader elector and one pass per kind of drift (stale tasks, leases,
-// running sets, re-push, the pool counter, the quota recount, the generation check),
+// running sets, re-push, the slot counter, the quota recount, the generation check),
 // which run only on the replica the elector chose.
 //
 // Every service has River's startstop shape (Start, Stop, Started). The package does
@@ -109,20 +109,21 @@ type Scheduler interface {
 	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Missing(ctx context.Context, qs []scheduler.Queued) ([]scheduler.Queued, error)
-	Done(ctx context.Context, p wire.Payload, took time.Duration) error
+	Done(ctx context.Context, p wire.Payload, took time.Duration, along ...func(redis.Pipeliner)) error
 	// Paused frees a paused task's slots and names its next dispatch anew.
-	Paused(ctx context.Context, p wire.Payload, took time.Duration) error
+	Paused(ctx context.Context, p wire.Payload, took time.Duration, along ...func(redis.Pipeliner)) error
 	AddRunning(ctx context.Context, tenantID, taskID string) error
 	RunningSets(ctx context.Context, tenants []string) ([][]string, error)
 	MarkGeneration(ctx context.Context) (bool, error)
-	ReconcilePool(ctx context.Context) (int64, error)
+	ReconcileSlots(ctx context.Context) (int64, error)
 	Stranded(ctx context.Context, insp *asynq.Inspector, tenantID, taskID string, priority int, minAge time.Duration) (bool, error)
 }
 
 // Quotas is the part of the limits the lease pass and the quota recount use
 // (*quotas.Quotas).
 type Quotas interface {
-	Release(ctx context.Context, tenantID, taskID string) (int, error)
+	// Release releases a task's leases; the passes send it alone (pipe nil).
+	Release(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (int, error)
 	// ReleaseSettled releases a task's leases unless one is fresher than fresh.
 	ReleaseSettled(ctx context.Context, tenantID, taskID string, fresh time.Duration) (int, error)
 	TouchLeases(ctx context.Context, tenantID string, taskIDs []string) (int, error)

@@ -35,7 +35,7 @@ const (
 	passLeases     = "leases"
 	passRunning    = "running_sets"
 	passRepush     = "repush"
-	passPool       = "pool"
+	passSlots      = "pool"
 	passGeneration = "generation"
 	passPauses     = "pauses"
 	passRecount    = "quota_recount"

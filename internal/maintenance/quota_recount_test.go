@@ -85,7 +85,7 @@ func (f *fixture) step(tenant string, p quotas.StepParams) {
 func (f *fixture) settle(tenant string, p quotas.StepParams) {
 	f.t.Helper()
 	p.TenantID, p.Period = tenant, f.period(tenant)
-	if err := f.q.SettleStep(f.ctx, p); err != nil {
+	if err := f.q.SettleStep(f.ctx, nil, p); err != nil {
 		f.t.Fatal(err)
 	}
 }

@@ -38,7 +38,7 @@ func (c RunningSetsConfig) withDefaults() RunningSetsConfig {
 
 // RunningSetsResult is what one run of the running-set pass corrected.
 type RunningSetsResult struct {
-	Removed  int // entries (and pool slots) of tasks that ended or Postgres does not know
+	Removed  int // entries (and worker slots) of tasks that ended or Postgres does not know
 	Added    int // running tasks missing from their tenant's set
 	Stranded int // dispatched tasks lost to asynq, freed and queued again
 	Stats    PassStats
@@ -53,7 +53,7 @@ type RunningSetsTestSignals struct {
 func (ts *RunningSetsTestSignals) Init(tb testutil.TestingTB) { ts.Ran.Init(tb) }
 
 // RunningSets compares tenants' running sets, which hold the dispatch slots their
-// running caps count, with their live tasks: it frees entries (and their pool slots) of
+// running caps count, with their live tasks: it frees entries (and their worker slots) of
 // tasks that ended or that Postgres does not know, re-adds running tasks missing from
 // the set, and frees and re-queues dispatched tasks that asynq lost before starting
 // them. It walks the tenants from a cursor, within its budget.

@@ -46,9 +46,9 @@ func (ts *StartDeadlinesTestSignals) Init(tb testutil.TestingTB) { ts.Ran.Init(t
 
 // StartDeadlines ends as expired the queued tasks no worker started by their start
 // deadline. A worker's start refuses such a task too (tasks.Lifecycle.Start), but
-// while the pool is full no worker asks for hours, and a deadline is a promise about
+// while every worker slot is taken no worker asks for hours, and a deadline is a promise about
 // when the task stops waiting: this pass keeps it within about a second whatever the
-// pool does.
+// workers do.
 //
 // It runs on the janitor's leader, every second, because the janitor runs in every
 // deployment (one replica leads it) and a pass there runs once per deployment, not

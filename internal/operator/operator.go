@@ -1,6 +1,6 @@
 // Package operator is the operator view's domain service: one read of the whole
 // deployment — every tenant with its fair share of worker time against its
-// entitlement, its queue, its waits and its limit hits; the worker pool; what the
+// entitlement, its queue, its waits and its limit hits; the worker slots; what the
 // janitor corrected; the webhook endpoints and their failing deliveries; the model
 // pools with their configured and effective rates, their use in the last minute and
 // the tenants waiting on them. It reads Postgres (tasks, events, refusal counts,
@@ -71,7 +71,7 @@ type Store interface {
 // Scheduler is what the view reads of the scheduler (*scheduler.Scheduler).
 type Scheduler interface {
 	Depths(ctx context.Context, tenants []string) ([]scheduler.Depth, error)
-	PoolUsage(ctx context.Context) (scheduler.Pool, error)
+	SlotUsage(ctx context.Context) (scheduler.WorkerSlots, error)
 }
 
 // Tenants lists the tenants and resolves their policy (*tenants.Service).
@@ -162,7 +162,7 @@ type Overview struct {
 	TenantsTotal       int      // before the filter
 	TotalWorkerSeconds float64
 	TotalWeightActive  int
-	Pool               scheduler.Pool
+	Slots              scheduler.WorkerSlots
 	Utilisation        float64 // Busy ÷ Capacity, at most 1; 0 without capacity
 	JanitorRuns        []JanitorRun
 	JanitorTotals      []Correction // over LimitHitsOver, by kind
@@ -292,11 +292,11 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 	ov.TenantsTotal = len(rows)
 	ov.Tenants = sortTenants(filterTenants(rows, q.Tenant), q)
 
-	if ov.Pool, err = s.d.Scheduler.PoolUsage(ctx); err != nil {
+	if ov.Slots, err = s.d.Scheduler.SlotUsage(ctx); err != nil {
 		return Overview{}, err
 	}
-	if ov.Pool.Capacity > 0 {
-		ov.Utilisation = min(1, float64(ov.Pool.Busy)/float64(ov.Pool.Capacity))
+	if ov.Slots.Capacity > 0 {
+		ov.Utilisation = min(1, float64(ov.Slots.Busy)/float64(ov.Slots.Capacity))
 	}
 	runs, totals, err := s.d.Store.UnscopedJanitorRuns(ctx, now.Add(-LimitHitsOver), janitorRuns)
 	if err != nil {

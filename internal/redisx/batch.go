@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,6 +20,11 @@ import (
 // It is for the calls on the task path that nothing else waits on in between: a
 // finished task's settlement, lease release, progress message and slot release go
 // together, and with the other workers' ends of the same moment.
+//
+// Calls that must share one round trip are queued on one Do's pipe: a call that owns
+// the round trip takes the calls riding with it as functions of its pipe
+// (scheduler.Done's along), and each riding call takes that pipe as an argument
+// (quotas' Release and SettleStep).
 //
 // Commands keep their own results and errors. A script the server no longer knows
 // (NOSCRIPT, after a Redis restart) is loaded and its command sent again; nothing else
@@ -39,65 +43,9 @@ type Batch struct {
 type batchItem struct {
 	ctx      context.Context
 	queue    func(redis.Pipeliner)
-	along    *Along // commands that ride ahead of queue's (WithAlong), or nil
-	from, to int    // its commands' range in the pipeline, along's first
-	own      int    // where queue's own commands start
+	from, to int // its commands' range in the pipeline
 	cmds     []redis.Cmder
 	err      error // the pipeline's own failure (connection), not a command's
-}
-
-// Along is a set of commands that go out in the round trip of another call: the next
-// Batch.Do made under the context WithAlong returned sends them first in its
-// pipeline. Their outcome is the Along's (Send), not that call's, so a domain call
-// that carries them answers for its own commands only.
-type Along struct {
-	queue []func(redis.Pipeliner)
-	taken atomic.Bool
-	cmds  []redis.Cmder
-	err   error
-}
-
-type alongKey struct{}
-
-// WithAlong returns ctx carrying queue to the next Batch.Do made under it (or under a
-// context derived from it), and the Along to read their outcome from. It is how a
-// caller has its own commands share the round trip of a domain call it makes next
-// (a task's "running" message its first step reservation, a finished task's
-// settlement and messages its slot release) without that call's API knowing of
-// pipelines. With nothing to queue it returns ctx and nil.
-func WithAlong(ctx context.Context, queue ...func(redis.Pipeliner)) (context.Context, *Along) {
-	if len(queue) == 0 {
-		return ctx, nil
-	}
-	a := &Along{queue: queue}
-	return context.WithValue(ctx, alongKey{}, a), a
-}
-
-// takeAlong returns the Along ctx carries if no call took it yet.
-func takeAlong(ctx context.Context) *Along {
-	a, _ := ctx.Value(alongKey{}).(*Along)
-	if a == nil || !a.taken.CompareAndSwap(false, true) {
-		return nil
-	}
-	return a
-}
-
-// Send returns the first error of a's commands (redis.Nil aside) once they went out.
-// If no Batch.Do carried them, which happens only when the call made under its
-// context sent nothing through a Batch, it sends them on b now. Call it after that
-// call returned; a nil Along sends nothing.
-func (a *Along) Send(ctx context.Context, b *Batch) error {
-	if a == nil {
-		return nil
-	}
-	if a.taken.CompareAndSwap(false, true) {
-		return b.Do(context.WithValue(ctx, alongKey{}, (*Along)(nil)), func(pipe redis.Pipeliner) {
-			for _, q := range a.queue {
-				q(pipe)
-			}
-		})
-	}
-	return firstErr(a.err, a.cmds)
 }
 
 // NewBatch returns a Batch on rdb. timeout bounds the calls of Go, and a flush whose
@@ -119,13 +67,8 @@ func NewBatch(rdb redis.UniversalClient, timeout time.Duration) *Batch {
 // must have been made with NewScript, so that they can be loaded again if Redis lost
 // them.
 func (b *Batch) Do(ctx context.Context, queue func(pipe redis.Pipeliner)) error {
-	it := &batchItem{ctx: ctx, queue: queue, along: takeAlong(ctx)}
+	it := &batchItem{ctx: ctx, queue: queue}
 	b.g.Do(it)
-	if it.along != nil && len(it.cmds) >= it.own-it.from {
-		it.along.err = it.err
-		it.along.cmds = it.cmds[:it.own-it.from]
-		it.cmds = it.cmds[it.own-it.from:]
-	}
 	return firstErr(it.err, it.cmds)
 }
 
@@ -151,8 +94,7 @@ func (b *Batch) Go(ctx context.Context, queue func(pipe redis.Pipeliner), done f
 	if b.closed {
 		return
 	}
-	// Not the caller's Along: it rides with the caller's own next call.
-	ctx = context.WithValue(context.WithoutCancel(ctx), alongKey{}, (*Along)(nil))
+	ctx = context.WithoutCancel(ctx)
 	b.bg.Go(func() {
 		cctx, cancel := context.WithTimeout(ctx, b.timeout)
 		defer cancel()
@@ -197,12 +139,6 @@ func (b *Batch) flush(items []*batchItem) {
 	pipe := b.rdb.Pipeline()
 	for _, it := range items {
 		it.from = pipe.Len()
-		if it.along != nil {
-			for _, q := range it.along.queue {
-				q(pipe)
-			}
-		}
-		it.own = pipe.Len()
 		it.queue(pipe)
 		it.to = pipe.Len()
 	}

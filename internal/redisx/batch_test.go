@@ -3,6 +3,7 @@ package redisx_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -180,39 +181,53 @@ func TestBatchGoRunsUntilClose(t *testing.T) {
 	}
 }
 
-// Commands attached WithAlong go in the round trip of the next Do under that context,
-// ahead of its own; their failure is the Along's, not the Do's, and Send does not
-// send them again. An Along no Do carried is sent by Send itself.
-func TestAlongRidesInTheNextCallsRoundTrip(t *testing.T) {
+// Calls that share a round trip are queued on one Do's pipe: they go in one round
+// trip, each command keeps its own answer, and one's failure is the Do's error
+// without touching the others' results.
+func TestCallsQueuedOnOnePipeShareItsRoundTrip(t *testing.T) {
 	rdb, prefix, b := newBatch(t)
 	ctx := context.Background()
 	list, n := prefix+"along:list", prefix+"along:n"
-	var pushed *redis.IntCmd
-	actx, along := redisx.WithAlong(ctx, func(pipe redis.Pipeliner) {
-		pushed = pipe.RPush(ctx, list, "running")
-		pipe.HSet(ctx, list, "f", "v") // WRONGTYPE: the Along's failure
-	})
+	hook := &tripsOfKey{key: list}
+	rdb.AddHook(hook)
 	var got *redis.Cmd
-	if err := b.Do(actx, func(pipe redis.Pipeliner) { got = incrBy.Run(ctx, pipe, []string{n}, 2) }); err != nil {
-		t.Fatalf("the carrying call failed with its rider's error: %v", err)
+	var pushed *redis.IntCmd
+	err := b.Do(ctx, func(pipe redis.Pipeliner) {
+		got = incrBy.Run(ctx, pipe, []string{n}, 2)
+		pushed = pipe.RPush(ctx, list, "running")
+		pipe.HSet(ctx, list, "f", "v") // WRONGTYPE
+	})
+	if err == nil {
+		t.Fatal("a failed command of the pipe was not reported")
 	}
 	if v, _ := got.Int(); v != 2 || pushed.Val() != 1 {
 		t.Fatalf("incr %d, push %d", v, pushed.Val())
 	}
-	if err := along.Send(ctx, b); err == nil {
-		t.Fatal("the rider's failed command was not reported by Send")
+	if hook.trips != 1 || hook.cmds != 3 {
+		t.Fatalf("the commands went in %d round trips with %d commands of the call, want 1 with 3", hook.trips, hook.cmds)
 	}
-	if err := b.Do(actx, func(pipe redis.Pipeliner) { pipe.Incr(ctx, n) }); err != nil {
-		t.Fatal(err)
-	}
-	if l := rdb.LLen(ctx, list).Val(); l != 1 {
-		t.Fatalf("list length %d: the rider went more than once", l)
-	}
-	_, alone := redisx.WithAlong(ctx, func(pipe redis.Pipeliner) { pipe.RPush(ctx, list, "alone") })
-	if err := alone.Send(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	if l := rdb.LLen(ctx, list).Val(); l != 2 {
-		t.Fatalf("list length %d: an Along no call carried was not sent by Send", l)
+}
+
+// tripsOfKey counts the round trips that carry commands on key, and those commands
+// of the counted trips that are not on key.
+type tripsOfKey struct {
+	key         string
+	trips, cmds int
+}
+
+func (h *tripsOfKey) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *tripsOfKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.count([]redis.Cmder{cmd}); return next(ctx, cmd) }
+}
+func (h *tripsOfKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.count(cmds); return next(ctx, cmds) }
+}
+
+func (h *tripsOfKey) count(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if slices.Contains(c.Args(), any(h.key)) {
+			h.trips, h.cmds = h.trips+1, h.cmds+len(cmds)
+			return
+		}
 	}
 }

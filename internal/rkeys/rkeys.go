@@ -79,7 +79,7 @@ func (k Keys) Capped(shard int) string { return k.tag(shard) + ":capped" }
 // dispatched, raised to the dispatchers' global virtual time after each round.
 func (k Keys) VirtualTime(shard int) string { return k.tag(shard) + ":vt" }
 
-// Inflight is the shard's ZSET of task ids handed to the worker pool and not finished,
+// Inflight is the shard's ZSET of task ids handed to the workers and not finished,
 // scored by dispatch time (ms).
 func (k Keys) Inflight(shard int) string { return k.tag(shard) + ":inflight" }
 
@@ -156,8 +156,8 @@ func (k Keys) TenantKeysPattern(shard int, tenantGlob string) string {
 	return k.tag(shard) + ":*:" + tenantGlob
 }
 
-// globalTag is the hash tag of the few keys shared by all shards: the worker pool's
-// capacity. Scripts touch them apart from any shard's keys, so each stays single-slot.
+// globalTag is the hash tag of the few keys shared by all shards: the worker slots'
+// count. Scripts touch them apart from any shard's keys, so each stays single-slot.
 func (k Keys) globalTag() string { return k.prefix + "{g}" }
 
 // Workers is the ZSET of live worker ids scored by heartbeat expiry (ms).
@@ -176,9 +176,9 @@ func (k Keys) Generation() string { return k.globalTag() + ":generation" }
 // shards' markers, which Generation's (on another node) would not tell.
 func (k Keys) ShardGeneration(shard int) string { return k.tag(shard) + ":generation" }
 
-// PoolInflight is the STRING counting tasks handed to the worker pool (dispatching or
+// SlotsInflight is the STRING counting tasks handed to the worker slots (dispatching or
 // in asynq) and not finished, across shards: the backpressure gate.
-func (k Keys) PoolInflight() string { return k.globalTag() + ":inflight" }
+func (k Keys) SlotsInflight() string { return k.globalTag() + ":inflight" }
 
 // WakeChannel is the pub/sub channel that wakes dispatchers (admissions, completions).
 func (k Keys) WakeChannel() string { return k.prefix + "wake" }

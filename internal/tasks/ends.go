@@ -15,10 +15,9 @@ import (
 	"github.com/agentq/agentq/quotas"
 )
 
-// LeaseReleaser queues the release of a task's session leases on a pipe
-// (quotas.Quotas.QueueRelease).
+// LeaseReleaser releases a task's session leases, queued on pipe (quotas.Quotas.Release).
 type LeaseReleaser interface {
-	QueueRelease(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (sessions, longRunning *redis.IntCmd)
+	Release(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (int, error)
 }
 
 // QueueRemover takes a queued task off its tenant's queue or out of the parked set
@@ -121,7 +120,7 @@ func (e *Ends) calls(c Change) []func(redis.Pipeliner) {
 	msg.Output = t.Output
 	body := msg.Encode()
 	calls := []func(redis.Pipeliner){
-		func(pipe redis.Pipeliner) { e.d.Leases.QueueRelease(context.Background(), pipe, t.TenantID, id) },
+		func(pipe redis.Pipeliner) { _, _ = e.d.Leases.Release(context.Background(), pipe, t.TenantID, id) },
 		func(pipe redis.Pipeliner) { pipe.Publish(context.Background(), e.d.Keys.TaskEvents(id), body) },
 	}
 	if c.Kind == ChangeCancelled {

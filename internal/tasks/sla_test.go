@@ -136,7 +136,7 @@ func TestLateFirstStartIsABreach(t *testing.T) {
 	}
 }
 
-// A late start of a tenant asking for more than its share of the worker pool (its
+// A late start of a tenant asking for more than its share of the worker slots (its
 // own tasks queued behind it: its flood) is not a breach.
 func TestLateStartOfAFloodingTenantIsNoBreach(t *testing.T) {
 	t.Parallel()

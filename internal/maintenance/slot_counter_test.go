@@ -11,13 +11,13 @@ import (
 func TestPoolCounterRecountsTheCounter(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.Redis.Set(f.ctx, f.Keys.PoolInflight(), 5, time.Hour)
-	p := NewPoolCounter(f.Deps, NewElector(f.Deps, ElectorConfig{}), PoolCounterConfig{})
+	f.Redis.Set(f.ctx, f.Keys.SlotsInflight(), 5, time.Hour)
+	p := NewSlotCounter(f.Deps, NewElector(f.Deps, ElectorConfig{}), SlotCounterConfig{})
 	res, err := p.runOnce(f.ctx)
 	if err != nil || res.Corrected != -5 || !res.Stats.Done {
 		t.Fatalf("result %+v, %v; want the counter corrected by -5", res, err)
 	}
-	if n, _ := f.Redis.Get(f.ctx, f.Keys.PoolInflight()).Int(); n != 0 {
+	if n, _ := f.Redis.Get(f.ctx, f.Keys.SlotsInflight()).Int(); n != 0 {
 		t.Fatalf("pool counter %d after the pass, want 0", n)
 	}
 	if res, err := p.runOnce(f.ctx); err != nil || res.Corrected != 0 {
@@ -32,7 +32,7 @@ func TestPassesRunOnlyWhileLeading(t *testing.T) {
 	f := newFixture(t)
 	e := NewElector(f.Deps, ElectorConfig{Interval: 20 * time.Millisecond})
 	e.TestSignals.Init(t)
-	p := NewPoolCounter(f.Deps, e, PoolCounterConfig{Interval: 30 * time.Millisecond})
+	p := NewSlotCounter(f.Deps, e, SlotCounterConfig{Interval: 30 * time.Millisecond})
 	p.TestSignals.Init(t)
 	if err := p.Start(f.ctx); err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func TestPassesRunOnlyWhileLeading(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	p.TestSignals.Ran.RequireEmpty() // no leader yet
 
-	f.Redis.Set(f.ctx, f.Keys.PoolInflight(), 3, time.Hour)
+	f.Redis.Set(f.ctx, f.Keys.SlotsInflight(), 3, time.Hour)
 	if err := e.Start(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +68,8 @@ func TestCorrectionsAreRecorded(t *testing.T) {
 	f := newFixture(t)
 	st := store.New(f.Pool)
 	f.Corrections = st
-	p := NewPoolCounter(f.Deps, NewElector(f.Deps, ElectorConfig{}), PoolCounterConfig{})
-	f.Redis.Set(f.ctx, f.Keys.PoolInflight(), 4, time.Hour)
+	p := NewSlotCounter(f.Deps, NewElector(f.Deps, ElectorConfig{}), SlotCounterConfig{})
+	f.Redis.Set(f.ctx, f.Keys.SlotsInflight(), 4, time.Hour)
 	if _, err := p.runOnce(f.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestCorrectionsAreRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runs) != 1 || runs[0].Pass != passPool || runs[0].Corrections["pool"] != -4 {
+	if len(runs) != 1 || runs[0].Pass != passSlots || runs[0].Corrections["pool"] != -4 {
 		t.Fatalf("runs %+v, want one pool run that corrected -4", runs)
 	}
 	if totals["pool"] != -4 {
