@@ -46,6 +46,8 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 	"github.com/agentq/agentq/web"
@@ -105,8 +107,9 @@ type App struct {
 	replicaPool *pgxpool.Pool
 	keys        rkeys.Keys
 	plans       *quotas.Catalogue
-	quotas      *quotas.Quotas
-	admission   *quotas.Guard
+	quotas      *admission.Store
+	modelPools  *capacity.Pools // the model pools' buckets, which the worker's steps draw on
+	admission   *admission.Guard
 	agents      *runtime.Registry
 	sched       *scheduler.Scheduler
 	dispatcher  *scheduler.Dispatcher
@@ -184,13 +187,14 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.slotBatch = redisx.NewBatch(a.rdb, a.cfg.RedisTimeout)
 	// The API's admissions come in concurrently: they share script calls, each within
 	// the admission timeout. Step reservations share the task path's batch.
-	a.quotas = quotas.New(a.rdb, a.keys, nil, quotas.Options{
+	a.quotas = admission.New(a.rdb, a.keys, nil, admission.Options{
 		Coalesce: a.cfg.Has(config.RoleAPI), CoalesceTimeout: a.cfg.RedisTimeout, Batch: a.batch,
 	})
 	a.quotas.SetUsageSource(usage.NewLedger(a.store), a.archetype)
+	a.modelPools = capacity.NewPools(a.rdb, a.keys, nil, capacity.PoolsOptions{Batch: a.batch})
 	// The request slots' calls have a batch of their own, bounded by the admission
 	// timeout: they must answer as fast as admission does.
-	a.admission = quotas.NewGuard(a.quotas, quotas.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Archetype: a.archetype,
+	a.admission = admission.NewGuard(a.quotas, admission.GuardOptions{Timeout: a.cfg.RedisTimeout, ID: replicaID(), Archetype: a.archetype,
 		Batch: a.slotBatch})
 	a.sched = scheduler.New(a.rdb, a.keys, scheduler.Options{
 		Prefetch: a.cfg.Prefetch, Batch: a.batch, WakeInProcess: a.cfg.Has(config.RoleScheduler),
@@ -226,7 +230,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if err := a.services.Pools.Instrument(mp); err != nil {
 		a.log.Warn("registering the model pools' gauges failed", "err", err)
 	}
-	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, a.quotas, a.rdb, runtime.WorkerOptions{
+	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, stepLimits{a.quotas, a.modelPools}, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
 		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch, Pools: a.services.Pools,
@@ -271,7 +275,7 @@ func (a *App) outboxSubscriber(ts *tenants.Service) *outbox.Subscriber {
 		pol, err := ts.Policy(t)
 		return pol.Limits, err
 	}
-	a.commitments = outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: cachedTenants{ts}, Starts: a.sched, Pools: a.quotas,
+	a.commitments = outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: cachedTenants{ts}, Starts: a.sched, Pools: a.modelPools,
 		SLA: func(t store.Tenant) (quotas.SLA, error) {
 			pol, err := ts.Policy(t)
 			return pol.SLA, err
@@ -300,7 +304,7 @@ func (a *App) outboxSubscriber(ts *tenants.Service) *outbox.Subscriber {
 // entry and pool place gone, its progress stream and, for a cancel, its worker told.
 // Its Redis calls share the task path's batch.
 func (a *App) ends() *tasks.Ends {
-	return tasks.NewEnds(tasks.EndsDeps{Leases: a.quotas, Queue: a.sched, Pools: a.quotas, Redis: a.rdb, Batch: a.batch,
+	return tasks.NewEnds(tasks.EndsDeps{Leases: a.quotas, Queue: a.sched, Pools: a.modelPools, Redis: a.rdb, Batch: a.batch,
 		Keys: a.keys, Log: a.log})
 }
 
@@ -482,6 +486,13 @@ func stopAll(svcs []startstop.Service) {
 	for i := len(svcs) - 1; i >= 0; i-- {
 		svcs[i].Stop()
 	}
+}
+
+// stepLimits are what the worker counts a task's steps against (runtime.Limits): its
+// tenant's period quotas and leases in the limit store, and its agent's model pool.
+type stepLimits struct {
+	*admission.Store
+	*capacity.Pools
 }
 
 // cachedTenants reads the worker's tenants through the tenant service's cache: a

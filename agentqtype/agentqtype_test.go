@@ -37,6 +37,29 @@ func TestRefusalsMatchThroughWrapping(t *testing.T) {
 	}
 }
 
+func TestWaitReasons(t *testing.T) {
+	for _, c := range []struct {
+		r                  agentqtype.WaitReason
+		want               string
+		pool, throttledFor string
+		isPool, throttled  bool
+	}{
+		{r: agentqtype.WaitTokensPerMinute, want: "tokens_per_minute"},
+		{r: agentqtype.WaitPool("shared"), want: "pool:shared", pool: "shared", isPool: true},
+		{r: agentqtype.WaitThrottled("shared"), want: "throttled:shared", throttledFor: "shared", throttled: true},
+		{r: agentqtype.WaitThrottled(""), want: "throttled", throttled: true},
+		{r: "pool:", want: "pool:"},
+		{r: "throttled:", want: "throttled:"},
+	} {
+		pool, isPool := c.r.Pool()
+		th, throttled := c.r.Throttled()
+		if string(c.r) != c.want || pool != c.pool || isPool != c.isPool || th != c.throttledFor || throttled != c.throttled {
+			t.Errorf("%q: Pool() %q %v, Throttled() %q %v; want %q, %q %v, %q %v", c.r, pool, isPool, th, throttled,
+				c.want, c.pool, c.isPool, c.throttledFor, c.throttled)
+		}
+	}
+}
+
 // Every service's missing thing matches the one sentinel, through wrapping, and keeps
 // the sentence the API answers with.
 func TestNotFoundMatchesTheSentinel(t *testing.T) {

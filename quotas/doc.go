@@ -1,10 +1,16 @@
-// Package quotas holds agentq's limits: the plan catalogue and the Redis scripts that
-// check and take every limit in one atomic call.
+// Package quotas holds the words of agentq's limits: every limit's name, the plan
+// catalogue (plans.yaml) with its budgets, commitments (SLA) and answers at a limit
+// (OnLimit), billing periods and their anchors, the effective Limits of a request,
+// and the plain values the limit machinery is asked with and answers with (the
+// params, Decision, Stop, the refusals and waits such as QuotaExceeded and
+// CapacityWait, the token capacity's pools and buckets as configured).
 //
-// The period quota counters (agent_steps_daily, ai_tokens_monthly, usd_monthly) are
-// rebuilt from a UsageSource (the usage ledger) when Redis lost them, before anything
-// is decided on them (seed.go), and a janitor pass recounts them (recount.go).
+// It knows no Redis: the machinery that checks and takes the limits lives in
+// quotas/admission (admission, step reservations, leases, the degraded mode, the
+// period counters' seeding and recount, refusal counts) and quotas/capacity (token
+// buckets and model pools). So a package that only names limits (the store, the
+// tenant service, the usage events, the API's answers) depends on their words, not
+// on Redis scripts.
 //
-// quotas is a leaf: it knows no HTTP, no scheduler and no runtime; what it reads of
-// the ledger comes through the UsageSource interface.
+// quotas is a leaf: it knows no HTTP, no scheduler and no runtime.
 package quotas

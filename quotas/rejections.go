@@ -2,22 +2,26 @@ package quotas
 
 import (
 	"cmp"
-	"context"
-	"fmt"
 	"slices"
-	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/rkeys"
 )
 
-// Refused admissions are counted in Redis by the admission script itself (one HINCRBY
-// per refusal, see admitScript), per tenant, minute and combination of limits that
-// refused, and flushed to Postgres by a janitor pass (rejections.Rejections). So a refusal
-// costs no Postgres write and no extra round trip, and a tenant refused thousands of
-// times a second costs one row per limit per minute.
+// Refusal counts: admission counts what it refused per tenant, minute and combination
+// of limits (one bitmask), in Redis or, while Redis is unreachable, in process; the
+// flush to Postgres (billing/rejections) reads them in these words.
+
+// Bits of the admission script's violated-scope mask, which its refusal counts keep
+// (rkeys.RejectionField).
+var scopeBits = map[string]int64{
+	KeyRate: 1, TenantRate: 2, KeyAgentRate: 4, UserTasksHourly: 8, ConcurrentSessions: 16,
+	LongRunningInflight: 32, QueueBacklog: 64, AgentStepsDaily: 128, AITokensMonthly: 256, USDMonthly: 512,
+}
+
+// ScopeBit is limitType's bit in admission's violated-scope mask (0 for a limit
+// admission does not check).
+func ScopeBit(limitType string) int64 { return scopeBits[limitType] }
 
 // RejectionsTTL bounds the life of a tenant's refusal counts that are never flushed
 // (no janitor running): the flush prunes them long before.
@@ -37,8 +41,8 @@ type RejectionCount struct {
 // TenantRejections are a tenant's refusal counts as Redis holds them.
 type TenantRejections struct {
 	TenantID string
-	// Fields are the raw counts (rkeys.RejectionField → count), which Prune compares
-	// before it deletes one.
+	// Fields are the raw counts (rkeys.RejectionField → count), which the prune
+	// (admission.RejectionCounts.PruneRejections) compares before it deletes one.
 	Fields map[string]int64
 }
 
@@ -92,71 +96,20 @@ var scopeOrder = func() []string {
 	return names
 }()
 
-// RejectingTenants returns the tenants of a shard with refusal counts in Redis.
-func (q *Quotas) RejectingTenants(ctx context.Context, shard int) ([]string, error) {
-	ids, err := q.rdb.SMembers(ctx, q.keys.RejectingTenants(shard)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("quotas: rejecting tenants: %w", err)
-	}
-	slices.Sort(ids)
-	return ids, nil
+// MaxLocalRejections bounds a replica's in-process refusal counts: (tenant, limit,
+// minute) entries. At the bound, a refusal of an entry not yet counted is dropped
+// (and the drop logged) until a flush forgets the minutes it copied.
+const MaxLocalRejections = 10000
+
+// LocalRejections are a replica's in-process refusal counts, as a flush reads them.
+type LocalRejections struct {
+	Replica string           // the replica that counted them (admission.GuardOptions.ID)
+	Counts  []LocalRejection // sorted by tenant, minute and limit
 }
 
-// Rejections reads tenants' refusal counts, one pipelined read.
-func (q *Quotas) Rejections(ctx context.Context, tenants []string) ([]TenantRejections, error) {
-	pipe := q.rdb.Pipeline()
-	cmds := make([]*redis.MapStringStringCmd, len(tenants))
-	for i, t := range tenants {
-		cmds[i] = pipe.HGetAll(ctx, q.keys.Rejections(t))
-	}
-	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return nil, fmt.Errorf("quotas: rejections: %w", err)
-	}
-	out := make([]TenantRejections, len(tenants))
-	for i, t := range tenants {
-		out[i] = TenantRejections{TenantID: t, Fields: map[string]int64{}}
-		for f, v := range cmds[i].Val() {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				out[i].Fields[f] = n
-			}
-		}
-	}
-	return out, nil
-}
-
-// pruneRejectionsScript deletes refusal counts that were flushed, and drops the tenant
-// from its shard's set once none are left. A field is deleted only if it still holds
-// the count flushed: one counted again since stays for the next flush.
-//
-// KEYS[1] the tenant's refusal counts (hash)   KEYS[2] the shard's rejecting tenants (set)
-// ARGV[1] tenant id, then pairs: field, the count flushed
-// Returns the number of fields deleted.
-var pruneRejectionsScript = redis.NewScript(`
-local deleted = 0
-for i = 2, #ARGV, 2 do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
-    deleted = deleted + redis.call('HDEL', KEYS[1], ARGV[i])
-  end
-end
-if redis.call('HLEN', KEYS[1]) == 0 then
-  redis.call('SREM', KEYS[2], ARGV[1])
-end
-return deleted
-`)
-
-// PruneRejections deletes a tenant's counts of fields whose value is still the one
-// flushed (fields maps field → count flushed), and forgets the tenant once it has no
-// counts left. It returns how many fields it deleted.
-func (q *Quotas) PruneRejections(ctx context.Context, tenantID string, fields map[string]int64) (int, error) {
-	args := make([]any, 0, 1+2*len(fields))
-	args = append(args, tenantID)
-	for f, n := range fields {
-		args = append(args, f, strconv.FormatInt(n, 10))
-	}
-	n, err := pruneRejectionsScript.Run(ctx, q.rdb,
-		[]string{q.keys.Rejections(tenantID), q.keys.RejectingTenants(q.keys.Shard(tenantID))}, args...).Int()
-	if err != nil {
-		return 0, fmt.Errorf("quotas: prune rejections: %w", err)
-	}
-	return n, nil
+// LocalRejection is how many of a tenant's admissions one limit refused in process
+// in one minute.
+type LocalRejection struct {
+	TenantID string
+	RejectionCount
 }

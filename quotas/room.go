@@ -62,9 +62,10 @@ func BudgetRoom(b TaskBudget, u TaskUse, next NextStep) *Shortfall {
 
 // QuotaRoom is the room a tenant's period quota limitType (agent_steps_daily,
 // ai_tokens_monthly or usd_monthly; limit below 0: off) leaves for a task's next
-// step, nil when the step fits. It is the rule ReserveStep's script applies: the
-// daily steps need one step; tokens and money need the step's estimate, and a step
-// estimated at nothing fits until a positive quota is used up.
+// step, nil when the step fits. It is the rule the step reservation's script
+// applies (admission.Steps.ReserveStep): the daily steps need one step; tokens and
+// money need the step's estimate, and a step estimated at nothing fits until a
+// positive quota is used up.
 func QuotaRoom(limitType string, limit, used int64, next NextStep) *Shortfall {
 	if limit < 0 {
 		return nil
@@ -92,8 +93,8 @@ func QuotaRoom(limitType string, limit, used int64, next NextStep) *Shortfall {
 	return &Shortfall{LimitType: limitType, Limit: limit, Used: used, Need: need, AtLeast: used + need}
 }
 
-// PeriodQuotas are the quotas a step reserves against, in the order ReserveStep
-// checks them.
+// PeriodQuotas are the quotas a step reserves against, in the order the step
+// reservation checks them.
 var PeriodQuotas = []string{AgentStepsDaily, AITokensMonthly, USDMonthly}
 
 // ShortfallAt is the shortfall of a task stopped at stop (its limit's value and the

@@ -1,9 +1,6 @@
 package quotas
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 )
@@ -71,58 +68,3 @@ func TestShortfallInWords(t *testing.T) {
 
 // QuotaRoom says what ReserveStep's script does: for each use, limit and estimate,
 // the room rule refuses exactly the steps Redis refuses.
-func TestQuotaRoomAgreesWithReserveStep(t *testing.T) {
-	t.Parallel()
-	f := newQ(t)
-	ctx := context.Background()
-	for i, c := range []struct {
-		limitType   string
-		limit, used int64
-		next        NextStep
-	}{
-		{USDMonthly, 50_000, 35_000, NextStep{CostMicro: 20_000}},
-		{USDMonthly, 50_000, 30_000, NextStep{CostMicro: 20_000}},
-		{USDMonthly, 50_000, 49_999, NextStep{}},
-		{USDMonthly, 50_000, 50_000, NextStep{}},
-		{USDMonthly, 0, 0, NextStep{}},
-		{AITokensMonthly, 1000, 900, NextStep{Tokens: 200}},
-		{AITokensMonthly, 1000, 800, NextStep{Tokens: 200}},
-		{AgentStepsDaily, 3, 3, NextStep{}},
-		{AgentStepsDaily, 3, 2, NextStep{}},
-	} {
-		tenant := fmt.Sprintf("room-%d", i)
-		used := StepParams{TenantID: tenant, Period: f.period(), Limits: NoLimits()}
-		switch c.limitType {
-		case USDMonthly:
-			used.CostMicro = c.used
-		case AITokensMonthly:
-			used.Tokens = c.used
-		}
-		reserves := 1 // the use in one reservation; the daily steps one step at a time
-		if c.limitType == AgentStepsDaily {
-			reserves = int(c.used)
-		}
-		for range reserves {
-			if err := f.q.ReserveStep(ctx, used); err != nil {
-				t.Fatal(err)
-			}
-		}
-		l := NoLimits()
-		switch c.limitType {
-		case USDMonthly:
-			l.USDMonthlyMicro = c.limit
-		case AITokensMonthly:
-			l.TokensMonthly = c.limit
-		case AgentStepsDaily:
-			l.StepsDaily = c.limit
-		}
-		err := f.q.ReserveStep(ctx, StepParams{TenantID: tenant, Period: f.period(), Limits: l, Tokens: c.next.Tokens, CostMicro: c.next.CostMicro})
-		var qe *QuotaExceeded
-		if err != nil && !errors.As(err, &qe) {
-			t.Fatal(err)
-		}
-		if refused, short := qe != nil, QuotaRoom(c.limitType, c.limit, c.used, c.next) != nil; refused != short {
-			t.Errorf("%s %d of %d, next %+v: Redis refuses %v, the room rule %v", c.limitType, c.used, c.limit, c.next, refused, short)
-		}
-	}
-}

@@ -17,6 +17,8 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -68,7 +70,7 @@ func TestStepWaitsForTokensPerMinuteWithoutAWorker(t *testing.T) {
 	for {
 		got := r.task(id)
 		if got.State == agentqtype.TaskStateQueued && got.Usage.Steps >= 1 && got.Wait.Reason != nil {
-			if *got.Wait.Reason != quotas.WaitTokensPerMinute || got.Wait.Until == nil {
+			if agentqtype.WaitReason(*got.Wait.Reason) != agentqtype.WaitTokensPerMinute || got.Wait.Until == nil {
 				t.Fatalf("parked task waits for %q until %v; want tokens_per_minute and a time", *got.Wait.Reason, got.Wait.Until)
 			}
 			// Postgres says queued first; the slots go back as the delivery returns.
@@ -253,7 +255,7 @@ func TestNoStepRunsUnreservedWhenRedisIsDown(t *testing.T) {
 			if bound {
 				pools["llm"] = quotas.PoolBinding{Pool: quotas.PoolConfig{Name: "llm", TokensPerMinute: 60_000}, TokensPerStep: 100}
 			}
-			w := runtime.NewWorker(r.lc, r.st, r.agents, r.sched, quotas.New(dead, r.keys, nil), r.rdb, runtime.WorkerOptions{
+			w := runtime.NewWorker(r.lc, r.st, r.agents, r.sched, limits{admission.New(dead, r.keys, nil), capacity.NewPools(dead, r.keys, nil)}, r.rdb, runtime.WorkerOptions{
 				Concurrency: 1, Pools: pools, ShutdownTimeout: time.Second,
 			})
 			id := r.submit("llm", `{}`, nil)
@@ -340,7 +342,7 @@ func TestThrottledForeverEndsAtItsWallClock(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if sawReason != quotas.WaitThrottled+":shared" {
+	if agentqtype.WaitReason(sawReason) != agentqtype.WaitThrottled("shared") {
 		t.Fatalf("wait_reason while throttled %q, want throttled:shared", sawReason)
 	}
 	if took := time.Since(began); took > 5*time.Second {

@@ -86,7 +86,7 @@ func TestStepHeldByItsOwnLimitLeavesThePoolAlone(t *testing.T) {
 	id := r.submit("llm", `{"steps":3,"tokens":100}`, nil)
 	r.deliver(w) // step 1 runs; step 2 waits 100 s for the tenant's own bucket
 	got := r.task(id)
-	if got.State != agentqtype.TaskStateQueued || got.Usage.Steps != 1 || got.Wait.Reason == nil || *got.Wait.Reason != quotas.WaitTokensPerMinute {
+	if got.State != agentqtype.TaskStateQueued || got.Usage.Steps != 1 || got.Wait.Reason == nil || agentqtype.WaitReason(*got.Wait.Reason) != agentqtype.WaitTokensPerMinute {
 		t.Fatalf("task %s, %d steps, wait %v; want queued after one step, waiting for tokens_per_minute", got.State, got.Usage.Steps, got.Wait.Reason)
 	}
 	if reqs, placed := r.poolOf("llm", "r"); !within(reqs, 58.9, 59) || placed {
@@ -101,7 +101,7 @@ func TestStepHeldByItsOwnLimitLeavesThePoolAlone(t *testing.T) {
 	id2 := r.submit("llm", `{"steps":1,"tokens":100}`, nil)
 	r.deliver(w)
 	got = r.task(id2)
-	if got.Wait.Reason == nil || *got.Wait.Reason != quotas.WaitTokensPerMinute || got.Wait.Until == nil || time.Until(*got.Wait.Until) < 60*time.Second {
+	if got.Wait.Reason == nil || agentqtype.WaitReason(*got.Wait.Reason) != agentqtype.WaitTokensPerMinute || got.Wait.Until == nil || time.Until(*got.Wait.Until) < 60*time.Second {
 		t.Fatalf("task waits for %v until %v; want tokens_per_minute, about 100 s from now", deref(got.Wait.Reason), got.Wait.Until)
 	}
 	if _, placed := r.poolOf("llm", "r"); placed {

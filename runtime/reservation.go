@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/quotas"
 )
@@ -168,10 +169,10 @@ func (s *reservation) Refund(ctx context.Context) {
 // reservation goes back) and the refusal is reported to the pool, which holds the
 // tenant back (and lowers itself only on evidence across tenants). It returns the
 // wait reason and the wait: the retry time, or the tenant's back-off when longer.
-func (s *reservation) Throttled(ctx context.Context, retry time.Duration) (reason string, wait time.Duration) {
+func (s *reservation) Throttled(ctx context.Context, retry time.Duration) (reason agentqtype.WaitReason, wait time.Duration) {
 	s.Refund(ctx)
 	if !s.bound {
-		return quotas.WaitThrottled, retry
+		return agentqtype.WaitThrottled(""), retry
 	}
 	th, err := s.limits.ThrottlePool(ctx, quotas.PoolThrottleParams{
 		Pool: s.pool.Pool, Tenant: s.tenant, Tokens: s.tokens, RetryAfter: retry})

@@ -20,12 +20,12 @@ import (
 // and a call made on the delivery's context loses the answer, as go-redis does for a
 // context that ends during its read.
 type answerCut struct {
-	*quotas.Quotas
+	limits
 	cancel context.CancelFunc
 }
 
 func (a answerCut) ReserveStep(ctx context.Context, p quotas.StepParams, along ...func(redis.Pipeliner)) error {
-	err := a.Quotas.ReserveStep(context.WithoutCancel(ctx), p, along...)
+	err := a.limits.ReserveStep(context.WithoutCancel(ctx), p, along...)
 	a.cancel()
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -46,7 +46,7 @@ func TestReservationOutlivesItsDeliveryCancel(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
-	w := runtime.NewWorker(r.lc, r.st, r.agents, r.sched, answerCut{Quotas: r.q, cancel: cancel}, r.rdb, runtime.WorkerOptions{
+	w := runtime.NewWorker(r.lc, r.st, r.agents, r.sched, answerCut{limits: r.q, cancel: cancel}, r.rdb, runtime.WorkerOptions{
 		Concurrency: 1, ShutdownTimeout: time.Second, Policies: tenants.NewPolicies(plans, 16),
 		Archetype: &baseservice.Archetype{Logger: slog.New(slog.NewTextHandler(r.log, nil))},
 	})

@@ -603,12 +603,12 @@ func (r *taskRun) tokenEstimate() int64 {
 
 // parkFor sends the task back to queued, to wait without a worker until its capacity
 // is expected (wait from now). The delivery then parks it in Redis (handOff).
-func (r *taskRun) parkFor(reason string, wait time.Duration) {
+func (r *taskRun) parkFor(reason agentqtype.WaitReason, wait time.Duration) {
 	r.flushRunning()
 	tokens, cost := r.res.Park(r.ctx)
 	until := time.Now().Add(wait)
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
-		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: reason, Until: until,
+		return r.w.lifecycle.Park(ctx, tasks.ParkParams{Claim: r.claim, Reason: string(reason), Until: until,
 			StepEstimate: tokens, StepCostEstimate: cost})
 	})
 	switch {
@@ -623,9 +623,9 @@ func (r *taskRun) parkFor(reason string, wait time.Duration) {
 	default:
 		r.end, r.parked = endParked, until
 		r.log.Debug("task parked for token capacity", "wait_reason", reason, "wait", wait)
-		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", reason)))
+		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", string(reason))))
 		parked := wire.StateProgress(r.id, string(agentqtype.TaskStateQueued), "")
-		parked.WaitReason, parked.WaitUntil = reason, &until
+		parked.WaitReason, parked.WaitUntil = string(reason), &until
 		r.w.publish(r.ctx, parked)
 	}
 }

@@ -30,12 +30,21 @@ import (
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 )
 
 // stepFunc is a Go handler agent.
 type stepFunc func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error)
+
+// limits are the worker's limits as the App gives them: the limit store and the model
+// pools.
+type limits struct {
+	*admission.Store
+	*capacity.Pools
+}
 
 func (f stepFunc) Step(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
 	return f(ctx, req)
@@ -71,7 +80,7 @@ type rig struct {
 	rdb    *redis.Client
 	keys   rkeys.Keys
 	sched  *scheduler.Scheduler
-	q      *quotas.Quotas
+	q      limits
 	lc     *tasks.Lifecycle
 	svc    *tasks.Service
 	agents *runtime.Registry
@@ -99,11 +108,11 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		t.Fatal(err)
 	}
 	r := &rig{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys,
-		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: quotas.New(rdb, keys, nil),
+		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: limits{admission.New(rdb, keys, nil), capacity.NewPools(rdb, keys, nil)},
 		agents: runtime.NewRegistry(), log: &logBuffer{}}
 	// Every end's effects, as the App's lifecycle has them.
 	lcOpts.Subscribers = append(slices.Clip(lcOpts.Subscribers), tasks.NewEnds(tasks.EndsDeps{
-		Leases: r.q, Queue: r.sched, Pools: r.q, Redis: rdb, Keys: keys}))
+		Leases: r.q.Store, Queue: r.sched, Pools: r.q.Pools, Redis: rdb, Keys: keys}))
 	r.lc = tasks.NewLifecycle(st, lcOpts)
 	if _, err := st.CreateTenant(r.ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
 		t.Fatal(err)
@@ -111,7 +120,7 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 	logger := slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r.svc = tasks.New(tasks.Deps{
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}),
-		Admission: quotas.NewGuard(r.q, quotas.GuardOptions{Timeout: time.Second}),
+		Admission: admission.NewGuard(r.q.Store, admission.GuardOptions{Timeout: time.Second}),
 		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Archetype: &baseservice.Archetype{Logger: logger},
 	})
 	queues := map[string]int{}

@@ -21,6 +21,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -45,7 +46,7 @@ func newAPIFixture(t *testing.T) *apiFixture {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	arch := &baseservice.Archetype{Logger: log}
-	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
+	guard := admission.NewGuard(admission.New(rdb, rk, nil), admission.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
 	sched := scheduler.New(rdb, rk, scheduler.Options{})
 	svc := services.New(services.Deps{
 		Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Scheduler: sched, Admission: guard,

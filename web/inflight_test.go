@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // A request's inflight_requests slot goes back however its handler ends: an answer,
@@ -26,7 +27,7 @@ func TestInflightSlotReleasedHoweverTheRequestEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := quotas.NewGuard(quotas.New(rdb, keys, nil), quotas.GuardOptions{Timeout: time.Second})
+	g := admission.NewGuard(admission.New(rdb, keys, nil), admission.GuardOptions{Timeout: time.Second})
 	svc := services.New(services.Deps{Pool: testenv.Postgres(t), Plans: plans, Redis: rdb, Keys: keys, Admission: g})
 	s := New(Deps{Tenants: svc.Tenants, Redis: rdb, Keys: keys, Admission: g})
 	ctx := context.Background()

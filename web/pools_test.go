@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 )
 
 var poolFields = []string{"name", "tokens_per_minute", "burst_tokens", "requests_per_minute", "effective_tokens_per_minute",
@@ -60,7 +61,7 @@ func TestPoolHandlers(t *testing.T) {
 
 	// The live state: a tenant drew from the pool, another waits.
 	cfg := quotas.PoolConfig{Name: "llm", TokensPerMinute: 60000}
-	q := f.s.Admission.Quotas()
+	q := capacity.NewPools(f.s.Redis, f.s.Keys, nil)
 	drained := time.Now()
 	if a, err := q.ReservePool(ctx, quotas.PoolReserveParams{Pool: cfg, Tenant: "acme", Weight: 1, Tokens: 60000}); err != nil || !a.Granted {
 		t.Fatalf("reserve: %+v %v", a, err)

@@ -33,6 +33,7 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // Pinger is what readiness needs of Postgres: that it answers.
@@ -58,7 +59,7 @@ type Deps struct {
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
 	Plans      *quotas.Catalogue // nil: the tenant service's
-	Admission  *quotas.Guard
+	Admission  *admission.Guard
 	// Approvals checks the approval links of paused tasks (GET/POST /approve); nil
 	// serves no approvals.
 	Approvals *approval.Signer

@@ -331,7 +331,7 @@ func (s *Server) tokensPerMinuteUsage(ctx context.Context, tenant string, l quot
 		lu.Limit, lu.Remaining = ptr(0.0), ptr(0.0)
 		return lu, nil
 	}
-	st, err := s.Admission.Quotas().TenantTokensLevel(ctx, quotas.TenantTokensParams{
+	st, err := s.Admission.Buckets().TenantTokensLevel(ctx, quotas.TenantTokensParams{
 		Tenant: tenant, PerMinute: l.TokensPerMinute, Burst: l.TokensPerMinuteBurst,
 	})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -65,7 +64,7 @@ type StartHolds interface {
 
 // PoolShares tells whether a tenant asking a model pool for ask tokens is within its
 // weighted share of it, and whether the pool knows the tenant at all
-// (quotas.Quotas.PoolWithinShare).
+// (capacity.Pools.PoolWithinShare).
 type PoolShares interface {
 	PoolWithinShare(ctx context.Context, pool, tenant string, ask int64) (within, known bool, err error)
 }
@@ -158,7 +157,11 @@ func (c *Commitments) Started(ctx context.Context, st *store.Store, t store.Task
 	firstStart := t.Attempt == 1 && t.StartedAt != nil
 	pool, poolWait := "", false
 	if t.Resumed != nil {
-		pool, poolWait = PoolWaited(t.Resumed.Reason)
+		// Only a wait for a shared model pool is one the pool wait commitment covers.
+		// A wait after a throttled answer of the agent's provider is not: the provider
+		// refused, not the pool, and the agent names the retry time (up to an hour);
+		// nor is a wait for the tenant's own tokens a minute.
+		pool, poolWait = agentqtype.WaitReason(t.Resumed.Reason).Pool()
 	}
 	if !firstStart && !poolWait {
 		return nil
@@ -182,15 +185,6 @@ func (c *Commitments) Started(ctx context.Context, st *store.Store, t store.Task
 		return c.poolBreach(ctx, st, t, tenant.Plan, pool, within)
 	}
 	return nil
-}
-
-// PoolWaited tells whether a wait of reason is one for a shared model pool that the
-// pool wait commitment covers ("pool:<name>"), and for which pool. A wait after a
-// throttled answer of the agent's provider ("throttled:<name>") is not: the provider
-// refused, not the pool, and the agent names the retry time (up to an hour); nor is a
-// wait for the tenant's own tokens a minute.
-func PoolWaited(reason string) (pool string, ok bool) {
-	return strings.CutPrefix(reason, "pool:")
 }
 
 // startBreach writes the breach of a first start (or a wait for it, at) later than

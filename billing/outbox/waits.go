@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -23,7 +24,7 @@ type Waits struct {
 // minute share it (its window key). A wait for a shared model pool is not the
 // tenant's limit and writes none here: it is counted per tenant and pool.
 func (w Waits) Parked(ctx context.Context, tx *store.Store, t store.Task) error {
-	if t.Wait.Reason == nil || *t.Wait.Reason != quotas.WaitTokensPerMinute {
+	if t.Wait.Reason == nil || agentqtype.WaitReason(*t.Wait.Reason) != agentqtype.WaitTokensPerMinute {
 		return nil
 	}
 	tenant, err := tx.GetTenant(ctx, t.TenantID)

@@ -6,7 +6,7 @@
 // each limit's current window (Rejections.Current).
 //
 // Admission writes nothing to Postgres when it refuses: the admission script
-// counts each refusal in Redis in the call that refused it (quotas/rejections.go), per
+// counts each refusal in Redis in the call that refused it (quotas/admission/rejections.go), per
 // tenant, minute and set of limits that refused. Rejections.Flush, a janitor pass
 // every second, copies the counts per (tenant, limit, minute) into Postgres, keeping
 // the larger of the stored and the read count (a minute's count only grows, so a copy
@@ -24,7 +24,7 @@
 // falls in. Rejections.Current reports a tenant's refusals in each
 // limit's current window from both stores.
 //
-// Refusals decided in process while Redis is unreachable (quotas.Guard's degraded
+// Refusals decided in process while Redis is unreachable (admission.Guard's degraded
 // mode) are not in Redis: the Guard counts them in memory, per tenant, limit and
 // minute, at most quotas.MaxLocalRejections entries. Rejections.FlushLocal, run every
 // second on each API replica by LocalRejectionFlush and once more when it stops,

@@ -16,7 +16,7 @@ import (
 	"github.com/agentq/agentq/quotas"
 )
 
-// RejectionCounts is where admission counts its refusals (*quotas.Quotas).
+// RejectionCounts is where admission counts its refusals (*admission.RejectionCounts).
 type RejectionCounts interface {
 	RejectingTenants(ctx context.Context, shard int) ([]string, error)
 	Rejections(ctx context.Context, tenants []string) ([]quotas.TenantRejections, error)
@@ -26,7 +26,7 @@ type RejectionCounts interface {
 // Rejections copies the refusal counts admission keeps in Redis into Postgres, writes
 // the limit_hit of each limit's first refusal in its window, and reports a tenant's
 // refusals per window. Admission itself writes nothing to Postgres when it refuses
-// (quotas/rejections.go): however often a tenant is refused, the flush writes one
+// (quotas/admission/rejections.go): however often a tenant is refused, the flush writes one
 // row per limit per minute and at most one event per limit per dedupe window.
 type Rejections struct {
 	Store  *store.Store

@@ -14,7 +14,7 @@ import (
 )
 
 // LocalRejectionCounts is where an API replica counts the admissions it refused in
-// process while Redis was unreachable (*quotas.Guard).
+// process while Redis was unreachable (*admission.Guard).
 type LocalRejectionCounts interface {
 	LocalRejections() quotas.LocalRejections
 	ForgetLocalRejections(flushed quotas.LocalRejections, before time.Time) int

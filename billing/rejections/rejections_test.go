@@ -19,6 +19,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // rejecting is a fixture of refused admissions under a clock the test moves: one
@@ -27,7 +28,7 @@ type rejecting struct {
 	*fixture
 	mu  sync.Mutex
 	now time.Time
-	q   *quotas.Quotas
+	q   *admission.Store
 	rej *rejections.Rejections
 	n   int
 }
@@ -41,7 +42,7 @@ func newRejectingOn(t *testing.T, shards int) *rejecting {
 		f.rdb, f.keys = testenv.Redis(t, shards)
 	}
 	f.exec(`INSERT INTO tenants (id, name, plan, created_at) VALUES ('acme', 'Acme', 'pro', '2026-11-15')`)
-	f.q = quotas.New(f.rdb, f.keys, func() int64 { return f.clock().UnixMilli() })
+	f.q = admission.New(f.rdb, f.keys, func() int64 { return f.clock().UnixMilli() })
 	f.q.SetUsageSource(f.ledger, nil)
 	plans, err := quotas.LoadCatalogue("")
 	if err != nil {
@@ -460,16 +461,16 @@ func TestRefusalFlushWritesEachRoundsEvents(t *testing.T) {
 
 // degradedGuard is admission on a Redis that does not answer: every decision is made
 // in process, and the guard counts what it refuses.
-func (f *rejecting) degradedGuard() *quotas.Guard {
+func (f *rejecting) degradedGuard() *admission.Guard {
 	f.t.Helper()
 	dead := testenv.DeadRedis(f.t)
-	g := quotas.NewGuard(quotas.New(dead, f.keys, nil), quotas.GuardOptions{ID: "replica-1", Timeout: 50 * time.Millisecond, Archetype: &baseservice.Archetype{Clock: f.clock}})
+	g := admission.NewGuard(admission.New(dead, f.keys, nil), admission.GuardOptions{ID: "replica-1", Timeout: 50 * time.Millisecond, Archetype: &baseservice.Archetype{Clock: f.clock}})
 	f.rej.Local = g
 	return g
 }
 
 // refuseDegraded runs n admissions that a tenant_rate of 0 refuses in process.
-func (f *rejecting) refuseDegraded(g *quotas.Guard, n int) {
+func (f *rejecting) refuseDegraded(g *admission.Guard, n int) {
 	f.t.Helper()
 	l := quotas.NoLimits()
 	l.TenantRate = 0

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // After a change of anchor re-seeds a tenant's monthly counters, the re-seeded period
@@ -19,7 +20,7 @@ func TestReseededPeriodHoldsUntilItEnds(t *testing.T) {
 	f.record(task, 1, 100, 0)
 	var clock atomic.Int64
 	clock.Store(time.Now().UnixMilli())
-	q := quotas.New(f.rdb, f.keys, clock.Load)
+	q := admission.New(f.rdb, f.keys, clock.Load)
 	q.SetUsageSource(f.ledger, nil)
 	anchor := quotas.Anchor{Day: time.Now().UTC().Day()%28 + 1}
 	cur := anchor.PeriodAt(time.UnixMilli(clock.Load()))

@@ -18,7 +18,7 @@
 // rebuilt from the ledger, together with them. The admission script (for a tenant with
 // any period quota on, and for the usage report) and the worker's step reservation
 // check the mark in a read they make anyway; without it they answer "unseeded"
-// instead of deciding, and take nothing. The caller (quotas.Quotas, quotas.Guard) then
+// instead of deciding, and take nothing. The caller (quotas/admission: the Store, the Guard) then
 // reads the tenant's use with Ledger.PeriodUsage — one query: steps per hour over the
 // last 25 h, tokens and micro-dollars in the current billing period as quotas computes
 // it — writes it with the seed script, and asks again. So no admission is decided on

@@ -16,6 +16,7 @@ import (
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 type fixture struct {
@@ -35,8 +36,8 @@ func newFixture(t *testing.T) *fixture {
 }
 
 // replica is one process's limits, rebuilding lost counters from src.
-func (f *fixture) replica(src quotas.UsageSource) *quotas.Quotas {
-	q := quotas.New(f.rdb, f.keys, nil)
+func (f *fixture) replica(src quotas.UsageSource) *admission.Store {
+	q := admission.New(f.rdb, f.keys, nil)
 	q.SetUsageSource(src, nil)
 	return q
 }
@@ -78,7 +79,7 @@ func limits() quotas.Limits {
 }
 
 // used reads the counters as /v1/usage does.
-func used(t *testing.T, q *quotas.Quotas, tenant string) (steps, tokens, usd float64) {
+func used(t *testing.T, q *admission.Store, tenant string) (steps, tokens, usd float64) {
 	t.Helper()
 	d, err := q.Admit(context.Background(), quotas.AdmitParams{Mode: quotas.ModePeek, TenantID: tenant, Kid: "k", Limits: limits(), Period: period()})
 	if err != nil {
@@ -200,7 +201,7 @@ func TestConcurrentAdmissionsAfterALossSeedOnce(t *testing.T) {
 	// fast rebuild, find the counters seeded and never read.
 	slowReading := make(chan struct{})
 	srcs := []*counting{{src: f.ledger, delay: 20 * time.Millisecond, after: slowReading}, {src: f.ledger, delay: 400 * time.Millisecond, began: slowReading}}
-	reps := []*quotas.Quotas{f.replica(srcs[0]), f.replica(srcs[1])}
+	reps := []*admission.Store{f.replica(srcs[0]), f.replica(srcs[1])}
 	var wg sync.WaitGroup
 	for i := range 40 {
 		wg.Go(func() {
@@ -254,7 +255,7 @@ func TestASettlementRacingARebuildWritesNothing(t *testing.T) {
 	race := &racing{src: f.ledger, step: func() {
 		// step 2 was reserved before the loss (estimate 10 tokens, 100 µ$) and ends now
 		f.record(task, 2, 30, 300)
-		if err := quotas.New(f.rdb, f.keys, nil).SettleStep(f.ctx, nil, quotas.StepParams{TenantID: "acme", Period: period(),
+		if err := admission.New(f.rdb, f.keys, nil).SettleStep(f.ctx, nil, quotas.StepParams{TenantID: "acme", Period: period(),
 			Tokens: 30 - 10, CostMicro: 300 - 100}); err != nil {
 			t.Error(err)
 		}

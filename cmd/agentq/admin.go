@@ -31,6 +31,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/migrations"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/web"
 )
@@ -66,9 +67,9 @@ func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.Univer
 	// The command's own logger, as set up by main, gets the services' warnings; the
 	// runtime's registry names the built-in agent, which a pool may be bound to.
 	arch := &baseservice.Archetype{Logger: slog.Default()}
-	var guard *quotas.Guard
+	var guard *admission.Guard
 	if rdb != nil {
-		guard = quotas.NewGuard(quotas.New(rdb, rk, nil, quotas.Options{}), quotas.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
+		guard = admission.NewGuard(admission.New(rdb, rk, nil, admission.Options{}), admission.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
 	}
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Agents: runtime.NewRegistry(),
 		Admission: guard, Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: arch})

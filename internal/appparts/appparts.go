@@ -12,7 +12,7 @@ import (
 
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
-	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 	"github.com/agentq/agentq/web"
@@ -24,8 +24,8 @@ type Parts struct {
 	Store     *store.Store
 	Redis     redis.UniversalClient
 	Keys      rkeys.Keys
-	Quotas    *quotas.Quotas
-	Admission *quotas.Guard
+	Quotas    *admission.Store
+	Admission *admission.Guard
 	Scheduler *scheduler.Scheduler
 	Worker    *runtime.Worker
 	API       *web.Server

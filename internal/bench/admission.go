@@ -14,6 +14,7 @@ import (
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // gcraScript is the single-key limiter the admission benchmark compares against: the
@@ -117,9 +118,9 @@ func RunAdmission(ctx context.Context, rdb redis.UniversalClient, o AdmissionOpt
 	}
 	prefix := fmt.Sprintf("bench%d:", time.Now().UnixNano())
 	keys := rkeys.New(prefix, 1)
-	q := quotas.New(rdb, keys, nil)
+	q := admission.New(rdb, keys, nil)
 	// The same state, with admissions coalesced as the API runs them.
-	cq := quotas.New(rdb, keys, nil, quotas.Options{Coalesce: true, CoalesceTimeout: 2 * time.Second})
+	cq := admission.New(rdb, keys, nil, admission.Options{Coalesce: true, CoalesceTimeout: 2 * time.Second})
 	defer redisx.DeletePrefix(context.WithoutCancel(ctx), rdb, prefix)
 	for _, s := range []*redis.Script{gcraScript, emptyScript} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
@@ -152,7 +153,7 @@ func RunAdmission(ctx context.Context, rdb redis.UniversalClient, o AdmissionOpt
 		key := keys.BaselineBucket(fmt.Sprintf("t%d", (int64(w)*7919+seq)%int64(o.Tenants)))
 		return gcraScript.EvalSha(ctx, rdb, []string{key}, 1e6, 1e6, 1, 1).Err()
 	}
-	admitVia := func(q *quotas.Quotas) func(ctx context.Context, w int, seq int64) error {
+	admitVia := func(q *admission.Store) func(ctx context.Context, w int, seq int64) error {
 		return func(ctx context.Context, w int, seq int64) error {
 			n := int64(w)*7919 + seq
 			tenant := fmt.Sprintf("t%d", n%int64(o.Tenants))

@@ -16,6 +16,7 @@ import (
 	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 )
 
 // TokensResult is the result of `agentq bench tokens`: the model pool's algorithm
@@ -157,7 +158,7 @@ func Tokens(ctx context.Context, cfg TokensConfig) (TokensResult, error) {
 		cfg.Prefix = fmt.Sprintf("benchtok%d:", time.Now().UnixNano())
 	}
 	defer redisx.DeletePrefix(context.WithoutCancel(ctx), cfg.Redis, cfg.Prefix)
-	b := &tokBench{cfg: cfg, q: quotas.New(cfg.Redis, rkeys.New(cfg.Prefix, 1), nil)}
+	b := &tokBench{cfg: cfg, q: capacity.NewPools(cfg.Redis, rkeys.New(cfg.Prefix, 1), nil)}
 	out := TokensResult{
 		PoolTokensPerMinute: cfg.PoolTokensPerMinute, PoolBurstTokens: cfg.PoolBurstTokens,
 		StepSizes: tokenStepSizes, WorkersPerTenant: cfg.Workers, StepMs: ms(cfg.Step),
@@ -190,7 +191,7 @@ func Tokens(ctx context.Context, cfg TokensConfig) (TokensResult, error) {
 
 type tokBench struct {
 	cfg TokensConfig
-	q   *quotas.Quotas
+	q   *capacity.Pools
 }
 
 func (b *tokBench) log(f string, a ...any) {
@@ -455,7 +456,7 @@ type tokStep struct {
 
 // tokSim is the simulated workers of one pool.
 type tokSim struct {
-	q    *quotas.Quotas
+	q    *capacity.Pools
 	pool quotas.PoolConfig
 	cfg  TokensConfig
 	up   *upstream // nil: the upstream takes whatever the pool grants

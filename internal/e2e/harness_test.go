@@ -17,20 +17,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentq/agentq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/agentq/agentq"
+
+	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/internal/appparts"
 	"github.com/agentq/agentq/internal/netguard"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
-	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 	"github.com/agentq/agentq/web"
-	"github.com/google/uuid"
 )
 
 // harness is a whole agentq process (API, scheduler, workers) on the test's own
@@ -55,8 +57,8 @@ func newApp(a *agentq.App) app { return app{App: a, parts: appparts.Of(a)} }
 func (a app) Store() *store.Store             { return a.parts.Store }
 func (a app) Redis() redis.UniversalClient    { return a.parts.Redis }
 func (a app) Keys() rkeys.Keys                { return a.parts.Keys }
-func (a app) Quotas() *quotas.Quotas          { return a.parts.Quotas }
-func (a app) Admission() *quotas.Guard        { return a.parts.Admission }
+func (a app) Quotas() *admission.Store        { return a.parts.Quotas }
+func (a app) Admission() *admission.Guard     { return a.parts.Admission }
 func (a app) Scheduler() *scheduler.Scheduler { return a.parts.Scheduler }
 func (a app) Worker() *runtime.Worker         { return a.parts.Worker }
 func (a app) API() *web.Server                { return a.parts.API }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 )
 
 // /v1/usage reports the live tasks with why they wait, the latest limit hits with
@@ -205,7 +206,7 @@ func TestUsageReportsTokensPerMinute(t *testing.T) {
 		lu.Unit != "tokens" || lu.WindowS == nil || *lu.WindowS != 60 {
 		t.Fatalf("an untouched bucket: %+v", lu)
 	}
-	q := quotas.New(h.app.Redis(), h.app.Keys(), nil)
+	q := capacity.NewBuckets(h.app.Redis(), h.app.Keys(), nil)
 	if a, err := q.ReserveTenantTokens(ctx, quotas.TenantTokensParams{Tenant: "tpm", PerMinute: 100000, Tokens: 30000}); err != nil || !a.Granted {
 		t.Fatalf("reserve: %+v %v", a, err)
 	}

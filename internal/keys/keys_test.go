@@ -17,7 +17,7 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
-	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 )
 
 // publisher is the invalidation the CLI and the servers use: a message on the channel
@@ -216,7 +216,7 @@ func TestKeyRotate(t *testing.T) {
 func TestKeyRevokeDropsLimitState(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, "acme")
-	q := quotas.New(e.rdb, e.rk, nil)
+	q := admission.New(e.rdb, e.rk, nil)
 	svc := keys.New(e.st, keys.Options{Invalidator: publisher{e.rdb, e.rk}, Limits: q})
 	k, err := svc.Create(ctx, keys.CreateParams{TenantID: "acme"})
 	if err != nil {

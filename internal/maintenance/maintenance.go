@@ -27,6 +27,7 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -120,7 +121,7 @@ type Scheduler interface {
 }
 
 // Quotas is the part of the limits the lease pass and the quota recount use
-// (*quotas.Quotas).
+// (*admission.Store: its TaskLeases and its Recounter).
 type Quotas interface {
 	// Release releases a task's leases; the passes send it alone (pipe nil).
 	Release(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (int, error)
@@ -148,6 +149,6 @@ var (
 	_ Store         = (*store.Store)(nil)
 	_ Lifecycle     = (*tasks.Lifecycle)(nil)
 	_ Scheduler     = (*scheduler.Scheduler)(nil)
-	_ Quotas        = (*quotas.Quotas)(nil)
+	_ Quotas        = (*admission.Store)(nil)
 	_ CorrectionLog = (*store.Store)(nil)
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
-	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -22,7 +22,7 @@ type fixture struct {
 	t     *testing.T
 	ctx   context.Context
 	sched *scheduler.Scheduler
-	q     *quotas.Quotas
+	q     *admission.Store
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -33,7 +33,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, ctx: context.Background(), sched: scheduler.New(rdb, keys, scheduler.Options{}), q: quotas.New(rdb, keys, nil)}
+	f := &fixture{t: t, ctx: context.Background(), sched: scheduler.New(rdb, keys, scheduler.Options{}), q: admission.New(rdb, keys, nil)}
 	f.Deps = Deps{Store: store.New(pool), Pool: pool, Redis: rdb, Keys: keys, Plans: plans, Scheduler: f.sched, Quotas: f.q}
 	return f
 }

@@ -54,7 +54,7 @@ func (ts *QuotaRecountTestSignals) Init(tb testutil.TestingTB) { ts.Ran.Init(tb)
 // QuotaRecount compares tenants' period quota counters in Redis (the sliding day's
 // steps, the period's tokens and micro-dollars) with the usage ledger and corrects the
 // drift: counters below the ledger are raised to it, counters above it by more than
-// the tenant's running tasks may hold reserved are lowered to that (quotas/recount.go
+// the tenant's running tasks may hold reserved are lowered to that (quotas/admission/recount.go
 // says why that bound). Tenants whose counters Redis lost (unseeded) are skipped: the
 // next admission rebuilds them, and creating them here would keep idle tenants' state
 // alive. It walks the tenants from a cursor, within its budget. Without a ledger

@@ -19,6 +19,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -30,7 +31,7 @@ type fixture struct {
 	sched *scheduler.Scheduler
 	svc   *Service
 	pools *pools.Service
-	q     *quotas.Quotas
+	q     *capacity.Pools
 	now   time.Time
 }
 
@@ -45,8 +46,8 @@ func newFixture(t *testing.T) *fixture {
 	st := store.New(pool)
 	f := &fixture{t: t, ctx: context.Background(), pool: pool, sched: scheduler.New(rdb, keys, scheduler.Options{}),
 		now: time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)}
-	f.q = quotas.New(rdb, keys, func() int64 { return f.now.UnixMilli() })
-	f.pools = pools.New(pools.Deps{Store: st, Quotas: f.q, Agents: runtime.NewRegistry()})
+	f.q = capacity.NewPools(rdb, keys, func() int64 { return f.now.UnixMilli() })
+	f.pools = pools.New(pools.Deps{Store: st, Capacity: f.q, Agents: runtime.NewRegistry()})
 	f.svc = New(Deps{
 		Store: st, Scheduler: f.sched, Tenants: tenants.New(st, plans, tenants.Options{}),
 		Webhooks: webhooks.NewWebhooks(st, webhooks.WebhooksOptions{}), Archetype: &baseservice.Archetype{Clock: func() time.Time { return f.now }},

@@ -3,7 +3,7 @@
 // the agents bound to them, the rules both must satisfy, and the binding lookup
 // through which the workers find, per step, the pool an agent reserves from. The
 // configuration lives in Postgres; a pool's live state (its bucket, effective rate
-// and waiting tenants) in Redis, read through quotas. The admin API and the CLI go
+// and waiting tenants) in Redis, read through quotas/capacity. The admin API and the CLI go
 // through it; it knows nothing of HTTP requests.
 package pools
 
@@ -23,6 +23,7 @@ import (
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 )
 
 // Bounds of a pool's configuration and of a binding.
@@ -63,7 +64,7 @@ type Agents interface {
 // Pool is a pool's configuration with its live state and the agents bound to it.
 type Pool struct {
 	Config    quotas.PoolConfig
-	Status    quotas.PoolStatus // zero when the service has no Quotas
+	Status    quotas.PoolStatus // zero when the service has no Capacity
 	Agents    []AgentTokens     // by agent, never nil
 	CreatedAt time.Time
 	UpdatedAt time.Time
@@ -90,8 +91,8 @@ type Bound struct {
 // Deps are the service's collaborators. Store is required.
 type Deps struct {
 	Store *store.Store
-	// Quotas reads the pools' live state; nil: Get and List show a zero status.
-	Quotas *quotas.Quotas
+	// Capacity reads the pools' live state; nil: Get and List show a zero status.
+	Capacity *capacity.Pools
 	// Agents names the in-process agents; nil: only HTTP agents may be bound.
 	Agents Agents
 	// Now is Binding's cache clock (nil: time.Now).
@@ -242,11 +243,11 @@ func (s *Service) withStatus(ctx context.Context, p store.Pool, bs []store.Agent
 	for _, b := range bs {
 		out.Agents = append(out.Agents, AgentTokens{Agent: b.Agent, TokensPerStep: b.TokensPerStep})
 	}
-	if s.d.Quotas == nil {
+	if s.d.Capacity == nil {
 		out.Status = quotas.PoolStatus{Level: out.Config.Burst(), EffectiveRate: out.Config.TokensPerMinute}
 		return out, nil
 	}
-	st, err := s.d.Quotas.PoolStatus(ctx, out.Config)
+	st, err := s.d.Capacity.PoolStatus(ctx, out.Config)
 	if err != nil {
 		return Pool{}, fmt.Errorf("pools: status of %s: %w", p.Name, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/runtime"
 )
 
@@ -30,7 +31,7 @@ func (c *clock) Add(d time.Duration) {
 
 type fixture struct {
 	st  *store.Store
-	q   *quotas.Quotas
+	q   *capacity.Pools
 	svc *pools.Service
 	clk *clock
 }
@@ -40,7 +41,7 @@ func newFixture(t *testing.T) *fixture {
 	st := store.New(testenv.Postgres(t))
 	rdb, rk := testenv.Redis(t, 1)
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
-	q := quotas.New(rdb, rk, func() int64 { return clk.Now().UnixMilli() })
+	q := capacity.NewPools(rdb, rk, func() int64 { return clk.Now().UnixMilli() })
 	f := &fixture{st: st, q: q, clk: clk}
 	f.svc = f.instance()
 	return f
@@ -48,7 +49,7 @@ func newFixture(t *testing.T) *fixture {
 
 // instance is another process's service on the same Postgres and Redis.
 func (f *fixture) instance() *pools.Service {
-	return pools.New(pools.Deps{Store: f.st, Quotas: f.q, Agents: runtime.NewRegistry(), Now: f.clk.Now})
+	return pools.New(pools.Deps{Store: f.st, Capacity: f.q, Agents: runtime.NewRegistry(), Now: f.clk.Now})
 }
 
 func ptr(n int64) *int64 { return &n }

@@ -236,7 +236,7 @@ func (k Keys) AsynqKeyPrefix() string { return "asynq:{" + k.prefix }
 //	x, per         expiry and newest-period marks
 //	lx             until when the lease sets (Sessions, LongRunning) live at least
 //	sd             the period counters (these and StepsDaily) were rebuilt from the
-//	               usage ledger since Redis last lost them (quotas/seed.go)
+//	               usage ledger since Redis last lost them (quotas/admission/seed.go)
 //
 // The single-name fields (t, nu, uc, x, per, sd, lx) are spelled by the scripts; every
 // combined one is built here, or by a script from the prefix it is given.
@@ -355,7 +355,7 @@ func (k Keys) PanelLinkBucket(tenant, linkID string) string {
 	return k.tenantTag(tenant) + ":plink:" + tenant + ":" + linkID
 }
 
-// --- token capacity (quotas/tokens.go) -------------------------------------------
+// --- token capacity (quotas/capacity) ---------------------------------------------
 
 // TenantTokens is the HASH of a tenant's ai_tokens_per_minute bucket: its level in
 // tokens (l; below zero while a step's excess is carried as debt) at a time in ms (t).

@@ -23,6 +23,8 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -54,10 +56,11 @@ type Deps struct {
 	// a changed tenant's weight applies at its next submission.
 	Scheduler Scheduler
 	// Admission and Agents are needed for Tasks; without either, Tasks is nil.
-	Admission *quotas.Guard
+	Admission *admission.Guard
 	Agents    Agents
-	// Lifecycle makes the tasks' state changes; nil: one over the pool. A process
-	// gives every part the same one, so each change is written the same way.
+	// Lifecycle makes the tasks' state changes; nil: one over the pool whose only
+	// subscriber is a task's end's effects (tasks.Ends). A process gives every part
+	// the same one, so each change is written the same way.
 	Lifecycle *tasks.Lifecycle
 	// Tenants, when set, is the tenants service (NewTenants), made before the
 	// lifecycle whose subscribers read the tenants' policies; nil: New makes it.
@@ -83,7 +86,8 @@ func NewTenants(d Deps) *tenants.Service {
 // the tenants' and keys' options over them.
 type base struct {
 	sched   Scheduler
-	q       *quotas.Quotas // the limit state and the pools' live state; nil without Redis
+	q       *admission.Store // the limit state; nil without Redis
+	live    *capacity.Pools  // the pools' live state; nil without Redis
 	tenants tenants.Options
 	keys    keys.Options
 }
@@ -104,12 +108,15 @@ func (d Deps) base(st *store.Store) base {
 	case d.Admission != nil:
 		b.q = d.Admission.Quotas()
 	case d.Redis != nil:
-		b.q = quotas.New(d.Redis, d.Keys, nil)
+		b.q = admission.New(d.Redis, d.Keys, nil)
 		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
 		b.q.SetUsageSource(usage.NewLedger(st), d.Archetype)
 	}
 	if b.q != nil {
 		b.keys.Limits, b.tenants.Counters = b.q, b.q
+	}
+	if d.Redis != nil {
+		b.live = capacity.NewPools(d.Redis, d.Keys, nil)
 	}
 	return b
 }
@@ -143,7 +150,7 @@ func New(d Deps) *Services {
 	if s.Tenants == nil {
 		s.Tenants = tenants.New(st, d.Plans, b.tenants)
 	}
-	sched, q := b.sched, b.q
+	sched, live := b.sched, b.live
 	wo := d.Webhooks
 	if wo.EndpointLimit == nil {
 		wo.EndpointLimit = s.Tenants.WebhookEndpointLimit
@@ -157,11 +164,20 @@ func New(d Deps) *Services {
 		local = d.Agents
 	}
 	s.Agents = agents.New(st, local)
-	s.Pools = pools.New(pools.Deps{Store: st, Quotas: q, Agents: local})
+	s.Pools = pools.New(pools.Deps{Store: st, Capacity: live, Agents: local})
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
+		lc := d.Lifecycle
+		if lc == nil {
+			// Its only subscriber: what follows a task's end.
+			ed := tasks.EndsDeps{Leases: d.Admission.Quotas(), Queue: sched, Redis: d.Redis, Keys: d.Keys, Log: d.Archetype.Defaults().Logger}
+			if live != nil {
+				ed.Pools = live
+			}
+			lc = tasks.NewLifecycle(st, tasks.LifecycleOptions{Archetype: d.Archetype, Subscribers: []tasks.Subscriber{tasks.NewEnds(ed)}})
+		}
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
-			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle,
+			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: lc,
 			Archetype: d.Archetype,
 		})
 	}

@@ -78,8 +78,9 @@ type TaskPause struct {
 	Count       int
 }
 
-// ResumedWait is a wait a start ended: its reason ("tokens_per_minute",
-// "pool:<name>" or "throttled:<name>") and its length, from the park to the start.
+// ResumedWait is a wait a start ended: its reason (an agentqtype.WaitReason: the
+// tenant's tokens a minute, a model pool, a throttled upstream) and its length, from
+// the park to the start.
 // Until is when its capacity was expected (its wait_until: the dispatcher queued the
 // task again then), and ToUnparkMs its length from the park to Until, or to the start
 // if that came first; the rest of WaitedMs the task waited on its queue.

@@ -12,7 +12,6 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/wire"
-	"github.com/agentq/agentq/quotas"
 )
 
 // LeaseReleaser releases a task's session leases, queued on pipe (quotas.Quotas.Release).
@@ -144,7 +143,7 @@ func (e *Ends) leavePool(ctx context.Context, t store.Task) {
 	if e.d.Pools == nil || t.Wait.Reason == nil || t.Wait.Until == nil {
 		return
 	}
-	pool, ok := quotas.PoolOfWaitReason(*t.Wait.Reason)
+	pool, ok := agentqtype.WaitReason(*t.Wait.Reason).Pool()
 	if !ok {
 		return
 	}

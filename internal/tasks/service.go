@@ -28,6 +28,7 @@ import (
 	"github.com/agentq/agentq/internal/telemetry"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -105,7 +106,7 @@ type Agents interface {
 type Deps struct {
 	Store     *store.Store
 	Tenants   *tenants.Service
-	Admission *quotas.Guard
+	Admission *admission.Guard
 	Queue     Queue
 	Agents    Agents
 	Redis     redis.UniversalClient
@@ -114,8 +115,8 @@ type Deps struct {
 	Tenant func(ctx context.Context, id string) (tenants.Tenant, error)
 	// Lifecycle makes the submission's and the cancel's state changes, and its
 	// subscribers do what follows them (Ends: a cancel's lease release, queue
-	// removal, messages); nil: one over Store whose only subscriber is an Ends over
-	// Admission's quotas, Queue, Redis and Keys.
+	// removal, pool place, messages); nil: one over Store whose only subscriber is an
+	// Ends over Admission's quotas, Queue, Redis and Keys (no model pools).
 	Lifecycle *Lifecycle
 	// Archetype is where the service logs and traces each submission's admission
 	// (agentq.admission); nil: the defaults.
@@ -123,7 +124,7 @@ type Deps struct {
 }
 
 // PoolPlaces is the part of the quotas a task's end uses: a task that ended while it
-// waited for a model pool leaves the pool's line with it (quotas.Quotas.LeavePool).
+// waited for a model pool leaves the pool's line with it (capacity.Pools.LeavePool).
 type PoolPlaces interface {
 	LeavePool(ctx context.Context, pool, tenant string, due time.Time) (bool, error)
 }
@@ -146,8 +147,8 @@ func New(d Deps) *Service {
 	if s.d.Lifecycle == nil {
 		o := LifecycleOptions{Archetype: d.Archetype}
 		if d.Admission != nil {
-			q := d.Admission.Quotas()
-			o.Subscribers = []Subscriber{NewEnds(EndsDeps{Leases: q, Queue: d.Queue, Pools: q, Redis: d.Redis, Keys: d.Keys, Log: arch.Logger})}
+			o.Subscribers = []Subscriber{NewEnds(EndsDeps{Leases: d.Admission.Quotas(), Queue: d.Queue, Redis: d.Redis, Keys: d.Keys,
+				Log: arch.Logger})}
 		}
 		s.d.Lifecycle = NewLifecycle(d.Store, o)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -24,7 +25,7 @@ import (
 // scheduler and pools in Redis.
 type slaEnv struct {
 	*limitEnv
-	q    *quotas.Quotas
+	q    *capacity.Pools
 	rdb  *redis.Client
 	keys rkeys.Keys
 	c    *outbox.Commitments
@@ -37,7 +38,7 @@ func slaSetup(t *testing.T) *slaEnv {
 		t.Fatal(err)
 	}
 	rdb, keys := testenv.Redis(t, 1)
-	e := &slaEnv{limitEnv: &limitEnv{st: store.New(testenv.Postgres(t))}, q: quotas.New(rdb, keys, nil), rdb: rdb, keys: keys}
+	e := &slaEnv{limitEnv: &limitEnv{st: store.New(testenv.Postgres(t))}, q: capacity.NewPools(rdb, keys, nil), rdb: rdb, keys: keys}
 	fast := map[string]quotas.Limit{quotas.SLAStartWithin: 0.2, quotas.SLAPoolWaitWithin: 0.2}
 	for id, p := range map[string]store.CreateTenantParams{
 		"acme": {Plan: "pro", Overrides: fast}, "free": {Plan: "free"}, "flood": {Plan: "pro", Overrides: fast},
@@ -183,7 +184,7 @@ func TestPoolWaitBeyondTheCommitmentIsABreach(t *testing.T) {
 	e.withinPool(t, "gpt", "acme")
 	pooled, own := e.create(t, "acme", 0), e.create(t, "acme", 0)
 	park(pooled, "pool:gpt")
-	park(own, quotas.WaitTokensPerMinute)
+	park(own, string(agentqtype.WaitTokensPerMinute))
 	time.Sleep(300 * time.Millisecond)
 	e.start(t, pooled)
 	e.start(t, own)

@@ -19,6 +19,7 @@ import (
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
+	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/scheduler"
 )
 
@@ -57,7 +58,7 @@ func setup(t *testing.T, tenantIDs ...string) env {
 			t.Fatal(err)
 		}
 	}
-	guard := quotas.NewGuard(quotas.New(rdb, rk, nil), quotas.GuardOptions{Timeout: time.Second})
+	guard := admission.NewGuard(admission.New(rdb, rk, nil), admission.GuardOptions{Timeout: time.Second})
 	deps := tasks.Deps{
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}), Admission: guard,
 		Queue: sched, Agents: agents{}, Redis: rdb, Keys: rk,
@@ -148,7 +149,7 @@ func TestSubmissionIsALifecycleChange(t *testing.T) {
 	if n, err := e.st.CountTasks(ctx, store.CountTasksParams{TenantID: "acme"}); err != nil || n != 0 {
 		t.Fatalf("a rolled-back submission stored %d tasks (%v)", n, err)
 	}
-	if sess, long, err := quotas.New(e.rdb, e.rk, nil).Leases(ctx, "acme"); err != nil || len(sess)+len(long) != 0 {
+	if sess, long, err := admission.New(e.rdb, e.rk, nil).Leases(ctx, "acme"); err != nil || len(sess)+len(long) != 0 {
 		t.Fatalf("a rolled-back submission kept its lease: %v %v %v", sess, long, err)
 	}
 	if n, err := e.rdb.ZCard(ctx, e.rk.TenantQueue("acme")).Result(); err != nil || n != 0 {

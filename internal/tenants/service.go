@@ -44,7 +44,7 @@ type Invalidator interface {
 
 // Counters is what the service needs of the quota counters: re-seeding a tenant's
 // monthly counters from the ledger for the period its new billing anchor puts now in
-// (quotas.Quotas.ReseedAnchor).
+// (admission.Seeder.ReseedAnchor).
 type Counters interface {
 	ReseedAnchor(ctx context.Context, tenantID string, anchor quotas.Anchor) (bool, error)
 }
