@@ -77,8 +77,8 @@ func (d Deps) lifecycle() Lifecycle {
 		return d.Lifecycle
 	}
 	o := tasks.LifecycleOptions{Archetype: d.Archetype}
-	if leases, ok := d.Quotas.(tasks.LeaseReleaser); ok {
-		o.Subscribers = []tasks.Subscriber{tasks.NewEnds(tasks.EndsDeps{Leases: leases, Queue: d.Scheduler, Redis: d.Redis,
+	if d.Quotas != nil {
+		o.Subscribers = []tasks.Subscriber{tasks.NewEnds(tasks.EndsDeps{Leases: d.Quotas, Queue: d.Scheduler, Redis: d.Redis,
 			Keys: d.Keys, Log: d.logger()})}
 	}
 	return tasks.NewLifecycle(store.New(d.Pool), o)
