@@ -89,16 +89,16 @@ type Budget struct {
 // latest.
 const MaxDefaultWallclock = LongRunningThreshold
 
-// UnmarshalYAML reads budget: {default: {...}, ceiling: {...}} and names the flat
-// form of earlier catalogues (budget: {max_steps: ...}) instead of a bare
-// unknown-field error.
+// UnmarshalYAML reads budget: {default: {...}, ceiling: {...}}; a budget's limits
+// written directly under it (budget: {max_steps: ...}) get an error that shows the
+// shape, not a bare unknown-field error.
 func (b *Budget) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.MappingNode {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			switch k := n.Content[i].Value; k {
 			case "default", "ceiling":
 			case "max_steps", "max_wallclock_s", "max_cost_usd":
-				return fmt.Errorf("line %d: budget.%s: a budget has a default and a ceiling now: "+
+				return fmt.Errorf("line %d: budget.%s: a budget holds a default and a ceiling: "+
 					"budget: {default: {max_steps, max_wallclock_s, max_cost_usd}, ceiling: {...}}", n.Content[i].Line, k)
 			default:
 				return fmt.Errorf("line %d: budget: unknown field %q (want default and ceiling)", n.Content[i].Line, k)

@@ -106,7 +106,7 @@ func TestCatalogueBudgetsHaveDefaultsWithinCeilings(t *testing.T) {
 		"a ceiling field of 0":    {doc(ok, "{max_steps: 5, max_wallclock_s: 60, max_cost_usd: 0}"), "budget.ceiling.max_cost_usd must be a number above 0"},
 		"a default field missing": {doc("{max_steps: 5, max_cost_usd: 1}", ok), "budget.default.max_wallclock_s must be a number above 0"},
 		"no budget":               {"plans:\n  p:\n    limits: {tenant_rate: 5}\n", "budget.default.max_steps must be at least 1"},
-		"the earlier flat form":   {"plans:\n  p:\n    budget: {max_steps: 5, max_wallclock_s: 60, max_cost_usd: 1}\n", "a budget has a default and a ceiling now"},
+		"limits without default":  {"plans:\n  p:\n    budget: {max_steps: 5, max_wallclock_s: 60, max_cost_usd: 1}\n", "a budget holds a default and a ceiling"},
 		"an unknown budget field": {"plans:\n  p:\n    budget: {defaults: {}}\n", `unknown field "defaults"`},
 	} {
 		_, err := ParseCatalogue([]byte(tc.doc))

@@ -45,7 +45,8 @@ func TestStepWaitsForTokensPerMinuteWithoutAWorker(t *testing.T) {
 		p, err := tenants.PolicyOf(plans, tn)
 		return p.Limits, err
 	}
-	r := newRig(t, tasks.LifecycleOptions{Parked: outbox.Waits{Events: outbox.Events{}, Limits: limits}.Parked})
+	r := newRig(t, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{
+		&outbox.Subscriber{Waits: outbox.Waits{Events: outbox.Events{}, Limits: limits}}}})
 	// 1,000 tokens a second, a burst of 1,000: each 1,000-token step after the first
 	// waits about a second.
 	r.setOverrides(map[string]quotas.Limit{quotas.AITokensPerMinute: 60_000, quotas.AITokensPerMinute + "_burst": 1000})

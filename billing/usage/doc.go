@@ -40,7 +40,7 @@
 //     step reservation or usage report.
 //   - The mark lives in the hash that holds the counters, so a restart with Redis
 //     intact rebuilds nothing, and a marked tenant's admissions cost what they cost
-//     before. Counters left without the mark by an earlier version are rebuilt once.
+//     before. Counters found without the mark are rebuilt once.
 //
 // What the rebuild cannot see. A step reserved before the loss and recorded in the
 // ledger after the rebuild's read is in neither: its reservation went with Redis, and

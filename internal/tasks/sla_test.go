@@ -52,7 +52,8 @@ func slaSetup(t *testing.T) *slaEnv {
 	c := outbox.NewCommitments(outbox.Commitments{Events: outbox.Events{}, Starts: scheduler.New(rdb, keys, scheduler.Options{}), Pools: e.q,
 		SLA: func(t store.Tenant) (quotas.SLA, error) { return plans.SLAOf(t.Plan, t.Overrides), nil }}, nil)
 	e.c = c
-	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Started: c.Started, Expired: c.Expired})
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{
+		&outbox.Subscriber{Store: e.st, Commitments: c}}})
 	return e
 }
 
