@@ -205,37 +205,27 @@ func New(ctx context.Context, o Options) (*App, error) {
 	for band, w := range scheduler.Bands {
 		queues[a.keys.AsynqQueue(band)] = w
 	}
-	// One lifecycle for every task state change this process makes: submissions and
-	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
-	events := outbox.Events{UpgradeURL: a.cfg.UpgradeURL}
-	limitsOf := func(t store.Tenant) (quotas.Limits, error) {
-		pol, err := a.services.Tenants.Policy(t) // set below, before any task runs
-		return pol.Limits, err
+	// The tenants' policies and cache come before the lifecycle: its subscribers read
+	// them, at every step, park, pause and start.
+	deps := services.Deps{
+		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
+		Admission: a.admission, Agents: a.agents, Archetype: a.archetype,
+		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
 	}
+	tenantSvc := services.NewTenants(deps)
 	secret, _ := sealed.Secret(a.cfg.PanelSecret, a.cfg.AdminToken)
 	if a.approvals, err = approval.NewSigner(secret, a.publicBase, nil); err != nil {
 		a.close()
 		return nil, err
 	}
-	a.commitments = outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: appTenants{a}, Starts: a.sched, Pools: a.modelPools,
-		SLA: func(t store.Tenant) (quotas.SLA, error) {
-			pol, err := a.services.Tenants.Policy(t)
-			return pol.SLA, err
-		}}, a.archetype)
+	// One lifecycle for every task state change this process makes: submissions and
+	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
-		Archetype:      a.archetype,
-		BudgetExceeded: events.BudgetStop,
-		StepRecorded:   outbox.Crossings{Events: events, Limits: limitsOf}.Step,
-		Parked:         outbox.Waits{Events: events, Limits: limitsOf}.Parked,
-		Paused:         a.pauses(events).Paused,
-		Started:        a.commitments.Started,
-		Expired:        a.commitments.Expired,
+		Archetype:   a.archetype,
+		Subscribers: []tasks.Subscriber{a.outboxSubscriber(tenantSvc), a.ends()},
 	})
-	a.services = services.New(services.Deps{
-		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
-		Admission: a.admission, Agents: a.agents, Lifecycle: a.lifecycle, Archetype: a.archetype,
-		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
-	})
+	deps.Lifecycle, deps.Tenants = a.lifecycle, tenantSvc
+	a.services = services.New(deps)
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.archetype)
 	if err := a.services.Pools.Instrument(mp); err != nil {
 		a.log.Warn("registering the model pools' gauges failed", "err", err)
@@ -275,22 +265,47 @@ func (a *App) publicBase() string {
 	return a.cfg.PublicBase()
 }
 
-// pauses writes the events of tasks paused at a limit, with their approval links,
-// valid as long as the tenant's plan lets a task stay paused.
-func (a *App) pauses(events outbox.Events) outbox.Pauses {
-	return outbox.Pauses{
-		Events: events,
-		Timeout: func(t store.Tenant) time.Duration {
-			pol, err := a.services.Tenants.Policy(t) // set before any task runs
-			if err != nil {
-				return quotas.DefaultPauseTimeout
-			}
-			return pol.PauseTimeout
-		},
-		Link: func(tenantID string, task uuid.UUID, pause int, expires time.Time) string {
-			return a.approvals.Link(approval.Claims{TenantID: tenantID, TaskID: task, Pause: pause, Expires: expires})
+// outboxSubscriber writes the usage events of the tasks' state changes, judged by
+// the tenants' policies: threshold crossings, budget stops, waits, pauses with their
+// approval links (valid as long as the tenant's plan lets a task stay paused), and
+// the commitments a start or an expiry shows missed.
+func (a *App) outboxSubscriber(ts *tenants.Service) *outbox.Subscriber {
+	events := outbox.Events{UpgradeURL: a.cfg.UpgradeURL}
+	limitsOf := func(t store.Tenant) (quotas.Limits, error) {
+		pol, err := ts.Policy(t)
+		return pol.Limits, err
+	}
+	a.commitments = outbox.NewCommitments(outbox.Commitments{Events: events, Tenants: cachedTenants{ts}, Starts: a.sched, Pools: a.modelPools,
+		SLA: func(t store.Tenant) (quotas.SLA, error) {
+			pol, err := ts.Policy(t)
+			return pol.SLA, err
+		}}, a.archetype)
+	return &outbox.Subscriber{
+		Store: a.store, Events: events, Log: a.log, Commitments: a.commitments,
+		Crossings: outbox.Crossings{Events: events, Limits: limitsOf},
+		Waits:     outbox.Waits{Events: events, Limits: limitsOf},
+		Pauses: outbox.Pauses{
+			Events: events,
+			Timeout: func(t store.Tenant) time.Duration {
+				pol, err := ts.Policy(t)
+				if err != nil {
+					return quotas.DefaultPauseTimeout
+				}
+				return pol.PauseTimeout
+			},
+			Link: func(tenantID string, task uuid.UUID, pause int, expires time.Time) string {
+				return a.approvals.Link(approval.Claims{TenantID: tenantID, TaskID: task, Pause: pause, Expires: expires})
+			},
 		},
 	}
+}
+
+// ends is what follows every task's end, whoever ended it: its lease back, its queue
+// entry and pool place gone, its progress stream and, for a cancel, its worker told.
+// Its Redis calls share the task path's batch.
+func (a *App) ends() *tasks.Ends {
+	return tasks.NewEnds(tasks.EndsDeps{Leases: a.quotas, Queue: a.sched, Pools: a.modelPools, Redis: a.rdb, Batch: a.batch,
+		Keys: a.keys, Log: a.log})
 }
 
 // connectPostgres connects to Postgres (unless given a pool), to the read replica
@@ -487,14 +502,6 @@ type cachedTenants struct{ s *tenants.Service }
 
 func (c cachedTenants) GetTenant(ctx context.Context, id string) (store.Tenant, error) {
 	return c.s.Lookup(ctx, id)
-}
-
-// appTenants reads a started task's tenant through the tenant service's cache, as
-// cachedTenants does; the service is set after the lifecycle that needs it is made.
-type appTenants struct{ a *App }
-
-func (t appTenants) GetTenant(ctx context.Context, id string) (store.Tenant, error) {
-	return t.a.services.Tenants.Lookup(ctx, id)
 }
 
 // lateStarts is the janitor's late-start pass over the tasks still waiting for their

@@ -3,6 +3,7 @@ package quotas
 import (
 	_ "embed"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -88,16 +89,16 @@ type Budget struct {
 // latest.
 const MaxDefaultWallclock = LongRunningThreshold
 
-// UnmarshalYAML reads budget: {default: {...}, ceiling: {...}} and names the flat
-// form of earlier catalogues (budget: {max_steps: ...}) instead of a bare
-// unknown-field error.
+// UnmarshalYAML reads budget: {default: {...}, ceiling: {...}}; a budget's limits
+// written directly under it (budget: {max_steps: ...}) get an error that shows the
+// shape, not a bare unknown-field error.
 func (b *Budget) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.MappingNode {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			switch k := n.Content[i].Value; k {
 			case "default", "ceiling":
 			case "max_steps", "max_wallclock_s", "max_cost_usd":
-				return fmt.Errorf("line %d: budget.%s: a budget has a default and a ceiling now: "+
+				return fmt.Errorf("line %d: budget.%s: a budget holds a default and a ceiling: "+
 					"budget: {default: {max_steps, max_wallclock_s, max_cost_usd}, ceiling: {...}}", n.Content[i].Line, k)
 			default:
 				return fmt.Errorf("line %d: budget: unknown field %q (want default and ceiling)", n.Content[i].Line, k)
@@ -224,6 +225,20 @@ func (o *OnLimits) UnmarshalYAML(n *yaml.Node) error {
 	delete(m, "default")
 	o.By = m
 	return nil
+}
+
+// MarshalYAML writes what UnmarshalYAML reads: one word when By names no limit, else
+// the map.
+func (o OnLimits) MarshalYAML() (any, error) {
+	if len(o.By) == 0 {
+		return o.Default, nil
+	}
+	m := make(map[string]OnLimit, len(o.By)+1)
+	maps.Copy(m, o.By)
+	if o.Default != "" {
+		m["default"] = o.Default
+	}
+	return m, nil
 }
 
 // DefaultPauseTimeout is how long a task stays paused when its plan does not say.

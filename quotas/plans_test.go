@@ -1,8 +1,11 @@
 package quotas
 
 import (
+	"reflect"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 func TestCatalogueDefaultsAndOverrides(t *testing.T) {
@@ -103,7 +106,7 @@ func TestCatalogueBudgetsHaveDefaultsWithinCeilings(t *testing.T) {
 		"a ceiling field of 0":    {doc(ok, "{max_steps: 5, max_wallclock_s: 60, max_cost_usd: 0}"), "budget.ceiling.max_cost_usd must be a number above 0"},
 		"a default field missing": {doc("{max_steps: 5, max_cost_usd: 1}", ok), "budget.default.max_wallclock_s must be a number above 0"},
 		"no budget":               {"plans:\n  p:\n    limits: {tenant_rate: 5}\n", "budget.default.max_steps must be at least 1"},
-		"the earlier flat form":   {"plans:\n  p:\n    budget: {max_steps: 5, max_wallclock_s: 60, max_cost_usd: 1}\n", "a budget has a default and a ceiling now"},
+		"limits without default":  {"plans:\n  p:\n    budget: {max_steps: 5, max_wallclock_s: 60, max_cost_usd: 1}\n", "a budget holds a default and a ceiling"},
 		"an unknown budget field": {"plans:\n  p:\n    budget: {defaults: {}}\n", `unknown field "defaults"`},
 	} {
 		_, err := ParseCatalogue([]byte(tc.doc))
@@ -164,3 +167,33 @@ func TestOnLimitAndPauseTimeout(t *testing.T) {
 }
 
 const budgetYAML = "    budget:\n      default: {max_steps: 1, max_wallclock_s: 1, max_cost_usd: 1}\n      ceiling: {max_steps: 1, max_wallclock_s: 1, max_cost_usd: 1}\n"
+
+// A catalogue built from Go values (tests build theirs so) is written as YAML that
+// reads back to the same plans: the shipped one, and a plan whose on_limit is one word.
+func TestPlansWriteAsTheCatalogueReadsThem(t *testing.T) {
+	c, err := LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plans := map[string]Plan{}
+	for _, n := range c.Names() {
+		plans[n], _ = c.Plan(n)
+	}
+	stop := plans["pro"]
+	stop.OnLimit = OnLimits{Default: OnLimitStop}
+	plans["pro_stop"] = stop
+	out, err := yaml.Marshal(map[string]any{"plans": plans})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseCatalogue(out)
+	if err != nil {
+		t.Fatalf("the written catalogue does not read: %v\n%s", err, out)
+	}
+	for n, p := range plans {
+		p.Name = n
+		if got, _ := back.Plan(n); !reflect.DeepEqual(got, p) {
+			t.Errorf("plan %s reads back as %+v, want %+v", n, got, p)
+		}
+	}
+}

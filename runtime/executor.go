@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/wire"
 )
 
 // StepRequest is what an executor gets for each step: the task's input and the state
@@ -21,11 +22,8 @@ type StepRequest struct {
 	State    json.RawMessage `json:"state"`
 }
 
-// StepUsage is what one step consumed.
-type StepUsage struct {
-	Tokens  int64   `json:"tokens"`
-	CostUSD float64 `json:"cost_usd"`
-}
+// StepUsage is what one step consumed: its tokens and its cost in USD.
+type StepUsage = wire.StepUsage
 
 // StepResult is an executor's answer. Output is kept when Done.
 type StepResult struct {

@@ -138,7 +138,10 @@ func (r *taskRun) execute(id uuid.UUID) error {
 func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
 	w, p := r.w, r.p
 	r.confirm(time.Now())
-	task, outcome, err := w.lifecycle.Start(r.ctx, id)
+	// A start that ends the task expired (past its start deadline) hands its end's
+	// Redis calls over, to go with the slot release.
+	sctx, carried := tasks.CarryEnd(r.ctx)
+	task, outcome, err := w.lifecycle.Start(sctx, id)
 	if err != nil {
 		return false, fmt.Errorf("runtime: start task: %w", err)
 	}
@@ -150,13 +153,9 @@ func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
 	case tasks.Ended:
 		// Cancelled while dispatched, or a duplicate delivery of a finished task.
 		// Releasing again is harmless; it covers a release lost to a crash. Or this
-		// start found the task past its start deadline and ended it expired: its end,
-		// and so its state message, are this delivery's.
-		tail := []func(redis.Pipeliner){w.queueReleaseLease(p.TenantID, p.TaskID)}
-		if task.State == agentqtype.TaskStateExpired {
-			tail = append(tail, w.queuePublish(r.ctx, Event{Type: "state", TaskID: p.TaskID, State: string(task.State), Error: store.ExpiredError}))
-		}
-		w.release(p, -1, tail...)
+		// start found the task past its start deadline and ended it expired: its
+		// end's calls (lease, state message) were carried here.
+		w.release(p, -1, append([]func(redis.Pipeliner){w.queueReleaseLease(p.TenantID, p.TaskID)}, carried.Calls()...)...)
 		return false, nil
 	case tasks.Busy:
 		return false, nil // another live delivery owns it
@@ -184,7 +183,7 @@ func (r *taskRun) handOff() {
 	case endPaused:
 		// Its lease and slots went back with the pause (releasePaused): a resume may
 		// have dispatched it again since, so nothing of its is freed here.
-		w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStatePaused), Error: r.fin.Error})
+		w.publish(r.ctx, wire.StateProgress(r.id, string(agentqtype.TaskStatePaused), r.fin.Error))
 		return
 	}
 	// The slots go back before the end is written, so that the next task starts while
@@ -217,13 +216,13 @@ func (r *taskRun) run() (out outcome) {
 		"attempt", r.task.Attempt}, telemetry.SpanAttrs(r.ctx)...)...)
 	r.id = r.task.ID.String()
 	r.claim = store.Claim{ID: r.task.ID, Attempt: r.task.Attempt}
-	r.running = r.w.queuePublish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateRunning)})
+	r.running = r.w.queuePublish(r.ctx, wire.StateProgress(r.id, string(agentqtype.TaskStateRunning), ""))
 	// Registered before any step runs: a panicking executor still ends the task and
 	// releases its lease.
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("executor panicked", "panic", p)
-			r.finish(agentqtype.TaskStateFailed, fmt.Sprintf("internal error: agent %q panicked", r.task.Agent), nil, nil)
+			r.finish(agentqtype.TaskStateFailed, agentqtype.AgentPanicked(r.task.Agent), nil, nil)
 			out = stopped
 		}
 	}()
@@ -412,9 +411,9 @@ func (r *taskRun) overBudget(step int) bool {
 	}
 	switch sf.LimitType {
 	case quotas.TaskMaxSteps:
-		r.atLimit(fmt.Sprintf("budget exceeded: max_steps %d reached", b.MaxSteps), sf.Stop())
+		r.atLimit(agentqtype.BudgetReached("max_steps", b.MaxSteps), sf.Stop())
 	case quotas.TaskMaxCostUSD:
-		r.atLimit(fmt.Sprintf("budget exceeded: max_cost_usd %g reached", b.MaxCostUSD), sf.Stop())
+		r.atLimit(agentqtype.BudgetReached("max_cost_usd", b.MaxCostUSD), sf.Stop())
 	default:
 		r.atLimit(r.wallclockStop())
 	}
@@ -443,7 +442,7 @@ func (r *taskRun) pastDeadline() bool {
 
 // wallclockStop is the error text and the limit of a task at its wall-clock budget.
 func (r *taskRun) wallclockStop() (string, quotas.Stop) {
-	return fmt.Sprintf("budget exceeded: max_wallclock_s %g reached", r.budget.MaxWallclockS),
+	return agentqtype.BudgetReached("max_wallclock_s", r.budget.MaxWallclockS),
 		quotas.Stop{LimitType: quotas.TaskMaxWallclock, Limit: int64(math.Round(r.budget.MaxWallclockS)),
 			Used: int64(math.Round((time.Since(r.startedAt) - r.waited()).Seconds()))}
 }
@@ -562,7 +561,7 @@ func (r *taskRun) reserve() outcome {
 		r.meterParks()
 		return proceed
 	case errors.As(err, &qe):
-		r.atLimit("budget exceeded: tenant "+qe.Error(), qe.Stop())
+		r.atLimit(agentqtype.QuotaReached(qe.Error()), qe.Stop())
 		return stopped
 	case errors.As(err, &wait):
 		r.parkFor(wait.Reason, wait.Wait)
@@ -625,7 +624,9 @@ func (r *taskRun) parkFor(reason agentqtype.WaitReason, wait time.Duration) {
 		r.end, r.parked = endParked, until
 		r.log.Debug("task parked for token capacity", "wait_reason", reason, "wait", wait)
 		r.w.capWait.Record(context.WithoutCancel(r.ctx), wait.Seconds(), metric.WithAttributes(attribute.String("reason", string(reason))))
-		r.w.publish(r.ctx, Event{Type: "state", TaskID: r.id, State: string(agentqtype.TaskStateQueued), WaitReason: string(reason), WaitUntil: &until})
+		parked := wire.StateProgress(r.id, string(agentqtype.TaskStateQueued), "")
+		parked.WaitReason, parked.WaitUntil = string(reason), &until
+		r.w.publish(r.ctx, parked)
 	}
 }
 
@@ -842,6 +843,7 @@ func (r *taskRun) recordEnd(ctx context.Context) (tail []func(redis.Pipeliner), 
 	}
 	r.flushRunning()
 	var ok bool
+	ctx, carried := tasks.CarryEnd(ctx)
 	err := holdUntilRecorded(ctx, r.log, func(ctx context.Context) error {
 		var err error
 		ok, err = r.w.lifecycle.Finish(ctx, r.fin)
@@ -854,7 +856,7 @@ func (r *taskRun) recordEnd(ctx context.Context) (tail []func(redis.Pipeliner), 
 	case err != nil:
 		r.log.Error("recording terminal state failed", "state", r.fin.To, "err", err)
 	case ok:
-		return r.onEnded(), false
+		return r.onEnded(carried), false
 	}
 	return nil, false
 }
@@ -862,6 +864,7 @@ func (r *taskRun) recordEnd(ctx context.Context) (tail []func(redis.Pipeliner), 
 // recordLastStep records the last step and the task's end in one transaction.
 func (r *taskRun) recordLastStep(ctx context.Context) (tail []func(redis.Pipeliner), lost bool) {
 	var ended bool
+	ctx, carried := tasks.CarryEnd(ctx)
 	err := holdUntilRecorded(ctx, r.log, func(ctx context.Context) error {
 		var err error
 		ended, err = r.w.lifecycle.RecordLastStep(ctx, r.last.rec, r.fin)
@@ -873,17 +876,18 @@ func (r *taskRun) recordLastStep(ctx context.Context) (tail []func(redis.Pipelin
 	r.task.Usage.Steps = r.last.rec.Step
 	sp := r.last.booked
 	tail = []func(redis.Pipeliner){func(pipe redis.Pipeliner) { _ = r.w.limits.SettleStep(context.Background(), pipe, sp) }}
+	// The step's message goes ahead of the end's.
+	tail = append(tail, r.w.queuePublish(ctx, r.last.ev))
 	if ended {
-		return append(tail, r.onEnded(r.last.ev)...), false
+		return append(tail, r.onEnded(carried)...), false
 	}
-	return append(tail, r.w.queuePublish(ctx, r.last.ev)), false
+	return tail, false
 }
 
-// onEnded is what the call that won a task's terminal transition owns: the lease
-// release and the end's message, returned as Redis calls to make together. before
-// are messages to send ahead of the end's.
-func (r *taskRun) onEnded(before ...Event) []func(redis.Pipeliner) {
+// onEnded is what the call that won a task's terminal transition sends: the end's
+// effects (tasks.Ends: the lease release and the end's message), carried out of the
+// lifecycle's write as Redis calls to make with the slot release.
+func (r *taskRun) onEnded(carried *tasks.CarriedEnd) []func(redis.Pipeliner) {
 	r.log.Info("task finished", "state", r.fin.To, "steps", r.task.Usage.Steps)
-	return []func(redis.Pipeliner){r.w.queueReleaseLease(r.task.TenantID, r.id),
-		r.w.queuePublish(r.ctx, append(before, Event{Type: "state", TaskID: r.id, State: string(r.fin.To), Error: r.fin.Error, Output: r.fin.Output})...)}
+	return carried.Calls()
 }

@@ -516,20 +516,7 @@ func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.
 }
 
 // Event is one message of a task's progress stream (GET /v1/tasks/{id}/events).
-type Event struct {
-	Type   string          `json:"type"` // "state" or "step"
-	TaskID string          `json:"task_id"`
-	State  string          `json:"state,omitempty"`
-	Error  string          `json:"error,omitempty"`
-	Step   int             `json:"step,omitempty"`
-	Usage  *StepUsage      `json:"usage,omitempty"`
-	Done   bool            `json:"done,omitempty"`
-	Output json.RawMessage `json:"output,omitempty"`
-	// WaitReason and WaitUntil: a task parked for token capacity (state "queued").
-	WaitReason string     `json:"wait_reason,omitempty"`
-	WaitUntil  *time.Time `json:"wait_until,omitempty"`
-	Time       time.Time  `json:"time"`
-}
+type Event = wire.Progress
 
 // publish sends progress messages, in one round trip when there are several.
 func (w *Worker) publish(ctx context.Context, evs ...Event) {
@@ -550,8 +537,7 @@ func (w *Worker) queuePublish(ctx context.Context, evs ...Event) func(redis.Pipe
 		}
 		for _, ev := range evs {
 			ev.Time = now
-			body, _ := json.Marshal(ev)
-			pipe.Publish(ctx, w.opts.Events(ev.TaskID), body)
+			pipe.Publish(ctx, w.opts.Events(ev.TaskID), ev.Encode())
 		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tasks/change"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
@@ -108,7 +109,11 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 	}
 	r := &rig{t: t, ctx: context.Background(), st: st, rdb: rdb, keys: keys,
 		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: limits{admission.New(rdb, keys, nil), capacity.NewPools(rdb, keys, nil)},
-		lc: tasks.NewLifecycle(st, lcOpts), agents: runtime.NewRegistry(), log: &logBuffer{}}
+		agents: runtime.NewRegistry(), log: &logBuffer{}}
+	// Every end's effects, as the App's lifecycle has them.
+	lcOpts.Subscribers = append(slices.Clip(lcOpts.Subscribers), tasks.NewEnds(tasks.EndsDeps{
+		Leases: r.q.Store, Queue: r.sched, Pools: r.q.Pools, Redis: rdb, Keys: keys}))
+	r.lc = tasks.NewLifecycle(st, lcOpts)
 	if _, err := st.CreateTenant(r.ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +122,6 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}),
 		Admission: admission.NewGuard(r.q.Store, admission.GuardOptions{Timeout: time.Second}),
 		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Archetype: &baseservice.Archetype{Logger: logger},
-		Pools: r.q,
 	})
 	queues := map[string]int{}
 	for band, weight := range scheduler.Bands {
@@ -596,12 +600,12 @@ func TestDeliveryReleasesItsSlotBeforeItsEndIsRecorded(t *testing.T) {
 	t.Parallel()
 	recording, proceed := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	r := newRig(t, tasks.LifecycleOptions{AfterChange: func(_ context.Context, _ *store.Store, c tasks.Change) error {
+	r := newRig(t, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{change.Funcs{Tx: func(_ context.Context, _ *store.Store, c tasks.Change) error {
 		if c.Kind == tasks.ChangeStep || c.Kind == tasks.ChangeFinished {
 			once.Do(func() { close(recording); <-proceed })
 		}
 		return nil
-	}})
+	}}}})
 	r.agents.Register("counter", counter(t))
 	id := r.submit("counter", `{"steps":1,"tokens":3}`, nil)
 	done := make(chan error, 1)

@@ -8,7 +8,7 @@ import (
 )
 
 // Crossings writes the threshold events of the period quotas a recorded step crossed,
-// on the step's transaction (tasks.LifecycleOptions.StepRecorded is Step).
+// on the step's transaction (Subscriber runs Step there).
 type Crossings struct {
 	Events Events
 	// Limits returns a tenant's limits: its plan with its overrides applied, as

@@ -32,7 +32,7 @@
 //     refused has one event of each.
 //
 // A task ended budget_exceeded writes its limit_hit on the transaction of that end
-// (Events.BudgetStop, run by the task lifecycle), enforcement "stopped", with the
+// (Events.BudgetStop, run by Subscriber), enforcement "stopped", with the
 // limit_type of the budget field that ended it (task_max_steps, task_max_cost_usd,
 // task_max_wallclock_s: one per tenant and field per minute) or, when a period quota
 // stopped it, that quota's, sharing the 100 % event of the period (the UTC day, for
@@ -56,8 +56,8 @@
 //
 // # Threshold crossings on the step's transaction
 //
-// Crossings.Step runs in the transaction that records a step (the task lifecycle's
-// StepRecorded hook) and writes the approaching_limit and limit_hit events of every
+// Crossings.Step runs in the transaction that records a step (Subscriber, the
+// outbox's subscriber to the task lifecycle) and writes the approaching_limit and limit_hit events of every
 // period quota the step crossed, so they commit or roll back with the step. For each
 // quota on for the tenant (its plan with its overrides):
 //
@@ -106,8 +106,10 @@
 //
 // # Missed commitments
 //
-// A plan's commitments (quotas.SLA) are checked at a task's start, in its
-// transaction (Commitments.Started, the lifecycle's Started hook): a first start later
+// A plan's commitments (quotas.SLA) are checked at a task's start, right after it
+// committed (Commitments.Started, run by Subscriber after the commit, for a start
+// alone and for one of a group commit alike: a late start's judgment reads Redis,
+// which no transaction waits on): a first start later
 // than start_within_s after the task's creation, and a resume after a wait for a
 // shared model pool longer than pool_wait_within_s, write a usage.limit_hit of
 // limit_type sla_start_within_s or sla_pool_wait_within_s, enforcement "delayed",

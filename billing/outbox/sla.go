@@ -147,13 +147,13 @@ func NewCommitments(c Commitments, a *baseservice.Archetype) *Commitments {
 	return &c
 }
 
-// Started runs in the transaction that started task t (tasks.LifecycleOptions.Started)
-// and writes there the usage.limit_hit of each commitment the start shows missed. A
+// Started runs right after the start of task t committed (Subscriber's AfterCommit)
+// and writes on st the usage.limit_hit of each commitment the start shows missed. A
 // start within its commitments reads nothing but the (cached) tenant; the checks of
 // the tenant's limits and share run only for a late one. Nothing here fails a start:
 // a wait that cannot be judged (the tenant, the pool or Redis not answering) is not
 // credited.
-func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task) error {
+func (c *Commitments) Started(ctx context.Context, st *store.Store, t store.Task) error {
 	firstStart := t.Attempt == 1 && t.StartedAt != nil
 	pool, poolWait := "", false
 	if t.Resumed != nil {
@@ -166,7 +166,7 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 	if !firstStart && !poolWait {
 		return nil
 	}
-	tenant, err := c.tenant(ctx, tx, t.TenantID)
+	tenant, err := c.tenant(ctx, st, t.TenantID)
 	if err != nil {
 		return nil
 	}
@@ -176,13 +176,13 @@ func (c *Commitments) Started(ctx context.Context, tx *store.Store, t store.Task
 	}
 	if within, ok := quotas.Within(sla.StartWithinS); ok && firstStart {
 		if measured := t.StartedAt.Sub(t.CreatedAt); measured > within {
-			if _, _, err := c.startBreach(ctx, tx, t, tenant.Plan, within, measured, *t.StartedAt); err != nil {
+			if _, _, err := c.startBreach(ctx, st, t, tenant.Plan, within, measured, *t.StartedAt); err != nil {
 				return err
 			}
 		}
 	}
 	if within, ok := quotas.Within(sla.PoolWaitWithinS); ok && poolWait {
-		return c.poolBreach(ctx, tx, t, tenant.Plan, pool, within)
+		return c.poolBreach(ctx, st, t, tenant.Plan, pool, within)
 	}
 	return nil
 }
@@ -430,7 +430,7 @@ func (c *Commitments) write(ctx context.Context, tx *store.Store, b Breach) (wri
 }
 
 // Expired runs after task t, which never started, ended expired at its start deadline
-// (tasks.LifecycleOptions.Expired): when its plan's start commitment lapsed before the
+// (Subscriber's AfterCommit): when its plan's start commitment lapsed before the
 // deadline, it writes the breach, in a transaction of its own on st, judged as at a
 // start with the wait until the expiry. A deadline at or before the lapse is the
 // tenant's own choice: no breach. Like a start, nothing here is retried: a wait that

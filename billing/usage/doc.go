@@ -40,7 +40,7 @@
 //     step reservation or usage report.
 //   - The mark lives in the hash that holds the counters, so a restart with Redis
 //     intact rebuilds nothing, and a marked tenant's admissions cost what they cost
-//     before. Counters left without the mark by an earlier version are rebuilt once.
+//     before. Counters found without the mark are rebuilt once.
 //
 // What the rebuild cannot see. A step reserved before the loss and recorded in the
 // ledger after the rebuild's read is in neither: its reservation went with Redis, and
@@ -72,7 +72,9 @@
 // In-flight reservations: a step reserved and not yet recorded is in the counters and
 // not in the ledger. The ledger bounds them: each running task holds at most one step
 // reserved, with at most what its last recorded step used (the worker's estimate for
-// the next). The recount leaves a counter within [ledger, ledger + in flight] alone;
+// the next); a task that has recorded no step yet reserves from what its tenant's
+// steps used before (the worker's running average), so it counts the largest of its
+// running siblings' last steps and the tenant's latest step. The recount leaves a counter within [ledger, ledger + in flight] alone;
 // one below is raised to the ledger, one above is lowered to ledger + in flight —
 // never below what may be reserved, so a running step's settlement cannot take it
 // under the truth. An over-count within the bound lasts at most until the tenant's

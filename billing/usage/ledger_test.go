@@ -284,7 +284,8 @@ func TestASettlementRacingARebuildWritesNothing(t *testing.T) {
 }
 
 // The recount's basis: each tenant's ledger in its own billing period, and what its
-// running tasks may hold reserved (one step each, and each one's last step's use).
+// running tasks may hold reserved (one step each, and each one's last step's use; one
+// that has recorded none, the most its tenant's latest steps used).
 func TestRecountBasis(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -302,7 +303,7 @@ func TestRecountBasis(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("basis for %d tenants, want 2: %+v", len(got), got)
 	}
-	if l := got["a"]; l.Usage.Tokens != 30 || l.Usage.CostMicro != 300 || l.InFlight != (quotas.InFlight{Steps: 2, Tokens: 20, CostMicro: 200}) {
+	if l := got["a"]; l.Usage.Tokens != 30 || l.Usage.CostMicro != 300 || l.InFlight != (quotas.InFlight{Steps: 2, Tokens: 40, CostMicro: 400}) {
 		t.Fatalf("tenant a: %+v", l)
 	}
 	if l := got["b"]; l.Usage.Tokens != 5 || l.InFlight != (quotas.InFlight{}) || l.Period.ID == "" {

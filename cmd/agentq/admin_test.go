@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
@@ -30,6 +31,9 @@ type adminHarness struct {
 	api func(method, path, body string) (int, string)
 	// cli runs `agentq admin args...` and returns what it printed and its error.
 	cli func(args ...string) (string, error)
+	// rdb and keys are the Redis both use, and its key names.
+	rdb  redis.UniversalClient
+	keys rkeys.Keys
 }
 
 func newAdminHarness(t *testing.T) adminHarness {
@@ -98,7 +102,7 @@ func newAdminHarness(t *testing.T) adminHarness {
 		return out.String(), err
 	}
 
-	return adminHarness{store: store.New(pool), base: base, token: cfg.AdminToken, api: api, cli: cli}
+	return adminHarness{store: store.New(pool), base: base, token: cfg.AdminToken, api: api, cli: cli, rdb: rdb, keys: keys}
 }
 
 // TestCLIRefusesWhatTheAPIRefuses feeds the same invalid tenants to the admin API and
@@ -487,7 +491,8 @@ func TestCLITenantWebhooks(t *testing.T) {
 }
 
 // `agentq admin panel-links-revoke` revokes a tenant's panel links as the admin API
-// does: a link issued before is refused by the running server at once.
+// does: it tells the running server's cache the tenant changed, and a link issued
+// before is refused from then on.
 func TestCLIRevokesPanelLinks(t *testing.T) {
 	t.Parallel()
 	h := newAdminHarness(t)
@@ -519,13 +524,35 @@ func TestCLIRevokesPanelLinks(t *testing.T) {
 	if st := status(); st != 200 {
 		t.Fatalf("the link before revocation: %d", st)
 	}
+	changes := h.rdb.Subscribe(context.Background(), h.keys.KeysChangedChannel())
+	defer changes.Close()
+	if _, err := changes.Receive(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	out, err := h.cli("panel-links-revoke", "plink")
 	var got webapi.PanelLinksRevoked
 	if err != nil || json.Unmarshal([]byte(out), &got) != nil || got.TenantID != "plink" || got.LinksValidAfter.IsZero() {
 		t.Fatalf("panel-links-revoke: %q %v", out, err)
 	}
-	if st := status(); st != 403 {
-		t.Fatalf("the link after the CLI revoked it: %d, want 403", st)
+	select {
+	case m := <-changes.Channel():
+		if m.Payload != rkeys.TenantChanged("plink") {
+			t.Fatalf("the CLI's change message: %q, want the tenant's", m.Payload)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the CLI told the running server's cache nothing")
+	}
+	// The server drops its cached tenant when its cache listener reads that message,
+	// on a goroutine of its own: the link is refused from then on.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		st := status()
+		if st == 403 {
+			break
+		}
+		if st != 200 || time.Now().After(deadline) {
+			t.Fatalf("the link after the CLI revoked it: %d, want 403", st)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if _, err := h.cli("panel-links-revoke", "nobody"); err == nil {
 		t.Fatal("revoking an unknown tenant's links succeeded")

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -14,10 +15,12 @@ import (
 	"time"
 
 	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/runtime"
 )
 
 // refusal is the 429/402 error body.
@@ -205,20 +208,53 @@ func TestLeaseReleasedAtEveryTerminalState(t *testing.T) {
 	}
 }
 
+// taskEnds listens to every task's progress messages from now on; the function it
+// returns waits, at most within, for the given task's end message. A worker sends
+// that message in one round trip after the end's last quota settlement and its lease
+// release, so once it is heard the task's use is booked and its session free: polling
+// the task's state instead can see the end before them.
+func (h *harness) taskEnds() func(id string, within time.Duration) runtime.Event {
+	h.t.Helper()
+	ctx := context.Background()
+	sub := h.app.Redis().PSubscribe(ctx, h.app.Keys().TaskEvents("*"))
+	if _, err := sub.Receive(ctx); err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { sub.Close() })
+	ch := sub.Channel()
+	return func(id string, within time.Duration) runtime.Event {
+		h.t.Helper()
+		timeout := time.After(within)
+		for {
+			select {
+			case m := <-ch:
+				var ev runtime.Event
+				if err := json.Unmarshal([]byte(m.Payload), &ev); err != nil {
+					h.t.Fatalf("a progress message %q: %v", m.Payload, err)
+				}
+				if ev.TaskID == id && ev.Type == "state" && agentqtype.TaskState(ev.State).Terminal() {
+					return ev
+				}
+			case <-timeout:
+				h.t.Fatalf("task %s sent no end message within %v", id, within)
+			}
+		}
+	}
+}
+
 func TestUsageAgreesWithAdmissionAndConsumesNothing(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	// a slow refill (one token per 100 s), so the bucket does not move between reads
 	key := h.tenantWith("pa", "pro", map[string]client.Limit{"tenant_rate": 0.01, "tenant_rate_burst": 5, "agent_steps_daily": 500}, nil)
 	c := client.New(h.base, key)
+	ends := h.taskEnds()
 	task, err := c.SubmitTask(context.Background(), client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 3, "step_ms": 5, "tokens_per_step": 10, "cost_usd_per_step": 0.25}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.WaitTask(wctx, task.ID, 20*time.Millisecond); err != nil {
-		t.Fatal(err)
+	if end := ends(task.ID, 10*time.Second); end.State != "completed" {
+		t.Fatalf("the task ended %+v", end)
 	}
 	var u map[string]map[string]any
 	for range 30 {

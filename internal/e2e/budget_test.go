@@ -3,15 +3,13 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/quotas"
 )
 
 // A tenant may lower a budget field, never switch it off (0 or negative) nor raise it
@@ -124,22 +122,18 @@ func TestDefaultBudgetIsNotLongRunning(t *testing.T) {
 // The runtime stops a task at its wall clock budget, the plan default included.
 func TestDefaultWallclockBudgetStopsTheTask(t *testing.T) {
 	t.Parallel()
-	src, err := os.ReadFile("../../quotas/plans.yaml")
-	if err != nil {
-		t.Fatal(err)
+	// The pro plan's default wall clock becomes 1 s, and every plan stops at its
+	// limits; everything else as shipped.
+	plans := shippedPlans(t)
+	for n, p := range plans {
+		p.OnLimit = quotas.OnLimits{Default: quotas.OnLimitStop}
+		if n == "pro" {
+			p.Budget.Default.MaxWallclockS = 1
+		}
+		plans[n] = p
 	}
-	// The pro plan's default wall clock becomes 1 s, and it stops at its limits;
-	// everything else as shipped.
-	re := regexp.MustCompile(`(?s)(pro:.*?default: \{max_steps: \d+, max_wallclock_s: )\d+`)
-	if !re.Match(src) {
-		t.Fatal("quotas/plans.yaml has no pro default budget line")
-	}
-	plans := filepath.Join(t.TempDir(), "plans.yaml")
-	src = regexp.MustCompile(`(?m)^    on_limit: .*$`).ReplaceAll(re.ReplaceAll(src, []byte("${1}1")), []byte("    on_limit: stop"))
-	if err := os.WriteFile(plans, src, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = plans })
+	file := plansFile(t, plans)
+	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = file })
 	c, _ := h.tenantClient("wall", "pro", nil)
 	began := time.Now()
 	task := run(t, c, client.SubmitTaskRequest{Agent: "sim", Input: map[string]any{"steps": 1, "step_ms": 20000}})

@@ -4,13 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +26,7 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
@@ -151,30 +149,25 @@ func (e *env) run(t *testing.T, o agentq.Options) *harness {
 
 // testPlans is the shipped plan catalogue with one plan more, pro_stop: pro, but
 // stopping a task at every limit (on_limit: stop), for the tests of what a stop does
-// on a paid plan (pro pauses at most limits).
+// on a paid plan (pro pauses at most limits). It is written once, for every test.
 func testPlans(t *testing.T) string {
 	t.Helper()
 	testPlansOnce.Do(func() {
-		src, err := os.ReadFile(filepath.Join("..", "..", "quotas", "plans.yaml"))
+		plans, err := loadShippedPlans()
 		if err != nil {
 			testPlansErr = err
 			return
 		}
-		pro := regexp.MustCompile(`(?s)\n  pro:\n.*?\n  enterprise:`).FindString(string(src))
-		pro = strings.TrimSuffix(strings.Replace(pro, "\n  pro:\n", "\n  pro_stop:\n", 1), "\n  enterprise:")
-		pro = regexp.MustCompile(`(?m)^    on_limit: .*$`).ReplaceAllString(pro, "    on_limit: stop")
-		if !strings.Contains(pro, "on_limit: stop") {
-			testPlansErr = errors.New("the shipped pro plan has no on_limit line to replace")
-			return
-		}
+		stop := plans["pro"]
+		stop.OnLimit = quotas.OnLimits{Default: quotas.OnLimitStop}
+		plans["pro_stop"] = stop
 		f, err := os.CreateTemp("", "agentq-e2e-plans-*.yaml")
 		if err != nil {
 			testPlansErr = err
 			return
 		}
-		defer f.Close()
-		_, testPlansErr = f.WriteString(strings.TrimRight(string(src), "\n") + pro + "\n")
-		testPlansFile = f.Name()
+		f.Close()
+		testPlansErr, testPlansFile = writePlans(f.Name(), plans), f.Name()
 	})
 	if testPlansErr != nil {
 		t.Fatal(testPlansErr)

@@ -7,8 +7,6 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
+	"github.com/agentq/agentq/quotas"
 )
 
 // pauseTask is the task JSON fields the pause tests read.
@@ -282,28 +281,27 @@ func TestResumeNeedsASessionAndCancelWorksOnPaused(t *testing.T) {
 	h.waitState(key, long, 20*time.Second, "completed")
 }
 
-// pausingPlans is the shipped catalogue with pro pausing at every limit, its step cap
-// included, and tasks paused at most timeout s.
-func pausingPlans(t *testing.T, timeout string) string {
+// pausingPlans is the shipped catalogue with its paying plans (those that pause at
+// limits) pausing at every limit, the step cap included, and their tasks paused at
+// most timeout.
+func pausingPlans(t *testing.T, timeout time.Duration) string {
 	t.Helper()
-	plans, err := os.ReadFile(filepath.Join("..", "..", "quotas", "plans.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	plans := shippedPlans(t)
+	for n, p := range plans {
+		if p.OnLimit.For(quotas.USDMonthly) == quotas.OnLimitPause {
+			p.OnLimit = quotas.OnLimits{Default: quotas.OnLimitPause}
+			p.PauseTimeoutS = timeout.Seconds()
+			plans[n] = p
+		}
 	}
-	src := strings.ReplaceAll(string(plans), "pause_timeout_s: 86400", "pause_timeout_s: "+timeout)
-	src = strings.ReplaceAll(src, "on_limit: {default: pause, task_max_steps: stop}", "on_limit: pause")
-	file := filepath.Join(t.TempDir(), "plans.yaml")
-	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return file
+	return plansFile(t, plans)
 }
 
 // On a plan that pauses at every limit, a task at its step cap pauses too, and a
 // raise of the cap resumes it to its end.
 func TestPauseAtTheStepCapWhenThePlanSaysSo(t *testing.T) {
 	t.Parallel()
-	file := pausingPlans(t, "86400")
+	file := pausingPlans(t, 24*time.Hour)
 	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = file })
 	key := h.tenantWith("pz-cap", "pro", nil, nil)
 	id := h.submitSim(key, `{"agent":"sim","budget":{"max_steps":2},"input":{"steps":4,"step_ms":5,"tokens_per_step":3}}`)
@@ -323,7 +321,7 @@ func TestPauseAtTheStepCapWhenThePlanSaysSo(t *testing.T) {
 // approval link has expired with the pause.
 func TestPauseTimesOut(t *testing.T) {
 	t.Parallel()
-	file := pausingPlans(t, "2")
+	file := pausingPlans(t, 2*time.Second)
 	h := start(t, func(o *agentq.Options) { o.Config.PlansFile = file })
 	key := h.tenantWith("pz-time", "pro", nil, nil)
 	id := h.submitSim(key, `{"agent":"sim","budget":{"max_cost_usd":0.01},"input":{"steps":2,"step_ms":5,"cost_usd_per_step":0.01}}`)

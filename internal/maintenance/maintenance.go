@@ -70,11 +70,18 @@ type Deps struct {
 
 func (d Deps) logger() *slog.Logger { return d.Archetype.Defaults().Logger }
 
+// lifecycle is d.Lifecycle, or one over d.Pool whose ends' effects (tasks.Ends)
+// release through d.Quotas' client and remove through d.Scheduler.
 func (d Deps) lifecycle() Lifecycle {
-	if d.Lifecycle == nil {
-		return tasks.NewLifecycle(store.New(d.Pool), tasks.LifecycleOptions{})
+	if d.Lifecycle != nil {
+		return d.Lifecycle
 	}
-	return d.Lifecycle
+	o := tasks.LifecycleOptions{Archetype: d.Archetype}
+	if d.Quotas != nil {
+		o.Subscribers = []tasks.Subscriber{tasks.NewEnds(tasks.EndsDeps{Leases: d.Quotas, Queue: d.Scheduler, Redis: d.Redis,
+			Keys: d.Keys, Log: d.logger()})}
+	}
+	return tasks.NewLifecycle(store.New(d.Pool), o)
 }
 
 // Store is the part of the store the passes read (*store.Store). A task's state
@@ -93,7 +100,8 @@ type Store interface {
 // state change is one transaction, with what must be written along with it.
 type Lifecycle interface {
 	RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (store.Task, bool, error)
-	Abandon(ctx context.Context, c store.Claim, reason string) (bool, error)
+	// Finish abandons a task whose attempts keep dying (FinishParams.Abandoned).
+	Finish(ctx context.Context, p tasks.FinishParams) (bool, error)
 	ExpireOverdue(ctx context.Context, limit int) ([]store.Task, error)
 }
 

@@ -168,6 +168,31 @@ func TestQuotaRecountLeavesInFlightReservations(t *testing.T) {
 	}
 }
 
+// A task that has recorded no step yet reserves its first step from what its tenant's
+// steps used before (the worker's running average): the recount leaves that
+// reservation in flight, so once the step is recorded the counters are not below the
+// ledger.
+func TestQuotaRecountLeavesAFirstStepInFlight(t *testing.T) {
+	t.Parallel()
+	f, p := recountFixture(t)
+	f.tenant("m")
+	done := f.running("m")
+	f.record(done, 1, 10, 100)
+	testfactory.TaskInState(t, f.Pool, done, "completed")
+	f.counters("m")                                              // seeded from the ledger: 1, 10, 100
+	f.step("m", quotas.StepParams{Tokens: 500, CostMicro: 5000}) // the leak: never recorded
+	fresh := f.running("m")
+	f.step("m", quotas.StepParams{Tokens: 10, CostMicro: 100}) // its first step, in flight
+	res, err := p.runOnce(f.ctx)
+	if err != nil || res.Corrected != 1 || res.Tokens != 500 || res.CostMicro != 5000 {
+		t.Fatalf("a run with a leak and a first step in flight: %+v %v", res, err)
+	}
+	f.record(fresh, 1, 10, 100)
+	if s, tok, usd := f.counters("m"); s != 2 || tok != 20 || usd != 200 {
+		t.Fatalf("counters after the first step was recorded: %v %v %v, want the ledger's 2, 20, 200", s, tok, usd)
+	}
+}
+
 // Tenants whose counters Redis lost are left to admission: the recount creates no
 // state for them.
 func TestQuotaRecountSkipsUnseededTenants(t *testing.T) {

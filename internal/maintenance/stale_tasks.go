@@ -3,7 +3,6 @@ package maintenance
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -12,7 +11,9 @@ import (
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/wire"
 )
 
@@ -126,8 +127,8 @@ func (p *StaleTasks) rescue(ctx context.Context, res *StaleTasksResult, st *Pass
 		if t.Attempt >= p.cfg.MaxAttempts {
 			// Fenced on the attempt read: a redelivery that took the task over since
 			// keeps it.
-			ok, err := p.tasks.Abandon(ctx, store.Claim{ID: t.ID, Attempt: t.Attempt},
-				fmt.Sprintf("abandoned: its worker stopped heartbeating on %d attempts", t.Attempt))
+			ok, err := p.tasks.Finish(ctx, tasks.FinishParams{Claim: store.Claim{ID: t.ID, Attempt: t.Attempt},
+				To: agentqtype.TaskStateAbandoned, Error: agentqtype.AbandonedAfter(t.Attempt), Abandoned: true})
 			if errors.Is(err, store.ErrLostClaim) {
 				continue
 			}
@@ -135,10 +136,8 @@ func (p *StaleTasks) rescue(ctx context.Context, res *StaleTasksResult, st *Pass
 				return err
 			}
 			if ok {
+				// Its lease and its message followed the end (tasks.Ends).
 				res.Abandoned++
-				if _, err := p.quotas.Release(ctx, nil, t.TenantID, id); err != nil {
-					return err
-				}
 				_ = p.sched.Done(ctx, cleanup, -1)
 			}
 			continue

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tasks/change"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
@@ -98,7 +99,7 @@ func TestStaleTasksChangeStateThroughTheLifecycle(t *testing.T) {
 	var fail bool
 	var changes []tasks.Change
 	f.Lifecycle = tasks.NewLifecycle(store.New(f.Pool), tasks.LifecycleOptions{
-		AfterChange: func(ctx context.Context, tx *store.Store, c tasks.Change) error {
+		Subscribers: []tasks.Subscriber{change.Funcs{Tx: func(ctx context.Context, tx *store.Store, c tasks.Change) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if fail {
@@ -106,7 +107,7 @@ func TestStaleTasksChangeStateThroughTheLifecycle(t *testing.T) {
 			}
 			changes = append(changes, c)
 			return nil
-		},
+		}}},
 	})
 	p := NewStaleTasks(f.Deps, NewElector(f.Deps, ElectorConfig{}), StaleTasksConfig{})
 

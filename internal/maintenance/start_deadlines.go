@@ -2,18 +2,12 @@ package maintenance
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
 	"github.com/riverqueue/river/rivershared/testsignal"
 	"github.com/riverqueue/river/rivershared/util/testutil"
-
-	"github.com/agentq/agentq/agentqtype"
-	"github.com/agentq/agentq/internal/rkeys"
-	"github.com/agentq/agentq/internal/store"
 )
 
 // StartDeadlinesConfig configures the start-deadline pass. Zero fields take the
@@ -63,18 +57,15 @@ func (ts *StartDeadlinesTestSignals) Init(tb testutil.TestingTB) { ts.Ran.Init(t
 // drift repair, so it takes no turn with the drift passes. A run is one indexed query
 // on the partial index of queued tasks with a deadline, which finds nothing in the
 // common case. Each end is one conditional update, so a worker's start or a cancel
-// racing it ends the task at most once, and whoever won releases the session lease,
-// takes the task off its queue and publishes its state message.
+// racing it ends the task at most once, and the end's effects (the session lease
+// released, the task off its queue, its state message) follow the one that won
+// (tasks.Ends, a subscriber of the lifecycle).
 type StartDeadlines struct {
 	startstop.BaseStartStop
 
 	TestSignals StartDeadlinesTestSignals
 
 	lifecycle Lifecycle
-	sched     Scheduler
-	quotas    Quotas
-	rdb       redis.UniversalClient
-	keys      rkeys.Keys
 	leader    Leadership
 	log       *slog.Logger
 	cfg       StartDeadlinesConfig
@@ -82,8 +73,7 @@ type StartDeadlines struct {
 
 // NewStartDeadlines returns a stopped pass that runs while leader leads.
 func NewStartDeadlines(d Deps, leader Leadership, c StartDeadlinesConfig) *StartDeadlines {
-	return &StartDeadlines{lifecycle: d.lifecycle(), sched: d.Scheduler, quotas: d.Quotas, rdb: d.Redis, keys: d.Keys,
-		leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults()}
+	return &StartDeadlines{lifecycle: d.lifecycle(), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults()}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -101,15 +91,11 @@ func (p *StartDeadlines) runOnce(ctx context.Context) (StartDeadlinesResult, err
 	var res StartDeadlinesResult
 	var err error
 	res.Stats, err = withinBudget(ctx, passStartDeadlines, p.cfg.Budget, func(ctx context.Context, st *PassStats) error {
+		// Each end's effects (lease, queue entry, state message) follow its commit,
+		// whatever is left of the budget (tasks.Ends).
 		ts, err := p.lifecycle.ExpireOverdue(ctx, p.cfg.Limit)
 		if err != nil {
 			return err
-		}
-		// Committed: the ends are this run's, and so are their side effects. They
-		// run whatever is left of the budget, as a cancel's do.
-		ectx := context.WithoutCancel(ctx)
-		for _, t := range ts {
-			p.expired(ectx, t)
 		}
 		res.Expired = len(ts)
 		st.Rows, st.Done = len(ts), len(ts) < p.cfg.Limit
@@ -117,20 +103,4 @@ func (p *StartDeadlines) runOnce(ctx context.Context) (StartDeadlinesResult, err
 	})
 	p.TestSignals.Ran.Signal(res)
 	return res, err
-}
-
-// expired does what the end of an expired task owns: its session lease goes back, it
-// leaves its queue, and its watchers hear of the end. A failure only logs: the lease
-// pass releases a lease whose task ended, and dispatch skips a task no longer queued.
-func (p *StartDeadlines) expired(ctx context.Context, t store.Task) {
-	id := t.ID.String()
-	if _, err := p.quotas.Release(ctx, nil, t.TenantID, id); err != nil {
-		p.log.Warn("releasing an expired task's lease failed; the lease pass releases it", "task_id", id, "err", err)
-	}
-	if _, err := p.sched.Remove(ctx, t.TenantID, t.ID); err != nil {
-		p.log.Warn("removing an expired task from its queue failed; dispatch skips it", "task_id", id, "err", err)
-	}
-	ev, _ := json.Marshal(map[string]any{"type": "state", "task_id": id, "state": agentqtype.TaskStateExpired,
-		"error": store.ExpiredError, "time": time.Now().UTC()})
-	_ = p.rdb.Publish(ctx, p.keys.TaskEvents(id), ev).Err()
 }

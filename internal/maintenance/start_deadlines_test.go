@@ -10,12 +10,13 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // overdue dates the task's start deadline a second ago.
 func (f *fixture) overdue(id uuid.UUID) {
 	f.t.Helper()
-	f.exec(`UPDATE tasks SET start_deadline = now() - interval '1 second' WHERE id = $1`, id)
+	testfactory.TaskStartOverdue(f.t, f.Pool, id)
 }
 
 func (f *fixture) leased(tenant string, id uuid.UUID) bool {
@@ -37,9 +38,9 @@ func TestStartDeadlinesExpireOverdueTasks(t *testing.T) {
 	f.tenant("m")
 	due, timely, none, started := f.submit("m"), f.submit("m"), f.submit("m"), f.submit("m")
 	f.overdue(due)
-	f.exec(`UPDATE tasks SET start_deadline = now() + interval '1 hour' WHERE id = $1`, timely)
+	testfactory.TaskStartDeadlineIn(t, f.Pool, timely, time.Hour)
 	f.overdue(started)
-	f.exec(`UPDATE tasks SET started_at = now() - interval '1 minute' WHERE id = $1`, started) // parked since
+	testfactory.TaskStartedAgo(t, f.Pool, started, time.Minute) // parked since
 	sub := f.Redis.Subscribe(f.ctx, f.Keys.TaskEvents(due.String()))
 	defer sub.Close()
 	if _, err := sub.Receive(f.ctx); err != nil {

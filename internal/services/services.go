@@ -58,9 +58,13 @@ type Deps struct {
 	// Admission and Agents are needed for Tasks; without either, Tasks is nil.
 	Admission *admission.Guard
 	Agents    Agents
-	// Lifecycle makes the tasks' state changes; nil: one over the pool. A process
-	// gives every part the same one, so each change is written the same way.
+	// Lifecycle makes the tasks' state changes; nil: one over the pool whose only
+	// subscriber is a task's end's effects (tasks.Ends). A process gives every part
+	// the same one, so each change is written the same way.
 	Lifecycle *tasks.Lifecycle
+	// Tenants, when set, is the tenants service (NewTenants), made before the
+	// lifecycle whose subscribers read the tenants' policies; nil: New makes it.
+	Tenants *tenants.Service
 	// Webhooks configures the webhook endpoint service (the rotation grace, the
 	// clock).
 	Webhooks webhooks.WebhooksOptions
@@ -68,6 +72,53 @@ type Deps struct {
 	// (their admission); nil: the defaults. It is the webhook service's too when
 	// Webhooks names none.
 	Archetype *baseservice.Archetype
+}
+
+// NewTenants returns the tenants service New builds on d. A caller that needs the
+// tenants' policies and cache before the other services (the task lifecycle's
+// subscribers) builds it first and gives it to New as Deps.Tenants.
+func NewTenants(d Deps) *tenants.Service {
+	st := store.New(d.Pool)
+	return tenants.New(st, d.Plans, d.base(st).tenants)
+}
+
+// base is what every service of d is built on: the scheduler, the limit state, and
+// the tenants' and keys' options over them.
+type base struct {
+	sched   Scheduler
+	q       *admission.Store // the limit state; nil without Redis
+	live    *capacity.Pools  // the pools' live state; nil without Redis
+	tenants tenants.Options
+	keys    keys.Options
+}
+
+func (d Deps) base(st *store.Store) base {
+	b := base{sched: d.Scheduler, tenants: tenants.Options{Archetype: d.Archetype}, keys: keys.Options{Archetype: d.Archetype}}
+	if b.sched == nil && d.Redis != nil {
+		b.sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
+	}
+	if b.sched != nil {
+		b.tenants.Scheduler = b.sched
+	}
+	if d.Redis != nil {
+		pub := &Publisher{Redis: d.Redis, Keys: d.Keys}
+		b.tenants.Invalidator, b.keys.Invalidator = pub, pub
+	}
+	switch {
+	case d.Admission != nil:
+		b.q = d.Admission.Quotas()
+	case d.Redis != nil:
+		b.q = admission.New(d.Redis, d.Keys, nil)
+		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
+		b.q.SetUsageSource(usage.NewLedger(st), d.Archetype)
+	}
+	if b.q != nil {
+		b.keys.Limits, b.tenants.Counters = b.q, b.q
+	}
+	if d.Redis != nil {
+		b.live = capacity.NewPools(d.Redis, d.Keys, nil)
+	}
+	return b
 }
 
 // Services are the domain services of one process.
@@ -89,42 +140,17 @@ type Services struct {
 func New(d Deps) *Services {
 	st := store.New(d.Pool)
 	events := outbox.NewFeed(st)
-	sched := d.Scheduler
-	if sched == nil && d.Redis != nil {
-		sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
-	}
-	var pub *Publisher
-	if d.Redis != nil {
-		pub = &Publisher{Redis: d.Redis, Keys: d.Keys}
-	}
-	to := tenants.Options{Archetype: d.Archetype}
-	ko := keys.Options{Archetype: d.Archetype}
-	if sched != nil {
-		to.Scheduler = sched
-	}
-	if pub != nil {
-		to.Invalidator, ko.Invalidator = pub, pub
-	}
-	var live *capacity.Pools // the pools' live state; nil without Redis
-	switch {
-	case d.Admission != nil:
-		q := d.Admission.Quotas()
-		ko.Limits, to.Counters = q, q
-	case d.Redis != nil:
-		q := admission.New(d.Redis, d.Keys, nil)
-		// A tenant's new billing anchor re-seeds its monthly counters from the ledger.
-		q.SetUsageSource(usage.NewLedger(st), d.Archetype)
-		ko.Limits, to.Counters = q, q
-	}
-	if d.Redis != nil {
-		live = capacity.NewPools(d.Redis, d.Keys, nil)
-	}
+	b := d.base(st)
 	s := &Services{
-		Tenants: tenants.New(st, d.Plans, to),
-		Keys:    keys.New(st, ko),
+		Tenants: d.Tenants,
+		Keys:    keys.New(st, b.keys),
 		Events:  events,
 		Usage:   usage.NewRollups(st),
 	}
+	if s.Tenants == nil {
+		s.Tenants = tenants.New(st, d.Plans, b.tenants)
+	}
+	sched, live := b.sched, b.live
 	wo := d.Webhooks
 	if wo.EndpointLimit == nil {
 		wo.EndpointLimit = s.Tenants.WebhookEndpointLimit
@@ -140,10 +166,19 @@ func New(d Deps) *Services {
 	s.Agents = agents.New(st, local)
 	s.Pools = pools.New(pools.Deps{Store: st, Capacity: live, Agents: local})
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
+		lc := d.Lifecycle
+		if lc == nil {
+			// Its only subscriber: what follows a task's end.
+			ed := tasks.EndsDeps{Leases: d.Admission.Quotas(), Queue: sched, Redis: d.Redis, Keys: d.Keys, Log: d.Archetype.Defaults().Logger}
+			if live != nil {
+				ed.Pools = live
+			}
+			lc = tasks.NewLifecycle(st, tasks.LifecycleOptions{Archetype: d.Archetype, Subscribers: []tasks.Subscriber{tasks.NewEnds(ed)}})
+		}
 		s.Tasks = tasks.New(tasks.Deps{
 			Store: st, Tenants: s.Tenants, Admission: d.Admission, Queue: sched, Agents: d.Agents,
-			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: d.Lifecycle,
-			Archetype: d.Archetype, Pools: live,
+			Redis: d.Redis, Keys: d.Keys, Tenant: s.Tenants.Lookup, Lifecycle: lc,
+			Archetype: d.Archetype,
 		})
 	}
 	return s

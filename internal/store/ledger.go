@@ -130,8 +130,11 @@ func (s *Store) ledgerUsage(ctx context.Context, windows []UsageWindow, stepsSin
 type RunningSteps struct {
 	Anchor  quotas.Anchor // the tenant's billing anchor
 	Running int64         // its tasks running now
-	// Tokens and CostMicro sum what the last recorded step of each running task used:
-	// what the worker reserves for that task's next step.
+	// Tokens and CostMicro sum, over the running tasks, what the worker reserves for
+	// each one's next step: what its last recorded step used. A task that has recorded
+	// no step yet reserves from what its tenant's steps used before (the worker's
+	// running average), so it counts the largest of its running siblings' last steps
+	// and the tenant's latest recorded step.
 	Tokens    int64
 	CostMicro int64
 }
@@ -140,8 +143,18 @@ type RunningSteps struct {
 // that does not exist is absent.
 func (s *Store) UnscopedRunningStepsOf(ctx context.Context, tenants []string) (map[string]RunningSteps, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT t.id, t.created_at, t.billing_day, t.time_zone, count(k.id), COALESCE(sum(tok.quantity), 0)::bigint, COALESCE(sum(c.quantity), 0)::bigint
+		SELECT t.id, t.created_at, t.billing_day, t.time_zone, count(k.id), count(k.id) FILTER (WHERE k.steps = 0),
+			COALESCE(sum(tok.quantity), 0)::bigint, COALESCE(sum(c.quantity), 0)::bigint,
+			GREATEST(COALESCE(max(tok.quantity), 0), COALESCE(max(latest.tokens), 0))::bigint,
+			GREATEST(COALESCE(max(c.quantity), 0), COALESCE(max(latest.cost), 0))::bigint
 		FROM tenants t
+		LEFT JOIN LATERAL ( -- the tenant's latest recorded step, once per tenant
+			SELECT sum(l.quantity) FILTER (WHERE l.meter = 'tokens') AS tokens,
+				sum(l.quantity) FILTER (WHERE l.meter = 'cost_micro_usd') AS cost
+			FROM usage_ledger l
+			JOIN (SELECT task_id, step FROM usage_ledger WHERE tenant_id = t.id ORDER BY recorded_at DESC LIMIT 1) last
+				ON l.task_id = last.task_id AND l.step = last.step
+		) latest ON true
 		LEFT JOIN tasks k ON k.tenant_id = t.id AND k.state = 'running'
 		LEFT JOIN usage_ledger tok ON tok.task_id = k.id AND tok.step = k.steps AND tok.meter = 'tokens'
 		LEFT JOIN usage_ledger c ON c.task_id = k.id AND c.step = k.steps AND c.meter = 'cost_micro_usd'
@@ -158,9 +171,12 @@ func (s *Store) UnscopedRunningStepsOf(ctx context.Context, tenants []string) (m
 		var created time.Time
 		var day *int16
 		var zone *string
-		if err := rows.Scan(&id, &created, &day, &zone, &r.Running, &r.Tokens, &r.CostMicro); err != nil {
+		var fresh, freshTokens, freshCost int64
+		if err := rows.Scan(&id, &created, &day, &zone, &r.Running, &fresh, &r.Tokens, &r.CostMicro, &freshTokens, &freshCost); err != nil {
 			return nil, err
 		}
+		r.Tokens += fresh * freshTokens
+		r.CostMicro += fresh * freshCost
 		var d *int
 		if day != nil {
 			v := int(*day)

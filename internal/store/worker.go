@@ -47,12 +47,9 @@ func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task
 			RETURNING `+taskCols+`, NULL::text, 0::bigint, NULL::timestamptz, 0::bigint
 		), started AS (`+startSQL+`tasks.id = ANY($1) AND NOT `+startOverdueOf("tasks")+startReturning+`
 		)
-		SELECT * FROM started UNION ALL SELECT * FROM expired`, ids, ExpiredError)
+		SELECT * FROM started UNION ALL SELECT * FROM expired`, ids, agentqtype.NotStartedByDeadline())
 	return collect(rows, err, scanStarted)
 }
-
-// ExpiredError is the error a task ends with when it expires.
-const ExpiredError = "not started by its start deadline"
 
 // startOverdue holds for a task that never started and whose start deadline has
 // passed. A task that started once (and was parked or re-queued since) is past its
@@ -81,7 +78,7 @@ func (s *Store) UnscopedExpireOverdue(ctx context.Context, limit int) ([]Task, e
 			WHERE state = 'queued' AND start_deadline IS NOT NULL AND started_at IS NULL AND start_deadline <= now()
 			ORDER BY start_deadline LIMIT $1 FOR UPDATE SKIP LOCKED
 		) AND state = 'queued' AND `+startOverdue+`
-		RETURNING `+taskCols, limit, ExpiredError)
+		RETURNING `+taskCols, limit, agentqtype.NotStartedByDeadline())
 	return collect(rows, err, scanTask)
 }
 
@@ -487,6 +484,10 @@ func (s *Store) UnscopedSetPauseExpiry(ctx context.Context, id uuid.UUID, timeou
 	return err
 }
 
+// pauseTimedOutFormat is agentqtype.PauseTimedOut as a format() of Postgres (whose
+// %s is Go's), filled in with each task's limit.
+var pauseTimedOutFormat = agentqtype.PauseTimedOut("%s")
+
 // UnscopedExpirePauses ends budget_exceeded, in one statement, up to limit tasks
 // paused past their pause's expiry (oldest expiry first), and returns them as they
 // ended, their pause's fields still set: the limit that paused each. Tasks another
@@ -494,10 +495,10 @@ func (s *Store) UnscopedSetPauseExpiry(ctx context.Context, id uuid.UUID, timeou
 func (s *Store) UnscopedExpirePauses(ctx context.Context, limit int) ([]Task, error) {
 	rows, err := s.db.Query(ctx, `
 		UPDATE tasks SET state = 'budget_exceeded', finished_at = clock_timestamp(),
-			error = 'budget exceeded: paused at ' || COALESCE(paused_reason, 'a limit') || ' longer than the plan''s pause timeout'
+			error = format($2, COALESCE(paused_reason, 'a limit'))
 		WHERE id IN (SELECT id FROM tasks WHERE state = 'paused' AND pause_expires_at <= now()
 			ORDER BY pause_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-		RETURNING `+taskCols, limit)
+		RETURNING `+taskCols, limit, pauseTimedOutFormat)
 	return collect(rows, err, func(row pgx.Row) (Task, error) { return scanTask(row) })
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tasks/change"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
@@ -38,18 +39,18 @@ func crossSetup(t *testing.T, tenant string, ov map[string]quotas.Limit) *crossE
 	if _, err := e.st.CreateTenant(context.Background(), store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro", Overrides: ov}); err != nil {
 		t.Fatal(err)
 	}
-	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{
-		StepRecorded: outbox.Crossings{Limits: func(t store.Tenant) (quotas.Limits, error) {
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{
+		&outbox.Subscriber{Store: e.st, Crossings: outbox.Crossings{Limits: func(t store.Tenant) (quotas.Limits, error) {
 			p, err := tenants.PolicyOf(plans, t)
 			return p.Limits, err
-		}}.Step,
-		AfterChange: func(_ context.Context, _ *store.Store, c tasks.Change) error {
+		}}},
+		change.Funcs{Tx: func(_ context.Context, _ *store.Store, c tasks.Change) error {
 			if e.fail && c.Kind == tasks.ChangeStep {
 				return errHook
 			}
 			return nil
-		},
-	})
+		}},
+	}})
 	return e
 }
 

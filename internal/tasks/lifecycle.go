@@ -18,6 +18,7 @@ import (
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/groupcommit"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/tasks/change"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -26,100 +27,60 @@ import (
 // slow step is not mistaken for a dead worker.
 const DefaultStaleAfter = 30 * time.Second
 
-// ChangeKind names a state change of a task.
-type ChangeKind string
+// ChangeKind names a state change of a task (see package change).
+type ChangeKind = change.Kind
 
 // The state changes of a task.
 const (
-	ChangeCreated   ChangeKind = "created"    // a new task, queued
-	ChangeStarted   ChangeKind = "started"    // queued → running, under a new attempt
-	ChangeTakenOver ChangeKind = "taken_over" // running under a stale attempt → a new attempt
-	ChangeStep      ChangeKind = "step"       // a step's result recorded on the running task
-	ChangeFinished  ChangeKind = "finished"   // running → a terminal state, by its attempt
-	ChangeRequeued  ChangeKind = "requeued"   // running → queued, to resume from its last step
-	ChangeParked    ChangeKind = "parked"     // running → queued, to wait for token capacity
-	ChangePaused    ChangeKind = "paused"     // running → paused, at a budget or quota limit
-	ChangeResumed   ChangeKind = "resumed"    // paused → queued, by a resume
-	ChangeAbandoned ChangeKind = "abandoned"  // running → abandoned: its attempts keep dying
-	ChangeCancelled ChangeKind = "cancelled"  // queued or running → killed, by its tenant
-	ChangeExpired   ChangeKind = "expired"    // queued → expired: not started by its start deadline
+	ChangeCreated   = change.Created
+	ChangeStarted   = change.Started
+	ChangeTakenOver = change.TakenOver
+	ChangeStep      = change.Step
+	ChangeFinished  = change.Finished
+	ChangeRequeued  = change.Requeued
+	ChangeParked    = change.Parked
+	ChangePaused    = change.Paused
+	ChangeResumed   = change.Resumed
+	ChangeAbandoned = change.Abandoned
+	ChangeCancelled = change.Cancelled
+	ChangeExpired   = change.Expired
 )
 
-// Change is one committed-together state change of a task.
-type Change struct {
-	Kind ChangeKind
-	Task store.Task // the task as the change left it
-	Step int        // the step recorded (ChangeStep)
-	// Stop is the limit that ended the task, for an end as budget_exceeded whose
-	// finisher named it (nil otherwise).
-	Stop *quotas.Stop
-}
+// Change is one committed-together state change of a task (see package change).
+type Change = change.Change
+
+// Subscriber is told of each state change: in its transaction, and after it
+// committed (see package change, and the package's doc).
+type Subscriber = change.Subscriber
 
 // LifecycleOptions configure a Lifecycle.
 type LifecycleOptions struct {
 	// StaleAfter: see DefaultStaleAfter, the value when 0.
 	StaleAfter time.Duration
-	// BudgetExceeded, when set, runs inside the transaction of a change that ended a
-	// task budget_exceeded, with the task as it ended: it writes the end's
-	// usage.limit_hit into the events outbox (outbox.Events.BudgetStop), so the
-	// event exists exactly when the end committed. An error rolls the end back.
-	BudgetExceeded func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
-	// StepRecorded, when set, runs inside the transaction of a step just recorded (not
-	// of a retry that recorded nothing), with the task, its tenant and the rollups the
-	// step left: it writes the usage.approaching_limit and usage.limit_hit events of
-	// the period quotas the step crossed (outbox.Crossings.Step), so they exist
-	// exactly when the step committed. An error rolls the step back.
-	StepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
-	// Parked, when set, runs inside the transaction that parked a task to wait for
-	// token capacity, with the task as parked: it writes the wait's usage.limit_hit
-	// (outbox.Waits.Parked).
-	Parked func(ctx context.Context, tx *store.Store, t store.Task) error
-	// Paused, when set, runs inside the transaction that paused a task at a limit,
-	// with the task as paused and the limit: it writes the pause's usage.limit_hit,
-	// with its approval link (outbox.Events.Pause).
-	Paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
-	// Started, when set, runs after a queued task started, with the task as started
-	// (Task.Resumed: the wait it ended): it writes the usage.limit_hit of a start or a
-	// pool wait later than the plan commits to (outbox.Commitments.Started). A start
-	// alone runs it in its transaction; the group commit's starts, one statement on
-	// the path every task takes, run it right after they commit, logging its error.
-	Started func(ctx context.Context, tx *store.Store, t store.Task) error
-	// Expired, when set, runs after a change that ended a never-started task expired
-	// committed (a start past the deadline, or the expiry pass), with the task as it
-	// ended, on the store outside any transaction: it writes, in a transaction of its
-	// own, the usage.limit_hit of a start commitment that lapsed before the deadline
-	// (outbox.Commitments.Expired). Its error is logged: the end stands.
-	Expired func(ctx context.Context, st *store.Store, t store.Task) error
-	// AfterChange, when set, runs inside each state change's transaction, after the
-	// change; an error from it rolls the change back. Tests use it.
-	AfterChange func(ctx context.Context, tx *store.Store, c Change) error
-	// Archetype is where the lifecycle meters (agentq.tasks_finished); nil: the
-	// defaults.
+	// Subscribers are told of every state change, in this order: in the change's
+	// transaction (what must commit with it: the events outbox) and after it
+	// committed (what follows it: a task's end, Ends). A process gives its lifecycle
+	// the outbox's subscriber and an Ends.
+	Subscribers []Subscriber
+	// Archetype is where the lifecycle meters (agentq.tasks_finished) and logs; nil:
+	// the defaults.
 	Archetype *baseservice.Archetype
 }
 
 // Lifecycle makes a task's state changes: create (a submission's); start or take
-// over, record a step, finish, requeue, abandon (the worker's, under the claim Start
-// gives); requeue or abandon a task whose heartbeat went stale (the janitor's); and
-// cancel (a tenant's). Each change is one Postgres transaction, so what is written
-// with it (afterChange) commits or rolls back with it.
+// over, record a step, finish, requeue, park, pause (the worker's, under the claim
+// Start gives); requeue or abandon a task whose heartbeat went stale (the janitor's);
+// expire a task past its start deadline or its pause timeout; resume and cancel (a
+// tenant's). Each change is one Postgres transaction (or one statement), and its
+// subscribers are told of it in the transaction and after the commit.
 type Lifecycle struct {
 	store      *store.Store
 	staleAfter time.Duration
-	hook       func(ctx context.Context, tx *store.Store, c Change) error
-	budget     func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
-	// parked: LifecycleOptions.Parked
-	parked func(ctx context.Context, tx *store.Store, t store.Task) error
-	// paused: LifecycleOptions.Paused
-	paused func(ctx context.Context, tx *store.Store, t store.Task, stop *quotas.Stop) error
-	// started: LifecycleOptions.Started
-	started func(ctx context.Context, tx *store.Store, t store.Task) error
-	// expired: LifecycleOptions.Expired
-	expired func(ctx context.Context, st *store.Store, t store.Task) error
-	// stepRecorded: LifecycleOptions.StepRecorded
-	stepRecorded func(ctx context.Context, tx *store.Store, r store.RecordedStep) error
-	finished     metric.Int64Counter
-	log          *slog.Logger
+	subs       []Subscriber
+	// writers are, by kind, the subscribers whose InTx writes for that kind.
+	writers  map[ChangeKind][]Subscriber
+	finished metric.Int64Counter
+	log      *slog.Logger
 	// The group commits: of concurrent workers' completing last steps, of their
 	// starts, and of concurrent submissions' new tasks.
 	lastSteps groupcommit.Group[*lastStep]
@@ -127,13 +88,23 @@ type Lifecycle struct {
 	creates   groupcommit.Group[*create]
 }
 
+// allKinds are the kinds of change, to ask each subscriber once which it writes for.
+var allKinds = []ChangeKind{ChangeCreated, ChangeStarted, ChangeTakenOver, ChangeStep, ChangeFinished, ChangeRequeued,
+	ChangeParked, ChangePaused, ChangeResumed, ChangeAbandoned, ChangeCancelled, ChangeExpired}
+
 // NewLifecycle returns a Lifecycle over st.
 func NewLifecycle(st *store.Store, o LifecycleOptions) *Lifecycle {
 	if o.StaleAfter <= 0 {
 		o.StaleAfter = DefaultStaleAfter
 	}
-	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, hook: o.AfterChange, budget: o.BudgetExceeded, stepRecorded: o.StepRecorded,
-		parked: o.Parked, paused: o.Paused, started: o.Started, expired: o.Expired}
+	l := &Lifecycle{store: st, staleAfter: o.StaleAfter, subs: o.Subscribers, writers: map[ChangeKind][]Subscriber{}}
+	for _, k := range allKinds {
+		for _, sub := range o.Subscribers {
+			if sub.Writes(k) {
+				l.writers[k] = append(l.writers[k], sub)
+			}
+		}
+	}
 	l.log = o.Archetype.Defaults().Logger
 	l.lastSteps.Flush = l.completeLastSteps
 	l.starts.Flush = l.startTasks
@@ -168,38 +139,72 @@ func finishedAttrs(st store.TaskState) metric.AddOption {
 	return metric.WithAttributes(attribute.String("state", string(st)))
 }
 
-// ended counts a task that reached its terminal state in a committed change.
-func (l *Lifecycle) ended(ctx context.Context, st store.TaskState) {
-	l.finished.Add(context.WithoutCancel(ctx), 1, finishedAttrs(st))
+// writes reports whether a subscriber writes in the transaction of changes of kind.
+func (l *Lifecycle) writes(kinds ...ChangeKind) bool {
+	for _, k := range kinds {
+		if len(l.writers[k]) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
-// afterChange runs inside the transaction of every state change, after the change.
-// Whatever must exist exactly when the change committed is written here, on tx.
-func (l *Lifecycle) afterChange(ctx context.Context, tx *store.Store, c Change) error {
-	if l.budget != nil && c.Kind == ChangeFinished && c.Task.State == agentqtype.TaskStateBudgetExceeded {
-		if err := l.budget(ctx, tx, c.Task, c.Stop); err != nil {
+// changes collects the changes of one transaction: each is written with its
+// subscribers' InTx as it is noted, and told to them all once the transaction
+// committed (committed).
+type changes struct {
+	l    *Lifecycle
+	ctx  context.Context
+	tx   *store.Store
+	made []Change
+}
+
+// note runs, on the transaction, what its subscribers write with change c, and keeps
+// c for after the commit.
+func (cs *changes) note(c Change) error {
+	for _, sub := range cs.l.writers[c.Kind] {
+		if err := sub.InTx(cs.ctx, cs.tx, c); err != nil {
 			return err
 		}
 	}
-	if l.started != nil && c.Kind == ChangeStarted {
-		if err := l.started(ctx, tx, c.Task); err != nil {
-			return err
-		}
-	}
-	if l.parked != nil && c.Kind == ChangeParked {
-		if err := l.parked(ctx, tx, c.Task); err != nil {
-			return err
-		}
-	}
-	if l.paused != nil && c.Kind == ChangePaused {
-		if err := l.paused(ctx, tx, c.Task, c.Stop); err != nil {
-			return err
-		}
-	}
-	if l.hook != nil {
-		return l.hook(ctx, tx, c)
-	}
+	cs.made = append(cs.made, c)
 	return nil
+}
+
+// inTx runs write in one transaction; once it committed, the changes it noted are
+// told to the subscribers.
+func (l *Lifecycle) inTx(ctx context.Context, write func(cs *changes) error) error {
+	var made []Change
+	err := l.store.InTx(ctx, func(tx *store.Store) error {
+		cs := &changes{l: l, ctx: ctx, tx: tx}
+		err := write(cs)
+		made = cs.made
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	l.committed(ctx, made...)
+	return nil
+}
+
+// committed tells the subscribers of changes that committed, and counts the ends
+// among them. It runs in the goroutine of the call that made the change, under its
+// context without its cancel: what follows a committed change is owed whatever the
+// caller does next.
+func (l *Lifecycle) committed(ctx context.Context, made ...Change) {
+	if len(made) == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	for _, c := range made {
+		if c.Ends() {
+			l.finished.Add(ctx, 1, finishedAttrs(c.Task.State))
+		}
+		for _, sub := range l.subs {
+			sub.AfterCommit(ctx, c)
+		}
+	}
 }
 
 // Create writes a new queued task (see store.InsertTask). created=false, and no
@@ -212,7 +217,8 @@ func (l *Lifecycle) Create(ctx context.Context, p store.InsertTaskParams) (t sto
 	c := &create{ctx: ctx, p: p}
 	l.creates.Do(c)
 	if c.written {
-		return c.task, true, nil
+		l.committed(ctx, c.made...)
+		return c.made[0].Task, true, nil
 	}
 	return l.createAlone(ctx, p)
 }
@@ -221,7 +227,7 @@ func (l *Lifecycle) Create(ctx context.Context, p store.InsertTaskParams) (t sto
 type create struct {
 	ctx     context.Context
 	p       store.InsertTaskParams
-	task    store.Task
+	made    []Change // its change, when written
 	written bool
 }
 
@@ -231,28 +237,37 @@ func (l *Lifecycle) createTasks(batch []*create) {
 	for i, c := range batch {
 		ps[i] = c.p
 	}
-	byID := l.sharedWrite(batch[0].ctx, l.hook != nil, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
-		ts, err := st.InsertTasks(ctx, ps)
+	byID := l.sharedWrite(batch[0].ctx, l.writes(ChangeCreated), func(cs *changes) error {
+		ts, err := cs.tx.InsertTasks(cs.ctx, ps)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		return ts, l.afterEach(ctx, st, ChangeCreated, ts)
+		for _, t := range ts {
+			if err := cs.note(Change{Kind: ChangeCreated, Task: t}); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	for _, c := range batch {
-		c.task, c.written = takeFirst(byID, c.p.ID)
+		c.made, c.written = takeFirst(byID, c.p.ID)
 	}
 }
 
 // sharedWrite runs a batch's shared write under the batch's flushContext, in one
-// transaction when inTx (a write that is a single statement needs none), and returns
-// the tasks it changed by id: none when it failed, and then nothing was written.
-func (l *Lifecycle) sharedWrite(first context.Context, inTx bool, write func(ctx context.Context, st *store.Store) ([]store.Task, error)) map[uuid.UUID]store.Task {
+// transaction when inTx (a write that is a single statement needs none unless a
+// subscriber writes with its changes), and returns the changes it made by task id:
+// none when it failed, and then nothing was written. Each call of the batch tells
+// the subscribers of its own changes once it has them (committed), in its own
+// goroutine and context.
+func (l *Lifecycle) sharedWrite(first context.Context, inTx bool, write func(cs *changes) error) map[uuid.UUID][]Change {
 	ctx, cancel := flushContext(first)
 	defer cancel()
-	var changed []store.Task
+	var made []Change
 	run := func(st *store.Store) error {
-		var err error
-		changed, err = write(ctx, st)
+		cs := &changes{l: l, ctx: ctx, tx: st}
+		err := write(cs)
+		made = cs.made
 		return err
 	}
 	var err error
@@ -264,40 +279,30 @@ func (l *Lifecycle) sharedWrite(first context.Context, inTx bool, write func(ctx
 	if err != nil {
 		return nil
 	}
-	byID := make(map[uuid.UUID]store.Task, len(changed))
-	for _, t := range changed {
-		byID[t.ID] = t
+	byID := make(map[uuid.UUID][]Change, len(made))
+	for _, c := range made {
+		byID[c.Task.ID] = append(byID[c.Task.ID], c)
 	}
 	return byID
 }
 
-// takeFirst takes task id out of a shared write's result: a task that two calls of
-// the batch gave is the first call's, and the other one goes alone.
-func takeFirst(byID map[uuid.UUID]store.Task, id uuid.UUID) (store.Task, bool) {
-	t, ok := byID[id]
+// takeFirst takes task id's changes out of a shared write's result: a task that two
+// calls of the batch gave is the first call's, and the other one goes alone.
+func takeFirst(byID map[uuid.UUID][]Change, id uuid.UUID) ([]Change, bool) {
+	made, ok := byID[id]
 	delete(byID, id)
-	return t, ok
-}
-
-// afterEach runs afterChange for each of ts, a change of kind, on st.
-func (l *Lifecycle) afterEach(ctx context.Context, st *store.Store, kind ChangeKind, ts []store.Task) error {
-	for _, t := range ts {
-		if err := l.afterChange(ctx, st, Change{Kind: kind, Task: t}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return made, ok
 }
 
 // createAlone is Create in a transaction of its own.
 func (l *Lifecycle) createAlone(ctx context.Context, p store.InsertTaskParams) (t store.Task, created bool, err error) {
-	err = l.store.InTx(ctx, func(tx *store.Store) error {
+	err = l.inTx(ctx, func(cs *changes) error {
 		var err error
-		t, created, err = tx.InsertTask(ctx, p)
+		t, created, err = cs.tx.InsertTask(ctx, p)
 		if err != nil || !created {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangeCreated, Task: t})
+		return cs.note(Change{Kind: ChangeCreated, Task: t})
 	})
 	if err != nil {
 		return store.Task{}, false, err
@@ -338,21 +343,22 @@ func (o StartOutcome) String() string {
 //
 // A queued task that never started and whose start deadline has passed is not
 // started: the same statement ends it expired, and Start returns it, expired, with
-// Ended. The caller then owns the end's side effects (lease, state message), as the
-// winner of any end does.
+// Ended. Its end's effects follow it as any end's do (the subscribers' AfterCommit).
 //
 // Concurrent workers' starts of queued tasks (the common case) are written together,
 // in one statement and commit (group commit); a task the shared start did not start
-// goes through the rest alone.
+// goes through the rest alone. Either way the subscribers are told of the start the
+// same way: InTx in its transaction, AfterCommit after it, in the caller's goroutine.
 func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartOutcome, error) {
 	c := &start{ctx: ctx, id: id}
 	l.starts.Do(c)
 	if c.written {
-		if c.task.State == agentqtype.TaskStateExpired {
-			l.expiredEnded(ctx, c.task)
-			return c.task, Ended, nil
+		l.committed(ctx, c.made...)
+		t := c.made[0].Task
+		if t.State == agentqtype.TaskStateExpired {
+			return t, Ended, nil
 		}
-		return c.task, Started, nil
+		return t, Started, nil
 	}
 	return l.startAlone(ctx, id)
 }
@@ -361,68 +367,50 @@ func (l *Lifecycle) Start(ctx context.Context, id uuid.UUID) (store.Task, StartO
 type start struct {
 	ctx     context.Context
 	id      uuid.UUID
-	task    store.Task
-	written bool // started, or expired, by the shared write
+	made    []Change // its start or expiry, when written
+	written bool     // started, or expired, by the shared write
 }
 
 // startTasks starts a batch of queued tasks together, and expires those of them past
-// their start deadline (see sharedWrite).
+// their start deadline (see sharedWrite). The start is one statement: no transaction
+// around it, on the path every task takes, unless a subscriber writes with a start
+// or an expiry.
 func (l *Lifecycle) startTasks(batch []*start) {
 	ids := make([]uuid.UUID, len(batch))
 	for i, c := range batch {
 		ids[i] = c.id
 	}
-	// The start is one statement: no transaction around it, on the path every task
-	// takes (a test's AfterChange hook wants one). The commitment check writes an
-	// event only for a late start, rarely: it runs right after the start commits.
-	inTx := l.hook != nil
-	byID := l.sharedWrite(batch[0].ctx, inTx, func(ctx context.Context, st *store.Store) ([]store.Task, error) {
-		ts, err := st.UnscopedStartTasks(ctx, ids)
+	byID := l.sharedWrite(batch[0].ctx, l.writes(ChangeStarted, ChangeExpired), func(cs *changes) error {
+		ts, err := cs.tx.UnscopedStartTasks(cs.ctx, ids)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, t := range ts {
-			c := Change{Kind: startChange(t), Task: t}
-			if !inTx {
-				l.startedOutsideTx(ctx, st, c)
-				continue
-			}
-			if err := l.afterChange(ctx, st, c); err != nil {
-				return nil, err
+			if err := cs.note(startChange(t)); err != nil {
+				return err
 			}
 		}
-		return ts, nil
+		return nil
 	})
 	for _, c := range batch {
-		c.task, c.written = takeFirst(byID, c.id)
-	}
-}
-
-// startedOutsideTx runs the Started hook for a start that committed on its own. Its
-// failure cannot undo the start, and must not make the batch's callers think their
-// tasks did not start: it is logged, and the late start goes uncredited.
-func (l *Lifecycle) startedOutsideTx(ctx context.Context, st *store.Store, c Change) {
-	if l.started == nil || c.Kind != ChangeStarted {
-		return
-	}
-	if err := l.started(ctx, st, c.Task); err != nil {
-		l.log.Warn("checking a start against its plan's commitments failed", "task_id", c.Task.ID, "err", err)
+		c.made, c.written = takeFirst(byID, c.id)
 	}
 }
 
 // startChange is the change a start statement made to t: started, or expired.
-func startChange(t store.Task) ChangeKind {
+func startChange(t store.Task) Change {
 	if t.State == agentqtype.TaskStateExpired {
-		return ChangeExpired
+		return Change{Kind: ChangeExpired, Task: t, From: agentqtype.TaskStateQueued}
 	}
-	return ChangeStarted
+	return Change{Kind: ChangeStarted, Task: t, From: agentqtype.TaskStateQueued}
 }
 
 // startAlone is Start in a transaction of its own.
 func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, StartOutcome, error) {
 	var task store.Task
 	var out StartOutcome
-	err := l.store.InTx(ctx, func(tx *store.Store) error {
+	err := l.inTx(ctx, func(cs *changes) error {
+		tx := cs.tx
 		t, ok, err := tx.UnscopedStartTask(ctx, id)
 		if err != nil {
 			return err
@@ -434,7 +422,7 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 			if t.State == agentqtype.TaskStateExpired {
 				out = Ended
 			}
-			return l.afterChange(ctx, tx, Change{Kind: startChange(t), Task: t})
+			return cs.note(startChange(t))
 		}
 		states, err := tx.UnscopedTaskStates(ctx, []uuid.UUID{id})
 		if err != nil {
@@ -455,75 +443,56 @@ func (l *Lifecycle) startAlone(ctx context.Context, id uuid.UUID) (store.Task, S
 			return nil
 		}
 		task, out = t, TookOver
-		return l.afterChange(ctx, tx, Change{Kind: ChangeTakenOver, Task: t})
+		return cs.note(Change{Kind: ChangeTakenOver, Task: t, From: agentqtype.TaskStateRunning})
 	})
 	if err != nil {
 		return store.Task{}, 0, err
-	}
-	if task.State == agentqtype.TaskStateExpired {
-		l.expiredEnded(ctx, task)
 	}
 	return task, out, nil
 }
 
 // ExpireOverdue ends as expired up to limit queued tasks that never started and whose
 // start deadline has passed (see store.UnscopedExpireOverdue), in one transaction,
-// and returns them: the caller won each end and owns its side effects (lease, queue
-// entry, state message).
+// and returns them; their ends' effects follow them (the subscribers' AfterCommit).
 func (l *Lifecycle) ExpireOverdue(ctx context.Context, limit int) ([]store.Task, error) {
 	var ts []store.Task
-	err := l.store.InTx(ctx, func(tx *store.Store) error {
+	err := l.inTx(ctx, func(cs *changes) error {
 		var err error
-		if ts, err = tx.UnscopedExpireOverdue(ctx, limit); err != nil {
+		if ts, err = cs.tx.UnscopedExpireOverdue(ctx, limit); err != nil {
 			return err
 		}
-		return l.afterEach(ctx, tx, ChangeExpired, ts)
+		for _, t := range ts {
+			if err := cs.note(Change{Kind: ChangeExpired, Task: t, From: agentqtype.TaskStateQueued}); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range ts {
-		l.expiredEnded(ctx, t)
-	}
 	return ts, nil
-}
-
-// expiredEnded counts a committed expiry and runs the Expired hook for it. The hook's
-// failure cannot undo the end: it is logged, and the lapse goes uncredited.
-func (l *Lifecycle) expiredEnded(ctx context.Context, t store.Task) {
-	l.ended(ctx, agentqtype.TaskStateExpired)
-	if l.expired == nil {
-		return
-	}
-	if err := l.expired(context.WithoutCancel(ctx), l.store, t); err != nil {
-		l.log.Warn("checking an expired task against its plan's start commitment failed", "task_id", t.ID, "err", err)
-	}
 }
 
 // RecordStep records a finished step's result (usage, ledger rows, agent state) under
 // the claim in p; see store.UnscopedRecordStep for the fencing. A step recorded before
 // (a retry) changes nothing and returns nil.
 func (l *Lifecycle) RecordStep(ctx context.Context, p store.RecordStepParams) error {
-	return l.store.InTx(ctx, func(tx *store.Store) error { return l.recordStep(ctx, tx, p) })
+	return l.inTx(ctx, func(cs *changes) error { return l.recordStep(cs, p) })
 }
 
-func (l *Lifecycle) recordStep(ctx context.Context, tx *store.Store, p store.RecordStepParams) error {
-	r, recorded, err := tx.UnscopedRecordStep(ctx, p)
+func (l *Lifecycle) recordStep(cs *changes, p store.RecordStepParams) error {
+	r, recorded, err := cs.tx.UnscopedRecordStep(cs.ctx, p)
 	if err != nil || !recorded {
 		return err
 	}
-	return l.stepWritten(ctx, tx, r, p.Step)
+	return cs.note(stepChange(r, p.Step))
 }
 
-// stepWritten runs, on tx, what is written with a recorded step: its crossings and
-// its change.
-func (l *Lifecycle) stepWritten(ctx context.Context, tx *store.Store, r store.RecordedStep, step int) error {
-	if l.stepRecorded != nil {
-		if err := l.stepRecorded(ctx, tx, r); err != nil {
-			return err
-		}
-	}
-	return l.afterChange(ctx, tx, Change{Kind: ChangeStep, Task: r.Task, Step: step})
+// stepChange is the change of a step recorded: the task as the step left it, with
+// the rollups its crossings are judged on.
+func stepChange(r store.RecordedStep, step int) Change {
+	return Change{Kind: ChangeStep, Task: r.Task, From: agentqtype.TaskStateRunning, Step: step, Recorded: &r}
 }
 
 // RecordLastStep records a task's last step and ends it as fin says, in one
@@ -540,7 +509,7 @@ func (l *Lifecycle) RecordLastStep(ctx context.Context, p store.RecordStepParams
 		c := &lastStep{ctx: ctx, step: store.LastStep{RecordStepParams: p, Output: fin.Output}}
 		l.lastSteps.Do(c)
 		if c.written {
-			l.ended(ctx, fin.To)
+			l.committed(ctx, c.made...)
 			return true, nil
 		}
 	}
@@ -551,34 +520,36 @@ func (l *Lifecycle) RecordLastStep(ctx context.Context, p store.RecordStepParams
 type lastStep struct {
 	ctx     context.Context
 	step    store.LastStep
-	written bool // recorded and ended by the shared transaction
+	made    []Change // its step's and its end's, when written
+	written bool     // recorded and ended by the shared transaction
 }
 
 // completeLastSteps writes a batch of completing last steps in one transaction, with
-// each step's crossings and changes (see sharedWrite). If the transaction fails, none
-// is written and each call writes its step alone.
+// each step's changes (see sharedWrite). If the transaction fails, none is written
+// and each call writes its step alone.
 func (l *Lifecycle) completeLastSteps(batch []*lastStep) {
 	ps := make([]store.LastStep, len(batch))
 	for i, c := range batch {
 		ps[i] = c.step
 	}
-	byID := l.sharedWrite(batch[0].ctx, true, func(ctx context.Context, tx *store.Store) ([]store.Task, error) {
-		written, err := tx.UnscopedCompleteLastSteps(ctx, ps)
+	byID := l.sharedWrite(batch[0].ctx, true, func(cs *changes) error {
+		written, err := cs.tx.UnscopedCompleteLastSteps(cs.ctx, ps)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		ts := make([]store.Task, len(written))
-		for i, r := range written {
+		for _, r := range written {
 			// One change made both: the step's and the end's see the task as it ended.
-			if err := l.stepWritten(ctx, tx, r, r.Task.Usage.Steps); err != nil {
-				return nil, err
+			if err := cs.note(stepChange(r, r.Task.Usage.Steps)); err != nil {
+				return err
 			}
-			ts[i] = r.Task
+			if err := cs.note(Change{Kind: ChangeFinished, Task: r.Task, From: agentqtype.TaskStateRunning, Step: r.Task.Usage.Steps, ByAttempt: true}); err != nil {
+				return err
+			}
 		}
-		return ts, l.afterEach(ctx, tx, ChangeFinished, ts)
+		return nil
 	})
 	for _, c := range batch {
-		_, c.written = takeFirst(byID, c.step.ID)
+		c.made, c.written = takeFirst(byID, c.step.ID)
 	}
 }
 
@@ -594,20 +565,25 @@ func flushContext(first context.Context) (context.Context, context.CancelFunc) {
 
 // recordLastStepAlone is RecordLastStep in a transaction of its own.
 func (l *Lifecycle) recordLastStepAlone(ctx context.Context, p store.RecordStepParams, fin FinishParams) (ok bool, err error) {
-	return l.end(ctx, fin.To, func(tx *store.Store) (bool, error) {
-		if err := l.recordStep(ctx, tx, p); errors.Is(err, store.ErrTaskEnded) {
+	err = l.inTx(ctx, func(cs *changes) error {
+		if err := l.recordStep(cs, p); errors.Is(err, store.ErrTaskEnded) {
 			// A retry of a call that committed (its answer lost) finds the task ended
 			// as it asked: done, as a second Finish would say.
-			states, serr := tx.UnscopedTaskStates(ctx, []uuid.UUID{p.ID})
+			states, serr := cs.tx.UnscopedTaskStates(ctx, []uuid.UUID{p.ID})
 			if serr == nil && states[p.ID] == fin.To {
-				return false, nil
+				return nil
 			}
-			return false, err
+			return err
 		} else if err != nil {
-			return false, err
+			return err
 		}
-		return l.finishTx(ctx, tx, ChangeFinished, fin)
+		ok, err = l.finishTx(cs, fin)
+		return err
 	})
+	if err != nil {
+		return false, err
+	}
+	return ok, nil
 }
 
 // FinishParams end a running attempt.
@@ -615,68 +591,59 @@ type FinishParams struct {
 	Claim  store.Claim
 	To     store.TaskState // a terminal state
 	Output json.RawMessage
-	Error  string
+	Error  string // the reason it ends with (agentqtype's end reasons)
 	// Stop names the limit that ended a task budget_exceeded (see quotas.Stop).
 	Stop *quotas.Stop
+	// Abandoned: the janitor ends a task whose attempts keep dying (To abandoned),
+	// under the attempt it read, not the attempt itself.
+	Abandoned bool
 }
 
 // Finish moves the claimed running task to p.To. ok=true when this call made the
-// transition (it then owns the end's side effects: lease, events); false when the task
-// had already ended under this attempt. ErrLostClaim when another attempt owns it.
+// transition (its end's effects follow it: the subscribers' AfterCommit); false when
+// the task had already ended under this attempt. ErrLostClaim when another attempt
+// owns it.
+//
+// The janitor abandons a stale task (p.Abandoned, To abandoned) under the attempt it
+// read, so a redelivery that took the task over since keeps it (ErrLostClaim).
 func (l *Lifecycle) Finish(ctx context.Context, p FinishParams) (ok bool, err error) {
-	return l.finish(ctx, ChangeFinished, p)
+	err = l.inTx(ctx, func(cs *changes) error {
+		var err error
+		ok, err = l.finishTx(cs, p)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	return ok, nil
 }
 
-// Abandon ends the claimed running task as abandoned (its attempts keep dying), as
-// Finish does. The janitor abandons a stale task under the attempt it read, so a
-// redelivery that took the task over since keeps it (ErrLostClaim).
-func (l *Lifecycle) Abandon(ctx context.Context, c store.Claim, reason string) (ok bool, err error) {
-	return l.finish(ctx, ChangeAbandoned, FinishParams{Claim: c, To: agentqtype.TaskStateAbandoned, Error: reason})
-}
-
-// finishTx is the end of a running attempt on tx.
-func (l *Lifecycle) finishTx(ctx context.Context, tx *store.Store, kind ChangeKind, p FinishParams) (ok bool, err error) {
-	t, won, err := tx.UnscopedFinishTask(ctx, store.UnscopedFinishTaskParams{
+// finishTx is the end of a running attempt on the transaction.
+func (l *Lifecycle) finishTx(cs *changes, p FinishParams) (ok bool, err error) {
+	t, won, err := cs.tx.UnscopedFinishTask(cs.ctx, store.UnscopedFinishTaskParams{
 		ID: p.Claim.ID, Attempt: p.Claim.Attempt, From: []store.TaskState{agentqtype.TaskStateRunning},
 		To: p.To, Output: p.Output, Error: p.Error,
 	})
 	if err != nil || !won {
 		return false, err
 	}
-	return true, l.afterChange(ctx, tx, Change{Kind: kind, Task: t, Stop: p.Stop})
-}
-
-func (l *Lifecycle) finish(ctx context.Context, kind ChangeKind, p FinishParams) (ok bool, err error) {
-	return l.end(ctx, p.To, func(tx *store.Store) (bool, error) { return l.finishTx(ctx, tx, kind, p) })
-}
-
-// end runs a change that may end a task in one transaction and, once it committed
-// having ended the task (ok), counts the end as to.
-func (l *Lifecycle) end(ctx context.Context, to store.TaskState, change func(tx *store.Store) (ok bool, err error)) (ok bool, err error) {
-	err = l.store.InTx(ctx, func(tx *store.Store) error {
-		var err error
-		ok, err = change(tx)
-		return err
-	})
-	if err != nil {
-		return false, err
+	c := Change{Kind: ChangeFinished, Task: t, From: agentqtype.TaskStateRunning, Stop: p.Stop, ByAttempt: !p.Abandoned}
+	if p.Abandoned {
+		c.Kind = ChangeAbandoned
 	}
-	if ok {
-		l.ended(ctx, to)
-	}
-	return ok, nil
+	return true, cs.note(c)
 }
 
 // Requeue puts the claimed running task back to queued, keeping its recorded steps
 // and agent state: the next attempt resumes from there. ErrLostClaim or ErrTaskEnded
 // when the claim no longer holds.
 func (l *Lifecycle) Requeue(ctx context.Context, c store.Claim) error {
-	return l.store.InTx(ctx, func(tx *store.Store) error {
-		t, err := tx.UnscopedRequeueTask(ctx, c)
+	return l.inTx(ctx, func(cs *changes) error {
+		t, err := cs.tx.UnscopedRequeueTask(ctx, c)
 		if err != nil {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
+		return cs.note(Change{Kind: ChangeRequeued, Task: t, From: agentqtype.TaskStateRunning})
 	})
 }
 
@@ -687,12 +654,12 @@ type ParkParams = store.UnscopedParkTaskParams
 // waits for is expected, keeping its recorded steps and agent state, and records what
 // it waits for. ErrLostClaim or ErrTaskEnded when the claim no longer holds.
 func (l *Lifecycle) Park(ctx context.Context, p ParkParams) error {
-	return l.store.InTx(ctx, func(tx *store.Store) error {
-		t, err := tx.UnscopedParkTask(ctx, p)
+	return l.inTx(ctx, func(cs *changes) error {
+		t, err := cs.tx.UnscopedParkTask(ctx, p)
 		if err != nil {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangeParked, Task: t})
+		return cs.note(Change{Kind: ChangeParked, Task: t, From: agentqtype.TaskStateRunning})
 	})
 }
 
@@ -726,13 +693,15 @@ func (e *PausedBoundError) Error() string {
 }
 
 // Pause moves the claimed running task to paused at the limit in p, keeping its
-// recorded steps and agent state; the pause's event is written with it (Paused).
-// ErrLostClaim or ErrTaskEnded when the claim no longer holds; a *PausedBoundError
-// when its tenant has p.MaxPaused tasks paused already (the count and the pause are
-// one transaction, serialised per tenant, so concurrent pauses never pass the bound).
+// recorded steps and agent state; the pause's event is written with it (the outbox's
+// subscriber). ErrLostClaim or ErrTaskEnded when the claim no longer holds; a
+// *PausedBoundError when its tenant has p.MaxPaused tasks paused already (the count
+// and the pause are one transaction, serialised per tenant, so concurrent pauses
+// never pass the bound).
 func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error) {
 	var t store.Task
-	err := l.store.InTx(ctx, func(tx *store.Store) error {
+	err := l.inTx(ctx, func(cs *changes) error {
+		tx := cs.tx
 		if p.MaxPaused >= 0 {
 			n, err := tx.UnscopedLockPausedCount(ctx, p.TenantID)
 			if err != nil {
@@ -752,7 +721,7 @@ func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error
 		if err := tx.UnscopedSetPauseExpiry(ctx, t.ID, cmp.Or(p.Timeout, quotas.DefaultPauseTimeout)); err != nil {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangePaused, Task: t, Stop: &p.Stop})
+		return cs.note(Change{Kind: ChangePaused, Task: t, From: agentqtype.TaskStateRunning, Stop: &p.Stop, ByAttempt: true})
 	})
 	return t, err
 }
@@ -761,13 +730,13 @@ func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error
 // store.ResumeTask). ok=false when it is not paused (or was paused again since the
 // pause p names).
 func (l *Lifecycle) Resume(ctx context.Context, p store.ResumeTaskParams) (t store.Task, ok bool, err error) {
-	err = l.store.InTx(ctx, func(tx *store.Store) error {
+	err = l.inTx(ctx, func(cs *changes) error {
 		var err error
-		t, ok, err = tx.ResumeTask(ctx, p)
+		t, ok, err = cs.tx.ResumeTask(ctx, p)
 		if err != nil || !ok {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangeResumed, Task: t})
+		return cs.note(Change{Kind: ChangeResumed, Task: t, From: agentqtype.TaskStatePaused})
 	})
 	return t, ok, err
 }
@@ -777,13 +746,13 @@ func (l *Lifecycle) Resume(ctx context.Context, p store.ResumeTaskParams) (t sto
 // its end's event naming the limit that paused it, and returns them as they ended.
 func (l *Lifecycle) ExpirePauses(ctx context.Context, limit int) ([]store.Task, error) {
 	var ended []store.Task
-	err := l.store.InTx(ctx, func(tx *store.Store) error {
+	err := l.inTx(ctx, func(cs *changes) error {
 		var err error
-		if ended, err = tx.UnscopedExpirePauses(ctx, limit); err != nil {
+		if ended, err = cs.tx.UnscopedExpirePauses(ctx, limit); err != nil {
 			return err
 		}
 		for _, t := range ended {
-			if err := l.afterChange(ctx, tx, Change{Kind: ChangeFinished, Task: t, Stop: pauseStop(t)}); err != nil {
+			if err := cs.note(Change{Kind: ChangeFinished, Task: t, From: agentqtype.TaskStatePaused, Stop: pauseStop(t)}); err != nil {
 				return err
 			}
 		}
@@ -791,9 +760,6 @@ func (l *Lifecycle) ExpirePauses(ctx context.Context, limit int) ([]store.Task, 
 	})
 	if err != nil {
 		return nil, err
-	}
-	for range ended {
-		l.ended(ctx, agentqtype.TaskStateBudgetExceeded)
 	}
 	return ended, nil
 }
@@ -810,37 +776,19 @@ func pauseStop(t store.Task) *quotas.Stop {
 	return stop
 }
 
-// ExpirePause ends one of the tenant's paused tasks budget_exceeded: it stayed paused
-// past its plan's pause_timeout_s. stop is the limit that paused it (the end's
-// event names it). ok=false when the task is no longer paused.
-func (l *Lifecycle) ExpirePause(ctx context.Context, tenantID string, id uuid.UUID, stop *quotas.Stop) (t store.Task, ok bool, err error) {
-	ok, err = l.end(ctx, agentqtype.TaskStateBudgetExceeded, func(tx *store.Store) (bool, error) {
-		var won bool
-		var err error
-		t, won, err = tx.FinishTask(ctx, store.FinishTaskParams{TenantID: tenantID, ID: id,
-			From: []store.TaskState{agentqtype.TaskStatePaused}, To: agentqtype.TaskStateBudgetExceeded,
-			Error: fmt.Sprintf("budget exceeded: paused at %s longer than the plan's pause timeout", stop.LimitType)})
-		if err != nil || !won {
-			return false, err
-		}
-		return true, l.afterChange(ctx, tx, Change{Kind: ChangeFinished, Task: t, Stop: stop})
-	})
-	return t, ok, err
-}
-
 // RequeueStale puts a running task whose heartbeat has been silent for staleAfter
 // back to queued, whatever attempt runs it (that worker is gone), keeping its recorded
 // steps and agent state. The silence is checked in the same statement as the change:
 // a worker that stamped its heartbeat since, or a redelivery that took the task over,
 // keeps it (ok=false).
 func (l *Lifecycle) RequeueStale(ctx context.Context, id uuid.UUID, staleAfter time.Duration) (t store.Task, ok bool, err error) {
-	err = l.store.InTx(ctx, func(tx *store.Store) error {
+	err = l.inTx(ctx, func(cs *changes) error {
 		var err error
-		t, ok, err = tx.UnscopedRequeueStale(ctx, id, staleAfter)
+		t, ok, err = cs.tx.UnscopedRequeueStale(ctx, id, staleAfter)
 		if err != nil || !ok {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangeRequeued, Task: t})
+		return cs.note(Change{Kind: ChangeRequeued, Task: t, From: agentqtype.TaskStateRunning})
 	})
 	if err != nil {
 		return store.Task{}, false, err
@@ -859,29 +807,27 @@ func (l *Lifecycle) Heartbeat(ctx context.Context, c store.Claim) error {
 type CancelParams struct {
 	TenantID string
 	ID       uuid.UUID
-	Reason   string // the error the task ends with
+	Reason   string // the reason the task ends with (agentqtype.CancelledByTenant)
 }
 
-// Cancel ends one of the tenant's queued, running or paused tasks as killed, whatever attempt
-// runs it. ok=true when this call made the transition; false when the task had
-// already ended (or is not the tenant's: agentqtype.ErrNotFound from a read tells which).
+// Cancel ends one of the tenant's queued, running or paused tasks as killed, whatever
+// attempt runs it. ok=true when this call made the transition (its end's effects
+// follow it: the subscribers' AfterCommit); false when the task had already ended
+// (or is not the tenant's: agentqtype.ErrNotFound from a read tells which).
 func (l *Lifecycle) Cancel(ctx context.Context, p CancelParams) (t store.Task, ok bool, err error) {
-	err = l.store.InTx(ctx, func(tx *store.Store) error {
+	err = l.inTx(ctx, func(cs *changes) error {
 		var err error
-		t, ok, err = tx.FinishTask(ctx, store.FinishTaskParams{
+		t, ok, err = cs.tx.FinishTask(ctx, store.FinishTaskParams{
 			TenantID: p.TenantID, ID: p.ID, From: []store.TaskState{agentqtype.TaskStateQueued, agentqtype.TaskStateRunning, agentqtype.TaskStatePaused},
 			To: agentqtype.TaskStateKilled, Error: p.Reason,
 		})
 		if err != nil || !ok {
 			return err
 		}
-		return l.afterChange(ctx, tx, Change{Kind: ChangeCancelled, Task: t})
+		return cs.note(Change{Kind: ChangeCancelled, Task: t})
 	})
 	if err != nil {
 		return store.Task{}, false, err
-	}
-	if ok {
-		l.ended(ctx, agentqtype.TaskStateKilled)
 	}
 	return t, ok, nil
 }

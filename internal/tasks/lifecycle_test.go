@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tasks/change"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
@@ -45,7 +46,7 @@ func lifecycleSetup(t *testing.T) *lcEnv {
 			t.Fatal(err)
 		}
 	}
-	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{AfterChange: e.afterChange})
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{change.Funcs{Tx: e.afterChange}}})
 	return e
 }
 
@@ -226,7 +227,7 @@ func TestLifecycleTakesOverAStaleClaim(t *testing.T) {
 	if ok, err := e.lc.Finish(ctx, tasks.FinishParams{Claim: old, To: agentqtype.TaskStateFailed}); ok || !errors.Is(err, store.ErrLostClaim) {
 		t.Errorf("finish by the stale attempt: %v %v, want ErrLostClaim", ok, err)
 	}
-	if ok, err := e.lc.Abandon(ctx, old, "gone"); ok || !errors.Is(err, store.ErrLostClaim) {
+	if ok, err := e.lc.Finish(ctx, abandon(old, "gone")); ok || !errors.Is(err, store.ErrLostClaim) {
 		t.Errorf("abandon by the stale attempt: %v %v, want ErrLostClaim", ok, err)
 	}
 	e.wantChanges(t)
@@ -375,13 +376,13 @@ func TestLifecycleAbandon(t *testing.T) {
 	id := e.insert(t, "acme")
 	task := e.start(t, id, tasks.Started)
 	e.took()
-	if ok, err := e.lc.Abandon(ctx, claimOf(task), "abandoned: its worker stopped heartbeating"); err != nil || !ok {
+	if ok, err := e.lc.Finish(ctx, abandon(claimOf(task), agentqtype.AbandonedAfter(3))); err != nil || !ok {
 		t.Fatalf("abandon: %v %v", ok, err)
 	}
 	if c := e.wantChanges(t, tasks.ChangeAbandoned); c[0].Task.State != agentqtype.TaskStateAbandoned {
 		t.Fatalf("abandon change %+v", c[0].Task)
 	}
-	if got := e.get(t, id); got.State != agentqtype.TaskStateAbandoned || got.Error == nil || *got.Error != "abandoned: its worker stopped heartbeating" {
+	if got := e.get(t, id); got.State != agentqtype.TaskStateAbandoned || got.Error == nil || *got.Error != agentqtype.AbandonedAfter(3) {
 		t.Fatalf("abandoned task: %s, %v", got.State, got.Error)
 	}
 }
@@ -457,7 +458,7 @@ func TestLifecycleRolledBackChangeLeavesNothing(t *testing.T) {
 			return err
 		}},
 		{"requeue", func() error { return e.lc.Requeue(ctx, claimOf(run)) }},
-		{"abandon", func() error { _, err := e.lc.Abandon(ctx, claimOf(old), "gone"); return err }},
+		{"abandon", func() error { _, err := e.lc.Finish(ctx, abandon(claimOf(old), "gone")); return err }},
 		{"requeue stale", func() error { _, _, err := e.lc.RequeueStale(ctx, silent, tasks.DefaultStaleAfter); return err }},
 		{"cancel", func() error {
 			_, _, err := e.lc.Cancel(ctx, tasks.CancelParams{TenantID: "acme", ID: queued})
@@ -650,9 +651,7 @@ func (e *lcEnv) insertDue(t *testing.T, tenant string) uuid.UUID {
 		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}, StartWithin: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(context.Background(), `UPDATE tasks SET start_deadline = now() - interval '1 second' WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartOverdue(t, e.pool, id)
 	return id
 }
 
@@ -667,7 +666,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 	e.took()
 	task := e.start(t, id, tasks.Ended)
 	if task.State != agentqtype.TaskStateExpired || task.StartedAt != nil || task.Attempt != 0 || task.FinishedAt == nil ||
-		task.Error == nil || *task.Error != store.ExpiredError {
+		task.Error == nil || *task.Error != agentqtype.NotStartedByDeadline() {
 		t.Fatalf("expired task %+v", task)
 	}
 	if c := e.wantChanges(t, tasks.ChangeExpired); c[0].Task.ID != id {
@@ -685,9 +684,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 	if err := e.lc.Park(ctx, tasks.ParkParams{Claim: claimOf(run), Reason: "tokens_per_minute", Until: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, `UPDATE tasks SET start_deadline = now() - interval '1 second' WHERE id = $1`, resumed); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartOverdue(t, e.pool, resumed)
 	e.took()
 	if again := e.start(t, resumed, tasks.Started); again.State != agentqtype.TaskStateRunning || again.Attempt != 2 {
 		t.Fatalf("a parked task past its deadline: %+v", again)
@@ -696,9 +693,7 @@ func TestLifecycleStartExpiresAnOverdueTask(t *testing.T) {
 
 	// Within its deadline: it starts.
 	timely := e.insert(t, "acme")
-	if _, err := e.pool.Exec(ctx, `UPDATE tasks SET start_deadline = now() + interval '1 hour' WHERE id = $1`, timely); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartDeadlineIn(t, e.pool, timely, time.Hour)
 	if got := e.start(t, timely, tasks.Started); got.State != agentqtype.TaskStateRunning {
 		t.Fatalf("a task within its deadline: %s", got.State)
 	}
@@ -753,4 +748,9 @@ func TestLifecycleExpireOverdue(t *testing.T) {
 	if ts, err := e.lc.ExpireOverdue(ctx, 10); err != nil || len(ts) != 0 {
 		t.Errorf("a second pass: %v %v", ts, err)
 	}
+}
+
+// abandon are the janitor's FinishParams abandoning the task claim names.
+func abandon(claim store.Claim, reason string) tasks.FinishParams {
+	return tasks.FinishParams{Claim: claim, To: agentqtype.TaskStateAbandoned, Error: reason, Abandoned: true}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tasks/change"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 )
@@ -31,15 +32,15 @@ func limitSetup(t *testing.T) *limitEnv {
 			t.Fatal(err)
 		}
 	}
-	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{
-		BudgetExceeded: outbox.Events{UpgradeURL: "https://agentq.example/upgrade"}.BudgetStop,
-		AfterChange: func(_ context.Context, _ *store.Store, c tasks.Change) error {
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{
+		&outbox.Subscriber{Store: e.st, Events: outbox.Events{UpgradeURL: "https://agentq.example/upgrade"}},
+		change.Funcs{Tx: func(_ context.Context, _ *store.Store, c tasks.Change) error {
 			if e.fail && c.Kind == tasks.ChangeFinished {
 				return errHook
 			}
 			return nil
-		},
-	})
+		}},
+	}})
 	return e
 }
 

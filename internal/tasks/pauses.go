@@ -60,10 +60,7 @@ func (s *Service) SweepPauses(ctx context.Context, marks *PauseMarks) (PauseSwee
 		if err != nil {
 			return out, err
 		}
-		for _, t := range ended {
-			out.Expired++
-			s.publishState(ctx, t.ID, agentqtype.TaskStateBudgetExceeded, "budget exceeded: paused longer than the plan's pause timeout")
-		}
+		out.Expired += len(ended) // their ends' effects followed them (Ends)
 		if len(ended) < pausePage {
 			break
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -33,9 +34,7 @@ func (e env) pausedTask(t *testing.T, tenant, limitType string, limit, used int6
 		Reason: limitType, Limit: limit, Used: used}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.Pool().Exec(ctx, `UPDATE tasks SET paused_at = now() - $2::interval, pause_expires_at = now() - $2::interval + interval '24 hours' WHERE id = $1`, id, age.String()); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskPausedAgo(t, e.st.Pool(), id, age, 24*time.Hour)
 	return id
 }
 
@@ -108,9 +107,7 @@ func TestSweepPausesLooksAgainOnlyWhenTheTenantChanged(t *testing.T) {
 	}
 	// Behind the sweep's back the pause now reads as lifted (its use at the pause
 	// above today's); no mark of the tenant's changed, so the sweep does not look.
-	if _, err := e.st.Pool().Exec(ctx, `UPDATE tasks SET pause_used = 5 WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskPauseUsed(t, e.st.Pool(), id, 5)
 	if res, err := e.svc.SweepPauses(ctx, marks); err != nil || res.Resumed != 0 {
 		t.Fatalf("a sweep with nothing changed: %+v %v, want no resume", res, err)
 	}

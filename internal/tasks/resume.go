@@ -12,6 +12,7 @@ import (
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/scheduler"
 )
@@ -113,7 +114,7 @@ func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 		// Queued in Postgres: the recovery sweep pushes queued tasks missing from Redis.
 		s.log.Error("pushing a resumed task to its queue failed; it stays queued in Postgres", "task_id", resumed.ID, "err", err)
 	}
-	s.publishState(ctx, resumed.ID, agentqtype.TaskStateQueued, "")
+	s.publishState(ctx, wire.StateProgress(resumed.ID.String(), string(agentqtype.TaskStateQueued), ""))
 	return Task{Task: resumed}, nil
 }
 
@@ -170,14 +171,10 @@ func (s *Service) readmit(ctx context.Context, tenant tenants.Tenant, pol tenant
 	return nil
 }
 
-// publishState tells the task's progress stream its new state.
-func (s *Service) publishState(ctx context.Context, id uuid.UUID, state store.TaskState, errText string) {
-	m := map[string]any{"type": "state", "task_id": id.String(), "state": state, "time": time.Now().UTC()}
-	if errText != "" {
-		m["error"] = errText
-	}
-	ev, _ := json.Marshal(m)
-	_ = s.d.Redis.Publish(ctx, s.d.Keys.TaskEvents(id.String()), ev).Err()
+// publishState tells a task's progress stream its new state (best effort: the
+// stream re-reads Postgres for state).
+func (s *Service) publishState(ctx context.Context, m wire.Progress) {
+	_ = s.d.Redis.Publish(ctx, s.d.Keys.TaskEvents(m.TaskID), m.Encode()).Err()
 }
 
 // StoredBudget reads a task's stored budget, a field missing or not above 0 taking

@@ -1,12 +1,3 @@
-// Package tasks is the tasks domain service: submitting a task (validation, budget,
-// idempotency, admission, storing, queueing), reading, listing and cancelling a
-// tenant's tasks (Service), and the task lifecycle, each state change of a task one
-// transaction (Lifecycle: the submission's new task, the worker's start, steps and
-// end, the janitor's requeue or abandonment of a task whose worker died, and the
-// tenant's cancel). The changes every task makes (its creation, its start, its last
-// step with its end) share their transaction with those of concurrent calls (group
-// commit, internal/groupcommit): each call still returns only once its own change
-// committed. The HTTP API and the worker call it; it knows nothing of HTTP.
 package tasks
 
 import (
@@ -122,19 +113,18 @@ type Deps struct {
 	Keys      rkeys.Keys
 	// Tenant looks a tenant up (the API passes its cache); nil: Store.GetTenant.
 	Tenant func(ctx context.Context, id string) (tenants.Tenant, error)
-	// Lifecycle makes the submission's and the cancel's state changes; nil: one
-	// over Store.
+	// Lifecycle makes the submission's and the cancel's state changes, and its
+	// subscribers do what follows them (Ends: a cancel's lease release, queue
+	// removal, pool place, messages); nil: one over Store whose only subscriber is an
+	// Ends over Admission's quotas, Queue, Redis and Keys (no model pools).
 	Lifecycle *Lifecycle
 	// Archetype is where the service logs and traces each submission's admission
 	// (agentq.admission); nil: the defaults.
 	Archetype *baseservice.Archetype
-	// Pools drops the place in a model pool's line of a task cancelled while it waited
-	// for the pool; nil: the place lapses on its own.
-	Pools PoolPlaces
 }
 
-// PoolPlaces is the part of the quotas a cancel uses: a task parked for a model pool
-// leaves the pool's line with it (capacity.Pools.LeavePool).
+// PoolPlaces is the part of the quotas a task's end uses: a task that ended while it
+// waited for a model pool leaves the pool's line with it (capacity.Pools.LeavePool).
 type PoolPlaces interface {
 	LeavePool(ctx context.Context, pool, tenant string, due time.Time) (bool, error)
 }
@@ -155,7 +145,12 @@ func New(d Deps) *Service {
 		s.d.Tenant = d.Store.GetTenant
 	}
 	if s.d.Lifecycle == nil {
-		s.d.Lifecycle = NewLifecycle(d.Store, LifecycleOptions{Archetype: d.Archetype})
+		o := LifecycleOptions{Archetype: d.Archetype}
+		if d.Admission != nil {
+			o.Subscribers = []Subscriber{NewEnds(EndsDeps{Leases: d.Admission.Quotas(), Queue: d.Queue, Redis: d.Redis, Keys: d.Keys,
+				Log: arch.Logger})}
+		}
+		s.d.Lifecycle = NewLifecycle(d.Store, o)
 	}
 	s.tracer = arch.Tracer("github.com/agentq/agentq/internal/tasks")
 	return s
@@ -770,16 +765,14 @@ func (s *Service) List(ctx context.Context, p ListParams) (Page, error) {
 	return out, nil
 }
 
-// cancelMessage is the error a cancelled task ends with.
-const cancelMessage = "cancelled by the tenant"
-
-// Cancel ends one of the tenant's queued or running tasks as killed: it gives its
-// lease back, takes it off its queue and tells the worker running it to stop.
+// Cancel ends one of the tenant's queued, running or paused tasks as killed. What
+// follows the end (its lease given back, its queue entry removed, the worker running
+// it told to stop, its progress stream told) is the lifecycle's Ends.
 func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Task, error) {
 	if tenantID == "" {
 		return Task{}, ErrNoTenant
 	}
-	t, ok, err := s.d.Lifecycle.Cancel(ctx, CancelParams{TenantID: tenantID, ID: id, Reason: cancelMessage})
+	t, ok, err := s.d.Lifecycle.Cancel(ctx, CancelParams{TenantID: tenantID, ID: id, Reason: agentqtype.CancelledByTenant()})
 	if err != nil {
 		return Task{}, err
 	}
@@ -790,33 +783,7 @@ func (s *Service) Cancel(ctx context.Context, tenantID string, id uuid.UUID) (Ta
 		}
 		return Task{}, &FinishedError{ID: id, State: string(cur.State)}
 	}
-	// This call won the terminal transition, so it owns the lease release.
-	s.d.Admission.Release(ctx, tenantID, id.String())
-	// Queued: take it off the queue. Running: interrupt the step wherever it runs.
-	if _, err := s.d.Queue.Remove(ctx, tenantID, id); err != nil {
-		s.log.Warn("removing cancelled task from its queue failed; the worker will skip it", "task_id", id, "err", err)
-	}
-	s.leavePool(ctx, t)
-	s.publishState(ctx, id, agentqtype.TaskStateKilled, cancelMessage)
-	if err := s.d.Redis.Publish(ctx, s.d.Keys.CancelChannel(), id.String()).Err(); err != nil {
-		s.log.Warn("publishing cancel failed; the worker stops at the end of the step", "task_id", id, "err", err)
-	}
 	return Task{Task: t}, nil
-}
-
-// leavePool drops the place in its pool's line of a task cancelled while it waited
-// for the pool: the tenants behind it need not wait for the place to lapse.
-func (s *Service) leavePool(ctx context.Context, t store.Task) {
-	if s.d.Pools == nil || t.Wait.Reason == nil || t.Wait.Until == nil {
-		return
-	}
-	pool, ok := agentqtype.WaitReason(*t.Wait.Reason).Pool()
-	if !ok {
-		return
-	}
-	if _, err := s.d.Pools.LeavePool(ctx, pool, t.TenantID, *t.Wait.Until); err != nil {
-		s.log.Warn("dropping a cancelled task's place in its pool's line failed; it lapses on its own", "task_id", t.ID, "pool", pool, "err", err)
-	}
 }
 
 // Terminal reports whether a task state, as a string from an event, is final.

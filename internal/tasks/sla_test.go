@@ -16,6 +16,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/scheduler"
@@ -51,7 +52,8 @@ func slaSetup(t *testing.T) *slaEnv {
 	c := outbox.NewCommitments(outbox.Commitments{Events: outbox.Events{}, Starts: scheduler.New(rdb, keys, scheduler.Options{}), Pools: e.q,
 		SLA: func(t store.Tenant) (quotas.SLA, error) { return plans.SLAOf(t.Plan, t.Overrides), nil }}, nil)
 	e.c = c
-	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Started: c.Started, Expired: c.Expired})
+	e.lc = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{
+		&outbox.Subscriber{Store: e.st, Commitments: c}}})
 	return e
 }
 
@@ -69,9 +71,7 @@ func (e *slaEnv) createAt(t *testing.T, tenant string, at time.Time) uuid.UUID {
 		Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{}`), RequestHash: []byte{1}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET created_at = $2 WHERE id = $1`, id, at); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskCreatedAt(t, e.st.Pool(), id, at)
 	return id
 }
 
@@ -372,9 +372,7 @@ func TestThrottledAndUnjudgedPoolWaitsAreNoBreach(t *testing.T) {
 // deadline gives queued task id the start deadline at.
 func (e *slaEnv) deadline(t *testing.T, id uuid.UUID, at time.Time) {
 	t.Helper()
-	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE tasks SET start_deadline = $2 WHERE id = $1`, id, at); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskStartDeadlineAt(t, e.st.Pool(), id, at)
 }
 
 // A task that expires at its start deadline after its plan's start commitment lapsed

@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
+	"github.com/agentq/agentq/internal/tasks/change"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
@@ -130,7 +131,7 @@ func TestSubmissionIsALifecycleChange(t *testing.T) {
 	var created atomic.Int32
 	errHook := errors.New("the change's transaction fails after the change")
 	d := e.deps
-	d.Lifecycle = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{AfterChange: func(_ context.Context, _ *store.Store, c tasks.Change) error {
+	d.Lifecycle = tasks.NewLifecycle(e.st, tasks.LifecycleOptions{Subscribers: []tasks.Subscriber{change.Funcs{Tx: func(_ context.Context, _ *store.Store, c tasks.Change) error {
 		if fail.Load() {
 			return errHook
 		}
@@ -138,7 +139,7 @@ func TestSubmissionIsALifecycleChange(t *testing.T) {
 			created.Add(1)
 		}
 		return nil
-	}})
+	}}}})
 	svc := tasks.New(d)
 	p := tasks.SubmitParams{TenantID: "acme", Kid: "k1", Agent: "sim", IdempotencyKey: "order-1"}
 	fail.Store(true)

@@ -21,7 +21,8 @@ import (
 // In-flight reservations: a step reserved and not yet recorded is in the counters and
 // not in the ledger. So the counters may legitimately exceed the ledger by what the
 // tenant's running tasks hold reserved: one step each and at most what each one's
-// last step used (the worker's estimate for the next). The recount leaves counters
+// last step used (the worker's estimate for the next; usage.Ledger.RecountBasis says
+// what a task that has recorded none counts). The recount leaves counters
 // within [ledger, ledger + in flight] alone and brings any outside it to the nearer
 // bound: down to ledger + in flight (never below what may be reserved, so a running
 // step's settlement cannot take the counter under the truth), up to the ledger.

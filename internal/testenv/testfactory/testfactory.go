@@ -83,6 +83,49 @@ func TasksCreatedAgo(t testing.TB, db DB, age time.Duration, ids ...any) {
 	exec(t, db, `UPDATE tasks SET created_at = now() - $2::interval WHERE id = ANY($1::uuid[])`, ids, age)
 }
 
+// TaskCreatedAt dates the task's creation at.
+func TaskCreatedAt(t testing.TB, db DB, id any, at time.Time) {
+	t.Helper()
+	exec(t, db, `UPDATE tasks SET created_at = $2 WHERE id = $1`, id, at)
+}
+
+// TaskStartDeadlineAt gives the task the start deadline at.
+func TaskStartDeadlineAt(t testing.TB, db DB, id any, at time.Time) {
+	t.Helper()
+	exec(t, db, `UPDATE tasks SET start_deadline = $2 WHERE id = $1`, id, at)
+}
+
+// TaskStartDeadlineIn gives the task a start deadline in from now on the database's
+// clock: a negative in is a deadline already passed.
+func TaskStartDeadlineIn(t testing.TB, db DB, id any, in time.Duration) {
+	t.Helper()
+	exec(t, db, `UPDATE tasks SET start_deadline = now() + $2::interval WHERE id = $1`, id, in)
+}
+
+// TaskStartOverdue makes the task's start deadline a second past.
+func TaskStartOverdue(t testing.TB, db DB, id any) { TaskStartDeadlineIn(t, db, id, -time.Second) }
+
+// TaskStartedAgo dates the task's first start age ago (a task that started once and
+// has waited since, parked or queued again).
+func TaskStartedAgo(t testing.TB, db DB, id any, age time.Duration) {
+	t.Helper()
+	exec(t, db, `UPDATE tasks SET started_at = now() - $2::interval WHERE id = $1`, id, age)
+}
+
+// TaskPausedAgo dates a paused task's pause age ago, with its pause expiring timeout
+// after it began (so at now - age + timeout: a timeout shorter than age has passed).
+func TaskPausedAgo(t testing.TB, db DB, id any, age, timeout time.Duration) {
+	t.Helper()
+	exec(t, db, `UPDATE tasks SET paused_at = now() - $2::interval, pause_expires_at = now() - $2::interval + $3::interval
+		WHERE id = $1`, id, age, timeout)
+}
+
+// TaskPauseUsed sets what a paused task's limit had used when it paused.
+func TaskPauseUsed(t testing.TB, db DB, id any, used int64) {
+	t.Helper()
+	exec(t, db, `UPDATE tasks SET pause_used = $2 WHERE id = $1`, id, used)
+}
+
 // exec runs one update and fails the test unless it changed a row: a factory that
 // changed nothing was given a task that is not there.
 func exec(t testing.TB, db DB, sql string, args ...any) {
