@@ -53,17 +53,17 @@ return {1, 0}
 
 // Bucket takes one token of the bucket at key (take) or only looks whether it has
 // one, in Redis.
-func (bs *Buckets) Bucket(ctx context.Context, key string, b quotas.Bucket, take bool) (quotas.BucketAnswer, error) {
-	if b.Rate <= 0 || b.Burst < 1 {
-		return quotas.BucketAnswer{}, fmt.Errorf("quotas: bucket %v: rate and burst must be positive", b)
+func (b *Buckets) Bucket(ctx context.Context, key string, bucket quotas.Bucket, take bool) (quotas.BucketAnswer, error) {
+	if bucket.Rate <= 0 || bucket.Burst < 1 {
+		return quotas.BucketAnswer{}, fmt.Errorf("quotas: bucket %v: rate and burst must be positive", bucket)
 	}
 	flag := "0"
 	if take {
 		flag = "1"
 	}
-	interval := 1000 / b.Rate
-	res, err := bucketScript.Run(ctx, bs.rdb, []string{key}, bs.nowArg(),
-		strconv.FormatFloat(interval, 'f', -1, 64), b.Burst, flag).Int64Slice()
+	interval := 1000 / bucket.Rate
+	res, err := bucketScript.Run(ctx, b.rdb, []string{key}, b.nowArg(),
+		strconv.FormatFloat(interval, 'f', -1, 64), bucket.Burst, flag).Int64Slice()
 	if err != nil {
 		return quotas.BucketAnswer{}, fmt.Errorf("quotas: bucket: %w", err)
 	}
