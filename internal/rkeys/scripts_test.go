@@ -58,8 +58,10 @@ func moduleScripts(t *testing.T) []luaScript {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []luaScript
-	for _, files := range byDir {
+	// Every package's constants, by package name and name (script.Now), for scripts
+	// built from Lua a package shares with others.
+	qualified := map[string]ast.Expr{}
+	constsOf := func(files []*ast.File) map[string]ast.Expr {
 		consts := map[string]ast.Expr{}
 		for _, f := range files {
 			for _, d := range f.Decls {
@@ -69,12 +71,21 @@ func moduleScripts(t *testing.T) []luaScript {
 						for i, n := range vs.Names {
 							if i < len(vs.Values) {
 								consts[n.Name] = vs.Values[i]
+								qualified[f.Name.Name+"."+n.Name] = vs.Values[i]
 							}
 						}
 					}
 				}
 			}
 		}
+		return consts
+	}
+	for _, files := range byDir {
+		constsOf(files)
+	}
+	var out []luaScript
+	for _, files := range byDir {
+		consts := constsOf(files)
 		var eval func(e ast.Expr) (string, bool)
 		eval = func(e ast.Expr) (string, bool) {
 			switch e := e.(type) {
@@ -93,6 +104,12 @@ func moduleScripts(t *testing.T) []luaScript {
 				}
 			case *ast.ParenExpr:
 				return eval(e.X)
+			case *ast.SelectorExpr:
+				if pkg, ok := e.X.(*ast.Ident); ok {
+					if c, ok := qualified[pkg.Name+"."+e.Sel.Name]; ok {
+						return eval(c)
+					}
+				}
 			}
 			return "", false
 		}
