@@ -6,6 +6,7 @@ package api
 import (
 	"context"
 	"errors"
+	"github.com/agentq/agentq/agentqtype"
 	"log/slog"
 	"net/http"
 
@@ -179,6 +180,24 @@ func (s *API) authAdmin(next echo.HandlerFunc) echo.HandlerFunc {
 		if !ok {
 			return Errorf(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
 		}
+		actor := agentqtype.Actor{Kind: agentqtype.ActorCredential, Name: "admin", Role: agentqtype.RoleAdmin}
+		withActor(c, actor)
 		return next(c)
 	}
+}
+
+// withActor puts who acts on the request's context, with what the caller claims
+// (X-Agentq-Actor, X-Agentq-Reason, each cut to 200 bytes) and the request's id.
+func withActor(c echo.Context, a agentqtype.Actor) {
+	h := c.Request().Header
+	a.ClaimedActor, a.Reason = clip(h.Get("X-Agentq-Actor"), 200), clip(h.Get("X-Agentq-Reason"), 200)
+	a.RequestID = c.Response().Header().Get(echo.HeaderXRequestID)
+	c.SetRequest(c.Request().WithContext(agentqtype.WithActor(c.Request().Context(), a)))
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
