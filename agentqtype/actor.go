@@ -53,3 +53,7 @@ func ActorFrom(ctx context.Context) (Actor, bool) {
 	a, ok := ctx.Value(actorKey{}).(Actor)
 	return a, ok
 }
+
+// ActorLibrary is a change a Go program made through the library, or anything else
+// that named no actor on its context.
+const ActorLibrary ActorKind = "library"

@@ -21,7 +21,12 @@ const (
 )
 
 // KnownType reports whether typ is one of the event types (a feed's type filter).
-func KnownType(typ string) bool { return typ == TypeApproachingLimit || typ == TypeLimitHit }
+func KnownType(typ string) bool {
+	return typ == TypeApproachingLimit || typ == TypeLimitHit || typ == TypeLimitsChanged
+}
+
+// Types are the event types, as the refusals of an unknown one list them.
+var Types = []string{TypeLimitHit, TypeApproachingLimit, TypeLimitsChanged}
 
 // The limit_types of a task ended budget_exceeded by its own budget, not one of the
 // tenant's quotas: each names the budget field that ended it, so finance tells a task
@@ -244,6 +249,9 @@ type Event struct {
 	DedupeKey string
 	// Payload is the structured CloudEvent JSON: what is stored, and sent as it is.
 	Payload []byte
+	// Audience is who may read it (store.AudienceAll when empty): an event some
+	// readers must not see is written once per audience.
+	Audience string
 }
 
 // DefaultSource is the CloudEvents source when Events.Source is empty.
@@ -366,6 +374,11 @@ func (e Events) build(typ, key string, at time.Time, d LimitData) (Event, error)
 	if d.Period != nil {
 		d.Period = &Span{Start: d.Period.Start.UTC(), End: d.Period.End.UTC()}
 	}
+	return e.buildData(typ, key, d.TenantID, at, d)
+}
+
+// buildData makes the CloudEvent of type typ about tenant with data d.
+func (e Events) buildData(typ, key, tenant string, at time.Time, d any) (Event, error) {
 	source := e.Source
 	if source == "" {
 		source = DefaultSource
@@ -375,7 +388,7 @@ func (e Events) build(typ, key string, at time.Time, d LimitData) (Event, error)
 	ce.SetID(id)
 	ce.SetSource(source)
 	ce.SetType(typ)
-	ce.SetSubject(d.TenantID)
+	ce.SetSubject(tenant)
 	ce.SetTime(at.UTC())
 	if err := ce.SetData(cloudevents.ApplicationJSON, d); err != nil {
 		return Event{}, fmt.Errorf("billing: event data: %w", err)
@@ -387,5 +400,5 @@ func (e Events) build(typ, key string, at time.Time, d LimitData) (Event, error)
 	if err != nil {
 		return Event{}, fmt.Errorf("billing: event: %w", err)
 	}
-	return Event{ID: id, Type: typ, TenantID: d.TenantID, DedupeKey: key, Payload: payload}, nil
+	return Event{ID: id, Type: typ, TenantID: tenant, DedupeKey: key, Payload: payload}, nil
 }

@@ -15,7 +15,7 @@ import (
 // written=false then, and the stored event is left as it was.
 func WriteEvent(ctx context.Context, tx *store.Store, ev Event) (written bool, err error) {
 	return tx.InsertEvent(ctx, store.InsertEventParams{
-		ID: ev.ID, TenantID: ev.TenantID, Type: ev.Type, DedupeKey: ev.DedupeKey, Payload: ev.Payload,
+		ID: ev.ID, TenantID: ev.TenantID, Type: ev.Type, DedupeKey: ev.DedupeKey, Payload: ev.Payload, Audience: ev.Audience,
 	})
 }
 

@@ -131,8 +131,16 @@ func (w *Webhooks) Create(ctx context.Context, p CreateWebhookParams) (WebhookWi
 			return WebhookWithSecret{}, err
 		}
 	}
-	ep, err := w.st.UnscopedCreateWebhook(ctx, store.CreateWebhookParams{
-		ID: uuid.New(), URL: p.URL, Types: types, TenantID: p.TenantID, Secret: secret,
+	var ep Webhook
+	err = w.st.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		ep, err = tx.UnscopedCreateWebhook(ctx, store.CreateWebhookParams{
+			ID: uuid.New(), URL: p.URL, Types: types, TenantID: p.TenantID, Secret: secret,
+		})
+		if err != nil {
+			return err
+		}
+		return record(ctx, tx, "webhook.create", nil, &ep)
 	})
 	if errors.Is(err, agentqtype.ErrNotFound) { // the tenant went meanwhile
 		return WebhookWithSecret{}, invalidWebhook("tenant", "No tenant %s.", strconv.Quote(p.TenantID))
@@ -159,14 +167,12 @@ func (w *Webhooks) check(rawURL string, given []string) ([]string, error) {
 			"Destination refused: url's host is %s; webhooks are delivered to public addresses only.", refused.Class)
 	}
 	if len(given) == 0 {
-		return nil, invalidWebhook("types", "types must name at least one event type (%s, %s).",
-			outbox.TypeLimitHit, outbox.TypeApproachingLimit)
+		return nil, invalidWebhook("types", "types must name at least one event type (%s).", strings.Join(outbox.Types, ", "))
 	}
 	var types []string
 	for _, t := range given {
 		if !outbox.KnownType(t) {
-			return nil, invalidWebhook("types", "Unknown event type %s: use %s or %s.",
-				strconv.Quote(t), outbox.TypeLimitHit, outbox.TypeApproachingLimit)
+			return nil, invalidWebhook("types", "Unknown event type %s: use %s.", strconv.Quote(t), strings.Join(outbox.Types, ", "))
 		}
 		if !slices.Contains(types, t) {
 			types = append(types, t)
@@ -246,7 +252,17 @@ func (w *Webhooks) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return w.notFound(w.st.UnscopedDeleteWebhook(ctx, u), id)
+	err = w.st.InTx(ctx, func(tx *store.Store) error {
+		old, err := tx.UnscopedLockWebhook(ctx, u)
+		if err != nil {
+			return err
+		}
+		if err := tx.UnscopedDeleteWebhook(ctx, u); err != nil {
+			return err
+		}
+		return record(ctx, tx, "webhook.delete", &old, nil)
+	})
+	return w.notFound(err, id)
 }
 
 // RotateSecret gives an endpoint a new secret and returns it. For the rotation grace
@@ -263,8 +279,19 @@ func (w *Webhooks) RotateSecret(ctx context.Context, id string) (WebhookWithSecr
 	if err != nil {
 		return WebhookWithSecret{}, err
 	}
-	ep, err := w.st.UnscopedRotateWebhookSecret(ctx, store.RotateWebhookParams{
-		ID: u, Secret: secret, PreviousExpiresAt: w.arch.Now().Add(w.grace),
+	var ep Webhook
+	err = w.st.InTx(ctx, func(tx *store.Store) error {
+		old, err := tx.UnscopedLockWebhook(ctx, u)
+		if err != nil {
+			return err
+		}
+		ep, err = tx.UnscopedRotateWebhookSecret(ctx, store.RotateWebhookParams{
+			ID: u, Secret: secret, PreviousExpiresAt: w.arch.Now().Add(w.grace),
+		})
+		if err != nil {
+			return err
+		}
+		return record(ctx, tx, actionRotate, &old, &ep)
 	})
 	if err != nil {
 		return WebhookWithSecret{}, w.notFound(err, id)
@@ -382,8 +409,17 @@ func (w *Webhooks) CreateForTenant(ctx context.Context, p TenantWebhookParams) (
 	if err != nil {
 		return WebhookWithSecret{}, err
 	}
-	ep, n, err := w.st.CreateTenantWebhook(ctx, store.CreateTenantWebhookParams{
-		TenantID: p.TenantID, ID: uuid.New(), URL: p.URL, Types: types, Secret: secret, Max: most,
+	var ep Webhook
+	var n int64
+	err = w.st.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		ep, n, err = tx.CreateTenantWebhook(ctx, store.CreateTenantWebhookParams{
+			TenantID: p.TenantID, ID: uuid.New(), URL: p.URL, Types: types, Secret: secret, Max: most,
+		})
+		if err != nil {
+			return err
+		}
+		return record(ctx, tx, "webhook.create", nil, &ep)
 	})
 	if errors.Is(err, store.ErrWebhookLimit) {
 		return WebhookWithSecret{}, &WebhookLimitError{TenantID: p.TenantID, Limit: most, Used: n}
@@ -423,7 +459,17 @@ func (w *Webhooks) DeleteForTenant(ctx context.Context, tenantID, id string) err
 	if err != nil {
 		return err
 	}
-	return w.notFound(w.st.DeleteTenantWebhook(ctx, store.TenantWebhookParams{TenantID: tenantID, ID: u}), id)
+	err = w.st.InTx(ctx, func(tx *store.Store) error {
+		old, err := tx.GetTenantWebhook(ctx, store.TenantWebhookParams{TenantID: tenantID, ID: u})
+		if err != nil {
+			return err
+		}
+		if err := tx.DeleteTenantWebhook(ctx, store.TenantWebhookParams{TenantID: tenantID, ID: u}); err != nil {
+			return err
+		}
+		return record(ctx, tx, "webhook.delete", &old, nil)
+	})
+	return w.notFound(err, id)
 }
 
 // RotateSecretForTenant gives one of the tenant's own endpoints a new secret, as
@@ -437,8 +483,19 @@ func (w *Webhooks) RotateSecretForTenant(ctx context.Context, tenantID, id strin
 	if err != nil {
 		return WebhookWithSecret{}, err
 	}
-	ep, err := w.st.RotateTenantWebhookSecret(ctx, store.RotateTenantWebhookParams{TenantID: tenantID,
-		RotateWebhookParams: store.RotateWebhookParams{ID: u, Secret: secret, PreviousExpiresAt: w.arch.Now().Add(w.grace)}})
+	var ep Webhook
+	err = w.st.InTx(ctx, func(tx *store.Store) error {
+		old, err := tx.GetTenantWebhook(ctx, store.TenantWebhookParams{TenantID: tenantID, ID: u})
+		if err != nil {
+			return err
+		}
+		ep, err = tx.RotateTenantWebhookSecret(ctx, store.RotateTenantWebhookParams{TenantID: tenantID,
+			RotateWebhookParams: store.RotateWebhookParams{ID: u, Secret: secret, PreviousExpiresAt: w.arch.Now().Add(w.grace)}})
+		if err != nil {
+			return err
+		}
+		return record(ctx, tx, actionRotate, &old, &ep)
+	})
 	if err != nil {
 		return WebhookWithSecret{}, w.notFound(err, id)
 	}

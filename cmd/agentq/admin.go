@@ -389,7 +389,7 @@ func eventsCommand(withEnv adminEnvRunner) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if evType != "" && !outbox.KnownType(evType) {
-				return fmt.Errorf("--type: unknown event type %q: use %s or %s", evType, outbox.TypeLimitHit, outbox.TypeApproachingLimit)
+				return fmt.Errorf("--type: unknown event type %q: use %s", evType, strings.Join(outbox.Types, ", "))
 			}
 			if evLimit < 1 || evLimit > outbox.MaxFeedLimit {
 				return fmt.Errorf("--limit must be between 1 and %d", outbox.MaxFeedLimit)
@@ -407,7 +407,7 @@ func eventsCommand(withEnv adminEnvRunner) *cobra.Command {
 			})
 		},
 	}
-	events.Flags().StringVar(&evType, "type", "", "only events of this type ("+outbox.TypeLimitHit+" or "+outbox.TypeApproachingLimit+")")
+	events.Flags().StringVar(&evType, "type", "", "only events of this type ("+strings.Join(outbox.Types, ", ")+")")
 	events.Flags().StringVar(&evTenant, "tenant", "", "only this tenant's events")
 	events.Flags().StringVar(&evAfter, "after", "", "the next_cursor of the previous page")
 	events.Flags().IntVar(&evLimit, "limit", outbox.DefaultFeedLimit, "events per page")

@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/runtime"
@@ -145,8 +146,21 @@ func (s *Service) Put(ctx context.Context, p PutParams) (Put, error) {
 	if err != nil {
 		return Put{}, err
 	}
-	a, created, err := s.store.PutAgent(ctx, store.PutAgentParams{
-		Name: p.Name, URL: p.URL, StepTimeoutS: timeout, Headers: p.Headers, SigningSecret: secret,
+	var a Agent
+	var created bool
+	err = s.store.InTx(ctx, func(tx *store.Store) error {
+		old, err := lockAgent(ctx, tx, p.Name)
+		if err != nil {
+			return err
+		}
+		a, created, err = tx.PutAgent(ctx, store.PutAgentParams{
+			Name: p.Name, URL: p.URL, StepTimeoutS: timeout, Headers: p.Headers, SigningSecret: secret,
+		})
+		if err != nil {
+			return err
+		}
+		_, err = audit.Append(ctx, tx, audit.Entry{Action: actionPut, Object: object(p.Name), Before: old, After: audit.Agent(a)})
+		return err
 	})
 	if err != nil {
 		return Put{}, err
@@ -166,7 +180,18 @@ func (s *Service) RotateSecret(ctx context.Context, name string) (Agent, string,
 	if err != nil {
 		return Agent{}, "", err
 	}
-	a, err := s.store.RotateAgentSecret(ctx, name, secret)
+	var a Agent
+	err = s.store.InTx(ctx, func(tx *store.Store) error {
+		old, err := lockAgent(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		if a, err = tx.RotateAgentSecret(ctx, name, secret); err != nil {
+			return err
+		}
+		_, err = audit.Append(ctx, tx, audit.Entry{Action: "agent.rotate_secret", Object: object(name), Before: old, After: audit.Agent(a)})
+		return err
+	})
 	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Agent{}, "", notFound(name)
 	}
@@ -193,7 +218,17 @@ func (s *Service) List(ctx context.Context) ([]Agent, error) {
 // Delete removes agent name, or returns a *agentqtype.NotFoundError. Its queued tasks
 // then fail as tasks of an unknown agent.
 func (s *Service) Delete(ctx context.Context, name string) error {
-	err := s.store.DeleteAgent(ctx, name)
+	err := s.store.InTx(ctx, func(tx *store.Store) error {
+		old, err := lockAgent(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		if err := tx.DeleteAgent(ctx, name); err != nil {
+			return err
+		}
+		_, err = audit.Append(ctx, tx, audit.Entry{Action: "agent.delete", Object: object(name), Before: old})
+		return err
+	})
 	if errors.Is(err, agentqtype.ErrNotFound) {
 		return notFound(name)
 	}

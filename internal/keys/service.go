@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 )
@@ -143,8 +144,13 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 		return Created{}, err
 	}
 	kid, plaintext, hash := apikey.New(p.TenantID)
-	k, err := s.store.CreateKey(ctx, store.CreateKeyParams{
-		Kid: kid, TenantID: p.TenantID, SecretHash: hash, Scopes: p.Scopes,
+	var k Key
+	err := s.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		if k, err = tx.CreateKey(ctx, store.CreateKeyParams{Kid: kid, TenantID: p.TenantID, SecretHash: hash, Scopes: p.Scopes}); err != nil {
+			return err
+		}
+		return record(ctx, tx, "key.create", nil, &k)
 	})
 	if errors.Is(err, agentqtype.ErrNotFound) || errors.Is(err, store.ErrNoTenant) {
 		return Created{}, noTenant(p.TenantID)
@@ -188,7 +194,14 @@ func (s *Service) Rotate(ctx context.Context, kid string) (Created, error) {
 		return Created{}, err
 	}
 	plaintext, hash := apikey.NewSecret(kid)
-	k, err = s.store.RotateKey(ctx, store.RotateKeyParams{TenantID: k.TenantID, Kid: kid, SecretHash: hash})
+	old := k
+	err = s.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		if k, err = tx.RotateKey(ctx, store.RotateKeyParams{TenantID: k.TenantID, Kid: kid, SecretHash: hash}); err != nil {
+			return err
+		}
+		return record(ctx, tx, "key.rotate", &old, &k)
+	})
 	if errors.Is(err, agentqtype.ErrNotFound) {
 		return Created{}, noLiveKey(kid)
 	}
@@ -208,7 +221,7 @@ func (s *Service) Revoke(ctx context.Context, kid string) (Key, error) {
 	}
 	k, err := s.store.UnscopedGetKey(ctx, kid)
 	if err == nil && k.RevokedAt == nil {
-		err = s.store.RevokeKey(ctx, store.RevokeKeyParams{TenantID: k.TenantID, Kid: kid})
+		err = s.revoke(ctx, k)
 	} else if err == nil {
 		err = agentqtype.ErrNotFound
 	}
@@ -225,6 +238,35 @@ func (s *Service) Revoke(ctx context.Context, kid string) (Key, error) {
 		}
 	}
 	return k, nil
+}
+
+// revoke revokes live key k with its audit row.
+func (s *Service) revoke(ctx context.Context, k Key) error {
+	return s.store.InTx(ctx, func(tx *store.Store) error {
+		if err := tx.RevokeKey(ctx, store.RevokeKeyParams{TenantID: k.TenantID, Kid: k.Kid}); err != nil {
+			return err
+		}
+		after, err := tx.UnscopedGetKey(ctx, k.Kid)
+		if err != nil {
+			return err
+		}
+		return record(ctx, tx, "key.revoke", &k, &after)
+	})
+}
+
+// record appends the audit row of a key's change from before to after (nil: none);
+// the key's secret is masked there.
+func record(ctx context.Context, tx *store.Store, action string, before, after *Key) error {
+	e := audit.Entry{Action: action}
+	if before != nil {
+		e.Before = audit.Key(*before)
+	}
+	if after != nil {
+		e.After = audit.Key(*after)
+		e.Object = audit.Object{Kind: audit.KindKey, ID: after.Kid, Tenant: after.TenantID}
+	}
+	_, err := audit.Append(ctx, tx, e)
+	return err
 }
 
 func (s *Service) invalidate(ctx context.Context, kid string) {

@@ -51,7 +51,11 @@ func (s *Service) Bind(ctx context.Context, p BindParams) (created bool, err err
 		return false, err
 	}
 	defer s.forget()
-	_, created, err = s.d.Store.PutAgentPool(ctx, store.PutAgentPoolParams{Agent: p.Agent, Pool: p.Pool, TokensPerStep: p.TokensPerStep})
+	err = s.d.Store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		created, _, err = putBinding(ctx, tx, p, nil)
+		return err
+	})
 	if errors.Is(err, store.ErrMissingReference) {
 		return false, noPool(p.Pool)
 	}
@@ -96,7 +100,10 @@ func (s *Service) GetBinding(ctx context.Context, agent string) (Bound, error) {
 // *agentqtype.NotFoundError when it has none.
 func (s *Service) Unbind(ctx context.Context, agent string) error {
 	defer s.forget()
-	err := s.d.Store.DeleteAgentPool(ctx, agent)
+	err := s.d.Store.InTx(ctx, func(tx *store.Store) error {
+		_, err := deleteBinding(ctx, tx, agent, nil)
+		return err
+	})
 	if errors.Is(err, agentqtype.ErrNotFound) {
 		return noBinding(agent)
 	}

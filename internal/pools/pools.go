@@ -188,8 +188,10 @@ func (s *Service) Put(ctx context.Context, c quotas.PoolConfig) (created bool, e
 		return false, err
 	}
 	defer s.forget()
-	_, created, err = s.d.Store.PutPool(ctx, store.PutPoolParams{
-		Name: c.Name, TokensPerMinute: c.TokensPerMinute, BurstTokens: c.BurstTokens, RequestsPerMinute: c.RequestsPerMinute,
+	err = s.d.Store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		created, _, err = putPool(ctx, tx, c, nil)
+		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("pools: put %s: %w", c.Name, err)
@@ -263,7 +265,10 @@ func configOf(p store.Pool) quotas.PoolConfig {
 // pool), or returns a *agentqtype.NotFoundError.
 func (s *Service) Delete(ctx context.Context, name string) error {
 	defer s.forget()
-	err := s.d.Store.DeletePool(ctx, name)
+	err := s.d.Store.InTx(ctx, func(tx *store.Store) error {
+		_, err := deletePool(ctx, tx, name, nil)
+		return err
+	})
 	if errors.Is(err, agentqtype.ErrNotFound) {
 		return noPool(name)
 	}

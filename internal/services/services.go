@@ -15,6 +15,7 @@ import (
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pools"
@@ -134,6 +135,8 @@ type Services struct {
 	// Pools manages the model pools and the agents bound to them; its Binding is the
 	// workers' per-step lookup.
 	Pools *pools.Service
+	// Audit reads, verifies and reverts the audit log the other services append to.
+	Audit *audit.Log
 }
 
 // New builds the services on d.
@@ -165,6 +168,7 @@ func New(d Deps) *Services {
 	}
 	s.Agents = agents.New(st, local)
 	s.Pools = pools.New(pools.Deps{Store: st, Capacity: live, Agents: local})
+	s.Audit = newAudit(st, s)
 	if d.Admission != nil && d.Agents != nil && sched != nil && d.Redis != nil {
 		lc := d.Lifecycle
 		if lc == nil {
@@ -182,6 +186,17 @@ func New(d Deps) *Services {
 		})
 	}
 	return s
+}
+
+// newAudit is the audit log over st, reverting through the services of s.
+func newAudit(st *store.Store, s *Services) *audit.Log {
+	l := audit.NewLog(st)
+	l.Handle(audit.KindTenant, s.Tenants.Revert)
+	l.Handle(audit.KindPool, s.Pools.RevertPool)
+	l.Handle(audit.KindBinding, s.Pools.RevertBinding)
+	l.Handle(audit.KindAgent, s.Agents.Revert)
+	l.Handle(audit.KindWebhook, s.Webhooks.Revert)
+	return l
 }
 
 // Change is what a change message says changed.

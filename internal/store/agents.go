@@ -109,3 +109,23 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// LockAgent reads an HTTP agent and locks its row for the rest of the transaction;
+// agentqtype.ErrNotFound if there is none.
+func (s *Store) LockAgent(ctx context.Context, name string) (Agent, error) {
+	return scanAgent(s.db.QueryRow(ctx, `SELECT `+agentCols+` FROM agents WHERE name = $1 FOR UPDATE`, name))
+}
+
+// SetAgentSettingsParams are an agent's URL and step timeout.
+type SetAgentSettingsParams struct {
+	Name         string
+	URL          string
+	StepTimeoutS float64
+}
+
+// SetAgentSettings changes an agent's URL and step timeout, keeping its headers and
+// signing secret (a revert's restore); agentqtype.ErrNotFound if there is none.
+func (s *Store) SetAgentSettings(ctx context.Context, p SetAgentSettingsParams) (Agent, error) {
+	return scanAgent(s.db.QueryRow(ctx, `UPDATE agents SET url = $2, step_timeout_s = $3, updated_at = now()
+		WHERE name = $1 RETURNING `+agentCols, p.Name, p.URL, p.StepTimeoutS))
+}

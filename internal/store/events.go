@@ -35,6 +35,24 @@ type InsertEventParams struct {
 	Type      string
 	DedupeKey string
 	Payload   []byte
+	// Audience is who may read the event: AudienceAll ("" too), AudienceOperator (the
+	// admin feed, the operator's endpoints) or AudienceTenant (the tenant's feed and
+	// its own endpoints).
+	Audience string
+}
+
+// The audiences of an event.
+const (
+	AudienceAll      = "all"
+	AudienceOperator = "operator"
+	AudienceTenant   = "tenant"
+)
+
+func audience(a string) string {
+	if a == "" {
+		return AudienceAll
+	}
+	return a
 }
 
 // InsertEvent writes an event into the outbox unless one with its dedupe key (or id)
@@ -47,8 +65,8 @@ func (s *Store) InsertEvent(ctx context.Context, p InsertEventParams) (written b
 		return false, ErrNoTenant
 	}
 	tag, err := s.db.Exec(ctx, `
-		INSERT INTO events (id, tenant_id, type, dedupe_key, payload) VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT DO NOTHING`, p.ID, p.TenantID, p.Type, p.DedupeKey, p.Payload)
+		INSERT INTO events (id, tenant_id, type, dedupe_key, payload, audience) VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT DO NOTHING`, p.ID, p.TenantID, p.Type, p.DedupeKey, p.Payload, audience(p.Audience))
 	if err != nil {
 		return false, err
 	}
@@ -64,17 +82,18 @@ func (s *Store) UnscopedInsertEvents(ctx context.Context, evs []InsertEventParam
 		return 0, nil
 	}
 	ids, tenants, types := make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
-	keys, payloads := make([]string, len(evs)), make([][]byte, len(evs))
+	keys, payloads, auds := make([]string, len(evs)), make([][]byte, len(evs)), make([]string, len(evs))
 	for i, e := range evs {
 		if e.TenantID == "" {
 			return 0, ErrNoTenant
 		}
 		ids[i], tenants[i], types[i], keys[i], payloads[i] = e.ID, e.TenantID, e.Type, e.DedupeKey, e.Payload
+		auds[i] = audience(e.Audience)
 	}
 	tag, err := s.db.Exec(ctx, `
-		INSERT INTO events (id, tenant_id, type, dedupe_key, payload)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[])
-		ON CONFLICT DO NOTHING`, ids, tenants, types, keys, payloads)
+		INSERT INTO events (id, tenant_id, type, dedupe_key, payload, audience)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[])
+		ON CONFLICT DO NOTHING`, ids, tenants, types, keys, payloads, auds)
 	if err != nil {
 		return 0, err
 	}
@@ -93,7 +112,8 @@ type ListEventsParams struct {
 	Limit    int
 }
 
-// ListEvents returns a page of the tenant's own events in feed order. Events whose
+// ListEvents returns a page of the tenant's own events in feed order, those written
+// for the operator alone left out. Events whose
 // transaction is younger than the oldest one still running are not shown yet: they
 // appear, in order, once that transaction ends, so a reader resuming from the last
 // cursor it saw misses none and sees none twice while new events are written.
@@ -101,16 +121,17 @@ func (s *Store) ListEvents(ctx context.Context, p ListEventsParams) ([]Event, er
 	if p.TenantID == "" {
 		return nil, ErrNoTenant
 	}
-	return s.listEvents(ctx, p)
+	return s.listEvents(ctx, p, AudienceOperator)
 }
 
 // UnscopedListEvents is ListEvents across every tenant (TenantID filters when set):
-// the finance feed.
+// the finance feed, which leaves out the copies written for the tenants alone.
 func (s *Store) UnscopedListEvents(ctx context.Context, p ListEventsParams) ([]Event, error) {
-	return s.listEvents(ctx, p)
+	return s.listEvents(ctx, p, AudienceTenant)
 }
 
-func (s *Store) listEvents(ctx context.Context, p ListEventsParams) ([]Event, error) {
+// listEvents reads a page of the feed without the events written for audience not.
+func (s *Store) listEvents(ctx context.Context, p ListEventsParams, not string) ([]Event, error) {
 	if p.Limit <= 0 || p.Limit > MaxEventsPage {
 		p.Limit = MaxEventsPage
 	}
@@ -119,7 +140,8 @@ func (s *Store) listEvents(ctx context.Context, p ListEventsParams) ([]Event, er
 	// codec of its own for it.
 	q := `SELECT xid::text, seq, id, tenant_id, type, dedupe_key, payload, created_at FROM events
 		WHERE (xid, seq) > ($1::text::xid8, $2) AND xid < pg_snapshot_xmin(pg_current_snapshot())`
-	args := []any{strconv.FormatUint(p.After.XID, 10), p.After.Seq}
+	args := []any{strconv.FormatUint(p.After.XID, 10), p.After.Seq, not}
+	q += ` AND audience <> $3`
 	if p.TenantID != "" {
 		args = append(args, p.TenantID)
 		q += ` AND tenant_id = $` + strconv.Itoa(len(args))

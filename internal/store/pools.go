@@ -199,3 +199,15 @@ func (s *Store) DeleteAgentPool(ctx context.Context, agent string) error {
 	}
 	return nil
 }
+
+// LockPool reads a pool and locks its row for the rest of the transaction;
+// agentqtype.ErrNotFound if there is none.
+func (s *Store) LockPool(ctx context.Context, name string) (Pool, error) {
+	return scanPool(s.db.QueryRow(ctx, `SELECT `+poolCols+` FROM pools WHERE name = $1 FOR UPDATE`, name))
+}
+
+// LockAgentPool reads an agent's binding and locks it for the rest of the transaction;
+// agentqtype.ErrNotFound if it has none.
+func (s *Store) LockAgentPool(ctx context.Context, agent string) (AgentPool, error) {
+	return scanAgentPool(s.db.QueryRow(ctx, `SELECT `+agentPoolCols+` FROM agent_pools WHERE agent = $1 FOR UPDATE`, agent))
+}

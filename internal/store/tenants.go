@@ -191,3 +191,43 @@ func (s *Store) UnscopedTenantIDsAfter(ctx context.Context, after string, limit 
 		return id, err
 	})
 }
+
+// LockTenant reads a tenant and locks its row for the rest of the transaction (FOR NO
+// KEY UPDATE: rows that reference it can still be written), so that what a change
+// records as before is what it changed; ErrNoTenant for an empty id.
+func (s *Store) LockTenant(ctx context.Context, id string) (Tenant, error) {
+	if id == "" {
+		return Tenant{}, ErrNoTenant
+	}
+	return scanTenant(s.db.QueryRow(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = $1 FOR NO KEY UPDATE`, id))
+}
+
+// ReplaceTenantParams are a tenant's whole configuration; a nil Weight, BillingDay or
+// TimeZone is the default (the plan's weight, the anchor's defaults).
+type ReplaceTenantParams struct {
+	ID         string
+	Name       string
+	Plan       string
+	Weight     *int
+	Overrides  map[string]quotas.Limit
+	Status     string
+	BillingDay *int
+	TimeZone   *string
+}
+
+// ReplaceTenant sets every field of p on the tenant (a revert's restore, which may
+// put a default back) and returns it as stored; ErrNoTenant for an empty id.
+func (s *Store) ReplaceTenant(ctx context.Context, p ReplaceTenantParams) (Tenant, error) {
+	if p.ID == "" {
+		return Tenant{}, ErrNoTenant
+	}
+	ov, err := json.Marshal(nonNil(p.Overrides))
+	if err != nil {
+		return Tenant{}, err
+	}
+	return scanTenant(s.db.QueryRow(ctx, `
+		UPDATE tenants SET name = $2, plan = $3, weight = $4, overrides = $5, status = $6, billing_day = $7,
+			time_zone = $8, updated_at = now()
+		WHERE id = $1 RETURNING `+tenantCols,
+		p.ID, p.Name, p.Plan, p.Weight, ov, p.Status, p.BillingDay, p.TimeZone))
+}

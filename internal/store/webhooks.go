@@ -273,13 +273,14 @@ func (s *Store) UnscopedFanOutWebhooks(ctx context.Context, p FanOutParams) (Fan
 		var lastSeq *int64
 		err = tx.db.QueryRow(ctx, `
 			WITH batch AS (
-				SELECT xid, seq, id, tenant_id, type FROM events
+				SELECT xid, seq, id, tenant_id, type, audience FROM events
 				WHERE (xid, seq) > ($1::text::xid8, $2) AND xid < pg_snapshot_xmin(pg_current_snapshot())
 				ORDER BY xid, seq LIMIT $3
 			), ins AS (
 				INSERT INTO webhook_deliveries (endpoint_id, event_seq, event_id, next_attempt_at)
 				SELECT w.id, b.seq, b.id, $4 FROM batch b JOIN webhook_endpoints w
 					ON b.type = ANY (w.types) AND (w.tenant_id IS NULL OR w.tenant_id = b.tenant_id)
+					AND (b.audience = 'all' OR (b.audience = 'tenant') = w.tenant_owned)
 					AND w.disabled_at IS NULL AND b.xid > w.start_xid
 				ORDER BY b.xid, b.seq
 				ON CONFLICT (endpoint_id, event_seq) DO NOTHING
@@ -563,4 +564,33 @@ func (s *Store) UnscopedListWebhookDeliveries(ctx context.Context, endpoint uuid
 		err := row.Scan(&d.ID, &d.EndpointID, &d.EventID, &d.State, &d.Attempts, &d.NextAttemptAt, &d.LastStatus)
 		return d, err
 	})
+}
+
+// UnscopedLockWebhook reads an endpoint and locks it for the rest of the transaction;
+// agentqtype.ErrNotFound if there is none.
+func (s *Store) UnscopedLockWebhook(ctx context.Context, id uuid.UUID) (WebhookEndpoint, error) {
+	return scanWebhook(s.db.QueryRow(ctx, `SELECT `+webhookCols+` FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, id))
+}
+
+// SetWebhookEnabledParams enable or disable an endpoint.
+type SetWebhookEnabledParams struct {
+	ID      uuid.UUID
+	Enabled bool
+	// At and Reason are when and why it is disabled (Enabled false).
+	At     time.Time
+	Reason string
+}
+
+// UnscopedSetWebhookEnabled enables an endpoint (its pending deliveries are sent
+// again) or disables it (nothing is sent to it, its pending deliveries wait);
+// agentqtype.ErrNotFound if there is none. Disabling a disabled endpoint keeps when
+// and why it was.
+func (s *Store) UnscopedSetWebhookEnabled(ctx context.Context, p SetWebhookEnabledParams) (WebhookEndpoint, error) {
+	if p.Enabled {
+		return scanWebhook(s.db.QueryRow(ctx, `UPDATE webhook_endpoints SET disabled_at = NULL, disabled_reason = NULL,
+			updated_at = now() WHERE id = $1 RETURNING `+webhookCols, p.ID))
+	}
+	return scanWebhook(s.db.QueryRow(ctx, `UPDATE webhook_endpoints SET disabled_at = COALESCE(disabled_at, $2),
+		disabled_reason = COALESCE(disabled_reason, $3), updated_at = now() WHERE id = $1 RETURNING `+webhookCols,
+		p.ID, p.At, p.Reason))
 }

@@ -728,13 +728,19 @@ func (l *Lifecycle) Pause(ctx context.Context, p PauseParams) (store.Task, error
 
 // Resume moves one of the tenant's paused tasks back to queued (see
 // store.ResumeTask). ok=false when it is not paused (or was paused again since the
-// pause p names).
-func (l *Lifecycle) Resume(ctx context.Context, p store.ResumeTaskParams) (t store.Task, ok bool, err error) {
+// pause p names). along, when set, writes on the same transaction (the audit row of a
+// budget the resume changed).
+func (l *Lifecycle) Resume(ctx context.Context, p store.ResumeTaskParams, along func(tx *store.Store, t store.Task) error) (t store.Task, ok bool, err error) {
 	err = l.inTx(ctx, func(cs *changes) error {
 		var err error
 		t, ok, err = cs.tx.ResumeTask(ctx, p)
 		if err != nil || !ok {
 			return err
+		}
+		if along != nil {
+			if err := along(cs.tx, t); err != nil {
+				return err
+			}
 		}
 		return cs.note(Change{Kind: ChangeResumed, Task: t, From: agentqtype.TaskStatePaused})
 	})

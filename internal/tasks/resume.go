@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/wire"
@@ -103,7 +104,8 @@ func (s *Service) Resume(ctx context.Context, p ResumeParams) (Task, error) {
 	if err := s.readmit(ctx, tenant, pol, t, budget); err != nil {
 		return Task{}, err
 	}
-	resumed, ok, err := s.d.Lifecycle.Resume(ctx, store.ResumeTaskParams{TenantID: p.TenantID, ID: p.ID, Pause: p.Pause, Budget: budgetJSON})
+	resumed, ok, err := s.d.Lifecycle.Resume(ctx, store.ResumeTaskParams{TenantID: p.TenantID, ID: p.ID, Pause: p.Pause, Budget: budgetJSON},
+		budgetChange(ctx, StoredBudget(pol.Budget, t.Budget), budget))
 	if err != nil || !ok {
 		return Task{}, s.notResumed(ctx, p, err)
 	}
@@ -132,6 +134,24 @@ func (s *Service) resumeBudget(ctx context.Context, p ResumeParams, t store.Task
 		return cur, err
 	}
 	return budget, s.checkRoom(ctx, tenant, pol, t, budget)
+}
+
+// ActionResumeBudget is the audit action of a resume that changed its task's budget.
+const ActionResumeBudget = "task.resume_budget"
+
+// budgetChange is what a resume writes with its change when it moved the task's
+// budget from before to after: the audit row of who changed the tenant's spending
+// (the key, the approval link, the library); nil when the budget stayed.
+func budgetChange(ctx context.Context, before, after quotas.TaskBudget) func(tx *store.Store, t store.Task) error {
+	if before == after {
+		return nil
+	}
+	return func(tx *store.Store, t store.Task) error {
+		_, err := audit.Append(ctx, tx, audit.Entry{Action: ActionResumeBudget,
+			Object: audit.Object{Kind: audit.KindTask, ID: t.ID.String(), Tenant: t.TenantID},
+			Before: audit.BudgetState{Budget: before}, After: audit.BudgetState{Budget: after}})
+		return err
+	}
 }
 
 // notResumed gives back the lease a resume took when its write did not resume the

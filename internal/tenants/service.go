@@ -11,6 +11,8 @@ import (
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/billing/outbox"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
@@ -173,10 +175,28 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	if p.Name != nil {
 		name = *p.Name
 	}
-	return s.store.CreateTenant(ctx, store.CreateTenantParams{
-		ID: p.ID, Name: name, Plan: *p.Plan, Weight: p.Weight, Overrides: p.Overrides,
-		BillingDay: p.BillingDay, TimeZone: p.TimeZone,
+	var t Tenant
+	err := s.store.InTx(ctx, func(tx *store.Store) error {
+		var err error
+		t, err = tx.CreateTenant(ctx, store.CreateTenantParams{
+			ID: p.ID, Name: name, Plan: *p.Plan, Weight: p.Weight, Overrides: p.Overrides,
+			BillingDay: p.BillingDay, TimeZone: p.TimeZone,
+		})
+		if err != nil {
+			return err
+		}
+		_, err = audit.Append(ctx, tx, audit.Entry{Action: audit.ActionTenantCreate, Object: object(t.ID), After: audit.Tenant(t)})
+		return err
 	})
+	if err != nil {
+		return Tenant{}, err
+	}
+	return t, nil
+}
+
+// object is tenant id as the audit log names it.
+func object(id string) audit.Object {
+	return audit.Object{Kind: audit.KindTenant, ID: id, Tenant: id}
 }
 
 // Update validates p and applies it, then hands the tenant's weight and running cap
@@ -208,39 +228,108 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 			return Tenant{}, err
 		}
 	}
-	var t Tenant
-	var moved bool
-	err := s.store.InTx(ctx, func(tx *store.Store) error {
-		old, err := tx.GetTenant(ctx, p.ID)
-		if err != nil {
-			return err
-		}
-		t, err = tx.UpdateTenant(ctx, store.UpdateTenantParams{
+	t, _, err := s.change(ctx, p.ID, nil, func(tx *store.Store) (Tenant, error) {
+		return tx.UpdateTenant(ctx, store.UpdateTenantParams{
 			ID: p.ID, Name: p.Name, Plan: p.Plan, Weight: p.Weight, Overrides: p.Overrides, Status: p.Status,
 			BillingDay: p.BillingDay, TimeZone: p.TimeZone,
 		})
+	})
+	return t, err
+}
+
+// change makes one change of tenant id with write, in a transaction with its audit
+// row (the revert of row revert, when set: refused unless the tenant is still as
+// that row left it) and, when its limits moved, its tenant.limits_changed; then what
+// follows from it.
+func (s *Service) change(ctx context.Context, id string, revert *audit.Row, write func(tx *store.Store) (Tenant, error)) (Tenant, audit.Head, error) {
+	var t Tenant
+	var head audit.Head
+	var moved bool
+	err := s.store.InTx(ctx, func(tx *store.Store) error {
+		old, err := tx.LockTenant(ctx, id)
 		if err != nil {
 			return err
 		}
-		if old.Anchor() != t.Anchor() {
-			moved = true
-			// The rollups' days and periods were cut by the old anchor: the current
-			// period is rewritten here, the earlier ones once this commits (rebuild).
-			if err := tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{
-				TenantID: t.ID, From: t.UpdatedAt, To: t.UpdatedAt.Add(time.Nanosecond),
-			}); err != nil {
+		if revert != nil {
+			if err := audit.Check(*revert, audit.Tenant(old)); err != nil {
 				return err
 			}
 		}
-		if old.Plan != t.Plan {
-			// The periods keep the plan that was in force in them, for the usage export.
-			return tx.UnscopedRecordPlanChange(ctx, store.PlanChangeParams{Tenant: t, OldPlan: old.Plan})
+		if t, err = write(tx); err != nil {
+			return err
 		}
-		return nil
+		moved = old.Anchor() != t.Anchor()
+		if err := s.derive(ctx, tx, old, t); err != nil {
+			return err
+		}
+		head, err = s.record(ctx, tx, old, t, revert)
+		return err
 	})
 	if err != nil {
-		return Tenant{}, err
+		return Tenant{}, head, err
 	}
+	s.changed(ctx, t, moved)
+	return t, head, nil
+}
+
+// derive writes, in the change's transaction, what a tenant's change from old to t
+// implies for its usage records.
+func (s *Service) derive(ctx context.Context, tx *store.Store, old, t Tenant) error {
+	if old.Anchor() != t.Anchor() {
+		// The rollups' days and periods were cut by the old anchor: the current
+		// period is rewritten here, the earlier ones once this commits (rebuild).
+		if err := tx.UnscopedRebuildRollups(ctx, store.RebuildRollupsParams{
+			TenantID: t.ID, From: t.UpdatedAt, To: t.UpdatedAt.Add(time.Nanosecond),
+		}); err != nil {
+			return err
+		}
+	}
+	if old.Plan != t.Plan {
+		// The periods keep the plan that was in force in them, for the usage export.
+		return tx.UnscopedRecordPlanChange(ctx, store.PlanChangeParams{Tenant: t, OldPlan: old.Plan})
+	}
+	return nil
+}
+
+// record appends the audit row of a tenant's change from old to t and, when its
+// limits moved, writes its tenant.limits_changed, on tx.
+func (s *Service) record(ctx context.Context, tx *store.Store, old, t Tenant, revert *audit.Row) (audit.Head, error) {
+	e := audit.Entry{Action: audit.ActionTenantUpdate, Object: object(t.ID), Before: audit.Tenant(old), After: audit.Tenant(t)}
+	if revert != nil {
+		e = audit.RevertOf(*revert, e.Before, e.After)
+	}
+	head, err := audit.Append(ctx, tx, e)
+	if err != nil {
+		return head, err
+	}
+	return head, announce(ctx, tx, old, t, head)
+}
+
+// announce writes the tenant.limits_changed of a change from old to t, if its limits
+// moved: the operators' copy and the tenant's.
+func announce(ctx context.Context, tx *store.Store, old, t Tenant, head audit.Head) error {
+	a := audit.ActorOf(ctx)
+	c := outbox.LimitsChange{TenantID: t.ID, Before: outbox.LimitsOf(old), After: outbox.LimitsOf(t),
+		Audit: outbox.AuditRef{ID: head.ID, Hash: head.Hash}, At: t.UpdatedAt,
+		Actor:        outbox.ActorRef{Kind: string(a.Kind), Name: a.Name, Role: string(a.Role)},
+		ClaimedActor: a.ClaimedActor, Reason: a.Reason}
+	if len(c.Changed()) == 0 {
+		return nil
+	}
+	op, own, err := outbox.Events{}.LimitsChanged(c)
+	if err != nil {
+		return err
+	}
+	if _, err := outbox.WriteEvent(ctx, tx, op); err != nil {
+		return err
+	}
+	_, err = outbox.WriteEvent(ctx, tx, own)
+	return err
+}
+
+// changed is what follows a committed change of t: the caches, the quota counters and
+// rollups of a moved anchor, the scheduler's weight and cap.
+func (s *Service) changed(ctx context.Context, t Tenant, moved bool) {
 	s.cache.Remove(t.ID)
 	if s.inval != nil {
 		if err := s.inval.InvalidateTenant(ctx, t.ID); err != nil {
@@ -259,7 +348,6 @@ func (s *Service) Update(ctx context.Context, p UpdateParams) (Tenant, error) {
 			s.log.Warn("applying new weight/cap to the queued backlog failed; it applies at the next submission", "tenant_id", t.ID, "err", err)
 		}
 	}
-	return t, nil
 }
 
 // reseed re-seeds the monthly quota counters of a tenant whose billing anchor changed,

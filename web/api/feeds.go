@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -31,8 +32,8 @@ func feedParams(c echo.Context, admin bool) (outbox.FeedParams, string, error) {
 	}
 	if t := q.Get("type"); t != "" {
 		if !outbox.KnownType(t) {
-			return p, "", Errorf(http.StatusBadRequest, CodeInvalidRequest, "Unknown event type %q: use %s or %s.",
-				t, outbox.TypeLimitHit, outbox.TypeApproachingLimit)
+			return p, "", Errorf(http.StatusBadRequest, CodeInvalidRequest, "Unknown event type %q: use %s.",
+				t, strings.Join(outbox.Types, ", "))
 		}
 		p.Type = t
 	}
