@@ -376,6 +376,7 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 	return web.New(web.Deps{
 		Tenants: a.services.Tenants, APIKeys: a.services.Keys, Tasks: a.services.Tasks, HTTPAgents: a.services.Agents,
 		Pools:    a.services.Pools,
+		Audit:    a.services.Audit,
 		Webhooks: a.services.Webhooks,
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Approvals: a.approvals,
@@ -385,7 +386,7 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
 			Store: readStore, Scheduler: a.sched, Tenants: a.services.Tenants, Webhooks: a.services.Webhooks, Pools: a.services.Pools,
-			Archetype: a.archetype,
+			Audit: a.services.Audit, Archetype: a.archetype,
 		}),
 		ListenAddr: a.cfg.HTTPAddr, ShutdownTimeout: a.cfg.ShutdownTimeout,
 		OpsOnly: !a.cfg.Has(config.RoleAPI),

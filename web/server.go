@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/rivershared/startstop"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/approval"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/operator"
@@ -55,6 +57,7 @@ type Deps struct {
 	Tasks      *tasks.Service
 	HTTPAgents *agents.Service
 	Pools      *pools.Service // the model pools and their agents (admin API)
+	Audit      *audit.Log     // the audit log (admin API, operator view, tenant panel)
 	Postgres   Pinger         // readiness
 	Queue      api.Queue      // the usage report's running count
 	Redis      redis.UniversalClient
@@ -130,7 +133,9 @@ func New(d Deps) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = api.ErrorHandler(s.log)
-	e.Use(s.recoverer, s.routeSpan, s.requestLog, api.ValidateInput)
+	// Every request has an id (the caller's X-Request-Id, or a new one), answered in
+	// X-Request-Id and recorded with the changes it makes (the audit log).
+	e.Use(middleware.RequestID(), s.recoverer, s.routeSpan, s.requestLog, api.ValidateInput)
 	s.e = e
 	s.routes()
 	s.handler = s.traced(e)
@@ -151,7 +156,7 @@ func (s *Server) buildParts(d Deps) {
 	}
 	admin := adminauth.New(d.AdminToken, d.Admission)
 	s.api = api.New(api.Deps{
-		Tenants: d.Tenants, APIKeys: d.APIKeys, Tasks: d.Tasks, HTTPAgents: d.HTTPAgents, Pools: d.Pools,
+		Tenants: d.Tenants, APIKeys: d.APIKeys, Tasks: d.Tasks, HTTPAgents: d.HTTPAgents, Pools: d.Pools, Audit: d.Audit,
 		Queue: d.Queue, Redis: d.Redis, Keys: d.Keys, Plans: s.Plans, Admission: d.Admission, Events: d.Events,
 		Rejections: d.Rejections, Webhooks: d.Webhooks, Usage: d.Usage, UsageExport: d.UsageExport,
 		UpgradeURL: d.UpgradeURL, AdminAuth: admin, PanelLinks: links, Logger: s.log, Closing: s.closing,

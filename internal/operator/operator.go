@@ -4,8 +4,8 @@
 // janitor corrected; the webhook endpoints and their failing deliveries; the model
 // pools with their configured and effective rates, their use in the last minute and
 // the tenants waiting on them. It reads Postgres (tasks, events, refusal counts,
-// janitor runs, deliveries, pools) and Redis (the scheduler's state, the pools'
-// buckets), and changes nothing.
+// janitor runs, deliveries, pools, the newest rows of the audit log) and Redis (the
+// scheduler's state, the pools' buckets), and changes nothing.
 //
 // Definitions (docs/operations.md shows them to operators):
 //
@@ -41,6 +41,7 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/store"
@@ -90,8 +91,14 @@ type Pools interface {
 	List(ctx context.Context) ([]pools.Pool, error)
 }
 
+// Audit lists the audit log (*audit.Log).
+type Audit interface {
+	List(ctx context.Context, p audit.ListParams) (audit.Page, error)
+}
+
 var (
 	_ Pools     = (*pools.Service)(nil)
+	_ Audit     = (*audit.Log)(nil)
 	_ Store     = (*store.Store)(nil)
 	_ Scheduler = (*scheduler.Scheduler)(nil)
 	_ Tenants   = (*tenants.Service)(nil)
@@ -106,6 +113,7 @@ type Deps struct {
 	Tenants   Tenants
 	Webhooks  Webhooks
 	Pools     Pools // nil: the view shows no pools
+	Audit     Audit // nil: the view shows no changes
 	Archetype *baseservice.Archetype
 	Window    time.Duration
 }
@@ -168,8 +176,18 @@ type Overview struct {
 	JanitorTotals      []Correction // over LimitHitsOver, by kind
 	Endpoints          []Endpoint
 	Pools              []pools.Pool // by name, each with its live state
+	Changes            []Change     // the newest rows of the audit log
 	Query              Query
 }
+
+// Change is a row of the audit log with the fields it moved.
+type Change struct {
+	audit.Row
+	Diff []audit.FieldChange
+}
+
+// RecentChanges is how many rows of the audit log the view shows.
+const RecentChanges = 20
 
 // Sort keys of Query.Sort.
 const (
@@ -319,7 +337,30 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 			return Overview{}, err
 		}
 	}
+	if ov.Changes, err = s.recentChanges(ctx); err != nil {
+		return Overview{}, err
+	}
 	return ov, nil
+}
+
+// recentChanges are the newest rows of the audit log, each with its diff.
+func (s *Service) recentChanges(ctx context.Context) ([]Change, error) {
+	if s.d.Audit == nil {
+		return nil, nil
+	}
+	page, err := s.d.Audit.List(ctx, audit.ListParams{Limit: RecentChanges})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Change, 0, len(page.Rows))
+	for _, r := range page.Rows {
+		d, err := audit.Diff(r.Before, r.After)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Change{Row: r, Diff: d})
+	}
+	return out, nil
 }
 
 func filterTenants(rows []Tenant, f string) []Tenant {

@@ -6,19 +6,22 @@ package api
 import (
 	"context"
 	"errors"
-	"github.com/agentq/agentq/agentqtype"
 	"log/slog"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/rejections"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -43,6 +46,7 @@ type Deps struct {
 	Tasks      *tasks.Service
 	HTTPAgents *agents.Service
 	Pools      *pools.Service // the model pools and their agents (admin API)
+	Audit      *audit.Log     // the audit log (admin API)
 	Queue      Queue          // the usage report's running count
 	Redis      redis.UniversalClient
 	Keys       rkeys.Keys
@@ -104,6 +108,7 @@ func (s *API) Mount(e *echo.Echo) {
 	admin(http.MethodPost, "/webhooks", s.createWebhook)
 	admin(http.MethodGet, "/webhooks", s.listWebhooks)
 	admin(http.MethodGet, "/webhooks/:id", s.getWebhook)
+	admin(http.MethodPatch, "/webhooks/:id", s.updateWebhook)
 	admin(http.MethodDelete, "/webhooks/:id", s.deleteWebhook)
 	admin(http.MethodPost, "/webhooks/:id/rotate", s.rotateWebhookSecret)
 	admin(http.MethodGet, "/webhooks/:id/attempts", s.listWebhookAttempts)
@@ -130,6 +135,10 @@ func (s *API) Mount(e *echo.Echo) {
 	admin(http.MethodGet, "/pools", s.listPools)
 	admin(http.MethodGet, "/pools/:name", s.getPool)
 	admin(http.MethodDelete, "/pools/:name", s.deletePool)
+	admin(http.MethodGet, "/audit", s.listAudit)
+	admin(http.MethodGet, "/audit/head", s.auditHead)
+	admin(http.MethodGet, "/audit/:id", s.getAudit)
+	admin(http.MethodPost, "/audit/:id/revert", s.revertAudit)
 }
 
 const ctxKeyRecord = "agentq.key"
@@ -154,6 +163,7 @@ func (s *API) authTenant(next echo.HandlerFunc) echo.HandlerFunc {
 			return Unavailable()
 		}
 		c.Set(ctxKeyRecord, rec)
+		withActor(c, agentqtype.Actor{Kind: agentqtype.ActorKey, Name: rec.Kid})
 		return next(c)
 	}
 }
@@ -195,9 +205,18 @@ func withActor(c echo.Context, a agentqtype.Actor) {
 	c.SetRequest(c.Request().WithContext(agentqtype.WithActor(c.Request().Context(), a)))
 }
 
+// clip is s as text a row can keep: invalid UTF-8 and control characters dropped, cut
+// to at most n bytes on a character's boundary.
 func clip(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
+	s = strings.Map(func(r rune) rune {
+		if isControl(r) || r == utf8.RuneError {
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, ""))
+	for len(s) > n {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
 	}
 	return s
 }

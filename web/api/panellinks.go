@@ -41,10 +41,10 @@ func (s *API) createPanelLink(c echo.Context) error {
 		ttl = time.Duration(*r.TTLS) * time.Second
 	}
 	id := c.Param("id")
-	if _, err := s.Tenants.Get(c.Request().Context(), id); err != nil {
+	exp := s.PanelLinks.Now().Add(ttl).UTC().Truncate(time.Second)
+	if err := s.Tenants.RecordPanelLink(c.Request().Context(), id, exp); err != nil {
 		return tenantErr(err, id)
 	}
-	exp := s.PanelLinks.Now().Add(ttl).UTC().Truncate(time.Second)
 	tok := s.PanelLinks.Sign(id, exp)
 	u := c.Scheme() + "://" + c.Request().Host + "/panel/t?token=" + tok
 	return c.JSON(http.StatusCreated, PanelLink{URL: u, ExpiresAt: exp})

@@ -17,13 +17,13 @@ import (
 const (
 	maxIdentifier  = 255  // agent, user, idempotency key, scope entry, path and query values
 	maxQueryBytes  = 2048 // the whole raw query string
-	maxHeaderBytes = 255  // each header the API reads (Idempotency-Key, Content-Type)
+	maxHeaderBytes = 255  // each header the API reads (Idempotency-Key, Content-Type, X-Request-Id)
 	maxJSONDepth   = 64   // nesting of arrays and objects in a body
 )
 
 // checkedHeaders are the request headers the API reads besides Authorization, which the
 // auth middlewares check (a malformed one is a 401, like any bad key).
-var checkedHeaders = []string{"Idempotency-Key", echo.HeaderContentType}
+var checkedHeaders = []string{"Idempotency-Key", echo.HeaderContentType, echo.HeaderXRequestID}
 
 // isControl tells the C0 controls, DEL and the C1 controls.
 func isControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }

@@ -159,6 +159,31 @@ func (s *API) getWebhook(c echo.Context) error {
 	return c.JSON(http.StatusOK, NewWebhookJSON(w))
 }
 
+// WebhookUpdate is the body of PATCH /v1/admin/webhooks/{id}.
+type WebhookUpdate struct {
+	Enabled *bool `json:"enabled"`
+}
+
+// updateWebhook is PATCH /v1/admin/webhooks/{id}: enables or disables an endpoint.
+func (s *API) updateWebhook(c echo.Context) error {
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	var r WebhookUpdate
+	if err := decodeStrict(body, &r, false); err != nil {
+		return err
+	}
+	if r.Enabled == nil {
+		return Errorf(http.StatusBadRequest, CodeInvalidRequest, "enabled is required: true or false.")
+	}
+	w, err := s.Webhooks.SetEnabled(c.Request().Context(), c.Param("id"), *r.Enabled)
+	if err != nil {
+		return webhookErr(err, s.UpgradeURL)
+	}
+	return c.JSON(http.StatusOK, NewWebhookJSON(w))
+}
+
 func (s *API) deleteWebhook(c echo.Context) error {
 	if err := s.Webhooks.Delete(c.Request().Context(), c.Param("id")); err != nil {
 		return webhookErr(err, s.UpgradeURL)

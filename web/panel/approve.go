@@ -185,7 +185,10 @@ func (s *Panel) approve(c echo.Context) error {
 	if err != nil {
 		return s.approvalError(c, http.StatusBadRequest, err.Error()+".")
 	}
-	_, err = s.Tasks.Resume(c.Request().Context(), tasks.ResumeParams{
+	// The link is the authority: the raise is recorded as its.
+	ctx := agentqtype.WithActor(c.Request().Context(), agentqtype.Actor{Kind: agentqtype.ActorLink,
+		Name: "approval:" + cl.TaskID.String(), RequestID: c.Response().Header().Get(echo.HeaderXRequestID)})
+	_, err = s.Tasks.Resume(ctx, tasks.ResumeParams{
 		TenantID: cl.TenantID, ID: cl.TaskID, Budget: req, Pause: cl.Pause, RaiseOnly: true})
 	if err != nil {
 		return s.approvalRefused(c, cl, err)

@@ -106,8 +106,17 @@ func (s *Panel) panelPage(c echo.Context) error {
 		s.log.Error("panel: usage report failed", "err", err)
 		return s.panelError(c, http.StatusInternalServerError, "Usage is unavailable right now. Retry in a moment.")
 	}
+	v := newPanelView(rep)
+	if s.API.Audit != nil {
+		cs, err := s.API.Audit.TenantLimitChanges(c.Request().Context(), t.ID, limitChangesShown)
+		if err != nil {
+			s.log.Error("panel: limit changes failed", "err", err)
+			return s.panelError(c, http.StatusInternalServerError, "Usage is unavailable right now. Retry in a moment.")
+		}
+		v.Changes = newPanelChanges(cs)
+	}
 	var b strings.Builder
-	if err := panelTmpl.ExecuteTemplate(&b, "panel_tenant.html", newPanelView(rep)); err != nil {
+	if err := panelTmpl.ExecuteTemplate(&b, "panel_tenant.html", v); err != nil {
 		return err
 	}
 	return c.HTML(http.StatusOK, b.String())

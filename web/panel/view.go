@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentq/agentq/billing/usage"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/web/api"
 	"github.com/agentq/agentq/web/internal/numfmt"
@@ -42,7 +43,31 @@ type panelView struct {
 	Tasks     []panelTask
 	Hits      []panelHit
 	Breaches  []panelBreach
+	Changes   []panelChange
 	TasksMore bool
+}
+
+// panelChange is a change to the tenant's limits: when, and what from what to what.
+type panelChange struct {
+	At, AtISO string
+	Fields    []panelField
+}
+
+type panelField struct{ Field, Before, After string }
+
+// limitChangesShown is how many changes to its limits the panel shows.
+const limitChangesShown = 10
+
+func newPanelChanges(cs []audit.LimitChange) []panelChange {
+	out := make([]panelChange, 0, len(cs))
+	for _, c := range cs {
+		pc := panelChange{At: c.At.UTC().Format("2006-01-02 15:04:05"), AtISO: c.At.UTC().Format(time.RFC3339)}
+		for _, f := range c.Changes {
+			pc.Fields = append(pc.Fields, panelField{Field: f.Field, Before: string(f.Before), After: string(f.After)})
+		}
+		out = append(out, pc)
+	}
+	return out
 }
 
 // panelBreach is one commitment the platform missed for the tenant (last 30 days).
