@@ -619,10 +619,11 @@ func (a *Admin) UsageExportCSV(ctx context.Context, period string) ([]byte, erro
 
 // transport is what Client and Admin share: base URL, bearer token, HTTP client.
 type transport struct {
-	base      string
-	token     string
-	hc        *http.Client
-	userAgent string
+	base         string
+	token        string
+	hc           *http.Client
+	userAgent    string
+	claimedActor string // X-Agentq-Actor
 }
 
 func newTransport(baseURL, token string, opts []Option) transport {
@@ -673,6 +674,7 @@ func (t *transport) do(ctx context.Context, method, path string, query url.Value
 	if t.token != "" {
 		req.Header.Set("Authorization", "Bearer "+t.token)
 	}
+	setChangeHeaders(ctx, req, t.claimedActor)
 	res, err := t.hc.Do(req)
 	if err != nil {
 		return t.wrap(method, path, err)
@@ -780,6 +782,9 @@ func (r *redactedError) Is(target error) bool { return errors.Is(r.err, target) 
 const (
 	EventLimitHit         = "usage.limit_hit"
 	EventApproachingLimit = "usage.approaching_limit"
+	// EventLimitsChanged is a change to a tenant's limits; its data is
+	// Event.LimitsChanged's, not Data.
+	EventLimitsChanged = "tenant.limits_changed"
 )
 
 // Event is one usage event: a CloudEvent 1.0 in structured JSON, as the server

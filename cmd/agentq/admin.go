@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/user"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/usage"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/keys"
@@ -53,6 +55,7 @@ type adminEnv struct {
 	webhooks *webhooks.Webhooks
 	usage    *usage.Rollups
 	pools    *pools.Service
+	audit    *audit.Log
 	// tasks is nil without Redis: a resume takes a session lease and queues the
 	// task there.
 	tasks *tasks.Service
@@ -74,7 +77,7 @@ func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.Univer
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Agents: runtime.NewRegistry(),
 		Admission: guard, Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: arch})
 	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage,
-		pools: svc.Pools, tasks: svc.Tasks}
+		pools: svc.Pools, tasks: svc.Tasks, audit: svc.Audit}
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -128,6 +131,8 @@ type adminEnvRunner = func(ctx context.Context, withRedis bool, f func(adminEnv)
 // CLI refuses exactly what the admin API refuses.
 func newAdminCmd(open adminOpener) *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants, API keys, webhook endpoints and model pools in Postgres"}
+	var reason string
+	cmd.PersistentFlags().StringVar(&reason, "reason", "", "why you make this change: kept in the audit log with it")
 	withEnv := func(ctx context.Context, withRedis bool, f func(adminEnv) error) error {
 		env, closeEnv, err := open(ctx, withRedis)
 		if err != nil {
@@ -136,13 +141,29 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 		defer closeEnv()
 		return f(env)
 	}
+	// The CLI's changes are recorded as its operating-system user's.
+	cmd.PersistentPreRun = func(c *cobra.Command, _ []string) {
+		c.SetContext(agentqtype.WithActor(c.Context(), cliActor(reason)))
+	}
 	cmd.AddCommand(tenantCommands(withEnv)...)
 	cmd.AddCommand(keyCommands(withEnv)...)
 	cmd.AddCommand(panelLinksRevokeCommand(withEnv), eventsCommand(withEnv), usageExportCommand(withEnv))
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
-	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv), taskResumeCommand(withEnv))
+	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv), taskResumeCommand(withEnv), auditCommands(withEnv))
 	return cmd
+}
+
+// cliActor is who acts through the CLI: "cli:<os user>", with the reason given.
+func cliActor(reason string) agentqtype.Actor {
+	name := os.Getenv("USER")
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if name == "" {
+		name = "unknown"
+	}
+	return agentqtype.Actor{Kind: agentqtype.ActorCLI, Name: "cli:" + name, Reason: reason}
 }
 
 // printJSON writes v to the command's output as indented JSON.
@@ -511,7 +532,26 @@ func webhookCommands(withEnv func(context.Context, bool, func(adminEnv) error) e
 			})
 		},
 	}
-	return []*cobra.Command{create, list, del, rotate}
+	var enabled bool
+	update := &cobra.Command{
+		Use:   "webhook-update ID --enabled=true|false",
+		Short: "Enable or disable a webhook endpoint (a disabled one receives nothing)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("enabled") {
+				return errors.New("--enabled is required: true or false")
+			}
+			return withEnv(cmd.Context(), false, func(env adminEnv) error {
+				w, err := env.webhooks.SetEnabled(cmd.Context(), args[0], enabled)
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd, api.NewWebhookJSON(w))
+			})
+		},
+	}
+	update.Flags().BoolVar(&enabled, "enabled", true, "true to enable, false to disable")
+	return []*cobra.Command{create, list, del, rotate, update}
 }
 
 // tenantOut is t as the admin API shows it.
