@@ -34,7 +34,7 @@ func newServerFixture(t *testing.T) *serverFixture {
 	env := webtest.New(t)
 	s := New(Deps{
 		Tenants: env.Svc.Tenants, APIKeys: env.Svc.Keys, Tasks: env.Svc.Tasks, HTTPAgents: env.Svc.Agents,
-		Pools: env.Svc.Pools, Postgres: env.Pool, Queue: env.Scheduler, Redis: env.Redis, Keys: env.Keys,
+		Pools: env.Svc.Pools, Audit: env.Svc.Audit, Postgres: env.Pool, Queue: env.Scheduler, Redis: env.Redis, Keys: env.Keys,
 		Admission: env.Admission, AdminToken: env.AdminToken, Archetype: env.Arch,
 	})
 	return &serverFixture{Env: env, t: t, s: s, admin: env.AdminToken}
