@@ -99,7 +99,7 @@ func Append(ctx context.Context, tx *store.Store, e Entry) (Head, error) {
 	if err != nil {
 		return Head{}, err
 	}
-	slot, err := tx.TakeAuditSlot(ctx)
+	slot, err := tx.UnscopedTakeAuditSlot(ctx)
 	if err != nil {
 		return Head{}, fmt.Errorf("audit: %w", err)
 	}
@@ -107,7 +107,7 @@ func Append(ctx context.Context, tx *store.Store, e Entry) (Head, error) {
 	if row.Hash, err = Hash(row); err != nil {
 		return Head{}, err
 	}
-	if err := tx.InsertAudit(ctx, row); err != nil {
+	if err := tx.UnscopedInsertAudit(ctx, row); err != nil {
 		return Head{}, fmt.Errorf("audit: %w", err)
 	}
 	return Head{ID: row.ID, Hash: row.Hash}, nil

@@ -187,7 +187,7 @@ func (l *Log) Get(ctx context.Context, id int64) (Row, error) {
 // Head returns the chain's head: its last row's id and hash (0 and Genesis when the
 // log is empty).
 func (l *Log) Head(ctx context.Context) (Head, error) {
-	h, err := l.st.GetAuditHead(ctx)
+	h, err := l.st.UnscopedAuditHead(ctx)
 	return Head{ID: h.ID, Hash: h.Hash}, err
 }
 

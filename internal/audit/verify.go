@@ -72,7 +72,7 @@ func check(r store.AuditRow, prev string) (string, error) {
 
 // checkEnd checks the walk's end against the chain's head and the expected head.
 func (l *Log) checkEnd(ctx context.Context, v *Verification, found bool, expectHead string) error {
-	h, err := l.st.GetAuditHead(ctx)
+	h, err := l.st.UnscopedAuditHead(ctx)
 	if err != nil {
 		return err
 	}

@@ -65,10 +65,10 @@ type AuditSlot struct {
 // outside InTx.
 var ErrNotInTransaction = errors.New("store: the call needs a transaction (InTx)")
 
-// TakeAuditSlot locks the chain's head for the rest of the transaction (appends of
+// UnscopedTakeAuditSlot locks the chain's head for the rest of the transaction (appends of
 // other transactions wait for its end) and returns the next row's place. Only in a
 // transaction: the lock and the row go with the change they record.
-func (s *Store) TakeAuditSlot(ctx context.Context) (AuditSlot, error) {
+func (s *Store) UnscopedTakeAuditSlot(ctx context.Context) (AuditSlot, error) {
 	if s.tx == nil {
 		return AuditSlot{}, ErrNotInTransaction
 	}
@@ -83,8 +83,8 @@ func (s *Store) TakeAuditSlot(ctx context.Context) (AuditSlot, error) {
 	return slot, err
 }
 
-// InsertAudit writes row r in the slot TakeAuditSlot gave and moves the head to it.
-func (s *Store) InsertAudit(ctx context.Context, r AuditRow) error {
+// InsertAudit writes row r in the slot UnscopedTakeAuditSlot gave and moves the head to it.
+func (s *Store) UnscopedInsertAudit(ctx context.Context, r AuditRow) error {
 	if s.tx == nil {
 		return ErrNotInTransaction
 	}
@@ -108,8 +108,8 @@ func jsonOrNull(b []byte) any {
 	return string(b)
 }
 
-// GetAuditHead returns the chain's head as audit_head keeps it.
-func (s *Store) GetAuditHead(ctx context.Context) (AuditHead, error) {
+// UnscopedAuditHead returns the chain's head as audit_head keeps it.
+func (s *Store) UnscopedAuditHead(ctx context.Context) (AuditHead, error) {
 	var h AuditHead
 	err := s.db.QueryRow(ctx, `SELECT last_id, hash FROM audit_head`).Scan(&h.ID, &h.Hash)
 	return h, err

@@ -44,6 +44,18 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.UpdateTenant(ctx, store.UpdateTenantParams{Name: &name})
 			return err
 		}},
+		{"LockTenant", func(ctx context.Context, st *store.Store) error {
+			_, err := st.LockTenant(ctx, "")
+			return err
+		}},
+		{"ReplaceTenant", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ReplaceTenant(ctx, store.ReplaceTenantParams{Name: "x", Plan: "pro", Status: "active"})
+			return err
+		}},
+		{"ListTenantAudit", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ListTenantAudit(ctx, store.ListTenantAuditParams{Actions: []string{"tenant.update"}})
+			return err
+		}},
 		{"RevokePanelLinks", func(ctx context.Context, st *store.Store) error {
 			_, err := st.RevokePanelLinks(ctx, store.RevokePanelLinksParams{At: time.Now()})
 			return err
@@ -168,7 +180,8 @@ func scopedCalls(fx fixture) []scopedCall {
 // the addresses its API processes advertise.
 var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgentSecret", "GetAgent", "ListAgents", "DeleteAgent",
 	"PutPool", "GetPool", "ListPools", "DeletePool", "PutAgentPool", "GetAgentPool", "ListAgentPools", "ListPoolAgents",
-	"GetAgentBinding", "DeleteAgentPool", "AdvertiseAPIAddress", "NewestAPIAddress"}
+	"GetAgentBinding", "DeleteAgentPool", "AdvertiseAPIAddress", "NewestAPIAddress",
+	"LockAgent", "SetAgentSettings", "LockPool", "LockAgentPool"}
 
 // fixture is data of tenant acme the scoped calls name.
 type fixture struct {
