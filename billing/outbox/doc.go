@@ -1,4 +1,5 @@
-// Package outbox builds the usage events (CloudEvents) and keeps the events outbox:
+// Package outbox builds the events (CloudEvents: the usage events and
+// tenant.limits_changed) and keeps the events outbox:
 // each event is written on the transaction of the change that caused it (a step's
 // threshold crossings, a task's budget stop, a refusal count's flush), and read back
 // in a stable order by the pull feeds and the webhook relay (package
@@ -103,6 +104,17 @@
 // informational at 80 %, at_risk at 90 %, enforced_limit when the tenant's own limit
 // refused, delayed, paused or stopped work, eligible_breach when the platform did:
 // degraded mode, a global limit stricter than the plan, a missed commitment.
+//
+// # Changes of a tenant's limits
+//
+// tenant.limits_changed (LimitsChanged) is written by the tenant service in the
+// transaction of a change of a tenant's plan, weight, status, overrides or billing
+// anchor, after the change's audit row, whose id and hash it carries. It is written
+// twice, each copy for one audience (the events' audience column): the operators'
+// copy names the actor, the claimed actor and the reason, and only the admin feed and
+// the operator's endpoints get it; the tenant's copy leaves them out, and only the
+// tenant's feed and its own endpoints get it. Each copy's dedupe key is the audit
+// row's id and its audience.
 //
 // # Missed commitments
 //
