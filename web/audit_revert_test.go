@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"encoding/json"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -229,5 +230,35 @@ func TestAuditListRefusesBadQueries(t *testing.T) {
 	st, body := f.call("GET", "/v1/admin/audit/head", f.admin, "")
 	if st != 200 || string(body) != `{"id":0,"hash":"0000000000000000000000000000000000000000000000000000000000000000"}`+"\n" {
 		t.Errorf("head of an empty log: %d %s", st, body)
+	}
+}
+
+// The tenant panel shows changes to the tenant's own limits: what and when, not who
+// or why.
+func TestPanelShowsLimitChanges(t *testing.T) {
+	t.Parallel()
+	f := newAuditFixture(t)
+	f.write("POST", "/v1/admin/tenants", `{"id":"acme","plan":"pro"}`)
+	hdr := map[string]string{"X-Agentq-Actor": "alice-claims", "X-Agentq-Reason": "ticket-99"}
+	if st, body := f.send("PATCH", "/v1/admin/tenants/acme", f.admin, `{"plan":"enterprise"}`, hdr); st != 200 {
+		t.Fatalf("patch: %d %s", st, body)
+	}
+	f.write("PATCH", "/v1/admin/tenants/acme", `{"name":"Acme Inc."}`) // not a limit: not shown
+	st, body := f.call("POST", "/v1/admin/tenants/acme/panel-links", f.admin, "")
+	var link api.PanelLink
+	if err := json.Unmarshal(body, &link); st != 201 || err != nil {
+		t.Fatalf("panel link: %d %s", st, body)
+	}
+	u, _ := url.Parse(link.URL)
+	st, page := f.call("GET", u.RequestURI(), "", "")
+	html := string(page)
+	if st != 200 || !strings.Contains(html, `id="limit-changes"`) ||
+		!strings.Contains(html, `<code>plan</code> &#34;pro&#34; → &#34;enterprise&#34;`) {
+		t.Fatalf("panel: %d, no plan change in %s", st, html)
+	}
+	for _, hidden := range []string{"alice-claims", "ticket-99", "Acme Inc.", "credential"} {
+		if strings.Contains(html, hidden) {
+			t.Errorf("the panel shows %q", hidden)
+		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/quotas"
@@ -300,5 +302,33 @@ func TestOperatorLoginConcurrentWrongGuesses(t *testing.T) {
 	})
 	if got[http.StatusUnauthorized] > 10 || got[http.StatusTooManyRequests] == 0 {
 		t.Fatalf("60 wrong sign-ins at once: %v, want at most 10 answered 401 and the rest 429", got)
+	}
+}
+
+// The overview's recent changes: each row with who, what and the fields it moved.
+func TestOperatorViewShowsRecentChanges(t *testing.T) {
+	t.Parallel()
+	render := func(ov operator.Overview) string {
+		t.Helper()
+		var buf bytes.Buffer
+		if err := operatorTmpl.ExecuteTemplate(&buf, "operator.html", viewPage{Overview: ov}); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	if html := render(operator.Overview{}); !strings.Contains(html, "No change recorded yet.") {
+		t.Error("no note for an empty audit log")
+	}
+	html := render(operator.Overview{Changes: []operator.Change{{
+		Row: audit.Row{ID: 12, At: time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC), Action: "tenant.update",
+			Actor:        agentqtype.Actor{Kind: agentqtype.ActorCredential, Name: "admin"},
+			ClaimedActor: "alice", Reason: "upgrade", Object: audit.Object{Kind: "tenant", ID: "acme", Tenant: "acme"}},
+		Diff: []audit.FieldChange{{Field: "plan", Before: []byte(`"free"`), After: []byte(`"pro"`)}},
+	}}})
+	for _, want := range []string{`<tr data-audit="12">`, "2026-12-07 10:00:00Z", "credential admin", "says alice", "“upgrade”",
+		"tenant.update", "tenant acme", `<span class="k">plan</span> &#34;free&#34; → &#34;pro&#34;`} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the changes table lacks %q", want)
+		}
 	}
 }
