@@ -295,6 +295,19 @@ func corpus(task, kid string) []hostile {
 		hostile{name: "webhook attempts: limit 0", method: "GET", path: "/v1/admin/webhooks/00000000-0000-4000-8000-000000000000/attempts?limit=0", auth: "admin", status: inv, code: ir},
 		hostile{name: "webhook attempts: unknown query parameter", method: "GET", path: "/v1/admin/webhooks/00000000-0000-4000-8000-000000000000/attempts?cursor=1", auth: "admin", status: inv, code: ir},
 		hostile{name: "webhook attempts: no such endpoint", method: "GET", path: "/v1/admin/webhooks/00000000-0000-4000-8000-000000000000/attempts", auth: "admin", status: nf, code: nfc},
+		hostile{name: "update webhook: no such endpoint", method: "PATCH", path: "/v1/admin/webhooks/00000000-0000-4000-8000-000000000000", auth: "admin", body: `{"enabled":false}`, status: nf, code: nfc},
+		hostile{name: "update webhook: enabled missing", method: "PATCH", path: "/v1/admin/webhooks/00000000-0000-4000-8000-000000000000", auth: "admin", body: `{}`, status: inv, code: ir},
+		hostile{name: "update webhook: enabled not a boolean", method: "PATCH", path: "/v1/admin/webhooks/00000000-0000-4000-8000-000000000000", auth: "admin", body: `{"enabled":"yes"}`, status: inv, code: ir},
+		hostile{name: "list audit: unknown query parameter", method: "GET", path: "/v1/admin/audit?colour=red", auth: "admin", status: inv, code: ir},
+		hostile{name: "list audit: since not a time", method: "GET", path: "/v1/admin/audit?since=yesterday", auth: "admin", status: inv, code: ir},
+		hostile{name: "list audit: unknown object kind", method: "GET", path: "/v1/admin/audit?object=planet:mars", auth: "admin", status: inv, code: ir},
+		hostile{name: "list audit: limit above 1000", method: "GET", path: "/v1/admin/audit?limit=1001", auth: "admin", status: inv, code: ir},
+		hostile{name: "list audit: not a cursor", method: "GET", path: "/v1/admin/audit?cursor=-1", auth: "admin", status: inv, code: ir},
+		hostile{name: "audit head: tenant key", method: "GET", path: "/v1/admin/audit/head", auth: "key", status: un, code: ua},
+		hostile{name: "audit row: not a number", method: "GET", path: "/v1/admin/audit/nope", auth: "admin", status: nf, code: nfc},
+		hostile{name: "audit row: no such row", method: "GET", path: "/v1/admin/audit/9999999", auth: "admin", status: nf, code: nfc},
+		hostile{name: "revert audit row: no such row", method: "POST", path: "/v1/admin/audit/9999999/revert", auth: "admin", status: nf, code: nfc},
+		hostile{name: "revert audit row: a body", method: "POST", path: "/v1/admin/audit/1/revert", auth: "admin", body: `{"force":true}`, status: inv, code: ir},
 		hostile{name: "put pool: upper-case name", method: "PUT", path: "/v1/admin/pools/LLM", auth: "admin", body: `{"tokens_per_minute":1000}`, status: inv, code: ir},
 		hostile{name: "put pool: braces in the name", method: "PUT", path: "/v1/admin/pools/a%7Bx%7D", auth: "admin", body: `{"tokens_per_minute":1000}`, status: inv, code: ir},
 		hostile{name: "put pool: NUL name", method: "PUT", path: "/v1/admin/pools/%00", auth: "admin", body: `{"tokens_per_minute":1000}`, status: inv, code: ir},
@@ -622,6 +635,7 @@ func TestHostileRequestCorpus(t *testing.T) {
 func (h *harness) routeOf(method, path string) string {
 	path, _, _ = strings.Cut(path, "?")
 	segs := strings.Split(path, "/")
+	best, params := "", len(segs)+1
 	for _, r := range h.app.API().Echo().Routes() {
 		if r.Method != method {
 			continue
@@ -630,18 +644,22 @@ func (h *harness) routeOf(method, path string) string {
 		if len(rs) != len(segs) {
 			continue
 		}
-		ok := true
+		ok, n := true, 0
 		for i := range rs {
-			if !strings.HasPrefix(rs[i], ":") && rs[i] != segs[i] {
+			if strings.HasPrefix(rs[i], ":") {
+				n++
+			} else if rs[i] != segs[i] {
 				ok = false
 				break
 			}
 		}
-		if ok {
-			return r.Method + " " + r.Path
+		// A static segment wins over a parameter, as in the router (/audit/head, not
+		// /audit/:id).
+		if ok && n < params {
+			best, params = r.Method+" "+r.Path, n
 		}
 	}
-	return ""
+	return best
 }
 
 func trim(b []byte) string {
