@@ -21,8 +21,8 @@
 // array [id, at, actor, claimed_actor, reason, action, object, before, after,
 // request_id, reverts, prev_hash]: at in UTC to the microsecond
 // ("2006-01-02T15:04:05.000000Z"), each jsonb value re-encoded with object keys sorted,
-// no insignificant space, and every number written as its exact rational value (big.Rat's
-// RatString, so 1.0, 1 and 1e0 are one number), absent values null. prev_hash is the hash of the
+// no insignificant space, and every number written as its exact decimal value (so 1.0,
+// 1 and 1e0 are one number, 0.25 and 2.5e-1 another), absent values null. prev_hash is the hash of the
 // row before (64 zeros for the first). Appends lock the chain's head (table
 // audit_head) and take their id under the lock, so the chain's order is id order.
 package audit

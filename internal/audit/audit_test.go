@@ -26,7 +26,7 @@ func setup(t *testing.T) (context.Context, *store.Store, *pgxpool.Pool, *audit.L
 // entry is a change of tenant id's plan from "free" to plan.
 func entry(id, plan string) audit.Entry {
 	return audit.Entry{Action: audit.ActionTenantUpdate, Object: audit.Object{Kind: audit.KindTenant, ID: id, Tenant: id},
-		Before: map[string]any{"plan": "free", "weight": 1.0}, After: map[string]any{"plan": plan, "weight": 1.0}}
+		Before: map[string]any{"plan": "free", "weight": 1.0, "cost": 0.05}, After: map[string]any{"plan": plan, "weight": 1.0, "cost": 1e-7}}
 }
 
 // appendRows appends n rows, each in a transaction of its own.
@@ -221,6 +221,7 @@ func TestCanonical(t *testing.T) {
 		{`{"b":1,"a":[1.0,"x"]}`, `{ "a" : [1, "x"], "b": 1e0 }`},
 		{`{"n":1000000000000000000000}`, `{"n":1e21}`},
 		{`{"s":"<&>"}`, `{"s":"\u003c\u0026\u003e"}`},
+		{`[0.25,0.1,1e-7]`, `[2.5e-1,0.10,0.0000001]`},
 		{``, `null`},
 	}
 	for _, p := range same {
@@ -229,6 +230,10 @@ func TestCanonical(t *testing.T) {
 		if err1 != nil || err2 != nil || string(a) != string(b) {
 			t.Errorf("%s and %s: %s / %s (%v %v)", p[0], p[1], a, b, err1, err2)
 		}
+	}
+	c, err := audit.Canonical([]byte(`[0.25,-1.5e-3,12.50]`))
+	if err != nil || string(c) != `[0.25,-0.0015,12.5]` || !json.Valid(c) {
+		t.Errorf("decimals: %s %v", c, err)
 	}
 	a, _ := audit.Canonical([]byte(`{"n":9007199254740993}`))
 	b, _ := audit.Canonical([]byte(`{"n":9007199254740992}`))

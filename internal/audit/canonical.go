@@ -13,7 +13,7 @@ import (
 )
 
 // Canonical is JSON text b in the chain's canonical encoding: object keys sorted, no
-// insignificant space, numbers as their exact rational value; empty b is null. The
+// insignificant space, numbers as their exact decimal value; empty b is null. The
 // text a row is written with and the text Postgres gives back (jsonb reorders keys
 // and rewrites numbers) encode the same.
 func Canonical(b []byte) (json.RawMessage, error) {
@@ -53,7 +53,7 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 		if !ok {
 			return fmt.Errorf("canonical JSON: number %q", x)
 		}
-		buf.WriteString(r.RatString())
+		buf.WriteString(exact(r))
 	default: // strings, booleans, null
 		b, err := json.Marshal(x)
 		if err != nil {
@@ -84,6 +84,28 @@ func writeObject(buf *bytes.Buffer, m map[string]any) error {
 	}
 	buf.WriteByte('}')
 	return nil
+}
+
+// exact writes r as a JSON number with every digit it has: a JSON number is a finite
+// decimal, so its reduced denominator is 2^a·5^b and max(a, b) decimals hold it.
+func exact(r *big.Rat) string {
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	d := new(big.Int).Set(r.Denom())
+	n := 0
+	for _, p := range []int64{2, 5} {
+		k, q, m := 0, big.NewInt(p), new(big.Int)
+		for {
+			quo, rem := new(big.Int).QuoRem(d, q, m)
+			if rem.Sign() != 0 {
+				break
+			}
+			d, k = quo, k+1
+		}
+		n = max(n, k)
+	}
+	return r.FloatString(n)
 }
 
 // rat reads a JSON number exactly; one with an exponent past ±1000 is refused rather
