@@ -1,11 +1,13 @@
 package outbox
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
@@ -109,4 +111,31 @@ func (e Events) LimitsChanged(c LimitsChange) (operator, tenant Event, err error
 	}
 	tenant.Audience, operator.Audience = store.AudienceTenant, store.AudienceOperator
 	return operator, tenant, nil
+}
+
+// LimitsAnnouncer writes a tenant's tenant.limits_changed on the transaction of its
+// change (the tenant service's Announcer), as done by the actor of the change's
+// context.
+type LimitsAnnouncer struct{ Events Events }
+
+// LimitsChanged writes the two copies of the tenant.limits_changed of a change from
+// old to t, whose audit row is auditID (hash auditHash), on tx; nothing when the
+// limits did not move.
+func (a LimitsAnnouncer) LimitsChanged(ctx context.Context, tx *store.Store, old, t store.Tenant, auditID int64, auditHash string) error {
+	who := audit.ActorOf(ctx)
+	c := LimitsChange{TenantID: t.ID, Before: LimitsOf(old), After: LimitsOf(t), Audit: AuditRef{ID: auditID, Hash: auditHash},
+		Actor: ActorRef{Kind: string(who.Kind), Name: who.Name, Role: string(who.Role)}, ClaimedActor: who.ClaimedActor,
+		Reason: who.Reason, At: t.UpdatedAt}
+	if len(c.Changed()) == 0 {
+		return nil
+	}
+	op, own, err := a.Events.LimitsChanged(c)
+	if err != nil {
+		return err
+	}
+	if _, err := WriteEvent(ctx, tx, op); err != nil {
+		return err
+	}
+	_, err = WriteEvent(ctx, tx, own)
+	return err
 }

@@ -94,7 +94,8 @@ type base struct {
 }
 
 func (d Deps) base(st *store.Store) base {
-	b := base{sched: d.Scheduler, tenants: tenants.Options{Archetype: d.Archetype}, keys: keys.Options{Archetype: d.Archetype}}
+	b := base{sched: d.Scheduler, keys: keys.Options{Archetype: d.Archetype},
+		tenants: tenants.Options{Archetype: d.Archetype, Announcer: outbox.LimitsAnnouncer{}}}
 	if b.sched == nil && d.Redis != nil {
 		b.sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
 	}

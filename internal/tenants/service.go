@@ -11,7 +11,6 @@ import (
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/agentq/agentq/agentqtype"
-	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/store"
@@ -51,16 +50,24 @@ type Counters interface {
 	ReseedAnchor(ctx context.Context, tenantID string, anchor quotas.Anchor) (bool, error)
 }
 
+// Announcer writes, on the transaction of a tenant's change from old to t, the event
+// of its limits' change (tenant.limits_changed, billing/outbox), if they moved; auditID
+// and auditHash name the change's audit row.
+type Announcer interface {
+	LimitsChanged(ctx context.Context, tx *store.Store, old, t Tenant, auditID int64, auditHash string) error
+}
+
 // Service creates, changes and reads tenants.
 type Service struct {
-	store    *store.Store
-	plans    *quotas.Catalogue
-	policies *Policies
-	sched    Scheduler
-	inval    Invalidator
-	counters Counters
-	log      *slog.Logger
-	cache    *expirable.LRU[string, Tenant]
+	store     *store.Store
+	plans     *quotas.Catalogue
+	policies  *Policies
+	sched     Scheduler
+	inval     Invalidator
+	counters  Counters
+	announcer Announcer
+	log       *slog.Logger
+	cache     *expirable.LRU[string, Tenant]
 }
 
 // Options are a Service's optional collaborators.
@@ -75,6 +82,9 @@ type Options struct {
 	// monthly quota counters for the new period; without it they keep the old period's
 	// until Redis loses them.
 	Counters Counters
+	// Announcer, when set, writes the event of a change of a tenant's limits with the
+	// change; without it none is written.
+	Announcer Announcer
 	// Archetype is where the service logs; nil: the defaults.
 	Archetype *baseservice.Archetype
 	// CacheTTL bounds how long Lookup trusts a cached tenant (default 1s).
@@ -90,7 +100,7 @@ const cacheSize = 10000
 // New returns a Service over st, judging tenants against plans (with the
 // deployment's global limits applied).
 func New(st *store.Store, plans *quotas.Catalogue, o Options) *Service {
-	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, counters: o.Counters, log: o.Archetype.Defaults().Logger}
+	s := &Service{store: st, plans: plans, policies: NewPolicies(plans, cacheSize), sched: o.Scheduler, inval: o.Invalidator, counters: o.Counters, announcer: o.Announcer, log: o.Archetype.Defaults().Logger}
 	ttl := o.CacheTTL
 	if ttl <= 0 {
 		ttl = DefaultCacheTTL
@@ -302,29 +312,10 @@ func (s *Service) record(ctx context.Context, tx *store.Store, old, t Tenant, re
 	if err != nil {
 		return head, err
 	}
-	return head, announce(ctx, tx, old, t, head)
-}
-
-// announce writes the tenant.limits_changed of a change from old to t, if its limits
-// moved: the operators' copy and the tenant's.
-func announce(ctx context.Context, tx *store.Store, old, t Tenant, head audit.Head) error {
-	a := audit.ActorOf(ctx)
-	c := outbox.LimitsChange{TenantID: t.ID, Before: outbox.LimitsOf(old), After: outbox.LimitsOf(t),
-		Audit: outbox.AuditRef{ID: head.ID, Hash: head.Hash}, At: t.UpdatedAt,
-		Actor:        outbox.ActorRef{Kind: string(a.Kind), Name: a.Name, Role: string(a.Role)},
-		ClaimedActor: a.ClaimedActor, Reason: a.Reason}
-	if len(c.Changed()) == 0 {
-		return nil
+	if s.announcer == nil {
+		return head, nil
 	}
-	op, own, err := outbox.Events{}.LimitsChanged(c)
-	if err != nil {
-		return err
-	}
-	if _, err := outbox.WriteEvent(ctx, tx, op); err != nil {
-		return err
-	}
-	_, err = outbox.WriteEvent(ctx, tx, own)
-	return err
+	return head, s.announcer.LimitsChanged(ctx, tx, old, t, head.ID, head.Hash)
 }
 
 // changed is what follows a committed change of t: the caches, the quota counters and
