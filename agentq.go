@@ -545,8 +545,8 @@ func (a *App) Agents() *runtime.Registry { return a.agents }
 // without the api role, that of its health, readiness and metrics endpoints.
 func (a *App) Addr() net.Addr { return a.api.Addr() }
 
-// ReloadKeys drops the API's cached API keys and tenants, so that the next request
-// reads them from Postgres (agentq serve does it on SIGHUP). Changes made through
+// ReloadKeys drops the API's cached API keys, tenants and admin credentials, so that
+// the next request reads them from Postgres (agentq serve does it on SIGHUP). Changes made through
 // the App, the admin API or `agentq admin` need no reload: every replica hears of
 // them. Without the api role it does nothing.
 func (a *App) ReloadKeys() {
