@@ -101,7 +101,11 @@ func (s *API) Mount(e *echo.Echo) {
 	read(http.MethodDelete, "/v1/webhooks/:id", s.deleteTenantWebhook)
 	read(http.MethodPost, "/v1/webhooks/:id/rotate", s.rotateTenantWebhookSecret)
 	read(http.MethodGet, "/v1/webhooks/:id/attempts", s.listTenantWebhookAttempts)
+	s.mountAdmin(e)
+}
 
+// mountAdmin registers the admin API's routes on e.
+func (s *API) mountAdmin(e *echo.Echo) {
 	// Every admin route is behind the role its entry in the role table (roles.go) names.
 	admin := func(method, path string, h echo.HandlerFunc) {
 		e.Add(method, "/v1/admin"+path, h, s.authAdmin, s.requireRole)
