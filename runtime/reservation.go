@@ -77,7 +77,7 @@ func (s *reservation) Reserve(ctx context.Context, period quotas.Period, tokens 
 	}
 	err := s.limits.ReserveStep(ctx, s.ofTenant(quotas.StepParams{Tokens: tokens, CostMicro: s.cost}), along...)
 	var try quotas.TokenAnswer
-	var tryErr error = errPoolStore
+	tryErr := errPoolStore // a pool not tried answers nothing
 	if tried != nil {
 		try, tryErr = tried()
 	}
