@@ -154,8 +154,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if a.agents == nil {
 		a.agents = runtime.NewRegistry()
 	}
-	if a.cfg.Has(config.RoleAPI) && a.cfg.AdminToken == "" {
-		a.log.Warn("AGENTQ_ADMIN_TOKEN is not set: the admin API refuses every request")
+	if a.cfg.Has(config.RoleAPI) && a.cfg.AdminToken == "" && len(a.cfg.AdminTokens) == 0 {
+		a.log.Warn("neither AGENTQ_ADMIN_TOKEN nor AGENTQ_ADMIN_TOKENS is set: the admin API accepts only stored credentials (agentq admin credentials create), and refuses every request without one")
 	}
 	plans, err := tenants.LoadCatalogue(a.cfg)
 	if err != nil {
@@ -210,7 +210,8 @@ func New(ctx context.Context, o Options) (*App, error) {
 	deps := services.Deps{
 		Pool: pool, Plans: a.plans, Redis: a.rdb, Keys: a.keys, Scheduler: a.sched,
 		Admission: a.admission, Agents: a.agents, Archetype: a.archetype,
-		Webhooks: webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
+		Webhooks:   webhooks.WebhooksOptions{AllowNets: a.cfg.WebhookAllowNets},
+		AdminToken: a.cfg.AdminToken, AdminTokens: a.cfg.AdminTokens,
 	}
 	tenantSvc := services.NewTenants(deps)
 	secret, _ := sealed.Secret(a.cfg.PanelSecret, a.cfg.AdminToken)
@@ -381,7 +382,8 @@ func (a *App) newAPI(pool *pgxpool.Pool, readStore *store.Store) *web.Server {
 		Postgres: pool, Queue: a.sched, Redis: a.rdb, Keys: a.keys, Plans: a.plans, Admission: a.admission,
 		Approvals: a.approvals,
 		Events:    outbox.NewFeed(a.store), Rejections: a.rejections, Usage: a.services.Usage, UpgradeURL: a.cfg.UpgradeURL,
-		AdminToken: a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
+		Credentials: a.services.Credentials,
+		AdminToken:  a.cfg.AdminToken, PanelSecret: a.cfg.PanelSecret, PanelFrameAncestors: a.cfg.PanelFrameAncestors,
 		Archetype:   a.archetype,
 		UsageExport: usage.NewRollups(readStore),
 		Operator: operator.New(operator.Deps{
@@ -544,8 +546,8 @@ func (a *App) Agents() *runtime.Registry { return a.agents }
 // without the api role, that of its health, readiness and metrics endpoints.
 func (a *App) Addr() net.Addr { return a.api.Addr() }
 
-// ReloadKeys drops the API's cached API keys and tenants, so that the next request
-// reads them from Postgres (agentq serve does it on SIGHUP). Changes made through
+// ReloadKeys drops the API's cached API keys, tenants and admin credentials, so that
+// the next request reads them from Postgres (agentq serve does it on SIGHUP). Changes made through
 // the App, the admin API or `agentq admin` need no reload: every replica hears of
 // them. Without the api role it does nothing.
 func (a *App) ReloadKeys() {

@@ -8,6 +8,11 @@ import "github.com/agentq/agentq/internal/config"
 // default (go doc github.com/agentq/agentq/internal/config.Config lists them).
 type Config = config.Config
 
+// AdminCredential is a named admin credential of Config.AdminTokens: a name, a role
+// (agentqtype.RoleAdmin, RoleOperator, RoleFinance or RoleViewer) and its bearer token.
+// Printed or logged it shows its name and role, never the token.
+type AdminCredential = config.AdminCredential
+
 // ConfigError is a configuration New refuses (Config.Validate reports the first);
 // Field names the Config field.
 type ConfigError = config.Error

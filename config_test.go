@@ -159,6 +159,11 @@ func TestConfigDocumentsEveryDefault(t *testing.T) {
 			if len(v) != 0 {
 				t.Errorf("Config.%s: default %v, the doc says none", f.Name, v)
 			}
+		case []agentq.AdminCredential:
+			want = "none"
+			if len(v) != 0 {
+				t.Errorf("Config.%s: default %v, the doc says none", f.Name, v)
+			}
 		case *float64:
 			want = "nil"
 			if v != nil {

@@ -57,31 +57,53 @@ var (
 	errPoolStore  = errors.New("the model pool's store is unreachable")
 )
 
-// Reserve reserves a step estimated at tokens, in period: first against the tenant's
-// period quotas and tokens per minute (along ride in that round trip, on its pipe),
-// then, once those passed, from the pool. The pool is asked only for a step that may
-// run: a step its own limits hold back takes no place in the pool's line, no request
-// and no tokens of it, and waits the longer of its own wait and the pool's.
+// Reserve reserves a step estimated at tokens, in period, against the tenant's period
+// quotas and tokens per minute and, when the agent is bound to a model pool, the pool.
+// The pool is tried in the same round trip (along ride in it too, on its pipe): an
+// uncontended pool costs no round trip of its own. The pool's line is taken only by
+// a step that may run: a try takes no place unless granted, a grant to a step its
+// own limits hold back is given back at once, and a step that may run but was not
+// granted asks the pool again, taking its place. A held-back step waits the longer
+// of its own wait and the pool's.
 //
 // It returns nil when the step holds its reservation; a *quotas.QuotaExceeded; a
 // *quotas.CapacityWait, holding nothing; or an error wrapping errQuotaStore or
 // errPoolStore, holding nothing: money and token quotas fail closed.
 func (s *reservation) Reserve(ctx context.Context, period quotas.Period, tokens int64, along ...func(redis.Pipeliner)) error {
 	s.period, s.tokens, s.held = period, tokens, 0
+	var tried func() (quotas.TokenAnswer, error)
+	if s.bound {
+		along = append(along, func(pipe redis.Pipeliner) { tried = s.limits.TryPool(ctx, pipe, s.poolParams()) })
+	}
 	err := s.limits.ReserveStep(ctx, s.ofTenant(quotas.StepParams{Tokens: tokens, CostMicro: s.cost}), along...)
+	var try quotas.TokenAnswer
+	tryErr := errPoolStore // a pool not tried answers nothing
+	if tried != nil {
+		try, tryErr = tried()
+	}
+	if err != nil && tryErr == nil && try.Granted {
+		s.held = holdsPool
+		s.Refund(ctx) // the step does not run: the pool's grant goes back
+	}
 	var qe *quotas.QuotaExceeded
 	var wait *quotas.CapacityWait
 	switch {
 	case errors.As(err, &qe):
 		return err
 	case errors.As(err, &wait):
-		wait.Wait = s.longerWait(ctx, wait.Wait)
+		if tryErr == nil && !try.Granted {
+			wait.Wait = max(wait.Wait, try.Wait)
+		}
 		return err
 	case err != nil:
 		return fmt.Errorf("%w: %w", errQuotaStore, err)
 	}
 	s.held = holdsQuota
 	if !s.bound {
+		return nil
+	}
+	if tryErr == nil && try.Granted {
+		s.held |= holdsPool
 		return nil
 	}
 	ans, err := s.limits.ReservePool(ctx, s.poolParams())
@@ -98,23 +120,6 @@ func (s *reservation) Reserve(ctx context.Context, period quotas.Period, tokens 
 		reason = s.pool.Pool.ThrottleReason() // the tenant is held back after a refusal
 	}
 	return &quotas.CapacityWait{Reason: reason, Wait: ans.Wait}
-}
-
-// longerWait is the wait of a step its own limits hold back for wait: the pool's,
-// when the agent is bound to one that expects its tokens later (read without taking
-// a place in its line), else its own. A pool that cannot be asked leaves its own. The
-// reason stays the tenant's own limit either way: the step did not get as far as the
-// pool, so the wait is not the pool's to answer for (a commitment on pool waits
-// judges none of it).
-func (s *reservation) longerWait(ctx context.Context, wait time.Duration) time.Duration {
-	if !s.bound {
-		return wait
-	}
-	pw, err := s.limits.PoolWait(ctx, s.poolParams())
-	if err != nil || pw <= wait {
-		return wait
-	}
-	return pw
 }
 
 // Settle books a recorded step's use against what it holds, the pool's and the

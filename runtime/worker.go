@@ -89,12 +89,14 @@ type Limits interface {
 	SettleStep(ctx context.Context, pipe redis.Pipeliner, p quotas.StepParams) error
 	Release(ctx context.Context, pipe redis.Pipeliner, tenantID, taskID string) (int, error)
 	TouchLease(ctx context.Context, tenantID, taskID string) error
-	// ReservePool, SettlePool, GiveBackPool and ThrottlePool draw a step's tokens
-	// from its agent's model pool (see quotas.PoolBinding). The worker asks the pool
-	// once the step's own reservation (ReserveStep) passed; a step its own limits hold
-	// back asks the pool's wait alone (PoolWait), taking no place in its line.
+	// TryPool, ReservePool, SettlePool, GiveBackPool and ThrottlePool draw a step's
+	// tokens from its agent's model pool (see quotas.PoolBinding). A try rides in the
+	// round trip of the step's own reservation (ReserveStep) and takes no place in the
+	// pool's line unless granted; a grant is given back when the step's own limits
+	// hold it back, and a step that may run but was not granted asks (ReservePool),
+	// taking its place. The try's answer is there once the pipe has run.
+	TryPool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) func() (quotas.TokenAnswer, error)
 	ReservePool(ctx context.Context, p quotas.PoolReserveParams) (quotas.TokenAnswer, error)
-	PoolWait(ctx context.Context, p quotas.PoolReserveParams) (time.Duration, error)
 	SettlePool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolSettleParams) (int64, error)
 	GiveBackPool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolSettleParams) (int64, error)
 	ThrottlePool(ctx context.Context, p quotas.PoolThrottleParams) (quotas.PoolThrottle, error)

@@ -37,7 +37,7 @@ func newAuditFixture(t *testing.T) *auditFixture {
 		Tenants: f.Svc.Tenants, APIKeys: f.Svc.Keys, Tasks: f.Svc.Tasks, HTTPAgents: f.Svc.Agents,
 		Pools: f.Svc.Pools, Audit: f.Svc.Audit, Webhooks: f.Svc.Webhooks, Events: f.Svc.Events, Postgres: f.Pool,
 		Queue: f.Scheduler, Redis: f.Redis, Keys: f.Keys, Admission: f.Admission, AdminToken: f.AdminToken,
-		Archetype: f.Arch, Approvals: signer,
+		Archetype: f.Arch, Approvals: signer, Credentials: f.Svc.Credentials,
 	})
 	return &auditFixture{serverFixture: f}
 }
@@ -69,7 +69,7 @@ func (f *auditFixture) send(method, path, token, body string, h map[string]strin
 func (f *auditFixture) keep(body []byte) {
 	var m map[string]any
 	_ = json.Unmarshal(body, &m)
-	for _, k := range []string{"key", "secret", "signing_secret"} {
+	for _, k := range []string{"key", "secret", "signing_secret", "token"} {
 		if s, ok := m[k].(string); ok && s != "" {
 			f.secrets = append(f.secrets, s)
 			if _, secret, ok := strings.Cut(strings.TrimPrefix(s, "aq_"), "_"); ok && k == "key" {
@@ -149,6 +149,9 @@ func TestEveryAdminWriteIsAudited(t *testing.T) {
 		{"DELETE /v1/admin/agents/{name}", "/v1/admin/agents/scorer", "", "agent.delete"},
 		{"POST /v1/admin/audit/{id}/revert", "/v1/admin/audit/{weightRow}/revert", "", "tenant.revert"},
 		{"DELETE /v1/admin/keys/{kid}", "/v1/admin/keys/{kid}", "", "key.revoke"},
+		{"POST /v1/admin/credentials", "/v1/admin/credentials", `{"name":"deploy","role":"operator"}`, "credential.create"},
+		{"POST /v1/admin/credentials/{name}/rotate", "/v1/admin/credentials/deploy/rotate", "", "credential.rotate"},
+		{"DELETE /v1/admin/credentials/{name}", "/v1/admin/credentials/deploy", "", "credential.revoke"},
 	}
 	driven := map[string]bool{}
 	for _, w := range writes {

@@ -35,7 +35,7 @@ func newServerFixture(t *testing.T) *serverFixture {
 	s := New(Deps{
 		Tenants: env.Svc.Tenants, APIKeys: env.Svc.Keys, Tasks: env.Svc.Tasks, HTTPAgents: env.Svc.Agents,
 		Pools: env.Svc.Pools, Audit: env.Svc.Audit, Postgres: env.Pool, Queue: env.Scheduler, Redis: env.Redis, Keys: env.Keys,
-		Admission: env.Admission, AdminToken: env.AdminToken, Archetype: env.Arch,
+		Admission: env.Admission, Credentials: env.Svc.Credentials, AdminToken: env.AdminToken, Archetype: env.Arch,
 	})
 	return &serverFixture{Env: env, t: t, s: s, admin: env.AdminToken}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/agentq/agentq/internal/approval"
 	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/pools"
@@ -79,7 +80,10 @@ type Deps struct {
 	// Operator reads the operator view (/panel/admin); nil: the view answers 503.
 	Operator   *operator.Service
 	UpgradeURL string
-	AdminToken string
+	// Credentials resolves the admin API's and the operator view's tokens and manages
+	// the stored credentials; nil: AdminToken is the only credential (tests, tools).
+	Credentials *credentials.Service
+	AdminToken  string
 	// PanelSecret signs the tenant panel's links; "" derives the key from AdminToken,
 	// or, without one, from random bytes (links then end with the process).
 	PanelSecret string
@@ -143,8 +147,8 @@ func New(d Deps) *Server {
 }
 
 // buildParts builds the API, the panel and the operator view from d. The admin API and
-// the operator view's sign-in share one admin token guard, so wrong tokens sent to
-// either count in one bucket per address.
+// the operator view's sign-in share one admin credential guard, so wrong tokens sent
+// to either count in one bucket per address.
 func (s *Server) buildParts(d Deps) {
 	secret, ephemeral := panellink.Secret(d.PanelSecret, d.AdminToken)
 	if ephemeral && d.Tenants != nil {
@@ -154,18 +158,21 @@ func (s *Server) buildParts(d Deps) {
 	if err != nil {
 		panic(err) // the secret is never empty
 	}
-	admin := adminauth.New(d.AdminToken, d.Admission)
+	if s.Credentials == nil {
+		s.Credentials = credentials.New(nil, credentials.Options{Bootstrap: d.AdminToken})
+	}
+	admin := adminauth.New(s.Credentials, d.Admission)
 	s.api = api.New(api.Deps{
 		Tenants: d.Tenants, APIKeys: d.APIKeys, Tasks: d.Tasks, HTTPAgents: d.HTTPAgents, Pools: d.Pools, Audit: d.Audit,
 		Queue: d.Queue, Redis: d.Redis, Keys: d.Keys, Plans: s.Plans, Admission: d.Admission, Events: d.Events,
 		Rejections: d.Rejections, Webhooks: d.Webhooks, Usage: d.Usage, UsageExport: d.UsageExport,
-		UpgradeURL: d.UpgradeURL, AdminAuth: admin, PanelLinks: links, Logger: s.log, Closing: s.closing,
+		UpgradeURL: d.UpgradeURL, Credentials: s.Credentials, AdminAuth: admin, PanelLinks: links, Logger: s.log, Closing: s.closing,
 	})
 	s.panel = panel.New(panel.Deps{
 		API: s.api, Tenants: d.Tenants, Tasks: d.Tasks, Admission: d.Admission, Links: links,
 		Approvals: d.Approvals, FrameAncestors: d.PanelFrameAncestors, Logger: s.log,
 	})
-	s.operator = operatorview.New(operatorview.Deps{AdminAuth: admin, Operator: d.Operator, Now: s.arch.Clock})
+	s.operator = operatorview.New(operatorview.Deps{AdminAuth: admin, Operator: d.Operator, Tenants: d.Tenants, Now: s.arch.Clock})
 }
 
 // Handler is the server as an http.Handler (tests, embedding).
@@ -256,12 +263,12 @@ func (s *Server) Addr() net.Addr {
 	return s.addr
 }
 
-// CacheListener is the service that drops this replica's cached keys and tenants when
-// another replica changes them (the Redis pub/sub invalidation channel). Without it a
+// CacheListener is the service that drops this replica's cached keys, tenants and
+// admin credentials when another replica changes them (the Redis pub/sub invalidation channel). Without it a
 // change reaches this replica within the cache TTL.
 func (s *Server) CacheListener() startstop.Service { return s.listener }
 
-// cacheListener listens for key and tenant changes made by other replicas.
+// cacheListener listens for key, tenant and credential changes made by other replicas.
 type cacheListener struct {
 	startstop.BaseStartStop
 	s *Server
@@ -297,12 +304,13 @@ func (l *cacheListener) Start(ctx context.Context) error {
 	return nil
 }
 
-// ReloadKeys drops every cached key and tenant (SIGHUP), so the next request reads
-// them from Postgres. Limit windows live in Redis under each key's kid, so keys that
+// ReloadKeys drops every cached key, tenant and admin credential (SIGHUP), so the next
+// request reads them from Postgres. Limit windows live in Redis under each key's kid, so keys that
 // remain keep their live windows; revoked keys' state was dropped at revocation.
 func (s *Server) ReloadKeys() {
 	s.APIKeys.ForgetAll()
 	s.Tenants.ForgetAll()
+	s.Credentials.Forget()
 }
 
 // invalidateLocal applies another process's change message to this one's caches.
@@ -312,6 +320,8 @@ func (s *Server) invalidateLocal(msg string) {
 		s.APIKeys.Forget(id)
 	case services.TenantChanged:
 		s.Tenants.Forget(id)
+	case services.CredentialChanged:
+		s.Credentials.Forget() // few and cached by token hash: drop them all
 	}
 }
 

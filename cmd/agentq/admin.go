@@ -23,6 +23,7 @@ import (
 	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/pools"
@@ -59,6 +60,9 @@ type adminEnv struct {
 	// tasks is nil without Redis: a resume takes a session lease and queues the
 	// task there.
 	tasks *tasks.Service
+	// credentials are the admin credentials: the environment's, listed, and the
+	// stored ones, managed.
+	credentials *credentials.Service
 }
 
 // adminServices builds the admin commands' services. With Redis, a changed key or
@@ -66,7 +70,7 @@ type adminEnv struct {
 // as through the admin API; without it (rdb nil), servers see changes within a second
 // and the limit state expires on its own.
 func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.UniversalClient, rk rkeys.Keys,
-	allowNets []netip.Prefix) adminEnv {
+	allowNets []netip.Prefix, admins envAdmins) adminEnv {
 	// The command's own logger, as set up by main, gets the services' warnings; the
 	// runtime's registry names the built-in agent, which a pool may be bound to.
 	arch := &baseservice.Archetype{Logger: slog.Default()}
@@ -75,9 +79,17 @@ func adminServices(pool *pgxpool.Pool, plans *quotas.Catalogue, rdb redis.Univer
 		guard = admission.NewGuard(admission.New(rdb, rk, nil, admission.Options{}), admission.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
 	}
 	svc := services.New(services.Deps{Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Agents: runtime.NewRegistry(),
-		Admission: guard, Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: arch})
+		Admission: guard, Webhooks: webhooks.WebhooksOptions{AllowNets: allowNets}, Archetype: arch,
+		AdminToken: admins.token, AdminTokens: admins.tokens})
 	return adminEnv{tenants: svc.Tenants, apiKeys: svc.Keys, events: svc.Events, webhooks: svc.Webhooks, usage: svc.Usage,
-		pools: svc.Pools, tasks: svc.Tasks, audit: svc.Audit}
+		pools: svc.Pools, tasks: svc.Tasks, credentials: svc.Credentials, audit: svc.Audit}
+}
+
+// envAdmins are the admin credentials the environment defines: the CLI lists them,
+// and refuses to create, rotate or revoke them.
+type envAdmins struct {
+	token  string
+	tokens []config.AdminCredential
 }
 
 // adminOpener connects the admin commands to a deployment; withRedis asks for Redis
@@ -115,7 +127,8 @@ func openAdminEnv(ctx context.Context, withRedis bool) (adminEnv, func(), error)
 			closeAll = func() { _ = c.Close(); pool.Close() }
 		}
 	}
-	return adminServices(pool, plans, rdb, rkeys.New(cfg.RedisPrefix, cfg.Shards), cfg.WebhookAllowNets), closeAll, nil
+	return adminServices(pool, plans, rdb, rkeys.New(cfg.RedisPrefix, cfg.Shards), cfg.WebhookAllowNets,
+		envAdmins{token: cfg.AdminToken, tokens: cfg.AdminTokens}), closeAll, nil
 }
 
 // adminCmd manages tenants and keys directly in Postgres (no server needed). Running
@@ -130,7 +143,7 @@ type adminEnvRunner = func(ctx context.Context, withRedis bool, f func(adminEnv)
 // Tenants and keys are created and changed through the tenant and key services, so the
 // CLI refuses exactly what the admin API refuses.
 func newAdminCmd(open adminOpener) *cobra.Command {
-	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants, API keys, webhook endpoints and model pools in Postgres"}
+	cmd := &cobra.Command{Use: "admin", Short: "Manage tenants, API keys, webhook endpoints, model pools and admin credentials in Postgres"}
 	var reason string
 	cmd.PersistentFlags().StringVar(&reason, "reason", "", "why you make this change: kept in the audit log with it")
 	withEnv := func(ctx context.Context, withRedis bool, f func(adminEnv) error) error {
@@ -151,6 +164,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
 	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv), taskResumeCommand(withEnv), auditCommands(withEnv))
+	cmd.AddCommand(credentialCommands(withEnv))
 	return cmd
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
+	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tenants"
@@ -45,6 +46,7 @@ func newAdminHarness(t *testing.T) adminHarness {
 	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.AdminToken = "admin-" + testenv.ID()
+	cfg.AdminTokens = []agentq.AdminCredential{{Name: "ci", Role: agentqtype.RoleOperator, Token: "ci-" + testenv.ID()}}
 	cfg.RedisPrefix = keys.Prefix()
 	cfg.Roles = []string{agentq.RoleAPI}
 	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -88,7 +90,7 @@ func newAdminHarness(t *testing.T) adminHarness {
 		if withRedis {
 			r = rdb
 		}
-		return adminServices(pool, plans, r, keys, nil), func() {}, nil
+		return adminServices(pool, plans, r, keys, nil, envAdmins{token: cfg.AdminToken, tokens: cfg.AdminTokens}), func() {}, nil
 	}
 	cli := func(args ...string) (string, error) {
 		t.Helper()

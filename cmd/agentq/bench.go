@@ -227,7 +227,7 @@ func tokensBenchCmd(asJSON *bool) *cobra.Command {
 	f.BoolVar(&server, "server", true, "also run the scenarios that need a server (Postgres at DATABASE_URL)")
 	f.IntVar(&e.OtherTasks, "other-tasks", 60, "the other tenant's tasks (one 200 ms step) beside the parked one")
 	f.IntVar(&e.OverheadTasks, "overhead-tasks", 2000, "one-step tasks in each run of the pool-overhead pairs")
-	f.IntVar(&e.OverheadPairs, "overhead-pairs", 4, "pairs of runs, with and without a pool (in alternating order)")
+	f.IntVar(&e.OverheadPairs, "overhead-pairs", 8, "pairs of runs, with and without a pool (in alternating order)")
 	f.Int64Var(&o.PoolTokensPerMinute, "pool-tokens-per-minute", 6_000_000, "the pool's configured rate")
 	f.Int64Var(&o.PoolBurstTokens, "pool-burst", 500_000, "the pool's burst in tokens")
 	f.IntVar(&o.Workers, "workers", 8, "simulated workers per flooding tenant")

@@ -118,7 +118,7 @@ func run(ctx context.Context, o agentq.Options, started func(*agentq.App) error)
 			done = true
 		case <-hup:
 			app.ReloadKeys()
-			o.Logger.Info("SIGHUP: key and tenant caches reloaded")
+			o.Logger.Info("SIGHUP: key, tenant and admin credential caches reloaded")
 		}
 	}
 	o.Logger.Info("shutting down", "timeout", o.Config.ShutdownTimeout)

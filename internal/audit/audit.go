@@ -61,6 +61,7 @@ const (
 	KindWebhook    = "webhook"
 	KindPanelLinks = "panel_links" // a tenant's panel links; its id is the tenant's
 	KindTask       = "task"
+	KindCredential = "credential" // an admin credential; its id is its name
 )
 
 // Entry is one change to record.

@@ -96,7 +96,7 @@ type Page struct {
 }
 
 // kinds are the kinds of object rows name.
-var kinds = []string{KindTenant, KindKey, KindAgent, KindBinding, KindPool, KindWebhook, KindPanelLinks, KindTask}
+var kinds = []string{KindTenant, KindKey, KindAgent, KindBinding, KindPool, KindWebhook, KindPanelLinks, KindTask, KindCredential}
 
 // List returns a page of the log, newest first. A bad parameter is an
 // *agentqtype.InvalidError.

@@ -156,3 +156,16 @@ func timeOf(t *time.Time) *time.Time {
 	u := rowTime(*t)
 	return &u
 }
+
+// CredentialState is an admin credential: its role, its token masked.
+type CredentialState struct {
+	Role      string     `json:"role"`
+	Token     string     `json:"token"`
+	RotatedAt *time.Time `json:"rotated_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+// Credential is c's state.
+func Credential(c store.AdminCredential) *CredentialState {
+	return &CredentialState{Role: string(c.Role), Token: Mask, RotatedAt: timeOf(c.RotatedAt), RevokedAt: timeOf(c.RevokedAt)}
+}

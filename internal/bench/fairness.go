@@ -184,6 +184,7 @@ func (b *fairBench) start(ctx context.Context, shards int) (*benchEnv, error) {
 	}
 	cfg := agentq.DefaultConfig()
 	cfg.Roles = []string{agentq.RoleWorker}
+	cfg.HTTPAddr = "127.0.0.1:0" // its health and metrics listener: never a port in use
 	cfg.RedisPrefix = "bench" + id + ":"
 	cfg.Shards = shards
 	cfg.WorkerConcurrency = b.o.Concurrency

@@ -60,9 +60,15 @@ type Config struct {
 	// usage export and the operator view. DATABASE_REPLICA_URL, default ""
 	// (DatabaseURL).
 	ReplicaDatabaseURL string
-	// AdminToken is the bearer token of the admin API; empty refuses every admin
-	// request. AGENTQ_ADMIN_TOKEN, default "".
+	// AdminToken is the bootstrap admin credential: the bearer token of the
+	// credential named "admin", with the admin role. AGENTQ_ADMIN_TOKEN, default ""
+	// (none: the admin API then accepts only AdminTokens and the credentials stored in
+	// Postgres, and refuses everything when there are none).
 	AdminToken string
+	// AdminTokens are named admin credentials with their roles, each a bearer token of
+	// the admin API and of the operator view's sign-in. AGENTQ_ADMIN_TOKENS, as
+	// name:role:token entries separated by commas, default none.
+	AdminTokens []AdminCredential
 	// RedisPrefix starts every Redis key of the deployment, so that several can
 	// share one Redis. AGENTQ_REDIS_PREFIX, default "aq:".
 	RedisPrefix string
@@ -206,6 +212,13 @@ func FromEnv() (Config, error) {
 	str("AGENTQ_LEADER_DATABASE_URL", &c.LeaderDatabaseURL)
 	str("DATABASE_REPLICA_URL", &c.ReplicaDatabaseURL)
 	str("AGENTQ_ADMIN_TOKEN", &c.AdminToken)
+	if v := os.Getenv("AGENTQ_ADMIN_TOKENS"); v != "" {
+		creds, err := ParseAdminTokens(v)
+		if err != nil {
+			errs = append(errs, err.Error())
+		}
+		c.AdminTokens = creds
+	}
 	str("AGENTQ_REDIS_PREFIX", &c.RedisPrefix)
 	str("AGENTQ_PLANS_FILE", &c.PlansFile)
 	str("AGENTQ_UPGRADE_URL", &c.UpgradeURL)
@@ -329,6 +342,9 @@ func (c Config) Check(haveRedis, havePool bool) error {
 		}
 	}
 	if err := c.checkApprovalLinks(); err != nil {
+		return err
+	}
+	if err := c.checkAdminTokens(); err != nil {
 		return err
 	}
 	// The URLs are parsed as the connections will parse them; the parsers' errors

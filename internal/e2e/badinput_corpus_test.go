@@ -372,6 +372,12 @@ func corpus(task, kid string) []hostile {
 		hostile{name: "operator login form: control character in the query", method: "GET", path: "/panel/admin/login?x=%07", status: inv, code: ir},
 		hostile{name: "operator login: NUL in the query", method: "POST", path: "/panel/admin/login?%00=1", status: inv, code: ir},
 		hostile{name: "operator logout: invalid UTF-8 in the query", method: "POST", path: "/panel/admin/logout?x=%FF", status: inv, code: ir},
+		hostile{name: "operator tenant status: NUL in the id", method: "POST", path: "/panel/admin/tenants/%00/status", status: inv, code: ir},
+		hostile{name: "list credentials: tenant key", method: "GET", path: "/v1/admin/credentials", auth: "key", status: un, code: ua},
+		hostile{name: "create credential: upper-case name", method: "POST", path: "/v1/admin/credentials", auth: "admin", body: `{"name":"Deploy","role":"operator"}`, status: inv, code: ir},
+		hostile{name: "create credential: unknown role", method: "POST", path: "/v1/admin/credentials", auth: "admin", body: `{"name":"deploy","role":"root"}`, status: inv, code: ir},
+		hostile{name: "rotate credential: none by that name", method: "POST", path: "/v1/admin/credentials/nobody/rotate", auth: "admin", status: nf, code: nfc},
+		hostile{name: "revoke credential: invalid UTF-8 name", method: "DELETE", path: "/v1/admin/credentials/%FF", auth: "admin", status: inv, code: ir},
 		hostile{name: "operator stylesheet: NUL in the query", method: "GET", path: "/panel/admin/assets/operator.css?v=%00", status: inv, code: ir},
 		hostile{name: "operator script: semicolon query", method: "GET", path: "/panel/admin/assets/operator.js?a=1;b=2", status: inv, code: ir},
 

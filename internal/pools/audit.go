@@ -22,8 +22,10 @@ const (
 	actionBindingDelete = "binding.delete"
 )
 
-func poolObject(name string) audit.Object    { return audit.Object{Kind: audit.KindPool, ID: name} }
-func bindingObject(agent string) audit.Object { return audit.Object{Kind: audit.KindBinding, ID: agent} }
+func poolObject(name string) audit.Object { return audit.Object{Kind: audit.KindPool, ID: name} }
+func bindingObject(agent string) audit.Object {
+	return audit.Object{Kind: audit.KindBinding, ID: agent}
+}
 
 // lockPool is pool name's state, locked; nil when there is none.
 func lockPool(ctx context.Context, tx *store.Store, name string) (*audit.PoolState, error) {

@@ -189,8 +189,8 @@ func (k Keys) CancelChannel() string { return k.prefix + "cancel" }
 // TaskEvents is the pub/sub channel of one task's progress messages.
 func (k Keys) TaskEvents(taskID string) string { return k.prefix + "ev:" + taskID }
 
-// KeysChangedChannel is the pub/sub channel carrying KeyChanged and TenantChanged
-// messages: whose cached API key or tenant to drop.
+// KeysChangedChannel is the pub/sub channel carrying KeyChanged, TenantChanged and
+// CredentialChanged messages: whose cached API key, tenant or admin credential to drop.
 func (k Keys) KeysChangedChannel() string { return k.prefix + "keys" }
 
 // KeyChanged is the KeysChangedChannel message of an API key that changed.
@@ -198,6 +198,14 @@ func KeyChanged(kid string) string { return "k:" + kid }
 
 // TenantChanged is the KeysChangedChannel message of a tenant that changed.
 func TenantChanged(tenant string) string { return "t:" + tenant }
+
+// CredentialChanged is the KeysChangedChannel message of an admin credential that
+// changed (rotated or revoked).
+func CredentialChanged(name string) string { return "c:" + name }
+
+// ParseCredentialChanged reads a KeysChangedChannel message of an admin credential:
+// its name, and whether the message is one.
+func ParseCredentialChanged(msg string) (name string, ok bool) { return strings.CutPrefix(msg, "c:") }
 
 // ParseChanged reads a KeysChangedChannel message: the kid or the tenant id it names
 // (the other is ""); neither for a message of another kind.

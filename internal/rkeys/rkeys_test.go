@@ -67,6 +67,16 @@ func TestChangedMessages(t *testing.T) {
 	if kid, tenant := rkeys.ParseChanged("1"); kid != "" || tenant != "" {
 		t.Fatalf("unknown message read as %q %q", kid, tenant)
 	}
+	msg := rkeys.CredentialChanged("ops")
+	if kid, tenant := rkeys.ParseChanged(msg); kid != "" || tenant != "" {
+		t.Fatalf("credential message read as key %q or tenant %q", kid, tenant)
+	}
+	if name, ok := rkeys.ParseCredentialChanged(msg); !ok || name != "ops" {
+		t.Fatalf("credential message read as %q %v", name, ok)
+	}
+	if _, ok := rkeys.ParseCredentialChanged(rkeys.KeyChanged("ops")); ok {
+		t.Fatal("a key message read as a credential's")
+	}
 }
 
 // Fields a script matches by prefix must start with the prefix it is given, and the

@@ -1,7 +1,8 @@
 // Package services assembles the domain services (tenants, API keys, tasks, HTTP
-// agents, model pools, webhook endpoints) over one Postgres pool and, when given, one Redis, the same way for every
-// caller: the library, the HTTP API and the CLI. It also owns the change messages
-// through which a process that changed a key or a tenant tells the others' caches.
+// agents, model pools, webhook endpoints, admin credentials) over one Postgres pool
+// and, when given, one Redis, the same way for every caller: the library, the HTTP
+// API and the CLI. It also owns the change messages through which a process that
+// changed a key, a tenant or an admin credential tells the others' caches.
 package services
 
 import (
@@ -17,6 +18,8 @@ import (
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
+	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -73,6 +76,10 @@ type Deps struct {
 	// (their admission); nil: the defaults. It is the webhook service's too when
 	// Webhooks names none.
 	Archetype *baseservice.Archetype
+	// AdminToken and AdminTokens are the admin credentials the environment defines
+	// (AGENTQ_ADMIN_TOKEN, AGENTQ_ADMIN_TOKENS); the others are stored.
+	AdminToken  string
+	AdminTokens []config.AdminCredential
 }
 
 // NewTenants returns the tenants service New builds on d. A caller that needs the
@@ -91,11 +98,13 @@ type base struct {
 	live    *capacity.Pools  // the pools' live state; nil without Redis
 	tenants tenants.Options
 	keys    keys.Options
+	creds   credentials.Options
 }
 
 func (d Deps) base(st *store.Store) base {
 	b := base{sched: d.Scheduler, keys: keys.Options{Archetype: d.Archetype},
-		tenants: tenants.Options{Archetype: d.Archetype, Announcer: outbox.LimitsAnnouncer{}}}
+		tenants: tenants.Options{Archetype: d.Archetype, Announcer: outbox.LimitsAnnouncer{}},
+		creds:   credentials.Options{Bootstrap: d.AdminToken, Env: d.AdminTokens, Archetype: d.Archetype}}
 	if b.sched == nil && d.Redis != nil {
 		b.sched = scheduler.New(d.Redis, d.Keys, scheduler.Options{})
 	}
@@ -104,7 +113,7 @@ func (d Deps) base(st *store.Store) base {
 	}
 	if d.Redis != nil {
 		pub := &Publisher{Redis: d.Redis, Keys: d.Keys}
-		b.tenants.Invalidator, b.keys.Invalidator = pub, pub
+		b.tenants.Invalidator, b.keys.Invalidator, b.creds.Invalidator = pub, pub, pub
 	}
 	switch {
 	case d.Admission != nil:
@@ -136,6 +145,8 @@ type Services struct {
 	// Pools manages the model pools and the agents bound to them; its Binding is the
 	// workers' per-step lookup.
 	Pools *pools.Service
+	// Credentials are the admin credentials: the environment's and the stored ones.
+	Credentials *credentials.Service
 	// Audit reads, verifies and reverts the audit log the other services append to.
 	Audit *audit.Log
 }
@@ -146,10 +157,11 @@ func New(d Deps) *Services {
 	events := outbox.NewFeed(st)
 	b := d.base(st)
 	s := &Services{
-		Tenants: d.Tenants,
-		Keys:    keys.New(st, b.keys),
-		Events:  events,
-		Usage:   usage.NewRollups(st),
+		Tenants:     d.Tenants,
+		Keys:        keys.New(st, b.keys),
+		Events:      events,
+		Usage:       usage.NewRollups(st),
+		Credentials: credentials.New(st, b.creds),
 	}
 	if s.Tenants == nil {
 		s.Tenants = tenants.New(st, d.Plans, b.tenants)
@@ -208,10 +220,12 @@ const (
 	NoChange Change = iota
 	KeyChanged
 	TenantChanged
+	CredentialChanged
 )
 
-// Publisher tells the other processes' caches, on Keys.KeysChangedChannel, that a key
-// or a tenant changed. It is the key and tenant services' Invalidator.
+// Publisher tells the other processes' caches, on Keys.KeysChangedChannel, that a key,
+// a tenant or an admin credential changed. It is the key, tenant and credential
+// services' Invalidator.
 type Publisher struct {
 	Redis redis.UniversalClient
 	Keys  rkeys.Keys
@@ -227,9 +241,18 @@ func (p *Publisher) InvalidateTenant(ctx context.Context, id string) error {
 	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), rkeys.TenantChanged(id)).Err()
 }
 
+// InvalidateCredential publishes that admin credential name changed.
+func (p *Publisher) InvalidateCredential(ctx context.Context, name string) error {
+	return p.Redis.Publish(ctx, p.Keys.KeysChangedChannel(), rkeys.CredentialChanged(name)).Err()
+}
+
 // ParseChange reads a message of Keys.KeysChangedChannel: what changed and its id
-// (the kid or the tenant id), or NoChange for a message it does not know.
+// (the kid, the tenant id or the credential's name), or NoChange for a message it
+// does not know.
 func ParseChange(msg string) (Change, string) {
+	if name, ok := rkeys.ParseCredentialChanged(msg); ok {
+		return CredentialChanged, name
+	}
 	switch kid, tenant := rkeys.ParseChanged(msg); {
 	case kid != "":
 		return KeyChanged, kid

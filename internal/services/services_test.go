@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/services"
 	"github.com/agentq/agentq/internal/tenants"
@@ -45,10 +47,16 @@ func TestChangesArePublished(t *testing.T) {
 	if _, err := svc.Keys.Revoke(ctx, k.Kid); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := svc.Credentials.Create(ctx, credentials.CreateParams{Name: "ops", Role: agentqtype.RoleOperator}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Credentials.Revoke(ctx, credentials.RevokeParams{Name: "ops"}); err != nil {
+		t.Fatal(err)
+	}
 	want := []struct {
 		what services.Change
 		id   string
-	}{{services.TenantChanged, "acme"}, {services.KeyChanged, k.Kid}}
+	}{{services.TenantChanged, "acme"}, {services.KeyChanged, k.Kid}, {services.CredentialChanged, "ops"}, {services.CredentialChanged, "ops"}}
 	ch := sub.Channel()
 	for _, w := range want {
 		select {

@@ -176,12 +176,14 @@ func scopedCalls(fx fixture) []scopedCall {
 }
 
 // unprefixedGlobal are the exported calls that hold no tenant's data: the
-// connection, the deployment's HTTP agents, its model pools and their bindings, and
-// the addresses its API processes advertise.
+// connection, the deployment's HTTP agents, its model pools and their bindings, the
+// addresses its API processes advertise, and its admin credentials.
 var unprefixedGlobal = []string{"Pool", "Ping", "InTx", "PutAgent", "RotateAgentSecret", "GetAgent", "ListAgents", "DeleteAgent",
 	"PutPool", "GetPool", "ListPools", "DeletePool", "PutAgentPool", "GetAgentPool", "ListAgentPools", "ListPoolAgents",
 	"GetAgentBinding", "DeleteAgentPool", "AdvertiseAPIAddress", "NewestAPIAddress",
-	"LockAgent", "SetAgentSettings", "LockPool", "LockAgentPool"}
+	"LockAgent", "SetAgentSettings", "LockPool", "LockAgentPool",
+	"CreateCredential", "GetCredential", "CredentialByHash", "ListCredentials", "AnyLiveCredential", "RotateCredential",
+	"RevokeCredential"}
 
 // fixture is data of tenant acme the scoped calls name.
 type fixture struct {

@@ -3,10 +3,12 @@ package telemetry
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func TestExportOnlyWhenAsked(t *testing.T) {
@@ -60,6 +62,39 @@ func TestChildrenOnlyAndTraceParent(t *testing.T) {
 	if got.Parent.SpanID() != parent.SpanContext().SpanID() || got.SpanContext.TraceID() != parent.SpanContext().TraceID() {
 		t.Errorf("dispatch span's parent %v, want %v", got.Parent, parent.SpanContext())
 	}
+}
+
+// Inside a span the sampler dropped, a call makes no span at all: it passes the
+// request's context on (its trace id) and costs no ids or attributes.
+func TestChildrenOnlyMakesNoSpanInsideAnUnsampledOne(t *testing.T) {
+	ids := &countingIDs{}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()), sdktrace.WithIDGenerator(ids))
+	ctx, req := tp.Tracer("t").Start(context.Background(), "request")
+	defer req.End()
+	if !req.SpanContext().IsValid() || req.SpanContext().IsSampled() {
+		t.Fatalf("the request's span context %v, want valid and not sampled", req.SpanContext())
+	}
+	_, call := ChildrenOnly(tp).Tracer("calls").Start(ctx, "call")
+	call.End()
+	if call.SpanContext().SpanID() != req.SpanContext().SpanID() {
+		t.Errorf("the call's span %v, want the request's context passed on (%v)", call.SpanContext(), req.SpanContext())
+	}
+	if n := ids.spans.Load(); n != 1 {
+		t.Errorf("%d span ids made, want the request's alone", n)
+	}
+}
+
+// countingIDs counts the span ids the SDK makes, for spans sampled or not.
+type countingIDs struct{ spans atomic.Int64 }
+
+func (c *countingIDs) NewIDs(context.Context) (trace.TraceID, trace.SpanID) {
+	c.spans.Add(1)
+	return trace.TraceID{1}, trace.SpanID{byte(c.spans.Load())}
+}
+
+func (c *countingIDs) NewSpanID(context.Context, trace.TraceID) trace.SpanID {
+	c.spans.Add(1)
+	return trace.SpanID{byte(c.spans.Load())}
 }
 
 func TestPprofListensUntilStopped(t *testing.T) {

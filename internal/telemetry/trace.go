@@ -9,11 +9,12 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// ChildrenOnly wraps tp so that its tracers start a span only inside an existing
-// one. The Redis and Postgres instrumentation use it: their calls are traced as part
-// of a request, a dispatch or a step, while the background polling of the workers
-// and services (asynq looks for work every few milliseconds) makes no root spans of
-// its own.
+// ChildrenOnly wraps tp so that its tracers start a span only inside a sampled one.
+// The Redis and Postgres instrumentation use it: their calls are traced as part of a
+// request, a dispatch or a step that is traced, while the background polling of the
+// workers and services (asynq looks for work every few milliseconds) makes no root
+// spans of its own, and the calls of an unsampled request cost no span each (a span
+// the sampler drops still takes ids and its attributes).
 func ChildrenOnly(tp trace.TracerProvider) trace.TracerProvider { return childrenOnly{tp: tp} }
 
 type childrenOnly struct {
@@ -33,7 +34,7 @@ type childTracer struct {
 var noopTracer = noop.NewTracerProvider().Tracer("")
 
 func (c childTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
+	if !trace.SpanContextFromContext(ctx).IsSampled() {
 		return noopTracer.Start(ctx, name, opts...)
 	}
 	return c.t.Start(ctx, name, opts...)

@@ -120,7 +120,8 @@ local function use(n) un, used, g = un + n, true, g + n end
 // (the latest of its places lapses more than a grace from now): then it keeps its
 // place, at its new pass. A grant that moves the virtual time notes the time before
 // it (field "g:<tenant>"), for a give-back to undo.
-// A peek (ARGV[11] = 1) answers the same without taking anything or any place.
+// A try (ARGV[11] = 1) takes a grant as an ask does, and otherwise answers the wait
+// without taking a place in line (or leaving the one the tenant has).
 // A tenant whose place lapses at or behind the virtual time leaves the passes (such a
 // pass is the same as none), and while the passes hold many more tenants than have
 // asked lately, each call sweeps a few more of those left at or behind it.
@@ -131,7 +132,7 @@ local function use(n) un, used, g = un + n, true, g + n end
 // ARGV[1] now ms or ""   ARGV[2] configured tokens a minute   ARGV[3] burst tokens
 // ARGV[4] requests a minute (0: none)   ARGV[5] idle ttl ms   ARGV[6] tenant
 // ARGV[7] weight (> 0)   ARGV[8] tokens asked   ARGV[9] place grace ms   ARGV[10] max wait ms
-// ARGV[11] 1: peek   ARGV[12] least wait ms of an ask that is not next in line
+// ARGV[11] 1: a try   ARGV[12] least wait ms of an ask that is not next in line
 // A tenant its upstream refused lately (ThrottlePool) is held back until its back-off
 // ends, before anything else: it neither draws nor keeps a place in line (a place it
 // could not use would hold the others up).
@@ -140,10 +141,10 @@ local function use(n) un, used, g = un + n, true, g + n end
 // 1} when the tenant is held back.
 var reservePoolScript = redisx.NewScript(script.Now + luaPoolLoad + `
 local tenant, w, ask = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local grace, peek = tonumber(ARGV[9]), ARGV[11] == '1'
+local grace, try = tonumber(ARGV[9]), ARGV[11] == '1'
 local held = tonumber(redis.call('HGET', KEYS[1], 'b:' .. tenant))
 if held and held > now then
-  if not peek then redis.call('ZREM', KEYS[3], tenant) end
+  if not try then redis.call('ZREM', KEYS[3], tenant) end
   return {0, math.min(math.ceil(held - now), tonumber(ARGV[10])), math.floor(eff), 1}
 end
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
@@ -154,7 +155,7 @@ for _, m in ipairs(lapsed) do
     redis.call('HDEL', KEYS[2], 'p:' .. m, 'w:' .. m, 'g:' .. m)
   end
 end
-if not peek and redis.call('HLEN', KEYS[2]) > 3 * redis.call('ZCARD', KEYS[4]) + 48 then
+if redis.call('HLEN', KEYS[2]) > 3 * redis.call('ZCARD', KEYS[4]) + 48 then
   local sc = redis.call('HSCAN', KEYS[2], redis.call('HGET', KEYS[1], 'pc') or '0', 'MATCH', 'p:*', 'COUNT', 16)
   for i = 1, #sc[2], 2 do
     local t = string.sub(sc[2][i], 3)
@@ -183,7 +184,6 @@ if (hp or others > 0) and p0 and p0 >= v then reserve = math.min(need, burst - n
 local eligible = (not hp) or p <= hp
 local rok = rpm <= 0 or r >= 1
 if eligible and rok and l - need >= reserve then
-  if peek then return {1, math.floor(l - ask), math.floor(eff)} end
   l = l - ask
   if rpm > 0 then r = r - 1 end
   if p > v then
@@ -226,7 +226,7 @@ if not eligible and hd then
   end
 end
 wait = math.min(math.max(1, math.ceil(wait)), tonumber(ARGV[10]))
-if peek then return {0, wait, math.floor(eff)} end
+if try then return {0, wait, math.floor(eff)} end
 redis.call('ZADD', KEYS[3], f(p), tenant)
 redis.call('ZADD', KEYS[4], 'GT', now + wait + grace, tenant)
 redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p), 'w:' .. tenant, w)
@@ -256,19 +256,18 @@ type poolReservation struct {
 	err  error
 }
 
-// PoolWait is the wait ReservePool would answer now, without taking anything or any
-// place in the pool's line (0 when it would grant): what a step its own limits hold
-// back would wait for the pool besides.
-func (pl *Pools) PoolWait(ctx context.Context, p quotas.PoolReserveParams) (time.Duration, error) {
+// TryPool queues on pipe a reservation that is granted as ReservePool's would be, and
+// otherwise takes no place in the pool's line: the answer then is the wait an ask
+// would be told. It rides in the round trip of a step's own reservation, which may
+// yet refuse the step: a grant is then given back (GiveBackPool); a step that may
+// run and was not granted asks again with ReservePool, taking its place. The answer
+// is there once the pipe has run.
+func (pl *Pools) TryPool(ctx context.Context, pipe redis.Pipeliner, p quotas.PoolReserveParams) func() (quotas.TokenAnswer, error) {
 	r := &poolReservation{name: p.Pool.Name}
 	if r.err = p.Pool.Check(); r.err == nil {
-		r.cmd = pl.runReservePool(ctx, pl.rdb, p, true)
+		r.cmd = pl.runReservePool(ctx, pipe, p, poolTry)
 	}
-	a, err := r.answer()
-	if err != nil || a.Granted {
-		return 0, err
-	}
-	return a.Wait, nil
+	return r.answer
 }
 
 func (pl *Pools) reservePool(ctx context.Context, c redis.Scripter, p quotas.PoolReserveParams) *poolReservation {
@@ -276,19 +275,21 @@ func (pl *Pools) reservePool(ctx context.Context, c redis.Scripter, p quotas.Poo
 	if r.err = p.Pool.Check(); r.err != nil {
 		return r
 	}
-	r.cmd = pl.runReservePool(ctx, c, p, false)
+	r.cmd = pl.runReservePool(ctx, c, p, poolAsk)
 	return r
 }
 
-func (pl *Pools) runReservePool(ctx context.Context, c redis.Scripter, p quotas.PoolReserveParams, peek bool) *redis.Cmd {
-	peekArg := 0
-	if peek {
-		peekArg = 1
-	}
+// The modes of reservePoolScript (ARGV[11]).
+const (
+	poolAsk = 0
+	poolTry = 1
+)
+
+func (pl *Pools) runReservePool(ctx context.Context, c redis.Scripter, p quotas.PoolReserveParams, mode int) *redis.Cmd {
 	return reservePoolScript.Run(ctx, c, pl.poolKeys(p.Pool.Name), pl.nowArg(),
 		p.Pool.TokensPerMinute, p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(),
 		p.Tenant, max(p.Weight, 1), max(p.Tokens, 0), poolClaimGrace.Milliseconds(), poolMaxWait.Milliseconds(),
-		peekArg, poolMinIneligible.Milliseconds())
+		mode, poolMinIneligible.Milliseconds())
 }
 
 // answer is the reservation's answer; an error when it could not be asked (or was

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/redisx"
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 )
@@ -553,36 +556,39 @@ func TestPoolGiveBackUndoesTheReservation(t *testing.T) {
 	}
 }
 
-// A peek at a pool's wait answers what a reservation would, and takes nothing: no
-// tokens, no request, no place in line.
-func TestPoolWaitTakesNothing(t *testing.T) {
+// A try at a pool is granted as an ask would be; refused, it answers the wait an ask
+// would be told and takes nothing: no tokens, no request, no place in line.
+func TestPoolTryTakesNoPlace(t *testing.T) {
 	t.Parallel()
 	q, _ := newTokenQuotas(t)
 	ctx := context.Background()
-	pool := quotas.PoolConfig{Name: "peek", TokensPerMinute: 60_000, BurstTokens: 1000, RequestsPerMinute: 60}
+	batch := redisx.NewBatch(q.Pools.rdb, 0)
+	try := func(p quotas.PoolReserveParams) (quotas.TokenAnswer, error) {
+		var answer func() (quotas.TokenAnswer, error)
+		_ = batch.Do(ctx, func(pipe redis.Pipeliner) { answer = q.TryPool(ctx, pipe, p) })
+		return answer()
+	}
+	pool := quotas.PoolConfig{Name: "try", TokensPerMinute: 60_000, BurstTokens: 1000, RequestsPerMinute: 60}
+	if a, err := try(quotas.PoolReserveParams{Pool: pool, Tenant: "d", Weight: 1, Tokens: 1000}); err != nil || !a.Granted {
+		t.Fatalf("d's try of the idle pool's burst: %+v %v, want a grant", a, err)
+	}
 	p := quotas.PoolReserveParams{Pool: pool, Tenant: "c", Weight: 1, Tokens: 500}
-	if w, err := q.PoolWait(ctx, p); err != nil || w != 0 {
-		t.Fatalf("an idle pool's wait %v %v, want 0", w, err)
-	}
-	if n := q.Pools.rdb.Exists(ctx, q.poolKeys(pool.Name)...).Val(); n != 0 {
-		t.Fatalf("a peek at an idle pool wrote %d keys", n)
-	}
-	if a, _ := q.ReservePool(ctx, quotas.PoolReserveParams{Pool: pool, Tenant: "d", Weight: 1, Tokens: 1000}); !a.Granted {
-		t.Fatal("d's ask of the burst refused")
-	}
 	before := q.Pools.rdb.HGetAll(ctx, q.Pools.keys.PoolState(pool.Name)).Val()
-	w, err := q.PoolWait(ctx, p)
-	if err != nil || w <= 0 {
-		t.Fatalf("a drained pool's wait %v %v, want one", w, err)
+	w, err := try(p)
+	if err != nil || w.Granted || w.Wait <= 0 {
+		t.Fatalf("a try of a drained pool: %+v %v, want a wait", w, err)
 	}
 	if after := q.Pools.rdb.HGetAll(ctx, q.Pools.keys.PoolState(pool.Name)).Val(); !maps.Equal(before, after) {
-		t.Fatalf("a peek changed the pool: %v, then %v", before, after)
+		t.Fatalf("a refused try changed the pool: %v, then %v", before, after)
 	}
 	if _, err := q.Pools.rdb.ZScore(ctx, q.Pools.keys.PoolWaiters(pool.Name), "c").Result(); err == nil {
-		t.Fatal("a peek took a place in line")
+		t.Fatal("a refused try took a place in line")
 	}
-	if a, _ := q.ReservePool(ctx, p); a.Granted || a.Wait != w {
-		t.Fatalf("the reservation answered %+v after a peek of %v", a, w)
+	if a, _ := q.ReservePool(ctx, p); a.Granted || a.Wait != w.Wait {
+		t.Fatalf("the reservation answered %+v after a try told %v", a, w.Wait)
+	}
+	if _, err := q.Pools.rdb.ZScore(ctx, q.Pools.keys.PoolWaiters(pool.Name), "c").Result(); err != nil {
+		t.Fatal("the ask after the try took no place in line")
 	}
 }
 

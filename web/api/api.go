@@ -22,6 +22,7 @@ import (
 	"github.com/agentq/agentq/internal/agents"
 	"github.com/agentq/agentq/internal/apikey"
 	"github.com/agentq/agentq/internal/audit"
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/internal/keys"
 	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -61,7 +62,10 @@ type Deps struct {
 	// UsageExport runs the usage export (GET /v1/admin/usage); nil: Usage.
 	UsageExport *usage.Rollups
 	UpgradeURL  string
-	// AdminAuth checks the admin API's token; PanelLinks signs the tenant panel's links.
+	// Credentials manages the admin credentials (/v1/admin/credentials).
+	Credentials *credentials.Service
+	// AdminAuth resolves the admin API's tokens to credentials; PanelLinks signs the
+	// tenant panel's links.
 	AdminAuth  *adminauth.Guard
 	PanelLinks *panellink.Signer
 	Logger     *slog.Logger // where the handlers log; required
@@ -101,8 +105,19 @@ func (s *API) Mount(e *echo.Echo) {
 	read(http.MethodDelete, "/v1/webhooks/:id", s.deleteTenantWebhook)
 	read(http.MethodPost, "/v1/webhooks/:id/rotate", s.rotateTenantWebhookSecret)
 	read(http.MethodGet, "/v1/webhooks/:id/attempts", s.listTenantWebhookAttempts)
+	s.mountAdmin(e)
+}
 
-	admin := func(method, path string, h echo.HandlerFunc) { e.Add(method, "/v1/admin"+path, h, s.authAdmin) }
+// mountAdmin registers the admin API's routes on e.
+func (s *API) mountAdmin(e *echo.Echo) {
+	// Every admin route is behind the role its entry in the role table (roles.go) names.
+	admin := func(method, path string, h echo.HandlerFunc) {
+		e.Add(method, "/v1/admin"+path, h, s.authAdmin, s.requireRole)
+	}
+	admin(http.MethodPost, "/credentials", s.createCredential)
+	admin(http.MethodGet, "/credentials", s.listCredentials)
+	admin(http.MethodPost, "/credentials/:name/rotate", s.rotateCredential)
+	admin(http.MethodDelete, "/credentials/:name", s.revokeCredential)
 	admin(http.MethodGet, "/plans", s.listPlans)
 	admin(http.MethodGet, "/events", s.adminEvents)
 	admin(http.MethodPost, "/webhooks", s.createWebhook)
@@ -170,17 +185,22 @@ func (s *API) authTenant(next echo.HandlerFunc) echo.HandlerFunc {
 
 func keyRecord(c echo.Context) apikey.Record { return c.Get(ctxKeyRecord).(apikey.Record) }
 
-// authAdmin checks the admin token (package adminauth). Wrong tokens are limited per
-// client address: past a small burst they, and for a moment the right token from the
-// same address, are answered 429.
+// authAdmin resolves the admin token to its credential (package adminauth) and puts
+// the credential's actor, its name and role, on the request's context. Wrong tokens are
+// limited per client address: past a small burst they, and for a moment the right
+// token from the same address, are answered 429.
 func (s *API) authAdmin(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		tok := bearer(c)
-		if s.AdminAuth.Key() == nil || tok == "" { // no admin token configured, or none sent
+		if tok == "" { // none sent: nothing guessed, nothing counted
 			return Errorf(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
 		}
-		ok := s.AdminAuth.Check(tok)
-		a, err := s.AdminAuth.Attempt(c.Request().Context(), c.Request(), ok)
+		ctx := c.Request().Context()
+		cred, ok, err := s.AdminAuth.Resolve(ctx, tok)
+		if err != nil {
+			return err
+		}
+		a, err := s.AdminAuth.Attempt(ctx, c.Request(), ok)
 		if err != nil {
 			return AdmissionFailure(err)
 		}
@@ -190,8 +210,7 @@ func (s *API) authAdmin(next echo.HandlerFunc) echo.HandlerFunc {
 		if !ok {
 			return Errorf(http.StatusUnauthorized, CodeUnauthorized, "Missing or wrong admin token.")
 		}
-		actor := agentqtype.Actor{Kind: agentqtype.ActorCredential, Name: "admin", Role: agentqtype.RoleAdmin}
-		withActor(c, actor)
+		withActor(c, cred.Actor())
 		return next(c)
 	}
 }

@@ -21,6 +21,7 @@ const (
 	CodePayloadTooLarge     = "PAYLOAD_TOO_LARGE"
 	CodeUnauthorized        = "UNAUTHORIZED"
 	CodeScopeForbidden      = "SCOPE_FORBIDDEN"
+	CodeRoleForbidden       = "ROLE_FORBIDDEN"
 	CodeTenantSuspended     = "TENANT_SUSPENDED"
 	CodeNotFound            = "NOT_FOUND"
 	CodeMethodNotAllowed    = "METHOD_NOT_ALLOWED"

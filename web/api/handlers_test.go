@@ -39,7 +39,7 @@ func newAPIFixture(t *testing.T) *apiFixture {
 	s := New(Deps{
 		Tenants: env.Svc.Tenants, APIKeys: env.Svc.Keys, Tasks: env.Svc.Tasks, HTTPAgents: env.Svc.Agents,
 		Pools: env.Svc.Pools, Queue: env.Scheduler, Redis: env.Redis, Keys: env.Keys, Plans: env.Plans,
-		Admission: env.Admission, AdminAuth: adminauth.New(env.AdminToken, env.Admission), PanelLinks: links,
+		Admission: env.Admission, Credentials: env.Svc.Credentials, AdminAuth: adminauth.New(env.Svc.Credentials, env.Admission), PanelLinks: links,
 		Logger: env.Arch.Logger,
 	})
 	return &apiFixture{Env: env, t: t, s: s, h: serve(s), admin: env.AdminToken}

@@ -1,31 +1,31 @@
 // Package operator is the operator view: server-rendered HTML under /panel/admin,
-// behind a login with the admin token.
+// behind a sign-in with any admin credential's token.
 package operator
 
-// The operator view reads its data from the operator service (internal/operator).
+// The operator view reads its data from the operator service (internal/operator), and
+// changes a tenant's status through the tenants service, for credentials whose role
+// may (the admin API's role table, package api).
 //
-// Session: a signed, expiring cookie, no server-side state. Its value is
-// base64url(expiry ‖ 16 random bytes) "." base64url(HMAC-SHA256), keyed by a key
-// derived from the admin token (HMAC-SHA256(token, "agentq operator session v1")), so
-// changing AGENTQ_ADMIN_TOKEN ends every session at once. Logout clears the cookie;
-// a copied cookie stays valid until its expiry (8 h) unless the token changes. The
-// cookie is HttpOnly, SameSite=Strict, Path=/panel/admin and always Secure: browsers
-// keep Secure cookies from http://localhost and http://127.0.0.1 (secure contexts),
-// anywhere else the view must be served over TLS.
+// Session: a signed, expiring cookie naming its credential, no server-side state
+// (session.go). It is keyed by a key derived from the credential's token, so rotating
+// or revoking the credential, or changing its token in the environment, ends its
+// sessions. Logout clears the cookie; a copied cookie stays valid until its expiry
+// (8 h) unless the credential changes. The cookie is HttpOnly, SameSite=Strict,
+// Path=/panel/admin and always Secure: browsers keep Secure cookies from
+// http://localhost and http://127.0.0.1 (secure contexts), anywhere else the view must
+// be served over TLS.
 //
-// CSRF: every POST (login, logout) checks that Origin names this host (or, without
-// Origin, that Sec-Fetch-Site says same-origin) and carries a token: before login a
-// double-submit token (a random cookie the form repeats), after it a token derived
-// from the session (HMAC of its id). Wrong tokens are limited per client address, in
-// one bucket with the admin API's (package adminauth), and the token is compared in
-// constant time.
+// CSRF: every POST (login, logout, the writes) checks that Origin names this host
+// (or, without Origin, that Sec-Fetch-Site says same-origin) and carries a token:
+// before login a double-submit token (a random cookie the form repeats), after it a
+// token derived from the session (HMAC of its id). Wrong tokens are limited per client
+// address, in one bucket with the admin API's (package adminauth).
 
 import (
 	"bytes"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"html/template"
@@ -38,8 +38,10 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/sealed"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/web/internal/adminauth"
 	"github.com/agentq/agentq/web/internal/numfmt"
 )
@@ -96,10 +98,13 @@ func fmtWait(d time.Duration) string {
 
 // Deps are the operator view's collaborators.
 type Deps struct {
-	// AdminAuth checks the sign-in's admin token; its key signs the sessions.
+	// AdminAuth resolves the sign-in's token to its credential, and the credential a
+	// session names.
 	AdminAuth *adminauth.Guard
 	// Operator reads the view; nil: the view answers 503.
 	Operator *operator.Service
+	// Tenants makes the view's writes (a tenant's status); nil: they answer 503.
+	Tenants *tenants.Service
 	// Now is the sessions' clock (tests expire them); nil: time.Now.
 	Now func() time.Time
 }
@@ -112,56 +117,20 @@ type View struct {
 
 // New builds the operator view; Mount serves it.
 func New(d Deps) *View {
-	return &View{Deps: d, opAuth: newOperatorAuth(d.AdminAuth.Key(), d.Now)}
-}
-
-// operatorAuth is the view's session and CSRF state, keyed by the admin token.
-type operatorAuth struct {
-	key []byte // nil: no admin token, the view is off
-	now func() time.Time
-}
-
-func newOperatorAuth(key []byte, now func() time.Time) *operatorAuth {
+	now := d.Now
 	if now == nil {
 		now = time.Now
 	}
-	return &operatorAuth{key: key, now: now}
-}
-
-// newSession returns a session cookie value and its id.
-func (a *operatorAuth) newSession() (string, []byte, error) {
-	payload := make([]byte, 8+16)
-	binary.BigEndian.PutUint64(payload, uint64(a.now().Add(operatorSessionTTL).Unix()))
-	if _, err := rand.Read(payload[8:]); err != nil {
-		return "", nil, err
-	}
-	return sealed.Seal(a.key, "session", payload), payload[8:], nil
-}
-
-// session checks a session cookie value and returns its id, or nil when it is not a
-// live session signed with the current key.
-func (a *operatorAuth) session(v string) []byte {
-	payload, ok := sealed.Unseal(a.key, "session", v, 256)
-	if !ok || len(payload) != 24 {
-		return nil
-	}
-	if int64(binary.BigEndian.Uint64(payload)) <= a.now().Unix() {
-		return nil
-	}
-	return payload[8:]
-}
-
-// csrfFor is the CSRF token of the session id.
-func (a *operatorAuth) csrfFor(id []byte) string {
-	return sealed.B64.EncodeToString(sealed.MAC(a.key, "csrf", id))
+	return &View{Deps: d, opAuth: &operatorAuth{now: now}}
 }
 
 // Mount registers the view's routes on e.
 func (s *View) Mount(e *echo.Echo) {
-	e.GET(operatorPath, s.operatorView)
-	e.GET(operatorPath+"/login", s.operatorLoginForm)
-	e.POST(operatorPath+"/login", s.operatorLogin)
-	e.POST(operatorPath+"/logout", s.operatorLogout)
+	e.GET(operatorPath, s.whenOn(s.operatorView))
+	e.GET(operatorPath+"/login", s.whenOn(s.operatorLoginForm))
+	e.POST(operatorPath+"/login", s.whenOn(s.operatorLogin))
+	e.POST(operatorPath+"/logout", s.whenOn(s.operatorLogout))
+	e.POST(operatorPath+"/tenants/:id/status", s.whenOn(s.tenantStatus))
 	e.GET(operatorPath+"/assets/operator.css", s.operatorAsset("operator.css", "text/css; charset=utf-8"))
 	e.GET(operatorPath+"/assets/operator.js", s.operatorAsset("operator.js", "text/javascript; charset=utf-8"))
 }
@@ -205,9 +174,21 @@ func (s *View) operatorMessage(c echo.Context, status int, title, msg string, lo
 	return s.page(c, status, "operator_message.html", messagePage{Title: title, Message: msg, LoginLink: login})
 }
 
-func (s *View) operatorOff(c echo.Context) error {
-	return s.operatorMessage(c, http.StatusUnauthorized, "Operator view off",
-		"The operator view is off: AGENTQ_ADMIN_TOKEN is not set on this server.", false)
+// whenOn serves h while admin access is on (some credential exists), else says the
+// view is off, as the admin API refuses every request then.
+func (s *View) whenOn(h echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		on, err := s.AdminAuth.On(c.Request().Context())
+		if err != nil {
+			return err
+		}
+		if !on {
+			return s.operatorMessage(c, http.StatusUnauthorized, "Operator view off",
+				"The operator view is off: no admin credential exists on this server (set AGENTQ_ADMIN_TOKEN or "+
+					"AGENTQ_ADMIN_TOKENS, or create one with agentq admin credentials create).", false)
+		}
+		return h(c)
+	}
 }
 
 func (s *View) setCookie(c echo.Context, name, value string, maxAge time.Duration) {
@@ -265,19 +246,17 @@ func (s *View) loginForm(c echo.Context, status int, errMsg string) error {
 }
 
 func (s *View) operatorLoginForm(c echo.Context) error {
-	if s.opAuth.key == nil {
-		return s.operatorOff(c)
+	ss, err := s.session(c)
+	if err != nil {
+		return err
 	}
-	if s.opAuth.session(cookieValue(c, operatorSessionName)) != nil {
+	if ss != nil {
 		return c.Redirect(http.StatusSeeOther, operatorPath)
 	}
 	return s.loginForm(c, http.StatusOK, "")
 }
 
 func (s *View) operatorLogin(c echo.Context) error {
-	if s.opAuth.key == nil {
-		return s.operatorOff(c)
-	}
 	r := c.Request()
 	if !sameOrigin(r) {
 		return s.operatorMessage(c, http.StatusForbidden, "Refused", "This form must be sent from the operator view's own page (Origin check failed).", true)
@@ -291,7 +270,10 @@ func (s *View) operatorLogin(c echo.Context) error {
 	if want == "" || got == "" || subtle.ConstantTimeCompare([]byte(want), []byte(got)) != 1 {
 		return s.operatorMessage(c, http.StatusForbidden, "Refused", "The form's CSRF token is missing or does not match. Reload the sign-in page and try again.", true)
 	}
-	ok := s.AdminAuth.Check(form.Get("token"))
+	cred, ok, err := s.AdminAuth.Resolve(r.Context(), form.Get("token"))
+	if err != nil {
+		return err
+	}
 	a, err := s.AdminAuth.Attempt(r.Context(), r, ok)
 	if err != nil {
 		return err
@@ -303,7 +285,7 @@ func (s *View) operatorLogin(c echo.Context) error {
 	if !ok {
 		return s.loginForm(c, http.StatusUnauthorized, "Wrong admin token.")
 	}
-	v, _, err := s.opAuth.newSession()
+	v, err := s.opAuth.newSession(cred)
 	if err != nil {
 		return err
 	}
@@ -313,9 +295,6 @@ func (s *View) operatorLogin(c echo.Context) error {
 }
 
 func (s *View) operatorLogout(c echo.Context) error {
-	if s.opAuth.key == nil {
-		return s.operatorOff(c)
-	}
 	if !sameOrigin(c.Request()) {
 		return s.operatorMessage(c, http.StatusForbidden, "Refused", "This form must be sent from the operator view's own page (Origin check failed).", true)
 	}
@@ -323,10 +302,12 @@ func (s *View) operatorLogout(c echo.Context) error {
 	if err != nil {
 		return s.operatorMessage(c, http.StatusBadRequest, "Bad request", "The form could not be read.", true)
 	}
-	if id := s.opAuth.session(cookieValue(c, operatorSessionName)); id != nil {
-		if subtle.ConstantTimeCompare([]byte(s.opAuth.csrfFor(id)), []byte(form.Get("csrf"))) != 1 {
-			return s.operatorMessage(c, http.StatusForbidden, "Refused", "The form's CSRF token is missing or does not match.", true)
-		}
+	ss, err := s.session(c)
+	if err != nil {
+		return err
+	}
+	if ss != nil && !ss.csrfOK(form.Get("csrf")) {
+		return s.operatorMessage(c, http.StatusForbidden, "Refused", "The form's CSRF token is missing or does not match.", true)
 	}
 	s.setCookie(c, operatorSessionName, "", -1)
 	return c.Redirect(http.StatusSeeOther, operatorPath+"/login")
@@ -340,6 +321,10 @@ type column struct {
 
 type viewPage struct {
 	operator.Overview
+	// Who is signed in; CanWrite whether their role may change tenants (the forms
+	// are shown only then, and the writes refuse the others).
+	Who      credentials.Credential
+	CanWrite bool
 	CSRF     string
 	Columns  []column
 	Sort     string
@@ -355,11 +340,11 @@ var columnLabels = map[string]string{
 }
 
 func (s *View) operatorView(c echo.Context) error {
-	if s.opAuth.key == nil {
-		return s.operatorOff(c)
+	ss, err := s.session(c)
+	if err != nil {
+		return err
 	}
-	id := s.opAuth.session(cookieValue(c, operatorSessionName))
-	if id == nil {
+	if ss == nil {
 		return c.Redirect(http.StatusSeeOther, operatorPath+"/login")
 	}
 	q, err := operator.ParseQuery(c.QueryParam("sort"), c.QueryParam("dir"), c.QueryParam("tenant"))
@@ -374,7 +359,7 @@ func (s *View) operatorView(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	p := viewPage{Overview: ov, CSRF: s.opAuth.csrfFor(id), Sort: q.Sort, Dir: "asc"}
+	p := viewPage{Overview: ov, Who: ss.cred, CanWrite: mayWrite(ss.cred.Role), CSRF: ss.csrf(), Sort: q.Sort, Dir: "asc"}
 	if q.Desc {
 		p.Dir = "desc"
 	}

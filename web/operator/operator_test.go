@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/audit"
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/internal/operator"
 	"github.com/agentq/agentq/internal/pools"
 	"github.com/agentq/agentq/quotas"
@@ -34,7 +35,7 @@ func (s opServer) Handler() http.Handler { return s.h }
 
 func operatorServer(t *testing.T, token string) opServer {
 	t.Helper()
-	v := New(Deps{AdminAuth: adminauth.New(token, nil)})
+	v := New(Deps{AdminAuth: adminauth.New(credentials.New(nil, credentials.Options{Bootstrap: token}), nil)})
 	e := echo.New()
 	e.HTTPErrorHandler = api.ErrorHandler(webtest.Quiet())
 	v.Mount(e)
@@ -112,6 +113,18 @@ func login(t *testing.T, s opServer) *http.Cookie {
 		t.Errorf("session Max-Age %d, want %v", sess.MaxAge, operatorSessionTTL)
 	}
 	return sess
+}
+
+// csrfOf is the CSRF token of the session sess is the cookie of.
+func csrfOf(t *testing.T, s opServer, sess *http.Cookie) string {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, "/panel/admin", nil)
+	req.AddCookie(sess)
+	ss, err := s.session(echo.New().NewContext(req, httptest.NewRecorder()))
+	if err != nil || ss == nil {
+		t.Fatalf("no live session in %v: %v", sess, err)
+	}
+	return ss.csrf()
 }
 
 func TestOperatorLogin(t *testing.T) {
@@ -209,14 +222,14 @@ func TestOperatorLogout(t *testing.T) {
 	t.Parallel()
 	s := operatorServer(t, opToken)
 	sess := login(t, s)
-	id := s.opAuth.session(sess.Value)
+	csrf := csrfOf(t, s, sess)
 	if r := opDo(t, s, http.MethodPost, "/panel/admin/logout", url.Values{"csrf": {"bad"}}, sameSite, sess); r.status != http.StatusForbidden {
 		t.Fatalf("logout with a bad CSRF token: %d, want 403", r.status)
 	}
-	if r := opDo(t, s, http.MethodPost, "/panel/admin/logout", url.Values{"csrf": {s.opAuth.csrfFor(id)}}, map[string]string{"Origin": "http://evil.example"}, sess); r.status != http.StatusForbidden {
+	if r := opDo(t, s, http.MethodPost, "/panel/admin/logout", url.Values{"csrf": {csrf}}, map[string]string{"Origin": "http://evil.example"}, sess); r.status != http.StatusForbidden {
 		t.Fatalf("logout from another origin: %d, want 403", r.status)
 	}
-	r := opDo(t, s, http.MethodPost, "/panel/admin/logout", url.Values{"csrf": {s.opAuth.csrfFor(id)}}, sameSite, sess)
+	r := opDo(t, s, http.MethodPost, "/panel/admin/logout", url.Values{"csrf": {csrf}}, sameSite, sess)
 	c := r.cookie[operatorSessionName]
 	if r.status != http.StatusSeeOther || r.header.Get("Location") != "/panel/admin/login" || c == nil || c.MaxAge >= 0 || c.Value != "" {
 		t.Fatalf("logout: %d to %q, cookie %v; want 303 to the login and the cookie cleared", r.status, r.header.Get("Location"), c)

@@ -1,5 +1,6 @@
-// Package adminauth checks the admin token, for the admin API (/v1/admin/…) and the
-// operator view's sign-in alike, and limits wrong tokens per client address.
+// Package adminauth resolves a presented admin token to its named credential and
+// role (package credentials), for the admin API (/v1/admin/…) and the operator view's
+// sign-in alike, and limits wrong tokens per client address.
 //
 // One bucket per address: a burst of FailureBucket.Burst wrong tokens, then one a
 // second. The bucket lives in Redis (quotas.Bucket, key rkeys.AuthFailures), so every
@@ -8,8 +9,9 @@
 // replicas, as the degraded admission buckets do. A Guard without the admission guard
 // (tests, tools) keeps its own.
 //
-// Only wrong tokens count. The token is compared first, in constant time and without
-// answering; then one atomic step decides: a wrong token takes a token of the bucket
+// Only wrong tokens count. The token is resolved first (the environment's credentials
+// compared in constant time, stored ones found by hash) without answering; then one
+// atomic step decides: a wrong token takes a token of the bucket
 // (and is answered 401, or 429 when there was none), a right one only looks whether
 // the bucket has one. So concurrent wrong guesses cannot all pass a check made before
 // any of them is counted, and while an address is refused the right token is refused
@@ -23,9 +25,7 @@ package adminauth
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"crypto/subtle"
+	"errors"
 	"math"
 	"net"
 	"net/http"
@@ -34,7 +34,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/time/rate"
 
-	"github.com/agentq/agentq/internal/sealed"
+	"github.com/agentq/agentq/internal/credentials"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/quotas/admission"
 )
@@ -43,43 +43,56 @@ import (
 var FailureBucket = quotas.Bucket{Rate: 1, Burst: 10}
 
 // MaxTokenBytes bounds an admin token: a longer one is wrong without being compared.
-const MaxTokenBytes = 4096
+const MaxTokenBytes = credentials.MaxTokenBytes
 
-// Guard checks admin tokens and counts the wrong ones.
+// Guard resolves admin tokens and counts the wrong ones.
 type Guard struct {
-	token     string
-	key       []byte // nil: no admin token, so every token is wrong
+	creds     *credentials.Service // nil: no credential, every token is wrong
 	admission *admission.Guard
 	fails     *lru.Cache[string, *rate.Limiter]
 }
 
-// New is the Guard of adminToken ("" turns admin access off); admission holds the
-// shared failure buckets (nil: this process keeps its own).
-func New(adminToken string, admission *admission.Guard) *Guard {
-	g := &Guard{token: adminToken, admission: admission}
-	if adminToken != "" {
-		m := hmac.New(sha256.New, []byte(adminToken))
-		m.Write([]byte("agentq operator session v1"))
-		g.key = m.Sum(nil)
-	}
+// New is the Guard over creds (nil: admin access off); admission holds the shared
+// failure buckets (nil: this process keeps its own).
+func New(creds *credentials.Service, admission *admission.Guard) *Guard {
+	g := &Guard{creds: creds, admission: admission}
 	g.fails, _ = lru.New[string, *rate.Limiter](4096)
 	return g
 }
 
-// Key is the key derived from the admin token (nil without one): it keys the
-// comparison and the operator view's sessions, so changing the token ends them all.
-func (g *Guard) Key() []byte { return g.key }
-
-// Check compares a given token with the admin token in constant time (HMACs of equal
-// length, so the comparison does not depend on where the tokens differ nor on their
-// lengths).
-func (g *Guard) Check(given string) bool {
-	if g.token == "" || len(given) > MaxTokenBytes {
-		return false
+// On reports whether admin access is on: some credential exists, in the environment
+// or stored.
+func (g *Guard) On(ctx context.Context) (bool, error) {
+	if g.creds == nil {
+		return false, nil
 	}
-	want := sealed.MAC(g.key, "token", []byte(g.token))
-	got := sealed.MAC(g.key, "token", []byte(given))
-	return subtle.ConstantTimeCompare(want, got) == 1
+	return g.creds.Configured(ctx)
+}
+
+// Resolve is the live credential a presented token is; ok is false for a wrong token.
+// An error is a lookup that failed: nothing is decided, and nothing should be counted.
+func (g *Guard) Resolve(ctx context.Context, token string) (c credentials.Credential, ok bool, err error) {
+	if g.creds == nil || len(token) > MaxTokenBytes {
+		return c, false, nil
+	}
+	c, err = g.creds.Authenticate(ctx, token)
+	if errors.Is(err, credentials.ErrInvalid) {
+		return c, false, nil
+	}
+	return c, err == nil, err
+}
+
+// Lookup is the live credential called name (the operator view's sessions name theirs);
+// ok is false when there is none.
+func (g *Guard) Lookup(ctx context.Context, name string) (c credentials.Credential, ok bool, err error) {
+	if g.creds == nil {
+		return c, false, nil
+	}
+	c, err = g.creds.Lookup(ctx, name)
+	if errors.Is(err, credentials.ErrInvalid) {
+		return c, false, nil
+	}
+	return c, err == nil, err
 }
 
 // Attempt books one admin token attempt of the request's address: ok says whether

@@ -4,6 +4,10 @@ import (
 	"context"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/config"
+	"github.com/agentq/agentq/internal/credentials"
 )
 
 // Clients are counted per IPv4 address and per IPv6 /64; an address that does not
@@ -25,15 +29,32 @@ func TestAddrKey(t *testing.T) {
 	}
 }
 
-// Without an admin token every token is wrong; with one, only it is right, and wrong
-// tokens from one address are refused past the burst, the right one with them.
+// Without a credential every token is wrong; with some, only theirs are right, each
+// resolving to its name and role, and wrong tokens from one address are refused past
+// the burst, the right one with them.
 func TestGuard(t *testing.T) {
-	if off := New("", nil); off.Key() != nil || off.Check("") || off.Check("anything") {
-		t.Fatal("a guard without an admin token accepts a token")
+	ctx := context.Background()
+	for _, off := range []*Guard{New(nil, nil), New(credentials.New(nil, credentials.Options{}), nil)} {
+		if on, _ := off.On(ctx); on {
+			t.Fatal("a guard without a credential is on")
+		}
+		for _, tok := range []string{"", "anything"} {
+			if _, ok, err := off.Resolve(ctx, tok); ok || err != nil {
+				t.Fatalf("a guard without a credential accepts %q: %v", tok, err)
+			}
+		}
 	}
-	g := New("s3cret", nil)
-	if !g.Check("s3cret") || g.Check("s3cre") || g.Check("s3cret ") || g.Check(string(make([]byte, MaxTokenBytes+1))) {
-		t.Fatal("Check does not tell the admin token from others")
+	g := New(credentials.New(nil, credentials.Options{Bootstrap: "s3cret",
+		Env: []config.AdminCredential{{Name: "audit", Role: agentqtype.RoleViewer, Token: "v1ew"}}}), nil)
+	if on, _ := g.On(ctx); !on {
+		t.Fatal("a guard with credentials is off")
+	}
+	for tok, want := range map[string]string{"s3cret": "admin/admin", "v1ew": "audit/viewer", "s3cre": "", "s3cret ": "",
+		"v1ew\x00": "", string(make([]byte, MaxTokenBytes+1)): ""} {
+		c, ok, err := g.Resolve(ctx, tok)
+		if got := c.Name + "/" + string(c.Role); err != nil || ok != (want != "") || (ok && got != want) {
+			t.Fatalf("Resolve(%q) = %s %v %v, want %q", tok, got, ok, err, want)
+		}
 	}
 	r := httptest.NewRequest("GET", "/", nil)
 	r.RemoteAddr = "192.0.2.1:4000"

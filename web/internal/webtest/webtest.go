@@ -29,7 +29,7 @@ import (
 )
 
 // Env is real services over the test's own schema and Redis prefix, with an admin
-// token for the server under test.
+// token for the server under test (the bootstrap credential of Svc.Credentials).
 type Env struct {
 	Svc        *services.Services
 	Pool       *pgxpool.Pool
@@ -54,12 +54,13 @@ func New(t *testing.T) Env {
 	arch := &baseservice.Archetype{Logger: Quiet()}
 	guard := admission.NewGuard(admission.New(rdb, rk, nil), admission.GuardOptions{Timeout: 2 * time.Second, Archetype: arch})
 	sched := scheduler.New(rdb, rk, scheduler.Options{})
+	admin := "admin-" + testenv.ID()
 	svc := services.New(services.Deps{
 		Pool: pool, Plans: plans, Redis: rdb, Keys: rk, Scheduler: sched, Admission: guard,
-		Agents: runtime.NewRegistry(), Archetype: arch,
+		Agents: runtime.NewRegistry(), Archetype: arch, AdminToken: admin,
 	})
 	return Env{Svc: svc, Pool: pool, Redis: rdb, Keys: rk, Plans: plans, Admission: guard, Scheduler: sched,
-		Arch: arch, AdminToken: "admin-" + testenv.ID()}
+		Arch: arch, AdminToken: admin}
 }
 
 // Quiet is a logger that logs nowhere.

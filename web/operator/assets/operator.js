@@ -8,3 +8,9 @@ document.addEventListener("keydown", function (ev) {
   var f = document.getElementById("f-tenant");
   if (f) { ev.preventDefault(); f.focus(); f.select(); }
 });
+// A form button with data-confirm asks before it sends (suspending a tenant).
+document.addEventListener("submit", function (ev) {
+  var b = ev.submitter;
+  var msg = b && b.getAttribute("data-confirm");
+  if (msg && !window.confirm(msg)) ev.preventDefault();
+});
