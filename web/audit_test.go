@@ -225,7 +225,9 @@ func TestTenantChangesAreAudited(t *testing.T) {
 	}
 	f.keep(body)
 	want("webhook.create", "key", k.Kid)
-	st, body = f.call("POST", "/v1/webhooks/"+wh.ID+"/rotate", k.Key, "")
+	if st, body = f.call("POST", "/v1/webhooks/"+wh.ID+"/rotate", k.Key, ""); st != 200 {
+		t.Fatalf("tenant webhook rotate: %d %s", st, body)
+	}
 	f.keep(body)
 	want("webhook.rotate_secret", "key", k.Kid)
 	if st, _ := f.call("DELETE", "/v1/webhooks/"+wh.ID, k.Key, ""); st != 204 {
