@@ -466,11 +466,13 @@ func retryable(status int) bool {
 	return false
 }
 
-// Admin calls the admin API (/v1/admin) with the admin token.
+// Admin calls the admin API (/v1/admin) with an admin credential's token; what it may
+// do is the credential's role's (a call outside it answers 403 ROLE_FORBIDDEN).
 type Admin struct{ t transport }
 
 // NewAdmin returns an admin client of the agentq server at baseURL that
-// authenticates with adminToken (the server's AGENTQ_ADMIN_TOKEN).
+// authenticates with adminToken: AGENTQ_ADMIN_TOKEN, a token of AGENTQ_ADMIN_TOKENS or
+// a stored credential's.
 func NewAdmin(baseURL, adminToken string, opts ...Option) *Admin {
 	return &Admin{t: newTransport(baseURL, adminToken, opts)}
 }

@@ -1,11 +1,16 @@
 package e2e_test
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentq/agentq/client"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/agentqtype"
@@ -135,5 +140,45 @@ func TestRevokedCredentialRefusedOnEveryReplica(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), rotated.Token) {
 		t.Error("the log holds a rotated token")
+	}
+}
+
+// The Go client manages credentials, and a client holding a viewer's token reads and
+// is refused writes with ROLE_FORBIDDEN; a rotated token stops working.
+func TestClientManagesCredentials(t *testing.T) {
+	t.Parallel()
+	h := newEnv(t).start(t)
+	ctx := context.Background()
+	admin := h.adminClient()
+	made, err := admin.CreateCredential(ctx, "dash", client.RoleViewer)
+	if err != nil || made.Token == "" || made.Role != client.RoleViewer || made.Source != "stored" {
+		t.Fatalf("CreateCredential: %+v %v", made, err)
+	}
+	viewer := client.NewAdmin(h.base, made.Token)
+	if _, err := viewer.ListTenants(ctx); err != nil {
+		t.Fatalf("a viewer's read: %v", err)
+	}
+	_, err = viewer.CreateTenant(ctx, client.CreateTenantRequest{ID: "nope", Name: "nope", Plan: "free"})
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.StatusCode != http.StatusForbidden || ce.Code != "ROLE_FORBIDDEN" {
+		t.Fatalf("a viewer's write: %v, want 403 ROLE_FORBIDDEN", err)
+	}
+	list, err := admin.ListCredentials(ctx)
+	if err != nil || !slices.ContainsFunc(list, func(c client.Credential) bool { return c.Name == "dash" && c.RevokedAt == nil }) {
+		t.Fatalf("ListCredentials: %+v %v", list, err)
+	}
+	rotated, err := admin.RotateCredential(ctx, "dash")
+	if err != nil || rotated.Token == made.Token {
+		t.Fatalf("RotateCredential: %+v %v", rotated, err)
+	}
+	// The API process changed the credential itself: its own cache forgot it at once.
+	if _, err := viewer.ListTenants(ctx); !errors.As(err, &ce) || ce.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the rotated-out token: %v, want 401", err)
+	}
+	if err := admin.RevokeCredential(ctx, "dash"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.NewAdmin(h.base, rotated.Token).ListTenants(ctx); !errors.As(err, &ce) || ce.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the revoked token: %v, want 401", err)
 	}
 }
