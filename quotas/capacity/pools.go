@@ -66,15 +66,18 @@ func (pl *Pools) poolKeys(name string) []string {
 // learned its upstream allows (c: from 0.9 to 1.25 times it), by 0.2 % of that rate a
 // second, so the pool probes past what it learned slowly. save writes it back; use
 // adds tokens to the last minute's use and to the running total of tokens used (g).
+// In the same read it takes backoff, until when the tenant ARGV[6] is held back
+// (field "b:<tenant>"): every script that loads the pool names the tenant there.
 const luaPoolLoad = `
 local cfg, burst, rpm, idle = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 -- the last minute's use: 12 slots of 5 s, field "u<slot mod 12>" = "<slot>:<tokens>"
 local us = math.floor(now / 5000)
 local uk = 'u' .. (us % 12)
-local st = redis.call('HMGET', KEYS[1], 'l', 'r', 't', 'e', 'x', 'v', uk, 'c', 'g')
+local st = redis.call('HMGET', KEYS[1], 'l', 'r', 't', 'e', 'x', 'v', uk, 'c', 'g', 'b:' .. ARGV[6])
 local l, r, t = tonumber(st[1]) or burst, tonumber(st[2]) or rpm, tonumber(st[3]) or now
 local eff, x, v = tonumber(st[4]) or cfg, tonumber(st[5]) or 0, tonumber(st[6]) or 0
 local c, g = tonumber(st[8]), tonumber(st[9]) or 0
+local backoff = tonumber(st[10]) -- until when ARGV[6], the tenant, is held back
 local un, used = 0, false
 if st[7] then
   local i = string.find(st[7], ':')
@@ -142,7 +145,7 @@ local function use(n) un, used, g = un + n, true, g + n end
 var reservePoolScript = redisx.NewScript(script.Now + luaPoolLoad + `
 local tenant, w, ask = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local grace, try = tonumber(ARGV[9]), ARGV[11] == '1'
-local held = tonumber(redis.call('HGET', KEYS[1], 'b:' .. tenant))
+local held = backoff
 if held and held > now then
   if not try then redis.call('ZREM', KEYS[3], tenant) end
   return {0, math.min(math.ceil(held - now), tonumber(ARGV[10])), math.floor(eff), 1}
@@ -155,7 +158,8 @@ for _, m in ipairs(lapsed) do
     redis.call('HDEL', KEYS[2], 'p:' .. m, 'w:' .. m, 'g:' .. m)
   end
 end
-if redis.call('HLEN', KEYS[2]) > 3 * redis.call('ZCARD', KEYS[4]) + 48 then
+local others = redis.call('ZCARD', KEYS[4])
+if redis.call('HLEN', KEYS[2]) > 3 * others + 48 then
   local sc = redis.call('HSCAN', KEYS[2], redis.call('HGET', KEYS[1], 'pc') or '0', 'MATCH', 'p:*', 'COUNT', 16)
   for i = 1, #sc[2], 2 do
     local t = string.sub(sc[2][i], 3)
@@ -173,7 +177,6 @@ for i = 1, #head, 2 do
     break
   end
 end
-local others = redis.call('ZCARD', KEYS[4])
 local back = tonumber(redis.call('ZSCORE', KEYS[4], tenant))
 if back then others = others - 1 end
 local p0 = tonumber(redis.call('HGET', KEYS[2], 'p:' .. tenant))
@@ -187,16 +190,16 @@ if eligible and rok and l - need >= reserve then
   l = l - ask
   if rpm > 0 then r = r - 1 end
   if p > v then
-    redis.call('HSET', KEYS[2], 'g:' .. tenant, f(v) .. ':' .. f(p))
+    redis.call('HSET', KEYS[2], 'g:' .. tenant, f(v) .. ':' .. f(p), 'p:' .. tenant, f(p + ask / w), 'w:' .. tenant, w)
     v = p
   else
     redis.call('HDEL', KEYS[2], 'g:' .. tenant)
+    redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p + ask / w), 'w:' .. tenant, w)
   end
-  redis.call('HSET', KEYS[2], 'p:' .. tenant, f(p + ask / w), 'w:' .. tenant, w)
   redis.call('PEXPIRE', KEYS[2], idle)
   if back and back - grace > now then
     redis.call('ZADD', KEYS[3], f(p + ask / w), tenant)
-  else
+  elseif #head > 0 then -- an empty line has no place to leave
     redis.call('ZREM', KEYS[3], tenant)
   end
   redis.call('ZADD', KEYS[4], 'GT', now + grace, tenant)

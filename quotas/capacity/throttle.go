@@ -58,7 +58,7 @@ local function parts(s)
   return out
 end
 local k = parts(redis.call('HGET', KEYS[1], 'k:' .. tenant))
-local held = tonumber(redis.call('HGET', KEYS[1], 'b:' .. tenant))
+local held = backoff
 local inflight = held and held > now and #k == 3
 local n, back = 1, 0
 if inflight then
