@@ -115,6 +115,11 @@ func TestOperatorViewShowsSharesAfterAFairnessRun(t *testing.T) {
 	if html, err := chromedp.Run(ctx, chromedp.OuterHTML("#webhooks")); err != nil || !strings.Contains(html, "http://127.0.0.1:9/hooks") || strings.Contains(html, "hidden-from-the-view") {
 		t.Errorf("webhooks table (%v): %s; want the endpoint without its query", err, html)
 	}
+	// Nor does the page show it anywhere else: the recent changes show the
+	// endpoint's creation with the URL as the view shows it.
+	if html, err := chromedp.Run(ctx, chromedp.OuterHTML("body")); err != nil || strings.Contains(html, "hidden-from-the-view") {
+		t.Errorf("the page (%v) shows an endpoint URL's query", err)
+	}
 	// The default order is by share, descending.
 	if rows[0].Tenant != "acme" {
 		t.Errorf("first row %s, want acme (largest share)", rows[0].Tenant)

@@ -31,6 +31,7 @@ package operator
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -358,7 +359,7 @@ func (s *Service) recentChanges(ctx context.Context) ([]Change, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Change{Row: r, Diff: d})
+		out = append(out, Change{Row: r, Diff: displayDiff(d)})
 	}
 	return out, nil
 }
@@ -415,6 +416,33 @@ func sortTenants(rows []Tenant, q Query) []Tenant {
 		return c
 	})
 	return rows
+}
+
+// displayDiff is d as the view shows it: a URL field (an endpoint's, an agent's) as
+// DisplayURL shows it, since a change's URL can carry credentials as the endpoint's
+// own can.
+func displayDiff(d []audit.FieldChange) []audit.FieldChange {
+	for i, c := range d {
+		if c.Field != "url" {
+			continue
+		}
+		d[i].Before, d[i].After = displayURLJSON(c.Before), displayURLJSON(c.After)
+	}
+	return d
+}
+
+// displayURLJSON is a JSON string holding a URL, as DisplayURL shows it; anything
+// else (null, another type) as it is.
+func displayURLJSON(v json.RawMessage) json.RawMessage {
+	var u string
+	if len(v) == 0 || v[0] != '"' || json.Unmarshal(v, &u) != nil {
+		return v
+	}
+	b, err := json.Marshal(DisplayURL(u))
+	if err != nil {
+		return v
+	}
+	return b
 }
 
 // DisplayURL is u without its user part and query: what the view may show of an

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/billing/webhooks"
+	"github.com/agentq/agentq/internal/audit"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/pools"
@@ -310,5 +312,19 @@ func TestPoolsInOverview(t *testing.T) {
 	}
 	if len(p.Agents) != 1 || p.Agents[0] != (pools.AgentTokens{Agent: "sim", TokensPerStep: 2000}) {
 		t.Errorf("agents %+v", p.Agents)
+	}
+}
+
+// A change's URL shows as the view shows an endpoint's: no user part, no query.
+func TestRecentChangesShowURLsWithoutCredentials(t *testing.T) {
+	d := displayDiff([]audit.FieldChange{
+		{Field: "url", Before: json.RawMessage(`null`), After: json.RawMessage(`"https://u:p@hooks.example/in?token=secret#f"`)},
+		{Field: "types", Before: json.RawMessage(`null`), After: json.RawMessage(`["x?token=kept"]`)},
+	})
+	if string(d[0].Before) != `null` || string(d[0].After) != `"https://hooks.example/in"` {
+		t.Errorf("url change %s → %s, want null → the URL without user part and query", d[0].Before, d[0].After)
+	}
+	if string(d[1].After) != `["x?token=kept"]` {
+		t.Errorf("another field changed to %s", d[1].After)
 	}
 }
