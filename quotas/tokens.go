@@ -30,6 +30,9 @@ type TokenAnswer struct {
 	// Throttled says a pool refused because the tenant is held back after its
 	// upstream refused it (capacity.Pools.ThrottlePool): the step waits with ThrottleReason.
 	Throttled bool
+	// Unpaced says a pool granted while no tenant waited: the grant moved no pass, so
+	// its settlement or give-back must move none either (PoolSettleParams.Unpaced).
+	Unpaced bool
 }
 
 // TenantTokensParams names a tenant's ai_tokens_per_minute bucket and one step's
@@ -122,6 +125,9 @@ type PoolSettleParams struct {
 	Pool   PoolConfig
 	Tenant string
 	Tokens int64
+	// Unpaced settles or gives back a grant that moved no pass (TokenAnswer.Unpaced):
+	// the tokens and the request only.
+	Unpaced bool
 }
 
 // PoolThrottleParams is an upstream's refusal of one tenant's step.

@@ -39,6 +39,9 @@ type reservation struct {
 	period       quotas.Period
 	tokens, cost int64
 	held         holding
+	// unpaced says the pool granted while no tenant waited: the grant moved no pass,
+	// and its settlement or give-back moves none.
+	unpaced bool
 	// next is the agent's estimate of its next step's tokens (0: none).
 	next int64
 }
@@ -82,7 +85,7 @@ func (s *reservation) Reserve(ctx context.Context, period quotas.Period, tokens 
 		try, tryErr = tried()
 	}
 	if err != nil && tryErr == nil && try.Granted {
-		s.held = holdsPool
+		s.held, s.unpaced = holdsPool, try.Unpaced
 		s.Refund(ctx) // the step does not run: the pool's grant goes back
 	}
 	var qe *quotas.QuotaExceeded
@@ -103,12 +106,12 @@ func (s *reservation) Reserve(ctx context.Context, period quotas.Period, tokens 
 		return nil
 	}
 	if tryErr == nil && try.Granted {
-		s.held |= holdsPool
+		s.held, s.unpaced = s.held|holdsPool, try.Unpaced
 		return nil
 	}
 	ans, err := s.limits.ReservePool(ctx, s.poolParams())
 	if err == nil && ans.Granted {
-		s.held |= holdsPool
+		s.held, s.unpaced = s.held|holdsPool, ans.Unpaced
 		return nil
 	}
 	s.Refund(ctx)
@@ -166,7 +169,7 @@ func (s *reservation) Refund(ctx context.Context) {
 		}
 		// Its tokens, its request and its move of the tenant's pass and the pool's
 		// virtual time.
-		_, _ = s.limits.GiveBackPool(ctx, pipe, quotas.PoolSettleParams{Pool: s.pool.Pool, Tenant: s.tenant, Tokens: s.tokens})
+		_, _ = s.limits.GiveBackPool(ctx, pipe, quotas.PoolSettleParams{Pool: s.pool.Pool, Tenant: s.tenant, Tokens: s.tokens, Unpaced: s.unpaced})
 	})
 }
 
@@ -216,7 +219,7 @@ func (s *reservation) book(ctx context.Context, held holding, poolDelta int64, s
 			_ = s.limits.SettleStep(ctx, pipe, s.ofTenant(step))
 		}
 		if pool {
-			_, _ = s.limits.SettlePool(ctx, pipe, quotas.PoolSettleParams{Pool: s.pool.Pool, Tenant: s.tenant, Tokens: poolDelta})
+			_, _ = s.limits.SettlePool(ctx, pipe, quotas.PoolSettleParams{Pool: s.pool.Pool, Tenant: s.tenant, Tokens: poolDelta, Unpaced: s.unpaced})
 		}
 	})
 }

@@ -196,6 +196,7 @@ func tokenAnswer(res []int64, what string) (quotas.TokenAnswer, error) {
 	}
 	if res[0] == 1 {
 		a.Granted, a.Level = true, res[1]
+		a.Unpaced = len(res) > 3 && res[3] == 2
 	} else {
 		a.Wait = time.Duration(res[1]) * time.Millisecond
 		a.Throttled = len(res) > 3 && res[3] == 1

@@ -21,12 +21,16 @@ import (
 // ARGV[1] now ms or ""
 // ARGV[2] configured tokens a minute   ARGV[3] burst tokens   ARGV[4] requests a minute
 // ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] actual minus estimate
+// ARGV[8] 1: the grant was not paced (its pass stays)
 // Returns the level after, in tokens.
 var settlePoolScript = redisx.NewScript(script.Now + luaPoolLoad + `
 local d = tonumber(ARGV[7])
 l = math.min(burst, l - d)
-local pw = redis.call('HMGET', KEYS[2], 'p:' .. ARGV[6], 'w:' .. ARGV[6])
-local p, w = tonumber(pw[1]), tonumber(pw[2]) or 1
+local p, w
+if ARGV[8] ~= '1' then
+  local pw = redis.call('HMGET', KEYS[2], 'p:' .. ARGV[6], 'w:' .. ARGV[6])
+  p, w = tonumber(pw[1]), tonumber(pw[2]) or 1
+end
 if p then
   redis.call('HSET', KEYS[2], 'p:' .. ARGV[6], f(p + d / w))
   redis.call('PEXPIRE', KEYS[2], idle)
@@ -46,7 +50,7 @@ func (pl *Pools) SettlePool(ctx context.Context, pipe redis.Pipeliner, p quotas.
 	}
 	keys := pl.poolKeys(p.Pool.Name)[:3]
 	cmd := settlePoolScript.Run(ctx, pl.on(pipe), keys, pl.nowArg(), p.Pool.TokensPerMinute, p.Pool.Burst(),
-		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, p.Tokens)
+		p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, p.Tokens, script.Bool(p.Unpaced))
 	if pipe != nil {
 		return 0, nil
 	}
@@ -74,13 +78,17 @@ func (pl *Pools) on(pipe redis.Pipeliner) redis.Scripter {
 // ARGV[1] now ms or ""
 // ARGV[2] configured tokens a minute   ARGV[3] burst tokens   ARGV[4] requests a minute
 // ARGV[5] idle ttl ms   ARGV[6] tenant   ARGV[7] tokens reserved
+// ARGV[8] 1: the grant was not paced (no pass or virtual time to move back)
 // Returns the level after, in tokens.
 var giveBackPoolScript = redisx.NewScript(script.Now + luaPoolLoad + `
 local t, n = ARGV[6], tonumber(ARGV[7])
 l = math.min(burst, l + n)
 if rpm > 0 then r = math.min(rpm, r + 1) end
-local pw = redis.call('HMGET', KEYS[2], 'p:' .. t, 'w:' .. t, 'g:' .. t)
-local p, w = tonumber(pw[1]), tonumber(pw[2]) or 1
+local p, w, pw
+if ARGV[8] ~= '1' then
+  pw = redis.call('HMGET', KEYS[2], 'p:' .. t, 'w:' .. t, 'g:' .. t)
+  p, w = tonumber(pw[1]), tonumber(pw[2]) or 1
+end
 if p then
   p = p - n / w
   redis.call('HSET', KEYS[2], 'p:' .. t, f(p))
@@ -104,7 +112,7 @@ func (pl *Pools) GiveBackPool(ctx context.Context, pipe redis.Pipeliner, p quota
 		return 0, err
 	}
 	cmd := giveBackPoolScript.Run(ctx, pl.on(pipe), pl.poolKeys(p.Pool.Name)[:3], pl.nowArg(), p.Pool.TokensPerMinute,
-		p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Tokens, 0))
+		p.Pool.Burst(), p.Pool.RequestsPerMinute, poolIdleTTL.Milliseconds(), p.Tenant, max(p.Tokens, 0), script.Bool(p.Unpaced))
 	if pipe != nil {
 		return 0, nil
 	}

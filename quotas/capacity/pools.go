@@ -123,6 +123,11 @@ local function use(n) un, used, g = un + n, true, g + n end
 // (the latest of its places lapses more than a grace from now): then it keeps its
 // place, at its new pass. A grant that moves the virtual time notes the time before
 // it (field "g:<tenant>"), for a give-back to undo.
+// While no tenant waits and the bucket keeps half its burst after the grant, a grant
+// is not paced: it takes the tokens and the request and counts the tenant among the
+// recent askers, but moves no pass and no virtual time (fair order only matters once
+// someone waits, and then every grant is paced), and answers with a fourth element, 2,
+// so that its give-back or settlement moves no pass either.
 // A try (ARGV[11] = 1) takes a grant as an ask does, and otherwise answers the wait
 // without taking a place in line (or leaving the one the tenant has).
 // A tenant whose place lapses at or behind the virtual time leaves the passes (such a
@@ -139,7 +144,7 @@ local function use(n) un, used, g = un + n, true, g + n end
 // A tenant its upstream refused lately (ThrottlePool) is held back until its back-off
 // ends, before anything else: it neither draws nor keeps a place in line (a place it
 // could not use would hold the others up).
-// Returns {1, level after, effective rate} when granted, {0, ms until expected,
+// Returns {1, level after, effective rate} when granted ({…, 2} when not paced), {0, ms until expected,
 // effective rate} when not, {0, ms until the tenant's back-off ends, effective rate,
 // 1} when the tenant is held back.
 var reservePoolScript = redisx.NewScript(script.Now + luaPoolLoad + `
@@ -149,6 +154,15 @@ local held = backoff
 if held and held > now then
   if not try then redis.call('ZREM', KEYS[3], tenant) end
   return {0, math.min(math.ceil(held - now), tonumber(ARGV[10])), math.floor(eff), 1}
+end
+if (rpm <= 0 or r >= 1) and l - ask >= burst / 2 and redis.call('ZCARD', KEYS[3]) == 0 then
+  l = l - ask
+  if rpm > 0 then r = r - 1 end
+  redis.call('ZADD', KEYS[4], 'GT', now + grace, tenant)
+  redis.call('PEXPIRE', KEYS[4], idle)
+  use(ask)
+  save()
+  return {1, math.floor(l), math.floor(eff), 2}
 end
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 for _, m in ipairs(lapsed) do redis.call('ZREM', KEYS[3], m) end

@@ -534,6 +534,11 @@ func TestPoolGiveBackUndoesTheReservation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Another tenant's debt leaves the bucket below half its burst, so every grant
+	// below is paced.
+	if _, err := q.SettlePool(ctx, nil, quotas.PoolSettleParams{Pool: pool, Tenant: "other", Tokens: 5000}); err != nil {
+		t.Fatal(err)
+	}
 	grant("b", 1)
 	grant("b", 1) // from pass 1000: the virtual time moves to 1000
 	grant("a", 2) // from the virtual time, 1000, to 1500
@@ -543,8 +548,8 @@ func TestPoolGiveBackUndoesTheReservation(t *testing.T) {
 		pass, vt, level   float64
 		requests, passOfB float64
 	}{
-		{name: "a weight-2 tenant's pass moves back by half", tenant: "a", pass: 1000, vt: 1000, level: 8000, requests: 58, passOfB: 2000},
-		{name: "a grant that moved the virtual time moves it back", tenant: "b", pass: 1000, vt: 0, level: 9000, requests: 59, passOfB: 1000},
+		{name: "a weight-2 tenant's pass moves back by half", tenant: "a", pass: 1000, vt: 1000, level: 3000, requests: 58, passOfB: 2000},
+		{name: "a grant that moved the virtual time moves it back", tenant: "b", pass: 1000, vt: 0, level: 4000, requests: 59, passOfB: 1000},
 	}
 	for _, s := range steps {
 		giveBack(s.tenant)
@@ -592,6 +597,48 @@ func TestPoolTryTakesNoPlace(t *testing.T) {
 	}
 }
 
+// While no tenant waits and the bucket keeps half its burst, a grant is not paced: it
+// takes the tokens and the request and counts the tenant among the recent askers, but
+// moves no pass and no virtual time, and says so, so that its give-back moves none
+// either. Once the bucket would keep less than half, grants are paced again.
+func TestPoolGrantsUnpacedWhileNoOneWaits(t *testing.T) {
+	t.Parallel()
+	q, _ := newTokenQuotas(t)
+	ctx := context.Background()
+	pool := quotas.PoolConfig{Name: "unpaced", TokensPerMinute: 60_000, BurstTokens: 10_000, RequestsPerMinute: 60}
+	passes, state, claims := q.Pools.keys.PoolPasses(pool.Name), q.Pools.keys.PoolState(pool.Name), q.Pools.keys.PoolClaims(pool.Name)
+	reserve := func(tokens int64) quotas.TokenAnswer {
+		t.Helper()
+		a, err := q.ReservePool(ctx, quotas.PoolReserveParams{Pool: pool, Tenant: "b", Weight: 1, Tokens: tokens})
+		if err != nil || !a.Granted {
+			t.Fatalf("ask of %d: %+v %v", tokens, a, err)
+		}
+		return a
+	}
+	if a := reserve(1000); !a.Unpaced || a.Level != 9000 {
+		t.Fatalf("a grant from a full bucket: %+v, want unpaced at level 9000", a)
+	}
+	if n := q.Pools.rdb.HLen(ctx, passes).Val(); n != 0 {
+		t.Fatalf("an unpaced grant wrote %d pass fields", n)
+	}
+	if _, err := q.Pools.rdb.ZScore(ctx, claims, "b").Result(); err != nil {
+		t.Fatalf("the tenant is not among the recent askers: %v", err)
+	}
+	if _, err := q.GiveBackPool(ctx, nil, quotas.PoolSettleParams{Pool: pool, Tenant: "b", Tokens: 1000, Unpaced: true}); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := q.Pools.rdb.HGet(ctx, state, "l").Float64(); l != 10_000 || q.Pools.rdb.HLen(ctx, passes).Val() != 0 {
+		t.Fatalf("after the give-back: level %v, %d pass fields; want 10000 and none", l, q.Pools.rdb.HLen(ctx, passes).Val())
+	}
+	reserve(4000) // level 6000, still half
+	if a := reserve(2000); a.Unpaced {
+		t.Fatalf("a grant leaving 4000 of a 10000 burst: %+v, want paced", a)
+	}
+	if p, _ := q.Pools.rdb.HGet(ctx, passes, "p:b").Float64(); p != 2000 {
+		t.Fatalf("b's pass %v after its paced grant of 2000, want 2000", p)
+	}
+}
+
 // A busy pool does not keep the pass of every tenant that ever drew on it: a tenant
 // gone (its place lapsed) whose pass the virtual time has caught up with is pruned.
 func TestPoolPrunesTheTenantsThatLeft(t *testing.T) {
@@ -633,7 +680,7 @@ func TestPoolLeaveDropsThePlace(t *testing.T) {
 		return a
 	}
 	at := func(d time.Duration) time.Time { return time.UnixMilli(now.Load()).Add(d) }
-	ask("b", 500)
+	ask("b", 6000)        // paced: the bucket keeps less than half its burst
 	h := ask("h", 10_000) // h's task parks for the full bucket
 	if ok, err := q.LeavePool(ctx, pool.Name, "h", at(h.Wait-time.Second)); err != nil || ok {
 		t.Fatalf("an ask due before h's latest left: dropped %v %v; want the place kept", ok, err)
