@@ -123,8 +123,9 @@ local function use(n) un, used, g = un + n, true, g + n end
 // (the latest of its places lapses more than a grace from now): then it keeps its
 // place, at its new pass. A grant that moves the virtual time notes the time before
 // it (field "g:<tenant>"), for a give-back to undo.
-// While no tenant waits and the bucket keeps half its burst after the grant, a grant
-// is not paced: it takes the tokens and the request and counts the tenant among the
+// While no tenant waits, the bucket keeps half its burst after the grant and the pool
+// runs at its configured rate with no throttled answer in the last 10 s, a grant is
+// not paced: it takes the tokens and the request and counts the tenant among the
 // recent askers, but moves no pass and no virtual time (fair order only matters once
 // someone waits, and then every grant is paced), and answers with a fourth element, 2,
 // so that its give-back or settlement moves no pass either.
@@ -148,6 +149,7 @@ local function use(n) un, used, g = un + n, true, g + n end
 // effective rate} when not, {0, ms until the tenant's back-off ends, effective rate,
 // 1} when the tenant is held back.
 var reservePoolScript = redisx.NewScript(script.Now + luaPoolLoad + `
+local poolSettled = 10000 -- ms after the last throttled answer: the pool still learning
 local tenant, w, ask = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local grace, try = tonumber(ARGV[9]), ARGV[11] == '1'
 local held = backoff
@@ -155,7 +157,7 @@ if held and held > now then
   if not try then redis.call('ZREM', KEYS[3], tenant) end
   return {0, math.min(math.ceil(held - now), tonumber(ARGV[10])), math.floor(eff), 1}
 end
-if (rpm <= 0 or r >= 1) and l - ask >= burst / 2 and redis.call('ZCARD', KEYS[3]) == 0 then
+if eff >= cfg and now > x + poolSettled and (rpm <= 0 or r >= 1) and l - ask >= burst / 2 and redis.call('ZCARD', KEYS[3]) == 0 then
   l = l - ask
   if rpm > 0 then r = r - 1 end
   redis.call('ZADD', KEYS[4], 'GT', now + grace, tenant)
