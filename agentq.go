@@ -201,10 +201,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	})
 	a.asynqClient = asynq.NewClientFromRedisClient(a.rdb)
 	a.dispatcher = scheduler.NewDispatcher(a.sched, a.rdb, a.asynqClient, scheduler.DispatcherOptions{Archetype: a.archetype})
-	queues := map[string]int{}
-	for band, w := range scheduler.Bands {
-		queues[a.keys.AsynqQueue(band)] = w
-	}
+	queues := map[string]int{a.keys.TaskQueue(): 1}
 	// The tenants' policies and cache come before the lifecycle: its subscribers read
 	// them, at every step, park, pause and start.
 	deps := services.Deps{
@@ -232,7 +229,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		a.log.Warn("registering the model pools' gauges failed", "err", err)
 	}
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, stepLimits{a.quotas, a.modelPools}, a.rdb, runtime.WorkerOptions{
-		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, CancelChannel: a.keys.CancelChannel(),
+		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, DrainQueues: scheduler.LegacyQueues(a.keys), CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
 		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch, Pools: a.services.Pools,
 	})
@@ -441,7 +438,7 @@ func (a *App) roleServices() []startstop.Service {
 // follows what each needs of the ones before it; Stop and Shutdown stop them in the
 // reverse order.
 //
-//   - worker: registers its capacity and consumes the task queues before anything
+//   - worker: registers its capacity and consumes the task queue before anything
 //     dispatches, and stops last, so running steps finish after dispatching stopped;
 //   - scheduler: the dispatcher, then the sweep that re-pushes queued tasks missing
 //     from Redis, then the pause watcher (paused tasks whose quota allows again go

@@ -20,7 +20,6 @@ import (
 	"github.com/agentq/agentq/quotas/admission"
 	"github.com/agentq/agentq/quotas/capacity"
 	"github.com/agentq/agentq/runtime"
-	"github.com/agentq/agentq/scheduler"
 )
 
 // setOverrides replaces the rig tenant's overrides.
@@ -281,10 +280,7 @@ func (r *rig) bindPools(pools staticPools) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	queues := map[string]int{}
-	for band, weight := range scheduler.Bands {
-		queues[r.keys.AsynqQueue(band)] = weight
-	}
+	queues := map[string]int{r.keys.TaskQueue(): 1}
 	logger := slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r.w = runtime.NewWorker(r.lc, r.st, r.agents, r.sched, r.q, r.rdb, runtime.WorkerOptions{
 		Concurrency: 2, Fetchers: 2, Queues: queues, CancelChannel: r.keys.CancelChannel(),

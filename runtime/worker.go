@@ -111,6 +111,11 @@ type PoolBindings interface {
 type WorkerOptions struct {
 	Concurrency       int
 	Queues            map[string]int // asynq queue name → weight
+	// DrainQueues are asynq queues that tasks no longer go to but may still hold
+	// messages an earlier version sent (scheduler.LegacyQueues): one more asynq server,
+	// of one slot, takes them, polling once a second when they are empty, so they cost
+	// the fetches of Queues nothing.
+	DrainQueues []string
 	CancelChannel     string         // pub/sub channel carrying task ids to interrupt
 	ShutdownTimeout   time.Duration  // how long running steps may take to finish on Stop
 	TaskCheckInterval time.Duration  // asynq's poll interval when its queues are empty
@@ -277,6 +282,26 @@ func fetcherShares(concurrency, fetchers int) []int {
 	return out
 }
 
+// drainCheckInterval is how often the server of DrainQueues polls them while they
+// are empty.
+const drainCheckInterval = time.Second
+
+// asynqConfig configures one of the worker's asynq servers.
+func (w *Worker) asynqConfig(concurrency int, queues map[string]int, checkEvery time.Duration) asynq.Config {
+	return asynq.Config{
+		Concurrency:       concurrency,
+		Queues:            queues,
+		ShutdownTimeout:   w.opts.ShutdownTimeout,
+		TaskCheckInterval: checkEvery,
+		Logger:            asynqLogger{w.log},
+		LogLevel:          asynq.WarnLevel,
+		// Task errors are infrastructure errors (Postgres down); asynq retries them.
+		RetryDelayFunc: func(n int, _ error, _ *asynq.Task) time.Duration {
+			return time.Duration(math.Min(float64(time.Second)*math.Pow(2, float64(n)), float64(time.Minute)))
+		},
+	}
+}
+
 // Start registers the worker's capacity and starts processing, until Stop. It
 // returns once asynq's server runs.
 func (w *Worker) Start(ctx context.Context) error {
@@ -293,18 +318,22 @@ func (w *Worker) Start(ctx context.Context) error {
 	shares := fetcherShares(w.opts.Concurrency, w.opts.Fetchers)
 	var servers []*asynq.Server
 	for _, n := range shares {
-		srv := asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
-			Concurrency:       n,
-			Queues:            w.opts.Queues,
-			ShutdownTimeout:   w.opts.ShutdownTimeout,
-			TaskCheckInterval: w.opts.TaskCheckInterval * time.Duration(len(shares)),
-			Logger:            asynqLogger{w.log},
-			LogLevel:          asynq.WarnLevel,
-			// Task errors are infrastructure errors (Postgres down); asynq retries them.
-			RetryDelayFunc: func(n int, _ error, _ *asynq.Task) time.Duration {
-				return time.Duration(math.Min(float64(time.Second)*math.Pow(2, float64(n)), float64(time.Minute)))
-			},
-		})
+		srv := asynq.NewServerFromRedisClient(w.rdb, w.asynqConfig(n, w.opts.Queues, w.opts.TaskCheckInterval*time.Duration(len(shares))))
+		if err := srv.Start(mux); err != nil {
+			for _, s := range servers {
+				s.Shutdown()
+			}
+			stopped()
+			return fmt.Errorf("runtime: start asynq server: %w", err)
+		}
+		servers = append(servers, srv)
+	}
+	if len(w.opts.DrainQueues) > 0 {
+		drain := map[string]int{}
+		for _, q := range w.opts.DrainQueues {
+			drain[q] = 1
+		}
+		srv := asynq.NewServerFromRedisClient(w.rdb, w.asynqConfig(1, drain, drainCheckInterval))
 		if err := srv.Start(mux); err != nil {
 			for _, s := range servers {
 				s.Shutdown()

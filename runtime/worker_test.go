@@ -123,17 +123,14 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		Admission: admission.NewGuard(r.q.Store, admission.GuardOptions{Timeout: time.Second}),
 		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Archetype: &baseservice.Archetype{Logger: logger},
 	})
-	queues := map[string]int{}
-	for band, weight := range scheduler.Bands {
-		queues[keys.AsynqQueue(band)] = weight
-	}
+	queues := map[string]int{keys.TaskQueue(): 1}
 	var lc runtime.Lifecycle = r.lc
 	if wrap != nil {
 		lc = wrap(r, lc)
 	}
 	r.w = runtime.NewWorker(lc, st, r.agents, r.sched, r.q, rdb, runtime.WorkerOptions{
 		// Asynq servers of one slot each (two by default), as a loaded worker runs several.
-		Concurrency: slots, Fetchers: slots, Queues: queues, CancelChannel: keys.CancelChannel(),
+		Concurrency: slots, Fetchers: slots, Queues: queues, DrainQueues: scheduler.LegacyQueues(keys), CancelChannel: keys.CancelChannel(),
 		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
 		Archetype: &baseservice.Archetype{Logger: logger}, Policies: tenants.NewPolicies(plans, 16), Events: keys.TaskEvents,
 	})
@@ -313,6 +310,24 @@ func TestWorkerRunsAGoHandlerToCompletion(t *testing.T) {
 	if n := r.ledgerRows(id); n != 9 {
 		t.Fatalf("ledger: %d rows, want 3 meters for each of 3 steps", n)
 	}
+	r.wantReleased(id)
+}
+
+// A task an earlier version sent to the asynq queue of its priority band (high or
+// low) is still run: the worker drains those queues.
+func TestWorkerDrainsTheLegacyPriorityQueues(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	legacy := scheduler.LegacyQueues(r.keys)
+	t.Cleanup(func() { r.rdb.SRem(context.Background(), "asynq:queues", append(legacy, r.keys.TaskQueue())) })
+	r.agents.Register("counter", counter(t))
+	id := r.submit("counter", `{"steps":1}`, nil)
+	msg := r.take()
+	if _, err := asynq.NewClientFromRedisClient(r.rdb).EnqueueContext(r.ctx, msg, asynq.Queue(legacy[1]), asynq.TaskID(id.String())); err != nil {
+		t.Fatal(err)
+	}
+	r.start()
+	r.waitState(id, agentqtype.TaskStateCompleted)
 	r.wantReleased(id)
 }
 

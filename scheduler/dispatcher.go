@@ -456,7 +456,7 @@ func (d *Dispatcher) enqueue(ctx context.Context, job Dispatched) (err error) {
 		// asynq still holds a message under this id. Pending or active: it will run
 		// (a re-send after a crash). Archived or completed: a leftover of an earlier
 		// attempt that would block this one for good, so it goes and the task is sent.
-		queue := d.sched.keys.AsynqQueue(BandOf(job.Priority))
+		queue := d.sched.keys.TaskQueue()
 		if info, ierr := d.inspector.GetTaskInfo(queue, job.asynqID()); ierr == nil &&
 			(info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted) {
 			if derr := d.inspector.DeleteTask(queue, job.asynqID()); derr == nil {
@@ -769,7 +769,7 @@ func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
 	}
 	return asynq.NewTask(wire.TaskType, body,
 		asynq.TaskID(d.asynqID()),
-		asynq.Queue(keys.AsynqQueue(BandOf(d.Priority))),
+		asynq.Queue(keys.TaskQueue()),
 		// Retries are for infrastructure errors and for redeliveries after a worker
 		// died (each counts as one); business outcomes end the task in Postgres.
 		asynq.MaxRetry(10),

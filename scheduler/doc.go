@@ -1,6 +1,6 @@
-// Package scheduler moves work from per-tenant Redis queues into a small, fixed set of
-// asynq queues (one per priority band), in weighted-fair order measured in worker
-// time, and never faster than the live workers' slots can take it.
+// Package scheduler moves work from per-tenant Redis queues into one asynq queue, in
+// weighted-fair order measured in worker time, and never faster than the live
+// workers' slots can take it.
 //
 // Design notes:
 //

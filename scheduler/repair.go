@@ -87,8 +87,9 @@ func (s *Scheduler) AddRunning(ctx context.Context, tenantID, taskID string) err
 }
 
 // Stranded reports whether a dispatched task that has not started is lost to asynq:
-// confirmed in flight for longer than minAge while asynq holds no live message for it
-// (gone with a Redis data loss, or archived after its retries). A stranded task's
+// confirmed in flight for longer than minAge while asynq holds no live message for it,
+// in the task queue or in the queue of its priority band that an earlier version sent
+// it to (gone with a Redis data loss, or archived after its retries). A stranded task's
 // leftover message is deleted, so the task can be sent again.
 func (s *Scheduler) Stranded(ctx context.Context, insp *asynq.Inspector, tenantID, taskID string, priority int, minAge time.Duration) (bool, error) {
 	score, err := s.rdb.ZScore(ctx, s.keys.Inflight(s.keys.Shard(tenantID)), taskID).Result()
@@ -110,15 +111,25 @@ func (s *Scheduler) Stranded(ctx context.Context, insp *asynq.Inspector, tenantI
 		return false, err
 	}
 	id := rkeys.AsynqTaskID(taskID, gen)
-	queue := s.keys.AsynqQueue(BandOf(priority))
-	info, err := insp.GetTaskInfo(queue, id)
-	switch {
-	case errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound):
-		return true, nil
-	case err != nil:
-		return false, err
-	case info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted:
-		return true, insp.DeleteTask(queue, id)
+	// The task queue, and the queue of its priority band an earlier version may have
+	// sent it to.
+	queues := []string{s.keys.TaskQueue()}
+	if q := legacyQueue(s.keys, priority); q != queues[0] {
+		queues = append(queues, q)
 	}
-	return false, nil
+	for _, queue := range queues {
+		info, err := insp.GetTaskInfo(queue, id)
+		switch {
+		case errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound):
+		case err != nil:
+			return false, err
+		case info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted:
+			if err := insp.DeleteTask(queue, id); err != nil {
+				return false, err
+			}
+		default:
+			return false, nil // live: a worker takes it
+		}
+	}
+	return true, nil
 }

@@ -12,16 +12,6 @@ import (
 	"github.com/agentq/agentq/internal/rkeys"
 )
 
-// Priority bands: one asynq queue each.
-const (
-	BandHigh    = "high"    // priority 7–9
-	BandDefault = "default" // priority 4–6
-	BandLow     = "low"     // priority 0–3
-)
-
-// Bands lists the bands with the asynq weight workers give each.
-var Bands = map[string]int{BandHigh: 6, BandDefault: 3, BandLow: 1}
-
 // Priority bounds; DefaultPriority applies when a request names none.
 const (
 	MinPriority     = 0
@@ -29,15 +19,31 @@ const (
 	DefaultPriority = 5
 )
 
-// BandOf maps a task priority to its band.
-func BandOf(priority int) string {
+// Every dispatched task goes through one asynq queue (rkeys.Keys.TaskQueue). The
+// dispatcher sends tasks in fair order, each tenant's by priority, and only as many as
+// the live workers' free slots and the prefetch, so the workers take them in the order
+// they were sent, and each fetch is one script call whatever the tasks' priorities.
+//
+// Earlier versions sent each priority band to an asynq queue of its own: 7–9 "high",
+// 4–6 "default" (the task queue now) and 0–3 "low". The other two may still hold
+// messages such a version sent or retried: the workers drain them (LegacyQueues) and
+// Stranded looks for a task's message there.
+
+// LegacyQueues are the asynq queues of the priority bands other than the default one,
+// which earlier versions sent tasks of priority 7–9 and 0–3 to.
+func LegacyQueues(keys rkeys.Keys) []string {
+	return []string{keys.AsynqQueue("high"), keys.AsynqQueue("low")}
+}
+
+// legacyQueue is the asynq queue an earlier version sent a task of this priority to.
+func legacyQueue(keys rkeys.Keys, priority int) string {
 	switch {
 	case priority >= 7:
-		return BandHigh
+		return keys.AsynqQueue("high")
 	case priority >= 4:
-		return BandDefault
+		return keys.TaskQueue()
 	default:
-		return BandLow
+		return keys.AsynqQueue("low")
 	}
 }
 

@@ -686,6 +686,69 @@ func TestStrandedAgesByTheSchedulerClock(t *testing.T) {
 	}
 }
 
+// Tasks of every priority go to the one task queue, in the order they were
+// dispatched, so a worker's fetch is one script call.
+func TestDispatcherSendsEveryPriorityToTheTaskQueue(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	t.Cleanup(func() {
+		f.rdb.SRem(context.Background(), "asynq:queues", append(LegacyQueues(f.keys), f.keys.TaskQueue()))
+	})
+	for i, prio := range []int{9, 5, 0} {
+		f.enqueue(fmt.Sprintf("t%d", i), prio, 1, 0)
+	}
+	d := NewDispatcher(f.s, f.rdb, asynq.NewClientFromRedisClient(f.rdb), DispatcherOptions{})
+	if n, err := d.RunOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("RunOnce = %d, %v; want 3 dispatched", n, err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	pending, err := insp.ListPendingTasks(f.keys.TaskQueue())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 3 {
+		t.Fatalf("the task queue holds %d messages, want the 3 tasks of priorities 9, 5 and 0", len(pending))
+	}
+	for _, q := range LegacyQueues(f.keys) {
+		if qi, err := insp.GetQueueInfo(q); err == nil && qi.Size > 0 {
+			t.Fatalf("queue %s holds %d messages, want none", q, qi.Size)
+		}
+	}
+}
+
+// A message an earlier version sent to its priority band's queue is live: the task is
+// not stranded while it waits there (the workers drain those queues), and is once the
+// message is gone.
+func TestStrandedLooksInTheLegacyQueueOfTheTasksPriority(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	legacy := f.keys.AsynqQueue("high")
+	t.Cleanup(func() { f.rdb.SRem(context.Background(), "asynq:queues", legacy) })
+	f.enqueue("a", 8, 1, 0)
+	d := f.mustDispatch()
+	cl := asynq.NewClientFromRedisClient(f.rdb)
+	if _, err := cl.EnqueueContext(ctx, asynq.NewTask(wire.TaskType, nil), asynq.Queue(legacy), asynq.TaskID(d.asynqID())); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.clock += 60_000
+	f.mu.Unlock()
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	stranded, err := f.s.Stranded(ctx, insp, "a", d.TaskID, d.Priority, 30*time.Second)
+	if err != nil || stranded {
+		t.Fatalf("a task whose message waits in its band's queue: stranded=%v err=%v, want false", stranded, err)
+	}
+	if err := insp.DeleteTask(legacy, d.asynqID()); err != nil {
+		t.Fatal(err)
+	}
+	stranded, err = f.s.Stranded(ctx, insp, "a", d.TaskID, d.Priority, 30*time.Second)
+	if err != nil || !stranded {
+		t.Fatalf("no message in either queue: stranded=%v err=%v, want true", stranded, err)
+	}
+}
+
 func TestHeartbeatScoresWithRedisTime(t *testing.T) {
 	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)

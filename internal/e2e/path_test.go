@@ -16,7 +16,6 @@ import (
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/store"
-	"github.com/agentq/agentq/scheduler"
 )
 
 func (h *harness) adminClient() *client.Admin { return client.NewAdmin(h.base, h.admin) }
@@ -543,10 +542,8 @@ func TestAsynqStaysShort(t *testing.T) {
 	maxHeld := 0
 	for {
 		held := 0
-		for band := range scheduler.Bands {
-			if qi, err := insp.GetQueueInfo(h.app.Keys().AsynqQueue(band)); err == nil {
-				held += qi.Pending + qi.Active + qi.Scheduled + qi.Retry
-			}
+		if qi, err := insp.GetQueueInfo(h.app.Keys().TaskQueue()); err == nil {
+			held += qi.Pending + qi.Active + qi.Scheduled + qi.Retry
 		}
 		maxHeld = max(maxHeld, held)
 		got, err := b.GetTask(ctx, last.ID)

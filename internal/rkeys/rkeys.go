@@ -219,13 +219,16 @@ func ParseChanged(msg string) (kid, tenant string) {
 	return "", ""
 }
 
-// AsynqQueue names the asynq queue of a priority band. The set of bands is fixed, so
-// the number of asynq queues never grows with the number of tenants.
-func (k Keys) AsynqQueue(band string) string { return k.prefix + band }
+// AsynqQueue names an asynq queue of this deployment: the prefix followed by name.
+func (k Keys) AsynqQueue(name string) string { return k.prefix + name }
+
+// TaskQueue is the one asynq queue every dispatched task goes through, whatever the
+// number of tenants or the tasks' priorities (see scheduler.LegacyQueues).
+func (k Keys) TaskQueue() string { return k.AsynqQueue("default") }
 
 // AsynqKeyPrefix starts every key asynq writes for this deployment's queues: asynq
-// keeps queue q's keys under "asynq:{q}:", and every queue is AsynqQueue(band), the
-// deployment prefix followed by the band. (asynq's own global keys, such as its set
+// keeps queue q's keys under "asynq:{q}:", and every queue is AsynqQueue(name), the
+// deployment prefix followed by the name. (asynq's own global keys, such as its set
 // of queue names, are not under it.)
 func (k Keys) AsynqKeyPrefix() string { return "asynq:{" + k.prefix }
 
