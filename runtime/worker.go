@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -109,16 +110,16 @@ type PoolBindings interface {
 
 // WorkerOptions configure a Worker.
 type WorkerOptions struct {
-	Concurrency       int
-	Queues            map[string]int // asynq queue name → weight
+	Concurrency int
+	Queues      map[string]int // asynq queue name → weight
 	// DrainQueues are asynq queues that tasks no longer go to but may still hold
-	// messages an earlier version sent (scheduler.LegacyQueues): one more asynq server,
-	// of one slot, takes them, polling once a second when they are empty, so they cost
-	// the fetches of Queues nothing.
-	DrainQueues []string
-	CancelChannel     string         // pub/sub channel carrying task ids to interrupt
-	ShutdownTimeout   time.Duration  // how long running steps may take to finish on Stop
-	TaskCheckInterval time.Duration  // asynq's poll interval when its queues are empty
+	// messages an earlier version sent (scheduler.LegacyQueues). The worker looks at
+	// them with its heartbeat and, once they hold a message, runs one more asynq
+	// server, of one slot, on them; they cost the fetches of Queues nothing.
+	DrainQueues       []string
+	CancelChannel     string        // pub/sub channel carrying task ids to interrupt
+	ShutdownTimeout   time.Duration // how long running steps may take to finish on Stop
+	TaskCheckInterval time.Duration // asynq's poll interval when its queues are empty
 	// Fetchers is how many asynq servers share Concurrency (at least 1, at most
 	// Concurrency). An asynq server takes its tasks one at a time, each after one to
 	// three Redis round trips; under load that one loop capped what the worker took
@@ -187,6 +188,12 @@ type Worker struct {
 	endStop context.CancelFunc
 
 	warm *warmGoroutines // run the deliveries and the ends
+
+	// drainSrv is the asynq server of DrainQueues, once they held a message; stopping
+	// keeps it from starting while the worker stops.
+	drainMu  sync.Mutex
+	drainSrv *asynq.Server
+	stopping bool
 }
 
 // errCancelled is the cause recorded when a tenant cancels a running task.
@@ -328,21 +335,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		servers = append(servers, srv)
 	}
-	if len(w.opts.DrainQueues) > 0 {
-		drain := map[string]int{}
-		for _, q := range w.opts.DrainQueues {
-			drain[q] = 1
-		}
-		srv := asynq.NewServerFromRedisClient(w.rdb, w.asynqConfig(1, drain, drainCheckInterval))
-		if err := srv.Start(mux); err != nil {
-			for _, s := range servers {
-				s.Shutdown()
-			}
-			stopped()
-			return fmt.Errorf("runtime: start asynq server: %w", err)
-		}
-		servers = append(servers, srv)
-	}
+	w.drainMu.Lock()
+	w.stopping = false
+	w.drainMu.Unlock()
 	sub := w.rdb.Subscribe(ctx, w.opts.CancelChannel)
 	go func() {
 		started()
@@ -367,6 +362,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		bg.Go(func() {
 			t := time.NewTicker(heartbeatEvery)
 			defer t.Stop()
+			w.startDrain(ctx, mux)
 			for {
 				select {
 				case <-ctx.Done():
@@ -375,6 +371,7 @@ func (w *Worker) Start(ctx context.Context) error {
 					if err := w.slots.Heartbeat(ctx, w.id, w.opts.Concurrency, heartbeatTTL); err != nil && ctx.Err() == nil {
 						w.log.Warn("worker heartbeat failed", "err", err)
 					}
+					w.startDrain(ctx, mux)
 				}
 			}
 		})
@@ -385,6 +382,42 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
+// startDrain starts the asynq server of DrainQueues once they hold a message (pending,
+// running, or waiting for a retry or a schedule); it runs until the worker stops. They
+// are looked at with the worker's heartbeat, so an idle worker polls them only then.
+func (w *Worker) startDrain(ctx context.Context, mux *asynq.ServeMux) {
+	if len(w.opts.DrainQueues) == 0 {
+		return
+	}
+	w.drainMu.Lock()
+	defer w.drainMu.Unlock()
+	if w.stopping || w.drainSrv != nil {
+		return
+	}
+	pipe := w.rdb.Pipeline()
+	held := make([]*redis.IntCmd, len(w.opts.DrainQueues))
+	for i, q := range w.opts.DrainQueues {
+		k := "asynq:{" + q + "}:"
+		held[i] = pipe.Exists(ctx, k+"pending", k+"active", k+"scheduled", k+"retry")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return // the next heartbeat looks again
+	}
+	if !slices.ContainsFunc(held, func(c *redis.IntCmd) bool { return c.Val() > 0 }) {
+		return
+	}
+	queues := map[string]int{}
+	for _, q := range w.opts.DrainQueues {
+		queues[q] = 1
+	}
+	srv := asynq.NewServerFromRedisClient(w.rdb, w.asynqConfig(1, queues, drainCheckInterval))
+	if err := srv.Start(mux); err != nil {
+		w.log.Warn("starting the asynq server of the former priority queues failed", "err", err)
+		return
+	}
+	w.drainSrv = srv
+}
+
 // drain stops taking tasks, withdraws the worker's capacity and lets running steps
 // finish up to ShutdownTimeout: asynq's Shutdown waits for its handlers that long,
 // then cancels them and requeues their tasks.
@@ -392,9 +425,20 @@ func (w *Worker) drain(servers []*asynq.Server) {
 	// Running steps get ShutdownTimeout (asynq's Shutdown); the ends handed off by
 	// deliveries get what is left of it and 2 s more.
 	flushBy := time.Now().Add(w.opts.ShutdownTimeout + 2*time.Second)
-	for _, srv := range servers {
-		srv.Stop() // no new tasks
+	w.drainMu.Lock()
+	w.stopping = true
+	if w.drainSrv != nil {
+		servers = append(slices.Clip(servers), w.drainSrv)
+		w.drainSrv = nil
 	}
+	w.drainMu.Unlock()
+	// No new tasks. Each server's Stop waits out its fetch loop's pause after an
+	// empty poll: they wait side by side.
+	var stop sync.WaitGroup
+	for _, srv := range servers {
+		stop.Go(srv.Stop)
+	}
+	stop.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := w.slots.Deregister(ctx, w.id); err != nil {
