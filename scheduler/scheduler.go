@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -73,6 +74,8 @@ type Scheduler struct {
 	prefetch int
 	nowMs    func() int64 // nil: scripts read Redis TIME
 	batch    *redisx.Batch
+	// owed counts the worker slots released and not yet sent (releaseN).
+	owed atomic.Int64
 	// kickHere: Options.WakeInProcess
 	kickHere bool
 

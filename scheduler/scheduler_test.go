@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -746,6 +749,86 @@ func TestStrandedLooksInTheLegacyQueueOfTheTasksPriority(t *testing.T) {
 	stranded, err = f.s.Stranded(ctx, insp, "a", d.TaskID, d.Priority, 30*time.Second)
 	if err != nil || !stranded {
 		t.Fatalf("no message in either queue: stranded=%v err=%v, want true", stranded, err)
+	}
+}
+
+// releaseCalls counts the release script's calls on a key and the slots each gives
+// back, and holds the first pipeline until gate is closed.
+type releaseCalls struct {
+	key   string
+	gate  chan struct{}
+	first atomic.Bool
+	mu    sync.Mutex
+	calls []int64
+}
+
+func (h *releaseCalls) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *releaseCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *releaseCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if a := c.Args(); len(a) == 5 && a[0] == "evalsha" && a[1] == releaseScript.Hash() && a[3] == h.key {
+				n, _ := strconv.ParseInt(fmt.Sprint(a[4]), 10, 64)
+				h.mu.Lock()
+				h.calls = append(h.calls, n)
+				h.mu.Unlock()
+			}
+		}
+		if h.first.CompareAndSwap(false, true) {
+			<-h.gate
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *releaseCalls) sum() (n int64, calls int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.calls {
+		n += c
+	}
+	return n, len(h.calls)
+}
+
+// Worker slots released at the same moment go back in one call of the release script,
+// and the counter ends exact.
+func TestConcurrentReleasesShareOneScriptCall(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	if n, err := f.s.reserveN(ctx, 8); err != nil || n != 8 {
+		t.Fatalf("reserveN = %d, %v", n, err)
+	}
+	if err := releaseScript.Load(ctx, f.rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h := &releaseCalls{key: f.keys.SlotsInflight(), gate: make(chan struct{})}
+	f.rdb.AddHook(h)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if err := f.s.release(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	// The first release's pipeline is held; the others wait for the next one.
+	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
+		if sent, _ := h.sum(); sent+f.s.owed.Load() == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Error("the releases behind the held pipeline are not all owed")
+			break
+		}
+	}
+	close(h.gate)
+	wg.Wait()
+	if sent, calls := h.sum(); sent != 8 || calls > 2 {
+		t.Fatalf("8 releases: %d script calls giving back %d slots, want at most 2 calls giving back 8", calls, sent)
+	}
+	if v := f.rdb.Get(ctx, f.keys.SlotsInflight()).Val(); v != "0" {
+		t.Fatalf("slot counter %s after every slot went back, want 0", v)
 	}
 }
 

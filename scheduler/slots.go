@@ -60,10 +60,22 @@ func (s *Scheduler) reserveN(ctx context.Context, n int) (int, error) {
 
 func (s *Scheduler) release(ctx context.Context) error { return s.releaseN(ctx, 1) }
 
-// releaseN gives n worker slots back.
+// releaseN gives n worker slots back. Concurrent releases share a round trip (the
+// Batch's) and one call of releaseScript: each adds its slots to those owed, and the
+// first of them queued on a pipe gives back all that are owed then, its own and those
+// of the releases queued after it, which queue nothing. A release carried so is sent
+// in the same flush as its own call or an earlier one, so it is answered when its call
+// returns. A failure is reported by the call that carried it, as a lone release's
+// was: the counter then stays above the slots really held until the janitor's slot
+// counter pass corrects it (a release is not sent twice, which could take the counter
+// below them and let dispatch hand out more than the workers' slots).
 func (s *Scheduler) releaseN(ctx context.Context, n int) error {
-	// Concurrent workers' releases share a round trip.
-	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { releaseScript.Run(ctx, pipe, []string{s.keys.SlotsInflight()}, n) })
+	s.owed.Add(int64(n))
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		if owed := s.owed.Swap(0); owed > 0 {
+			releaseScript.Run(ctx, pipe, []string{s.keys.SlotsInflight()}, owed)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("scheduler: release: %w", err)
 	}
