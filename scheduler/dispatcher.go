@@ -717,24 +717,32 @@ func (s *Scheduler) dispatchMany(ctx context.Context, shard int, globalVT float6
 	return out, errBusy
 }
 
-// confirmScript records that asynq holds a dispatched task, and counts it among its
-// tenant's recent starts (trimmed to ARGV[4] ms and ARGV[5] entries).
+// confirmScript records that asynq holds dispatched tasks of one shard, and counts
+// each among its tenant's recent starts (each tenant's trimmed once, to ARGV[2] ms and
+// ARGV[3] entries).
 //
-// KEYS[1] dispatching   KEYS[2] inflight   KEYS[3] tenant running set
-// KEYS[4] tenant starts
-// ARGV[1] now ms or ""   ARGV[2] dispatching member   ARGV[3] task id
-// ARGV[4] start window ms   ARGV[5] starts kept
+// KEYS[1] dispatching   KEYS[2] inflight   then for each task i (from 0):
+// KEYS[3+2i] its tenant's running set   KEYS[4+2i] its tenant's starts
+// ARGV[1] now ms or ""   ARGV[2] start window ms   ARGV[3] starts kept   then for each
+// task i: ARGV[4+2i] its dispatching member   ARGV[5+2i] its id
 // A task that already finished (its worker was quicker than this call) is not added
 // to inflight.
 var confirmScript = redisx.NewScript(luaNow + `
-redis.call('ZREM', KEYS[1], ARGV[2])
-if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
-  redis.call('ZADD', KEYS[2], now, ARGV[3])
+local trim = {}
+for i = 0, (#KEYS - 2) / 2 - 1 do
+  local running, starts, id = KEYS[3 + 2 * i], KEYS[4 + 2 * i], ARGV[5 + 2 * i]
+  redis.call('ZREM', KEYS[1], ARGV[4 + 2 * i])
+  if redis.call('SISMEMBER', running, id) == 1 then
+    redis.call('ZADD', KEYS[2], now, id)
+  end
+  redis.call('ZADD', starts, now, id)
+  trim[starts] = true
 end
-redis.call('ZADD', KEYS[4], now, ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[4])))
-redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[5]) - 1)
-redis.call('PEXPIRE', KEYS[4], ARGV[4])
+for starts in pairs(trim) do
+  redis.call('ZREMRANGEBYSCORE', starts, '-inf', '(' .. (now - tonumber(ARGV[2])))
+  redis.call('ZREMRANGEBYRANK', starts, 0, -tonumber(ARGV[3]) - 1)
+  redis.call('PEXPIRE', starts, ARGV[2])
+end
 return 1
 `)
 
@@ -743,14 +751,29 @@ func (s *Scheduler) confirm(ctx context.Context, d Dispatched) error {
 }
 
 // confirmAll confirms a round's tasks in one round trip, shared with other calls of
-// the moment.
+// the moment, with one call of confirmScript per shard.
 func (s *Scheduler) confirmAll(ctx context.Context, ds []Dispatched) error {
+	type call struct {
+		keys []string
+		args []any
+	}
+	var calls []*call
+	byShard := map[int]*call{}
+	for _, d := range ds {
+		shard := s.keys.Shard(d.TenantID)
+		c := byShard[shard]
+		if c == nil {
+			c = &call{keys: []string{s.keys.Dispatching(shard), s.keys.Inflight(shard)},
+				args: []any{s.nowArg(), startWindow.Milliseconds(), startsKept}}
+			byShard[shard] = c
+			calls = append(calls, c)
+		}
+		c.keys = append(c.keys, s.keys.TenantRunning(d.TenantID), s.keys.TenantStarts(d.TenantID))
+		c.args = append(c.args, d.member(), d.TaskID)
+	}
 	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
-		for _, d := range ds {
-			shard := s.keys.Shard(d.TenantID)
-			keys := []string{s.keys.Dispatching(shard), s.keys.Inflight(shard), s.keys.TenantRunning(d.TenantID),
-				s.keys.TenantStarts(d.TenantID)}
-			confirmScript.Run(ctx, pipe, keys, s.nowArg(), d.member(), d.TaskID, startWindow.Milliseconds(), startsKept)
+		for _, c := range calls {
+			confirmScript.Run(ctx, pipe, c.keys, c.args...)
 		}
 	})
 	if err != nil {

@@ -832,6 +832,79 @@ func TestConcurrentReleasesShareOneScriptCall(t *testing.T) {
 	}
 }
 
+// scriptCalls counts the calls of one script.
+type scriptCalls struct {
+	sha string
+	n   atomic.Int64
+}
+
+func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if a := c.Args(); len(a) > 1 && (a[0] == "evalsha" && a[1] == h.sha) {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A round's tasks are confirmed by one script call per shard: each is moved from
+// dispatching to inflight (not one that finished meanwhile) and counted among its
+// tenant's starts.
+func TestConfirmAllIsOneScriptCall(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 1, 0)
+	f.enqueue("a", 5, 1, 0)
+	f.enqueue("b", 5, 1, 0)
+	var ds []Dispatched
+	for range 3 {
+		d, err := f.dispatch()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	f.done(ds[2]) // its worker was quicker than the confirm
+	if err := confirmScript.Load(ctx, f.rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h := &scriptCalls{sha: confirmScript.Hash()}
+	f.rdb.AddHook(h)
+	if err := f.s.confirmAll(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.n.Load(); n != 1 {
+		t.Fatalf("%d confirm script calls for a round of 3 tasks on one shard, want 1", n)
+	}
+	if n := f.rdb.ZCard(ctx, f.keys.Dispatching(0)).Val(); n != 0 {
+		t.Fatalf("dispatching holds %d, want 0", n)
+	}
+	inflight := f.rdb.ZRange(ctx, f.keys.Inflight(0), 0, -1).Val()
+	if want := []string{ds[0].TaskID, ds[1].TaskID}; !slices.Equal(sorted(inflight), sorted(want)) {
+		t.Fatalf("inflight holds %v, want %v (not the finished task)", inflight, want)
+	}
+	for _, tenant := range []string{ds[0].TenantID, ds[2].TenantID} {
+		got := f.rdb.ZCard(ctx, f.keys.TenantStarts(tenant)).Val()
+		n := int64(0)
+		for _, d := range ds {
+			if d.TenantID == tenant {
+				n++
+			}
+		}
+		if got != n {
+			t.Fatalf("tenant %s: %d starts recorded, want %d", tenant, got, n)
+		}
+		if ttl := f.rdb.PTTL(ctx, f.keys.TenantStarts(tenant)).Val(); ttl <= 0 {
+			t.Fatalf("tenant %s: starts have no ttl", tenant)
+		}
+	}
+}
+
 func TestHeartbeatScoresWithRedisTime(t *testing.T) {
 	t.Parallel()
 	rdb, keys := testenv.Redis(t, 1)
