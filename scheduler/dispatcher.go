@@ -35,9 +35,12 @@ type Enqueuer interface {
 type Dispatcher struct {
 	startstop.BaseStartStop
 
-	sched     *Scheduler
-	rdb       redis.UniversalClient
-	asynq     Enqueuer
+	sched *Scheduler
+	rdb   redis.UniversalClient
+	asynq Enqueuer
+	// writer writes tasks into asynq's queue in shared round trips when asynq is
+	// asynq's own client (nil otherwise: a test's Enqueuer).
+	writer    *asynqWriter
 	inspector *asynq.Inspector
 	log       *slog.Logger
 	fallback  time.Duration // timer between dispatch rounds when no wake-up arrives
@@ -78,6 +81,9 @@ func NewDispatcher(sched *Scheduler, rdb redis.UniversalClient, enq Enqueuer, op
 		sched: sched, rdb: rdb, asynq: enq, log: arch.Logger, inspector: asynq.NewInspectorFromRedisClient(rdb),
 		fallback: opts.FallbackEvery, resend: opts.ResendAfter,
 		kick: make(chan struct{}, 1),
+	}
+	if _, ok := enq.(*asynq.Client); ok {
+		d.writer = &asynqWriter{s: sched}
 	}
 	if d.fallback <= 0 {
 		d.fallback = time.Second
@@ -303,15 +309,18 @@ func (d *Dispatcher) pop(ctx context.Context, active []bool, slots int) ([]Dispa
 // sendAll hands a step's tasks to asynq, then confirms those sent in one round trip.
 // A task not sent or not confirmed stays in "dispatching", where resendStale finds it.
 //
-// The tasks go to asynq at once, each call on a connection of its own: asynq's
-// client makes one round trip per task and has no pipeline, and one after the other
-// the round's last task would wait for all the others'. They are popped in fair
-// order already, and a round holds at most the pool's free slots.
+// With asynq's client, the tasks are written in one round trip (writeAll). With
+// another Enqueuer they go at once, each call on a connection of its own, rather than
+// each waiting for the one before. They are popped in fair order already, and a round
+// holds at most the pool's free slots.
 func (d *Dispatcher) sendAll(ctx context.Context, jobs []Dispatched) (int, error) {
 	errs := make([]error, len(jobs))
-	if len(jobs) == 1 {
+	switch {
+	case d.writer != nil:
+		errs = d.writeAll(ctx, jobs)
+	case len(jobs) == 1:
 		errs[0] = d.enqueue(ctx, jobs[0])
-	} else {
+	default:
 		var wg sync.WaitGroup
 		for i, job := range jobs {
 			wg.Go(func() { errs[i] = d.enqueue(ctx, job) })
@@ -333,6 +342,23 @@ func (d *Dispatcher) sendAll(ctx context.Context, jobs []Dispatched) (int, error
 		}
 	}
 	return len(sent), sendErr
+}
+
+// writeAll writes a step's tasks into asynq's task queue in one round trip (see
+// asynqWriter), each in its own dispatch span.
+func (d *Dispatcher) writeAll(ctx context.Context, jobs []Dispatched) []error {
+	ctxs := make([]context.Context, len(jobs))
+	ends := make([]func(error), len(jobs))
+	traced := make([]Dispatched, len(jobs))
+	for i, job := range jobs {
+		ctxs[i], traced[i], ends[i] = d.beginSend(ctx, job)
+	}
+	errs := d.writer.enqueue(ctx, traced)
+	for i, job := range traced {
+		errs[i] = d.afterSend(ctxs[i], job, errs[i])
+		ends[i](errs[i])
+	}
+	return errs
 }
 
 // dispatchNext pops one task from the active shard with the smallest head pass.
@@ -429,13 +455,28 @@ return 1
 
 // enqueue hands a popped task to asynq, in the task's trace.
 func (d *Dispatcher) enqueue(ctx context.Context, job Dispatched) (err error) {
-	// The dispatch span continues the submission's trace; the worker's continues
-	// the dispatch's, through the payload.
+	ctx, job, end := d.beginSend(ctx, job)
+	defer func() { end(err) }()
+	task, err := NewAsynqTask(d.sched.keys, job)
+	if err != nil {
+		return err
+	}
+	_, err = d.asynq.EnqueueContext(ctx, task)
+	return d.afterSend(ctx, job, err)
+}
+
+// beginSend starts a task's dispatch span, which continues the submission's trace
+// (the worker's continues the dispatch's, through the payload); end ends it with the
+// send's outcome.
+func (d *Dispatcher) beginSend(ctx context.Context, job Dispatched) (context.Context, Dispatched, func(error)) {
 	ctx, span := d.tracer.Start(telemetry.WithTraceParent(ctx, job.TraceParent), "agentq.dispatch",
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 			attribute.String("agentq.task_id", job.TaskID), attribute.String("agentq.tenant_id", job.TenantID),
 			attribute.Int("agentq.priority", job.Priority)))
-	defer func() {
+	if tp := telemetry.TraceParent(ctx); tp != "" {
+		job.TraceParent = tp
+	}
+	return ctx, job, func(err error) {
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, "dispatch failed")
@@ -443,28 +484,27 @@ func (d *Dispatcher) enqueue(ctx context.Context, job Dispatched) (err error) {
 			d.metrics.dispatched(ctx, job)
 		}
 		span.End()
-	}()
-	if tp := telemetry.TraceParent(ctx); tp != "" {
-		job.TraceParent = tp
 	}
-	task, err := NewAsynqTask(d.sched.keys, job)
-	if err != nil {
-		return err
-	}
-	_, err = d.asynq.EnqueueContext(ctx, task)
-	if errors.Is(err, asynq.ErrTaskIDConflict) && d.inspector != nil {
-		// asynq still holds a message under this id. Pending or active: it will run
-		// (a re-send after a crash). Archived or completed: a leftover of an earlier
-		// attempt that would block this one for good, so it goes and the task is sent.
+}
+
+// afterSend is a send's outcome: err, unless asynq refused the task's id as a
+// duplicate. Then asynq still holds a message under this id. Pending or active: it
+// will run (a re-send after a crash). Archived or completed: a leftover of an earlier
+// attempt that would block this one for good, so it goes and the task is sent again.
+func (d *Dispatcher) afterSend(ctx context.Context, job Dispatched, err error) error {
+	if isConflict(err) && d.inspector != nil {
 		queue := d.sched.keys.TaskQueue()
 		if info, ierr := d.inspector.GetTaskInfo(queue, job.asynqID()); ierr == nil &&
 			(info.State == asynq.TaskStateArchived || info.State == asynq.TaskStateCompleted) {
 			if derr := d.inspector.DeleteTask(queue, job.asynqID()); derr == nil {
-				_, err = d.asynq.EnqueueContext(ctx, task)
+				var task *asynq.Task
+				if task, err = NewAsynqTask(d.sched.keys, job); err == nil {
+					_, err = d.asynq.EnqueueContext(ctx, task)
+				}
 			}
 		}
 	}
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+	if err != nil && !isConflict(err) {
 		// Left in "dispatching": resendStale retries it.
 		return err
 	}
@@ -785,20 +825,22 @@ func (s *Scheduler) confirmAll(ctx context.Context, ds []Dispatched) error {
 // NewAsynqTask builds the asynq task for a dispatched task. TaskID is the task id, so
 // a re-send after a crash is refused as a duplicate instead of running twice.
 func NewAsynqTask(keys rkeys.Keys, d Dispatched) (*asynq.Task, error) {
-	body, err := json.Marshal(wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs,
-		TraceParent: d.TraceParent, Gen: d.Gen})
+	body, err := json.Marshal(d.payload())
 	if err != nil {
 		return nil, err
 	}
 	return asynq.NewTask(wire.TaskType, body,
 		asynq.TaskID(d.asynqID()),
 		asynq.Queue(keys.TaskQueue()),
-		// Retries are for infrastructure errors and for redeliveries after a worker
-		// died (each counts as one); business outcomes end the task in Postgres.
-		asynq.MaxRetry(10),
-		// agentq enforces each task's own wallclock budget; asynq's timeout is a backstop.
-		asynq.Timeout(2*time.Hour),
+		asynq.MaxRetry(asynqMaxRetry),
+		asynq.Timeout(asynqTimeout),
 	), nil
+}
+
+// payload is what the worker is handed of a dispatched task.
+func (d Dispatched) payload() wire.Payload {
+	return wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs,
+		TraceParent: d.TraceParent, Gen: d.Gen}
 }
 
 // Take performs one dispatch — worker slot, fair pick within a shard, confirm — but
