@@ -69,6 +69,9 @@ type Slots interface {
 	// Done releases a finished task's slots; along ride in its round trip, on its
 	// pipe (the end's settlement, lease release and last messages).
 	Done(ctx context.Context, p wire.Payload, took time.Duration, along ...func(redis.Pipeliner)) error
+	// DoneAgain repeats Done once the end is recorded (see Worker.endTask); along as
+	// Done's.
+	DoneAgain(ctx context.Context, p wire.Payload, along ...func(redis.Pipeliner)) error
 	// Park releases a parked task's slots and keeps it out of its queue until its
 	// capacity is expected.
 	Park(ctx context.Context, p scheduler.ParkParams) error
@@ -551,7 +554,7 @@ func (w *Worker) endTask(ctx context.Context, r *taskRun) {
 			}
 		}()
 		if tail, lost := r.recordEnd(ctx); !lost {
-			w.release(p, -1, tail...)
+			w.releaseAgain(p, tail...)
 		}
 	})
 }
@@ -586,6 +589,16 @@ func (w *Worker) release(p wire.Payload, took time.Duration, tail ...func(redis.
 	if err := w.slots.Done(ctx, p, took, tail...); err != nil {
 		// The janitor repairs the slots, the settlement and the lease (which also
 		// lapses with its TTL); a lost progress message is re-read from Postgres.
+		w.log.Error("releasing a task's slots, or its settlement, lease release or last message, failed", "task_id", p.TaskID, "err", err)
+	}
+}
+
+// releaseAgain is release repeated once a task's end is recorded (see endTask), with
+// the end's calls.
+func (w *Worker) releaseAgain(p wire.Payload, tail ...func(redis.Pipeliner)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.slots.DoneAgain(ctx, p, tail...); err != nil {
 		w.log.Error("releasing a task's slots, or its settlement, lease release or last message, failed", "task_id", p.TaskID, "err", err)
 	}
 }

@@ -20,12 +20,16 @@ import (
 // is corrected like any other. A tenant leaving capped is stamped (conf "uncap", see
 // HeldBack). An idle tenant's conf stays, with its ttl, for its next
 // submission. It returns 1 if the task held a worker slot (the caller releases it), else
-// 0. The keys and arguments are doneScript's; parkScript shares them.
+// 0, and whether the task was in its running set. The keys and arguments are doneScript's; parkScript shares them. again (a release
+// repeated after a first one) looks no further than the running set when the task is
+// not in it: the first release emptied inflight and dispatching of it, and a task is in
+// them only while it is in its running set. The script defines clock() (luaClock).
 const luaRelease = `
-local function release()
+local function release(again)
   local held = redis.call('SREM', KEYS[1], ARGV[2])
+  if held == 0 and again then return 0, false end
   local counted = redis.call('ZREM', KEYS[2], ARGV[2]) + redis.call('ZREM', KEYS[3], ARGV[4])
-  if held == 0 then return 0 end
+  if held == 0 then return 0, false end
   local tenant = ARGV[3]
   local took = tonumber(ARGV[6])
   if took >= 0 then
@@ -47,7 +51,7 @@ local function release()
     if cap == 0 or redis.call('SCARD', KEYS[1]) < cap then
       redis.call('ZREM', KEYS[5], tenant)
       -- when its own cap last held it: a late start since then is not a breach
-      redis.call('HSET', KEYS[7], 'uncap', now)
+      redis.call('HSET', KEYS[7], 'uncap', clock())
       if redis.call('ZCARD', KEYS[6]) > 0 then
         redis.call('ZADD', KEYS[4], pass, tenant)
       else
@@ -57,21 +61,24 @@ local function release()
       end
     end
   end
-  if counted > 0 then return 1 end
-  return 0
+  if counted > 0 then return 1, true end
+  return 0, true
 end
 `
 
-// doneScript ends a dispatched task (luaRelease) and forgets its parks.
+// doneScript ends a dispatched task (luaRelease) and forgets its parks. A repeated
+// release (ARGV[8] "1") of a task no longer in its running set changes nothing.
 //
 // KEYS[1] tenant running set   KEYS[2] inflight   KEYS[3] dispatching   KEYS[4] ready
 // KEYS[5] capped   KEYS[6] tenant queue   KEYS[7] tenant conf
 // ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] tenant   ARGV[4] dispatching member
 // ARGV[5] estimate charged (ms)   ARGV[6] worker time taken (ms, -1 if unknown)
-// ARGV[7] ttl s
+// ARGV[7] ttl s   ARGV[8] "1" for a repeated release, else "0" (or absent)
 // Returns 1 if the task held a worker slot (the caller releases it), else 0.
-var doneScript = redisx.NewScript(luaNow + luaRelease + `
-local held = release()
+var doneScript = redisx.NewScript(luaClock + luaRelease + `
+local again = ARGV[8] == '1'
+local held, found = release(again)
+if again and not found then return 0 end
 redis.call('HDEL', KEYS[7], 'g:' .. ARGV[2])
 return held
 `)
@@ -88,6 +95,23 @@ return held
 // or a rider's: the slots are freed either way when its own command succeeded.
 func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration, along ...func(pipe redis.Pipeliner)) error {
 	err := s.freeSlots(ctx, "done", func(pipe redis.Pipeliner) *redis.Cmd { return s.done(ctx, pipe, p, took) }, along)
+	if errors.Is(err, errNotFreed) {
+		return err
+	}
+	s.wake(ctx)
+	return err
+}
+
+// DoneAgain is Done repeated once the task's end is recorded, for a janitor pass that
+// put the task back in its running set in between (it saw the task running in
+// Postgres and missing from the set, which the first Done had left): it frees that
+// entry as Done does. A task no longer in its running set costs the script one look
+// at the set.
+func (s *Scheduler) DoneAgain(ctx context.Context, p wire.Payload, along ...func(pipe redis.Pipeliner)) error {
+	err := s.freeSlots(ctx, "done", func(pipe redis.Pipeliner) *redis.Cmd {
+		keys, args := s.releaseArgs(p, -1)
+		return doneScript.Run(ctx, pipe, keys, append(args, "1")...)
+	}, along)
 	if errors.Is(err, errNotFreed) {
 		return err
 	}

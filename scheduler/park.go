@@ -30,8 +30,8 @@ import (
 // ARGV[1..7] doneScript's   ARGV[8] wait ms from now   ARGV[9] queue score
 // ARGV[10] parked member
 // Returns 1 if the task held a worker slot (the caller releases it), else 0.
-var parkScript = redisx.NewScript(luaNow + luaRelease + `
-local held = release()
+var parkScript = redisx.NewScript(luaNow + luaClockOfNow + luaRelease + `
+local held = release(false)
 redis.call('ZADD', KEYS[8], now + math.max(0, tonumber(ARGV[8])), ARGV[10])
 redis.call('HSET', KEYS[7], 'pq:' .. ARGV[2], ARGV[9])
 redis.call('HINCRBY', KEYS[7], 'g:' .. ARGV[2], 1)
@@ -239,8 +239,8 @@ func (s *Scheduler) parkedHere(due time.Time) bool {
 //
 // KEYS[1..7] doneScript's   ARGV[1..7] doneScript's
 // Returns 1 if the task held a worker slot (the caller releases it), else 0.
-var pausedScript = redisx.NewScript(luaNow + luaRelease + `
-local held = release()
+var pausedScript = redisx.NewScript(luaNow + luaClockOfNow + luaRelease + `
+local held = release(false)
 redis.call('HINCRBY', KEYS[7], 'g:' .. ARGV[2], 1)
 redis.call('EXPIRE', KEYS[7], ARGV[7])
 return held

@@ -142,6 +142,27 @@ if not now then
 end
 `
 
+// luaClock defines clock(): "now" as luaNow has it, but read from Redis TIME only when
+// the script comes to need it, for the scripts that rarely do.
+const luaClock = `
+local clock_now
+local function clock()
+  if not clock_now then
+    clock_now = tonumber(ARGV[1])
+    if not clock_now then
+      local t = redis.call('TIME')
+      clock_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+  end
+  return clock_now
+end
+`
+
+// luaClockOfNow defines clock() in a script that has luaNow's now already.
+const luaClockOfNow = `
+local function clock() return now end
+`
+
 // wakeDelay is how long a wake-up waits for others to share its message: a round of
 // dispatch takes every task that can go, so one message per delay wakes the
 // dispatchers as well as one per enqueue and completion did, at a fraction of the

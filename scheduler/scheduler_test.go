@@ -436,6 +436,44 @@ func TestDoneIsIdempotentAndConfirmAfterDoneLeaksNothing(t *testing.T) {
 // A task sent before the payload carried its priority as a number is still in asynq
 // after an upgrade: its "band":"pN" payload must rebuild the dispatching member, or
 // its dispatch slot stays taken when its worker ends it before the confirm.
+// The release repeated after a task's end is recorded frees a running-set entry a
+// janitor pass put back in between (with its tenant's cap), and otherwise changes
+// nothing: the worker slot goes back once.
+func TestDoneAgainFreesWhatTheJanitorPutBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 1, 1)
+	f.enqueue("a", 5, 1, 1)
+	d := f.mustDispatch()
+	if _, err := f.dispatch(); !errors.Is(err, errEmpty) {
+		t.Fatalf("a second dispatch under a cap of 1: %v, want none", err)
+	}
+	p := wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs}
+	f.done(d)
+	if err := f.s.DoneAgain(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := f.rdb.Get(ctx, f.keys.SlotsInflight()).Int(); n != 0 {
+		t.Fatalf("the pool counts %d tasks in flight, want 0 (the task's slot released once)", n)
+	}
+	// The tenant's second task is dispatched; the first one is put back in the running
+	// set, as a janitor pass that saw it running in Postgres does.
+	d2 := f.mustDispatch()
+	if err := f.s.AddRunning(ctx, "a", d.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.DoneAgain(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.rdb.SMembers(ctx, f.keys.TenantRunning("a")).Val(); !slices.Equal(got, []string{d2.TaskID}) {
+		t.Fatalf("running set %v, want only the second task", got)
+	}
+	if n, _ := f.rdb.Get(ctx, f.keys.SlotsInflight()).Int(); n != 1 {
+		t.Fatalf("the pool counts %d tasks in flight, want 1 (the second task)", n)
+	}
+}
+
 func TestDoneWithLegacyBandPayloadFreesTheDispatchingEntry(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 100, 0)
