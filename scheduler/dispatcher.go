@@ -575,7 +575,11 @@ local want = tonumber(ARGV[7])
 local slot = {}
 for i = first, #ARGV do slot[ARGV[i]] = 4 + (i - first) * 3 end
 local out, n = {}, 0
+-- the virtual time, read at the first pop and written once, when the call answers
+local vt, vtRead = nil, false
+local expired = {}
 local function answer(status)
+  if vtRead then redis.call('SET', KEYS[4], vt, 'EX', ARGV[2]) end
   local r = {status, tostring(n)}
   for _, v in ipairs(out) do r[#r+1] = v end
   for _, t in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)) do r[#r+1] = t end
@@ -596,7 +600,8 @@ while n < want do
     redis.call('ZREM', KEYS[1], tenant)
     redis.call('ZADD', KEYS[2], pass, tenant)
   else
-    local task = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+    -- the head and the one after it: whether the queue empties with this pop
+    local task = redis.call('ZRANGE', queue, 0, 1, 'WITHSCORES')
     if #task == 0 then
       -- its tasks were cancelled while it waited
       redis.call('ZREM', KEYS[1], tenant)
@@ -604,22 +609,29 @@ while n < want do
       redis.call('EXPIRE', conf, ARGV[2])
     else
       redis.call('ZREM', queue, task[1])
-      local tp = redis.call('HGET', conf, 'tp:' .. task[1])
+      local tg = redis.call('HMGET', conf, 'tp:' .. task[1], 'g:' .. task[1])
+      local tp = tg[1]
       if tp then redis.call('HDEL', conf, 'tp:' .. task[1]) else tp = '' end
       redis.call('SADD', run, task[1])
-      redis.call('EXPIRE', run, ARGV[2])
+      if not expired[run] then
+        redis.call('EXPIRE', run, ARGV[2])
+        expired[run] = true
+      end
       local prio = 9 - math.floor(tonumber(task[2]) / 1e13)
       local est = math.floor(tonumber(c[3] or ARGV[3]))
-      local gen = tonumber(redis.call('HGET', conf, 'g:' .. task[1]) or '0')
+      local gen = tonumber(tg[2] or '0')
       -- rkeys.DispatchingMember, with rkeys.AsynqTaskID
       local id = task[1]
       if gen > 0 then id = id .. '.' .. gen end
       redis.call('ZADD', KEYS[3], now, prio .. ':' .. est .. ':' .. tenant .. ':' .. id)
-      local vt = math.max(pass, tonumber(ARGV[4]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
-      redis.call('SET', KEYS[4], vt, 'EX', ARGV[2])
+      if not vtRead then
+        vt = math.max(tonumber(ARGV[4]) or 0, tonumber(redis.call('GET', KEYS[4]) or '0'))
+        vtRead = true
+      end
+      vt = math.max(vt, pass)
       local w = tonumber(c[2] or '1')
       local finish = pass + est / w
-      if redis.call('ZCARD', queue) == 0 then
+      if #task == 2 then
         redis.call('ZREM', KEYS[1], tenant)
         redis.call('HSET', conf, 'fp', finish)
         redis.call('EXPIRE', conf, ARGV[2])
