@@ -56,7 +56,8 @@ type Steps struct {
 // written before the seed would be wiped by it.
 var reserveStepScript = redisx.NewScript(script.Now + script.TenantTokens + `
 local H, S = KEYS[1], KEYS[2]
-local m = redis.call('HMGET', H, 'per', 'sd', 'pe')
+-- with the counters of the request's period, which is the newest one but at a boundary
+local m = redis.call('HMGET', H, 'per', 'sd', 'pe', 'x', ARGV[9] .. ARGV[7], ARGV[10] .. ARGV[7])
 if not m[2] then return {2} end -- unseeded: the caller rebuilds the counters first
 local hour = math.floor(now / 3600000)
 local steps_max, tok_max, usd_max = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -76,7 +77,8 @@ local newer = not per or (not held and (tonumber(ARGV[7]) or 0) > tonumber(per))
 if newer then per = ARGV[7] end
 local tp, up = ARGV[9], ARGV[10]
 local tf, uf = tp .. per, up .. per
-local v = redis.call('HMGET', H, tf, uf, 'x')
+local v
+if per == ARGV[7] then v = {m[5], m[6], m[4]} else v = redis.call('HMGET', H, tf, uf, 'x') end
 local tok, usd = tonumber(v[1]) or 0, tonumber(v[2]) or 0
 -- A step whose estimate does not fit is refused; so is one of unknown cost (estimate
 -- 0) once a positive quota is used up. Under a quota of 0 a step estimated at 0 runs.

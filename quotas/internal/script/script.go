@@ -25,18 +25,21 @@ end
 // ttl of the time it takes to fill up again (a full bucket is the same as none).
 // Scripts that use it start with Now.
 const TenantTokens = `
+local tpm_t = {}
 local function tpm_load(ki, per_minute, burst)
   local key = KEYS[ki]
   local rate = per_minute / 60000
   local st = redis.call('HMGET', key, 'l', 't')
   local l, t = tonumber(st[1]), tonumber(st[2])
+  tpm_t[key] = t or 0
   if not l or not t then return burst, rate end
   if now > t then l = math.min(burst, l + (now - t) * rate) end
   return l, rate
 end
 local function tpm_save(ki, l, rate, burst)
   local key = KEYS[ki]
-  local t = tonumber(redis.call('HGET', key, 't') or '0')
+  -- the last refill tpm_load read (nothing writes it in between), else read now
+  local t = tpm_t[key] or tonumber(redis.call('HGET', key, 't') or '0')
   redis.call('HSET', key, 'l', string.format('%.17g', l), 't', math.max(t, now))
   redis.call('PEXPIRE', key, math.max(1, math.ceil((burst - l) / rate)))
 end
