@@ -1,0 +1,88 @@
+package store_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/agentq/agentq/internal/pg"
+	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv"
+)
+
+// The start and the end of a batch of tasks read those tasks by primary key, with the
+// generic plans the application runs them with, on a young table whose statistics
+// say nothing yet (as on a new deployment, or a backlog that grew since the last
+// analyze): not every queued or running task to pick the batch's out.
+func TestStartAndEndReadTheirTasksByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, seedPool := testenv.Schema(t)
+	rec := &sqlRecorder{}
+	pool, err := pg.Connect(ctx, testenv.DatabaseURL(), schema, func(c *pgxpool.Config) { c.ConnConfig.Tracer = rec })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, q := range []string{
+		`INSERT INTO tenants (id, name, plan) VALUES ('acme', 'Acme', 'pro')`,
+		`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash)
+		 SELECT gen_random_uuid(), 'acme', 'k', 'sim', '\x00' FROM generate_series(1, 3000)`,
+		`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state, attempt, started_at, heartbeat_at)
+		 SELECT gen_random_uuid(), 'acme', 'k', 'sim', '\x00', 'running', 1, now(), now() FROM generate_series(1, 1000)`,
+	} {
+		if _, err := seedPool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pick := func(state string) []uuid.UUID {
+		rows, err := seedPool.Query(ctx, `SELECT id FROM tasks WHERE state = $1 ORDER BY random() LIMIT 4`, state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var ids []uuid.UUID
+		for rows.Next() {
+			var id uuid.UUID
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	// readOfTasks is the most rows a scan of tasks in plan read.
+	readOfTasks := func(plan planNode) float64 {
+		var read float64
+		plan.walk(func(n planNode) {
+			if n.Relation == "tasks" || strings.HasPrefix(n.Index, "tasks_") {
+				read = max(read, (n.ActualRows+n.RowsRemoved)*max(n.ActualLoops, 1))
+			}
+		})
+		return read
+	}
+	st := store.New(pool)
+
+	started, err := st.UnscopedStartTasks(ctx, pick("queued"))
+	if err != nil || len(started) != 4 {
+		t.Fatalf("started %d tasks, %v", len(started), err)
+	}
+	if read := readOfTasks(explainAsRun(t, ctx, pool, rec.find(t, "started AS"))); read > 10 {
+		t.Errorf("starting 4 tasks read %v rows of tasks (want 4)", read)
+	}
+
+	var ends []store.LastStep
+	for _, id := range pick("running") {
+		ends = append(ends, store.LastStep{RecordStepParams: store.RecordStepParams{ID: id, Attempt: 1, Step: 1}})
+	}
+	ended, err := st.UnscopedCompleteLastSteps(ctx, ends)
+	if err != nil || len(ended) != 4 {
+		t.Fatalf("ended %d tasks, %v", len(ended), err)
+	}
+	if read := readOfTasks(explainAsRun(t, ctx, pool, rec.find(t, "INSERT INTO usage_ledger"))); read > 10 {
+		t.Errorf("ending 4 tasks read %v rows of tasks (want 4)", read)
+	}
+}
