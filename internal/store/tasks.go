@@ -198,18 +198,33 @@ func (s *Store) InsertTasks(ctx context.Context, ps []InsertTaskParams) ([]Task,
 			idems[i] = &ps[i].IdempotencyKey
 		}
 	}
+	// Two inserts: only the tasks with an idempotency key go through ON CONFLICT, which
+	// makes every row it inserts a speculative insertion (a pre-check of the key's
+	// index, and a second WAL record to confirm the row); the others are plain inserts.
 	rows, err := s.db.Query(ctx, `
-		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, start_deadline)
-		SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, idempotency_key, request_hash,
-			`+startDeadlineOf("within_ms")+`
-		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::text[], $10::bytea[],
-			$11::bigint[])
-			AS i(id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, within_ms)
-		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-		RETURNING `+taskCols,
+		WITH i AS (
+			SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, idempotency_key, request_hash,
+				`+startDeadlineOf("within_ms")+` AS start_deadline
+			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::text[], $10::bytea[],
+				$11::bigint[])
+				AS i(id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, within_ms)
+		), plain AS (
+			INSERT INTO tasks (`+insertCols+`)
+			SELECT * FROM i WHERE idempotency_key IS NULL
+			RETURNING `+taskCols+`
+		), keyed AS (
+			INSERT INTO tasks (`+insertCols+`)
+			SELECT * FROM i WHERE idempotency_key IS NOT NULL
+			ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+			RETURNING `+taskCols+`
+		)
+		SELECT * FROM plain UNION ALL SELECT * FROM keyed`,
 		ids, tenantIDs, kids, agents, users, inputs, budgets, priorities, idems, hashes, within)
 	return collect(rows, err, scanTask)
 }
+
+// insertCols are the columns a new task is inserted with.
+const insertCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, start_deadline`
 
 // startDeadlineOf is the start deadline of a task inserted now with ms, an SQL
 // expression of milliseconds, to start within (0: none). now() is the statement's
