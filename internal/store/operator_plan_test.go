@@ -80,6 +80,8 @@ func literal(t *testing.T, v any) string {
 		return quote(v.Format(time.RFC3339Nano)) + "::timestamptz"
 	case int:
 		return fmt.Sprint(v)
+	case uuid.UUID:
+		return quote(v.String()) + "::uuid"
 	case []uuid.UUID:
 		l := make([]string, len(v))
 		for i, id := range v {
