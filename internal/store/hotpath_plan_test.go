@@ -13,11 +13,11 @@ import (
 	"github.com/agentq/agentq/internal/testenv"
 )
 
-// The start and the end of a batch of tasks read those tasks by primary key, with the
-// generic plans the application runs them with, on a young table whose statistics
-// say nothing yet (as on a new deployment, or a backlog that grew since the last
-// analyze): not every queued or running task to pick the batch's out.
-func TestStartAndEndReadTheirTasksByKey(t *testing.T) {
+// The start of a batch of tasks reads those tasks by primary key, with the generic
+// plan the application runs it with, while the statistics do not know the backlog (a
+// backlog that grew since the last analyze): not every queued task to pick the
+// batch's out.
+func TestStartReadsItsTasksByKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema, seedPool := testenv.Schema(t)
@@ -29,10 +29,14 @@ func TestStartAndEndReadTheirTasksByKey(t *testing.T) {
 	t.Cleanup(pool.Close)
 	for _, q := range []string{
 		`INSERT INTO tenants (id, name, plan) VALUES ('acme', 'Acme', 'pro')`,
+		// Analyzed with 20,000 ended tasks and 3 queued ones; then 3,000 more queued.
+		`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state, finished_at)
+		 SELECT gen_random_uuid(), 'acme', 'k', 'sim', '\x00', 'completed', now() FROM generate_series(1, 20000)`,
+		`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash)
+		 SELECT gen_random_uuid(), 'acme', 'k', 'sim', '\x00' FROM generate_series(1, 3)`,
+		`ANALYZE tasks`,
 		`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash)
 		 SELECT gen_random_uuid(), 'acme', 'k', 'sim', '\x00' FROM generate_series(1, 3000)`,
-		`INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state, attempt, started_at, heartbeat_at)
-		 SELECT gen_random_uuid(), 'acme', 'k', 'sim', '\x00', 'running', 1, now(), now() FROM generate_series(1, 1000)`,
 	} {
 		if _, err := seedPool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -72,18 +76,6 @@ func TestStartAndEndReadTheirTasksByKey(t *testing.T) {
 	}
 	if read := readOfTasks(explainAsRun(t, ctx, pool, rec.find(t, "started AS"))); read > 10 {
 		t.Errorf("starting 4 tasks read %v rows of tasks (want 4)", read)
-	}
-
-	var ends []store.LastStep
-	for _, id := range pick("running") {
-		ends = append(ends, store.LastStep{RecordStepParams: store.RecordStepParams{ID: id, Attempt: 1, Step: 1}})
-	}
-	ended, err := st.UnscopedCompleteLastSteps(ctx, ends)
-	if err != nil || len(ended) != 4 {
-		t.Fatalf("ended %d tasks, %v", len(ended), err)
-	}
-	if read := readOfTasks(explainAsRun(t, ctx, pool, rec.find(t, "INSERT INTO usage_ledger"))); read > 10 {
-		t.Errorf("ending 4 tasks read %v rows of tasks (want 4)", read)
 	}
 }
 

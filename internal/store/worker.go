@@ -86,9 +86,11 @@ func (s *Store) UnscopedExpireOverdue(ctx context.Context, limit int) ([]Task, e
 // joined from unnest) puts on their state: one no index can serve, so that the rows are
 // read by primary key, as many as the batch holds. A plain state = '…' lets the planner
 // read every queued (or running) task from tasks_live_idx and filter them by id instead,
-// which it does whenever its row estimates lag behind the table (a young table, a
-// backlog that grew since the last analyze): a start would then read the whole backlog.
-// state is NOT NULL, so IS NOT DISTINCT FROM is equality here.
+// which it does whenever its row estimates lag behind the table (a backlog that grew
+// since the last analyze): a start would then read the whole backlog. state is NOT
+// NULL, so IS NOT DISTINCT FROM is equality here. (The end keeps state = 'running':
+// running tasks are bounded by the workers' slots, and on a table too young to have
+// statistics the planner may otherwise prefer reading the whole table.)
 func byIDState(col, state string) string {
 	return col + ` IS NOT DISTINCT FROM '` + state + `'`
 }
@@ -308,7 +310,7 @@ func (s *Store) UnscopedCompleteLastSteps(ctx context.Context, ps []LastStep) (o
 				UPDATE tasks SET steps = steps + 1, tokens = tokens + i.ttokens, cost_micro_usd = cost_micro_usd + i.tcost,
 					agent_state = i.tstate::jsonb, heartbeat_at = now(), state = 'completed',
 					output = COALESCE(i.toutput::jsonb, output), finished_at = clock_timestamp()
-				FROM i WHERE id = i.tid AND `+byIDState("state", "running")+` AND attempt = i.tattempt AND steps = i.tstep - 1
+				FROM i WHERE id = i.tid AND state = 'running' AND attempt = i.tattempt AND steps = i.tstep - 1
 				RETURNING `+taskCols+`, i.ttokens, i.tcost
 			), l AS (
 				INSERT INTO usage_ledger (task_id, step, meter, tenant_id, quantity)
