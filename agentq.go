@@ -357,12 +357,15 @@ func (a *App) connectRedis(ctx context.Context, callTP trace.TracerProvider) err
 	// Commands without their arguments: those are tenant data. Without the
 	// caller's file and line either: finding them walks the stack on every
 	// command, a tenth of the process's CPU under load.
-	// Pipelines are traced by telemetry.RedisPipelines, which names a span only
-	// when it records.
+	// Commands and pipelines are traced by telemetry.RedisCommands and
+	// RedisPipelines, which do nothing outside a sampled span; redisotel traces
+	// the dials.
 	if err := redisotel.InstrumentTracing(c, redisotel.WithTracerProvider(callTP), redisotel.WithDBStatement(false),
-		redisotel.WithCallerEnabled(false), redisotel.WithCommandsFilter(func([]redis.Cmder) bool { return true })); err != nil {
+		redisotel.WithCallerEnabled(false), redisotel.WithCommandFilter(func(redis.Cmder) bool { return true }),
+		redisotel.WithCommandsFilter(func([]redis.Cmder) bool { return true })); err != nil {
 		a.log.Warn("redis tracing is off", "err", err)
 	} else {
+		telemetry.RedisCommands(callTP, c)
 		c.AddHook(telemetry.RedisPipelines(callTP, c))
 	}
 	return nil

@@ -145,7 +145,9 @@ func (r *taskRun) claimTask(id uuid.UUID) (ok bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("runtime: start task: %w", err)
 	}
-	trace.SpanFromContext(r.ctx).SetAttributes(attribute.String("agentq.start", outcome.String()), attribute.Int("agentq.attempt", task.Attempt))
+	if span := trace.SpanFromContext(r.ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("agentq.start", outcome.String()), attribute.Int("agentq.attempt", task.Attempt))
+	}
 	if outcome == tasks.Started && task.StartedAt != nil && task.Usage.Steps == 0 && task.Attempt == 1 {
 		w.wait.Record(context.WithoutCancel(r.ctx), max(task.StartedAt.Sub(task.CreatedAt).Seconds(), 0))
 	}
@@ -632,8 +634,13 @@ func (r *taskRun) parkFor(reason agentqtype.WaitReason, wait time.Duration) {
 
 // callAgent runs one step of the agent, in its own span, within the wall-clock budget.
 func (r *taskRun) callAgent(step int) (StepResult, error) {
-	spanCtx, stepSpan := r.w.tracer.Start(r.taskCtx, "agentq.step", trace.WithAttributes(
-		attribute.String("agentq.task_id", r.id), attribute.String("agentq.agent", r.task.Agent), attribute.Int("agentq.step", step)))
+	// Attributes only on a span that records: built for one the sampler dropped, they
+	// are allocations thrown away.
+	spanCtx, stepSpan := r.w.tracer.Start(r.taskCtx, "agentq.step")
+	if stepSpan.IsRecording() {
+		stepSpan.SetAttributes(attribute.String("agentq.task_id", r.id), attribute.String("agentq.agent", r.task.Agent),
+			attribute.Int("agentq.step", step))
+	}
 	stepCtx, stepCancel := spanCtx, context.CancelFunc(func() {})
 	if !r.deadline.IsZero() {
 		stepCtx, stepCancel = context.WithDeadline(spanCtx, r.deadline)
@@ -646,7 +653,7 @@ func (r *taskRun) callAgent(step int) (StepResult, error) {
 	if err != nil {
 		stepSpan.RecordError(err)
 		stepSpan.SetStatus(codes.Error, "step failed")
-	} else {
+	} else if stepSpan.IsRecording() {
 		stepSpan.SetAttributes(attribute.Int64("agentq.tokens", res.Usage.Tokens), attribute.Bool("agentq.done", res.Done))
 	}
 	stepSpan.End()

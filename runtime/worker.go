@@ -519,9 +519,10 @@ func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	// The delivery's span continues the trace the task carries: submission, then
 	// dispatch, then this.
-	ctx, span := w.tracer.Start(telemetry.WithTraceParent(ctx, p.TraceParent), "agentq.task",
-		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-			attribute.String("agentq.task_id", p.TaskID), attribute.String("agentq.tenant_id", p.TenantID)))
+	ctx, span := w.tracer.Start(telemetry.WithTraceParent(ctx, p.TraceParent), "agentq.task", consumerSpan)
+	if span.IsRecording() { // attributes built for a dropped span are allocations thrown away
+		span.SetAttributes(attribute.String("agentq.task_id", p.TaskID), attribute.String("agentq.tenant_id", p.TenantID))
+	}
 	defer func() {
 		if err != nil {
 			span.RecordError(err)
@@ -532,6 +533,9 @@ func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 	r.ctx = ctx
 	return r.execute(id)
 }
+
+// consumerSpan is the span kind of a delivery's span (one option value, built once).
+var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // endTask records a task's end in the background, then sends the end's Redis calls
 // with a second release of its dispatch slots. That release normally finds nothing: it

@@ -344,8 +344,12 @@ func (s *Server) requestLog(next echo.HandlerFunc) echo.HandlerFunc {
 		if err != nil {
 			c.Error(err)
 		}
-		s.log.DebugContext(c.Request().Context(), "http", "method", c.Request().Method, "route", c.Path(),
-			"status", c.Response().Status, "ms", time.Since(start).Milliseconds())
+		// The arguments are built only for a logger that writes the line (boxed,
+		// they cost every request allocations).
+		if ctx := c.Request().Context(); s.log.Enabled(ctx, slog.LevelDebug) {
+			s.log.DebugContext(ctx, "http", "method", c.Request().Method, "route", c.Path(),
+				"status", c.Response().Status, "ms", time.Since(start).Milliseconds())
+		}
 		return nil
 	}
 }

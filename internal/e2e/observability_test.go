@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -256,16 +258,35 @@ func TestTraceSpansAPIToWorkerStep(t *testing.T) {
 		t.Fatalf("no %s span in trace %s under %s", name, tid, parent.Name)
 		return tracetest.SpanStub{}
 	}
-	parentOf("agentq.admission", submit[0])
+	// A recorded span carries its attributes (they are set only on spans that record).
+	hasAttrs := func(s tracetest.SpanStub, want ...attribute.KeyValue) {
+		t.Helper()
+		for _, w := range want {
+			if !slices.Contains(s.Attributes, w) {
+				t.Errorf("%s span attributes %v lack %v", s.Name, s.Attributes, w)
+			}
+		}
+	}
+	adm := parentOf("agentq.admission", submit[0])
+	hasAttrs(adm, attribute.String("agentq.tenant_id", "traced"), attribute.String("agentq.task_id", task.ID),
+		attribute.String("agentq.outcome", "admitted"))
 	dispatch := parentOf("agentq.dispatch", submit[0])
 	run := parentOf("agentq.task", dispatch)
 	if run.SpanKind != trace.SpanKindConsumer {
 		t.Errorf("task span kind %v, want consumer", run.SpanKind)
 	}
+	hasAttrs(run, attribute.String("agentq.task_id", task.ID), attribute.String("agentq.tenant_id", "traced"),
+		attribute.String("agentq.start", "started"), attribute.Int("agentq.attempt", 1))
 	steps := 0
 	for _, s := range find("agentq.step") {
 		if s.SpanContext.TraceID() == tid && s.Parent.SpanID() == run.SpanContext.SpanID() {
 			steps++
+			hasAttrs(s, attribute.String("agentq.task_id", task.ID), attribute.String("agentq.agent", "sim"))
+			for _, k := range []attribute.Key{"agentq.step", "agentq.tokens", "agentq.done"} {
+				if !slices.ContainsFunc(s.Attributes, func(a attribute.KeyValue) bool { return a.Key == k }) {
+					t.Errorf("step span attributes %v lack %s", s.Attributes, k)
+				}
+			}
 		}
 	}
 	if steps != 2 {

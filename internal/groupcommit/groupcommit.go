@@ -31,13 +31,15 @@ type Group[T any] struct {
 
 type waiter[T any] struct {
 	item T
-	lead chan []*waiter[T] // this call flushes the batch it is given
-	done chan struct{}     // the item's batch was flushed
+	// wake gets one message: the batch this call flushes, or nil once the item's
+	// batch was flushed by another call. One buffered channel, not two, for both:
+	// a call is handed a batch or told it is done, never both.
+	wake chan []*waiter[T]
 }
 
 // Do adds item to the next batch and returns once a Flush of that batch returned.
 func (g *Group[T]) Do(item T) {
-	w := &waiter[T]{item: item, lead: make(chan []*waiter[T], 1), done: make(chan struct{})}
+	w := &waiter[T]{item: item, wake: make(chan []*waiter[T], 1)}
 	g.mu.Lock()
 	g.pending = append(g.pending, w)
 	var batch []*waiter[T]
@@ -48,10 +50,8 @@ func (g *Group[T]) Do(item T) {
 		g.mu.Unlock()
 	} else {
 		g.mu.Unlock()
-		select {
-		case <-w.done:
+		if batch = <-w.wake; batch == nil {
 			return
-		case batch = <-w.lead:
 		}
 	}
 	g.flush(batch)
@@ -76,12 +76,12 @@ func (g *Group[T]) flush(batch []*waiter[T]) {
 	defer func() {
 		// Even if Flush panicked: the batch's callers return and the next one leads.
 		for _, b := range batch {
-			close(b.done)
+			b.wake <- nil // buffered and empty: the flushing call took its batch, the others wait
 		}
 		g.mu.Lock()
 		if len(g.pending) > 0 {
 			next := g.take()
-			next[0].lead <- next // buffered, and each call is handed at most one batch
+			next[0].wake <- next // buffered, and each call is handed at most one batch
 		} else {
 			g.flushing--
 		}

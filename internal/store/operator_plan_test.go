@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -50,6 +51,22 @@ func (r *sqlRecorder) last(t *testing.T) recordedSQL {
 	return s
 }
 
+// find is the last statement sent that contains part, forgetting every one.
+func (r *sqlRecorder) find(t *testing.T, part string) recordedSQL {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.sent) - 1; i >= 0; i-- {
+		if strings.Contains(r.sent[i].sql, part) {
+			s := r.sent[i]
+			r.sent = nil
+			return s
+		}
+	}
+	t.Fatalf("no statement containing %q was sent", part)
+	return recordedSQL{}
+}
+
 // literal writes an argument as SQL text, for EXECUTE.
 func literal(t *testing.T, v any) string {
 	t.Helper()
@@ -63,6 +80,27 @@ func literal(t *testing.T, v any) string {
 		return quote(v.Format(time.RFC3339Nano)) + "::timestamptz"
 	case int:
 		return fmt.Sprint(v)
+	case uuid.UUID:
+		return quote(v.String()) + "::uuid"
+	case []uuid.UUID:
+		l := make([]string, len(v))
+		for i, id := range v {
+			l[i] = id.String()
+		}
+		return quote("{"+strings.Join(l, ",")+"}") + "::uuid[]"
+	case []int32:
+		return quote("{"+strings.Join(strings.Fields(strings.Trim(fmt.Sprint(v), "[]")), ",")+"}") + "::int[]"
+	case []int64:
+		return quote("{"+strings.Join(strings.Fields(strings.Trim(fmt.Sprint(v), "[]")), ",")+"}") + "::bigint[]"
+	case []*string:
+		l := make([]string, len(v))
+		for i, e := range v {
+			l[i] = "NULL"
+			if e != nil {
+				l[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(*e) + `"`
+			}
+		}
+		return quote("{"+strings.Join(l, ",")+"}") + "::text[]"
 	}
 	t.Fatalf("no literal for %T", v)
 	return ""

@@ -81,10 +81,10 @@ type rollupAdded struct {
 }
 
 // addStepsToRollups adds steps just inserted into the ledger, all recorded at at, to
-// their tenants' rollups, on tx, in four statements whatever the number of tenants:
-// one takes each tenant's shared rollup lock, one reads the tenants (their billing
-// anchors place the steps in a period), one upserts the period, day and hour rows of
-// all of them, one sums their sliding days.
+// their tenants' rollups, on tx, in four statements whatever the number of tenants,
+// two round trips: one takes each tenant's shared rollup lock, one reads the tenants
+// (their billing anchors place the steps in a period), one upserts the period, day and
+// hour rows of all of them, one sums their sliding days.
 // The result is in the order of adds; a tenant must appear once.
 func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []rollupAdd) ([]rollupAdded, error) {
 	ids := make([]string, len(adds))
@@ -113,22 +113,31 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 		c.days[i], c.hours[i], c.plans[i] = at.In(zoneOf(anchor)).Format(time.DateOnly), hour, t.Plan
 		c.steps[i], c.tokens[i], c.costs[i] = a.Steps, a.Tokens, a.CostMicro
 	}
-	byTenant, err := upsertRollups(ctx, tx, c)
-	if err != nil {
-		return nil, err
-	}
 	// The sliding day, in a statement of its own: one begun before this one got its
 	// period rows holds the hours as they were then, without the steps of the
 	// transactions it waited for (one of an earlier hour, across an hour boundary),
 	// and a threshold they and this step reached together would be crossed by none.
-	rows, err := tx.Query(ctx, `
+	// Both statements go in one round trip (a pipeline): the second begins once the
+	// first is done.
+	b := &pgx.Batch{}
+	queueUpsertRollups(b, c)
+	b.Queue(`
 		SELECT i.tenant_id, 0::bigint, 0::bigint, 0::bigint, COALESCE(sum(o.steps), 0)::bigint
 		FROM unnest($1::text[], $2::timestamptz[]) AS i(tenant_id, hour)
 		LEFT JOIN usage_rollup_hourly o ON o.tenant_id = i.tenant_id
 			AND o.hour > i.hour - interval '24 hours' AND o.hour <= i.hour
 		GROUP BY 1`, ids, c.hours)
-	daySteps, err := collectTotals(rows, err)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	byTenant, err := collectTotals(br.Query())
 	if err != nil {
+		return nil, err
+	}
+	daySteps, err := collectTotals(br.Query())
+	if err != nil {
+		return nil, err
+	}
+	if err := br.Close(); err != nil {
 		return nil, err
 	}
 	for i := range out {
@@ -146,14 +155,21 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 // The locks come first, in a statement of their own: a statement reads the rows as
 // they were when it began, so a tenant read in the statement that waited for a rebuild
 // (an anchor change) would be the tenant before the change, and its steps would be
-// booked by the old anchor into rows the rebuild just rewrote by the new one.
+// booked by the old anchor into rows the rebuild just rewrote by the new one. The two
+// statements go in one round trip (a pipeline): the read still begins only once the
+// locks are held.
 func lockRollupTenants(ctx context.Context, tx pgx.Tx, ids []string) (map[string]Tenant, error) {
-	if _, err := tx.Exec(ctx, `
+	b := &pgx.Batch{}
+	b.Queue(`
 		SELECT pg_advisory_xact_lock_shared(`+rollupLockOf("t.id")+`)
-		FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) t`, ids); err != nil {
+		FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) t`, ids)
+	b.Queue(`SELECT `+tenantCols+` FROM tenants WHERE id = ANY($1)`, ids)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("store: the rollup locks of steps: %w", err)
 	}
-	rows, err := tx.Query(ctx, `SELECT `+tenantCols+` FROM tenants WHERE id = ANY($1)`, ids)
+	rows, err := br.Query()
 	tenants, err := collect(rows, err, scanTenant)
 	if err != nil {
 		return nil, fmt.Errorf("store: the tenants of steps: %w", err)
@@ -162,7 +178,7 @@ func lockRollupTenants(ctx context.Context, tx pgx.Tx, ids []string) (map[string
 	for _, t := range tenants {
 		byID[t.ID] = t
 	}
-	return byID, nil
+	return byID, br.Close()
 }
 
 // rollupCols are the rollup rows steps add to, one per tenant, by column.
@@ -174,12 +190,12 @@ type rollupCols struct {
 	steps, tokens, costs []int64
 }
 
-// upsertRollups adds c to the period, day and hour rows in one statement and returns
-// each tenant's period totals with them.
-func upsertRollups(ctx context.Context, tx pgx.Tx, c rollupCols) (map[string]rollupTotals, error) {
+// queueUpsertRollups queues on b the statement that adds c to the period, day and hour
+// rows and returns each tenant's period totals with them (rows read by collectTotals).
+func queueUpsertRollups(b *pgx.Batch, c rollupCols) {
 	// Rows are locked in tenant order, as every writer of them does, so that two
 	// transactions adding to the same tenants cannot deadlock.
-	rows, err := tx.Query(ctx, `
+	b.Queue(`
 		WITH i AS (
 			SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::date[],
 				$6::timestamptz[], $7::bigint[], $8::bigint[], $9::bigint[], $10::text[])
@@ -207,7 +223,6 @@ func upsertRollups(ctx context.Context, tx pgx.Tx, c rollupCols) (map[string]rol
 		SELECT p.tenant_id, p.steps, p.tokens, p.cost_micro_usd, 0::bigint
 		FROM p, (SELECT count(*) FROM d) AS dd, (SELECT count(*) FROM h) AS hh`,
 		c.ids, c.starts, c.ends, c.periodIDs, c.days, c.hours, c.steps, c.tokens, c.costs, c.plans)
-	return collectTotals(rows, err)
 }
 
 // rollupTotals are a tenant's rollups with its steps: its period's, and its sliding

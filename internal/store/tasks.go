@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -198,18 +199,33 @@ func (s *Store) InsertTasks(ctx context.Context, ps []InsertTaskParams) ([]Task,
 			idems[i] = &ps[i].IdempotencyKey
 		}
 	}
+	// Two inserts: only the tasks with an idempotency key go through ON CONFLICT, which
+	// makes every row it inserts a speculative insertion (a pre-check of the key's
+	// index, and a second WAL record to confirm the row); the others are plain inserts.
 	rows, err := s.db.Query(ctx, `
-		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, start_deadline)
-		SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, idempotency_key, request_hash,
-			`+startDeadlineOf("within_ms")+`
-		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::text[], $10::bytea[],
-			$11::bigint[])
-			AS i(id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, within_ms)
-		ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-		RETURNING `+taskCols,
+		WITH i AS (
+			SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, idempotency_key, request_hash,
+				`+startDeadlineOf("within_ms")+` AS start_deadline
+			FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::text[], $10::bytea[],
+				$11::bigint[])
+				AS i(id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, within_ms)
+		), plain AS (
+			INSERT INTO tasks (`+insertCols+`)
+			SELECT * FROM i WHERE idempotency_key IS NULL
+			RETURNING `+taskCols+`
+		), keyed AS (
+			INSERT INTO tasks (`+insertCols+`)
+			SELECT * FROM i WHERE idempotency_key IS NOT NULL
+			ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+			RETURNING `+taskCols+`
+		)
+		SELECT * FROM plain UNION ALL SELECT * FROM keyed`,
 		ids, tenantIDs, kids, agents, users, inputs, budgets, priorities, idems, hashes, within)
 	return collect(rows, err, scanTask)
 }
+
+// insertCols are the columns a new task is inserted with.
+const insertCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash, start_deadline`
 
 // startDeadlineOf is the start deadline of a task inserted now with ms, an SQL
 // expression of milliseconds, to start within (0: none). now() is the statement's
@@ -275,22 +291,58 @@ type ListTasksParams struct {
 	Agents, Principals []string
 }
 
-// ListTasks returns up to Limit tasks.
+// ListTasks returns up to Limit tasks. It reads the tenant's state index
+// (tasks_tenant_state_idx) from the cursor on: in the state asked for, or in every
+// state at once, one scan of each merged in id order, so a page costs about Limit
+// rows whatever the tenant's history holds before it.
 func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error) {
 	if p.TenantID == "" {
 		return nil, ErrNoTenant
 	}
-	var before any
-	if p.Before != uuid.Nil {
-		before = p.Before
+	before := p.Before
+	if before == uuid.Nil {
+		before = uuid.Max // above every id: the cursor is always an index condition
 	}
-	rows, err := s.db.Query(ctx, `
-		SELECT `+taskCols+` FROM tasks
-		WHERE tenant_id = $1 AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR id < $3)
-			AND (cardinality($5::text[]) = 0 OR agent = ANY($5)) AND (cardinality($6::text[]) = 0 OR user_id = ANY($6))
-		ORDER BY id DESC LIMIT $4`, p.TenantID, string(p.State), before, p.Limit, orEmpty(p.Agents), orEmpty(p.Principals))
+	q := listAllStates
+	if p.State != "" {
+		var ok bool
+		if q, ok = listInState[p.State]; !ok {
+			return nil, fmt.Errorf("store: no task state %q", p.State)
+		}
+	}
+	rows, err := s.db.Query(ctx, q, p.TenantID, before, p.Limit, orEmpty(p.Agents), orEmpty(p.Principals))
 	return collect(rows, err, scanTask)
 }
+
+// listOfState is the page of a tenant's tasks in state (an SQL expression) that
+// ListTasks reads: $1 the tenant, $2 the cursor, $3 the limit, $4 and $5 the scopes.
+func listOfState(state string) string {
+	return `SELECT ` + taskCols + ` FROM tasks
+		WHERE tenant_id = $1 AND state = ` + state + ` AND id < $2
+			AND (cardinality($4::text[]) = 0 OR agent = ANY($4)) AND (cardinality($5::text[]) = 0 OR user_id = ANY($5))
+		ORDER BY id DESC LIMIT $3`
+}
+
+// listInState is ListTasks in each state, the state written in the statement (the
+// generic plan of a state given as a parameter does not know that a state is rare,
+// and may walk the primary key through every tenant's tasks to find a page of it);
+// listAllStates in any state, the pages of every state merged.
+var (
+	listInState = func() map[TaskState]string {
+		m := make(map[TaskState]string, len(TaskStates))
+		for _, st := range TaskStates {
+			m[st] = listOfState("'" + string(st) + "'")
+		}
+		return m
+	}()
+	listAllStates = func() string {
+		parts := make([]string, len(TaskStates))
+		for i, st := range TaskStates {
+			parts[i] = "(" + listOfState("'"+string(st)+"'") + ")"
+		}
+		return `SELECT * FROM (` + strings.Join(parts, " UNION ALL ") + `) t ORDER BY id DESC LIMIT $3`
+	}()
+)
 
 // orEmpty is l, or an empty list for nil (a text[] of no elements, never NULL).
 func orEmpty(l []string) []string {

@@ -45,7 +45,7 @@ func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task
 			UPDATE tasks SET state = 'expired', error = $2, finished_at = clock_timestamp()
 			WHERE id = ANY($1) AND state = 'queued' AND `+startOverdue+`
 			RETURNING `+taskCols+`, NULL::text, 0::bigint, NULL::timestamptz, 0::bigint
-		), started AS (`+startSQL+`tasks.id = ANY($1) AND NOT `+startOverdueOf("tasks")+startReturning+`
+		), started AS (`+startSQL+`NOT `+startOverdueOf("tasks")+startReturning+`
 		)
 		SELECT * FROM started UNION ALL SELECT * FROM expired`, ids, agentqtype.NotStartedByDeadline())
 	return collect(rows, err, scanStarted)
@@ -82,20 +82,34 @@ func (s *Store) UnscopedExpireOverdue(ctx context.Context, limit int) ([]Task, e
 	return collect(rows, err, scanTask)
 }
 
-// startSQL starts queued tasks (the condition on tasks.id follows it), ending a parked
-// task's wait: the wait is added to waited_ms (unless it followed a throttled answer,
-// 'throttled' or 'throttled:<pool>': that wait counts toward the wall clock) and the
-// wait's fields are cleared
-// (step_estimate stays for the delivery to read). It joins the
-// row as it was (w) to return, with the started task, the wait the start ended
-// (Task.Resumed): after the update the wait's fields are cleared.
-const startSQL = `
+// byIDState is the condition a statement that reaches its tasks by id (a batch's ids,
+// joined from unnest) puts on their state: one no index can serve, so that the rows are
+// read by primary key, as many as the batch holds. A plain state = '…' lets the planner
+// read every queued (or running) task from tasks_live_idx and filter them by id instead,
+// which it does whenever its row estimates lag behind the table (a backlog that grew
+// since the last analyze): a start would then read the whole backlog. state is NOT
+// NULL, so IS NOT DISTINCT FROM is equality here. (The end keeps state = 'running':
+// running tasks are bounded by the workers' slots, and on a table too young to have
+// statistics the planner may otherwise prefer reading the whole table.)
+func byIDState(col, state string) string {
+	return col + ` IS NOT DISTINCT FROM '` + state + `'`
+}
+
+// startSQL starts the queued tasks whose ids $1 holds, read by primary key (byIDState;
+// a further condition follows it), ending a parked task's wait: the wait is added to
+// waited_ms (unless it followed a throttled answer, 'throttled' or 'throttled:<pool>':
+// that wait counts toward the wall clock) and the wait's fields are cleared
+// (step_estimate stays for the delivery to read). It joins the row as it was (w) to
+// return, with the started task, the wait the start ended (Task.Resumed): after the
+// update the wait's fields are cleared.
+var startSQL = `
 		UPDATE tasks SET state = 'running', attempt = tasks.attempt + 1, started_at = COALESCE(tasks.started_at, now()),
 			heartbeat_at = now(),
 			waited_ms = tasks.waited_ms + CASE WHEN tasks.parked_at IS NULL OR tasks.wait_reason = 'throttled'
 				OR tasks.wait_reason LIKE 'throttled:%' THEN 0 ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - tasks.parked_at) * 1000)::bigint) END,
 			parked_at = NULL, wait_reason = NULL, wait_until = NULL
-		FROM tasks w WHERE w.id = tasks.id AND tasks.state = 'queued' AND `
+		FROM unnest($1::uuid[]) AS i(id) JOIN tasks w ON w.id = i.id
+		WHERE tasks.id = i.id AND ` + byIDState("tasks.state", "queued") + ` AND `
 
 // startReturning returns the started task and the wait its start ended: its reason,
 // its length to the start, when its capacity was expected (the unpark) and its length

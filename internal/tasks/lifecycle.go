@@ -237,7 +237,7 @@ func (l *Lifecycle) createTasks(batch []*create) {
 	for i, c := range batch {
 		ps[i] = c.p
 	}
-	byID := l.sharedWrite(batch[0].ctx, l.writes(ChangeCreated), func(cs *changes) error {
+	byID := l.sharedWrite(batch[0].ctx, l.writes(ChangeCreated), len(batch), func(cs *changes) error {
 		ts, err := cs.tx.InsertTasks(cs.ctx, ps)
 		if err != nil {
 			return err
@@ -259,13 +259,14 @@ func (l *Lifecycle) createTasks(batch []*create) {
 // subscriber writes with its changes), and returns the changes it made by task id:
 // none when it failed, and then nothing was written. Each call of the batch tells
 // the subscribers of its own changes once it has them (committed), in its own
-// goroutine and context.
-func (l *Lifecycle) sharedWrite(first context.Context, inTx bool, write func(cs *changes) error) map[uuid.UUID][]Change {
+// goroutine and context. expect is how many changes the write usually makes (room
+// for them is made at once: a change is large).
+func (l *Lifecycle) sharedWrite(first context.Context, inTx bool, expect int, write func(cs *changes) error) map[uuid.UUID][]Change {
 	ctx, cancel := flushContext(first)
 	defer cancel()
 	var made []Change
 	run := func(st *store.Store) error {
-		cs := &changes{l: l, ctx: ctx, tx: st}
+		cs := &changes{l: l, ctx: ctx, tx: st, made: make([]Change, 0, expect)}
 		err := write(cs)
 		made = cs.made
 		return err
@@ -279,9 +280,26 @@ func (l *Lifecycle) sharedWrite(first context.Context, inTx bool, write func(cs 
 	if err != nil {
 		return nil
 	}
+	return changesByID(made)
+}
+
+// changesByID groups made by task id, in order. A task's changes are noted one after
+// the other, so each run of them is a piece of made (capped: appending to it
+// copies), and only a task noted in two places gets a slice of its own.
+func changesByID(made []Change) map[uuid.UUID][]Change {
 	byID := make(map[uuid.UUID][]Change, len(made))
-	for _, c := range made {
-		byID[c.Task.ID] = append(byID[c.Task.ID], c)
+	for i := 0; i < len(made); {
+		id := made[i].Task.ID
+		j := i + 1
+		for j < len(made) && made[j].Task.ID == id {
+			j++
+		}
+		if prev, ok := byID[id]; ok {
+			byID[id] = append(prev, made[i:j]...)
+		} else {
+			byID[id] = made[i:j:j]
+		}
+		i = j
 	}
 	return byID
 }
@@ -380,7 +398,7 @@ func (l *Lifecycle) startTasks(batch []*start) {
 	for i, c := range batch {
 		ids[i] = c.id
 	}
-	byID := l.sharedWrite(batch[0].ctx, l.writes(ChangeStarted, ChangeExpired), func(cs *changes) error {
+	byID := l.sharedWrite(batch[0].ctx, l.writes(ChangeStarted, ChangeExpired), len(batch), func(cs *changes) error {
 		ts, err := cs.tx.UnscopedStartTasks(cs.ctx, ids)
 		if err != nil {
 			return err
@@ -532,7 +550,7 @@ func (l *Lifecycle) completeLastSteps(batch []*lastStep) {
 	for i, c := range batch {
 		ps[i] = c.step
 	}
-	byID := l.sharedWrite(batch[0].ctx, true, func(cs *changes) error {
+	byID := l.sharedWrite(batch[0].ctx, true, 2*len(batch), func(cs *changes) error {
 		written, err := cs.tx.UnscopedCompleteLastSteps(cs.ctx, ps)
 		if err != nil {
 			return err

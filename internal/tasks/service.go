@@ -370,8 +370,10 @@ func (s *Service) answerReplay(ctx context.Context, sub submission) (res Submiss
 
 // admit runs the admission script for task id in the billing period of now.
 func (s *Service) admit(ctx context.Context, sub submission, id uuid.UUID, now time.Time) (quotas.Decision, error) {
-	actx, span := s.tracer.Start(ctx, "agentq.admission", trace.WithAttributes(
-		attribute.String("agentq.tenant_id", sub.tenant.ID), attribute.String("agentq.task_id", id.String())))
+	actx, span := s.tracer.Start(ctx, "agentq.admission")
+	if span.IsRecording() { // attributes built for a dropped span are allocations thrown away
+		span.SetAttributes(attribute.String("agentq.tenant_id", sub.tenant.ID), attribute.String("agentq.task_id", id.String()))
+	}
 	d, err := s.d.Admission.Admit(actx, quotas.AdmitParams{
 		Mode: quotas.ModeAdmit, TenantID: sub.tenant.ID, Kid: sub.Kid, Agent: sub.Agent, User: sub.User,
 		TaskID: id.String(), InScope: sub.inScope, Limits: sub.pol.Limits, Period: sub.tenant.Anchor().PeriodAt(now),
@@ -466,6 +468,10 @@ func (s *Service) postgresAnswered(ok bool) {
 
 // endAdmissionSpan records an admission's outcome on its span and ends it.
 func endAdmissionSpan(span trace.Span, d quotas.Decision, err error) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	switch {
 	case err != nil:
 		span.RecordError(err)

@@ -72,3 +72,62 @@ func hasAttr(attrs []attribute.KeyValue, want attribute.KeyValue) bool {
 	}
 	return false
 }
+
+// A command inside a sampled span gets a child span named after it with redisotel's
+// scope and attributes; one outside any span, or inside an unsampled one, none. A
+// failing command marks its span; redis.Nil does not.
+func TestRedisCommandsSpans(t *testing.T) {
+	rdb, keys := testenv.Redis(t, 1)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	RedisCommands(ChildrenOnly(tp), rdb)
+	ctx := context.Background()
+	k := keys.Prefix() + "cmd"
+	if err := rdb.Set(ctx, k, "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	never := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	unsampled, req := never.Tracer("t").Start(ctx, "request")
+	if err := rdb.Incr(unsampled, k).Err(); err != nil {
+		t.Fatal(err)
+	}
+	req.End()
+	if n := len(exp.GetSpans()); n != 0 {
+		t.Fatalf("commands outside a sampled span made %d spans", n)
+	}
+	parent, span := tp.Tracer("test").Start(ctx, "parent")
+	if err := rdb.Incr(parent, k).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(parent, k, "f", "v").Err(); err == nil {
+		t.Fatal("HSET on a string key succeeded")
+	}
+	if err := rdb.Get(parent, k+":none").Err(); err != redis.Nil {
+		t.Fatalf("GET of a missing key: %v", err)
+	}
+	span.End()
+	spans := exp.GetSpans()
+	if len(spans) != 4 {
+		t.Fatalf("%d spans, want the three commands' and their parent's", len(spans))
+	}
+	got := spans[0]
+	if got.Name != "incr" || got.Parent.SpanID() != span.SpanContext().SpanID() || got.SpanKind.String() != "client" {
+		t.Fatalf("span %q kind %v, parent %v", got.Name, got.SpanKind, got.Parent.SpanID())
+	}
+	if got.InstrumentationScope.Name != "github.com/redis/go-redis/extra/redisotel" {
+		t.Errorf("scope %q", got.InstrumentationScope.Name)
+	}
+	addr := rdb.Options().Addr
+	for _, want := range []attribute.KeyValue{attribute.String("db.system", "redis"),
+		attribute.String("db.connection_string", "redis://"+addr)} {
+		if !hasAttr(got.Attributes, want) {
+			t.Errorf("attributes %v lack %v", got.Attributes, want)
+		}
+	}
+	if spans[1].Name != "hset" || spans[1].Status.Code.String() != "Error" {
+		t.Errorf("failed command's span: %q, status %v", spans[1].Name, spans[1].Status)
+	}
+	if spans[2].Name != "get" || spans[2].Status.Code.String() == "Error" {
+		t.Errorf("missing key's span: %q, status %v", spans[2].Name, spans[2].Status)
+	}
+}

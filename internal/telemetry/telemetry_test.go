@@ -117,3 +117,30 @@ func TestPprofListensUntilStopped(t *testing.T) {
 		t.Fatal("pprof still answers after Stop")
 	}
 }
+
+// Under a span that records without being sampled, a call's span does nothing:
+// ending it leaves its parent recording.
+func TestChildrenOnlyLeavesARecordingParentOpen(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(recordOnly{}), sdktrace.WithSyncer(exp))
+	ctx, req := tp.Tracer("t").Start(context.Background(), "request")
+	if !req.IsRecording() || req.SpanContext().IsSampled() {
+		t.Fatalf("the request's span records %v, sampled %v; want recording, not sampled", req.IsRecording(), req.SpanContext().IsSampled())
+	}
+	cctx, call := ChildrenOnly(tp).Tracer("calls").Start(ctx, "call")
+	call.End()
+	if !req.IsRecording() || !trace.SpanFromContext(ctx).IsRecording() {
+		t.Fatal("ending the call's span ended the request's")
+	}
+	if trace.SpanFromContext(cctx).IsRecording() {
+		t.Error("the call's context holds a recording span")
+	}
+	req.End()
+}
+
+type recordOnly struct{}
+
+func (recordOnly) ShouldSample(sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	return sdktrace.SamplingResult{Decision: sdktrace.RecordOnly}
+}
+func (recordOnly) Description() string { return "record only" }

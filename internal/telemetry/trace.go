@@ -33,8 +33,17 @@ type childTracer struct {
 
 var noopTracer = noop.NewTracerProvider().Tracer("")
 
+// Start starts a span of the wrapped tracer inside a sampled span. Outside one it
+// starts nothing and passes the parent's span context on: under a span that does not
+// record (the common case: sampled out), ctx and that span come back as they are (its
+// methods do nothing), so that a call allocates nothing; under an unsampled span that
+// records, ctx gets a span that does nothing (ending it must not end its parent).
 func (c childTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	if !trace.SpanContextFromContext(ctx).IsSampled() {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.SpanContext().IsSampled() {
+		if !parent.IsRecording() {
+			return ctx, parent
+		}
 		return noopTracer.Start(ctx, name, opts...)
 	}
 	return c.t.Start(ctx, name, opts...)

@@ -36,3 +36,20 @@ func TestRateHeadersSpellEveryScope(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRateHeaders measures the headers of an admitted submission of a tenant
+// with every limit on.
+func BenchmarkRateHeaders(b *testing.B) {
+	now := time.Unix(1_800_000_000, 0)
+	var d quotas.Decision
+	for _, name := range []string{quotas.KeyRate, quotas.TenantRate, quotas.KeyAgentRate, quotas.UserTasksHourly,
+		quotas.ConcurrentSessions, quotas.LongRunningInflight, quotas.QueueBacklog, quotas.AgentStepsDaily,
+		quotas.AITokensMonthly, quotas.USDMonthly} {
+		d.Scopes = append(d.Scopes, quotas.Scope{Name: name, Limit: 1000, Remaining: 998, Window: time.Minute, Reset: 1500 * time.Millisecond})
+	}
+	d.Allowed = true
+	b.ReportAllocs()
+	for b.Loop() {
+		setRateHeaders(http.Header{}, d, now)
+	}
+}
