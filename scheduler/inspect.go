@@ -15,6 +15,13 @@ func (s *Scheduler) Running(ctx context.Context, tenantID string) (int64, error)
 	return s.rdb.SCard(ctx, s.keys.TenantRunning(tenantID)).Result()
 }
 
+// QueueRunning queues Running's read on pipe, for a caller that sends it with other
+// reads in one round trip; the function returned gives its answer once pipe was sent.
+func (s *Scheduler) QueueRunning(ctx context.Context, pipe redis.Pipeliner, tenantID string) func() (int64, error) {
+	cmd := pipe.SCard(ctx, s.keys.TenantRunning(tenantID))
+	return cmd.Result
+}
+
 // Reasons a queued task waits, shown to the tenant as wait_reason.
 const (
 	WaitBehindFairShare  = "behind_fair_share"

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
@@ -301,13 +303,46 @@ func (r *Rejections) Current(ctx context.Context, tenantID string, period quotas
 	if err != nil {
 		return nil, err
 	}
+	return r.current(ctx, trs[0], tenantID, period, now)
+}
+
+// PipeCounts is a RejectionCounts whose read of one tenant's counts can go on a pipe
+// a caller sends with other reads (*admission.RejectionCounts).
+type PipeCounts interface {
+	QueueRejections(ctx context.Context, pipe redis.Pipeliner, tenant string) func() (quotas.TenantRejections, error)
+}
+
+// QueueCurrent is Current in two halves, for a caller that sends the Redis read with
+// its other reads in one round trip: it queues the read of the counts still in Redis
+// on pipe, and the function returned, called once pipe was sent, adds the counts in
+// Postgres as Current does. When Counts cannot be queued, or the queued read failed,
+// the function reads Redis on its own (on its ctx, as Current does).
+func (r *Rejections) QueueCurrent(ctx context.Context, pipe redis.Pipeliner, tenantID string, period quotas.Period,
+	now time.Time) func(context.Context) (map[string]int64, error) {
+	pc, ok := r.Counts.(PipeCounts)
+	if !ok {
+		return func(ctx context.Context) (map[string]int64, error) { return r.Current(ctx, tenantID, period, now) }
+	}
+	read := pc.QueueRejections(ctx, pipe, tenantID)
+	return func(ctx context.Context) (map[string]int64, error) {
+		tr, err := read()
+		if err != nil {
+			return r.Current(ctx, tenantID, period, now)
+		}
+		return r.current(ctx, tr, tenantID, period, now)
+	}
+}
+
+// current is Current once the counts still in Redis (tr) were read.
+func (r *Rejections) current(ctx context.Context, tr quotas.TenantRejections, tenantID string, period quotas.Period,
+	now time.Time) (map[string]int64, error) {
 	type key struct {
 		limit  string
 		minute int64
 	}
 	counts := map[key]int64{}
 	cutoff := now.UTC().Truncate(time.Minute)
-	for _, c := range trs[0].Counts() {
+	for _, c := range tr.Counts() {
 		counts[key{c.LimitType, c.Minute.Unix()}] = c.Count
 		if c.Minute.Before(cutoff) {
 			cutoff = c.Minute

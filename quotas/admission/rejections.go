@@ -43,14 +43,32 @@ func (rj *RejectionCounts) Rejections(ctx context.Context, tenants []string) ([]
 	}
 	out := make([]quotas.TenantRejections, len(tenants))
 	for i, t := range tenants {
-		out[i] = quotas.TenantRejections{TenantID: t, Fields: map[string]int64{}}
-		for f, v := range cmds[i].Val() {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				out[i].Fields[f] = n
-			}
-		}
+		out[i] = tenantRejections(t, cmds[i].Val())
 	}
 	return out, nil
+}
+
+// QueueRejections queues the read of one tenant's refusal counts on pipe, for a
+// caller that sends it with other reads in one round trip; the function returned
+// gives its answer once pipe was sent.
+func (rj *RejectionCounts) QueueRejections(ctx context.Context, pipe redis.Pipeliner, tenant string) func() (quotas.TenantRejections, error) {
+	cmd := pipe.HGetAll(ctx, rj.keys.Rejections(tenant))
+	return func() (quotas.TenantRejections, error) {
+		if err := cmd.Err(); err != nil && err != redis.Nil {
+			return quotas.TenantRejections{}, fmt.Errorf("quotas: rejections: %w", err)
+		}
+		return tenantRejections(tenant, cmd.Val()), nil
+	}
+}
+
+func tenantRejections(tenant string, fields map[string]string) quotas.TenantRejections {
+	tr := quotas.TenantRejections{TenantID: tenant, Fields: map[string]int64{}}
+	for f, v := range fields {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			tr.Fields[f] = n
+		}
+	}
+	return tr
 }
 
 // pruneRejectionsScript deletes refusal counts that were flushed, and drops the tenant

@@ -143,16 +143,39 @@ func (b *Buckets) TenantTokensLevel(ctx context.Context, p quotas.TenantTokensPa
 		return quotas.TenantTokensState{}, err
 	}
 	pipe := b.rdb.Pipeline()
-	stCmd := pipe.HMGet(ctx, b.keys.TenantTokens(p.Tenant), "l", "t")
-	tCmd := pipe.Time(ctx)
+	read := b.queueTenantTokensLevel(ctx, pipe, p.Tenant, rate, burst)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return quotas.TenantTokensState{}, fmt.Errorf("quotas: read %s: %w", tenantTokensName, err)
 	}
-	nowMs := tCmd.Val().UnixMilli()
-	if b.clock.Fake() {
-		nowMs = b.clock.NowMs()
+	return read()
+}
+
+// QueueTenantTokensLevel queues TenantTokensLevel's read on pipe, for a caller that
+// sends it with other reads in one round trip; the function returned gives its
+// answer once pipe was sent.
+func (b *Buckets) QueueTenantTokensLevel(ctx context.Context, pipe redis.Pipeliner, p quotas.TenantTokensParams) func() (quotas.TenantTokensState, error) {
+	rate, burst, err := p.Bucket()
+	if err != nil {
+		return func() (quotas.TenantTokensState, error) { return quotas.TenantTokensState{}, err }
 	}
-	return tenantTokensState(stCmd.Val(), rate, burst, nowMs), nil
+	return b.queueTenantTokensLevel(ctx, pipe, p.Tenant, rate, burst)
+}
+
+func (b *Buckets) queueTenantTokensLevel(ctx context.Context, pipe redis.Pipeliner, tenant string, rate, burst int64) func() (quotas.TenantTokensState, error) {
+	stCmd := pipe.HMGet(ctx, b.keys.TenantTokens(tenant), "l", "t")
+	tCmd := pipe.Time(ctx)
+	return func() (quotas.TenantTokensState, error) {
+		for _, c := range []redis.Cmder{stCmd, tCmd} {
+			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+				return quotas.TenantTokensState{}, fmt.Errorf("quotas: read %s: %w", tenantTokensName, err)
+			}
+		}
+		nowMs := tCmd.Val().UnixMilli()
+		if b.clock.Fake() {
+			nowMs = b.clock.NowMs()
+		}
+		return tenantTokensState(stCmd.Val(), rate, burst, nowMs), nil
+	}
 }
 
 // tenantTokensState refills a bucket's stored level (l) from its time (t) to nowMs,

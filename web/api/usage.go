@@ -6,10 +6,12 @@ import (
 	"errors"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/billing/usage"
@@ -228,9 +230,23 @@ func (s *API) liveLimits(ctx context.Context, t tenants.Tenant, q usageQuery, li
 	if err != nil {
 		return d, AdmissionFailure(err)
 	}
-	var rejected map[string]int64
+	// The reads besides the peek go in one round trip: the refusal counts still in
+	// Redis, and the running tasks and the tokens-per-minute bucket when the script
+	// does not report them, these two within admission's deadline.
+	dctx, cancel := context.WithTimeout(ctx, s.Admission.Timeout())
+	defer cancel()
+	pipe := s.Redis.Pipeline()
+	var readRejected func(context.Context) (map[string]int64, error)
 	if s.Rejections != nil {
-		if rejected, err = s.Rejections.Current(ctx, t.ID, period, now); err != nil {
+		readRejected = s.Rejections.QueueCurrent(ctx, pipe, t.ID, period, now)
+	}
+	reads := s.queueOtherReads(dctx, pipe, t.ID, d.Scopes, limits)
+	if pipe.Len() > 0 {
+		_, _ = pipe.Exec(dctx) // each read reports its own failure
+	}
+	var rejected map[string]int64
+	if readRejected != nil {
+		if rejected, err = readRejected(ctx); err != nil {
 			return d, err
 		}
 	}
@@ -238,8 +254,6 @@ func (s *API) liveLimits(ctx context.Context, t tenants.Tenant, q usageQuery, li
 	for _, sc := range d.Scopes {
 		rep.Limits[sc.Name] = scopeUsage(sc, limitOf[sc.Name], rejected[sc.Name], periodS, now)
 	}
-	dctx, cancel := context.WithTimeout(ctx, s.Admission.Timeout())
-	defer cancel()
 	// Limits the script does not report: off, or enforced elsewhere (running caps are
 	// enforced by the dispatcher).
 	for _, name := range quotas.LimitTypes {
@@ -250,7 +264,7 @@ func (s *API) liveLimits(ctx context.Context, t tenants.Tenant, q usageQuery, li
 		if name == quotas.InflightRequests {
 			l = inflight
 		}
-		lu, err := s.otherUsage(dctx, t.ID, name, limits, l, q, now)
+		lu, err := otherUsage(reads, name, limits, l, q, now)
 		if err != nil {
 			if ctx.Err() != nil {
 				return d, AdmissionFailure(ctx.Err())
@@ -262,6 +276,33 @@ func (s *API) liveLimits(ctx context.Context, t tenants.Tenant, q usageQuery, li
 		rep.Limits[name] = lu
 	}
 	return d, nil
+}
+
+// otherReads are the Redis reads of the limits the admission script does not report,
+// queued on a pipe (queueOtherReads); nil when not needed.
+type otherReads struct {
+	running func() (int64, error)
+	tokens  func() (quotas.TenantTokensState, error)
+}
+
+// queueOtherReads queues on pipe the reads otherUsage needs for the limits the peek's
+// scopes do not report: the running tasks, and the tokens-per-minute bucket when it
+// is on and not 0.
+func (s *API) queueOtherReads(ctx context.Context, pipe redis.Pipeliner, tenant string, scopes []quotas.Scope,
+	limits quotas.Limits) otherReads {
+	var r otherReads
+	reported := func(name string) bool {
+		return slices.ContainsFunc(scopes, func(sc quotas.Scope) bool { return sc.Name == name })
+	}
+	if !reported(quotas.Running) {
+		r.running = s.Queue.QueueRunning(ctx, pipe, tenant)
+	}
+	if !reported(quotas.AITokensPerMinute) && limits.TokensPerMinute > 0 {
+		r.tokens = s.Admission.Buckets().QueueTenantTokensLevel(ctx, pipe, quotas.TenantTokensParams{
+			Tenant: tenant, PerMinute: limits.TokensPerMinute, Burst: limits.TokensPerMinuteBurst,
+		})
+	}
+	return r
 }
 
 // unknownUsage is a limit whose use Redis did not tell: its value alone.
@@ -303,17 +344,17 @@ func scopeUsage(sc quotas.Scope, l quotas.Limit, rejected, periodS int64, now ti
 }
 
 // otherUsage is a limit the admission script does not report: the tokens per minute
-// and the running tasks (read from Redis within ctx), the requests in progress,
+// and the running tasks (from the reads queued in reads), the requests in progress,
 // and the limits that are off.
-func (s *API) otherUsage(ctx context.Context, tenant, name string, limits quotas.Limits, l quotas.Limit, q usageQuery,
+func otherUsage(reads otherReads, name string, limits quotas.Limits, l quotas.Limit, q usageQuery,
 	now time.Time) (LimitUsage, error) {
 	if name == quotas.AITokensPerMinute {
-		return s.tokensPerMinuteUsage(ctx, tenant, limits, now)
+		return tokensPerMinuteUsage(reads.tokens, limits, now)
 	}
 	lu := LimitUsage{Unit: units[name]}
 	switch name {
 	case quotas.Running:
-		running, err := s.Queue.Running(ctx, tenant)
+		running, err := reads.running()
 		if err != nil {
 			return lu, err
 		}
@@ -331,8 +372,9 @@ func (s *API) otherUsage(ctx context.Context, tenant, name string, limits quotas
 // tokensPerMinuteUsage is the tenant's ai_tokens_per_minute bucket, which the worker
 // reserves each step's tokens from (admission does not check it), reported as the
 // other buckets are: used is what was reserved and not yet refilled, remaining what a
-// step can reserve now, reset_at when the bucket is full again.
-func (s *API) tokensPerMinuteUsage(ctx context.Context, tenant string, l quotas.Limits, now time.Time) (LimitUsage, error) {
+// step can reserve now, reset_at when the bucket is full again. read is the bucket's
+// queued read (nil when the limit is off or 0).
+func tokensPerMinuteUsage(read func() (quotas.TenantTokensState, error), l quotas.Limits, now time.Time) (LimitUsage, error) {
 	lu := LimitUsage{Unit: units[quotas.AITokensPerMinute], WindowS: ptr(int64(60))}
 	switch {
 	case l.TokensPerMinute < 0: // off
@@ -341,9 +383,7 @@ func (s *API) tokensPerMinuteUsage(ctx context.Context, tenant string, l quotas.
 		lu.Limit, lu.Remaining = ptr(0.0), ptr(0.0)
 		return lu, nil
 	}
-	st, err := s.Admission.Buckets().TenantTokensLevel(ctx, quotas.TenantTokensParams{
-		Tenant: tenant, PerMinute: l.TokensPerMinute, Burst: l.TokensPerMinuteBurst,
-	})
+	st, err := read()
 	if err != nil {
 		return lu, err
 	}
