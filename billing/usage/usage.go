@@ -39,6 +39,11 @@ func (r *Rollups) RecentLimitHits(ctx context.Context, tenantID string, n int) (
 	if err != nil {
 		return nil, err
 	}
+	return limitHits(evs)
+}
+
+// limitHits reads the limit hits of usage.limit_hit events.
+func limitHits(evs []store.Event) ([]LimitHit, error) {
 	out := make([]LimitHit, 0, len(evs))
 	for _, e := range evs {
 		var ce struct {
@@ -87,18 +92,50 @@ func (r *Rollups) Days(ctx context.Context, tenantID string, a quotas.Anchor, n 
 	if n < 1 || n > MaxUsageDays {
 		return nil, ErrBadDays
 	}
+	p, first, loc := daysRange(tenantID, a, n, now)
+	rows, err := r.st.DailyRollups(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return days(rows, first, loc, n), nil
+}
+
+// History is RecentLimitHits(ctx, tenantID, hits) and Days(ctx, tenantID, a, n, now)
+// in one round trip to Postgres, for the usage report, which reads both each call.
+func (r *Rollups) History(ctx context.Context, tenantID string, hits int, a quotas.Anchor, n int, now time.Time) ([]LimitHit, []DayUsage, error) {
+	if tenantID == "" {
+		return nil, nil, outbox.ErrNoTenant
+	}
+	if n < 1 || n > MaxUsageDays {
+		return nil, nil, ErrBadDays
+	}
+	p, first, loc := daysRange(tenantID, a, n, now)
+	evs, rows, err := r.st.RecentEventsAndDailyRollups(ctx,
+		store.RecentEventsParams{TenantID: tenantID, Type: outbox.TypeLimitHit, Limit: hits}, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	lh, err := limitHits(evs)
+	if err != nil {
+		return nil, nil, err
+	}
+	return lh, days(rows, first, loc, n), nil
+}
+
+// daysRange is the rollups of the last n days of the tenant's zone up to now, the
+// first of them (at noon) and the zone.
+func daysRange(tenantID string, a quotas.Anchor, n int, now time.Time) (store.DailyRollupsParams, time.Time, *time.Location) {
 	loc := a.Zone
 	if loc == nil {
 		loc = time.UTC
 	}
 	today := now.In(loc)
 	first := time.Date(today.Year(), today.Month(), today.Day()-(n-1), 12, 0, 0, 0, loc)
-	rows, err := r.st.DailyRollups(ctx, store.DailyRollupsParams{
-		TenantID: tenantID, From: first.Format(time.DateOnly), To: today.Format(time.DateOnly),
-	})
-	if err != nil {
-		return nil, err
-	}
+	return store.DailyRollupsParams{TenantID: tenantID, From: first.Format(time.DateOnly), To: today.Format(time.DateOnly)}, first, loc
+}
+
+// days lists the n days from first with their rollups (zeros for a day without one).
+func days(rows []store.DayRollup, first time.Time, loc *time.Location, n int) []DayUsage {
 	byDay := make(map[string]store.Rollup, len(rows))
 	for _, row := range rows {
 		byDay[row.Day] = row.Rollup
@@ -110,7 +147,7 @@ func (r *Rollups) Days(ctx context.Context, tenantID string, a quotas.Anchor, n 
 		u := byDay[day]
 		out[i] = DayUsage{Day: day, Steps: u.Steps, Tokens: u.Tokens, CostMicroUSD: u.CostMicro, CostUSD: outbox.FormatUSD(u.CostMicro)}
 	}
-	return out, nil
+	return out
 }
 
 // BreachesOver is how far back a tenant's missed commitments are reported.

@@ -119,6 +119,11 @@ func (d interpreting) Query(ctx context.Context, sql string, args ...any) (pgx.R
 	return interpretingRows{rows}, nil
 }
 
+// SendBatch leaves the interpretation of the results' errors to its caller.
+func (d interpreting) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return d.db.SendBatch(ctx, b)
+}
+
 func (d interpreting) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return interpretingRow{d.db.QueryRow(ctx, sql, args...)}
 }

@@ -30,18 +30,27 @@ func (s *Store) RecentEvents(ctx context.Context, p RecentEventsParams) ([]Event
 	if p.TenantID == "" {
 		return nil, ErrNoTenant
 	}
+	p = p.bounded()
+	rows, err := s.db.Query(ctx, recentEventsSQL, p.TenantID, p.Type, p.Limit)
+	return collect(rows, err, scanRecentEvent)
+}
+
+func (p RecentEventsParams) bounded() RecentEventsParams {
 	if p.Limit <= 0 || p.Limit > MaxRecentEvents {
 		p.Limit = MaxRecentEvents
 	}
-	rows, err := s.db.Query(ctx, `
+	return p
+}
+
+const recentEventsSQL = `
 		SELECT seq, id, tenant_id, type, dedupe_key, payload, created_at FROM events
 		WHERE tenant_id = $1 AND ($2 = '' OR type = $2)
-		ORDER BY seq DESC LIMIT $3`, p.TenantID, p.Type, p.Limit)
-	return collect(rows, err, func(row pgx.Row) (Event, error) {
-		var e Event
-		err := row.Scan(&e.Cursor.Seq, &e.ID, &e.TenantID, &e.Type, &e.DedupeKey, &e.Payload, &e.CreatedAt)
-		return e, err
-	})
+		ORDER BY seq DESC LIMIT $3`
+
+func scanRecentEvent(row pgx.Row) (Event, error) {
+	var e Event
+	err := row.Scan(&e.Cursor.Seq, &e.ID, &e.TenantID, &e.Type, &e.DedupeKey, &e.Payload, &e.CreatedAt)
+	return e, err
 }
 
 // DailyRollupsParams select a tenant's daily rollups for the days of its zone from
@@ -57,14 +66,45 @@ func (s *Store) DailyRollups(ctx context.Context, p DailyRollupsParams) ([]DayRo
 	if p.TenantID == "" {
 		return nil, ErrNoTenant
 	}
-	rows, err := s.db.Query(ctx, `
+	rows, err := s.db.Query(ctx, dailyRollupsSQL, p.TenantID, p.From, p.To)
+	return collect(rows, err, scanDayRollup(p.TenantID))
+}
+
+const dailyRollupsSQL = `
 		SELECT to_char(day, 'YYYY-MM-DD'), steps, tokens, cost_micro_usd FROM usage_rollup_daily
-		WHERE tenant_id = $1 AND day >= $2::date AND day <= $3::date ORDER BY day`, p.TenantID, p.From, p.To)
-	return collect(rows, err, func(row pgx.Row) (DayRollup, error) {
-		r := DayRollup{TenantID: p.TenantID}
+		WHERE tenant_id = $1 AND day >= $2::date AND day <= $3::date ORDER BY day`
+
+func scanDayRollup(tenantID string) func(pgx.Row) (DayRollup, error) {
+	return func(row pgx.Row) (DayRollup, error) {
+		r := DayRollup{TenantID: tenantID}
 		err := row.Scan(&r.Day, &r.Steps, &r.Tokens, &r.CostMicro)
 		return r, err
-	})
+	}
+}
+
+// RecentEventsAndDailyRollups is RecentEvents and DailyRollups in one round trip (a
+// pipeline of both statements), for the usage report, which reads both each call.
+func (s *Store) RecentEventsAndDailyRollups(ctx context.Context, ev RecentEventsParams, days DailyRollupsParams) ([]Event, []DayRollup, error) {
+	if ev.TenantID == "" || days.TenantID == "" {
+		return nil, nil, ErrNoTenant
+	}
+	ev = ev.bounded()
+	b := &pgx.Batch{}
+	b.Queue(recentEventsSQL, ev.TenantID, ev.Type, ev.Limit)
+	b.Queue(dailyRollupsSQL, days.TenantID, days.From, days.To)
+	br := s.db.SendBatch(ctx, b)
+	defer br.Close()
+	rows, err := br.Query()
+	evs, err := collect(rows, err, scanRecentEvent)
+	if err != nil {
+		return nil, nil, interpretError(err)
+	}
+	rows, err = br.Query()
+	rollups, err := collect(rows, err, scanDayRollup(days.TenantID))
+	if err != nil {
+		return nil, nil, interpretError(err)
+	}
+	return evs, rollups, interpretError(br.Close())
 }
 
 // LiveTasksParams select a tenant's running and queued tasks, at most Limit of them.

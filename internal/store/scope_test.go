@@ -139,6 +139,11 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.DailyRollups(ctx, store.DailyRollupsParams{From: "2026-01-01", To: "2026-01-31"})
 			return err
 		}},
+		{"RecentEventsAndDailyRollups", func(ctx context.Context, st *store.Store) error {
+			_, _, err := st.RecentEventsAndDailyRollups(ctx, store.RecentEventsParams{Limit: 10},
+				store.DailyRollupsParams{From: "2026-01-01", To: "2026-01-31"})
+			return err
+		}},
 		{"ListLiveTasks", func(ctx context.Context, st *store.Store) error {
 			_, err := st.ListLiveTasks(ctx, store.LiveTasksParams{Limit: 10})
 			return err

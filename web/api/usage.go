@@ -422,25 +422,25 @@ func (s *API) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuery, 
 	if s.Usage == nil {
 		return nil
 	}
-	hits, err := s.Usage.RecentLimitHits(ctx, t.ID, usage.DefaultRecentHits)
+	days := q.Days
+	if days == 0 {
+		days = usage.DefaultUsageDays
+	}
+	hits, byDay, err := s.Usage.History(ctx, t.ID, usage.DefaultRecentHits, t.Anchor(), days, now)
+	if errors.Is(err, usage.ErrBadDays) {
+		return Errorf(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", usage.MaxUsageDays)
+	}
 	if err != nil {
 		return err
 	}
-	rep.RecentLimitHits = hits
+	rep.RecentLimitHits, rep.Days = hits, byDay
+	// Sent alone, with its arguments inline: the breaches' statement is planned for them.
 	breaches, err := s.Usage.SLABreaches(ctx, t.ID, rep.AsOf)
 	if err != nil {
 		return err
 	}
 	rep.SLABreaches = append(rep.SLABreaches, breaches...)
-	days := q.Days
-	if days == 0 {
-		days = usage.DefaultUsageDays
-	}
-	rep.Days, err = s.Usage.Days(ctx, t.ID, t.Anchor(), days, now)
-	if errors.Is(err, usage.ErrBadDays) {
-		return Errorf(http.StatusBadRequest, CodeInvalidRequest, "days must be an integer between 1 and %d.", usage.MaxUsageDays)
-	}
-	return err
+	return nil
 }
 
 func ptr[T any](v T) *T { return &v }
