@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -70,11 +71,25 @@ type EnqueueParams struct {
 
 // Enqueue puts a task on its tenant's queue and wakes the dispatchers. Enqueueing a
 // task that is already queued changes nothing. From here on queue_backlog counts the
-// task in its queue, no longer as admitted-not-yet-queued.
-func (s *Scheduler) Enqueue(ctx context.Context, p EnqueueParams) error {
+// task in its queue, no longer as admitted-not-yet-queued. along are calls that ride
+// in the push's round trip, on its pipe (the submitting request's slot release); the
+// error is the push's, a rider reads its own command's.
+func (s *Scheduler) Enqueue(ctx context.Context, p EnqueueParams, along ...func(pipe redis.Pipeliner)) error {
 	keys, args := enqueueArgs(s.keys, p, s.nowArg())
 	// Concurrent submissions' pushes share a round trip.
-	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) { enqueueScript.Run(ctx, pipe, keys, args...) })
+	var cmd *redis.Cmd
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		cmd = enqueueScript.Run(ctx, pipe, keys, args...)
+		for _, a := range along {
+			a(pipe)
+		}
+	})
+	if cmd != nil && len(along) > 0 {
+		err = cmd.Err()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("scheduler: enqueue: %w", err)
 	}

@@ -161,6 +161,38 @@ func TestEnqueueEndsTheAdmittedNotYetQueuedCount(t *testing.T) {
 	}
 }
 
+// Calls riding along with a push go in its round trip; a rider's failed command is
+// its own, not the push's.
+func TestEnqueueCarriesCallsAlong(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 0, 0)
+	ctx := context.Background()
+	wrong := f.keys.Prefix() + "along-wrong-type"
+	f.rdb.Set(ctx, wrong, "x", 0)
+	for _, tc := range []struct {
+		name    string
+		rider   func(pipe redis.Pipeliner) redis.Cmder
+		wantErr bool
+	}{
+		{"answered", func(pipe redis.Pipeliner) redis.Cmder { return pipe.Set(ctx, f.keys.Prefix()+"along-ok", "1", 0) }, false},
+		{"failed", func(pipe redis.Pipeliner) redis.Cmder { return pipe.ZRem(ctx, wrong, "m") }, true},
+	} {
+		id := uuid.Must(uuid.NewV7())
+		var cmd redis.Cmder
+		err := f.s.Enqueue(ctx, EnqueueParams{TenantID: "a", TaskID: id, Priority: 5, CreatedAt: f.base, Weight: 1},
+			func(pipe redis.Pipeliner) { cmd = tc.rider(pipe) })
+		if err != nil {
+			t.Fatalf("%s: the push failed: %v", tc.name, err)
+		}
+		if cmd == nil || (cmd.Err() != nil) != tc.wantErr {
+			t.Fatalf("%s: the rider's command %v, want an error: %v", tc.name, cmd, tc.wantErr)
+		}
+		if _, err := f.rdb.ZScore(ctx, f.keys.TenantQueue("a"), id.String()).Result(); err != nil {
+			t.Fatalf("%s: the task is not in its queue: %v", tc.name, err)
+		}
+	}
+}
+
 func TestDispatchPriorityThenFIFOWithinTenant(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 100, 0)

@@ -23,6 +23,8 @@ import (
 func BenchmarkHTTPCost(b *testing.B) {
 	pool := testenv.Postgres(b)
 	rdb, keys := testenv.Redis(b, 1)
+	count := &redisCount{}
+	rdb.AddHook(count)
 	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr, cfg.AdminToken, cfg.RedisPrefix = "127.0.0.1:0", "admin-bench", keys.Prefix()
 	cfg.Roles = []string{config.RoleAPI}
@@ -66,14 +68,27 @@ func BenchmarkHTTPCost(b *testing.B) {
 	call("POST", "/v1/admin/tenants/hc/keys", cfg.AdminToken, "{}", 201, &k)
 	b.Run("submit", func(b *testing.B) {
 		b.ReportAllocs()
+		before := count.snapshot()
 		for b.Loop() {
 			call("POST", "/v1/tasks", k.Key, `{"agent":"sim","input":{"steps":1}}`, 202, nil)
 		}
+		reportRedis(b, count, before)
 	})
 	b.Run("usage", func(b *testing.B) {
 		b.ReportAllocs()
+		before := count.snapshot()
 		for b.Loop() {
 			call("GET", "/v1/usage?days=1", k.Key, "", 200, nil)
 		}
+		reportRedis(b, count, before)
 	})
+}
+
+// reportRedis reports the Redis round trips, commands and script calls per operation
+// since before.
+func reportRedis(b *testing.B, count *redisCount, before [3]int64) {
+	after := count.snapshot()
+	for i, unit := range []string{"redis-trips/op", "redis-cmds/op", "redis-scripts/op"} {
+		b.ReportMetric(float64(after[i]-before[i])/float64(b.N), unit)
+	}
 }

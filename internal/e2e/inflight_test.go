@@ -385,3 +385,83 @@ func TestOneSlowAdmissionDoesNotDegradeTheReplica(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// pipelineLog is a go-redis hook keeping the commands of every round trip (a lone
+// command is a round trip of one).
+type pipelineLog struct {
+	mu    sync.Mutex
+	trips [][][]any
+}
+
+func (l *pipelineLog) note(cmds []redis.Cmder) {
+	trip := make([][]any, len(cmds))
+	for i, c := range cmds {
+		trip[i] = slices.Clone(c.Args())
+	}
+	l.mu.Lock()
+	l.trips = append(l.trips, trip)
+	l.mu.Unlock()
+}
+
+func (l *pipelineLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (l *pipelineLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		l.note([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+
+func (l *pipelineLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		l.note(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// A submission gives its inflight_requests slot back in the round trip that pushes
+// its task to the queue, not in one of its own: the slot is free when the 202
+// arrives, and no other round trip of the submission releases it.
+func TestInflightSlotOfASubmissionGoesBackWithItsQueuePush(t *testing.T) {
+	t.Parallel()
+	log := &pipelineLog{}
+	h := start(t, func(o *agentq.Options) {
+		o.Config.Roles = []string{config.RoleAPI}
+		o.Redis.AddHook(log)
+	})
+	key := h.tenantWith("sq", "pro", nil, nil)
+	slots, queue := h.app.Keys().InflightRequests("sq"), h.app.Keys().TenantQueue("sq")
+	log.mu.Lock()
+	log.trips = nil
+	log.mu.Unlock()
+	for i := range 3 {
+		if st, _ := h.do("POST", "/v1/tasks", key, `{"agent":"sim","input":{"steps":1}}`, nil); st != 202 {
+			t.Fatalf("submit %d: %d", i, st)
+		}
+		if n := h.inflightHeld("sq"); n != 0 {
+			t.Fatalf("submit %d answered with %d inflight_requests leases still held, want 0", i, n)
+		}
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	releases, withPush := 0, 0
+	for _, trip := range log.trips {
+		release, push := false, false
+		for _, args := range trip {
+			name := strings.ToLower(fmt.Sprint(args[0]))
+			if name == "zrem" && len(args) > 1 && args[1] == slots {
+				release = true
+				releases++
+			}
+			if (name == "evalsha" || name == "eval") && len(args) > 3 && args[3] == queue {
+				push = true
+			}
+		}
+		if release && push {
+			withPush++
+		}
+	}
+	if releases != 3 || withPush != 3 {
+		t.Fatalf("3 submissions: %d slot releases, %d of them in a queue push's round trip; want 3 and 3", releases, withPush)
+	}
+}

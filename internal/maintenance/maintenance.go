@@ -107,7 +107,7 @@ type Lifecycle interface {
 
 // Scheduler is the part of the fair scheduler the passes use (*scheduler.Scheduler).
 type Scheduler interface {
-	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
+	Enqueue(ctx context.Context, p scheduler.EnqueueParams, along ...func(redis.Pipeliner)) error
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Missing(ctx context.Context, qs []scheduler.Queued) ([]scheduler.Queued, error)
 	Done(ctx context.Context, p wire.Payload, took time.Duration, along ...func(redis.Pipeliner)) error

@@ -90,7 +90,7 @@ func (e *FinishedError) Error() string { return fmt.Sprintf("task %s already end
 
 // Queue is what the service needs of the scheduler.
 type Queue interface {
-	Enqueue(ctx context.Context, p scheduler.EnqueueParams) error
+	Enqueue(ctx context.Context, p scheduler.EnqueueParams, along ...func(redis.Pipeliner)) error
 	Remove(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
 	Standing(ctx context.Context, tenantID string, taskIDs []string) (scheduler.Standing, error)
 }
@@ -175,6 +175,9 @@ type SubmitParams struct {
 	// StartWithinS, when set, is how many seconds the task may wait to start (above
 	// 0, at most MaxStartWithin): one no worker started by then ends expired.
 	StartWithinS *float64
+	// Slot is the request's inflight_requests lease, if it holds one: a submission that
+	// pushes its task gives it back in the push's round trip (Submission.SlotReleased).
+	Slot quotas.InflightSlot
 }
 
 // Submission is the outcome of Submit. Decision is the admission decision when the
@@ -185,6 +188,9 @@ type Submission struct {
 	Replayed bool // an earlier submission with the same idempotency key
 	Decision *quotas.Decision
 	At       time.Time
+	// SlotReleased is whether SubmitParams.Slot was given back (or its release queued
+	// for a retry): the caller must not release it again.
+	SlotReleased bool
 }
 
 // Submit validates a submission, resolves its budget, answers a replay of an
@@ -234,7 +240,7 @@ func (s *Service) Submit(ctx context.Context, p SubmitParams) (Submission, error
 	if !created {
 		return replay(res, task, sub.hash, sub.IdempotencyKey)
 	}
-	s.enqueue(ctx, sub, task, d.Degraded)
+	res.SlotReleased = s.enqueue(ctx, sub, task, d.Degraded)
 	res.Task = Task{Task: task}
 	return res, nil
 }
@@ -420,25 +426,35 @@ func (s *Service) insert(ctx context.Context, sub submission, id uuid.UUID) (tas
 	return task, created, err
 }
 
-// enqueue pushes a stored task to its tenant's queue. A failure only logs: the task
+// enqueue pushes a stored task to its tenant's queue, and gives the request's slot
+// back in the same round trip; slotReleased says it did. A failure only logs: the task
 // is stored as queued, and the recovery sweep pushes queued tasks missing from Redis.
-func (s *Service) enqueue(ctx context.Context, sub submission, task store.Task, degraded bool) {
+func (s *Service) enqueue(ctx context.Context, sub submission, task store.Task, degraded bool) (slotReleased bool) {
 	if degraded {
 		// Redis is unreachable: the task stays queued in Postgres, and the recovery
 		// sweep pushes it once Redis is back. Trying now would only add latency.
 		s.log.Warn("admitted in degraded mode; the task waits in Postgres until Redis is back", "task_id", task.ID)
-		return
+		return false
 	}
-	if err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
+	var along []func(redis.Pipeliner)
+	done := func() {}
+	if sub.Slot.Leased && s.d.Admission != nil {
+		rel, relDone := s.d.Admission.ReleaseInflightAlong(context.WithoutCancel(ctx), sub.Slot)
+		along, done = append(along, rel), relDone
+	}
+	err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
 		TenantID: sub.tenant.ID, TaskID: task.ID, Priority: sub.priority, CreatedAt: task.CreatedAt,
 		Weight: sub.pol.Weight, RunningCap: sub.pol.RunningCap,
 		// The worker's spans join the submission's trace through this.
 		TraceParent: telemetry.TraceParent(ctx),
-	}); err != nil {
+	}, along...)
+	done()
+	if err != nil {
 		// The task is stored as queued; the recovery sweep pushes queued tasks missing
 		// from Redis, so the submission still holds.
 		s.log.Error("pushing task to its queue failed; it stays queued in Postgres", "task_id", task.ID, "err", err)
 	}
+	return len(along) > 0
 }
 
 // postgresFresh is how long a write or ping that succeeded vouches for Postgres: a

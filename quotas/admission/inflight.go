@@ -198,3 +198,21 @@ func (g *Guard) ReleaseInflight(ctx context.Context, s quotas.InflightSlot) {
 	cancel()
 	outcome(err)
 }
+
+// ReleaseInflightAlong gives a request's lease back in the round trip of another call
+// of the request (a submission's queue push): along queues the release on that call's
+// pipe, and done, called once the call has returned, queues a retry when the release
+// was not answered. A slot with no lease gives a nil along.
+func (g *Guard) ReleaseInflightAlong(ctx context.Context, s quotas.InflightSlot) (along func(pipe redis.Pipeliner), done func()) {
+	if !s.Leased {
+		return nil, func() {}
+	}
+	var cmd *redis.IntCmd
+	along = func(pipe redis.Pipeliner) { cmd = g.q.releaseInflight(ctx, pipe, s.TenantID, s.ID) }
+	done = func() {
+		if cmd == nil || cmd.Err() != nil {
+			g.releaseLater(releaseRequest, s.TenantID, s.ID)
+		}
+	}
+	return along, done
+}

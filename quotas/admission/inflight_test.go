@@ -2,8 +2,11 @@ package admission
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
@@ -43,6 +46,66 @@ func TestInflightLeases(t *testing.T) {
 	// another tenant is counted apart
 	if held, ok, _ := f.q.AcquireInflight(ctx, "other", "a", 3); !ok || held != 1 {
 		t.Fatalf("another tenant: %d %v", held, ok)
+	}
+}
+
+// A request's lease given back in another call's round trip is gone once that call
+// returned; a release that was not answered, or never sent, is queued for a retry.
+func TestReleaseInflightAlong(t *testing.T) {
+	t.Parallel()
+	rdb, keys := testenv.Redis(t, 1)
+	g := NewGuard(New(rdb, keys, nil), GuardOptions{Timeout: time.Second})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		send      func(along func(redis.Pipeliner)) // the call the release rides with
+		held      int64                             // leases held after it
+		retryable int                               // releases queued for a retry
+	}{
+		{"sent with a call", func(along func(redis.Pipeliner)) {
+			pipe := rdb.Pipeline()
+			pipe.Ping(ctx)
+			along(pipe)
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}, 0, 0},
+		{"call failed", func(along func(redis.Pipeliner)) {
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			pipe := rdb.Pipeline()
+			along(pipe)
+			_, _ = pipe.Exec(cctx)
+		}, 1, 1},
+		{"never sent", func(func(redis.Pipeliner)) {}, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tenant := "along-" + strings.ReplaceAll(tc.name, " ", "-")
+			s, err := g.AcquireInflight(ctx, tenant, 3)
+			if err != nil || !s.Leased {
+				t.Fatal(s, err)
+			}
+			g.mu.Lock()
+			before := len(g.later)
+			g.mu.Unlock()
+			along, done := g.ReleaseInflightAlong(ctx, s)
+			tc.send(along)
+			done()
+			if n := rdb.ZCard(ctx, keys.InflightRequests(tenant)).Val(); n != tc.held {
+				t.Fatalf("%d leases held, want %d", n, tc.held)
+			}
+			g.mu.Lock()
+			queued := len(g.later) - before
+			g.mu.Unlock()
+			if queued != tc.retryable {
+				t.Fatalf("%d releases queued for a retry, want %d", queued, tc.retryable)
+			}
+		})
+	}
+	if along, done := g.ReleaseInflightAlong(ctx, quotas.InflightSlot{Allowed: true}); along != nil {
+		t.Fatal("a slot with no lease rides along")
+	} else {
+		done()
 	}
 }
 

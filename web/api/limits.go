@@ -228,6 +228,9 @@ func quotaMessage(sc *quotas.Scope) string {
 const (
 	ctxKeyLimits   = "agentq.limits"
 	ctxKeyInflight = "agentq.inflight"
+	// ctxKeyInflightReleased is set when the handler gave the request's slot back
+	// itself, in the round trip of its last Redis call (a submission's queue push).
+	ctxKeyInflightReleased = "agentq.inflight.released"
 )
 
 type requestLimitsVal struct {
@@ -298,7 +301,11 @@ func (s *API) limitRequest(c echo.Context, next echo.HandlerFunc, spend bool) er
 		}
 	}
 	if err == nil && slot.Allowed {
-		defer s.Admission.ReleaseInflight(context.WithoutCancel(ctx), slot)
+		defer func() {
+			if released, _ := c.Get(ctxKeyInflightReleased).(bool); !released {
+				s.Admission.ReleaseInflight(context.WithoutCancel(ctx), slot)
+			}
+		}()
 	}
 	switch {
 	case keyErr != nil: // the key bucket comes first

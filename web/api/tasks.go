@@ -239,7 +239,11 @@ func (s *API) submitTask(c echo.Context) error {
 		TenantID: key.TenantID, Kid: key.Kid, KeyAgents: key.Agents, KeyPrincipals: key.Principals,
 		Agent: req.Agent, Input: req.Input, User: req.User, Budget: req.Budget.params(),
 		Priority: req.Priority, IdempotencyKey: idem, StartWithinS: req.StartWithinS,
+		Slot: inflightSlot(c),
 	})
+	if res.SlotReleased {
+		c.Set(ctxKeyInflightReleased, true)
+	}
 	if res.Decision != nil {
 		setRateHeaders(c.Response().Header(), *res.Decision, res.At)
 	}
