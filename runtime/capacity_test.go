@@ -196,8 +196,12 @@ func TestCancelWhileParkedReleasesEverything(t *testing.T) {
 	id := r.submit("llm", `{"steps":3,"tokens":100}`, nil)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
+		// Parked in both stores: Postgres records the wait before Redis's parked set
+		// takes the task, and the cancel is to find it in both.
 		if got := r.task(id); got.State == agentqtype.TaskStateQueued && got.Wait.Reason != nil {
-			break
+			if parked, err := r.sched.IsParked(r.ctx, tenant, id.String()); err == nil && parked {
+				break
+			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the task never parked; log:\n%s", r.log)
