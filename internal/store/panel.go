@@ -93,7 +93,7 @@ func (s *Store) RecentEventsAndDailyRollups(ctx context.Context, ev RecentEvents
 	b.Queue(recentEventsSQL, ev.TenantID, ev.Type, ev.Limit)
 	b.Queue(dailyRollupsSQL, days.TenantID, days.From, days.To)
 	br := s.db.SendBatch(ctx, b)
-	defer br.Close()
+	defer func() { _ = br.Close() }() // early returns; the success path checks it
 	rows, err := br.Query()
 	evs, err := collect(rows, err, scanRecentEvent)
 	if err != nil {

@@ -128,7 +128,7 @@ func addStepsToRollups(ctx context.Context, tx pgx.Tx, at time.Time, adds []roll
 			AND o.hour > i.hour - interval '24 hours' AND o.hour <= i.hour
 		GROUP BY 1`, ids, c.hours)
 	br := tx.SendBatch(ctx, b)
-	defer br.Close()
+	defer func() { _ = br.Close() }() // early returns; the success path checks it
 	byTenant, err := collectTotals(br.Query())
 	if err != nil {
 		return nil, err
@@ -165,7 +165,7 @@ func lockRollupTenants(ctx context.Context, tx pgx.Tx, ids []string) (map[string
 		FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) t`, ids)
 	b.Queue(`SELECT `+tenantCols+` FROM tenants WHERE id = ANY($1)`, ids)
 	br := tx.SendBatch(ctx, b)
-	defer br.Close()
+	defer func() { _ = br.Close() }() // early returns; the success path checks it
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("store: the rollup locks of steps: %w", err)
 	}
