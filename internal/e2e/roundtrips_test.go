@@ -13,23 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/internal/config"
 	"github.com/agentq/agentq/internal/testenv"
 )
-
-// redisTrips counts a client's round trips: a command alone or a pipeline.
-type redisTrips struct{ n atomic.Int64 }
-
-func (r *redisTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (r *redisTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { r.n.Add(1); return next(ctx, cmd) }
-}
-func (r *redisTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { r.n.Add(1); return next(ctx, cmds) }
-}
 
 // pgTrips counts a pool's round trips (a statement alone or a batch) and statements.
 type pgTrips struct{ trips, stmts atomic.Int64 }
@@ -51,7 +39,7 @@ func (p *pgTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndDat
 
 // countedAPI starts the API role on a Redis client and a Postgres pool whose round
 // trips are counted, and returns its base URL and the admin token.
-func countedAPI(t testing.TB) (base, admin string, rt *redisTrips, pt *pgTrips) {
+func countedAPI(t testing.TB) (base, admin string, rt *redisCount, pt *pgTrips) {
 	t.Helper()
 	ctx := context.Background()
 	schemaPool := testenv.Postgres(t)
@@ -64,7 +52,7 @@ func countedAPI(t testing.TB) (base, admin string, rt *redisTrips, pt *pgTrips) 
 	}
 	t.Cleanup(pool.Close)
 	rdb, keys := testenv.Redis(t, 1)
-	rt = &redisTrips{}
+	rt = &redisCount{}
 	rdb.AddHook(rt)
 	cfg := agentq.DefaultConfig()
 	cfg.HTTPAddr, cfg.AdminToken, cfg.RedisPrefix = "127.0.0.1:0", "admin-trips", keys.Prefix()
@@ -118,9 +106,9 @@ func TestUsageRoundTrips(t *testing.T) {
 	// Background work only adds trips: the fewest over a few calls are the call's own.
 	minR, minP := int64(1<<62), int64(1<<62)
 	for range 5 {
-		r0, p0 := rt.n.Load(), pt.trips.Load()
+		r0, p0 := rt.trips.Load(), pt.trips.Load()
 		httpCall(t, hc, base, "GET", "/v1/usage?days=1", k.Key, "", 200)
-		minR, minP = min(minR, rt.n.Load()-r0), min(minP, pt.trips.Load()-p0)
+		minR, minP = min(minR, rt.trips.Load()-r0), min(minP, pt.trips.Load()-p0)
 	}
 	t.Logf("GET /v1/usage: %d Redis round trips, %d Postgres round trips", minR, minP)
 	if minR > wantUsageRedisTrips || minP > wantUsagePGTrips {

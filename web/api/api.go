@@ -36,9 +36,8 @@ import (
 
 // Queue is what the usage report needs of the scheduler.
 type Queue interface {
-	Running(ctx context.Context, tenantID string) (int64, error)
-	// QueueRunning queues Running's read on pipe; the function returned gives its
-	// answer once pipe was sent.
+	// QueueRunning queues the read of the tenant's running tasks on pipe; the function
+	// returned gives the count once pipe was sent.
 	QueueRunning(ctx context.Context, pipe redis.Pipeliner, tenantID string) func() (int64, error)
 }
 
