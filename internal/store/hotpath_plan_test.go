@@ -2,10 +2,12 @@ package store_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/agentq/agentq/internal/pg"
@@ -58,16 +60,6 @@ func TestStartReadsItsTasksByKey(t *testing.T) {
 		}
 		return ids
 	}
-	// readOfTasks is the most rows a scan of tasks in plan read.
-	readOfTasks := func(plan planNode) float64 {
-		var read float64
-		plan.walk(func(n planNode) {
-			if n.Relation == "tasks" || strings.HasPrefix(n.Index, "tasks_") {
-				read = max(read, (n.ActualRows+n.RowsRemoved)*max(n.ActualLoops, 1))
-			}
-		})
-		return read
-	}
 	st := store.New(pool)
 
 	started, err := st.UnscopedStartTasks(ctx, pick("queued"))
@@ -82,6 +74,103 @@ func TestStartReadsItsTasksByKey(t *testing.T) {
 // A page of a tenant's tasks, in every state or in a rare one, reads about a page of
 // rows, whatever the tenant's history holds, with the generic plans the application
 // runs: the listing has no index of its own (see migration 00029).
+// readOfTasks is the most rows a scan of tasks in plan read.
+func readOfTasks(plan planNode) float64 {
+	var read float64
+	plan.walk(func(n planNode) {
+		if n.Relation == "tasks" || strings.HasPrefix(n.Index, "tasks_") {
+			read = max(read, (n.ActualRows+n.RowsRemoved)*max(n.ActualLoops, 1))
+		}
+	})
+	return read
+}
+
+// A young deployment's connections make their generic plans while tasks is nearly
+// empty, and keep them while it grows: nothing replaces a cached plan before the next
+// analyze. The start and the last step still read their tasks by key then (the last
+// step, or the few running tasks: as many as the workers' slots), not every queued or
+// ended task once per batch.
+func TestHotStatementsPlannedOnAnEmptyTableReadByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, seedPool := testenv.Schema(t)
+	rec := &sqlRecorder{}
+	pool, err := pg.Connect(ctx, testenv.DatabaseURL(), schema, func(c *pgxpool.Config) { c.ConnConfig.Tracer = rec })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := seedPool.Exec(ctx, `INSERT INTO tenants (id, name, plan) VALUES ('acme', 'Acme', 'pro')`); err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(pool)
+	absent := []uuid.UUID{uuid.New(), uuid.New(), uuid.New(), uuid.New()}
+	if _, err := st.UnscopedStartTasks(ctx, absent[:1]); err != nil {
+		t.Fatal(err)
+	}
+	start := rec.find(t, "started AS")
+	last := make([]store.LastStep, len(absent))
+	for i, id := range absent {
+		last[i] = store.LastStep{RecordStepParams: store.RecordStepParams{ID: id, Attempt: 1, Step: 1}}
+	}
+	if _, err := st.UnscopedCompleteLastSteps(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	end := rec.find(t, "INSERT INTO usage_ledger")
+
+	// Each statement's generic plan is made on the empty table, by its first run.
+	type prepared struct {
+		name    string
+		state   string
+		ids     func([]uuid.UUID) any
+		explain func([]any) planNode
+		args    []any
+		within  float64
+	}
+	var stmts []prepared
+	for _, c := range []prepared{
+		{name: "start", state: "queued", ids: func(ids []uuid.UUID) any { return ids[0] }, within: 1},
+		{name: "last step", state: "running", ids: func(ids []uuid.UUID) any { return ids }, within: 30},
+	} {
+		s := start
+		if c.name == "last step" {
+			s = end
+		}
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		explain, args, done := prepareAsRun(t, ctx, conn, s)
+		t.Cleanup(func() { done(); conn.Release() })
+		explain(args)
+		c.explain, c.args = explain, args
+		stmts = append(stmts, c)
+	}
+	// 3,000 queued tasks, 3,000 ended, 20 running.
+	if _, err := seedPool.Exec(ctx, `INSERT INTO tasks (id, tenant_id, kid, agent, request_hash, state, attempt, finished_at)
+		SELECT gen_random_uuid(), 'acme', 'k', 'sim', '\x00', s, CASE WHEN s = 'queued' THEN 0 ELSE 1 END,
+			CASE WHEN s = 'completed' THEN now() END
+		FROM generate_series(1, 6020) g,
+			LATERAL (SELECT CASE WHEN g <= 3000 THEN 'queued' WHEN g <= 6000 THEN 'completed' ELSE 'running' END AS s) x`); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range stmts {
+		var ids []uuid.UUID
+		rows, err := seedPool.Query(ctx, `SELECT id FROM tasks WHERE state = $1 ORDER BY random() LIMIT 4`, p.state)
+		if err == nil {
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := slices.Clone(p.args)
+		args[0] = p.ids(ids)
+		if read := readOfTasks(p.explain(args)); read > p.within {
+			t.Errorf("%s, planned on an empty table, read %v rows of tasks (want at most %v)", p.name, read, p.within)
+		}
+	}
+}
+
 func TestListTasksReadsAPage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

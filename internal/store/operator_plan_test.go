@@ -38,6 +38,18 @@ func (r *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 
 func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+func (r *sqlRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *sqlRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.mu.Lock()
+	r.sent = append(r.sent, recordedSQL{d.SQL, d.Args})
+	r.mu.Unlock()
+}
+
+func (r *sqlRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // last is the statement sent last, forgetting every one.
 func (r *sqlRecorder) last(t *testing.T) recordedSQL {
 	t.Helper()
@@ -129,8 +141,8 @@ func (n planNode) walk(f func(planNode)) {
 
 // explainAsRun runs a recorded statement under EXPLAIN ANALYZE with the plan the
 // application gets: the generic plan its connections ask for
-// (plan_cache_mode=force_generic_plan), or a custom one for a statement sent with the
-// simple protocol.
+// (plan_cache_mode=force_generic_plan), or a custom one for a statement sent inline
+// or as an unnamed statement (a QueryExecMode other than the cached statement).
 func explainAsRun(t *testing.T, ctx context.Context, pool *pgxpool.Pool, s recordedSQL) planNode {
 	t.Helper()
 	conn, err := pool.Acquire(ctx)
@@ -138,37 +150,66 @@ func explainAsRun(t *testing.T, ctx context.Context, pool *pgxpool.Pool, s recor
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if len(s.args) > 0 && s.args[0] == pgx.QueryExecModeSimpleProtocol {
-		// sent with its arguments inline: planned for them, a custom plan
+	explain, args, done := prepareAsRun(t, ctx, conn, s)
+	defer done()
+	return explain(args)
+}
+
+func firstArg(s recordedSQL) any {
+	if len(s.args) == 0 {
+		return nil
+	}
+	return s.args[0]
+}
+
+// prepareAsRun prepares a recorded statement on conn as the application sends it (see
+// explainAsRun) and returns what runs it under EXPLAIN ANALYZE, with the recorded
+// arguments or others: with force_generic_plan, the plan its first run made. done
+// undoes the preparation; call it before conn goes back to the pool.
+func prepareAsRun(t *testing.T, ctx context.Context, conn *pgxpool.Conn, s recordedSQL) (explain func(args []any) planNode, args []any, done func()) {
+	t.Helper()
+	var undo []string
+	done = func() {
+		for _, q := range undo {
+			_, _ = conn.Exec(context.Background(), q)
+		}
+	}
+	if mode, ok := firstArg(s).(pgx.QueryExecMode); ok && mode != pgx.QueryExecModeCacheStatement {
+		// sent inline or as an unnamed statement: planned for its arguments, a custom plan
 		s.args = s.args[1:]
 		if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_custom_plan"); err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Exec(ctx, "RESET plan_cache_mode")
+		undo = append(undo, "RESET plan_cache_mode")
 	}
 	if _, err := conn.Exec(ctx, "PREPARE op_read AS "+s.sql); err != nil {
+		done()
 		t.Fatal(err)
 	}
-	defer conn.Exec(ctx, "DEALLOCATE op_read")
-	args := make([]string, len(s.args))
-	for i, a := range s.args {
-		args[i] = literal(t, a)
+	undo = append(undo, "DEALLOCATE op_read")
+	explain = func(args []any) planNode {
+		t.Helper()
+		lits := make([]string, len(args))
+		for i, a := range args {
+			lits[i] = literal(t, a)
+		}
+		call := "EXECUTE op_read"
+		if len(lits) > 0 {
+			call += "(" + strings.Join(lits, ", ") + ")"
+		}
+		var raw []byte
+		if err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+call).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var out []struct {
+			Plan planNode `json:"Plan"`
+		}
+		if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
+			t.Fatalf("plan %s: %v", raw, err)
+		}
+		return out[0].Plan
 	}
-	call := "EXECUTE op_read"
-	if len(args) > 0 {
-		call += "(" + strings.Join(args, ", ") + ")"
-	}
-	var raw []byte
-	if err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+call).Scan(&raw); err != nil {
-		t.Fatal(err)
-	}
-	var out []struct {
-		Plan planNode `json:"Plan"`
-	}
-	if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
-		t.Fatalf("plan %s: %v", raw, err)
-	}
-	return out[0].Plan
+	return explain, s.args, done
 }
 
 // The operator view's counts read the rows they count, not a tenant's whole event

@@ -31,25 +31,55 @@ func (s *Store) UnscopedStartTask(ctx context.Context, id uuid.UUID) (t Task, ok
 	return ts[0], ts[0].State == agentqtype.TaskStateRunning, nil
 }
 
-// UnscopedStartTasks is UnscopedStartTask for many tasks in one statement: it starts
+// UnscopedStartTasks is UnscopedStartTask for many tasks in one round trip: it starts
 // those of ids that are queued and returns them, in no particular order, each with the
 // wait its start ended (Task.Resumed), with those it ended expired instead (State
 // tells which); the others (running elsewhere, terminal, gone) are left as they are.
 //
-// Both changes are one statement on one snapshot, and their conditions exclude each
-// other: a task is started or expired, never both, and a concurrent expiry pass
-// (UnscopedExpireOverdue) that won the row leaves it to neither.
+// Each task's start is one statement on one snapshot, and its two conditions exclude
+// each other: a task is started or expired, never both, and a concurrent expiry pass
+// (UnscopedExpireOverdue) that won the row leaves it to neither. The statements go in
+// one batch, one implicit transaction.
+//
+// One statement per task, not one for the batch: a statement that reads its task by
+// id equality alone reads it by primary key under any generic plan. A batch's statement
+// (ids from an array) has a join the plan orders by the table's size when the
+// connection made it, at the statement's first run: on a young deployment's nearly
+// empty table, that plan reads every queued task once per batch until the next
+// analyze replaces it.
 func (s *Store) UnscopedStartTasks(ctx context.Context, ids []uuid.UUID) ([]Task, error) {
-	rows, err := s.db.Query(ctx, `
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	b := &pgx.Batch{}
+	reason := agentqtype.NotStartedByDeadline()
+	for _, id := range ids {
+		b.Queue(startTaskSQL, id, reason)
+	}
+	br := s.db.SendBatch(ctx, b)
+	out := make([]Task, 0, len(ids))
+	for range ids {
+		rows, err := br.Query()
+		ts, err := collect(rows, err, scanStarted)
+		if err != nil {
+			_ = br.Close()
+			return nil, interpretError(err)
+		}
+		out = append(out, ts...)
+	}
+	return out, interpretError(br.Close())
+}
+
+// startTaskSQL starts the queued task $1, or ends it expired ($2 its error) when it
+// never started and its start deadline has passed.
+var startTaskSQL = `
 		WITH expired AS (
 			UPDATE tasks SET state = 'expired', error = $2, finished_at = clock_timestamp()
-			WHERE id = ANY($1) AND state = 'queued' AND `+startOverdue+`
-			RETURNING `+taskCols+`, NULL::text, 0::bigint, NULL::timestamptz, 0::bigint
-		), started AS (`+startSQL+`NOT `+startOverdueOf("tasks")+startReturning+`
+			WHERE id = $1 AND state IS NOT DISTINCT FROM 'queued' AND ` + startOverdue + `
+			RETURNING ` + taskCols + `, NULL::text, 0::bigint, NULL::timestamptz, 0::bigint
+		), started AS (` + startSQL + `NOT ` + startOverdueOf("tasks") + startReturning + `
 		)
-		SELECT * FROM started UNION ALL SELECT * FROM expired`, ids, agentqtype.NotStartedByDeadline())
-	return collect(rows, err, scanStarted)
-}
+		SELECT * FROM started UNION ALL SELECT * FROM expired`
 
 // startOverdue holds for a task that never started and whose start deadline has
 // passed. A task that started once (and was parked or re-queued since) is past its
@@ -82,21 +112,9 @@ func (s *Store) UnscopedExpireOverdue(ctx context.Context, limit int) ([]Task, e
 	return collect(rows, err, scanTask)
 }
 
-// byIDState is the condition a statement that reaches its tasks by id (a batch's ids,
-// joined from unnest) puts on their state: one no index can serve, so that the rows are
-// read by primary key, as many as the batch holds. A plain state = '…' lets the planner
-// read every queued (or running) task from tasks_live_idx and filter them by id instead,
-// which it does whenever its row estimates lag behind the table (a backlog that grew
-// since the last analyze): a start would then read the whole backlog. state is NOT
-// NULL, so IS NOT DISTINCT FROM is equality here. (The end keeps state = 'running':
-// running tasks are bounded by the workers' slots, and on a table too young to have
-// statistics the planner may otherwise prefer reading the whole table.)
-func byIDState(col, state string) string {
-	return col + ` IS NOT DISTINCT FROM '` + state + `'`
-}
-
-// startSQL starts the queued tasks whose ids $1 holds, read by primary key (byIDState;
-// a further condition follows it), ending a parked task's wait: the wait is added to
+// startSQL starts the queued task $1, read by primary key (a further condition
+// follows; its state test is IS NOT DISTINCT FROM, which no index on state serves, so
+// a plan made on a nearly empty table cannot prefer the queued tasks' index), ending a parked task's wait: the wait is added to
 // waited_ms (unless it followed a throttled answer, 'throttled' or 'throttled:<pool>':
 // that wait counts toward the wall clock) and the wait's fields are cleared
 // (step_estimate stays for the delivery to read). It joins the row as it was (w) to
@@ -108,8 +126,8 @@ var startSQL = `
 			waited_ms = tasks.waited_ms + CASE WHEN tasks.parked_at IS NULL OR tasks.wait_reason = 'throttled'
 				OR tasks.wait_reason LIKE 'throttled:%' THEN 0 ELSE GREATEST(0, (EXTRACT(EPOCH FROM now() - tasks.parked_at) * 1000)::bigint) END,
 			parked_at = NULL, wait_reason = NULL, wait_until = NULL
-		FROM unnest($1::uuid[]) AS i(id) JOIN tasks w ON w.id = i.id
-		WHERE tasks.id = i.id AND ` + byIDState("tasks.state", "queued") + ` AND `
+		FROM tasks w
+		WHERE tasks.id = $1 AND w.id = $1 AND tasks.state IS NOT DISTINCT FROM 'queued' AND `
 
 // startReturning returns the started task and the wait its start ended: its reason,
 // its length to the start, when its capacity was expected (the unpark) and its length
