@@ -65,9 +65,11 @@ func asynqMessage(typ string, payload []byte, id, queue string, retry int, timeo
 
 // asynqEnqueueScript is asynq's own enqueue script (internal/rdb's enqueueCmd): it
 // adds the task's message to the queue's pending list unless a task of that id exists.
+// One addition: with ARGV[4] "1" the id goes to the list's head (asynq's workers pop
+// from the right end) instead of its tail (Dispatched.Ahead).
 //
 // KEYS[1] asynq:{<queue>}:t:<id>   KEYS[2] asynq:{<queue>}:pending
-// ARGV[1] message   ARGV[2] id   ARGV[3] now, unix ns
+// ARGV[1] message   ARGV[2] id   ARGV[3] now, unix ns   ARGV[4] "1" for the head
 // Returns 1 if enqueued, 0 if a task of that id exists.
 var asynqEnqueueScript = redisx.NewScript(`
 if redis.call("EXISTS", KEYS[1]) == 1 then
@@ -77,7 +79,11 @@ redis.call("HSET", KEYS[1],
            "msg", ARGV[1],
            "state", "pending",
            "pending_since", ARGV[3])
-redis.call("LPUSH", KEYS[2], ARGV[2])
+if ARGV[4] == "1" then
+	redis.call("RPUSH", KEYS[2], ARGV[2])
+else
+	redis.call("LPUSH", KEYS[2], ARGV[2])
+end
 return 1
 `)
 
@@ -120,7 +126,11 @@ func (w *asynqWriter) enqueue(ctx context.Context, jobs []Dispatched) []error {
 		for i, d := range jobs {
 			if msgs[i] != nil {
 				id := d.asynqID()
-				cmds[i] = asynqEnqueueScript.Run(ctx, pipe, []string{prefix + "t:" + id, prefix + "pending"}, msgs[i], id, now)
+				head := "0"
+				if d.Ahead {
+					head = "1"
+				}
+				cmds[i] = asynqEnqueueScript.Run(ctx, pipe, []string{prefix + "t:" + id, prefix + "pending"}, msgs[i], id, now, head)
 			}
 		}
 	})

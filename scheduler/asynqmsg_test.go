@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/google/uuid"
@@ -99,5 +100,33 @@ func TestDispatcherReplacesAnArchivedLeftover(t *testing.T) {
 	}
 	if n := f.rdb.ZCard(ctx, f.keys.Inflight(0)).Val(); n != 2 {
 		t.Fatalf("inflight holds %d, want both tasks confirmed", n)
+	}
+}
+
+// A task of a tenant with nothing running goes to the head of asynq's pending list,
+// ahead of the tasks the prefetch already holds for tenants with work in progress;
+// those keep their order behind it.
+func TestIdleTenantsTaskGoesAheadOfThePrefetch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2, 2)
+	ctx := context.Background()
+	queue := f.keys.TaskQueue()
+	t.Cleanup(func() { f.rdb.SRem(context.Background(), asynqAllQueues, queue) })
+	d := NewDispatcher(f.s, f.rdb, asynq.NewClientFromRedisClient(f.rdb), DispatcherOptions{})
+	heavy := []string{f.enqueue("heavy", 5, 1, 0).String(), f.enqueue("heavy", 5, 1, 0).String(), f.enqueue("heavy", 5, 1, 0).String()}
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	light := f.enqueue("light", 5, 1, 0).String()
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// asynq's workers pop from the right end.
+	got := f.rdb.LRange(ctx, "asynq:{"+queue+"}:pending", 0, -1).Val()
+	slices.Reverse(got)
+	// The heavy tenant's first task went ahead too: nothing of it ran then.
+	want := []string{light, heavy[0], heavy[1], heavy[2]}
+	if !slices.Equal(got, want) {
+		t.Fatalf("asynq pops %v, want %v", got, want)
 	}
 }

@@ -566,7 +566,7 @@ const DefaultEstimateMs = 100
 // ARGV[4] global virtual time   ARGV[5] ready heads to answer   ARGV[6] capped heads
 // to answer   ARGV[7] most tasks to pop   ARGV[8...] candidate tenant ids
 // Returns {status, n, n × (tenant, task, priority, estimate ms, weight, traceparent
-// or "", parks so far), candidates...}: status "ok" when it popped ARGV[7] tasks, else "retry" or
+// or "", parks so far, ahead "1" or "0"), candidates...}: status "ok" when it popped ARGV[7] tasks, else "retry" or
 // "empty" (the shard has no backlogged tenant); candidates are the heads of ready,
 // then of capped, after the call.
 var dispatchScript = redis.NewScript(luaNow + `
@@ -595,7 +595,8 @@ while n < want do
   local conf, run, queue = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
   local c = redis.call('HMGET', conf, 'cap', 'w', 'est')
   local cap = tonumber(c[1] or '0')
-  if cap > 0 and redis.call('SCARD', run) >= cap then
+  local running = redis.call('SCARD', run)
+  if cap > 0 and running >= cap then
     -- at its running cap: wait outside the shared pool until a completion
     redis.call('ZREM', KEYS[1], tenant)
     redis.call('ZADD', KEYS[2], pass, tenant)
@@ -638,7 +639,9 @@ while n < want do
       else
         redis.call('ZADD', KEYS[1], finish, tenant)
       end
-      for _, v in ipairs({tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp, tostring(gen)}) do
+      local ahead = '0'
+      if running == 0 then ahead = '1' end
+      for _, v in ipairs({tenant, task[1], tostring(prio), tostring(math.floor(est)), tostring(w), tp, tostring(gen), ahead}) do
         out[#out+1] = v
       end
       n = n + 1
@@ -672,6 +675,12 @@ type Dispatched struct {
 	TraceParent string
 	// Gen is how many times the task was parked before this dispatch.
 	Gen int
+	// Ahead is set when its tenant had no task running when it was popped (a tenant
+	// that was idle, or runs one task at a time): it goes to the head of asynq's
+	// pending list, before the tasks the prefetch holds there. Those were popped
+	// earlier for tenants with work in progress; behind them, an idle tenant's task
+	// would wait for the prefetch to drain although the fair order put it next.
+	Ahead bool
 }
 
 // asynqID is the dispatch's asynq message id.
@@ -724,7 +733,7 @@ func (s *Scheduler) dispatchOne(ctx context.Context, shard int, globalVT float64
 }
 
 // poppedFields is how many values the dispatch script answers per popped task.
-const poppedFields = 7
+const poppedFields = 8
 
 // dispatchMany pops up to want tasks of one shard in fair order, in one call of
 // dispatchScript when its candidates are current. The caller holds a worker slot for
@@ -755,7 +764,7 @@ func (s *Scheduler) dispatchMany(ctx context.Context, shard int, globalVT float6
 			w, _ := strconv.ParseFloat(popped[i+4], 64)
 			gen, _ := strconv.Atoi(popped[i+6])
 			out = append(out, Dispatched{TenantID: popped[i], TaskID: popped[i+1], Priority: prio, EstimateMs: est,
-				Weight: int(w), TraceParent: popped[i+5], Gen: gen})
+				Weight: int(w), TraceParent: popped[i+5], Gen: gen, Ahead: popped[i+7] == "1"})
 		}
 		s.setCandidates(shard, res[2+poppedFields*n:])
 		switch res[0] {
