@@ -8,11 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/agentq/agentq/internal/pg"
 	"github.com/agentq/agentq/internal/store"
-	"github.com/agentq/agentq/internal/testenv"
 )
 
 // The start of a batch of tasks reads those tasks by primary key, with the generic
@@ -22,13 +19,7 @@ import (
 func TestStartReadsItsTasksByKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema, seedPool := testenv.Schema(t)
-	rec := &sqlRecorder{}
-	pool, err := pg.Connect(ctx, testenv.DatabaseURL(), schema, func(c *pgxpool.Config) { c.ConnConfig.Tracer = rec })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	seedPool, pool, rec := recordedSchema(t)
 	for _, q := range []string{
 		`INSERT INTO tenants (id, name, plan) VALUES ('acme', 'Acme', 'pro')`,
 		// Analyzed with 20,000 ended tasks and 3 queued ones; then 3,000 more queued.
@@ -93,13 +84,7 @@ func readOfTasks(plan planNode) float64 {
 func TestHotStatementsPlannedOnAnEmptyTableReadByKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema, seedPool := testenv.Schema(t)
-	rec := &sqlRecorder{}
-	pool, err := pg.Connect(ctx, testenv.DatabaseURL(), schema, func(c *pgxpool.Config) { c.ConnConfig.Tracer = rec })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	seedPool, pool, rec := recordedSchema(t)
 	if _, err := seedPool.Exec(ctx, `INSERT INTO tenants (id, name, plan) VALUES ('acme', 'Acme', 'pro')`); err != nil {
 		t.Fatal(err)
 	}
@@ -174,13 +159,7 @@ func TestHotStatementsPlannedOnAnEmptyTableReadByKey(t *testing.T) {
 func TestListTasksReadsAPage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema, seedPool := testenv.Schema(t)
-	rec := &sqlRecorder{}
-	pool, err := pg.Connect(ctx, testenv.DatabaseURL(), schema, func(c *pgxpool.Config) { c.ConnConfig.Tracer = rec })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	seedPool, pool, rec := recordedSchema(t)
 	for _, q := range []string{
 		`INSERT INTO tenants (id, name, plan) VALUES ('acme', 'Acme', 'pro'), ('other', 'Other', 'pro')`,
 		// acme: 20 failed tasks long ago, then 10,000 completed, 30 queued; other: 5,000 completed.

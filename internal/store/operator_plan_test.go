@@ -50,6 +50,20 @@ func (r *sqlRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.Trac
 
 func (r *sqlRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
+// recordedSchema is a test schema of its own, with a pool on it whose statements a
+// recorder keeps (seed is the schema's plain pool).
+func recordedSchema(t *testing.T) (seed, pool *pgxpool.Pool, rec *sqlRecorder) {
+	t.Helper()
+	schema, seed := testenv.Schema(t)
+	rec = &sqlRecorder{}
+	pool, err := pg.Connect(context.Background(), testenv.DatabaseURL(), schema, func(c *pgxpool.Config) { c.ConnConfig.Tracer = rec })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return seed, pool, rec
+}
+
 // last is the statement sent last, forgetting every one.
 func (r *sqlRecorder) last(t *testing.T) recordedSQL {
 	t.Helper()
@@ -218,13 +232,7 @@ func prepareAsRun(t *testing.T, ctx context.Context, conn *pgxpool.Conn, s recor
 func TestOperatorReadsUseTheirIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema, seedPool := testenv.Schema(t)
-	rec := &sqlRecorder{}
-	pool, err := pg.Connect(ctx, testenv.DatabaseURL(), schema, func(c *pgxpool.Config) { c.ConnConfig.Tracer = rec })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	seedPool, pool, rec := recordedSchema(t)
 	for _, q := range []string{
 		`INSERT INTO tenants (id, name, plan) VALUES ('acme', 'Acme', 'pro'), ('other', 'Other', 'pro')`,
 		// acme: 20,000 limit hits over the past months, 30 in the last day.
