@@ -29,19 +29,6 @@ type LimitHit struct {
 	Enforcement       outbox.Enforcement    `json:"enforcement"`
 }
 
-// RecentLimitHits returns the tenant's latest n usage.limit_hit events (at most
-// store.MaxRecentEvents), newest first.
-func (r *Rollups) RecentLimitHits(ctx context.Context, tenantID string, n int) ([]LimitHit, error) {
-	if tenantID == "" {
-		return nil, outbox.ErrNoTenant
-	}
-	evs, err := r.st.RecentEvents(ctx, store.RecentEventsParams{TenantID: tenantID, Type: outbox.TypeLimitHit, Limit: n})
-	if err != nil {
-		return nil, err
-	}
-	return limitHits(evs)
-}
-
 // limitHits reads the limit hits of usage.limit_hit events.
 func limitHits(evs []store.Event) ([]LimitHit, error) {
 	out := make([]LimitHit, 0, len(evs))
@@ -82,26 +69,11 @@ type DayUsage struct {
 	CostUSD      string `json:"cost_usd"`
 }
 
-// Days returns the tenant's use per day of its zone for the last n days up to now,
-// today included, oldest first, from the daily rollups; a day without use is listed
-// with zeros. ErrBadDays unless 1 <= n <= MaxUsageDays.
-func (r *Rollups) Days(ctx context.Context, tenantID string, a quotas.Anchor, n int, now time.Time) ([]DayUsage, error) {
-	if tenantID == "" {
-		return nil, outbox.ErrNoTenant
-	}
-	if n < 1 || n > MaxUsageDays {
-		return nil, ErrBadDays
-	}
-	p, first, loc := daysRange(tenantID, a, n, now)
-	rows, err := r.st.DailyRollups(ctx, p)
-	if err != nil {
-		return nil, err
-	}
-	return days(rows, first, loc, n), nil
-}
-
-// History is RecentLimitHits(ctx, tenantID, hits) and Days(ctx, tenantID, a, n, now)
-// in one round trip to Postgres, for the usage report, which reads both each call.
+// History is the tenant's latest usage.limit_hit events (at most hits, and at most
+// store.MaxRecentEvents), newest first, and its use per day of its zone for the last n
+// days up to now, today included, oldest first, from the daily rollups (a day without
+// use is listed with zeros): what the usage report shows, read in one round trip to
+// Postgres. ErrBadDays unless 1 <= n <= MaxUsageDays.
 func (r *Rollups) History(ctx context.Context, tenantID string, hits int, a quotas.Anchor, n int, now time.Time) ([]LimitHit, []DayUsage, error) {
 	if tenantID == "" {
 		return nil, nil, outbox.ErrNoTenant

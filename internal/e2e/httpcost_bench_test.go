@@ -2,46 +2,20 @@ package e2e_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/agentq/agentq"
-	"github.com/agentq/agentq/internal/config"
-	"github.com/agentq/agentq/internal/testenv"
 )
 
 // BenchmarkHTTPCost measures the API process's cost of one submission (POST /v1/tasks)
 // and one usage report (GET /v1/usage?days=1, as a client waiting for its tasks to
 // end polls it), over HTTP with keep-alive; allocations include the client's.
 func BenchmarkHTTPCost(b *testing.B) {
-	pool := testenv.Postgres(b)
-	rdb, keys := testenv.Redis(b, 1)
 	count := &redisCount{}
-	rdb.AddHook(count)
-	cfg := agentq.DefaultConfig()
-	cfg.HTTPAddr, cfg.AdminToken, cfg.RedisPrefix = "127.0.0.1:0", "admin-bench", keys.Prefix()
-	cfg.Roles = []string{config.RoleAPI}
-	ctx := context.Background()
-	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := app.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = app.Shutdown(ctx)
-	})
-	base := "http://" + app.Addr().String()
+	base := benchAPI(b, count)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	call := func(method, path, token, body string, want int, out any) {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
@@ -63,9 +37,9 @@ func BenchmarkHTTPCost(b *testing.B) {
 		}
 	}
 	ov := maps.Clone(generous)
-	call("POST", "/v1/admin/tenants", cfg.AdminToken, toJSON(map[string]any{"id": "hc", "plan": "pro", "overrides": ov}), 201, nil)
+	call("POST", "/v1/admin/tenants", benchAdmin, toJSON(map[string]any{"id": "hc", "plan": "pro", "overrides": ov}), 201, nil)
 	var k struct{ Key string }
-	call("POST", "/v1/admin/tenants/hc/keys", cfg.AdminToken, "{}", 201, &k)
+	call("POST", "/v1/admin/tenants/hc/keys", benchAdmin, "{}", 201, &k)
 	b.Run("submit", func(b *testing.B) {
 		b.ReportAllocs()
 		before := count.snapshot()

@@ -12,7 +12,7 @@ import (
 // The tenant-scoped reads of the usage report (GET /v1/usage) and the tenant panel:
 // a tenant's latest events, its daily rollups over a range, and its live tasks.
 
-// MaxRecentEvents bounds RecentEvents.
+// MaxRecentEvents bounds the events RecentEventsAndDailyRollups reads.
 const MaxRecentEvents = 100
 
 // RecentEventsParams select a tenant's latest events of Type (any when empty), at
@@ -21,18 +21,6 @@ type RecentEventsParams struct {
 	TenantID string
 	Type     string
 	Limit    int
-}
-
-// RecentEvents returns the tenant's latest events, newest first (by write order).
-// Unlike the feeds it also shows events whose transaction committed after an older
-// one still running: it is a view of the moment, not a cursor to resume from.
-func (s *Store) RecentEvents(ctx context.Context, p RecentEventsParams) ([]Event, error) {
-	if p.TenantID == "" {
-		return nil, ErrNoTenant
-	}
-	p = p.bounded()
-	rows, err := s.db.Query(ctx, recentEventsSQL, p.TenantID, p.Type, p.Limit)
-	return collect(rows, err, scanRecentEvent)
 }
 
 func (p RecentEventsParams) bounded() RecentEventsParams {
@@ -60,16 +48,6 @@ type DailyRollupsParams struct {
 	From, To string
 }
 
-// DailyRollups returns the tenant's daily rollups in the range, in day order; a day
-// without use has no row.
-func (s *Store) DailyRollups(ctx context.Context, p DailyRollupsParams) ([]DayRollup, error) {
-	if p.TenantID == "" {
-		return nil, ErrNoTenant
-	}
-	rows, err := s.db.Query(ctx, dailyRollupsSQL, p.TenantID, p.From, p.To)
-	return collect(rows, err, scanDayRollup(p.TenantID))
-}
-
 const dailyRollupsSQL = `
 		SELECT to_char(day, 'YYYY-MM-DD'), steps, tokens, cost_micro_usd FROM usage_rollup_daily
 		WHERE tenant_id = $1 AND day >= $2::date AND day <= $3::date ORDER BY day`
@@ -82,8 +60,12 @@ func scanDayRollup(tenantID string) func(pgx.Row) (DayRollup, error) {
 	}
 }
 
-// RecentEventsAndDailyRollups is RecentEvents and DailyRollups in one round trip (a
-// pipeline of both statements), for the usage report, which reads both each call.
+// RecentEventsAndDailyRollups returns the tenant's latest events, newest first (by
+// write order), and its daily rollups in the range, in day order (a day without use
+// has no row): the usage report's reads, in one round trip (a pipeline of both
+// statements). Unlike the feeds it also shows events whose transaction committed
+// after an older one still running: it is a view of the moment, not a cursor to
+// resume from.
 func (s *Store) RecentEventsAndDailyRollups(ctx context.Context, ev RecentEventsParams, days DailyRollupsParams) ([]Event, []DayRollup, error) {
 	if ev.TenantID == "" || days.TenantID == "" {
 		return nil, nil, ErrNoTenant

@@ -131,12 +131,14 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.SLABreaches(ctx, "", time.Time{})
 			return err
 		}},
-		{"RecentEvents", func(ctx context.Context, st *store.Store) error {
-			_, err := st.RecentEvents(ctx, store.RecentEventsParams{Limit: 10})
+		{"RecentEventsAndDailyRollups, events without a tenant", func(ctx context.Context, st *store.Store) error {
+			_, _, err := st.RecentEventsAndDailyRollups(ctx, store.RecentEventsParams{Limit: 10},
+				store.DailyRollupsParams{TenantID: "acme", From: "2026-01-01", To: "2026-01-31"})
 			return err
 		}},
-		{"DailyRollups", func(ctx context.Context, st *store.Store) error {
-			_, err := st.DailyRollups(ctx, store.DailyRollupsParams{From: "2026-01-01", To: "2026-01-31"})
+		{"RecentEventsAndDailyRollups, rollups without a tenant", func(ctx context.Context, st *store.Store) error {
+			_, _, err := st.RecentEventsAndDailyRollups(ctx, store.RecentEventsParams{TenantID: "acme", Limit: 10},
+				store.DailyRollupsParams{From: "2026-01-01", To: "2026-01-31"})
 			return err
 		}},
 		{"RecentEventsAndDailyRollups", func(ctx context.Context, st *store.Store) error {

@@ -438,9 +438,11 @@ func (s *Service) enqueue(ctx context.Context, sub submission, task store.Task, 
 	}
 	var along []func(redis.Pipeliner)
 	done := func() {}
-	if sub.Slot.Leased && s.d.Admission != nil {
-		rel, relDone := s.d.Admission.ReleaseInflightAlong(context.WithoutCancel(ctx), sub.Slot)
-		along, done = append(along, rel), relDone
+	if s.d.Admission != nil {
+		var release func(redis.Pipeliner)
+		if release, done = s.d.Admission.ReleaseInflightAlong(context.WithoutCancel(ctx), sub.Slot); release != nil {
+			along = append(along, release)
+		}
 	}
 	err := s.d.Queue.Enqueue(ctx, scheduler.EnqueueParams{
 		TenantID: sub.tenant.ID, TaskID: task.ID, Priority: sub.priority, CreatedAt: task.CreatedAt,
