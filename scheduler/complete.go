@@ -105,18 +105,38 @@ func (s *Scheduler) Done(ctx context.Context, p wire.Payload, took time.Duration
 // DoneAgain is Done repeated once the task's end is recorded, for a janitor pass that
 // put the task back in its running set in between (it saw the task running in
 // Postgres and missing from the set, which the first Done had left): it frees that
-// entry as Done does. A task no longer in its running set costs the script one look
-// at the set.
+// entry as Done does. That is rare, so the round trip (with the calls along) only
+// asks whether the task is in its running set; the release runs, in a second round
+// trip, when it is. The janitor puts a task back only before the end's commit and
+// looks at Postgres again after that, so a task absent at this look stays freed.
 func (s *Scheduler) DoneAgain(ctx context.Context, p wire.Payload, along ...func(pipe redis.Pipeliner)) error {
-	err := s.freeSlots(ctx, "done", func(pipe redis.Pipeliner) *redis.Cmd {
-		keys, args := s.releaseArgs(p, -1)
-		return doneScript.Run(ctx, pipe, keys, append(args, "1")...)
-	}, along)
-	if errors.Is(err, errNotFreed) {
-		return err
+	var back *redis.BoolCmd
+	err := s.batch.Do(ctx, func(pipe redis.Pipeliner) {
+		back = pipe.SIsMember(ctx, s.keys.TenantRunning(p.TenantID), p.TaskID)
+		for _, a := range along {
+			a(pipe)
+		}
+	})
+	if back == nil {
+		return fmt.Errorf("scheduler: done again: %w: %w", errNotFreed, err)
 	}
-	s.wake(ctx)
-	return err
+	in, berr := back.Result()
+	switch {
+	case berr != nil:
+		return fmt.Errorf("scheduler: done again: %w: %w", errNotFreed, berr)
+	case in:
+		if ferr := s.freeSlots(ctx, "done again", func(pipe redis.Pipeliner) *redis.Cmd {
+			keys, args := s.releaseArgs(p, -1)
+			return doneScript.Run(ctx, pipe, keys, append(args, "1")...)
+		}, nil); ferr != nil {
+			return ferr
+		}
+		s.wake(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("scheduler: done again: a call riding along failed: %w", err)
+	}
+	return nil
 }
 
 // errNotFreed marks a freeSlots error after which the slots may still be held.

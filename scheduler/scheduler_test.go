@@ -506,6 +506,61 @@ func TestDoneAgainFreesWhatTheJanitorPutBack(t *testing.T) {
 	}
 }
 
+// The repeated release of a task its first release freed (nearly every task) costs
+// one look at its running set in the round trip of the calls along, not a script call.
+func TestDoneAgainOfAFreedTaskRunsNoScript(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100, 0)
+	ctx := context.Background()
+	f.enqueue("a", 5, 1, 1)
+	d := f.mustDispatch()
+	f.done(d)
+	h := &sentCommands{}
+	f.rdb.AddHook(h)
+	p := wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs}
+	along := func(pipe redis.Pipeliner) { pipe.Get(ctx, "along") }
+	if err := f.s.DoneAgain(ctx, p, along); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.names(); !slices.Equal(got, []string{"sismember", "get"}) {
+		t.Fatalf("DoneAgain sent %v, want [sismember get] in one round trip", got)
+	}
+}
+
+// sentCommands records the names of the commands a client sends, pipelined or not.
+type sentCommands struct {
+	mu   sync.Mutex
+	sent []string
+}
+
+func (h *sentCommands) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *sentCommands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		h.note(c)
+		return next(ctx, c)
+	}
+}
+func (h *sentCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.note(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *sentCommands) note(c redis.Cmder) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sent = append(h.sent, c.Name())
+}
+
+func (h *sentCommands) names() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.sent)
+}
+
 func TestDoneWithLegacyBandPayloadFreesTheDispatchingEntry(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 100, 0)
