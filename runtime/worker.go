@@ -538,8 +538,9 @@ func (w *Worker) processTask(ctx context.Context, t *asynq.Task) (err error) {
 var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // endTask records a task's end in the background, then sends the end's Redis calls
-// with a second release of its dispatch slots. That release normally finds nothing: it
-// is there for a janitor pass that saw the task running in Postgres, missing from its
+// with a second release of its dispatch slots. That release is a look at the running
+// set that normally finds nothing (the script runs only when it finds the task): it is
+// there for a janitor pass that saw the task running in Postgres, missing from its
 // tenant's running set (released above), and put it back before the end was recorded.
 // The janitor re-checks Postgres after it puts an entry back, so one of the two always
 // sees the end. It blocks while Concurrency ends are already being recorded.
