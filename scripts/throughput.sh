@@ -70,7 +70,7 @@ machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
 ran() { python3 -c 'import sys,json; print(json.loads(sys.argv[1])["tasks"])' "$1" 2>/dev/null || echo 0; }
 per_task() { python3 -c "t=$tick; n=max($5,1); print('machine ms per task: busy %.2f idle %.2f' % (($3-$1)*1000/t/n, ($4-$2)*1000/t/n))"; }
 a0=$(cpu $SRV); r0=$(rcpu); p0=$(pgcpu); read -r m0 i0 < <(machine)
-[ -n "${TIMELINE:-}" ] && python3 "$(dirname "$0")/throughput-timeline.py" "$PORT" >/tmp/throughput-timeline.log 2>&1 &
+[ -n "${TIMELINE:-}" ] && python3 "$(dirname "$0")/throughput-timeline.py" "$PORT" "$SRV" >/tmp/throughput-timeline.log 2>&1 &
 out=$("$AGENTQ_LOADGEN" agentq "http://127.0.0.1:$PORT" tpadmin); echo "$out"
 a1=$(cpu $SRV); r1=$(rcpu); p1=$(pgcpu); read -r m1 i1 < <(machine)
 n=$(ran "$out")
