@@ -19,9 +19,12 @@ import (
 )
 
 // RejectionCounts is where admission counts its refusals (*admission.RejectionCounts).
+// QueueRejections queues the read of one tenant's counts on a pipe, for a caller that
+// sends it with other reads.
 type RejectionCounts interface {
 	RejectingTenants(ctx context.Context, shard int) ([]string, error)
 	Rejections(ctx context.Context, tenants []string) ([]quotas.TenantRejections, error)
+	QueueRejections(ctx context.Context, pipe redis.Pipeliner, tenant string) func() (quotas.TenantRejections, error)
 	PruneRejections(ctx context.Context, tenantID string, fields map[string]int64) (int, error)
 }
 
@@ -306,24 +309,14 @@ func (r *Rejections) Current(ctx context.Context, tenantID string, period quotas
 	return r.current(ctx, trs[0], tenantID, period, now)
 }
 
-// PipeCounts is a RejectionCounts whose read of one tenant's counts can go on a pipe
-// a caller sends with other reads (*admission.RejectionCounts).
-type PipeCounts interface {
-	QueueRejections(ctx context.Context, pipe redis.Pipeliner, tenant string) func() (quotas.TenantRejections, error)
-}
-
 // QueueCurrent is Current in two halves, for a caller that sends the Redis read with
 // its other reads in one round trip: it queues the read of the counts still in Redis
 // on pipe, and the function returned, called once pipe was sent, adds the counts in
-// Postgres as Current does. When Counts cannot be queued, or the queued read failed,
-// the function reads Redis on its own (on its ctx, as Current does).
+// Postgres as Current does. When the queued read failed, the function reads Redis on
+// its own (on its ctx, as Current does).
 func (r *Rejections) QueueCurrent(ctx context.Context, pipe redis.Pipeliner, tenantID string, period quotas.Period,
 	now time.Time) func(context.Context) (map[string]int64, error) {
-	pc, ok := r.Counts.(PipeCounts)
-	if !ok {
-		return func(ctx context.Context) (map[string]int64, error) { return r.Current(ctx, tenantID, period, now) }
-	}
-	read := pc.QueueRejections(ctx, pipe, tenantID)
+	read := r.Counts.QueueRejections(ctx, pipe, tenantID)
 	return func(ctx context.Context) (map[string]int64, error) {
 		tr, err := read()
 		if err != nil {
