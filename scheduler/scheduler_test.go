@@ -516,7 +516,7 @@ func TestDoneAgainOfAFreedTaskRunsNoScript(t *testing.T) {
 	d := f.mustDispatch()
 	f.done(d)
 	h := &sentCommands{}
-	f.rdb.AddHook(h)
+	f.rdb.AddHook(h.hook())
 	p := wire.Payload{TaskID: d.TaskID, TenantID: d.TenantID, Priority: d.Priority, EstimateMs: d.EstimateMs}
 	along := func(pipe redis.Pipeliner) { pipe.Get(ctx, "along") }
 	if err := f.s.DoneAgain(ctx, p, along); err != nil {
@@ -527,28 +527,34 @@ func TestDoneAgainOfAFreedTaskRunsNoScript(t *testing.T) {
 	}
 }
 
-// sentCommands records the names of the commands a client sends in pipelines (the
-// Batch's round trips); single commands, such as a dispatcher wake-up's, are not.
+// pipelineHook is a redis.Hook that hands each pipeline's commands to its func before
+// they go out (the Batch's round trips); single commands, such as a dispatcher
+// wake-up's PUBLISH, pass untouched.
+type pipelineHook func(cmds []redis.Cmder)
+
+func (pipelineHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// sentCommands records the names of the commands a client sends in pipelines.
 type sentCommands struct {
 	mu   sync.Mutex
 	sent []string
 }
 
-func (h *sentCommands) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *sentCommands) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *sentCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
+func (h *sentCommands) hook() pipelineHook {
+	return func(cmds []redis.Cmder) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
 		for _, c := range cmds {
-			h.note(c)
+			h.sent = append(h.sent, c.Name())
 		}
-		return next(ctx, cmds)
 	}
-}
-
-func (h *sentCommands) note(c redis.Cmder) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.sent = append(h.sent, c.Name())
 }
 
 func (h *sentCommands) names() []string {
@@ -883,10 +889,10 @@ type releaseCalls struct {
 	calls []int64
 }
 
-func (h *releaseCalls) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *releaseCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *releaseCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
+// hook counts the pipelines' release calls, and holds the first pipeline until gate
+// is closed.
+func (h *releaseCalls) hook() pipelineHook {
+	return func(cmds []redis.Cmder) {
 		for _, c := range cmds {
 			if a := c.Args(); len(a) == 5 && a[0] == "evalsha" && a[1] == releaseScript.Hash() && a[3] == h.key {
 				n, _ := strconv.ParseInt(fmt.Sprint(a[4]), 10, 64)
@@ -898,7 +904,6 @@ func (h *releaseCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 		if h.first.CompareAndSwap(false, true) {
 			<-h.gate
 		}
-		return next(ctx, cmds)
 	}
 }
 
@@ -924,7 +929,7 @@ func TestConcurrentReleasesShareOneScriptCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &releaseCalls{key: f.keys.SlotsInflight(), gate: make(chan struct{})}
-	f.rdb.AddHook(h)
+	f.rdb.AddHook(h.hook())
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -959,16 +964,14 @@ type scriptCalls struct {
 	n   atomic.Int64
 }
 
-func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
+// hook counts the pipelines' calls of the script.
+func (h *scriptCalls) hook() pipelineHook {
+	return func(cmds []redis.Cmder) {
 		for _, c := range cmds {
 			if a := c.Args(); len(a) > 1 && (a[0] == "evalsha" && a[1] == h.sha) {
 				h.n.Add(1)
 			}
 		}
-		return next(ctx, cmds)
 	}
 }
 
@@ -995,7 +998,7 @@ func TestConfirmAllIsOneScriptCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &scriptCalls{sha: confirmScript.Hash()}
-	f.rdb.AddHook(h)
+	f.rdb.AddHook(h.hook())
 	if err := f.s.confirmAll(ctx, ds); err != nil {
 		t.Fatal(err)
 	}
