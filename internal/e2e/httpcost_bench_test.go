@@ -14,8 +14,7 @@ import (
 // and one usage report (GET /v1/usage?days=1, as a client waiting for its tasks to
 // end polls it), over HTTP with keep-alive; allocations include the client's.
 func BenchmarkHTTPCost(b *testing.B) {
-	count := &redisCount{}
-	base := benchAPI(b, count)
+	base, admin, count, _ := countedAPI(b)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	call := func(method, path, token, body string, want int, out any) {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
@@ -37,9 +36,9 @@ func BenchmarkHTTPCost(b *testing.B) {
 		}
 	}
 	ov := maps.Clone(generous)
-	call("POST", "/v1/admin/tenants", benchAdmin, toJSON(map[string]any{"id": "hc", "plan": "pro", "overrides": ov}), 201, nil)
+	call("POST", "/v1/admin/tenants", admin, toJSON(map[string]any{"id": "hc", "plan": "pro", "overrides": ov}), 201, nil)
 	var k struct{ Key string }
-	call("POST", "/v1/admin/tenants/hc/keys", benchAdmin, "{}", 201, &k)
+	call("POST", "/v1/admin/tenants/hc/keys", admin, "{}", 201, &k)
 	b.Run("submit", func(b *testing.B) {
 		b.ReportAllocs()
 		before := count.snapshot()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -21,7 +20,6 @@ import (
 	"github.com/agentq/agentq"
 	"github.com/agentq/agentq/client"
 	"github.com/agentq/agentq/internal/config"
-	"github.com/agentq/agentq/internal/testenv"
 )
 
 // openStream opens a task's event stream; the caller closes the body.
@@ -228,7 +226,7 @@ func TestReadsSpendOnlyTheKeyBucket(t *testing.T) {
 // /v1/tasks/{id} over HTTP for a tenant with the limit off (no Redis call) and on (one
 // script call to take the lease, one ZREM to give it back).
 func BenchmarkTenantRead(b *testing.B) {
-	base := benchAPI(b)
+	base, admin, _, _ := countedAPI(b)
 	call := func(method, path, token, body string, out any) int {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -251,11 +249,11 @@ func BenchmarkTenantRead(b *testing.B) {
 		id := "b" + strconv.Itoa(int(max(limit, 0)))
 		ov := maps.Clone(generous)
 		ov["inflight_requests"] = limit
-		if st := call("POST", "/v1/admin/tenants", benchAdmin, toJSON(map[string]any{"id": id, "plan": "pro", "overrides": ov}), nil); st != 201 {
+		if st := call("POST", "/v1/admin/tenants", admin, toJSON(map[string]any{"id": id, "plan": "pro", "overrides": ov}), nil); st != 201 {
 			b.Fatalf("create tenant: %d", st)
 		}
 		var k struct{ Key string }
-		call("POST", "/v1/admin/tenants/"+id+"/keys", benchAdmin, "{}", &k)
+		call("POST", "/v1/admin/tenants/"+id+"/keys", admin, "{}", &k)
 		var task struct{ ID string }
 		if st := call("POST", "/v1/tasks", k.Key, `{"agent":"sim"}`, &task); st != 202 {
 			b.Fatalf("submit: %d", st)
@@ -446,35 +444,4 @@ func TestInflightSlotOfASubmissionGoesBackWithItsQueuePush(t *testing.T) {
 	if releases != 3 || withPush != 3 {
 		t.Fatalf("3 submissions: %d slot releases, %d of them in a queue push's round trip; want 3 and 3", releases, withPush)
 	}
-}
-
-// benchAdmin is the admin token of benchAPI's process.
-const benchAdmin = "admin-bench"
-
-// benchAPI starts an API process (admin token benchAdmin) on its own Redis prefix,
-// hooks added to its Redis client first, and returns its base URL.
-func benchAPI(b *testing.B, hooks ...redis.Hook) string {
-	b.Helper()
-	pool := testenv.Postgres(b)
-	rdb, keys := testenv.Redis(b, 1)
-	for _, h := range hooks {
-		rdb.AddHook(h)
-	}
-	cfg := agentq.DefaultConfig()
-	cfg.HTTPAddr, cfg.AdminToken, cfg.RedisPrefix = "127.0.0.1:0", benchAdmin, keys.Prefix()
-	cfg.Roles = []string{config.RoleAPI}
-	ctx := context.Background()
-	app, err := agentq.New(ctx, agentq.Options{Config: cfg, Redis: rdb, Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := app.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = app.Shutdown(ctx)
-	})
-	return "http://" + app.Addr().String()
 }
