@@ -55,15 +55,22 @@ func TestResumeDuringThePausingHandOff(t *testing.T) {
 	ctx := context.Background()
 	var r *rig
 	resume := func(task store.Task) error {
+		// The resume's time is noted before the call: the resumed step can run
+		// before the call returns. The task is paused until the resume commits, so
+		// no step of it finds a note of a resume that is then refused.
+		rr.mu.Lock()
+		rr.resumed[task.ID] = time.Now()
+		rr.mu.Unlock()
 		// Each resume allows one more step of $0.01.
 		_, err := r.svc.Resume(ctx, tasks.ResumeParams{TenantID: tenant, ID: task.ID,
 			Budget: &tasks.BudgetRequest{MaxCostUSD: ptr(float64(task.Usage.CostMicroUSD+10_000) / 1e6)}})
+		rr.mu.Lock()
 		if err == nil {
-			rr.mu.Lock()
-			rr.resumed[task.ID] = time.Now()
 			rr.resumes++
-			rr.mu.Unlock()
+		} else {
+			delete(rr.resumed, task.ID)
 		}
+		rr.mu.Unlock()
 		return err
 	}
 	// A worker slot per task: a resumed task never waits behind another for a slot.
