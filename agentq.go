@@ -218,10 +218,14 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	// One lifecycle for every task state change this process makes: submissions and
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
+	// Trees follow the ends of a tree's tasks (a parent woken, children cancelled)
+	// after Ends has freed what the ended task held.
+	trees := tasks.NewTrees(tasks.TreesDeps{Store: a.store, Queue: a.sched, Agents: a.agents, Log: a.log})
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
 		Archetype:   a.archetype,
-		Subscribers: []tasks.Subscriber{a.outboxSubscriber(tenantSvc), a.ends()},
+		Subscribers: []tasks.Subscriber{a.outboxSubscriber(tenantSvc), a.ends(), trees},
 	})
+	trees.Use(a.lifecycle)
 	deps.Lifecycle, deps.Tenants = a.lifecycle, tenantSvc
 	a.services = services.New(deps)
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.archetype)
@@ -231,7 +235,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	a.worker = runtime.NewWorker(a.lifecycle, cachedTenants{a.services.Tenants}, a.agents, a.sched, stepLimits{a.quotas, a.modelPools}, a.rdb, runtime.WorkerOptions{
 		Concurrency: a.cfg.WorkerConcurrency, Queues: queues, DrainQueues: scheduler.LegacyQueues(a.keys), CancelChannel: a.keys.CancelChannel(),
 		ShutdownTimeout: a.cfg.ShutdownTimeout, TaskCheckInterval: taskCheckInterval, Archetype: a.archetype, Fetchers: a.cfg.WorkerFetchers,
-		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch, Pools: a.services.Pools,
+		Policies: a.services.Tenants, Events: a.keys.TaskEvents, Batch: a.batch, Pools: a.services.Pools, Trees: trees,
 	})
 	a.rejections, a.localRejections = a.refusalFlushes()
 	a.recovery = maintenance.NewRecovery(a.maintenanceDeps(), maintenance.RecoveryConfig{

@@ -39,3 +39,9 @@ func AgentPanicked(agent string) string {
 func AbandonedAfter(attempts int) string {
 	return fmt.Sprintf("abandoned: its worker stopped heartbeating on %d attempts", attempts)
 }
+
+// ParentEnded is the reason of a task cancelled because the task that spawned it
+// ended while it was still live (killed): nothing in a tree outlives its parent.
+func ParentEnded(parentState TaskState) string {
+	return fmt.Sprintf("parent_ended: the task that spawned it ended %s", parentState)
+}

@@ -55,3 +55,8 @@ func (r WaitReason) Throttled() (pool string, ok bool) {
 	}
 	return pool, true
 }
+
+// WaitChildren is the wait of a task that asked to wait for the tasks it spawned
+// ("wait": "children"): it holds no worker and no running slot until every child it
+// spawned has ended.
+const WaitChildren WaitReason = "children"

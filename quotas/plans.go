@@ -167,6 +167,8 @@ type Plan struct {
 	Weight int              `yaml:"weight"`
 	Limits map[string]Limit `yaml:"limits"`
 	Budget Budget           `yaml:"budget"`
+	// Tree is the plan's budget of a task tree (a root and what it spawns).
+	Tree TreeBudgets `yaml:"tree"`
 	// SLA is what the plan commits to (nil: nothing); see Commitments.
 	SLA *SLA `yaml:"sla"`
 	// OnLimit is what a step that would go past its task's budget or its tenant's
@@ -326,6 +328,10 @@ func ParseCatalogue(data []byte) (*Catalogue, error) {
 			p.Weight = 1
 		}
 		if err := p.Budget.validate(); err != nil {
+			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
+		}
+		p.Tree = p.Tree.withDefaults(p.Budget)
+		if err := p.Tree.validate(); err != nil {
 			return nil, fmt.Errorf("quotas: plan %q: %w", name, err)
 		}
 		if err := p.validatePause(); err != nil {

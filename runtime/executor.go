@@ -20,6 +20,13 @@ type StepRequest struct {
 	Step     int             `json:"step"`
 	Input    json.RawMessage `json:"input"`
 	State    json.RawMessage `json:"state"`
+	// Spawned is what became of the spawns of the task's previous step, one entry a
+	// spawn: the child's id, or why it was refused (absent when that step spawned
+	// nothing).
+	Spawned []agentqtype.SpawnOutcome `json:"spawned,omitempty"`
+	// Children is, once a wait for its children ended ("wait": "children"), every
+	// child the task spawned, in spawn order, each with its end.
+	Children []agentqtype.ChildResult `json:"children,omitempty"`
 }
 
 // StepUsage is what one step consumed: its tokens and its cost in USD.
@@ -38,7 +45,32 @@ type StepResult struct {
 	// 429): the step does not count (no step, no usage, budget untouched) and the
 	// task waits RetryAfterS before it tries the step again.
 	Throttled *Throttle `json:"throttled,omitempty"`
+	// Spawn asks for children (at most agentqtype.MaxSpawnsPerStep), made with the
+	// step's record, exactly once: sub-agents in the task's tree, under its tree
+	// budget. A step that ends the task (Done) spawns nothing.
+	Spawn []Spawn `json:"spawn,omitempty"`
+	// Wait "children" runs the task's next step only once every child it spawned
+	// has ended, without holding a worker meanwhile; "" runs it at once.
+	Wait string `json:"wait,omitempty"`
 }
+
+// Spawn is one child a step asks for: its agent, its input, and its budget (fields
+// left out take the plan's default; all are capped by what the tree has left).
+type Spawn struct {
+	Agent  string          `json:"agent"`
+	Input  json.RawMessage `json:"input"`
+	Budget *SpawnBudget    `json:"budget,omitempty"`
+}
+
+// SpawnBudget is a child's requested budget.
+type SpawnBudget struct {
+	MaxSteps      *int     `json:"max_steps,omitempty"`
+	MaxWallclockS *float64 `json:"max_wallclock_s,omitempty"`
+	MaxCostUSD    *float64 `json:"max_cost_usd,omitempty"`
+}
+
+// WaitChildren is StepResult.Wait's value for a wait for the task's children.
+const WaitChildren = string(agentqtype.WaitChildren)
 
 // Throttle is a step's throttled answer.
 type Throttle struct {

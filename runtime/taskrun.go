@@ -21,6 +21,7 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/telemetry"
+	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/wire"
 	"github.com/agentq/agentq/quotas"
 )
@@ -54,6 +55,7 @@ type taskRun struct {
 	running func(redis.Pipeliner)
 
 	tenant       store.Tenant
+	policy       *tenants.Policy // the tenant's policy; nil when it is not known
 	budget       quotas.TaskBudget
 	ceiling      *quotas.TaskBudget // the plan's budget ceiling; nil when the plan is not known
 	onLimit      quotas.OnLimits    // the plan's answer at each limit: stop or pause
@@ -74,8 +76,14 @@ type taskRun struct {
 	// res is the current step's reservation, of the tenant's quotas and of the
 	// agent's model pool, with the estimates the next step reserves.
 	res reservation
-	// parked is when the capacity a parked task waits for is expected (end endParked).
-	parked time.Time
+	// parked is when the capacity a parked task waits for is expected (end endParked);
+	// waitsChildren: the park is a wait for the task's children.
+	parked        time.Time
+	waitsChildren bool
+	// spawned and children go with the next step's request: what became of the
+	// previous step's spawns, and, after a wait for them, the task's children.
+	spawned  []agentqtype.SpawnOutcome
+	children []agentqtype.ChildResult
 
 	// lost is set when a write found the task claimed by a later attempt (this worker
 	// stalled past its lease): the run then stops at once and touches nothing of the
@@ -252,6 +260,7 @@ func (r *taskRun) prepare() outcome {
 	var planBudget *quotas.Budget
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
+			r.policy = &p
 			r.res.quotas, planBudget, r.res.weight = p.Limits, &p.Budget, max(p.Weight, 1)
 			r.onLimit, r.ceiling, r.pauseTimeout = p.OnLimit, &p.Budget.Ceiling, p.PauseTimeout
 			if l, ok := p.Effective[quotas.PausedTasks]; ok && l >= 0 {
@@ -384,6 +393,11 @@ func (r *taskRun) beat() bool {
 func (r *taskRun) steps() outcome {
 	for {
 		step := r.task.Usage.Steps + 1
+		if r.task.Spawned != nil {
+			if out := r.takeSpawned(); out != proceed {
+				return out
+			}
+		}
 		if r.overBudget(step) {
 			return stopped
 		}
@@ -647,8 +661,9 @@ func (r *taskRun) callAgent(step int) (StepResult, error) {
 	}
 	res, err := r.exec.Step(stepCtx, StepRequest{
 		TaskID: r.id, TenantID: r.task.TenantID, Agent: r.task.Agent,
-		Step: step, Input: r.task.Input, State: r.state,
+		Step: step, Input: r.task.Input, State: r.state, Spawned: r.spawned, Children: r.children,
 	})
+	r.spawned, r.children = nil, nil
 	stepCancel()
 	if err != nil {
 		stepSpan.RecordError(err)
@@ -694,6 +709,12 @@ func (r *taskRun) afterCall(step int, res StepResult, err error) outcome {
 	}
 	if res.Throttled != nil {
 		r.throttled(res.Throttled)
+		return stopped
+	}
+	if err := r.checkSpawns(res); err != nil {
+		r.res.Refund(r.ctx)
+		r.log.Warn("agent asked for unusable spawns; failing the task", "step", step, "err", err)
+		r.finish(agentqtype.TaskStateFailed, fmt.Sprintf("%v: agent %q, step %d: %v", ErrStepFailed, r.task.Agent, step, err), nil, nil)
 		return stopped
 	}
 	if err := checkUsage(res.Usage); err != nil {
@@ -757,9 +778,16 @@ func (r *taskRun) record(step int, res StepResult) outcome {
 		r.fin = tasks.FinishParams{Claim: r.claim, To: agentqtype.TaskStateCompleted, Output: res.Output}
 		return stopped
 	}
+	spawns := len(res.Spawn) > 0 || res.Wait != ""
+	var spawned agentqtype.SpawnRecord
 	err := holdUntilRecorded(context.WithoutCancel(r.ctx), r.log, func(ctx context.Context) error {
 		sent := time.Now()
-		err := r.w.lifecycle.RecordStep(ctx, rec)
+		var err error
+		if spawns {
+			spawned, err = r.w.opts.Trees.Spawn(ctx, r.spawnParams(rec, res))
+		} else {
+			err = r.w.lifecycle.RecordStep(ctx, rec)
+		}
 		if err == nil {
 			r.confirm(sent)
 		}
@@ -775,6 +803,9 @@ func (r *taskRun) record(step int, res StepResult) outcome {
 	u.Steps, u.Tokens, u.CostMicroUSD = step, u.Tokens+res.Usage.Tokens, u.CostMicroUSD+costMicro
 	r.state = res.State
 	r.w.publish(r.ctx, ev)
+	if spawns {
+		r.task.Spawned, _ = json.Marshal(spawned) // the next step's: see takeSpawned
+	}
 	return proceed
 }
 
@@ -897,4 +928,76 @@ func (r *taskRun) recordLastStep(ctx context.Context) (tail []func(redis.Pipelin
 func (r *taskRun) onEnded(carried *tasks.CarriedEnd) []func(redis.Pipeliner) {
 	r.log.Info("task finished", "state", r.fin.To, "steps", r.task.Usage.Steps)
 	return carried.Calls()
+}
+
+// childrenRecheck is how long a parent parked for its children waits at most before
+// it looks at them again: their last end wakes it, and this covers a wake-up lost
+// with Redis.
+const childrenRecheck = 30 * time.Second
+
+// checkSpawns refuses a step answer whose spawns no tree could take: too many, a
+// wait for something other than children, or spawns on a worker without trees.
+func (r *taskRun) checkSpawns(res StepResult) error {
+	switch {
+	case len(res.Spawn) == 0 && res.Wait == "":
+		return nil
+	case res.Wait != "" && res.Wait != WaitChildren:
+		return fmt.Errorf("wait %q: the only wait is %q", res.Wait, WaitChildren)
+	case len(res.Spawn) > agentqtype.MaxSpawnsPerStep:
+		return fmt.Errorf("%d spawns: at most %d a step", len(res.Spawn), agentqtype.MaxSpawnsPerStep)
+	case r.w.opts.Trees == nil:
+		return errors.New("this worker runs no task trees")
+	}
+	return nil
+}
+
+// spawnParams are the spawns of a step's answer, to record with the step.
+func (r *taskRun) spawnParams(rec store.RecordStepParams, res StepResult) tasks.SpawnParams {
+	p := tasks.SpawnParams{Step: rec, Parent: r.task, Wait: res.Wait == WaitChildren, Weight: r.res.weight}
+	if !res.Done {
+		p.Spawns = make([]tasks.SpawnRequest, len(res.Spawn))
+		for i, s := range res.Spawn {
+			p.Spawns[i] = tasks.SpawnRequest{Agent: s.Agent, Input: s.Input}
+			if b := s.Budget; b != nil {
+				p.Spawns[i].Budget = &tasks.BudgetRequest{MaxSteps: b.MaxSteps, MaxWallclockS: b.MaxWallclockS, MaxCostUSD: b.MaxCostUSD}
+			}
+		}
+	}
+	if r.policy != nil {
+		p.Budget, p.Tree, p.RunningCap = r.policy.Budget, r.policy.Tree, r.policy.RunningCap
+	}
+	return p
+}
+
+// takeSpawned hands what the task's latest spawning step recorded to its next step:
+// the spawns' outcomes and, when that step waits for its children, their ends once
+// none is live. While one is, the task parks for them, holding no worker: their
+// last end wakes it, and it looks again after childrenRecheck in any case (a wake-up
+// lost with Redis, a delivery after a Redis loss).
+func (r *taskRun) takeSpawned() outcome {
+	var rec agentqtype.SpawnRecord
+	err := json.Unmarshal(r.task.Spawned, &rec)
+	r.task.Spawned = nil
+	if err != nil || rec.Step != r.task.Usage.Steps {
+		return proceed // a later step took it already
+	}
+	r.spawned = rec.Spawned
+	if !rec.Wait || r.w.opts.Trees == nil {
+		return proceed
+	}
+	var live int
+	err = holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
+		var err error
+		live, r.children, err = r.w.opts.Trees.Children(ctx, r.task.ID)
+		return err
+	})
+	switch {
+	case err != nil:
+		return r.requeue("reading the task's children failed", err)
+	case live > 0:
+		r.waitsChildren = true
+		r.parkFor(agentqtype.WaitChildren, childrenRecheck)
+		return stopped
+	}
+	return proceed
 }

@@ -53,6 +53,15 @@ type Lifecycle interface {
 	StaleAfter() time.Duration
 }
 
+// Trees is what the worker needs of task trees (*tasks.Trees): record a step that
+// spawns children, read a parent's children, and wake a parent whose children all
+// ended while it parked.
+type Trees interface {
+	Spawn(ctx context.Context, p tasks.SpawnParams) (agentqtype.SpawnRecord, error)
+	Children(ctx context.Context, parent uuid.UUID) (live int, children []agentqtype.ChildResult, err error)
+	WakeIfDone(ctx context.Context, parent uuid.UUID)
+}
+
 // TenantReader reads a task's tenant, for its limits (*store.Store).
 type TenantReader interface {
 	GetTenant(ctx context.Context, id string) (store.Tenant, error)
@@ -145,6 +154,9 @@ type WorkerOptions struct {
 	// nil makes one on the worker's client. The App gives the one its Scheduler and
 	// Quotas use.
 	Batch *redisx.Batch
+	// Trees makes the children steps spawn and reads them back for their parents;
+	// nil: a step that spawns or waits for children fails its task.
+	Trees Trees
 }
 
 // Worker runs agent tasks handed out by asynq. Stop withdraws it and lets running
@@ -576,6 +588,10 @@ func (w *Worker) park(r *taskRun, took time.Duration) {
 		// Queued in Postgres, still in its tenant's running set: the janitor takes
 		// it out and the recovery sweep queues it again.
 		w.log.Error("parking a task in Redis failed; the janitor queues it again", "task_id", r.p.TaskID, "err", err)
+	}
+	if r.waitsChildren {
+		// Its last child may have ended before the park reached Redis.
+		w.opts.Trees.WakeIfDone(ctx, r.task.ID)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/internal/redisx"
@@ -260,4 +261,35 @@ func (s *Scheduler) Paused(ctx context.Context, p wire.Payload, took time.Durati
 	}
 	s.wake(ctx)
 	return err
+}
+
+// dueNowScript makes a parked task due now: a wait that ended before its expected
+// time (the children a parent waits for have all ended).
+//
+// KEYS[1] parked   ARGV[1] now ms or ""   ARGV[2] parked member
+// Returns 1 if the task was parked, else 0.
+var dueNowScript = redisx.NewScript(luaNow + `
+if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', now, ARGV[2])
+return 1
+`)
+
+// WakeParked makes a parked task due now, so that a dispatcher queues it again at
+// once, and reports whether it was parked. A task not parked (not yet, or queued
+// already) is left alone.
+func (s *Scheduler) WakeParked(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error) {
+	member := rkeys.ParkedMember(tenantID, taskID.String())
+	n, err := dueNowScript.Run(ctx, s.rdb, []string{s.keys.Parked(s.keys.Shard(tenantID))}, s.nowArg(), member).Int()
+	if err != nil {
+		return false, fmt.Errorf("scheduler: wake parked task: %w", err)
+	}
+	if n == 0 {
+		return false, nil
+	}
+	now := time.Now()
+	if !s.parkedHere(now) {
+		_ = s.rdb.Publish(ctx, s.keys.WakeChannel(), parkedMessage(now)).Err()
+	}
+	s.wake(ctx)
+	return true, nil
 }

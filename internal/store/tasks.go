@@ -64,9 +64,26 @@ type Task struct {
 	// StartDeadline is when the task expires if no worker has started it by then
 	// (nil: it waits as long as it takes).
 	StartDeadline *time.Time
+	// ParentID is the task that spawned this one (nil: a root, or a task outside any
+	// tree); RootID its tree's root (nil: the task is a root itself, see Root), Depth
+	// its distance from the root; Children counts the tasks it spawned.
+	ParentID, RootID *uuid.UUID
+	Depth            int
+	Children         int
+	// Spawned is what the task's latest spawning step asked for and got (a
+	// SpawnRecord as JSON; nil: it never spawned), carried to its next step.
+	Spawned json.RawMessage
 	// Resumed is, on a task a start just took out of a wait (UnscopedStartTask), what
 	// it waited for and how long that wait was; nil otherwise.
 	Resumed *ResumedWait
+}
+
+// Root is the id of the task's tree's root: its own for a root.
+func (t Task) Root() uuid.UUID {
+	if t.RootID != nil {
+		return *t.RootID
+	}
+	return t.ID
 }
 
 // TaskPause is why a paused task is paused: the limit_type that paused it (Reason,
@@ -111,24 +128,25 @@ type TaskWait struct {
 const taskCols = `id, tenant_id, kid, agent, user_id, input, budget, priority, idempotency_key, request_hash,
 	state, agent_state, output, error, steps, tokens, cost_micro_usd, attempt, created_at, started_at, finished_at,
 	wait_reason, wait_until, waited_ms, step_estimate, paused_reason, paused_at, pause_limit, pause_used, pauses,
-	start_deadline, park_step, step_parks, step_cost_estimate`
+	start_deadline, park_step, step_parks, step_cost_estimate, parent_id, root_id, depth, children, spawned`
 
 func scanTask(row pgx.Row) (Task, error) { return scanTaskWith(row) }
 
 // scanTaskWith scans taskCols and then the columns after them into extra.
 func scanTaskWith(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
-	var input, budget, agentState, output []byte
+	var input, budget, agentState, output, spawned []byte
 	err := row.Scan(append([]any{&t.ID, &t.TenantID, &t.Kid, &t.Agent, &t.User, &input, &budget, &t.Priority, &t.IdempotencyKey,
 		&t.RequestHash, &t.State, &agentState, &output, &t.Error, &t.Usage.Steps, &t.Usage.Tokens,
 		&t.Usage.CostMicroUSD, &t.Attempt, &t.CreatedAt, &t.StartedAt, &t.FinishedAt,
 		&t.Wait.Reason, &t.Wait.Until, &t.WaitedMs, &t.Wait.StepEstimate,
 		&t.Pause.Reason, &t.Pause.At, &t.Pause.Limit, &t.Pause.Used, &t.Pause.Count, &t.StartDeadline,
-		&t.Wait.ParkStep, &t.Wait.StepParks, &t.Wait.StepCostEstimate}, extra...)...)
+		&t.Wait.ParkStep, &t.Wait.StepParks, &t.Wait.StepCostEstimate, &t.ParentID, &t.RootID, &t.Depth, &t.Children,
+		&spawned}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, agentqtype.ErrNotFound
 	}
-	t.Input, t.Budget, t.AgentState, t.Output = input, budget, agentState, output
+	t.Input, t.Budget, t.AgentState, t.Output, t.Spawned = input, budget, agentState, output, spawned
 	return t, err
 }
 
@@ -289,6 +307,9 @@ type ListTasksParams struct {
 	// Agents and Principals, when not empty, keep only the tasks of those agents and
 	// users (an API key's scopes).
 	Agents, Principals []string
+	// RootID, when set, keeps only the tasks of the tree rooted there, its root
+	// included.
+	RootID uuid.UUID
 }
 
 // ListTasks returns up to Limit tasks. It reads the tenant's state index
@@ -302,6 +323,11 @@ func (s *Store) ListTasks(ctx context.Context, p ListTasksParams) ([]Task, error
 	before := p.Before
 	if before == uuid.Nil {
 		before = uuid.Max // above every id: the cursor is always an index condition
+	}
+	if p.RootID != uuid.Nil {
+		rows, err := s.db.Query(ctx, listTree, p.TenantID, before, p.Limit, orEmpty(p.Agents), orEmpty(p.Principals),
+			p.RootID, string(p.State))
+		return collect(rows, err, scanTask)
 	}
 	q := listAllStates
 	if p.State != "" {
@@ -322,6 +348,13 @@ func listOfState(state string) string {
 			AND (cardinality($4::text[]) = 0 OR agent = ANY($4)) AND (cardinality($5::text[]) = 0 OR user_id = ANY($5))
 		ORDER BY id DESC LIMIT $3`
 }
+
+// listTree is ListTasks of one tree ($6 its root; $7 a state, or ""), read through
+// the tree index.
+const listTree = `SELECT ` + taskCols + ` FROM tasks
+	WHERE tenant_id = $1 AND (id = $6 OR root_id = $6) AND id < $2 AND ($7 = '' OR state = $7)
+		AND (cardinality($4::text[]) = 0 OR agent = ANY($4)) AND (cardinality($5::text[]) = 0 OR user_id = ANY($5))
+	ORDER BY id DESC LIMIT $3`
 
 // listInState is ListTasks in each state, the state written in the statement (the
 // generic plan of a state given as a parameter does not know that a state is rare,

@@ -175,6 +175,10 @@ type SubmitParams struct {
 	// StartWithinS, when set, is how many seconds the task may wait to start (above
 	// 0, at most MaxStartWithin): one no worker started by then ends expired.
 	StartWithinS *float64
+	// TreeBudget, when set, is the budget of the tree the task roots (what it and
+	// every task spawned under it may use together); nil fields, and a task
+	// without one, take the plan's tree default.
+	TreeBudget *quotas.TreeBudgetRequest
 	// Slot is the request's inflight_requests lease, if it holds one: a submission that
 	// pushes its task gives it back in the push's round trip (Submission.SlotReleased).
 	Slot quotas.InflightSlot
@@ -344,6 +348,18 @@ func (s *Service) resolveBudget(ctx context.Context, sub *submission) error {
 	}
 	sub.tenant, sub.pol, sub.budget = tenant, pol, budget
 	sub.budgetJSON, _ = json.Marshal(budget)
+	if sub.TreeBudget != nil {
+		tree, field, ceiling := pol.Tree.ResolveTree(sub.TreeBudget)
+		if field != "" {
+			return invalid("tree_budget", "tree_budget.%s must be above 0 (max_depth: at least 0) and at most the plan's ceiling of %v; omit it to get the plan's default.",
+				field, ceiling)
+		}
+		// Kept with the root's budget, where its tree's spawns read it.
+		sub.budgetJSON, _ = json.Marshal(struct {
+			quotas.TaskBudget
+			Tree quotas.TreeBudget `json:"tree"`
+		}{budget, tree})
+	}
 	sub.hash = requestHash(sub.Agent, canonicalJSON(sub.input), sub.User, sub.budgetJSON, sub.priority, sub.startWithin)
 	return nil
 }
@@ -746,6 +762,9 @@ type ListParams struct {
 	Before   uuid.UUID // the previous page's cursor; zero: the first page
 	// Scope keeps only the tasks an API key of that scope may see.
 	Scope Scope
+	// RootID, when set, keeps only the tasks of the tree rooted there, its root
+	// included.
+	RootID uuid.UUID
 }
 
 // Page is a page of tasks; Next, when not nil, is the cursor of the next page.
@@ -771,7 +790,7 @@ func (s *Service) List(ctx context.Context, p ListParams) (Page, error) {
 	}
 	// One more tells whether there is a next page.
 	rows, err := s.d.Store.ListTasks(ctx, store.ListTasksParams{TenantID: p.TenantID, State: store.TaskState(p.State), Limit: want + 1, Before: p.Before,
-		Agents: p.Scope.Agents, Principals: p.Scope.Principals})
+		Agents: p.Scope.Agents, Principals: p.Scope.Principals, RootID: p.RootID})
 	if err != nil {
 		return Page{}, err
 	}

@@ -29,6 +29,9 @@ type Policy struct {
 	// Budget is the plan's per-task budget: the default a task gets, the ceiling it
 	// may ask for.
 	Budget quotas.Budget
+	// Tree is the plan's budget of a task tree: the default a root gets, the
+	// ceiling it may ask for.
+	Tree quotas.TreeBudgets
 	// OnLimit is the plan's answer to a step that would go past a budget or a period
 	// quota (stop or pause), and PauseTimeout how long a paused task waits.
 	OnLimit      quotas.OnLimits
@@ -60,6 +63,7 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 		Limits:     quotas.LimitsOf(eff),
 		RunningCap: quotas.RunningCap(eff),
 		Budget:     p.Budget,
+		Tree:       p.Tree,
 		OnLimit:    p.OnLimit,
 		// PauseTimeout is the plan's, or the default when the plan is missing.
 		PauseTimeout: p.PauseTimeout(),

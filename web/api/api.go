@@ -97,6 +97,7 @@ func (s *API) Mount(e *echo.Echo) {
 	read(http.MethodGet, "/v1/usage", s.usage)         // spends the key bucket, then peeks
 	read(http.MethodGet, "/v1/tasks", s.listTasks)
 	read(http.MethodGet, "/v1/tasks/:id", s.getTask)
+	read(http.MethodGet, "/v1/tasks/:id/tree", s.getTaskTree)
 	read(http.MethodPost, "/v1/tasks/:id/cancel", s.cancelTask)
 	read(http.MethodPost, "/v1/tasks/:id/resume", s.resumeTask)
 	read(http.MethodGet, "/v1/tasks/:id/events", s.taskEvents)

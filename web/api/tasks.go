@@ -27,6 +27,26 @@ type SubmitRequest struct {
 	// StartWithinS is how many seconds the task may wait to start; one no worker
 	// started by then ends expired.
 	StartWithinS *float64 `json:"start_within_s"`
+	// TreeBudget is the budget of the tree the task roots, should it spawn.
+	TreeBudget *TreeBudgetRequest `json:"tree_budget"`
+}
+
+// TreeBudgetRequest is a root's requested tree budget; omitted fields take the
+// plan's tree default.
+type TreeBudgetRequest struct {
+	MaxTasks   *int     `json:"max_tasks"`
+	MaxDepth   *int     `json:"max_depth"`
+	MaxSteps   *int     `json:"max_steps"`
+	MaxTokens  *int64   `json:"max_tokens"`
+	MaxCostUSD *float64 `json:"max_cost_usd"`
+}
+
+func (r *TreeBudgetRequest) params() *quotas.TreeBudgetRequest {
+	if r == nil {
+		return nil
+	}
+	return &quotas.TreeBudgetRequest{MaxTasks: r.MaxTasks, MaxDepth: r.MaxDepth, MaxSteps: r.MaxSteps, MaxTokens: r.MaxTokens,
+		MaxCostUSD: r.MaxCostUSD}
 }
 
 // BudgetRequest is a task's requested budget; omitted fields take the plan's default.
@@ -72,6 +92,11 @@ type TaskJSON struct {
 	// Degraded: the task is queued but Redis, which holds where it stands, did not
 	// answer within admission's deadline, so wait_reason is null (absent otherwise).
 	Degraded bool `json:"degraded,omitempty"`
+	// ParentID is the task whose step spawned this one (null for a root), RootID its
+	// tree's root (its own id for a root), Depth its distance from the root.
+	ParentID *string `json:"parent_id"`
+	RootID   string  `json:"root_id"`
+	Depth    int     `json:"depth"`
 }
 
 // WaitReasonJSON is why a queued task waits and where it stands (see
@@ -127,6 +152,11 @@ func taskJSON(t tasks.Task) TaskJSON {
 		WaitReason: waitReasonJSON(t.WaitReason),
 		WaitedS:    float64(t.WaitedMs) / 1000, StartDeadline: t.StartDeadline,
 		Degraded: t.Undecorated,
+		RootID:   t.Root().String(), Depth: t.Depth,
+	}
+	if t.ParentID != nil {
+		p := t.ParentID.String()
+		out.ParentID = &p
 	}
 	if t.State == agentqtype.TaskStatePaused {
 		out.PausedReason = t.Pause.Reason
@@ -238,7 +268,7 @@ func (s *API) submitTask(c echo.Context) error {
 	res, err := s.Tasks.Submit(c.Request().Context(), tasks.SubmitParams{
 		TenantID: key.TenantID, Kid: key.Kid, KeyAgents: key.Agents, KeyPrincipals: key.Principals,
 		Agent: req.Agent, Input: req.Input, User: req.User, Budget: req.Budget.params(),
-		Priority: req.Priority, IdempotencyKey: idem, StartWithinS: req.StartWithinS,
+		Priority: req.Priority, IdempotencyKey: idem, StartWithinS: req.StartWithinS, TreeBudget: req.TreeBudget.params(),
 		Slot: inflightSlot(c),
 	})
 	if res.SlotReleased {
@@ -289,7 +319,7 @@ func (s *API) listTasks(c echo.Context) error {
 	q := c.QueryParams()
 	for k := range q {
 		switch k {
-		case "state", "limit", "cursor":
+		case "state", "limit", "cursor", "root_id":
 		default:
 			return Errorf(http.StatusBadRequest, CodeInvalidRequest, "Unknown query parameter %q.", k)
 		}
@@ -306,6 +336,13 @@ func (s *API) listTasks(c echo.Context) error {
 			return Errorf(http.StatusBadRequest, CodeInvalidRequest, "limit must be between 1 and %d.", tasks.MaxListLimit)
 		}
 		p.Limit = n
+	}
+	if root := q.Get("root_id"); root != "" {
+		id, err := uuid.Parse(root)
+		if err != nil {
+			return Errorf(http.StatusBadRequest, CodeInvalidRequest, "root_id must be a task id.")
+		}
+		p.RootID = id
 	}
 	if cur := q.Get("cursor"); cur != "" {
 		id, err := uuid.Parse(cur)
@@ -405,4 +442,70 @@ func needsRoom(e *tasks.NeedsRoomError) *APIError {
 		"limit_needed":  quotas.AmountValue(sf.LimitType, sf.AtLeast),
 	}
 	return ae
+}
+
+// TreeJSON is a task tree as GET /v1/tasks/{id}/tree shows it.
+type TreeJSON struct {
+	RootID    string         `json:"root_id"`
+	Nodes     []TreeNodeJSON `json:"nodes"`
+	Totals    TreeTotalsJSON `json:"totals"`
+	Budget    TreeBudgetJSON `json:"budget"`
+	Remaining TreeTotalsJSON `json:"remaining"`
+	Truncated bool           `json:"truncated,omitempty"`
+}
+
+// TreeNodeJSON is one task of a tree.
+type TreeNodeJSON struct {
+	ID       string    `json:"id"`
+	ParentID *string   `json:"parent_id"`
+	Depth    int       `json:"depth"`
+	Agent    string    `json:"agent"`
+	State    string    `json:"state"`
+	Usage    UsageJSON `json:"usage"`
+}
+
+// TreeTotalsJSON is what a tree's tasks used, or what it has left.
+type TreeTotalsJSON struct {
+	Tasks   int     `json:"tasks"`
+	Steps   int64   `json:"steps"`
+	Tokens  int64   `json:"tokens"`
+	CostUSD float64 `json:"cost_usd"`
+}
+
+// TreeBudgetJSON is a tree's budget.
+type TreeBudgetJSON struct {
+	MaxTasks   int     `json:"max_tasks"`
+	MaxDepth   int     `json:"max_depth"`
+	MaxSteps   int     `json:"max_steps"`
+	MaxTokens  int64   `json:"max_tokens"`
+	MaxCostUSD float64 `json:"max_cost_usd"`
+}
+
+func (s *API) getTaskTree(c echo.Context) error {
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	key := keyRecord(c)
+	tr, err := s.Tasks.Tree(c.Request().Context(), key.TenantID, keyScope(c), id)
+	if err != nil {
+		return s.taskErr(err, &id)
+	}
+	b, r := tr.Budget, tr.Remaining
+	out := TreeJSON{RootID: tr.Root.String(), Nodes: make([]TreeNodeJSON, 0, len(tr.Nodes)), Truncated: tr.Truncated,
+		Totals: TreeTotalsJSON{Tasks: tr.Tasks, Steps: int64(tr.Totals.Steps), Tokens: tr.Totals.Tokens,
+			CostUSD: float64(tr.Totals.CostMicroUSD) / 1e6},
+		Budget: TreeBudgetJSON{MaxTasks: b.MaxTasks, MaxDepth: b.MaxDepth, MaxSteps: b.MaxSteps, MaxTokens: b.MaxTokens, MaxCostUSD: b.MaxCostUSD},
+		Remaining: TreeTotalsJSON{Tasks: r.Tasks, Steps: r.Steps, Tokens: r.Tokens, CostUSD: float64(r.CostMicro) / 1e6},
+	}
+	for _, n := range tr.Nodes {
+		node := TreeNodeJSON{ID: n.ID.String(), Depth: n.Depth, Agent: n.Agent, State: string(n.State),
+			Usage: UsageJSON{Steps: n.Usage.Steps, Tokens: n.Usage.Tokens, CostUSD: float64(n.Usage.CostMicroUSD) / 1e6}}
+		if n.ParentID != nil {
+			p := n.ParentID.String()
+			node.ParentID = &p
+		}
+		out.Nodes = append(out.Nodes, node)
+	}
+	return c.JSON(http.StatusOK, out)
 }
