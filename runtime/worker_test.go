@@ -85,6 +85,7 @@ type rig struct {
 	svc    *tasks.Service
 	agents *runtime.Registry
 	w      *runtime.Worker
+	trees  *tasks.Trees
 	log    *logBuffer
 }
 
@@ -111,9 +112,11 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: limits{admission.New(rdb, keys, nil), capacity.NewPools(rdb, keys, nil)},
 		agents: runtime.NewRegistry(), log: &logBuffer{}}
 	// Every end's effects, as the App's lifecycle has them.
+	r.trees = tasks.NewTrees(tasks.TreesDeps{Store: st, Queue: r.sched, Agents: r.agents})
 	lcOpts.Subscribers = append(slices.Clip(lcOpts.Subscribers), tasks.NewEnds(tasks.EndsDeps{
-		Leases: r.q.Store, Queue: r.sched, Pools: r.q.Pools, Redis: rdb, Keys: keys}))
+		Leases: r.q.Store, Queue: r.sched, Pools: r.q.Pools, Redis: rdb, Keys: keys}), r.trees)
 	r.lc = tasks.NewLifecycle(st, lcOpts)
+	r.trees.Use(r.lc)
 	if _, err := st.CreateTenant(r.ctx, store.CreateTenantParams{ID: tenant, Name: tenant, Plan: "pro"}); err != nil {
 		t.Fatal(err)
 	}
@@ -133,6 +136,7 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		Concurrency: slots, Fetchers: slots, Queues: queues, DrainQueues: scheduler.LegacyQueues(keys), CancelChannel: keys.CancelChannel(),
 		ShutdownTimeout: time.Second, TaskCheckInterval: 10 * time.Millisecond,
 		Archetype: &baseservice.Archetype{Logger: logger}, Policies: tenants.NewPolicies(plans, 16), Events: keys.TaskEvents,
+		Trees: r.trees,
 	})
 	return r
 }
