@@ -495,7 +495,7 @@ func (s *API) getTaskTree(c echo.Context) error {
 	out := TreeJSON{RootID: tr.Root.String(), Nodes: make([]TreeNodeJSON, 0, len(tr.Nodes)), Truncated: tr.Truncated,
 		Totals: TreeTotalsJSON{Tasks: tr.Tasks, Steps: int64(tr.Totals.Steps), Tokens: tr.Totals.Tokens,
 			CostUSD: float64(tr.Totals.CostMicroUSD) / 1e6},
-		Budget: TreeBudgetJSON{MaxTasks: b.MaxTasks, MaxDepth: b.MaxDepth, MaxSteps: b.MaxSteps, MaxTokens: b.MaxTokens, MaxCostUSD: b.MaxCostUSD},
+		Budget:    TreeBudgetJSON{MaxTasks: b.MaxTasks, MaxDepth: b.MaxDepth, MaxSteps: b.MaxSteps, MaxTokens: b.MaxTokens, MaxCostUSD: b.MaxCostUSD},
 		Remaining: TreeTotalsJSON{Tasks: r.Tasks, Steps: r.Steps, Tokens: r.Tokens, CostUSD: float64(r.CostMicro) / 1e6},
 	}
 	for _, n := range tr.Nodes {
