@@ -17,8 +17,10 @@ import (
 	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
+	"github.com/agentq/agentq/internal/testenv"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
+	"github.com/agentq/agentq/scheduler"
 )
 
 // parentAgent answers its first step with the spawns its input names ("spawn", and
@@ -414,4 +416,53 @@ func (f flakyTrees) Spawn(ctx context.Context, p tasks.SpawnParams) (agentqtype.
 		return agentqtype.SpawnRecord{}, errors.New("connection reset after the commit")
 	}
 	return rec, err
+}
+
+// A parent parked for its children through a loss of Redis's data: the recovery
+// sweep pushes every queued task again (the parent among them, out of its wait);
+// its delivery finds its children live and parks it again, without a step, and the
+// last child's end wakes it to read their outputs.
+func TestChildrenWaitSurvivesRedisLoss(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	var parentSteps atomic.Int32
+	parent := parentAgent(t)
+	r.agents.Register("parent", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		parentSteps.Add(1)
+		return parent(ctx, req)
+	}))
+	r.agents.Register("leaf", leafAgent())
+	root := r.submit("parent", spawnInput(t, runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":1}`)},
+		runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":2}`)}), nil)
+	r.process() // spawns both, parks
+	r.waitParked(root)
+
+	testenv.DeletePrefix(r.ctx, r.rdb, r.keys.Prefix())
+	queued, err := r.st.ListTasks(r.ctx, store.ListTasksParams{TenantID: tenant, State: agentqtype.TaskStateQueued, Limit: 10})
+	if err != nil || len(queued) != 3 {
+		t.Fatalf("%d tasks queued in Postgres (%v), want the parent and its 2 children", len(queued), err)
+	}
+	for _, q := range queued { // as the recovery sweep does
+		if err := r.sched.Enqueue(r.ctx, scheduler.EnqueueParams{TenantID: tenant, TaskID: q.ID, Priority: q.Priority, CreatedAt: q.CreatedAt, Weight: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.process() // the parent, first in its queue: its children are live, it parks again
+	if got := r.waitParked(root); parentSteps.Load() != 1 || got.Usage.Steps != 1 {
+		t.Fatalf("the parent ran %d steps (%d recorded) before its children ended, want 1", parentSteps.Load(), got.Usage.Steps)
+	}
+	r.process()
+	r.process() // the children; the last one's end wakes the parent
+	r.unparkNext()
+	r.process()
+	out := r.output(root)
+	if got := r.task(root); got.State != agentqtype.TaskStateCompleted || len(out.Children) != 2 {
+		t.Fatalf("the parent is %s with %d children read, want completed with 2", got.State, len(out.Children))
+	}
+	for i, c := range out.Children {
+		var v struct{ V int }
+		if err := json.Unmarshal(c.Output, &v); err != nil || v.V != 10*(i+1) || c.State != agentqtype.TaskStateCompleted {
+			t.Errorf("child %d: %s %s", i, c.State, c.Output)
+		}
+	}
 }

@@ -34,6 +34,8 @@ type JanitorConfig struct {
 	LateStarts LateStartsConfig
 	// Pauses: its Interval is its own (1 s), not Interval.
 	Pauses PauseWatcherConfig
+	// Trees: its Interval is its own (10 s), not Interval.
+	Trees TreeRepairConfig
 }
 
 // Janitor reconciles Redis with Postgres, the system of record, so that crashes and
@@ -56,6 +58,7 @@ type Janitor struct {
 	deadlines  *StartDeadlines
 	lateStarts *LateStarts
 	pauses     *PauseWatcher
+	trees      *TreeRepair
 }
 
 // NewJanitor builds the elector and the passes. Nothing runs until their Start.
@@ -93,6 +96,9 @@ func NewJanitor(d Deps, c JanitorConfig) *Janitor {
 		// Nor does the pause watcher: it moves paused tasks only, by conditional
 		// updates.
 		pauses: NewPauseWatcher(d, e, c.Pauses),
+		// Nor does the tree repair: it cancels tasks by conditional updates, as a
+		// tenant's cancel does.
+		trees: NewTreeRepair(d, e, c.Trees),
 	}
 	// One pass at a time: each pass reads Postgres and Redis and acts on what it read,
 	// and two passes acting on one task at once (the stale pass re-queueing it while
@@ -111,7 +117,7 @@ func (j *Janitor) Elector() *Elector { return j.elector }
 // first, so that stopped in reverse the passes end before the lock is given up.
 func (j *Janitor) Services() []startstop.Service {
 	return []startstop.Service{j.elector, j.stale, j.leases, j.running, j.repush, j.slots, j.recount, j.generation, j.rejections, j.webhooks,
-		j.deadlines, j.lateStarts, j.pauses}
+		j.deadlines, j.lateStarts, j.pauses, j.trees}
 }
 
 // Report says what one run of every drift pass found and fixed, per kind of drift,

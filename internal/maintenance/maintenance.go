@@ -103,6 +103,8 @@ type Lifecycle interface {
 	// Finish abandons a task whose attempts keep dying (FinishParams.Abandoned).
 	Finish(ctx context.Context, p tasks.FinishParams) (bool, error)
 	ExpireOverdue(ctx context.Context, limit int) ([]store.Task, error)
+	// CancelOrphans cancels live tasks whose parent has ended.
+	CancelOrphans(ctx context.Context, limit int) ([]store.Task, error)
 }
 
 // Scheduler is the part of the fair scheduler the passes use (*scheduler.Scheduler).

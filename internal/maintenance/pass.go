@@ -43,6 +43,7 @@ const (
 	passLateStarts = "late_starts"
 
 	passStartDeadlines = "start_deadlines"
+	passTrees          = "trees"
 
 	passWebhookRetention = "webhook_retention"
 )

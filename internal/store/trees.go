@@ -231,3 +231,23 @@ func (s *Store) UnscopedSpawned(ctx context.Context, id uuid.UUID) (json.RawMess
 	err := s.db.QueryRow(ctx, `SELECT spawned FROM tasks WHERE id = $1`, id).Scan(&b)
 	return b, err
 }
+
+// Orphan is a live task whose parent has ended: a parent's end cancels its live
+// children after its commit, and a process that died in between left this one.
+type Orphan struct {
+	ID, ParentID uuid.UUID
+	TenantID     string
+	ParentState  TaskState
+}
+
+// UnscopedOrphans lists up to limit live tasks whose parent has ended.
+func (s *Store) UnscopedOrphans(ctx context.Context, limit int) ([]Orphan, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT c.id, c.parent_id, c.tenant_id, p.state FROM tasks c JOIN tasks p ON p.id = c.parent_id
+		WHERE c.parent_id IS NOT NULL AND c.state IN `+liveStates+` AND p.state NOT IN `+liveStates+`
+		LIMIT $1`, limit)
+	return collect(rows, err, func(row pgx.Row) (Orphan, error) {
+		var o Orphan
+		return o, row.Scan(&o.ID, &o.ParentID, &o.TenantID, &o.ParentState)
+	})
+}

@@ -429,3 +429,24 @@ func (s *Service) Tree(ctx context.Context, tenantID string, sc Scope, id uuid.U
 		Tokens: max(b.MaxTokens-use.Tokens, 0), CostMicro: max(int64(math.Round(b.MaxCostUSD*1e6))-use.HeldCostMicro, 0)}
 	return out, nil
 }
+
+// CancelOrphans cancels up to limit live tasks whose parent has ended (killed,
+// parent_ended): the repair of a parent's end whose process died before it
+// cancelled its children. It returns the tasks it ended.
+func (l *Lifecycle) CancelOrphans(ctx context.Context, limit int) ([]store.Task, error) {
+	orphans, err := l.store.UnscopedOrphans(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	var ended []store.Task
+	for _, o := range orphans {
+		t, ok, err := l.Cancel(ctx, CancelParams{TenantID: o.TenantID, ID: o.ID, Reason: agentqtype.ParentEnded(o.ParentState)})
+		if err != nil {
+			return ended, err
+		}
+		if ok {
+			ended = append(ended, t)
+		}
+	}
+	return ended, nil
+}

@@ -1,0 +1,55 @@
+package maintenance
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/agentq/agentq/agentqtype"
+)
+
+// child makes id a child of parent, as a spawn does.
+func (f *fixture) child(parent, id uuid.UUID, index int) {
+	f.t.Helper()
+	f.exec(`UPDATE tasks SET parent_id = $2, root_id = $2, depth = 1, spawn_step = 1, spawn_index = $3 WHERE id = $1`, id, parent, index)
+	f.exec(`UPDATE tasks SET children = children + 1 WHERE id = $1`, parent)
+}
+
+// A parent that ended while its children were live, its process gone before it
+// cancelled them, leaves them running on: the repair cancels them (killed,
+// parent_ended) with a cancel's effects (off their queue, lease released), and
+// leaves the children of a live parent, and ended children, alone.
+func TestTreeRepairCancelsOrphans(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("m")
+	gone, live := f.submit("m"), f.submit("m")
+	orphan, done, kept := f.submit("m"), f.submit("m"), f.submit("m")
+	f.child(gone, orphan, 0)
+	f.child(gone, done, 1)
+	f.child(live, kept, 0)
+	f.exec(`UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = ANY($1)`, []uuid.UUID{gone, done})
+
+	p := NewTreeRepair(f.Deps, NewElector(f.Deps, ElectorConfig{}), TreeRepairConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil || res.Cancelled != 1 || !res.Stats.Done {
+		t.Fatalf("run: %+v %v", res, err)
+	}
+	var reason string
+	if err := f.Pool.QueryRow(f.ctx, `SELECT error FROM tasks WHERE id = $1`, orphan).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.state(orphan); st != string(agentqtype.TaskStateKilled) || !strings.HasPrefix(reason, "parent_ended") {
+		t.Fatalf("the orphan is %s: %q; want killed, parent_ended", st, reason)
+	}
+	if f.queued("m", orphan) || f.leased("m", orphan) {
+		t.Fatalf("the orphan is still queued %v, leased %v", f.queued("m", orphan), f.leased("m", orphan))
+	}
+	if st := f.state(kept); st != string(agentqtype.TaskStateQueued) || !f.queued("m", kept) {
+		t.Fatalf("the live parent's child is %s (queued in Redis %v)", st, f.queued("m", kept))
+	}
+	if res, err := p.runOnce(f.ctx); err != nil || res.Cancelled != 0 {
+		t.Fatalf("a second run: %+v %v", res, err)
+	}
+}
