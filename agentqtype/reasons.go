@@ -45,3 +45,9 @@ func AbandonedAfter(attempts int) string {
 func ParentEnded(parentState TaskState) string {
 	return fmt.Sprintf("parent_ended: the task that spawned it ended %s", parentState)
 }
+
+// LoopDetected is the reason of a task whose agent answered the same state and
+// output for steps steps in a row (failed).
+func LoopDetected(steps int) string {
+	return fmt.Sprintf("loop_detected: the agent answered the same state and output %d steps in a row", steps)
+}

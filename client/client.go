@@ -57,6 +57,11 @@ type Task struct {
 	// Degraded: the task is queued but the server's Redis did not tell where it
 	// stands in time, so WaitReason is nil.
 	Degraded bool `json:"degraded"`
+	// ParentID is the task whose step spawned this one (nil for a root); RootID the
+	// root of its tree (its own id for a root); Depth its distance from the root.
+	ParentID *string `json:"parent_id"`
+	RootID   string  `json:"root_id"`
+	Depth    int     `json:"depth"`
 }
 
 // WaitReason is why a queued task waits and where it stands.
@@ -83,6 +88,8 @@ type Budget struct {
 	MaxSteps      int     `json:"max_steps"`
 	MaxWallclockS float64 `json:"max_wallclock_s"`
 	MaxCostUSD    float64 `json:"max_cost_usd"`
+	// Tree is a root's tree budget, when it was submitted with one.
+	Tree *TreeBudget `json:"tree,omitempty"`
 }
 
 // PlanBudget is a plan's per-task budget: what a task gets for the fields it does not
@@ -125,6 +132,9 @@ type SubmitTaskRequest struct {
 	// 0, at most 7 days): one no worker started by then ends expired
 	// (StateExpired), charged nothing.
 	StartWithinS *float64 `json:"start_within_s,omitempty"`
+	// TreeBudget is the budget of the tree the task roots, should its steps spawn
+	// sub-agents; nil takes the plan's tree default.
+	TreeBudget *TreeBudget `json:"tree_budget,omitempty"`
 }
 
 // BudgetRequest is a requested task budget; nil fields take the plan's default.
@@ -139,6 +149,7 @@ type ListTasksParams struct {
 	State  string // one of the task states
 	Limit  int    // page size, 1 to 500; the server's default is 50
 	Cursor string // NextCursor of the previous page
+	RootID string // only the tasks of the tree rooted at this task, the root included
 }
 
 // Limit is a limit's value in a plan or a tenant's overrides: the limit itself (0
@@ -374,6 +385,9 @@ func (c *Client) ListTasks(ctx context.Context, p ListTasksParams) (*TaskList, e
 	}
 	if p.Cursor != "" {
 		q.Set("cursor", p.Cursor)
+	}
+	if p.RootID != "" {
+		q.Set("root_id", p.RootID)
 	}
 	var l TaskList
 	if err := c.t.do(ctx, http.MethodGet, "/v1/tasks", q, nil, nil, &l); err != nil {

@@ -169,6 +169,9 @@ type Plan struct {
 	Budget Budget           `yaml:"budget"`
 	// Tree is the plan's budget of a task tree (a root and what it spawns).
 	Tree TreeBudgets `yaml:"tree"`
+	// MaxRepeatSteps is how many steps in a row may answer the same state and
+	// output before the task ends failed, loop_detected (0: DefaultMaxRepeatSteps).
+	MaxRepeatSteps int `yaml:"max_repeat_steps"`
 	// SLA is what the plan commits to (nil: nothing); see Commitments.
 	SLA *SLA `yaml:"sla"`
 	// OnLimit is what a step that would go past its task's budget or its tenant's

@@ -124,3 +124,8 @@ func (t TreeBudgets) ResolveTree(req *TreeBudgetRequest) (b TreeBudget, field st
 	}
 	return b, "", nil
 }
+
+// DefaultMaxRepeatSteps is a plan's max_repeat_steps when it names none: how many
+// steps in a row may answer the same state and output before the task ends failed,
+// loop_detected.
+const DefaultMaxRepeatSteps = 10

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/agentq/agentq/agentqtype"
 )
 
 // SimInput configures the built-in sim agent.
@@ -15,6 +17,10 @@ type SimInput struct {
 	TokensPerStep  int64   `json:"tokens_per_step"`
 	CostUSDPerStep float64 `json:"cost_usd_per_step"`
 	FailAtStep     int     `json:"fail_at_step"` // 0 = never
+	// Spawn are children its first step spawns (a task tree), and WaitChildren has
+	// that step wait for them; its output then counts the children that completed.
+	Spawn        []Spawn `json:"spawn"`
+	WaitChildren bool    `json:"wait_children"`
 }
 
 // Sim is the built-in simulated agent: it sleeps step_ms per step, reports
@@ -45,6 +51,12 @@ func parseSimInput(raw json.RawMessage) (SimInput, error) {
 		return in, fmt.Errorf("sim input: tokens_per_step and cost_usd_per_step must not be negative")
 	case in.FailAtStep < 0:
 		return in, fmt.Errorf("sim input: fail_at_step must not be negative")
+	case len(in.Spawn) > 0 && in.Steps < 2:
+		return in, fmt.Errorf("sim input: spawn needs steps of at least 2 (a step that ends the task spawns nothing)")
+	case len(in.Spawn) > agentqtype.MaxSpawnsPerStep:
+		return in, fmt.Errorf("sim input: at most %d spawns", agentqtype.MaxSpawnsPerStep)
+	case in.WaitChildren && len(in.Spawn) == 0:
+		return in, fmt.Errorf("sim input: wait_children needs spawn")
 	}
 	return in, nil
 }
@@ -83,8 +95,24 @@ func (Sim) Step(ctx context.Context, req StepRequest) (StepResult, error) {
 		Done:  req.Step >= in.Steps,
 		Usage: StepUsage{Tokens: in.TokensPerStep, CostUSD: in.CostUSDPerStep},
 	}
+	if req.Step == 1 && len(in.Spawn) > 0 {
+		res.Spawn = in.Spawn
+		if in.WaitChildren {
+			res.Wait = WaitChildren
+		}
+	}
 	if res.Done {
-		res.Output, _ = json.Marshal(map[string]any{"steps": req.Step, "tokens": in.TokensPerStep * int64(req.Step)})
+		out := map[string]any{"steps": req.Step, "tokens": in.TokensPerStep * int64(req.Step)}
+		if len(in.Spawn) > 0 && in.WaitChildren {
+			done := 0
+			for _, c := range req.Children {
+				if c.State == agentqtype.TaskStateCompleted {
+					done++
+				}
+			}
+			out["children_completed"] = done
+		}
+		res.Output, _ = json.Marshal(out)
 	} else {
 		res.NextStepTokens = in.TokensPerStep // its steps are alike: the estimate is exact
 	}

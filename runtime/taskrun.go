@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,6 +85,11 @@ type taskRun struct {
 	// previous step's spawns, and, after a wait for them, the task's children.
 	spawned  []agentqtype.SpawnOutcome
 	children []agentqtype.ChildResult
+	// lastAnswer is the state and output of the delivery's previous step, same how
+	// many steps in a row have answered it (see repeats); maxRepeat the plan's bound.
+	lastAnswer [2]json.RawMessage
+	same       int
+	maxRepeat  int
 
 	// lost is set when a write found the task claimed by a later attempt (this worker
 	// stalled past its lease): the run then stops at once and touches nothing of the
@@ -261,6 +267,7 @@ func (r *taskRun) prepare() outcome {
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.policy = &p
+			r.maxRepeat = p.MaxRepeatSteps
 			r.res.quotas, planBudget, r.res.weight = p.Limits, &p.Budget, max(p.Weight, 1)
 			r.onLimit, r.ceiling, r.pauseTimeout = p.OnLimit, &p.Budget.Ceiling, p.PauseTimeout
 			if l, ok := p.Effective[quotas.PausedTasks]; ok && l >= 0 {
@@ -398,7 +405,7 @@ func (r *taskRun) steps() outcome {
 				return out
 			}
 		}
-		if r.overBudget(step) {
+		if r.overBudget(step) || r.overTreeBudget() {
 			return stopped
 		}
 		if out := r.reserve(); out != proceed {
@@ -805,6 +812,15 @@ func (r *taskRun) record(step int, res StepResult) outcome {
 	r.w.publish(r.ctx, ev)
 	if spawns {
 		r.task.Spawned, _ = json.Marshal(spawned) // the next step's: see takeSpawned
+		for _, s := range spawned.Spawned {
+			if s.ID != "" {
+				r.task.Children++
+			}
+		}
+	}
+	if r.repeats(res) {
+		r.finish(agentqtype.TaskStateFailed, agentqtype.LoopDetected(r.maxRepeat), nil, nil)
+		return stopped
 	}
 	return proceed
 }
@@ -1000,4 +1016,51 @@ func (r *taskRun) takeSpawned() outcome {
 		return stopped
 	}
 	return proceed
+}
+
+// overTreeBudget stops or pauses a root whose tree has nothing left for its next
+// step (its plan's on_limit, at tree_max_steps or tree_max_cost_usd): the root's own
+// steps draw on what its tree has not handed out to its children. A task that never
+// spawned, and a child (bounded by the budget it was handed), are not looked at.
+func (r *taskRun) overTreeBudget() bool {
+	if r.task.ParentID != nil || r.task.Children == 0 || r.policy == nil || r.w.opts.Trees == nil {
+		return false
+	}
+	var b quotas.TreeBudget
+	var left tasks.TreeRemaining
+	err := holdUntilRecorded(r.ctx, r.log, func(ctx context.Context) error {
+		var err error
+		b, left, err = r.w.opts.Trees.Left(ctx, r.task.ID, r.policy.Tree)
+		return err
+	})
+	switch {
+	case err != nil:
+		r.log.Warn("reading the task's tree budget failed; the step runs within its own budget", "err", err)
+	case left.Steps < 1:
+		r.atLimit(agentqtype.BudgetReached("tree max_steps", b.MaxSteps), quotas.Stop{LimitType: quotas.TreeMaxSteps,
+			Limit: int64(b.MaxSteps), Used: int64(b.MaxSteps) - left.Steps})
+		return true
+	case r.res.cost > left.CostMicro:
+		limit := int64(math.Round(b.MaxCostUSD * 1e6))
+		r.atLimit(agentqtype.BudgetReached("tree max_cost_usd", b.MaxCostUSD), quotas.Stop{LimitType: quotas.TreeMaxCostUSD,
+			Limit: limit, Used: limit - left.CostMicro})
+		return true
+	}
+	return false
+}
+
+// repeats reports whether the step just recorded is the plan's max_repeat_steps-th
+// in a row to answer the same state and output: an agent going round in circles.
+func (r *taskRun) repeats(res StepResult) bool {
+	answer := [2]json.RawMessage{res.State, res.Output}
+	if r.same > 0 && bytes.Equal(answer[0], r.lastAnswer[0]) && bytes.Equal(answer[1], r.lastAnswer[1]) {
+		r.same++
+	} else {
+		r.same, r.lastAnswer = 1, answer
+	}
+	limit := r.maxRepeat
+	if limit <= 0 {
+		limit = quotas.DefaultMaxRepeatSteps
+	}
+	return r.same >= limit
 }

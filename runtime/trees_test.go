@@ -287,6 +287,25 @@ func TestConcurrentSpawnsShareTheTreeBudget(t *testing.T) {
 	if tree.Totals.CostMicroUSD > 100_000 {
 		t.Fatalf("the $0.10 tree spent %d µ$", tree.Totals.CostMicroUSD)
 	}
+	// The refusals are one usage.limit_hit, naming the tree.
+	var n int
+	var data struct {
+		LimitType  string `json:"limit_type"`
+		RootID     string `json:"root_id"`
+		LimitValue string `json:"limit_value"`
+	}
+	var payload []byte
+	err = r.st.Pool().QueryRow(r.ctx, `SELECT count(*) OVER (), payload FROM events WHERE tenant_id = $1 AND type = 'usage.limit_hit'`,
+		tenant).Scan(&n, &payload)
+	if err == nil {
+		var ev struct{ Data json.RawMessage }
+		if err = json.Unmarshal(payload, &ev); err == nil {
+			err = json.Unmarshal(ev.Data, &data)
+		}
+	}
+	if err != nil || n != 1 || data.LimitType != quotas.TreeMaxCostUSD || data.RootID != root.String() || data.LimitValue != "0.100000" {
+		t.Fatalf("%d limit_hit events (%v), the first %+v; want one, %s of tree %s at 0.100000", n, err, data, quotas.TreeMaxCostUSD, root)
+	}
 }
 
 // Cancelling a root ends its whole tree at once: a child paused at its budget, a
@@ -464,5 +483,77 @@ func TestChildrenWaitSurvivesRedisLoss(t *testing.T) {
 		if err := json.Unmarshal(c.Output, &v); err != nil || v.V != 10*(i+1) || c.State != agentqtype.TaskStateCompleted {
 			t.Errorf("child %d: %s %s", i, c.State, c.Output)
 		}
+	}
+}
+
+// A root's own steps draw on what its tree has not handed out: once its children
+// hold the rest, the root's next step takes its plan's on_limit (pro: pause) at
+// tree_max_cost_usd, and the tree never spends past its budget.
+func TestRootStepPastItsTreeBudget(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	cent := 0.01
+	r.agents.Register("leaf", leafAgent())
+	r.agents.Register("spender", stepFunc(func(_ context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		res := runtime.StepResult{State: json.RawMessage(fmt.Sprintf(`{"n":%d}`, req.Step)), Usage: runtime.StepUsage{CostUSD: 0.01},
+			Done: req.Step == 5}
+		if req.Step == 1 {
+			res.Spawn = []runtime.Spawn{{Agent: "leaf", Input: json.RawMessage(`{"cost_usd":0.01}`), Budget: &runtime.SpawnBudget{MaxCostUSD: &cent}}}
+		}
+		return res, nil
+	}))
+	r.start()
+	three := 0.03
+	res, err := r.svc.Submit(r.ctx, tasks.SubmitParams{TenantID: tenant, Kid: "k", Agent: "spender", Input: json.RawMessage(`{}`),
+		TreeBudget: &quotas.TreeBudgetRequest{MaxCostUSD: &three}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := r.waitState(res.Task.ID, agentqtype.TaskStatePaused)
+	if got.Usage.Steps != 2 || got.Pause.Reason == nil || *got.Pause.Reason != quotas.TreeMaxCostUSD {
+		t.Fatalf("the root paused after %d steps at %v, want 2 steps, %s", got.Usage.Steps, deref(got.Pause.Reason), quotas.TreeMaxCostUSD)
+	}
+	kid := r.waitChildren(res.Task.ID, 1)[0]
+	r.waitState(kid, agentqtype.TaskStateCompleted)
+	tree, err := r.svc.Tree(r.ctx, tenant, tasks.Scope{}, res.Task.ID)
+	if err != nil || tree.Totals.CostMicroUSD != 30_000 || tree.Remaining.CostMicro != 0 {
+		t.Fatalf("the $0.03 tree spent %d µ$, %d left (%v)", tree.Totals.CostMicroUSD, tree.Remaining.CostMicro, err)
+	}
+}
+
+// An agent answering the same state and output step after step is going round in
+// circles: at the plan's max_repeat_steps (10) in a row its task ends failed,
+// loop_detected, whatever its budget still allows.
+func TestRepeatedAnswersEndTheTask(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.agents.Register("circle", stepFunc(func(context.Context, runtime.StepRequest) (runtime.StepResult, error) {
+		return runtime.StepResult{State: json.RawMessage(`{"plan":"same"}`)}, nil
+	}))
+	r.start()
+	id := r.submit("circle", `{}`, nil)
+	got := r.waitState(id, agentqtype.TaskStateFailed)
+	if got.Usage.Steps != quotas.DefaultMaxRepeatSteps || !strings.HasPrefix(deref(got.Error), "loop_detected") {
+		t.Fatalf("failed after %d steps: %s; want %d steps, loop_detected", got.Usage.Steps, deref(got.Error), quotas.DefaultMaxRepeatSteps)
+	}
+	r.wantReleased(id)
+}
+
+// The built-in sim agent spawns the children its input names and, asked to, waits
+// for them and counts those that completed.
+func TestSimSpawnsAndWaits(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.start()
+	id := r.submit("sim", `{"steps":2,"wait_children":true,"spawn":[{"agent":"sim"},{"agent":"sim","input":{"fail_at_step":1}}]}`, nil)
+	got := r.waitState(id, agentqtype.TaskStateCompleted)
+	var out struct {
+		Done int `json:"children_completed"`
+	}
+	if err := json.Unmarshal(got.Output, &out); err != nil || out.Done != 1 || got.Children != 2 {
+		t.Fatalf("sim's output %s with %d children, want children_completed 1 of 2", got.Output, got.Children)
+	}
+	if err := r.agents.ValidateTask(r.ctx, "sim", json.RawMessage(`{"spawn":[{"agent":"sim"}]}`)); err == nil {
+		t.Fatal("sim took a spawn on a one-step task")
 	}
 }

@@ -60,6 +60,8 @@ type Trees interface {
 	Spawn(ctx context.Context, p tasks.SpawnParams) (agentqtype.SpawnRecord, error)
 	Children(ctx context.Context, parent uuid.UUID) (live int, children []agentqtype.ChildResult, err error)
 	WakeIfDone(ctx context.Context, parent uuid.UUID)
+	// Left is what a root's tree has not handed out: what the root's steps may use.
+	Left(ctx context.Context, root uuid.UUID, plan quotas.TreeBudgets) (quotas.TreeBudget, tasks.TreeRemaining, error)
 }
 
 // TenantReader reads a task's tenant, for its limits (*store.Store).

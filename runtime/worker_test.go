@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/billing/outbox"
 	"github.com/agentq/agentq/internal/baseservice"
 	"github.com/agentq/agentq/internal/rkeys"
 	"github.com/agentq/agentq/internal/store"
@@ -112,7 +113,7 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: limits{admission.New(rdb, keys, nil), capacity.NewPools(rdb, keys, nil)},
 		agents: runtime.NewRegistry(), log: &logBuffer{}}
 	// Every end's effects, as the App's lifecycle has them.
-	r.trees = tasks.NewTrees(tasks.TreesDeps{Store: st, Queue: r.sched, Agents: r.agents})
+	r.trees = tasks.NewTrees(tasks.TreesDeps{Store: st, Queue: r.sched, Agents: r.agents, Events: outbox.Events{}})
 	lcOpts.Subscribers = append(slices.Clip(lcOpts.Subscribers), tasks.NewEnds(tasks.EndsDeps{
 		Leases: r.q.Store, Queue: r.sched, Pools: r.q.Pools, Redis: rdb, Keys: keys}), r.trees)
 	r.lc = tasks.NewLifecycle(st, lcOpts)

@@ -26,7 +26,44 @@ func (e Events) BudgetStop(ctx context.Context, tx *store.Store, t store.Task, s
 	if t.FinishedAt != nil {
 		at = *t.FinishedAt
 	}
-	ev, err := e.LimitHit(budgetRefusal(t, tenant, at, stop))
+	r := budgetRefusal(t, tenant, at, stop)
+	var ev Event
+	if root := rootOf(t); root == "" {
+		ev, err = e.LimitHit(r)
+	} else {
+		var d LimitData
+		var key string
+		if d, key, err = refusalData(r); err == nil {
+			d.TaskID, d.RootID = t.ID.String(), root
+			ev, err = e.build(TypeLimitHit, key, at, d)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	_, err = WriteEvent(ctx, tx, ev)
+	return err
+}
+
+// TreeRefusal writes, on tx, the usage.limit_hit of a spawn that parent's tree
+// refused at the limit stop names (a tree budget's, quotas.TreeMax*): one per tree
+// and limit, whatever the spawns refused after it. tx is the transaction of the
+// spawning step's record. Nothing is paused or stopped: the refusal is reported to
+// the parent, and this event tells finance and the tenant.
+func (e Events) TreeRefusal(ctx context.Context, tx *store.Store, parent store.Task, stop quotas.Stop) error {
+	tenant, err := tx.GetTenant(ctx, parent.TenantID)
+	if err != nil {
+		return fmt.Errorf("billing: the tenant of a limit_hit: %w", err)
+	}
+	at := time.Now()
+	r := Refusal{TenantID: parent.TenantID, Plan: tenant.Plan, LimitType: stop.LimitType, Limit: stop.Limit, Used: stop.Used, At: at}
+	d, _, err := refusalData(r)
+	if err != nil {
+		return err
+	}
+	d.Window = nil
+	d.TaskID, d.RootID = parent.ID.String(), parent.Root().String()
+	ev, err := e.build(TypeLimitHit, TreeKey(parent.TenantID, parent.Root(), stop.LimitType), at, d)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/google/uuid"
 
+	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -111,6 +112,20 @@ func IsPeriodQuota(limitType string) bool {
 // "tenant|limit_type|period start|threshold". One event per threshold per period.
 func PeriodKey(tenant, limitType string, periodStart time.Time, threshold int) string {
 	return strings.Join([]string{tenant, limitType, periodStart.UTC().Format(time.RFC3339), strconv.Itoa(threshold)}, "|")
+}
+
+// TreeKey is the dedupe key of a tree's refusals by limitType: one event per tree
+// and limit.
+func TreeKey(tenant string, root uuid.UUID, limitType string) string {
+	return strings.Join([]string{tenant, "tree", root.String(), limitType}, "|")
+}
+
+// rootOf is the root_id events show for t: its tree's root, "" outside a tree.
+func rootOf(t store.Task) string {
+	if t.ParentID == nil && t.Children == 0 {
+		return ""
+	}
+	return t.Root().String()
 }
 
 // WindowStart is the start of the DedupeWindow holding at.
@@ -232,7 +247,10 @@ type LimitData struct {
 	// TaskID is the task a pause stopped (a pause's event only), and ApprovalURL the
 	// signed link through which a person sees its usage and approves a raise that
 	// resumes it, valid until ApprovalExpires (when its pause times out).
-	TaskID            string         `json:"task_id,omitempty"`
+	TaskID string `json:"task_id,omitempty"`
+	// RootID is the root of the task tree the task belongs to (a task that spawned,
+	// or one spawned): every tree's events can be told apart. Absent outside a tree.
+	RootID            string         `json:"root_id,omitempty"`
 	ApprovalURL       string         `json:"approval_url,omitempty"`
 	ApprovalExpires   *time.Time     `json:"approval_expires_at,omitempty"`
 	SLAClassification Classification `json:"sla_classification"`
@@ -362,7 +380,7 @@ func refusalData(r Refusal) (LimitData, string, error) {
 }
 
 func amount(limitType string, n int64) Amount {
-	return Amount{N: n, USD: limitType == quotas.USDMonthly || limitType == LimitTaskMaxCostUSD}
+	return Amount{N: n, USD: limitType == quotas.USDMonthly || limitType == LimitTaskMaxCostUSD || limitType == quotas.TreeMaxCostUSD}
 }
 
 // build makes the CloudEvent with the CloudEvents SDK and writes its structured JSON.

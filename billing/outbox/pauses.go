@@ -47,7 +47,7 @@ func (p Pauses) Paused(ctx context.Context, tx *store.Store, t store.Task, stop 
 	if err != nil {
 		return err
 	}
-	d.TaskID = t.ID.String()
+	d.TaskID, d.RootID = t.ID.String(), rootOf(t)
 	if p.Link != nil {
 		timeout := quotas.DefaultPauseTimeout
 		if p.Timeout != nil {

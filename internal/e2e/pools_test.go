@@ -20,6 +20,15 @@ func TestPoolSharedByTwoReplicas(t *testing.T) {
 	// The pool's series: its rates and last minute's use, the waiting tenants'
 	// entitlements, and the tokens each tenant drew (from this process's workers).
 	fams := a.scrape()
+	// A tenant's entitlement shows while it is in the pool's line, which it leaves
+	// for moments between a grant and its next ask: scraped again until it shows
+	// (the flood keeps both tenants waiting for a minute).
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if v, ok := sample(fams, "agentq_pool_entitlement_ratio", map[string]string{"pool": "shared", "tenant_id": "wb"}); ok && v > 0 {
+			break
+		}
+		fams = a.scrape()
+	}
 	for _, c := range []struct {
 		name   string
 		labels map[string]string

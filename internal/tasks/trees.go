@@ -57,7 +57,15 @@ type TreesDeps struct {
 	Queue TreeQueue
 	// Agents judges a spawn's agent and input, as a submission's.
 	Agents Agents
+	// Events writes, in the spawning step's transaction, the usage.limit_hit of a
+	// spawn a tree's limit refused (outbox.Events); nil writes none.
+	Events TreeEvents
 	Log    *slog.Logger
+}
+
+// TreeEvents writes the event of a spawn refused by its tree's budget, on tx.
+type TreeEvents interface {
+	TreeRefusal(ctx context.Context, tx *store.Store, parent store.Task, stop quotas.Stop) error
 }
 
 // Trees makes the children a step spawns and follows a tree's tasks as they end:
@@ -260,15 +268,23 @@ func (tr *Trees) makeChildren(cs *changes, p SpawnParams, judged []*agentqtype.S
 	}
 	tb := StoredTreeBudget(p.Tree, use.RootBudget)
 	var kids []store.InsertChildParams
+	hit := map[string]bool{}
 	for i, s := range p.Spawns {
 		out := agentqtype.SpawnOutcome{Index: i, Refused: judged[i]}
 		if out.Refused == nil {
 			var child store.InsertChildParams
-			child, out.Refused = admitChild(p, s, tb, &use, lineage)
-			if out.Refused == nil {
+			var stop *quotas.Stop
+			child, out.Refused, stop = admitChild(p, s, tb, &use, lineage)
+			switch {
+			case out.Refused == nil:
 				child.SpawnIndex = i
 				kids = append(kids, child)
 				out.ID = child.ID.String()
+			case stop != nil && !hit[stop.LimitType] && tr.d.Events != nil:
+				hit[stop.LimitType] = true
+				if err := tr.d.Events.TreeRefusal(cs.ctx, cs.tx, p.Parent, *stop); err != nil {
+					return nil, err
+				}
 			}
 		}
 		rec.Spawned = append(rec.Spawned, out)
@@ -286,11 +302,12 @@ func (tr *Trees) makeChildren(cs *changes, p SpawnParams, judged []*agentqtype.S
 }
 
 // admitChild judges one spawn against the tree and, admitted, carves the child's
-// budget out of what the tree has left (use, updated).
+// budget out of what the tree has left (use, updated). A refusal by one of the
+// tree budget's limits comes with that limit's value and use (stop).
 func admitChild(p SpawnParams, s SpawnRequest, tb quotas.TreeBudget, use *store.TreeUse, lineage []store.AgentInput) (
-	store.InsertChildParams, *agentqtype.SpawnRefusal) {
-	refuse := func(limit, format string, args ...any) (store.InsertChildParams, *agentqtype.SpawnRefusal) {
-		return store.InsertChildParams{}, &agentqtype.SpawnRefusal{LimitType: limit, Message: fmt.Sprintf(format, args...)}
+	_ store.InsertChildParams, _ *agentqtype.SpawnRefusal, stop *quotas.Stop) {
+	refuse := func(limit, format string, args ...any) (store.InsertChildParams, *agentqtype.SpawnRefusal, *quotas.Stop) {
+		return store.InsertChildParams{}, &agentqtype.SpawnRefusal{LimitType: limit, Message: fmt.Sprintf(format, args...)}, stop
 	}
 	input := s.Input
 	if len(bytes.TrimSpace(input)) == 0 {
@@ -305,10 +322,13 @@ func admitChild(p SpawnParams, s SpawnRequest, tb quotas.TreeBudget, use *store.
 	depth := p.Parent.Depth + 1
 	switch {
 	case depth > tb.MaxDepth:
+		stop = &quotas.Stop{LimitType: quotas.TreeMaxDepth, Limit: int64(tb.MaxDepth), Used: int64(depth)}
 		return refuse(quotas.TreeMaxDepth, "the child would be at depth %d; the tree's max_depth is %d", depth, tb.MaxDepth)
 	case use.Tasks+1 > tb.MaxTasks:
+		stop = &quotas.Stop{LimitType: quotas.TreeMaxTasks, Limit: int64(tb.MaxTasks), Used: int64(use.Tasks)}
 		return refuse(quotas.TreeMaxTasks, "the tree holds %d tasks; its max_tasks is %d", use.Tasks, tb.MaxTasks)
 	case use.Tokens >= tb.MaxTokens:
+		stop = &quotas.Stop{LimitType: quotas.TreeMaxTokens, Limit: tb.MaxTokens, Used: use.Tokens}
 		return refuse(quotas.TreeMaxTokens, "the tree used %d tokens; its max_tokens is %d", use.Tokens, tb.MaxTokens)
 	}
 	b, err := ResolveBudget(p.Budget, s.Budget)
@@ -319,8 +339,10 @@ func admitChild(p SpawnParams, s SpawnRequest, tb quotas.TreeBudget, use *store.
 	leftCost := int64(math.Round(tb.MaxCostUSD*1e6)) - use.HeldCostMicro
 	switch {
 	case leftSteps < 1:
+		stop = &quotas.Stop{LimitType: quotas.TreeMaxSteps, Limit: int64(tb.MaxSteps), Used: use.HeldSteps}
 		return refuse(quotas.TreeMaxSteps, "the tree has no steps left of its max_steps %d", tb.MaxSteps)
 	case leftCost < 1:
+		stop = &quotas.Stop{LimitType: quotas.TreeMaxCostUSD, Limit: int64(math.Round(tb.MaxCostUSD * 1e6)), Used: use.HeldCostMicro}
 		return refuse(quotas.TreeMaxCostUSD, "the tree has nothing left of its max_cost_usd %v", tb.MaxCostUSD)
 	}
 	b.MaxSteps = int(min(int64(b.MaxSteps), leftSteps))
@@ -339,7 +361,7 @@ func admitChild(p SpawnParams, s SpawnRequest, tb quotas.TreeBudget, use *store.
 			User: p.Parent.User, Input: input, Budget: budget, Priority: p.Parent.Priority,
 			RequestHash: requestHash(s.Agent, canon, p.Parent.User, budget, p.Parent.Priority, 0)},
 		ParentID: p.Parent.ID, RootID: p.Parent.Root(), Depth: depth, SpawnStep: p.Step.Step,
-	}, nil
+	}, nil, nil
 }
 
 // storedBudget is the part of a stored budget trees read: the root's tree budget.
@@ -424,9 +446,7 @@ func (s *Service) Tree(ctx context.Context, tenantID string, sc Scope, id uuid.U
 		out.Totals.Tokens += n.Usage.Tokens
 		out.Totals.CostMicroUSD += n.Usage.CostMicroUSD
 	}
-	b := out.Budget
-	out.Remaining = TreeRemaining{Tasks: max(b.MaxTasks-use.Tasks, 0), Steps: max(int64(b.MaxSteps)-use.HeldSteps, 0),
-		Tokens: max(b.MaxTokens-use.Tokens, 0), CostMicro: max(int64(math.Round(b.MaxCostUSD*1e6))-use.HeldCostMicro, 0)}
+	out.Remaining = remaining(out.Budget, use)
 	return out, nil
 }
 
@@ -449,4 +469,22 @@ func (l *Lifecycle) CancelOrphans(ctx context.Context, limit int) ([]store.Task,
 		}
 	}
 	return ended, nil
+}
+
+// Left is what the tree rooted at root has not handed out, under its budget (the
+// one it was submitted with, else plan's default): what a step of the root may
+// still spend.
+func (tr *Trees) Left(ctx context.Context, root uuid.UUID, plan quotas.TreeBudgets) (quotas.TreeBudget, TreeRemaining, error) {
+	use, err := tr.d.Store.UnscopedTreeUse(ctx, root)
+	if err != nil {
+		return quotas.TreeBudget{}, TreeRemaining{}, err
+	}
+	b := StoredTreeBudget(plan, use.RootBudget)
+	return b, remaining(b, use), nil
+}
+
+// remaining is what a tree of budget b holding use has not handed out.
+func remaining(b quotas.TreeBudget, use store.TreeUse) TreeRemaining {
+	return TreeRemaining{Tasks: max(b.MaxTasks-use.Tasks, 0), Steps: max(int64(b.MaxSteps)-use.HeldSteps, 0),
+		Tokens: max(b.MaxTokens-use.Tokens, 0), CostMicro: max(int64(math.Round(b.MaxCostUSD*1e6))-use.HeldCostMicro, 0)}
 }

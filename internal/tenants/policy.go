@@ -32,6 +32,9 @@ type Policy struct {
 	// Tree is the plan's budget of a task tree: the default a root gets, the
 	// ceiling it may ask for.
 	Tree quotas.TreeBudgets
+	// MaxRepeatSteps bounds the steps in a row that may answer the same state and
+	// output (0: quotas.DefaultMaxRepeatSteps).
+	MaxRepeatSteps int
 	// OnLimit is the plan's answer to a step that would go past a budget or a period
 	// quota (stop or pause), and PauseTimeout how long a paused task waits.
 	OnLimit      quotas.OnLimits
@@ -58,13 +61,14 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 		return Policy{Weight: w, SLA: quotas.NoSLA}, err
 	}
 	return Policy{
-		Weight:     w,
-		Effective:  eff,
-		Limits:     quotas.LimitsOf(eff),
-		RunningCap: quotas.RunningCap(eff),
-		Budget:     p.Budget,
-		Tree:       p.Tree,
-		OnLimit:    p.OnLimit,
+		Weight:         w,
+		Effective:      eff,
+		Limits:         quotas.LimitsOf(eff),
+		RunningCap:     quotas.RunningCap(eff),
+		Budget:         p.Budget,
+		Tree:           p.Tree,
+		MaxRepeatSteps: p.MaxRepeatSteps,
+		OnLimit:        p.OnLimit,
 		// PauseTimeout is the plan's, or the default when the plan is missing.
 		PauseTimeout: p.PauseTimeout(),
 		SLA:          plans.SLAOf(t.Plan, t.Overrides),
