@@ -17,8 +17,11 @@ ALTER TABLE tasks
     ADD COLUMN spawned     jsonb;
 CREATE UNIQUE INDEX tasks_spawn_idx ON tasks (parent_id, spawn_step, spawn_index) WHERE parent_id IS NOT NULL;
 CREATE INDEX tasks_root_idx ON tasks (root_id, id) WHERE root_id IS NOT NULL;
+-- The live trees the operator view lists: only a spawned task still live has an entry.
+CREATE INDEX tasks_live_tree_idx ON tasks (root_id) WHERE root_id IS NOT NULL AND state IN ('queued', 'running', 'paused');
 
 -- +goose Down
+DROP INDEX IF EXISTS tasks_live_tree_idx;
 DROP INDEX IF EXISTS tasks_root_idx;
 DROP INDEX IF EXISTS tasks_spawn_idx;
 ALTER TABLE tasks DROP COLUMN spawned, DROP COLUMN spawn_index, DROP COLUMN spawn_step, DROP COLUMN children,

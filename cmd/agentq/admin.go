@@ -163,7 +163,7 @@ func newAdminCmd(open adminOpener) *cobra.Command {
 	cmd.AddCommand(panelLinksRevokeCommand(withEnv), eventsCommand(withEnv), usageExportCommand(withEnv))
 	cmd.AddCommand(webhookCommands(withEnv, printJSON)...)
 	cmd.AddCommand(tenantWebhookCommands(withEnv, printJSON)...)
-	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv), taskResumeCommand(withEnv), auditCommands(withEnv))
+	cmd.AddCommand(poolCommands(withEnv), agentCommands(withEnv), taskResumeCommand(withEnv), taskTreeCommand(withEnv), auditCommands(withEnv))
 	cmd.AddCommand(credentialCommands(withEnv))
 	return cmd
 }

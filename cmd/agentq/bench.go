@@ -116,7 +116,7 @@ func benchCmd() *cobra.Command {
 	e2e.Flags().IntVar(&e2eTenants, "tenants", 4, "tenants the load is spread over")
 	e2e.Flags().StringVar(&e2eProfile, "profile", "", "write a Go CPU profile of the run (the agentq process is this one) to this file")
 
-	cmd.AddCommand(webhooksBenchCmd(&asJSON), tokensBenchCmd(&asJSON))
+	cmd.AddCommand(webhooksBenchCmd(&asJSON), tokensBenchCmd(&asJSON), treesBenchCmd(&asJSON))
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print one JSON object on stdout")
 	cmd.AddCommand(admission, fairness, e2e)
 	return cmd
@@ -257,4 +257,44 @@ func benchRedis(cmd *cobra.Command) (config.Config, redis.UniversalClient, error
 	}
 	rdb, err := redisx.Open(cmd.Context(), cfg.RedisURL, cfg.RedisClusterAddrs)
 	return cfg, rdb, err
+}
+
+// treesBenchCmd is `agentq bench trees`: a three-level tree's cost per child against
+// plain submissions, and the other tenants' share beside it.
+func treesBenchCmd(asJSON *bool) *cobra.Command {
+	var o bench.TreesOptions
+	var profile string
+	cmd := &cobra.Command{
+		Use:   "trees",
+		Short: "A 3-level task tree's machine time per child against plain submissions, and a flood's share beside it (DATABASE_URL and REDIS_URL)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.FromEnv()
+			if err != nil {
+				return err
+			}
+			o.DatabaseURL, o.RedisURL, o.Progress = cfg.DatabaseURL, cfg.RedisURL, os.Stderr
+			if profile != "" {
+				stop, err := startCPUProfile(profile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
+			res, err := bench.RunTrees(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return printBench(*asJSON, res, fmt.Sprintf(
+				"a tree of %d tasks (%d leaves): %.3f ms of machine a task against %.3f for plain submissions (%.2fx); "+
+					"the flood's share beside it %.3f, beside plain tasks %.3f (change %.3f)",
+				res.Tasks, res.Leaves, res.TreeMsPerTask, res.PlainMsPerTask, res.OverheadPerChild,
+				res.FloodShareBesideTree, res.FloodShareBesidePlain, res.ShareChange))
+		},
+	}
+	cmd.Flags().IntVar(&o.Mids, "mids", 20, "children of the root")
+	cmd.Flags().IntVar(&o.Leaves, "leaves", 50, "leaves of each child (at most 50: a step's spawns)")
+	cmd.Flags().IntVar(&o.StepMs, "step-ms", 2, "each task's step")
+	cmd.Flags().IntVar(&o.Workers, "workers", 20, "worker concurrency")
+	cmd.Flags().StringVar(&profile, "profile", "", "write a Go CPU profile of the run (the agentq process is this one) to this file")
+	return cmd
 }

@@ -59,3 +59,33 @@ func taskResumeCommand(withEnv adminEnvRunner) *cobra.Command {
 	cmd.Flags().Float64Var(&cost, "max-cost-usd", 0, "raise the task's max_cost_usd (at most the plan's ceiling)")
 	return cmd
 }
+
+// taskTreeCommand is task-tree: the whole tree a task belongs to, as GET
+// /v1/tasks/{id}/tree shows it to its tenant (every node: no key's scopes apply).
+func taskTreeCommand(withEnv adminEnvRunner) *cobra.Command {
+	var tenant string
+	cmd := &cobra.Command{
+		Use:   "task-tree TASK",
+		Short: "Show the tree a task belongs to: its tasks, their totals, the tree budget and what is left",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := uuid.Parse(args[0])
+			if err != nil {
+				return errors.New("TASK must be a task id (a UUID)")
+			}
+			return withEnv(cmd.Context(), true, func(env adminEnv) error {
+				if env.tasks == nil {
+					return errors.New("reading a task tree needs Redis (REDIS_URL) as the tasks service does")
+				}
+				tr, err := env.tasks.Tree(cmd.Context(), tenant, tasks.Scope{}, id)
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd, api.NewTreeJSON(tr))
+			})
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "the task's tenant (required)")
+	_ = cmd.MarkFlagRequired("tenant")
+	return cmd
+}

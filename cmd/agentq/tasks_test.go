@@ -57,3 +57,45 @@ func TestCLIResumesAPausedTask(t *testing.T) {
 		t.Fatalf("stored: %+v %v", t2, err)
 	}
 }
+
+// agentq admin task-tree prints a task's whole tree, from the task or any of its
+// descendants, as the API shows it.
+func TestCLIPrintsATaskTree(t *testing.T) {
+	ctx := context.Background()
+	h := newAdminHarness(t)
+	if _, err := h.cli("tenant-create", "--id", "cli-tree", "--plan", "pro"); err != nil {
+		t.Fatal(err)
+	}
+	root, kid := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	for _, id := range []uuid.UUID{root, kid} {
+		if _, _, err := h.store.InsertTask(ctx, store.InsertTaskParams{ID: id, TenantID: "cli-tree", Kid: "k", Agent: "sim",
+			Input: json.RawMessage(`{}`), Budget: json.RawMessage(`{"max_steps":2,"max_wallclock_s":60,"max_cost_usd":1}`), RequestHash: []byte{1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.store.Pool().Exec(ctx, `UPDATE tasks SET parent_id = $2, root_id = $2, depth = 1, spawn_step = 1, spawn_index = 0 WHERE id = $1`,
+		kid, root); err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.cli("task-tree", kid.String(), "--tenant", "cli-tree")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		RootID string `json:"root_id"`
+		Nodes  []struct {
+			ID    string `json:"id"`
+			Depth int    `json:"depth"`
+		} `json:"nodes"`
+		Remaining struct {
+			Tasks int `json:"tasks"`
+		} `json:"remaining"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || got.RootID != root.String() || len(got.Nodes) != 2 ||
+		got.Nodes[1].ID != kid.String() || got.Nodes[1].Depth != 1 || got.Remaining.Tasks != 48 {
+		t.Fatalf("task-tree: %s (%v)", out, err)
+	}
+	if _, err := h.cli("task-tree", kid.String(), "--tenant", "someone-else"); err == nil {
+		t.Fatal("task-tree of another tenant's task answered")
+	}
+}

@@ -146,6 +146,13 @@ type benchApp struct {
 
 // startBenchApp starts a benchApp with workers worker slots.
 func startBenchApp(ctx context.Context, databaseURL string, rdb redis.UniversalClient, workers int, redisTimeout time.Duration) (*benchApp, error) {
+	return startBenchAppWith(ctx, databaseURL, rdb, workers, redisTimeout, "")
+}
+
+// startBenchAppWith is startBenchApp with the plan catalogue of plansFile ("": the
+// built-in one).
+func startBenchAppWith(ctx context.Context, databaseURL string, rdb redis.UniversalClient, workers int, redisTimeout time.Duration,
+	plansFile string) (*benchApp, error) {
 	id := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	schema := "bench_e2e_" + id
 	admin, err := pg.Connect(ctx, databaseURL, "")
@@ -180,6 +187,7 @@ func startBenchApp(ctx context.Context, databaseURL string, rdb redis.UniversalC
 	cfg.RedisPrefix = "benche2e" + id + ":"
 	cfg.WorkerConcurrency = workers
 	cfg.ShutdownTimeout = 5 * time.Second
+	cfg.PlansFile = plansFile
 	if redisTimeout > 0 {
 		cfg.RedisTimeout = redisTimeout
 	}

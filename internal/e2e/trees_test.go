@@ -50,6 +50,18 @@ func (treePlanner) Step(_ context.Context, req runtime.StepRequest) (runtime.Ste
 	return runtime.StepResult{Done: true, Output: out, Usage: runtime.StepUsage{Tokens: 1}}, err
 }
 
+// treeHold blocks its one step until hold closes.
+type treeHold struct{ hold chan struct{} }
+
+func (h treeHold) Step(ctx context.Context, _ runtime.StepRequest) (runtime.StepResult, error) {
+	select {
+	case <-h.hold:
+		return runtime.StepResult{Done: true, Output: json.RawMessage(`{"w":"h"}`)}, nil
+	case <-ctx.Done():
+		return runtime.StepResult{}, ctx.Err()
+	}
+}
+
 type treeLeaf struct{}
 
 func (treeLeaf) Step(_ context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
@@ -65,8 +77,10 @@ func TestTaskTreeOverTheAPI(t *testing.T) {
 	agents := runtime.NewRegistry()
 	agents.Register("tree-planner", treePlanner{})
 	agents.Register("tree-leaf", treeLeaf{})
+	hold := treeHold{hold: make(chan struct{})}
+	agents.Register("tree-hold", hold)
 	h := start(t, func(o *agentq.Options) { o.Agents = agents })
-	key := h.tenantWith("trees", "pro", nil, map[string]any{"agents": []string{"tree-planner", "tree-leaf"}})
+	key := h.tenantWith("trees", "pro", nil, map[string]any{"agents": []string{"tree-planner", "tree-leaf", "tree-hold"}})
 	c := client.New(h.base, key)
 	ctx := context.Background()
 	root, err := c.SubmitTask(ctx, client.SubmitTaskRequest{Agent: "tree-planner",
@@ -110,6 +124,38 @@ func TestTaskTreeOverTheAPI(t *testing.T) {
 			t.Errorf("the tree of child %s: %+v (%v)", tk.ID, sub, err)
 		}
 	}
+	// A live tree: the usage report shows its root's totals, the operator view lists it.
+	live, err := c.SubmitTask(ctx, client.SubmitTaskRequest{Agent: "tree-planner", Input: map[string]any{"words": []string{}, "plus": "tree-hold"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Tasks []struct {
+			ID   string `json:"id"`
+			Tree *struct {
+				Tasks int `json:"tasks"`
+				Live  int `json:"live"`
+			} `json:"tree"`
+		} `json:"tasks"`
+	}
+	shown := false
+	for end := time.Now().Add(10 * time.Second); !shown && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if st, _ := h.do("GET", "/v1/usage", key, nil, &rep); st != 200 {
+			t.Fatalf("usage: %d", st)
+		}
+		for _, tk := range rep.Tasks {
+			shown = shown || (tk.ID == live.ID && tk.Tree != nil && tk.Tree.Tasks == 2 && tk.Tree.Live == 2)
+		}
+	}
+	if !shown {
+		t.Fatalf("the usage report never showed the live root's tree of 2: %+v", rep.Tasks)
+	}
+	trees, err := h.app.Store().UnscopedLiveTrees(ctx, 20)
+	if err != nil || len(trees) != 1 || trees[0].Root.String() != live.ID || trees[0].Tasks != 2 || trees[0].Live != 2 {
+		t.Fatalf("the operator's live trees: %+v (%v)", trees, err)
+	}
+	close(hold.hold)
+	waitState(t, c, live.ID, "completed", 20*time.Second)
 	// Above the plan's ceiling (pro: 200 tasks): a 400 naming the field.
 	_, err = c.SubmitTask(ctx, client.SubmitTaskRequest{Agent: "tree-planner", Input: map[string]any{}, TreeBudget: &client.TreeBudget{MaxTasks: 201}})
 	if st, code := statusOf(err); st != 400 || code != "INVALID_REQUEST" {

@@ -68,6 +68,7 @@ type Store interface {
 	UnscopedLimitHits(ctx context.Context, ids []string, eventType string, since time.Time) (map[string]store.LimitHits, error)
 	UnscopedJanitorRuns(ctx context.Context, since time.Time, limit int) ([]store.JanitorRun, map[string]int64, error)
 	UnscopedSLABreaches(ctx context.Context, ids []string, since time.Time) ([]store.SLABreaches, error)
+	UnscopedLiveTrees(ctx context.Context, limit int) ([]store.LiveTree, error)
 }
 
 // Scheduler is what the view reads of the scheduler (*scheduler.Scheduler).
@@ -178,8 +179,12 @@ type Overview struct {
 	Endpoints          []Endpoint
 	Pools              []pools.Pool // by name, each with its live state
 	Changes            []Change     // the newest rows of the audit log
+	Trees              []store.LiveTree // trees with a live spawned task, at most LiveTreesShown
 	Query              Query
 }
+
+// LiveTreesShown bounds the live task trees the view lists.
+const LiveTreesShown = 20
 
 // Change is a row of the audit log with the fields it moved.
 type Change struct {
@@ -251,6 +256,9 @@ func (s *Service) Overview(ctx context.Context, q Query) (Overview, error) {
 	ov := Overview{At: now, Window: s.d.Window, Query: q}
 	ts, err := s.d.Tenants.List(ctx)
 	if err != nil {
+		return Overview{}, err
+	}
+	if ov.Trees, err = s.d.Store.UnscopedLiveTrees(ctx, LiveTreesShown); err != nil {
 		return Overview{}, err
 	}
 	ids := make([]string, len(ts))

@@ -107,6 +107,9 @@ type PanelTask struct {
 	// WaitReason and WaitUntil: a queued task parked for token capacity.
 	WaitReason *string
 	WaitUntil  *time.Time
+	// ParentID is its parent (nil for a root), Children the tasks it spawned.
+	ParentID *uuid.UUID
+	Children int
 }
 
 // LiveTasks is a tenant's running and queued tasks: how many of each, and the first
@@ -135,27 +138,29 @@ func (s *Store) ListLiveTasks(ctx context.Context, p LiveTasksParams) (LiveTasks
 			SELECT count(*) FILTER (WHERE state = 'running') AS running, count(*) FILTER (WHERE state = 'queued') AS queued
 			FROM tasks WHERE tenant_id = $1 AND state IN ('running', 'queued')
 		), listed AS (
-			(SELECT id, agent, user_id, state, created_at, started_at, wait_reason, wait_until FROM tasks
+			(SELECT id, agent, user_id, state, created_at, started_at, wait_reason, wait_until, parent_id, children FROM tasks
 			 WHERE tenant_id = $1 AND state = 'running' ORDER BY id LIMIT $2)
 			UNION ALL
-			(SELECT id, agent, user_id, state, created_at, started_at, wait_reason, wait_until FROM tasks
+			(SELECT id, agent, user_id, state, created_at, started_at, wait_reason, wait_until, parent_id, children FROM tasks
 			 WHERE tenant_id = $1 AND state = 'queued' ORDER BY id LIMIT $2)
 		)
 		SELECT n.running, n.queued, listed.id, listed.agent, listed.user_id, listed.state, listed.created_at, listed.started_at,
-			listed.wait_reason, listed.wait_until
+			listed.wait_reason, listed.wait_until, listed.parent_id, listed.children
 		FROM n LEFT JOIN listed ON true
 		ORDER BY listed.state <> 'running', listed.id LIMIT $2`, p.TenantID, p.Limit)
 	// Every row carries the counts; without a live task the one row is the counts'
 	// alone, its task columns null.
 	got, err := collect(rows, err, func(row pgx.Row) (*PanelTask, error) {
-		var id *uuid.UUID
+		var id, parent *uuid.UUID
 		var agent, user, state, waitReason *string
 		var created, started, waitUntil *time.Time
-		if err := row.Scan(&out.Running, &out.Queued, &id, &agent, &user, &state, &created, &started, &waitReason, &waitUntil); err != nil || id == nil {
+		var children *int
+		if err := row.Scan(&out.Running, &out.Queued, &id, &agent, &user, &state, &created, &started, &waitReason, &waitUntil,
+			&parent, &children); err != nil || id == nil {
 			return nil, err
 		}
 		return &PanelTask{ID: *id, TenantID: p.TenantID, Agent: *agent, User: *user, State: TaskState(*state),
-			CreatedAt: *created, StartedAt: started, WaitReason: waitReason, WaitUntil: waitUntil}, nil
+			CreatedAt: *created, StartedAt: started, WaitReason: waitReason, WaitUntil: waitUntil, ParentID: parent, Children: *children}, nil
 	})
 	if err != nil {
 		return out, err

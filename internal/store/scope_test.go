@@ -90,6 +90,10 @@ func scopedCalls(fx fixture) []scopedCall {
 			_, err := st.BulkInsertQueued(ctx, []store.InsertTaskParams{task("acme"), task("")})
 			return err
 		}},
+		{"TreeTotals", func(ctx context.Context, st *store.Store) error {
+			_, err := st.TreeTotals(ctx, store.TreeTotalsParams{Roots: []uuid.UUID{fx.task}})
+			return err
+		}},
 		{"TaskTree", func(ctx context.Context, st *store.Store) error {
 			_, err := st.TaskTree(ctx, store.TaskTreeParams{Root: fx.task, Limit: 10})
 			return err

@@ -93,26 +93,38 @@ type InsertChildParams struct {
 	SpawnStep, SpawnIndex int
 }
 
-// UnscopedInsertChildren writes the children of a step as queued tasks and returns
-// those it wrote; a spawn already made (the same parent, step and index) is skipped.
+// UnscopedInsertChildren writes the children of a step as queued tasks, in one
+// statement, and returns those it wrote; a spawn already made (the same parent, step
+// and index) is skipped.
 func (s *Store) UnscopedInsertChildren(ctx context.Context, ps []InsertChildParams) ([]Task, error) {
-	var out []Task
-	for _, p := range ps {
-		rows, err := s.db.Query(ctx, `
-			INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, request_hash,
-				parent_id, root_id, depth, spawn_step, spawn_index)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-			ON CONFLICT (parent_id, spawn_step, spawn_index) WHERE parent_id IS NOT NULL DO NOTHING
-			RETURNING `+taskCols,
-			p.ID, p.TenantID, p.Kid, p.Agent, p.User, []byte(p.Input), []byte(p.Budget), p.Priority, p.RequestHash,
-			p.ParentID, p.RootID, p.Depth, p.SpawnStep, p.SpawnIndex)
-		got, err := collect(rows, err, scanTask)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, got...)
+	if len(ps) == 0 {
+		return nil, nil
 	}
-	return out, nil
+	n := len(ps)
+	ids, parents, roots := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
+	tenants, kids, agents, users, inputs, budgets := make([]string, n), make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n)
+	priorities, depths := make([]int32, n), make([]int32, n)
+	steps, indexes := make([]int32, n), make([]int32, n)
+	hashes := make([][]byte, n)
+	for i, p := range ps {
+		ids[i], parents[i], roots[i] = p.ID, p.ParentID, p.RootID
+		tenants[i], kids[i], agents[i], users[i], inputs[i], budgets[i] = p.TenantID, p.Kid, p.Agent, p.User, string(p.Input), string(p.Budget)
+		priorities[i], depths[i], steps[i], indexes[i] = int32(p.Priority), int32(p.Depth), int32(p.SpawnStep), int32(p.SpawnIndex)
+		hashes[i] = p.RequestHash
+	}
+	rows, err := s.db.Query(ctx, `
+		INSERT INTO tasks (id, tenant_id, kid, agent, user_id, input, budget, priority, request_hash,
+			parent_id, root_id, depth, spawn_step, spawn_index)
+		SELECT id, tenant_id, kid, agent, user_id, input::jsonb, budget::jsonb, priority, request_hash,
+			parent_id, root_id, depth, spawn_step, spawn_index
+		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::smallint[], $9::bytea[],
+			$10::uuid[], $11::uuid[], $12::smallint[], $13::int[], $14::smallint[])
+			AS c(id, tenant_id, kid, agent, user_id, input, budget, priority, request_hash, parent_id, root_id, depth, spawn_step, spawn_index)
+		ON CONFLICT (parent_id, spawn_step, spawn_index) WHERE parent_id IS NOT NULL DO NOTHING
+		RETURNING `+taskCols,
+		ids, tenants, kids, agents, users, inputs, budgets, priorities, hashes, parents, roots, depths, steps, indexes)
+	return collect(rows, err, scanTask)
 }
 
 // UnscopedSetSpawned stores on task id what its latest spawning step asked for and
@@ -249,5 +261,72 @@ func (s *Store) UnscopedOrphans(ctx context.Context, limit int) ([]Orphan, error
 	return collect(rows, err, func(row pgx.Row) (Orphan, error) {
 		var o Orphan
 		return o, row.Scan(&o.ID, &o.ParentID, &o.TenantID, &o.ParentState)
+	})
+}
+
+// TreeTotal is what a tree's tasks hold: how many, how many live, what they spent.
+type TreeTotal struct {
+	Tasks, Live  int
+	CostMicroUSD int64
+}
+
+// TreeTotalsParams name some of a tenant's roots.
+type TreeTotalsParams struct {
+	TenantID string
+	Roots    []uuid.UUID
+}
+
+// TreeTotals returns, for each of the tenant's roots in p.Roots, its tree's totals.
+func (s *Store) TreeTotals(ctx context.Context, p TreeTotalsParams) (map[uuid.UUID]TreeTotal, error) {
+	if p.TenantID == "" {
+		return nil, ErrNoTenant
+	}
+	out := map[uuid.UUID]TreeTotal{}
+	if len(p.Roots) == 0 {
+		return out, nil
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT coalesce(root_id, id), count(*), count(*) FILTER (WHERE state IN `+liveStates+`), coalesce(sum(cost_micro_usd), 0)::bigint
+		FROM tasks WHERE tenant_id = $1 AND (id = ANY($2) OR root_id = ANY($2))
+		GROUP BY 1`, p.TenantID, p.Roots)
+	type row struct {
+		root uuid.UUID
+		TreeTotal
+	}
+	got, err := collect(rows, err, func(r pgx.Row) (row, error) {
+		var v row
+		return v, r.Scan(&v.root, &v.Tasks, &v.Live, &v.CostMicroUSD)
+	})
+	for _, v := range got {
+		out[v.root] = v.TreeTotal
+	}
+	return out, err
+}
+
+// LiveTree is a tree with a live spawned task, as the operator view lists it.
+type LiveTree struct {
+	Root      uuid.UUID
+	TenantID  string
+	Agent     string // the root's
+	RootState TaskState
+	TreeTotal
+}
+
+// UnscopedLiveTrees lists up to limit trees (every tenant's) with a live spawned
+// task, oldest root first, each with its totals. It reads the index of live spawned
+// tasks: a deployment without trees pays one empty index scan.
+func (s *Store) UnscopedLiveTrees(ctx context.Context, limit int) ([]LiveTree, error) {
+	rows, err := s.db.Query(ctx, `
+		WITH live AS (
+			SELECT DISTINCT root_id AS id FROM tasks WHERE root_id IS NOT NULL AND state IN `+liveStates+` ORDER BY 1 LIMIT $1
+		)
+		SELECT r.id, r.tenant_id, r.agent, r.state,
+			1 + (SELECT count(*) FROM tasks t WHERE t.root_id = r.id),
+			(r.state IN `+liveStates+`)::int + (SELECT count(*) FROM tasks t WHERE t.root_id = r.id AND t.state IN `+liveStates+`),
+			r.cost_micro_usd + (SELECT coalesce(sum(t.cost_micro_usd), 0) FROM tasks t WHERE t.root_id = r.id)::bigint
+		FROM live JOIN tasks r ON r.id = live.id ORDER BY r.id`, limit)
+	return collect(rows, err, func(row pgx.Row) (LiveTree, error) {
+		var t LiveTree
+		return t, row.Scan(&t.Root, &t.TenantID, &t.Agent, &t.RootState, &t.Tasks, &t.Live, &t.CostMicroUSD)
 	})
 }

@@ -842,6 +842,8 @@ type PanelTask struct {
 	WaitReason *WaitReason
 	// Undecorated: as Task's.
 	Undecorated bool
+	// Tree is, for a root that spawned, what its whole tree holds (nil otherwise).
+	Tree *store.TreeTotal
 }
 
 // Live is a tenant's running and queued tasks: how many of each, and up to the limit
@@ -872,5 +874,29 @@ func (s *Service) Live(ctx context.Context, tenantID string, limit int) (Live, e
 	for i, r := range reasons {
 		out.Tasks = append(out.Tasks, PanelTask{PanelTask: rows.Tasks[i], WaitReason: r, Undecorated: unknown[i]})
 	}
-	return out, nil
+	return out, s.addTreeTotals(ctx, tenantID, out.Tasks)
+}
+
+// addTreeTotals gives each live root that spawned its tree's totals: one read for
+// them all, none when no live task spawned.
+func (s *Service) addTreeTotals(ctx context.Context, tenantID string, ts []PanelTask) error {
+	var roots []uuid.UUID
+	for _, t := range ts {
+		if t.ParentID == nil && t.Children > 0 {
+			roots = append(roots, t.ID)
+		}
+	}
+	if len(roots) == 0 {
+		return nil
+	}
+	totals, err := s.d.Store.TreeTotals(ctx, store.TreeTotalsParams{TenantID: tenantID, Roots: roots})
+	if err != nil {
+		return err
+	}
+	for i := range ts {
+		if tt, ok := totals[ts[i].ID]; ok && ts[i].Children > 0 {
+			ts[i].Tree = &tt
+		}
+	}
+	return nil
 }

@@ -266,6 +266,10 @@ func (tr *Trees) makeChildren(cs *changes, p SpawnParams, judged []*agentqtype.S
 	if err != nil {
 		return nil, err
 	}
+	// Canonical once, not once a spawn: an ancestor's input holds its own spawns.
+	for i := range lineage {
+		lineage[i].Input = canonicalJSON(lineage[i].Input)
+	}
 	tb := StoredTreeBudget(p.Tree, use.RootBudget)
 	var kids []store.InsertChildParams
 	hit := map[string]bool{}
@@ -314,8 +318,8 @@ func admitChild(p SpawnParams, s SpawnRequest, tb quotas.TreeBudget, use *store.
 		input = json.RawMessage(`{}`)
 	}
 	canon := canonicalJSON(input)
-	for _, a := range lineage {
-		if a.Agent == s.Agent && bytes.Equal(canonicalJSON(a.Input), canon) {
+	for _, a := range lineage { // its inputs canonical already
+		if a.Agent == s.Agent && bytes.Equal(a.Input, canon) {
 			return refuse(agentqtype.SpawnLoopDetected, "agent %q with this input is already running above it in the tree", s.Agent)
 		}
 	}

@@ -262,6 +262,10 @@ type PlanJSON struct {
 	Weight int                     `json:"weight"`
 	Limits map[string]quotas.Limit `json:"limits"` // a number, or "unlimited"
 	Budget quotas.Budget           `json:"budget"`
+	// Tree is the plan's tree budget: a root's default and ceiling.
+	Tree quotas.TreeBudgets `json:"tree"`
+	// MaxRepeatSteps bounds the steps in a row answering the same state and output.
+	MaxRepeatSteps int `json:"max_repeat_steps"`
 	// SLA is what the plan commits to: seconds, or "unlimited" (no commitment).
 	SLA quotas.SLA `json:"sla"`
 }
@@ -270,7 +274,12 @@ func (s *API) listPlans(c echo.Context) error {
 	out := []PlanJSON{}
 	for _, n := range s.Plans.Names() {
 		p, _ := s.Plans.Plan(n)
-		out = append(out, PlanJSON{Name: n, Weight: p.Weight, Limits: p.Limits, Budget: p.Budget, SLA: p.Commitments()})
+		repeat := p.MaxRepeatSteps
+		if repeat <= 0 {
+			repeat = quotas.DefaultMaxRepeatSteps
+		}
+		out = append(out, PlanJSON{Name: n, Weight: p.Weight, Limits: p.Limits, Budget: p.Budget, Tree: p.Tree, MaxRepeatSteps: repeat,
+			SLA: p.Commitments()})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"plans": out})
 }

@@ -491,6 +491,11 @@ func (s *API) getTaskTree(c echo.Context) error {
 	if err != nil {
 		return s.taskErr(err, &id)
 	}
+	return c.JSON(http.StatusOK, NewTreeJSON(tr))
+}
+
+// NewTreeJSON is tr as the API shows it (the CLI prints the same).
+func NewTreeJSON(tr tasks.Tree) TreeJSON {
 	b, r := tr.Budget, tr.Remaining
 	out := TreeJSON{RootID: tr.Root.String(), Nodes: make([]TreeNodeJSON, 0, len(tr.Nodes)), Truncated: tr.Truncated,
 		Totals: TreeTotalsJSON{Tasks: tr.Tasks, Steps: int64(tr.Totals.Steps), Tokens: tr.Totals.Tokens,
@@ -507,5 +512,5 @@ func (s *API) getTaskTree(c echo.Context) error {
 		}
 		out.Nodes = append(out.Nodes, node)
 	}
-	return c.JSON(http.StatusOK, out)
+	return out
 }

@@ -99,6 +99,17 @@ type UsageTask struct {
 	WaitReason *WaitReasonJSON `json:"wait_reason"`
 	// WaitUntil: when a task parked for token capacity expects it (null otherwise).
 	WaitUntil *time.Time `json:"wait_until"`
+	// Tree is, for a root that spawned sub-agents, what its whole tree holds (absent
+	// otherwise).
+	Tree *UsageTree `json:"tree,omitempty"`
+}
+
+// UsageTree is a live root's tree in the usage report: its tasks, how many are live,
+// and what they spent.
+type UsageTree struct {
+	Tasks   int     `json:"tasks"`
+	Live    int     `json:"live"`
+	CostUSD float64 `json:"cost_usd"`
 }
 
 // usageTasks bounds the tasks of the usage report.
@@ -415,6 +426,9 @@ func (s *API) usageHistory(ctx context.Context, t tenants.Tenant, q usageQuery, 
 			}
 			if lt.User != "" {
 				ut.User = ptr(lt.User)
+			}
+			if tt := lt.Tree; tt != nil {
+				ut.Tree = &UsageTree{Tasks: tt.Tasks, Live: tt.Live, CostUSD: float64(tt.CostMicroUSD) / 1e6}
 			}
 			rep.Tasks = append(rep.Tasks, ut)
 		}

@@ -82,6 +82,7 @@ var operatorTmpl = template.Must(template.New("operator").Funcs(template.FuncMap
 	},
 	"when":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"count": func(n int64) string { return numfmt.GroupDigits(strconv.FormatInt(n, 10)) },
+	"usd":   func(micro int64) string { return strconv.FormatFloat(float64(micro)/1e6, 'f', -1, 64) },
 }).ParseFS(operatorTemplates, "templates/operator*.html"))
 
 func fmtWait(d time.Duration) string {

@@ -108,6 +108,8 @@ type panelBar struct {
 
 type panelTask struct {
 	ID, ShortID, State, Agent, Created, CreatedISO, Wait string
+	// Tree: a root's tree totals ("" for a task that spawned nothing).
+	Tree string
 	// Position and ExpectedStart: where a queued task stands ("" when not known).
 	Position, ExpectedStart, ExpectedStartISO string
 }
@@ -128,6 +130,9 @@ func newPanelView(rep api.UsageReport) panelView {
 	for _, t := range rep.Tasks {
 		pt := panelTask{ID: t.ID, ShortID: shortID(t.ID), State: t.State, Agent: t.Agent,
 			Created: t.CreatedAt.UTC().Format("2006-01-02 15:04:05"), CreatedISO: t.CreatedAt.UTC().Format(time.RFC3339)}
+		if tr := t.Tree; tr != nil {
+			pt.Tree = treeLabel(tr.Tasks, tr.Live, tr.CostUSD)
+		}
 		if w := t.WaitReason; w != nil {
 			pt.Wait = w.Reason
 			if w.Until != nil {
@@ -290,4 +295,10 @@ func newPanelCharts(days []usage.DayUsage) []panelChart {
 		out = append(out, ch)
 	}
 	return out
+}
+
+// treeLabel is a root's tree as the panel shows it beside its agent; panel.js writes
+// the same.
+func treeLabel(tasks, live int, cost float64) string {
+	return fmt.Sprintf("tree: %d tasks, %d live, $%s", tasks, live, strconv.FormatFloat(cost, 'f', -1, 64))
 }

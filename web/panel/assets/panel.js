@@ -176,7 +176,14 @@
       sp.className = "state st-" + t.state;
       sp.textContent = t.state;
       st.appendChild(sp);
-      cell(tr, t.agent);
+      var ag = cell(tr, t.agent);
+      if (t.tree) {
+        var sm = document.createElement("small");
+        sm.className = "tree";
+        sm.textContent = "tree: " + t.tree.tasks + " tasks, " + t.tree.live + " live, $" + t.tree.cost_usd;
+        ag.appendChild(document.createTextNode(" "));
+        ag.appendChild(sm);
+      }
       cell(tr, utc(t.created_at));
       var w = t.wait_reason;
       cell(tr, w ? w.reason + (w.until ? " until " + utc(w.until).slice(11) : "") : "");
