@@ -177,8 +177,8 @@ type Overview struct {
 	JanitorRuns        []JanitorRun
 	JanitorTotals      []Correction // over LimitHitsOver, by kind
 	Endpoints          []Endpoint
-	Pools              []pools.Pool // by name, each with its live state
-	Changes            []Change     // the newest rows of the audit log
+	Pools              []pools.Pool     // by name, each with its live state
+	Changes            []Change         // the newest rows of the audit log
 	Trees              []store.LiveTree // trees with a live spawned task, at most LiveTreesShown
 	Query              Query
 }
