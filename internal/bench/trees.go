@@ -58,6 +58,8 @@ type TreesOptions struct {
 	StepMs      int // each task's one step (2)
 	Workers     int // 20
 	Progress    io.Writer
+	// RedisTimeout: as E2EOptions'.
+	RedisTimeout time.Duration
 }
 
 // benchPlans is the catalogue of the benchmark's process: one plan whose limits let
@@ -103,7 +105,7 @@ func RunTrees(ctx context.Context, o TreesOptions) (Trees, error) {
 		return out, err
 	}
 	defer rdb.Close()
-	b, err := startBenchAppWith(ctx, o.DatabaseURL, rdb, o.Workers, 0, plans)
+	b, err := startBenchAppWith(ctx, o.DatabaseURL, rdb, o.Workers, o.RedisTimeout, plans)
 	if err != nil {
 		return out, err
 	}

@@ -384,7 +384,10 @@ func truncate(b []byte) string {
 // document, an unknown route that answers 200 fail; an error of any documented shape
 // passes on any route, whatever its status and code.
 func TestContractCheckCatchesWhatTheDocumentDoesNotSay(t *testing.T) {
-	plan := `{"name":"free","weight":1,"limits":{},"budget":{"default":{"max_steps":1,"max_wallclock_s":1,"max_cost_usd":1},"ceiling":{"max_steps":1,"max_wallclock_s":1,"max_cost_usd":1}},"sla":{"start_within_s":"unlimited","pool_wait_within_s":"unlimited"}}`
+	plan := `{"name":"free","weight":1,"limits":{},"budget":{"default":{"max_steps":1,"max_wallclock_s":1,"max_cost_usd":1},"ceiling":{"max_steps":1,"max_wallclock_s":1,"max_cost_usd":1}},` +
+		`"tree":{"default":{"max_tasks":1,"max_depth":0,"max_steps":1,"max_tokens":1,"max_cost_usd":1},` +
+		`"ceiling":{"max_tasks":1,"max_depth":0,"max_steps":1,"max_tokens":1,"max_cost_usd":1}},"max_repeat_steps":10,` +
+		`"sla":{"start_within_s":"unlimited","pool_wait_within_s":"unlimited"}}`
 	answer := func(method, path string, status int, body string) error {
 		req, err := http.NewRequest(method, "http://127.0.0.1:1"+path, nil)
 		if err != nil {
