@@ -95,7 +95,7 @@ func RunTrees(ctx context.Context, o TreesOptions) (Trees, error) {
 	if err != nil {
 		return out, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	plans := filepath.Join(dir, "plans.yaml")
 	if err := os.WriteFile(plans, []byte(benchPlans), 0o600); err != nil {
 		return out, err
