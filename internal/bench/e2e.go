@@ -231,23 +231,7 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 	body := []byte(`{"agent":"sim","input":{"steps":1,"step_ms":0}}`)
 	start := time.Now()
 	took, errs, firstErr := produce(o.Tasks, o.Concurrency, func(i int) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/tasks", bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Authorization", "Bearer "+keys[i%len(keys)])
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = resp.Body.Close() }()
-		if resp.StatusCode != http.StatusAccepted {
-			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
-			return fmt.Errorf("status %d: %s", resp.StatusCode, msg)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
+		return submitTask(ctx, hc, base, keys[i%len(keys)], body)
 	})
 	out.Errors = errs
 	if firstErr != nil {
@@ -283,6 +267,27 @@ func runAgentqE2E(ctx context.Context, o E2EOptions, rdb redis.UniversalClient, 
 		return err
 	}
 	out.P50LatencyMs, out.P99LatencyMs = round1(p50), round1(p99)
+	return nil
+}
+
+// submitTask posts one task (body, JSON) with key and wants its 202.
+func submitTask(ctx context.Context, hc *http.Client, base, key string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/tasks", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusAccepted {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		return fmt.Errorf("status %d: %s", resp.StatusCode, msg)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -293,23 +292,7 @@ func (t *treeBench) submit(ctx context.Context, key string, task any) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.b.base+"/v1/tasks", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := t.hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusAccepted {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
-		return fmt.Errorf("status %d: %s", resp.StatusCode, msg)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return nil
+	return submitTask(ctx, t.hc, t.b.base, key, body)
 }
 
 // machineBusyMs is the machine's busy time so far (/proc/stat: user, nice, system,
