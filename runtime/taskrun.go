@@ -979,8 +979,9 @@ func (r *taskRun) spawnParams(rec store.RecordStepParams, res StepResult) tasks.
 			}
 		}
 	}
+	p.Backlog = quotas.Off
 	if r.policy != nil {
-		p.Budget, p.Tree, p.RunningCap = r.policy.Budget, r.policy.Tree, r.policy.RunningCap
+		p.Budget, p.Tree, p.RunningCap, p.Backlog = r.policy.Budget, r.policy.Tree, r.policy.RunningCap, r.policy.Limits.Backlog
 	}
 	return p
 }

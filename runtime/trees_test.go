@@ -557,3 +557,22 @@ func TestSimSpawnsAndWaits(t *testing.T) {
 		t.Fatal("sim took a spawn on a one-step task")
 	}
 }
+
+// Children queue like submissions: a spawn that would take the tenant's queue past
+// its queue_backlog is refused and reported, the others are made.
+func TestSpawnsHeldToTheBacklog(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.setOverrides(map[string]quotas.Limit{quotas.QueueBacklog: 2})
+	r.agents.Register("parent", parentAgent(t))
+	r.agents.Register("leaf", leafAgent())
+	r.start()
+	root := r.submit("parent", spawnInput(t, runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":1}`)},
+		runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":2}`)}, runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":3}`)}), nil)
+	r.waitState(root, agentqtype.TaskStateCompleted)
+	out := r.output(root)
+	if len(out.Spawned) != 3 || out.Spawned[2].Refused == nil || out.Spawned[2].Refused.LimitType != quotas.QueueBacklog ||
+		out.Spawned[0].ID == "" || out.Spawned[1].ID == "" || len(out.Children) != 2 {
+		t.Fatalf("spawned %+v, %d children; want the third refused %s", out.Spawned, len(out.Children), quotas.QueueBacklog)
+	}
+}

@@ -42,6 +42,9 @@ type SpawnParams struct {
 	Tree       quotas.TreeBudgets
 	Weight     int
 	RunningCap int
+	// Backlog is the tenant's queue_backlog (quotas.Off: none): children queue like
+	// submissions, and a spawn past it is refused.
+	Backlog int64
 }
 
 // TreeQueue is what trees need of the scheduler: push a child onto its tenant's
@@ -49,6 +52,7 @@ type SpawnParams struct {
 type TreeQueue interface {
 	Enqueue(ctx context.Context, p scheduler.EnqueueParams, along ...func(redis.Pipeliner)) error
 	WakeParked(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
+	QueueLen(ctx context.Context, tenantID string) (int64, error)
 }
 
 // TreesDeps are what task trees need.
@@ -225,8 +229,9 @@ func (tr *Trees) Spawn(ctx context.Context, p SpawnParams) (agentqtype.SpawnReco
 	return rec, nil
 }
 
-// judgeAgents refuses, before the transaction, the spawns whose agent is unknown,
-// refuses their input, or is outside the root key's scopes (nil: allowed).
+// judgeAgents refuses, before the transaction, the spawns past the tenant's
+// queue_backlog and those whose agent is unknown, refuses their input, or is outside
+// the root key's scopes (nil: allowed).
 func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.SpawnRefusal {
 	out := make([]*agentqtype.SpawnRefusal, len(p.Spawns))
 	var scopes []string
@@ -235,7 +240,21 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 			scopes = k.Scopes.Agents
 		}
 	}
+	queued := int64(-1) // the tenant's queue, read when the backlog is bounded
+	if len(p.Spawns) > 0 && p.Backlog >= 0 {
+		n, err := tr.d.Queue.QueueLen(ctx, p.Parent.TenantID)
+		if err != nil {
+			tr.d.Log.Warn("reading the tenant's queue for its backlog failed; the spawns are not held to it", "task_id", p.Parent.ID, "err", err)
+		} else {
+			queued = n
+		}
+	}
 	for i, s := range p.Spawns {
+		if queued >= 0 && queued+1 > p.Backlog {
+			out[i] = &agentqtype.SpawnRefusal{LimitType: quotas.QueueBacklog,
+				Message: fmt.Sprintf("the tenant's queue holds %d tasks; its queue_backlog is %d", queued, p.Backlog)}
+			continue
+		}
 		if len(scopes) > 0 && !slices.Contains(scopes, s.Agent) {
 			out[i] = &agentqtype.SpawnRefusal{LimitType: agentqtype.SpawnAgentNotAllowed,
 				Message: fmt.Sprintf("agent %q is outside the scopes of the key the tree was submitted with", s.Agent)}
@@ -246,6 +265,10 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 		}
 		if err := tr.d.Agents.ValidateTask(ctx, s.Agent, s.Input); err != nil {
 			out[i] = &agentqtype.SpawnRefusal{LimitType: agentqtype.SpawnInvalid, Message: err.Error()}
+			continue
+		}
+		if queued >= 0 {
+			queued++ // this one will be queued, unless its tree refuses it
 		}
 	}
 	return out
