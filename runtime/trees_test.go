@@ -18,6 +18,7 @@ import (
 	"github.com/agentq/agentq/internal/tasks"
 	"github.com/agentq/agentq/internal/tenants"
 	"github.com/agentq/agentq/internal/testenv"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 	"github.com/agentq/agentq/quotas"
 	"github.com/agentq/agentq/runtime"
 	"github.com/agentq/agentq/scheduler"
@@ -574,5 +575,58 @@ func TestSpawnsHeldToTheBacklog(t *testing.T) {
 	if len(out.Spawned) != 3 || out.Spawned[2].Refused == nil || out.Spawned[2].Refused.LimitType != quotas.QueueBacklog ||
 		out.Spawned[0].ID == "" || out.Spawned[1].ID == "" || len(out.Children) != 2 {
 		t.Fatalf("spawned %+v, %d children; want the third refused %s", out.Spawned, len(out.Children), quotas.QueueBacklog)
+	}
+}
+
+// A worker that dies right after the commit of a spawning step (its children made,
+// its wait kept with the task) leaves the task running with a silent heartbeat; the
+// redelivery takes it over, does not run that step again, finds the children live
+// and parks; the children run once each, and the parent reads them.
+func TestSpawnSurvivesAWorkerKilledAfterItsCommit(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	var parentSteps atomic.Int32
+	parent := parentAgent(t)
+	r.agents.Register("parent", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		parentSteps.Add(1)
+		return parent(ctx, req)
+	}))
+	r.agents.Register("leaf", leafAgent())
+	root := r.submit("parent", `{}`, nil)
+	// The dead worker: its delivery, its start, and its first step's record with two
+	// spawns and a wait, committed; then nothing more of it.
+	delivery := r.take()
+	started, _, err := r.lc.Start(r.ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plans, err := quotas.LoadCatalogue("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pro, _ := plans.Plan("pro")
+	if _, err := r.trees.Spawn(r.ctx, tasks.SpawnParams{
+		Step:   store.RecordStepParams{ID: root, Attempt: started.Attempt, Step: 1, AgentState: json.RawMessage(`{"n":1}`)},
+		Parent: started, Wait: true, Budget: pro.Budget, Tree: pro.Tree, Weight: 1, Backlog: quotas.Off,
+		Spawns: []tasks.SpawnRequest{{Agent: "leaf", Input: json.RawMessage(`{"n":1}`)}, {Agent: "leaf", Input: json.RawMessage(`{"n":2}`)}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	testfactory.TaskHeartbeatAgo(t, r.st.Pool(), root, time.Minute)
+	if err := r.w.ProcessTask(r.ctx, delivery); err != nil { // asynq's redelivery of the same message
+		t.Fatal(err)
+	}
+	if got := r.waitParked(root); got.Attempt != 2 || parentSteps.Load() != 0 {
+		t.Fatalf("after the take-over: attempt %d, %d agent steps; want attempt 2, parked without a step", got.Attempt, parentSteps.Load())
+	}
+	r.process()
+	r.process() // the two children
+	r.unparkNext()
+	r.process()
+	out := r.output(root)
+	kids, err := r.st.UnscopedChildren(r.ctx, root)
+	if err != nil || len(kids) != 2 || len(out.Children) != 2 || parentSteps.Load() != 1 || r.task(root).State != agentqtype.TaskStateCompleted {
+		t.Fatalf("%d children written (%v), %d read, %d agent steps, parent %s; want 2, 2, 1, completed", len(kids), err,
+			len(out.Children), parentSteps.Load(), r.task(root).State)
 	}
 }
