@@ -149,7 +149,7 @@ func (p *Leases) review(ctx context.Context, tenants []string, live map[string][
 			return fmt.Errorf("leases: refresh: %w", err)
 		}
 		for _, lt := range live[t] {
-			if held[lt.ID.String()] {
+			if held[lt.ID.String()] || lt.Spawned { // a spawned task's session is its root's
 				continue
 			}
 			if err := p.quotas.AddLease(ctx, t, lt.ID.String(), lt.MaxWallclockS > quotas.LongRunningThreshold.Seconds()); err != nil {

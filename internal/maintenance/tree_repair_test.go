@@ -53,3 +53,25 @@ func TestTreeRepairCancelsOrphans(t *testing.T) {
 		t.Fatalf("a second run: %+v %v", res, err)
 	}
 }
+
+// A spawned task holds no session of its own (its tree holds its root's): the lease
+// pass re-adds a root's lost lease and never gives a live child one, which would
+// count against its tenant's concurrent_sessions.
+func TestLeasesGiveSpawnedTasksNoSession(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.tenant("lt")
+	root, kid := f.submit("lt"), f.task("lt")
+	f.child(root, kid, 0)
+	if _, err := f.q.Release(f.ctx, nil, "lt", root.String()); err != nil { // Redis lost the root's lease
+		t.Fatal(err)
+	}
+	p := NewLeases(f.Deps, NewElector(f.Deps, ElectorConfig{}), LeasesConfig{})
+	res, err := p.runOnce(f.ctx)
+	if err != nil || res.Added != 1 {
+		t.Fatalf("run: %+v %v; want the root's lease re-added", res, err)
+	}
+	if !f.leased("lt", root) || f.leased("lt", kid) {
+		t.Fatalf("leases: the root %v, its child %v; want the root's only", f.leased("lt", root), f.leased("lt", kid))
+	}
+}

@@ -85,13 +85,15 @@ type LiveTask struct {
 	Priority      int
 	CreatedAt     time.Time
 	MaxWallclockS float64
+	// Spawned: a step spawned it (it has a parent), so it holds no session of its own.
+	Spawned bool
 }
 
 // UnscopedLiveTasksOf returns the queued and running tasks of the given tenants, by tenant:
 // one query for a page of tenants.
 func (s *Store) UnscopedLiveTasksOf(ctx context.Context, tenants []string) (map[string][]LiveTask, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT tenant_id, id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0) FROM tasks
+		SELECT tenant_id, id, state, priority, created_at, COALESCE((budget->>'max_wallclock_s')::float8, 0), parent_id IS NOT NULL FROM tasks
 		WHERE tenant_id = ANY($1) AND state IN ('queued', 'running')`, tenants)
 	if err != nil {
 		return nil, err
@@ -101,7 +103,7 @@ func (s *Store) UnscopedLiveTasksOf(ctx context.Context, tenants []string) (map[
 	for rows.Next() {
 		var tenant string
 		var t LiveTask
-		if err := rows.Scan(&tenant, &t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS); err != nil {
+		if err := rows.Scan(&tenant, &t.ID, &t.State, &t.Priority, &t.CreatedAt, &t.MaxWallclockS, &t.Spawned); err != nil {
 			return nil, err
 		}
 		out[tenant] = append(out[tenant], t)
