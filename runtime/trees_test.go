@@ -342,15 +342,13 @@ func TestCancelEndsTheWholeTree(t *testing.T) {
 	}
 	for _, id := range []uuid.UUID{kids[0], kids[1], grand} {
 		got := r.waitState(id, agentqtype.TaskStateKilled)
-		if got.Error == nil || !errorsHasPrefix(*got.Error, "parent_ended") {
+		if got.Error == nil || !strings.HasPrefix(*got.Error, "parent_ended") {
 			t.Errorf("task %s killed with %v, want parent_ended", id, deref(got.Error))
 		}
 		r.wantReleased(id)
 	}
 	r.wantReleased(root)
 }
-
-func errorsHasPrefix(s, p string) bool { return strings.HasPrefix(s, p) }
 
 // eventually polls cond until it holds, failing the test after five seconds.
 func (r *rig) eventually(cond func() bool, format string, args ...any) {

@@ -2,6 +2,7 @@ package rejections_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -713,5 +714,50 @@ func TestRefusalByAStricterGlobalLimitIsThePlatforms(t *testing.T) {
 	}
 	if plans.ByPlatform("pro", map[string]quotas.Limit{quotas.TenantRate: 1}, quotas.TenantRate) {
 		t.Error("a tenant's own override is its own limit")
+	}
+}
+
+// A budget stop of a task in a tree names its tree: its event carries the task and
+// its root (root_id), so a tree's events can be told apart; a task outside any tree
+// carries neither.
+func TestBudgetStopOfATreeTaskNamesItsRoot(t *testing.T) {
+	t.Parallel()
+	f := newRejecting(t)
+	root := uuid.Must(uuid.NewV7())
+	finished := time.Now()
+	stop := quotas.Stop{LimitType: quotas.TaskMaxSteps, Limit: 2, Used: 2}
+	child := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: agentqtype.TaskStateBudgetExceeded, FinishedAt: &finished,
+		ParentID: &root, RootID: &root, Depth: 1}
+	if err := (outbox.Events{}).BudgetStop(f.ctx, f.st, child, &stop); err != nil {
+		t.Fatal(err)
+	}
+	plain := store.Task{ID: uuid.Must(uuid.NewV7()), TenantID: "acme", State: agentqtype.TaskStateBudgetExceeded, FinishedAt: &finished}
+	costStop := quotas.Stop{LimitType: quotas.TaskMaxCostUSD, Limit: 10_000, Used: 10_000}
+	if err := (outbox.Events{}).BudgetStop(f.ctx, f.st, plain, &costStop); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := f.st.Pool().Query(f.ctx, `SELECT payload FROM events WHERE tenant_id = 'acme' AND type = $1 ORDER BY seq`, outbox.TypeLimitHit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payloads, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil || len(payloads) != 2 {
+		t.Fatalf("%d limit_hit events (%v), want 2", len(payloads), err)
+	}
+	var got [2]struct {
+		TaskID string `json:"task_id"`
+		RootID string `json:"root_id"`
+	}
+	for i, p := range payloads {
+		var ev struct{ Data json.RawMessage }
+		if err := json.Unmarshal(p, &ev); err != nil || json.Unmarshal(ev.Data, &got[i]) != nil {
+			t.Fatalf("event %s: %v", p, err)
+		}
+	}
+	if got[0].TaskID != child.ID.String() || got[0].RootID != root.String() {
+		t.Fatalf("the stop of a tree's child carries task %q, root %q; want %s, %s", got[0].TaskID, got[0].RootID, child.ID, root)
+	}
+	if got[1].RootID != "" {
+		t.Fatalf("the stop of a task outside any tree carries root %q", got[1].RootID)
 	}
 }

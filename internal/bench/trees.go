@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/agentq/agentq/internal/redisx"
 )
 
@@ -109,7 +107,7 @@ func RunTrees(ctx context.Context, o TreesOptions) (Trees, error) {
 		return out, err
 	}
 	defer b.stop()
-	t := &treeBench{b: b, o: o, hc: &http.Client{Timeout: 30 * time.Second}, rdb: rdb}
+	t := &treeBench{b: b, o: o, hc: &http.Client{Timeout: 30 * time.Second}}
 	for _, name := range []string{"tree", "flood-a", "flood-b"} {
 		k, err := b.tenantKey(ctx, name, "bench", nil)
 		if err != nil {
@@ -150,7 +148,6 @@ type treeBench struct {
 	b    *benchApp
 	o    TreesOptions
 	hc   *http.Client
-	rdb  redis.UniversalClient
 	keys []string
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -158,13 +157,6 @@ func (s *Store) UnscopedChildren(ctx context.Context, id uuid.UUID) ([]ChildResu
 	})
 }
 
-// UnscopedLiveChildren counts the children of task id that have not ended.
-func (s *Store) UnscopedLiveChildren(ctx context.Context, id uuid.UUID) (int, error) {
-	var n int
-	err := s.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE parent_id = $1 AND state IN `+liveStates, id).Scan(&n)
-	return n, err
-}
-
 // LiveChild is a live child of a task: what a cancel of it needs.
 type LiveChild struct {
 	ID       uuid.UUID
@@ -201,14 +193,13 @@ func (s *Store) UnscopedWaitingParent(ctx context.Context, id uuid.UUID, reason 
 
 // TreeNode is one task of a tree as GET /v1/tasks/{id}/tree shows it.
 type TreeNode struct {
-	ID        uuid.UUID
-	ParentID  *uuid.UUID
-	Depth     int
-	Agent     string
-	User      string
-	State     TaskState
-	Usage     Usage
-	CreatedAt time.Time
+	ID       uuid.UUID
+	ParentID *uuid.UUID
+	Depth    int
+	Agent    string
+	User     string
+	State    TaskState
+	Usage    Usage
 }
 
 // TaskTreeParams name a tenant's tree by its root.
@@ -225,13 +216,13 @@ func (s *Store) TaskTree(ctx context.Context, p TaskTreeParams) ([]TreeNode, err
 		return nil, ErrNoTenant
 	}
 	rows, err := s.db.Query(ctx, `
-		SELECT id, parent_id, depth, agent, user_id, state, steps, tokens, cost_micro_usd, created_at FROM tasks
+		SELECT id, parent_id, depth, agent, user_id, state, steps, tokens, cost_micro_usd FROM tasks
 		WHERE tenant_id = $1 AND (id = $2 OR root_id = $2)
 		ORDER BY depth, id LIMIT $3`, p.TenantID, p.Root, p.Limit)
 	return collect(rows, err, func(row pgx.Row) (TreeNode, error) {
 		var n TreeNode
 		err := row.Scan(&n.ID, &n.ParentID, &n.Depth, &n.Agent, &n.User, &n.State, &n.Usage.Steps, &n.Usage.Tokens,
-			&n.Usage.CostMicroUSD, &n.CreatedAt)
+			&n.Usage.CostMicroUSD)
 		return n, err
 	})
 }

@@ -163,8 +163,9 @@ func (tr *Trees) WakeIfDone(ctx context.Context, parent uuid.UUID) { tr.wakePare
 // Children returns how many of parent's children are live and, when none is, every
 // child it spawned, in spawn order.
 func (tr *Trees) Children(ctx context.Context, parent uuid.UUID) (live int, children []agentqtype.ChildResult, err error) {
-	if live, err = tr.d.Store.UnscopedLiveChildren(ctx, parent); err != nil || live > 0 {
-		return live, nil, err
+	kids, err := tr.d.Store.UnscopedLiveChildrenOf(ctx, parent)
+	if err != nil || len(kids) > 0 {
+		return len(kids), nil, err
 	}
 	got, err := tr.d.Store.UnscopedChildren(ctx, parent)
 	if err != nil {
