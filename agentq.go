@@ -220,7 +220,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	// cancels, the worker's steps and ends, the janitor's re-queues and abandons.
 	// Trees follow the ends of a tree's tasks (a parent woken, children cancelled)
 	// after Ends has freed what the ended task held.
-	trees := tasks.NewTrees(tasks.TreesDeps{Store: a.store, Queue: a.sched, Agents: a.agents, Log: a.log,
+	trees := tasks.NewTrees(tasks.TreesDeps{Store: a.store, Queue: a.sched, Agents: a.agents, Quotas: a.admission, Log: a.log,
 		Events: outbox.Events{UpgradeURL: a.cfg.UpgradeURL}})
 	a.lifecycle = tasks.NewLifecycle(a.store, tasks.LifecycleOptions{
 		Archetype:   a.archetype,

@@ -21,7 +21,9 @@ const MaxSpawnsPerStep = 50
 
 // SpawnRefusal is why a spawn made no child: a tree budget's limit
 // (tree_max_tasks, tree_max_depth, tree_max_steps, tree_max_tokens,
-// tree_max_cost_usd), loop_detected, agent_not_allowed or invalid_spawn.
+// tree_max_cost_usd), the tenant's queue_backlog or a period quota of its used up
+// (agent_steps_daily, ai_tokens_monthly, usd_monthly), loop_detected,
+// agent_not_allowed or invalid_spawn.
 type SpawnRefusal struct {
 	LimitType string `json:"limit_type"`
 	Message   string `json:"message"`

@@ -15,6 +15,9 @@ type ReAdmitParams struct {
 	TenantID, TaskID string
 	Limits           Limits
 	LongRunning      bool // the task asked for more than LongRunningThreshold of wall clock
+	// Spawned: a sub-agent's task, which holds no session of its own (its tree holds
+	// its root's): only the hand-off is checked, and no lease is taken.
+	Spawned bool
 }
 
 // ReAdmitRefusal is a re-admission refused by a full session limit.

@@ -979,9 +979,10 @@ func (r *taskRun) spawnParams(rec store.RecordStepParams, res StepResult) tasks.
 			}
 		}
 	}
-	p.Backlog = quotas.Off
+	p.Limits = quotas.NoLimits()
 	if r.policy != nil {
-		p.Budget, p.Tree, p.RunningCap, p.Backlog = r.policy.Budget, r.policy.Tree, r.policy.RunningCap, r.policy.Limits.Backlog
+		p.Budget, p.Tree, p.RunningCap, p.Limits = r.policy.Budget, r.policy.Tree, r.policy.RunningCap, r.policy.Limits
+		p.Period = r.tenant.Anchor().PeriodAt(time.Now())
 	}
 	return p
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
@@ -605,7 +606,7 @@ func TestSpawnSurvivesAWorkerKilledAfterItsCommit(t *testing.T) {
 	pro, _ := plans.Plan("pro")
 	if _, err := r.trees.Spawn(r.ctx, tasks.SpawnParams{
 		Step:   store.RecordStepParams{ID: root, Attempt: started.Attempt, Step: 1, AgentState: json.RawMessage(`{"n":1}`)},
-		Parent: started, Wait: true, Budget: pro.Budget, Tree: pro.Tree, Weight: 1, Backlog: quotas.Off,
+		Parent: started, Wait: true, Budget: pro.Budget, Tree: pro.Tree, Weight: 1, Limits: quotas.NoLimits(),
 		Spawns: []tasks.SpawnRequest{{Agent: "leaf", Input: json.RawMessage(`{"n":1}`)}, {Agent: "leaf", Input: json.RawMessage(`{"n":2}`)}},
 	}); err != nil {
 		t.Fatal(err)
@@ -626,5 +627,53 @@ func TestSpawnSurvivesAWorkerKilledAfterItsCommit(t *testing.T) {
 	if err != nil || len(kids) != 2 || len(out.Children) != 2 || parentSteps.Load() != 1 || r.task(root).State != agentqtype.TaskStateCompleted {
 		t.Fatalf("%d children written (%v), %d read, %d agent steps, parent %s; want 2, 2, 1, completed", len(kids), err,
 			len(out.Children), parentSteps.Load(), r.task(root).State)
+	}
+}
+
+// A paused child resumes without a session lease of its own: its tree holds its
+// root's, so a tenant whose concurrent_sessions the root fills can still resume it.
+func TestPausedChildResumesWithoutASession(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, tasks.LifecycleOptions{}, 2, nil)
+	r.agents.Register("parent", parentAgent(t))
+	r.agents.Register("counter", counter(t))
+	r.start()
+	cent := 0.01
+	root := r.submit("parent", spawnInput(t,
+		runtime.Spawn{Agent: "counter", Input: json.RawMessage(`{"steps":3,"cost_usd":0.01}`), Budget: &runtime.SpawnBudget{MaxCostUSD: &cent}},
+	), nil)
+	kid := r.waitChildren(root, 1)[0]
+	r.waitState(kid, agentqtype.TaskStatePaused)
+	r.setOverrides(map[string]quotas.Limit{quotas.ConcurrentSessions: 1})
+	if _, err := r.svc.Resume(r.ctx, tasks.ResumeParams{TenantID: tenant, ID: kid,
+		Budget: &tasks.BudgetRequest{MaxCostUSD: ptr(0.05)}}); err != nil {
+		t.Fatalf("resuming the child while its root holds the tenant's one session: %v", err)
+	}
+	if err := r.rdb.ZScore(r.ctx, r.keys.Sessions(tenant), kid.String()).Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("the resumed child holds a session lease (%v)", err)
+	}
+	r.waitState(kid, agentqtype.TaskStateCompleted)
+	r.waitState(root, agentqtype.TaskStateCompleted)
+}
+
+// A spawn while one of the tenant's period quotas is used up is refused with the
+// quota's limit_type and makes no child: the child could run no step.
+func TestSpawnRefusedByAUsedUpPeriodQuota(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.setOverrides(map[string]quotas.Limit{quotas.AgentStepsDaily: 1}) // the root's first step uses it up
+	r.agents.Register("parent", parentAgent(t))
+	r.agents.Register("leaf", leafAgent())
+	r.start()
+	root := r.submit("parent", spawnInput(t, runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":1}`)}), nil)
+	var rec agentqtype.SpawnRecord
+	r.eventually(func() bool {
+		return json.Unmarshal(r.task(root).Spawned, &rec) == nil && rec.Spawned != nil
+	}, "the root's spawning step is recorded")
+	if len(rec.Spawned) != 1 || rec.Spawned[0].Refused == nil || rec.Spawned[0].Refused.LimitType != quotas.AgentStepsDaily {
+		t.Fatalf("spawned %+v; want it refused %s", rec.Spawned, quotas.AgentStepsDaily)
+	}
+	if kids, err := r.st.UnscopedChildren(r.ctx, root); err != nil || len(kids) != 0 {
+		t.Fatalf("children %v (%v), want none", kids, err)
 	}
 }

@@ -113,7 +113,8 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 		sched: scheduler.New(rdb, keys, scheduler.Options{WakeInProcess: true}), q: limits{admission.New(rdb, keys, nil), capacity.NewPools(rdb, keys, nil)},
 		agents: runtime.NewRegistry(), log: &logBuffer{}}
 	// Every end's effects, as the App's lifecycle has them.
-	r.trees = tasks.NewTrees(tasks.TreesDeps{Store: st, Queue: r.sched, Agents: r.agents, Events: outbox.Events{}})
+	guard := admission.NewGuard(r.q.Store, admission.GuardOptions{Timeout: time.Second})
+	r.trees = tasks.NewTrees(tasks.TreesDeps{Store: st, Queue: r.sched, Agents: r.agents, Quotas: guard, Events: outbox.Events{}})
 	lcOpts.Subscribers = append(slices.Clip(lcOpts.Subscribers), tasks.NewEnds(tasks.EndsDeps{
 		Leases: r.q.Store, Queue: r.sched, Pools: r.q.Pools, Redis: rdb, Keys: keys}), r.trees)
 	r.lc = tasks.NewLifecycle(st, lcOpts)
@@ -124,7 +125,7 @@ func newRigWith(t testing.TB, lcOpts tasks.LifecycleOptions, slots int, wrap fun
 	logger := slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r.svc = tasks.New(tasks.Deps{
 		Store: st, Tenants: tenants.New(st, plans, tenants.Options{}),
-		Admission: admission.NewGuard(r.q.Store, admission.GuardOptions{Timeout: time.Second}),
+		Admission: guard,
 		Queue:     r.sched, Agents: r.agents, Redis: rdb, Keys: keys, Lifecycle: r.lc, Archetype: &baseservice.Archetype{Logger: logger},
 	})
 	queues := map[string]int{keys.TaskQueue(): 1}

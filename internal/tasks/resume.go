@@ -173,11 +173,12 @@ func (s *Service) notResumed(ctx context.Context, p ResumeParams, err error) err
 	return &NotPausedError{ID: p.ID, State: string(cur.State), Stale: cur.State == agentqtype.TaskStatePaused}
 }
 
-// readmit takes the resuming task's session lease.
+// readmit takes the resuming task's session lease; a spawned task takes none (its
+// tree holds its root's).
 func (s *Service) readmit(ctx context.Context, tenant tenants.Tenant, pol tenants.Policy, t store.Task, b quotas.TaskBudget) error {
 	err := s.d.Admission.Quotas().ReAdmit(ctx, quotas.ReAdmitParams{
 		TenantID: t.TenantID, TaskID: t.ID.String(), Limits: pol.Limits,
-		LongRunning: b.MaxWallclockS > quotas.LongRunningThreshold.Seconds(),
+		LongRunning: b.MaxWallclockS > quotas.LongRunningThreshold.Seconds(), Spawned: t.ParentID != nil,
 	})
 	var refused *quotas.ReAdmitRefusal
 	switch {

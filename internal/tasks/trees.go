@@ -42,9 +42,12 @@ type SpawnParams struct {
 	Tree       quotas.TreeBudgets
 	Weight     int
 	RunningCap int
-	// Backlog is the tenant's queue_backlog (quotas.Off: none): children queue like
-	// submissions, and a spawn past it is refused.
-	Backlog int64
+	// Limits are the tenant's (quotas.NoLimits: none): children queue like
+	// submissions, and a spawn past its queue_backlog is refused; a spawn while one of
+	// its period quotas (agent_steps_daily, ai_tokens_monthly, usd_monthly) is used up
+	// is refused with the quota's limit_type. Period is the tenant's billing period now.
+	Limits quotas.Limits
+	Period quotas.Period
 }
 
 // TreeQueue is what trees need of the scheduler: push a child onto its tenant's
@@ -61,10 +64,19 @@ type TreesDeps struct {
 	Queue TreeQueue
 	// Agents judges a spawn's agent and input, as a submission's.
 	Agents Agents
+	// Quotas reads the tenant's period quotas for a spawn (an admission peek, which
+	// takes nothing); nil checks none.
+	Quotas QuotaPeek
 	// Events writes, in the spawning step's transaction, the usage.limit_hit of a
 	// spawn a tree's limit refused (outbox.Events); nil writes none.
 	Events TreeEvents
 	Log    *slog.Logger
+}
+
+// QuotaPeek reads a tenant's limits as admission would judge them, taking nothing
+// (quotas.ModePeek).
+type QuotaPeek interface {
+	Admit(ctx context.Context, p quotas.AdmitParams) (quotas.Decision, error)
 }
 
 // TreeEvents writes the event of a spawn refused by its tree's budget, on tx.
@@ -241,8 +253,9 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 			scopes = k.Scopes.Agents
 		}
 	}
+	quota := tr.usedUpQuota(ctx, p)
 	queued := int64(-1) // the tenant's queue, read when the backlog is bounded
-	if len(p.Spawns) > 0 && p.Backlog >= 0 {
+	if len(p.Spawns) > 0 && p.Limits.Backlog >= 0 {
 		n, err := tr.d.Queue.QueueLen(ctx, p.Parent.TenantID)
 		if err != nil {
 			tr.d.Log.Warn("reading the tenant's queue for its backlog failed; the spawns are not held to it", "task_id", p.Parent.ID, "err", err)
@@ -251,9 +264,13 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 		}
 	}
 	for i, s := range p.Spawns {
-		if queued >= 0 && queued+1 > p.Backlog {
+		if quota != nil {
+			out[i] = quota
+			continue
+		}
+		if queued >= 0 && queued+1 > p.Limits.Backlog {
 			out[i] = &agentqtype.SpawnRefusal{LimitType: quotas.QueueBacklog,
-				Message: fmt.Sprintf("the tenant's queue holds %d tasks; its queue_backlog is %d", queued, p.Backlog)}
+				Message: fmt.Sprintf("the tenant's queue holds %d tasks; its queue_backlog is %d", queued, p.Limits.Backlog)}
 			continue
 		}
 		if len(scopes) > 0 && !slices.Contains(scopes, s.Agent) {
@@ -273,6 +290,36 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 		}
 	}
 	return out
+}
+
+// usedUpQuota is the refusal of every spawn of p when one of its tenant's period
+// quotas is used up (nil: none is, none is on, or there is nothing to spawn). The
+// quota's own usage.limit_hit is its period's, written when its use reached it: a
+// spawn refused by it adds none. Unreadable quotas refuse nothing: each of the
+// children's steps is reserved against them in any case.
+func (tr *Trees) usedUpQuota(ctx context.Context, p SpawnParams) *agentqtype.SpawnRefusal {
+	l := p.Limits
+	if len(p.Spawns) == 0 || tr.d.Quotas == nil || (l.StepsDaily < 0 && l.TokensMonthly < 0 && l.USDMonthlyMicro < 0) {
+		return nil
+	}
+	d, err := tr.d.Quotas.Admit(ctx, quotas.AdmitParams{Mode: quotas.ModePeek, TenantID: p.Parent.TenantID, Limits: l, Period: p.Period})
+	if err != nil {
+		tr.d.Log.Warn("reading the tenant's period quotas for a spawn failed; the children's steps are held to them", "task_id", p.Parent.ID, "err", err)
+		return nil
+	}
+	for _, sc := range d.Scopes {
+		usedUp := sc.Violated || (sc.Limit >= 0 && sc.Used >= sc.Limit) // a limit of -1 is off
+		if !usedUp || !slices.Contains(quotas.PeriodQuotas, sc.Name) {
+			continue
+		}
+		used, limit := sc.Used, sc.Limit
+		if sc.Name == quotas.USDMonthly {
+			used, limit = used/1e6, limit/1e6
+		}
+		return &agentqtype.SpawnRefusal{LimitType: sc.Name,
+			Message: fmt.Sprintf("the tenant's %s is used up (%v of %v)", sc.Name, used, limit)}
+	}
+	return nil
 }
 
 // makeChildren judges each spawn against the tree (loops, depth, tasks, steps,

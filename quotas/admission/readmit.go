@@ -23,15 +23,19 @@ import (
 // by a release that failed, or a retried resume's. Its expiry is pushed a lease TTL
 // forward, as a fresh lease's would be.
 //
+// A spawned task (ARGV[8]) holds no lease of its own, its tree holding its root's:
+// past the hand-off check it is granted, and takes nothing.
+//
 // KEYS[1] session leases   KEYS[2] long-running leases   KEYS[3] tenant running set
 // ARGV[1] now ms or ""   ARGV[2] task id   ARGV[3] lease ttl ms   ARGV[4] "1" if long-running
 // ARGV[5] concurrent_sessions (< 0: off)   ARGV[6] long_running_inflight (< 0: off)
-// ARGV[7] lease set keep ms
+// ARGV[7] lease set keep ms   ARGV[8] "1" if spawned
 // Returns {1 granted or 0, the limit that refused or "handoff" ("" when granted), leases held}.
 var reAdmitScript = redis.NewScript(script.Now + `
 local SL, LL, task = KEYS[1], KEYS[2], ARGV[2]
 local is_long, sessions, long = ARGV[4] == '1', tonumber(ARGV[5]), tonumber(ARGV[6])
 if redis.call('SISMEMBER', KEYS[3], task) == 1 then return {0, 'handoff', 0} end
+if ARGV[8] == '1' then return {1, '', 0} end
 local expiry = now + tonumber(ARGV[3])
 if redis.call('ZADD', SL, 'XX', 'CH', expiry, task) + redis.call('ZADD', LL, 'XX', 'CH', expiry, task) > 0 then
   return {1, '', 0}
@@ -54,12 +58,12 @@ return {1, '', s + 1}
 `)
 
 // ReAdmit takes a session lease for a stored task (a paused task resuming), or makes
-// the one it holds its own. A full limit is a *ReAdmitRefusal; a task still in its
+// the one it holds its own; a spawned task takes none. A full limit is a *ReAdmitRefusal; a task still in its
 // running set is ErrHandOff.
 func (tl *TaskLeases) ReAdmit(ctx context.Context, p quotas.ReAdmitParams) error {
 	res, err := reAdmitScript.Run(ctx, tl.rdb, []string{tl.keys.Sessions(p.TenantID), tl.keys.LongRunning(p.TenantID), tl.keys.TenantRunning(p.TenantID)},
 		tl.nowArg(), p.TaskID, leaseTTL.Milliseconds(), script.Bool(p.LongRunning), p.Limits.Sessions, p.Limits.LongRunning,
-		(leaseTTL + leaseSlack).Milliseconds()).Slice()
+		(leaseTTL + leaseSlack).Milliseconds(), script.Bool(p.Spawned)).Slice()
 	if err != nil {
 		return fmt.Errorf("quotas: re-admit: %w", err)
 	}

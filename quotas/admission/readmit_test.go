@@ -24,6 +24,7 @@ func TestReAdmit(t *testing.T) {
 		limits       quotas.Limits
 		task         string
 		longRunning  bool
+		spawned      bool
 		refusedBy    string
 		wantSessions []string
 		wantLong     []string
@@ -40,6 +41,10 @@ func TestReAdmit(t *testing.T) {
 			task: "t", longRunning: true, refusedBy: quotas.LongRunningInflight, wantSessions: []string{"a"}, wantLong: []string{"l"}},
 		{name: "long-running with room", limits: quotas.Limits{Sessions: 3, LongRunning: 1}, task: "t", longRunning: true,
 			wantLong: []string{"t"}},
+		{name: "spawned takes no lease, even when full", sessions: []string{"a", "b"}, limits: quotas.Limits{Sessions: 2, LongRunning: quotas.Off},
+			task: "t", spawned: true, wantSessions: []string{"a", "b"}},
+		{name: "spawned long-running takes none either", limits: quotas.Limits{Sessions: 3, LongRunning: 1}, task: "t", longRunning: true,
+			spawned: true},
 		{name: "off", sessions: []string{"a", "b"}, limits: quotas.Limits{Sessions: quotas.Off, LongRunning: quotas.Off}, task: "t",
 			wantSessions: []string{"a", "b", "t"}},
 	} {
@@ -56,7 +61,8 @@ func TestReAdmit(t *testing.T) {
 			}
 			seed(f.keys.Sessions("acme"), tc.sessions)
 			seed(f.keys.LongRunning("acme"), tc.long)
-			err := f.q.ReAdmit(ctx, quotas.ReAdmitParams{TenantID: "acme", TaskID: tc.task, Limits: tc.limits, LongRunning: tc.longRunning})
+			err := f.q.ReAdmit(ctx, quotas.ReAdmitParams{TenantID: "acme", TaskID: tc.task, Limits: tc.limits, LongRunning: tc.longRunning,
+				Spawned: tc.spawned})
 			var refused *quotas.ReAdmitRefusal
 			switch {
 			case tc.refusedBy == "" && err != nil:
@@ -109,6 +115,9 @@ func TestReAdmitWaitsForTheHandOffAndOwnsTheLease(t *testing.T) {
 	}
 	if sc := f.rdb.ZScore(ctx, f.keys.Sessions("acme"), "t").Val(); sc != old {
 		t.Fatalf("a refused re-admit changed the lease: %v, want %v", sc, old)
+	}
+	if err := f.q.ReAdmit(ctx, quotas.ReAdmitParams{TenantID: "acme", TaskID: "t", Limits: limits, Spawned: true}); !errors.Is(err, quotas.ErrHandOff) {
+		t.Fatalf("a spawned task's re-admit during the hand-off: %v, want ErrHandOff", err)
 	}
 	f.rdb.SRem(ctx, f.keys.TenantRunning("acme"), "t")
 	if err := f.q.ReAdmit(ctx, quotas.ReAdmitParams{TenantID: "acme", TaskID: "t", Limits: limits}); err != nil {
