@@ -118,6 +118,7 @@ type App struct {
 
 	services    *services.Services
 	lifecycle   *tasks.Lifecycle
+	trees       *tasks.Trees
 	commitments *outbox.Commitments // the plans' commitments, checked at starts and by the janitor
 	// approvals signs the approval links of paused tasks (in their pause's event)
 	// and checks them (the API's /approve).
@@ -227,6 +228,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		Subscribers: []tasks.Subscriber{a.outboxSubscriber(tenantSvc), a.ends(), trees},
 	})
 	trees.Use(a.lifecycle)
+	a.trees = trees
 	deps.Lifecycle, deps.Tenants = a.lifecycle, tenantSvc
 	a.services = services.New(deps)
 	a.agents.Remote = a.services.Agents.Resolver([]byte(a.cfg.AgentSecret), a.archetype)
@@ -535,7 +537,7 @@ func (a *App) maintenanceDeps() maintenance.Deps {
 	}
 	return maintenance.Deps{
 		Store: a.store, Pool: leaderPool, Redis: a.rdb, Keys: a.keys,
-		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle,
+		Scheduler: a.sched, Quotas: a.quotas, Plans: a.plans, Lifecycle: a.lifecycle, Trees: a.trees,
 		Usage: usage.NewLedger(a.store), Rejections: a.rejections, Corrections: a.store, Webhooks: a.store,
 		LateStarts: lateStarts{a.commitments, a.store}, Pauses: a.services.Tasks,
 		Archetype: a.archetype,

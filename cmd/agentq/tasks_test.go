@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentq/agentq/agentqtype"
 	"github.com/agentq/agentq/internal/store"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // agentq admin task-resume resumes a paused task through the tasks service: a raise
@@ -73,10 +74,7 @@ func TestCLIPrintsATaskTree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := h.store.Pool().Exec(ctx, `UPDATE tasks SET parent_id = $2, root_id = $2, depth = 1, spawn_step = 1, spawn_index = 0 WHERE id = $1`,
-		kid, root); err != nil {
-		t.Fatal(err)
-	}
+	testfactory.TaskChildOf(t, h.store.Pool(), kid, root, 0)
 	out, err := h.cli("task-tree", kid.String(), "--tenant", "cli-tree")
 	if err != nil {
 		t.Fatal(err)

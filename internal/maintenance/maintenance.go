@@ -37,6 +37,9 @@ type Deps struct {
 	// Lifecycle makes the task state changes the passes decide on; nil: a
 	// tasks.Lifecycle over Pool.
 	Lifecycle Lifecycle
+	// Trees cancels the tasks a tree's end left live; nil: trees over Pool that
+	// cancel through a lifecycle as Lifecycle's default is made.
+	Trees Trees
 	// Pool is the Postgres pool the elector takes its leader lock on.
 	Pool      *pgxpool.Pool
 	Redis     redis.UniversalClient
@@ -70,18 +73,34 @@ type Deps struct {
 
 func (d Deps) logger() *slog.Logger { return d.Archetype.Defaults().Logger }
 
-// lifecycle is d.Lifecycle, or one over d.Pool whose ends' effects (tasks.Ends)
-// release through d.Quotas' client and remove through d.Scheduler.
+// lifecycle is d.Lifecycle, or a new one over d.Pool (newLifecycle).
 func (d Deps) lifecycle() Lifecycle {
 	if d.Lifecycle != nil {
 		return d.Lifecycle
 	}
+	return d.newLifecycle()
+}
+
+// newLifecycle is a lifecycle over d.Pool whose ends' effects (tasks.Ends) release
+// through d.Quotas' client and remove through d.Scheduler.
+func (d Deps) newLifecycle() *tasks.Lifecycle {
 	o := tasks.LifecycleOptions{Archetype: d.Archetype}
 	if d.Quotas != nil {
 		o.Subscribers = []tasks.Subscriber{tasks.NewEnds(tasks.EndsDeps{Leases: d.Quotas, Queue: d.Scheduler, Redis: d.Redis,
 			Keys: d.Keys, Log: d.logger()})}
 	}
 	return tasks.NewLifecycle(store.New(d.Pool), o)
+}
+
+// trees is d.Trees, or trees over d.Pool cancelling through a new lifecycle.
+func (d Deps) trees() Trees {
+	if d.Trees != nil {
+		return d.Trees
+	}
+	st := store.New(d.Pool)
+	tr := tasks.NewTrees(tasks.TreesDeps{Store: st, Log: d.logger()})
+	tr.Use(d.newLifecycle())
+	return tr
 }
 
 // Store is the part of the store the passes read (*store.Store). A task's state
@@ -103,6 +122,10 @@ type Lifecycle interface {
 	// Finish abandons a task whose attempts keep dying (FinishParams.Abandoned).
 	Finish(ctx context.Context, p tasks.FinishParams) (bool, error)
 	ExpireOverdue(ctx context.Context, limit int) ([]store.Task, error)
+}
+
+// Trees is the part of task trees the tree repair uses (*tasks.Trees).
+type Trees interface {
 	// CancelOrphans cancels live tasks whose parent has ended.
 	CancelOrphans(ctx context.Context, limit int) ([]store.Task, error)
 }

@@ -55,15 +55,15 @@ type TreeRepair struct {
 
 	TestSignals TreeRepairTestSignals
 
-	lifecycle Lifecycle
-	leader    Leadership
-	log       *slog.Logger
-	cfg       TreeRepairConfig
+	trees  Trees
+	leader Leadership
+	log    *slog.Logger
+	cfg    TreeRepairConfig
 }
 
 // NewTreeRepair returns a stopped pass that runs while leader leads.
 func NewTreeRepair(d Deps, leader Leadership, c TreeRepairConfig) *TreeRepair {
-	return &TreeRepair{lifecycle: d.lifecycle(), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults()}
+	return &TreeRepair{trees: d.trees(), leader: leader, log: d.logger().With("component", "janitor"), cfg: c.withDefaults()}
 }
 
 // Start runs the pass every Interval while this process leads, until Stop.
@@ -83,7 +83,7 @@ func (p *TreeRepair) runOnce(ctx context.Context) (TreeRepairResult, error) {
 	res.Stats, err = withinBudget(ctx, passTrees, p.cfg.Budget, func(ctx context.Context, st *PassStats) error {
 		// Each end's effects (lease, queue entry, state message, the task's own
 		// children) follow its commit, whatever is left of the budget.
-		ts, err := p.lifecycle.CancelOrphans(ctx, p.cfg.Limit)
+		ts, err := p.trees.CancelOrphans(ctx, p.cfg.Limit)
 		res.Cancelled = len(ts)
 		if err != nil {
 			return err

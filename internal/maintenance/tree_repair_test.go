@@ -7,13 +7,13 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentq/agentq/agentqtype"
+	"github.com/agentq/agentq/internal/testenv/testfactory"
 )
 
 // child makes id a child of parent, as a spawn does.
 func (f *fixture) child(parent, id uuid.UUID, index int) {
 	f.t.Helper()
-	f.exec(`UPDATE tasks SET parent_id = $2, root_id = $2, depth = 1, spawn_step = 1, spawn_index = $3 WHERE id = $1`, id, parent, index)
-	f.exec(`UPDATE tasks SET children = children + 1 WHERE id = $1`, parent)
+	testfactory.TaskChildOf(f.t, f.Pool, id, parent, index)
 }
 
 // A parent that ended while its children were live, its process gone before it
@@ -29,7 +29,9 @@ func TestTreeRepairCancelsOrphans(t *testing.T) {
 	f.child(gone, orphan, 0)
 	f.child(gone, done, 1)
 	f.child(live, kept, 0)
-	f.exec(`UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = ANY($1)`, []uuid.UUID{gone, done})
+	for _, id := range []uuid.UUID{gone, done} {
+		testfactory.TaskEnded(t, f.Pool, id, string(agentqtype.TaskStateCompleted))
+	}
 
 	p := NewTreeRepair(f.Deps, NewElector(f.Deps, ElectorConfig{}), TreeRepairConfig{})
 	res, err := p.runOnce(f.ctx)

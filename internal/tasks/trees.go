@@ -528,14 +528,14 @@ func (s *Service) Tree(ctx context.Context, tenantID string, sc Scope, id uuid.U
 // CancelOrphans cancels up to limit live tasks whose parent has ended (killed,
 // parent_ended): the repair of a parent's end whose process died before it
 // cancelled its children. It returns the tasks it ended.
-func (l *Lifecycle) CancelOrphans(ctx context.Context, limit int) ([]store.Task, error) {
-	orphans, err := l.store.UnscopedOrphans(ctx, limit)
+func (tr *Trees) CancelOrphans(ctx context.Context, limit int) ([]store.Task, error) {
+	orphans, err := tr.d.Store.UnscopedOrphans(ctx, limit)
 	if err != nil {
 		return nil, err
 	}
 	var ended []store.Task
 	for _, o := range orphans {
-		t, ok, err := l.Cancel(ctx, CancelParams{TenantID: o.TenantID, ID: o.ID, Reason: agentqtype.ParentEnded(o.ParentState)})
+		t, ok, err := tr.lc.Cancel(ctx, CancelParams{TenantID: o.TenantID, ID: o.ID, Reason: agentqtype.ParentEnded(o.ParentState)})
 		if err != nil {
 			return ended, err
 		}

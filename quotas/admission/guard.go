@@ -386,6 +386,3 @@ func (g *Guard) heartbeat(ctx context.Context) {
 	}
 	g.replicas.Store(max(card.Val(), 1))
 }
-
-// Replicas is the last known number of live API replicas.
-func (g *Guard) Replicas() int64 { return g.replicas.Load() }

@@ -57,6 +57,14 @@ func TaskTakenOver(t testing.TB, db DB, id any) {
 	exec(t, db, `UPDATE tasks SET attempt = attempt + 1, heartbeat_at = now() WHERE id = $1`, id)
 }
 
+// TaskChildOf makes the task the index-th child of parent, spawned by its first step, as
+// a spawn does (parent is a root): the child's tree columns and the parent's count.
+func TaskChildOf(t testing.TB, db DB, id, parent any, index int) {
+	t.Helper()
+	exec(t, db, `UPDATE tasks SET parent_id = $2, root_id = $2, depth = 1, spawn_step = 1, spawn_index = $3 WHERE id = $1`, id, parent, index)
+	exec(t, db, `UPDATE tasks SET children = children + 1 WHERE id = $1`, parent)
+}
+
 // TaskEnded ends the task in state (completed, failed, killed, ...) now.
 func TaskEnded(t testing.TB, db DB, id any, state string) {
 	t.Helper()
