@@ -286,7 +286,7 @@ func treesBenchCmd(asJSON *bool) *cobra.Command {
 			}
 			return printBench(*asJSON, res, fmt.Sprintf(
 				"a tree of %d tasks (%d leaves): %.3f ms of machine a task against %.3f for plain submissions (%.2fx); "+
-					"the flood's share beside it %.3f, beside plain tasks %.3f (change %.3f)",
+					"the flood's share of worker time beside it %.3f, beside plain tasks %.3f (change %.3f)",
 				res.Tasks, res.Leaves, res.TreeMsPerTask, res.PlainMsPerTask, res.OverheadPerChild,
 				res.FloodShareBesideTree, res.FloodShareBesidePlain, res.ShareChange))
 		},
