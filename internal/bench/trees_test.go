@@ -20,8 +20,10 @@ func TestTreesBenchRunsTheTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A tree this small gives a window of a few starts: a share may be 0 or 1.
+	share := func(f float64) bool { return f >= 0 && f <= 1 }
 	if res.Tasks != 16 || res.Leaves != 12 || res.PlainMsPerTask <= 0 || res.TreeMsPerTask <= 0 || res.OverheadPerChild <= 0 ||
-		res.FloodShareBesidePlain <= 0 || res.FloodShareBesideTree <= 0 {
+		!share(res.FloodShareBesidePlain) || !share(res.FloodShareBesideTree) {
 		t.Fatalf("result %+v", res)
 	}
 }
