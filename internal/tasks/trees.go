@@ -55,7 +55,6 @@ type SpawnParams struct {
 type TreeQueue interface {
 	Enqueue(ctx context.Context, p scheduler.EnqueueParams, along ...func(redis.Pipeliner)) error
 	WakeParked(ctx context.Context, tenantID string, taskID uuid.UUID) (bool, error)
-	QueueLen(ctx context.Context, tenantID string) (int64, error)
 }
 
 // TreesDeps are what task trees need.
@@ -64,8 +63,8 @@ type TreesDeps struct {
 	Queue TreeQueue
 	// Agents judges a spawn's agent and input, as a submission's.
 	Agents Agents
-	// Quotas reads the tenant's period quotas for a spawn (an admission peek, which
-	// takes nothing); nil checks none.
+	// Quotas reads the tenant's backlog and period quotas for a step's spawns (one
+	// admission peek, which takes nothing); nil holds spawns to neither.
 	Quotas QuotaPeek
 	// Events writes, in the spawning step's transaction, the usage.limit_hit of a
 	// spawn a tree's limit refused (outbox.Events); nil writes none.
@@ -242,9 +241,9 @@ func (tr *Trees) Spawn(ctx context.Context, p SpawnParams) (agentqtype.SpawnReco
 	return rec, nil
 }
 
-// judgeAgents refuses, before the transaction, the spawns past the tenant's
-// queue_backlog and those whose agent is unknown, refuses their input, or is outside
-// the root key's scopes (nil: allowed).
+// judgeAgents refuses, before the transaction, every spawn while one of the tenant's
+// period quotas is used up, the spawns past its queue_backlog, and those whose agent
+// is unknown, refuses their input, or is outside the root key's scopes (nil: allowed).
 func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.SpawnRefusal {
 	out := make([]*agentqtype.SpawnRefusal, len(p.Spawns))
 	var scopes []string
@@ -253,16 +252,7 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 			scopes = k.Scopes.Agents
 		}
 	}
-	quota := tr.usedUpQuota(ctx, p)
-	queued := int64(-1) // the tenant's queue, read when the backlog is bounded
-	if len(p.Spawns) > 0 && p.Limits.Backlog >= 0 {
-		n, err := tr.d.Queue.QueueLen(ctx, p.Parent.TenantID)
-		if err != nil {
-			tr.d.Log.Warn("reading the tenant's queue for its backlog failed; the spawns are not held to it", "task_id", p.Parent.ID, "err", err)
-		} else {
-			queued = n
-		}
-	}
+	quota, queued := tr.tenantRoom(ctx, p)
 	for i, s := range p.Spawns {
 		if quota != nil {
 			out[i] = quota
@@ -270,7 +260,7 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 		}
 		if queued >= 0 && queued+1 > p.Limits.Backlog {
 			out[i] = &agentqtype.SpawnRefusal{LimitType: quotas.QueueBacklog,
-				Message: fmt.Sprintf("the tenant's queue holds %d tasks; its queue_backlog is %d", queued, p.Limits.Backlog)}
+				Message: fmt.Sprintf("the tenant's backlog holds %d tasks; its queue_backlog is %d", queued, p.Limits.Backlog)}
 			continue
 		}
 		if len(scopes) > 0 && !slices.Contains(scopes, s.Agent) {
@@ -292,34 +282,40 @@ func (tr *Trees) judgeAgents(ctx context.Context, p SpawnParams) []*agentqtype.S
 	return out
 }
 
-// usedUpQuota is the refusal of every spawn of p when one of its tenant's period
-// quotas is used up (nil: none is, none is on, or there is nothing to spawn). The
+// tenantRoom reads, in one admission peek, what the tenant's limits leave p's spawns:
+// the refusal of every spawn when one of its period quotas is used up (nil: none
+// is), and its backlog as admission counts it (-1: unbounded, or unread). A period
 // quota's own usage.limit_hit is its period's, written when its use reached it: a
-// spawn refused by it adds none. Unreadable quotas refuse nothing: each of the
-// children's steps is reserved against them in any case.
-func (tr *Trees) usedUpQuota(ctx context.Context, p SpawnParams) *agentqtype.SpawnRefusal {
+// spawn refused by it adds none. An unread peek holds the spawns to neither; each of
+// the children's steps is reserved against the quotas in any case.
+func (tr *Trees) tenantRoom(ctx context.Context, p SpawnParams) (*agentqtype.SpawnRefusal, int64) {
 	l := p.Limits
-	if len(p.Spawns) == 0 || tr.d.Quotas == nil || (l.StepsDaily < 0 && l.TokensMonthly < 0 && l.USDMonthlyMicro < 0) {
-		return nil
+	if len(p.Spawns) == 0 || tr.d.Quotas == nil || (l.Backlog < 0 && l.StepsDaily < 0 && l.TokensMonthly < 0 && l.USDMonthlyMicro < 0) {
+		return nil, -1
 	}
 	d, err := tr.d.Quotas.Admit(ctx, quotas.AdmitParams{Mode: quotas.ModePeek, TenantID: p.Parent.TenantID, Limits: l, Period: p.Period})
 	if err != nil {
-		tr.d.Log.Warn("reading the tenant's period quotas for a spawn failed; the children's steps are held to them", "task_id", p.Parent.ID, "err", err)
-		return nil
+		tr.d.Log.Warn("reading the tenant's limits for a spawn failed; the spawns are held to neither its backlog nor its period quotas",
+			"task_id", p.Parent.ID, "err", err)
+		return nil, -1
 	}
+	var refusal *agentqtype.SpawnRefusal
+	queued := int64(-1)
 	for _, sc := range d.Scopes {
-		usedUp := sc.Violated || (sc.Limit >= 0 && sc.Used >= sc.Limit) // a limit of -1 is off
-		if !usedUp || !slices.Contains(quotas.PeriodQuotas, sc.Name) {
-			continue
+		switch {
+		case sc.Name == quotas.QueueBacklog && l.Backlog >= 0:
+			queued = int64(sc.Used)
+		case refusal == nil && slices.Contains(quotas.PeriodQuotas, sc.Name) &&
+			(sc.Violated || (sc.Limit >= 0 && sc.Used >= sc.Limit)): // a limit of -1 is off
+			used, limit := sc.Used, sc.Limit
+			if sc.Name == quotas.USDMonthly {
+				used, limit = used/1e6, limit/1e6
+			}
+			refusal = &agentqtype.SpawnRefusal{LimitType: sc.Name,
+				Message: fmt.Sprintf("the tenant's %s is used up (%v of %v)", sc.Name, used, limit)}
 		}
-		used, limit := sc.Used, sc.Limit
-		if sc.Name == quotas.USDMonthly {
-			used, limit = used/1e6, limit/1e6
-		}
-		return &agentqtype.SpawnRefusal{LimitType: sc.Name,
-			Message: fmt.Sprintf("the tenant's %s is used up (%v of %v)", sc.Name, used, limit)}
 	}
-	return nil
+	return refusal, queued
 }
 
 // makeChildren judges each spawn against the tree (loops, depth, tasks, steps,
