@@ -27,17 +27,10 @@ func (e Events) BudgetStop(ctx context.Context, tx *store.Store, t store.Task, s
 		at = *t.FinishedAt
 	}
 	r := budgetRefusal(t, tenant, at, stop)
-	var ev Event
-	if root := rootOf(t); root == "" {
-		ev, err = e.LimitHit(r)
-	} else {
-		var d LimitData
-		var key string
-		if d, key, err = refusalData(r); err == nil {
-			d.TaskID, d.RootID = t.ID.String(), root
-			ev, err = e.build(TypeLimitHit, key, at, d)
-		}
+	if root := rootOf(t); root != "" { // a tree's stop names its task and root
+		r.TaskID, r.RootID = t.ID.String(), root
 	}
+	ev, err := e.LimitHit(r)
 	if err != nil {
 		return err
 	}
@@ -56,13 +49,13 @@ func (e Events) TreeRefusal(ctx context.Context, tx *store.Store, parent store.T
 		return fmt.Errorf("billing: the tenant of a limit_hit: %w", err)
 	}
 	at := time.Now()
-	r := Refusal{TenantID: parent.TenantID, Plan: tenant.Plan, LimitType: stop.LimitType, Limit: stop.Limit, Used: stop.Used, At: at}
+	r := Refusal{TenantID: parent.TenantID, Plan: tenant.Plan, LimitType: stop.LimitType, Limit: stop.Limit, Used: stop.Used, At: at,
+		TaskID: parent.ID.String(), RootID: parent.Root().String()}
 	d, _, err := refusalData(r)
 	if err != nil {
 		return err
 	}
-	d.Window = nil
-	d.TaskID, d.RootID = parent.ID.String(), parent.Root().String()
+	d.Window = nil // one per tree and limit, not per window
 	ev, err := e.build(TypeLimitHit, TreeKey(parent.TenantID, parent.Root(), stop.LimitType), at, d)
 	if err != nil {
 		return err
@@ -102,4 +95,12 @@ func budgetRefusal(t store.Task, tenant store.Tenant, at time.Time, stop *quotas
 		r.Period = &span
 	}
 	return r
+}
+
+// rootOf is the root_id events show for t: its tree's root, "" outside a tree.
+func rootOf(t store.Task) string {
+	if t.ParentID == nil && t.Children == 0 {
+		return ""
+	}
+	return t.Root().String()
 }

@@ -11,7 +11,6 @@ import (
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/google/uuid"
 
-	"github.com/agentq/agentq/internal/store"
 	"github.com/agentq/agentq/quotas"
 )
 
@@ -118,14 +117,6 @@ func PeriodKey(tenant, limitType string, periodStart time.Time, threshold int) s
 // and limit.
 func TreeKey(tenant string, root uuid.UUID, limitType string) string {
 	return strings.Join([]string{tenant, "tree", root.String(), limitType}, "|")
-}
-
-// rootOf is the root_id events show for t: its tree's root, "" outside a tree.
-func rootOf(t store.Task) string {
-	if t.ParentID == nil && t.Children == 0 {
-		return ""
-	}
-	return t.Root().String()
 }
 
 // WindowStart is the start of the DedupeWindow holding at.
@@ -244,7 +235,8 @@ type LimitData struct {
 	// mode, a shared pool, a global limit), not the tenant's plan; absent otherwise.
 	RefusedBy  string `json:"refused_by,omitempty"`
 	UpgradeURL string `json:"upgrade_url"`
-	// TaskID is the task a pause stopped (a pause's event only), and ApprovalURL the
+	// TaskID is the task a pause stopped, or the tree task a budget stopped (or whose
+	// spawn its tree refused); absent otherwise. ApprovalURL (a pause's only) is the
 	// signed link through which a person sees its usage and approves a raise that
 	// resumes it, valid until ApprovalExpires (when its pause times out).
 	TaskID string `json:"task_id,omitempty"`
@@ -332,6 +324,9 @@ type Refusal struct {
 	Platform    bool
 	Enforcement Enforcement // EnforcementRefused when empty
 	At          time.Time
+	// TaskID and RootID name the task the refusal stopped or paused and its tree's
+	// root (see LimitData); empty for an admission's refusal.
+	TaskID, RootID string
 }
 
 // LimitHit returns the limit_hit event of a refusal. Its dedupe key is the period's
@@ -352,7 +347,7 @@ func refusalData(r Refusal) (LimitData, string, error) {
 	d := LimitData{
 		TenantID: r.TenantID, Plan: r.Plan, LimitType: r.LimitType,
 		LimitValue: amount(r.LimitType, r.Limit), CurrentUsage: amount(r.LimitType, r.Used),
-		Enforcement: r.Enforcement, SLAClassification: Classify(causeOf(r)),
+		Enforcement: r.Enforcement, SLAClassification: Classify(causeOf(r)), TaskID: r.TaskID, RootID: r.RootID,
 	}
 	if r.Platform {
 		d.RefusedBy = RefusedByPlatform

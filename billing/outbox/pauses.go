@@ -42,12 +42,11 @@ func (p Pauses) Paused(ctx context.Context, tx *store.Store, t store.Task, stop 
 		at = *t.Pause.At
 	}
 	r := budgetRefusal(t, tenant, at, stop)
-	r.Enforcement = EnforcementPaused
+	r.Enforcement, r.TaskID, r.RootID = EnforcementPaused, t.ID.String(), rootOf(t)
 	d, _, err := refusalData(r)
 	if err != nil {
 		return err
 	}
-	d.TaskID, d.RootID = t.ID.String(), rootOf(t)
 	if p.Link != nil {
 		timeout := quotas.DefaultPauseTimeout
 		if p.Timeout != nil {
