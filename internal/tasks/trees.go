@@ -406,19 +406,23 @@ func admitChild(p SpawnParams, s SpawnRequest, tb quotas.TreeBudget, use *store.
 	if err != nil {
 		return refuse(agentqtype.SpawnInvalid, "%v", err)
 	}
+	// Steps are capped by what the tree has left: a task's step count is checked
+	// before each step. Money is not: a step's cost is known only after it ran, so a
+	// child handed less than it asked for would pass it by its first step, and every
+	// child at the tree's edge with it. A child gets the money it asks for, or none.
 	leftSteps := int64(tb.MaxSteps) - use.HeldSteps
 	leftCost := int64(math.Round(tb.MaxCostUSD*1e6)) - use.HeldCostMicro
+	costMicro := int64(math.Round(b.MaxCostUSD * 1e6))
 	switch {
 	case leftSteps < 1:
 		stop = &quotas.Stop{LimitType: quotas.TreeMaxSteps, Limit: int64(tb.MaxSteps), Used: use.HeldSteps}
 		return refuse(quotas.TreeMaxSteps, "the tree has no steps left of its max_steps %d", tb.MaxSteps)
-	case leftCost < 1:
+	case costMicro > leftCost:
 		stop = &quotas.Stop{LimitType: quotas.TreeMaxCostUSD, Limit: int64(math.Round(tb.MaxCostUSD * 1e6)), Used: use.HeldCostMicro}
-		return refuse(quotas.TreeMaxCostUSD, "the tree has nothing left of its max_cost_usd %v", tb.MaxCostUSD)
+		return refuse(quotas.TreeMaxCostUSD, "the child's max_cost_usd %v is more than the $%v its tree has left of its max_cost_usd %v",
+			b.MaxCostUSD, float64(max(leftCost, 0))/1e6, tb.MaxCostUSD)
 	}
 	b.MaxSteps = int(min(int64(b.MaxSteps), leftSteps))
-	costMicro := min(int64(math.Round(b.MaxCostUSD*1e6)), leftCost)
-	b.MaxCostUSD = float64(costMicro) / 1e6
 	use.Tasks++
 	use.HeldSteps += int64(b.MaxSteps)
 	use.HeldCostMicro += costMicro
