@@ -262,6 +262,15 @@ func (p Plan) PauseTimeout() time.Duration {
 	return time.Duration(p.PauseTimeoutS * float64(time.Second))
 }
 
+// RepeatSteps is how many steps in a row of a task of the plan may answer the same
+// state and output: its max_repeat_steps, else DefaultMaxRepeatSteps.
+func (p Plan) RepeatSteps() int {
+	if p.MaxRepeatSteps <= 0 {
+		return DefaultMaxRepeatSteps
+	}
+	return p.MaxRepeatSteps
+}
+
 // validatePause checks on_limit and pause_timeout_s.
 func (p Plan) validatePause() error {
 	valid := func(a OnLimit) bool { return a == "" || a == OnLimitStop || a == OnLimitPause }

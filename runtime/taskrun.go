@@ -262,12 +262,15 @@ func (r *taskRun) prepare() outcome {
 		return r.requeue("reading the tenant failed", err)
 	}
 	r.res = reservation{limits: r.w.limits, batch: r.w.batch, log: r.log, tenant: r.task.TenantID, quotas: quotas.NoLimits(), weight: 1}
+	r.maxRepeat = quotas.DefaultMaxRepeatSteps // the plan's once its policy is read
 	r.maxPaused = -1
 	var planBudget *quotas.Budget
 	if r.w.opts.Policies != nil {
 		if p, err := r.w.opts.Policies.Policy(r.tenant); err == nil {
 			r.policy = &p
-			r.maxRepeat = p.MaxRepeatSteps
+			if p.MaxRepeatSteps > 0 {
+				r.maxRepeat = p.MaxRepeatSteps
+			}
 			r.res.quotas, planBudget, r.res.weight = p.Limits, &p.Budget, max(p.Weight, 1)
 			r.onLimit, r.ceiling, r.pauseTimeout = p.OnLimit, &p.Budget.Ceiling, p.PauseTimeout
 			if l, ok := p.Effective[quotas.PausedTasks]; ok && l >= 0 {
@@ -1060,9 +1063,5 @@ func (r *taskRun) repeats(res StepResult) bool {
 	} else {
 		r.same, r.lastAnswer = 1, answer
 	}
-	limit := r.maxRepeat
-	if limit <= 0 {
-		limit = quotas.DefaultMaxRepeatSteps
-	}
-	return r.same >= limit
+	return r.same >= r.maxRepeat
 }

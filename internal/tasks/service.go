@@ -894,7 +894,7 @@ func (s *Service) addTreeTotals(ctx context.Context, tenantID string, ts []Panel
 		return err
 	}
 	for i := range ts {
-		if tt, ok := totals[ts[i].ID]; ok && ts[i].Children > 0 {
+		if tt, ok := totals[ts[i].ID]; ok { // keyed by root: only the roots asked for
 			ts[i].Tree = &tt
 		}
 	}

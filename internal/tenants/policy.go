@@ -33,7 +33,7 @@ type Policy struct {
 	// ceiling it may ask for.
 	Tree quotas.TreeBudgets
 	// MaxRepeatSteps bounds the steps in a row that may answer the same state and
-	// output (0: quotas.DefaultMaxRepeatSteps).
+	// output (the plan's, or quotas.DefaultMaxRepeatSteps).
 	MaxRepeatSteps int
 	// OnLimit is the plan's answer to a step that would go past a budget or a period
 	// quota (stop or pause), and PauseTimeout how long a paused task waits.
@@ -67,7 +67,7 @@ func PolicyOf(plans *quotas.Catalogue, t Tenant) (Policy, error) {
 		RunningCap:     quotas.RunningCap(eff),
 		Budget:         p.Budget,
 		Tree:           p.Tree,
-		MaxRepeatSteps: p.MaxRepeatSteps,
+		MaxRepeatSteps: p.RepeatSteps(),
 		OnLimit:        p.OnLimit,
 		// PauseTimeout is the plan's, or the default when the plan is missing.
 		PauseTimeout: p.PauseTimeout(),

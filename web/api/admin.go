@@ -274,11 +274,7 @@ func (s *API) listPlans(c echo.Context) error {
 	out := []PlanJSON{}
 	for _, n := range s.Plans.Names() {
 		p, _ := s.Plans.Plan(n)
-		repeat := p.MaxRepeatSteps
-		if repeat <= 0 {
-			repeat = quotas.DefaultMaxRepeatSteps
-		}
-		out = append(out, PlanJSON{Name: n, Weight: p.Weight, Limits: p.Limits, Budget: p.Budget, Tree: p.Tree, MaxRepeatSteps: repeat,
+		out = append(out, PlanJSON{Name: n, Weight: p.Weight, Limits: p.Limits, Budget: p.Budget, Tree: p.Tree, MaxRepeatSteps: p.RepeatSteps(),
 			SLA: p.Commitments()})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"plans": out})
