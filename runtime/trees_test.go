@@ -444,13 +444,7 @@ func (f flakyTrees) Spawn(ctx context.Context, p tasks.SpawnParams) (agentqtype.
 func TestChildrenWaitSurvivesRedisLoss(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	var parentSteps atomic.Int32
-	parent := parentAgent(t)
-	r.agents.Register("parent", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
-		parentSteps.Add(1)
-		return parent(ctx, req)
-	}))
-	r.agents.Register("leaf", leafAgent())
+	parentSteps := r.countedParentAndLeaf()
 	root := r.submit("parent", spawnInput(t, runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":1}`)},
 		runtime.Spawn{Agent: "leaf", Input: json.RawMessage(`{"n":2}`)}), nil)
 	r.process() // spawns both, parks
@@ -584,13 +578,7 @@ func TestSpawnsHeldToTheBacklog(t *testing.T) {
 func TestSpawnSurvivesAWorkerKilledAfterItsCommit(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	var parentSteps atomic.Int32
-	parent := parentAgent(t)
-	r.agents.Register("parent", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
-		parentSteps.Add(1)
-		return parent(ctx, req)
-	}))
-	r.agents.Register("leaf", leafAgent())
+	parentSteps := r.countedParentAndLeaf()
 	root := r.submit("parent", `{}`, nil)
 	// The dead worker: its delivery, its start, and its first step's record with two
 	// spawns and a wait, committed; then nothing more of it.
@@ -676,4 +664,16 @@ func TestSpawnRefusedByAUsedUpPeriodQuota(t *testing.T) {
 	if kids, err := r.st.UnscopedChildren(r.ctx, root); err != nil || len(kids) != 0 {
 		t.Fatalf("children %v (%v), want none", kids, err)
 	}
+}
+
+// countedParentAndLeaf registers the parent agent, counting its steps, and the leaf.
+func (r *rig) countedParentAndLeaf() *atomic.Int32 {
+	var steps atomic.Int32
+	parent := parentAgent(r.t)
+	r.agents.Register("parent", stepFunc(func(ctx context.Context, req runtime.StepRequest) (runtime.StepResult, error) {
+		steps.Add(1)
+		return parent(ctx, req)
+	}))
+	r.agents.Register("leaf", leafAgent())
+	return &steps
 }
