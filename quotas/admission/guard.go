@@ -287,11 +287,7 @@ func (g *Guard) degraded(p quotas.AdmitParams) (quotas.Decision, error) {
 		}
 		r := rate.Limit(b.rate / n / b.per.Seconds())
 		burst := max(1, int(math.Floor(b.burst/n)))
-		lim, ok := g.local.Get(b.id)
-		if !ok || lim.Limit() != r || lim.Burst() != burst {
-			lim = rate.NewLimiter(r, burst)
-			g.local.Add(b.id, lim)
-		}
+		lim := g.localLimiter(b.id, r, burst)
 		tokens := lim.TokensAt(now)
 		s := quotas.Scope{Name: b.name, Limit: b.rate, Window: b.per, Remaining: int64(max(0, tokens-1))}
 		if tokens < 1 {

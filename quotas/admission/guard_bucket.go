@@ -49,12 +49,26 @@ func (g *Guard) localBucket(key string, b quotas.Bucket, take bool) quotas.Bucke
 	r := rate.Limit(b.Rate / n)
 	burst := max(1, int(math.Floor(float64(b.Burst)/n)))
 	id := "b:" + key
+	a := quotas.LocalBucket(g.localLimiter(id, r, burst), time.Now(), take)
+	a.Degraded = true
+	return a
+}
+
+// localLimiter is this process's limiter id at rate r and burst: the one it has, or a
+// new one when it has none or the limit changed. A first limiter is added only if
+// still absent, in one step: two callers at once would each make one, and the one
+// overwritten would have let its own burst through.
+func (g *Guard) localLimiter(id string, r rate.Limit, burst int) *rate.Limiter {
 	lim, ok := g.local.Get(id)
-	if !ok || lim.Limit() != r || lim.Burst() != burst {
+	switch {
+	case !ok:
+		lim = rate.NewLimiter(r, burst)
+		if prev, ok, _ := g.local.PeekOrAdd(id, lim); ok && prev.Limit() == r && prev.Burst() == burst {
+			return prev
+		}
+	case lim.Limit() != r || lim.Burst() != burst:
 		lim = rate.NewLimiter(r, burst)
 		g.local.Add(id, lim)
 	}
-	a := quotas.LocalBucket(lim, time.Now(), take)
-	a.Degraded = true
-	return a
+	return lim
 }

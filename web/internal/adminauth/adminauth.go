@@ -113,8 +113,12 @@ func (g *Guard) limiter(addr string) *rate.Limiter {
 	if l, ok := g.fails.Get(addr); ok {
 		return l
 	}
+	// Added only if absent, in one step: two first failures at once would each make a
+	// limiter, and the one overwritten would have let its own burst through.
 	l := rate.NewLimiter(rate.Limit(FailureBucket.Rate), FailureBucket.Burst)
-	g.fails.Add(addr, l)
+	if prev, ok, _ := g.fails.PeekOrAdd(addr, l); ok {
+		return prev
+	}
 	return l
 }
 
